@@ -1,0 +1,35 @@
+//! The `payment-processor` Lambda: SQS batches in, `SqsBatchResponse` out.
+//!
+//! Everything but the runtime glue lives in `payment-core`; see its crate docs.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use payment_core::{processor::now_ms, telemetry, Processor};
+
+async fn handle(
+    processor: Arc<Processor>,
+    event: LambdaEvent<SqsEvent>,
+) -> Result<SqsBatchResponse, Error> {
+    let total = event.payload.records.len();
+    let deadline_ms = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
+    let (response, summary) = processor
+        .handle_batch(event.payload.records, deadline_ms)
+        .await;
+    println!("{}", telemetry::emf_line(&summary, now_ms()));
+    if total > 0 && response.batch_item_failures.len() == total {
+        // Every message failed: an invocation error makes Lambda back off polling.
+        return Err(
+            format!("all {total} messages of the batch failed and will be redelivered").into(),
+        );
+    }
+    Ok(response)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init();
+    let processor = payment_core::bootstrap::processor_from_env().await?;
+    lambda_runtime::run(service_fn(|event| handle(Arc::clone(&processor), event))).await
+}

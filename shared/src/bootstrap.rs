@@ -1,0 +1,99 @@
+//! Wiring: builds the [`Processor`] with its real adapters from a [`Config`] and the SDK
+//! configuration (whose endpoint comes from the standard `AWS_ENDPOINT_URL`).
+
+use std::sync::Arc;
+
+use secrecy::SecretString;
+
+use crate::config::{ApiKeySource, Config};
+use crate::dynamo::DynamoStore;
+use crate::processor::Processor;
+use crate::queue::SqsQueues;
+use crate::stripe::StripeClient;
+
+/// Why the processor could not be built (fails the init).
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A configuration variable is missing or invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The API key could not be read from Secrets Manager.
+    #[error("reading the API key from PAYMENT_API_KEY_SECRET_ARN failed: {0}")]
+    Secret(String),
+    /// The HTTP client could not be built.
+    #[error("building the provider client failed: {0}")]
+    Http(String),
+}
+
+/// Loads the SDK configuration from the standard chain (region, credentials, endpoint).
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+}
+
+/// Reads the API key once. A secret string that is a JSON object is read as `{"api_key": ..}`.
+pub async fn resolve_api_key(
+    source: &ApiKeySource,
+    sdk: &aws_config::SdkConfig,
+) -> Result<SecretString, InitError> {
+    match source {
+        ApiKeySource::Plain(k) => Ok(k.clone()),
+        ApiKeySource::SecretArn(arn) => {
+            let client = aws_sdk_secretsmanager::Client::new(sdk);
+            let out = client
+                .get_secret_value()
+                .secret_id(arn)
+                .send()
+                .await
+                .map_err(|e| {
+                    InitError::Secret(
+                        aws_sdk_secretsmanager::error::DisplayErrorContext(&e).to_string(),
+                    )
+                })?;
+            let raw = out
+                .secret_string()
+                .ok_or_else(|| InitError::Secret("the secret has no string value".into()))?;
+            let key = match serde_json::from_str::<serde_json::Value>(raw) {
+                Ok(serde_json::Value::Object(m)) => m
+                    .get("api_key")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        InitError::Secret("the JSON secret has no \"api_key\" string".into())
+                    })?,
+                _ => raw.trim().to_owned(),
+            };
+            Ok(SecretString::from(key))
+        }
+    }
+}
+
+/// Builds the processor with the DynamoDB, SQS and Stripe adapters.
+pub async fn build_processor(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+) -> Result<Arc<Processor>, InitError> {
+    let key = resolve_api_key(&config.api_key, sdk).await?;
+    let provider = StripeClient::new(&config.payment_api_url, key, config.provider_timeout)
+        .map_err(|e| InitError::Http(e.to_string()))?;
+    let store = DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        config.idempotency_table.clone(),
+    );
+    let queues = SqsQueues::new(
+        aws_sdk_sqs::Client::new(sdk),
+        config.dead_letter_queue_url.clone(),
+    );
+    Ok(Arc::new(Processor::new(
+        Arc::new(store),
+        Arc::new(provider),
+        Arc::new(queues),
+        config.settings.clone(),
+    )))
+}
+
+/// Reads the environment and builds the processor: the function's whole init.
+pub async fn processor_from_env() -> Result<Arc<Processor>, InitError> {
+    let config = Config::from_env()?;
+    let sdk = sdk_config().await;
+    build_processor(&config, &sdk).await
+}

@@ -1,0 +1,225 @@
+//! Typed function configuration, read from the environment once at init.
+//!
+//! The variable names are the contract shared by `template.yaml`, the local runner and the
+//! tests. A missing or invalid value is a [`ConfigError`] naming the variable, so the init fails
+//! loudly instead of the first payment failing obscurely.
+
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use crate::processor::{Settings, DEFAULT_TTL_SECONDS};
+
+/// Where the provider's API key comes from.
+#[derive(Debug)]
+pub enum ApiKeySource {
+    /// `PAYMENT_API_KEY_SECRET_ARN`: read from Secrets Manager once at init.
+    SecretArn(String),
+    /// `PAYMENT_API_KEY`: plain, for local use.
+    Plain(SecretString),
+}
+
+/// The processor's configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// `IDEMPOTENCY_TABLE`: the idempotency table's name.
+    pub idempotency_table: String,
+    /// `DEAD_LETTER_QUEUE_URL`: where bad messages go, with a reason.
+    pub dead_letter_queue_url: String,
+    /// `PAYMENT_API_URL`: the provider's base URL.
+    pub payment_api_url: String,
+    /// The provider key's source.
+    pub api_key: ApiKeySource,
+    /// `PAYMENT_API_TIMEOUT_SECONDS` (default 10): the provider client's timeout.
+    pub provider_timeout: Duration,
+    /// Protocol tunables (`IDEMPOTENCY_TTL_SECONDS`, `MAX_CONCURRENCY`, `LEASE_SECONDS`,
+    /// `PROVIDER_MAX_ATTEMPTS`, `REDELIVERY_BASE_DELAY_SECONDS`, `REDELIVERY_MAX_DELAY_SECONDS`).
+    pub settings: Settings,
+}
+
+/// A configuration problem, naming the variable.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error in {var}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub var: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn err(var: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads configuration through `get` (the environment, or a map in tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let required = |var: &'static str| -> Result<String, ConfigError> {
+            match get(var) {
+                Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+                _ => Err(err(var, "is required")),
+            }
+        };
+        let number =
+            |var: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
+                match get(var) {
+                    None => Ok(default),
+                    Some(v) if v.trim().is_empty() => Ok(default),
+                    Some(v) => match v.trim().parse::<u64>() {
+                        Ok(n) if (min..=max).contains(&n) => Ok(n),
+                        _ => Err(err(
+                            var,
+                            format!("must be an integer from {min} to {max}, got {v:?}"),
+                        )),
+                    },
+                }
+            };
+        let payment_api_url = required("PAYMENT_API_URL")?;
+        if !(payment_api_url.starts_with("https://") || payment_api_url.starts_with("http://")) {
+            return Err(err("PAYMENT_API_URL", "must be an http(s) URL"));
+        }
+        let api_key = match (get("PAYMENT_API_KEY_SECRET_ARN"), get("PAYMENT_API_KEY")) {
+            (Some(arn), _) if !arn.trim().is_empty() => {
+                ApiKeySource::SecretArn(arn.trim().to_owned())
+            }
+            (_, Some(key)) if !key.trim().is_empty() => {
+                ApiKeySource::Plain(SecretString::from(key.trim().to_owned()))
+            }
+            _ => {
+                return Err(err(
+                    "PAYMENT_API_KEY_SECRET_ARN",
+                    "is required (or PAYMENT_API_KEY for local use)",
+                ))
+            }
+        };
+        let defaults = Settings::default();
+        let settings = Settings {
+            record_ttl: Duration::from_secs(number(
+                "IDEMPOTENCY_TTL_SECONDS",
+                DEFAULT_TTL_SECONDS,
+                3600,
+                365 * 86_400,
+            )?),
+            max_concurrency: number("MAX_CONCURRENCY", defaults.max_concurrency as u64, 1, 1_000)?
+                as usize,
+            lease: Duration::from_secs(number(
+                "LEASE_SECONDS",
+                defaults.lease.as_secs(),
+                2,
+                43_200,
+            )?),
+            provider_attempts: number(
+                "PROVIDER_MAX_ATTEMPTS",
+                defaults.provider_attempts as u64,
+                1,
+                20,
+            )? as usize,
+            redelivery_base_delay: Duration::from_secs(number(
+                "REDELIVERY_BASE_DELAY_SECONDS",
+                defaults.redelivery_base_delay.as_secs(),
+                0,
+                43_200,
+            )?),
+            redelivery_max_delay: Duration::from_secs(number(
+                "REDELIVERY_MAX_DELAY_SECONDS",
+                defaults.redelivery_max_delay.as_secs(),
+                0,
+                43_200,
+            )?),
+            ..defaults
+        };
+        let provider_timeout =
+            Duration::from_secs(number("PAYMENT_API_TIMEOUT_SECONDS", 10, 1, 300)?);
+        if provider_timeout >= settings.lease {
+            return Err(err(
+                "LEASE_SECONDS",
+                "must be longer than PAYMENT_API_TIMEOUT_SECONDS: a call is only sent while the lease outlasts it",
+            ));
+        }
+        Ok(Self {
+            idempotency_table: required("IDEMPOTENCY_TABLE")?,
+            dead_letter_queue_url: required("DEAD_LETTER_QUEUE_URL")?,
+            payment_api_url,
+            api_key,
+            provider_timeout,
+            settings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    const BASE: &[(&str, &str)] = &[
+        ("IDEMPOTENCY_TABLE", "t"),
+        ("DEAD_LETTER_QUEUE_URL", "http://q/dlq"),
+        ("PAYMENT_API_URL", "http://127.0.0.1:1"),
+        ("PAYMENT_API_KEY", "sk_test_1"),
+    ];
+
+    #[test]
+    fn minimal_configuration_uses_defaults() {
+        let c = Config::from_lookup(env(BASE)).unwrap();
+        assert_eq!(c.settings.max_concurrency, 10);
+        assert_eq!(
+            c.settings.record_ttl,
+            Duration::from_secs(DEFAULT_TTL_SECONDS)
+        );
+        assert!(matches!(c.api_key, ApiKeySource::Plain(_)));
+    }
+
+    #[test]
+    fn each_missing_variable_is_named() {
+        for missing in [
+            "IDEMPOTENCY_TABLE",
+            "DEAD_LETTER_QUEUE_URL",
+            "PAYMENT_API_URL",
+        ] {
+            let pairs: Vec<_> = BASE
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect();
+            let e = Config::from_lookup(env(&pairs)).unwrap_err();
+            assert_eq!(e.var, missing);
+        }
+        let pairs: Vec<_> = BASE
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "PAYMENT_API_KEY")
+            .collect();
+        assert_eq!(
+            Config::from_lookup(env(&pairs)).unwrap_err().var,
+            "PAYMENT_API_KEY_SECRET_ARN"
+        );
+    }
+
+    #[test]
+    fn invalid_numbers_are_named_and_the_key_is_not_printed() {
+        let mut pairs = BASE.to_vec();
+        pairs.push(("MAX_CONCURRENCY", "zero"));
+        let e = Config::from_lookup(env(&pairs)).unwrap_err();
+        assert_eq!(e.var, "MAX_CONCURRENCY");
+        assert!(!e.to_string().contains("sk_test_1"));
+        let c = Config::from_lookup(env(BASE)).unwrap();
+        assert!(!format!("{c:?}").contains("sk_test_1"));
+    }
+}

@@ -1,0 +1,372 @@
+//! The payment request as the queue carries it, parsed and validated at the boundary.
+//!
+//! Nothing here knows about AWS or Lambda. A [`PaymentRequest`] can only be built through
+//! [`PaymentRequest::parse`], so every value the rest of the crate sees has passed the message
+//! contract: a bad body is turned into an [`InputError`] with the `error_code` that the
+//! dead-letter message carries, and it is never charged.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::currency::is_known_currency;
+
+/// Largest body the processor accepts; larger bodies are `invalid_payment` (SQS allows 256 KiB,
+/// a valid payment with maximal metadata is well under this).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Smallest and largest amount in minor units (Stripe's limit for most currencies).
+pub const MIN_AMOUNT: i64 = 1;
+/// See [`MIN_AMOUNT`].
+pub const MAX_AMOUNT: i64 = 99_999_999;
+const MAX_ID_LEN: usize = 255;
+const MAX_DESCRIPTION_LEN: usize = 1_000;
+const MAX_METADATA_KEYS: usize = 50;
+const MAX_METADATA_KEY_LEN: usize = 40;
+const MAX_METADATA_VALUE_LEN: usize = 500;
+
+/// Why a message body cannot be processed. Always terminal: the message goes to the DLQ.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// The body is not a JSON object.
+    #[error("body is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// The body is JSON but breaks the payment contract (a missing field, a wrong type, a
+    /// value out of range, an unknown field, card data).
+    #[error("{0}")]
+    InvalidPayment(String),
+}
+
+impl InputError {
+    /// The `error_code` message attribute of the dead-letter message.
+    pub fn code(&self) -> &'static str {
+        match self {
+            InputError::InvalidJson(_) => "invalid_json",
+            InputError::InvalidPayment(_) => "invalid_payment",
+        }
+    }
+}
+
+/// The idempotency key end to end: 1 to 255 characters of `A-Z a-z 0-9 _ - : .`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct PaymentId(String);
+
+impl PaymentId {
+    /// Parses a payment id, naming the rule it breaks.
+    pub fn parse(value: &str) -> Result<Self, InputError> {
+        if value.is_empty() || value.len() > MAX_ID_LEN {
+            return Err(InputError::InvalidPayment(format!(
+                "payment_id must be 1 to {MAX_ID_LEN} characters"
+            )));
+        }
+        if !value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':' | b'.'))
+        {
+            return Err(InputError::InvalidPayment(
+                "payment_id may contain only A-Z a-z 0-9 _ - : .".into(),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    /// The id as sent to the provider and stored in the record.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PaymentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An amount of money: integer minor units and a lowercase ISO 4217 code. Never a float.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Money {
+    /// Minor units (cents for `usd`), within [`MIN_AMOUNT`]..=[`MAX_AMOUNT`].
+    pub amount: i64,
+    /// Lowercase ISO 4217 code from the project's list.
+    pub currency: String,
+}
+
+/// A validated payment request. Field order is the canonical order used for the payload hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PaymentRequest {
+    /// The idempotency key of the payment, end to end.
+    pub payment_id: PaymentId,
+    /// What to charge.
+    pub money: Money,
+    /// The provider's customer id.
+    pub customer_id: String,
+    /// The provider's payment method id (never raw card data).
+    pub payment_method: String,
+    /// Free text shown on the provider's dashboard.
+    pub description: Option<String>,
+    /// Caller's string map, passed to the provider as `metadata[...]`; sorted so that the hash
+    /// does not depend on the order of keys in the body.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The wire shape, before validation. Unknown fields are an error so a typo is never ignored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPayment {
+    payment_id: String,
+    amount: i64,
+    currency: String,
+    customer_id: String,
+    payment_method: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+impl PaymentRequest {
+    /// Parses and validates a message body against the message contract.
+    pub fn parse(body: &str) -> Result<Self, InputError> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err(InputError::InvalidPayment(format!(
+                "body is {} bytes, more than the {MAX_BODY_BYTES} allowed",
+                body.len()
+            )));
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| InputError::InvalidJson(e.to_string()))?;
+        if !value.is_object() {
+            return Err(InputError::InvalidJson(
+                "body must be a JSON object".to_owned(),
+            ));
+        }
+        let raw: RawPayment =
+            serde_json::from_value(value).map_err(|e| InputError::InvalidPayment(e.to_string()))?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawPayment) -> Result<Self, InputError> {
+        let payment_id = PaymentId::parse(&raw.payment_id)?;
+        if !(MIN_AMOUNT..=MAX_AMOUNT).contains(&raw.amount) {
+            return Err(invalid(format!(
+                "amount must be an integer of minor units from {MIN_AMOUNT} to {MAX_AMOUNT}"
+            )));
+        }
+        let currency = raw.currency.to_ascii_lowercase();
+        if !is_known_currency(&currency) {
+            return Err(invalid(format!(
+                "currency {:?} is not a known ISO 4217 code",
+                truncate(&raw.currency, 16)
+            )));
+        }
+        check_len("customer_id", &raw.customer_id, 1, MAX_ID_LEN)?;
+        check_len("payment_method", &raw.payment_method, 1, MAX_ID_LEN)?;
+        if looks_like_card_number(&raw.payment_method) {
+            return Err(invalid(
+                "payment_method looks like a card number; send a payment method id, never raw card data",
+            ));
+        }
+        if let Some(d) = &raw.description {
+            check_len("description", d, 0, MAX_DESCRIPTION_LEN)?;
+        }
+        let metadata = raw.metadata.unwrap_or_default();
+        if metadata.len() > MAX_METADATA_KEYS {
+            return Err(invalid(format!(
+                "metadata has {} keys, at most {MAX_METADATA_KEYS} allowed",
+                metadata.len()
+            )));
+        }
+        for (k, v) in &metadata {
+            check_len("metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
+            check_len("metadata value", v, 0, MAX_METADATA_VALUE_LEN)?;
+            if k.contains(['[', ']']) {
+                return Err(invalid("metadata keys may not contain '[' or ']'"));
+            }
+        }
+        if metadata.contains_key("payment_id") {
+            return Err(invalid(
+                "metadata key payment_id is reserved: the processor sets it",
+            ));
+        }
+        Ok(Self {
+            payment_id,
+            money: Money {
+                amount: raw.amount,
+                currency,
+            },
+            customer_id: raw.customer_id,
+            payment_method: raw.payment_method,
+            description: raw.description,
+            metadata,
+        })
+    }
+
+    /// SHA-256 (hex) of the canonical request: the same payment id with another payload has
+    /// another hash and is a conflict, never a charge. Key order and currency case in the body do
+    /// not change it.
+    pub fn payload_hash(&self) -> String {
+        // Serializing a struct of plain fields and a BTreeMap cannot fail.
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(&canonical))
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> InputError {
+    InputError::InvalidPayment(msg.into())
+}
+
+fn check_len(field: &str, value: &str, min: usize, max: usize) -> Result<(), InputError> {
+    let n = value.chars().count();
+    if n < min || n > max {
+        return Err(invalid(format!(
+            "{field} must be {min} to {max} characters, got {n}"
+        )));
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// True when the value is 13 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
+/// such a value is a primary account number and must never reach the provider or a log.
+pub fn looks_like_card_number(value: &str) -> bool {
+    if !value
+        .chars()
+        .all(|c| c.is_ascii_digit() || c == ' ' || c == '-')
+    {
+        return false;
+    }
+    let digits: Vec<u32> = value.chars().filter_map(|c| c.to_digit(10)).collect();
+    if !(13..=19).contains(&digits.len()) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            if i % 2 == 1 {
+                let x = d * 2;
+                if x > 9 {
+                    x - 9
+                } else {
+                    x
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum % 10 == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(overrides: serde_json::Value) -> String {
+        let mut base = serde_json::json!({
+            "payment_id": "pay_7Hq2", "amount": 1999, "currency": "usd", "customer_id": "cus_42",
+            "payment_method": "pm_card_visa", "description": "Order 1234",
+            "metadata": {"order_id": "1234"}
+        });
+        if let (Some(b), Some(o)) = (base.as_object_mut(), overrides.as_object()) {
+            for (k, v) in o {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        base.to_string()
+    }
+
+    fn code_of(b: &str) -> &'static str {
+        PaymentRequest::parse(b).unwrap_err().code()
+    }
+
+    #[test]
+    fn the_contract_example_parses() {
+        let p = PaymentRequest::parse(&body(serde_json::json!({}))).unwrap();
+        assert_eq!(p.payment_id.as_str(), "pay_7Hq2");
+        assert_eq!(p.money.amount, 1999);
+        assert_eq!(p.metadata["order_id"], "1234");
+    }
+
+    #[test]
+    fn currency_any_case_in_lowercase_out() {
+        let p = PaymentRequest::parse(&body(serde_json::json!({"currency": "EuR"}))).unwrap();
+        assert_eq!(p.money.currency, "eur");
+    }
+
+    #[test]
+    fn malformed_json_is_invalid_json() {
+        assert_eq!(code_of("{not json"), "invalid_json");
+        assert_eq!(code_of("[1,2]"), "invalid_json");
+        assert_eq!(code_of(""), "invalid_json");
+    }
+
+    #[test]
+    fn each_contract_breach_is_invalid_payment() {
+        let cases = [
+            serde_json::json!({"payment_id": null}),
+            serde_json::json!({"payment_id": ""}),
+            serde_json::json!({"payment_id": "pay 1"}),
+            serde_json::json!({"payment_id": "x".repeat(256)}),
+            serde_json::json!({"amount": 0}),
+            serde_json::json!({"amount": -5}),
+            serde_json::json!({"amount": 100_000_000}),
+            serde_json::json!({"amount": 19.99}),
+            serde_json::json!({"amount": "1999"}),
+            serde_json::json!({"currency": "xyz"}),
+            serde_json::json!({"currency": null}),
+            serde_json::json!({"customer_id": ""}),
+            serde_json::json!({"payment_method": null}),
+            serde_json::json!({"payment_method": "4242 4242 4242 4242"}),
+            serde_json::json!({"payment_method": "4000-0566-5566-5556"}),
+            serde_json::json!({"description": "d".repeat(1001)}),
+            serde_json::json!({"metadata": {"k": 1}}),
+            serde_json::json!({"metadata": {"k".repeat(41): "v"}}),
+            serde_json::json!({"metadata": {"k": "v".repeat(501)}}),
+            serde_json::json!({"ammount": 1999}),
+        ];
+        for case in cases {
+            let b = body(case.clone());
+            assert_eq!(code_of(&b), "invalid_payment", "{case}");
+        }
+        let many: serde_json::Map<String, serde_json::Value> = (0..51)
+            .map(|i| (format!("k{i}"), serde_json::Value::from("v")))
+            .collect();
+        assert_eq!(
+            code_of(&body(serde_json::json!({ "metadata": many }))),
+            "invalid_payment"
+        );
+        assert_eq!(code_of(&" ".repeat(MAX_BODY_BYTES + 1)), "invalid_payment");
+    }
+
+    #[test]
+    fn digits_that_fail_luhn_are_not_card_numbers() {
+        assert!(looks_like_card_number("4242424242424242"));
+        assert!(!looks_like_card_number("4242424242424241"));
+        assert!(!looks_like_card_number("123456789012"));
+        assert!(!looks_like_card_number("pm_card_visa"));
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_currency_case_but_not_amount() {
+        let a = PaymentRequest::parse(&body(serde_json::json!({}))).unwrap();
+        let b = PaymentRequest::parse(
+            r#"{"metadata":{"order_id":"1234"},"description":"Order 1234","payment_method":"pm_card_visa",
+               "customer_id":"cus_42","currency":"USD","amount":1999,"payment_id":"pay_7Hq2"}"#,
+        )
+        .unwrap();
+        let c = PaymentRequest::parse(&body(serde_json::json!({"amount": 2000}))).unwrap();
+        assert_eq!(a.payload_hash(), b.payload_hash());
+        assert_ne!(a.payload_hash(), c.payload_hash());
+    }
+}

@@ -1,0 +1,326 @@
+//! The idempotency record and the claim, charge, complete state machine (design.md).
+//!
+//! One record per payment. [`IdempotencyStore`] is the port; the DynamoDB adapter lives in
+//! [`crate::dynamo`]. What to do after a claim is decided here, by [`decide_conflict`], from
+//! the record that the failed conditional write returned (`ALL_OLD`), so a conflict costs one
+//! round trip and no read.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::PaymentId;
+
+/// The record's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordStatus {
+    /// An attempt holds the lease and may be charging now.
+    InProgress,
+    /// A terminal outcome is stored; duplicates are acknowledged with it.
+    Completed,
+    /// The last attempt failed in a retryable way; the next delivery may claim it.
+    Failed,
+}
+
+impl RecordStatus {
+    /// The value of the `status` attribute.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::InProgress => "IN_PROGRESS",
+            RecordStatus::Completed => "COMPLETED",
+            RecordStatus::Failed => "FAILED",
+        }
+    }
+
+    /// Parses the `status` attribute; `None` for a value this version does not know.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "IN_PROGRESS" => Some(RecordStatus::InProgress),
+            "COMPLETED" => Some(RecordStatus::Completed),
+            "FAILED" => Some(RecordStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// The stored result of a payment: what the provider said, in the record's `outcome` map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The PaymentIntent's status (`succeeded`, `requires_action`, `processing`, ...), or
+    /// `declined` / `rejected`.
+    pub status: String,
+    /// The provider's PaymentIntent id, when there is one.
+    pub provider_payment_id: Option<String>,
+    /// The card's decline code, for `declined`.
+    pub decline_code: Option<String>,
+    /// The amount charged or attempted, minor units.
+    pub amount: i64,
+    /// Lowercase ISO 4217 code.
+    pub currency: String,
+    /// For `rejected`: the provider's error code and message, so an operator sees why.
+    pub reason: Option<String>,
+}
+
+impl Outcome {
+    /// True for a decline: a business outcome, acknowledged and never retried.
+    pub fn is_declined(&self) -> bool {
+        self.status == "declined"
+    }
+
+    /// True when the provider refused the request itself (the message is dead-lettered).
+    pub fn is_rejected(&self) -> bool {
+        self.status == "rejected"
+    }
+}
+
+/// One idempotency record, as read back from the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    /// Whose record this is (`pk = payment#<payment_id>`).
+    pub payment_id: String,
+    /// Where the protocol stands.
+    pub status: RecordStatus,
+    /// SHA-256 of the canonical request that first claimed the key.
+    pub payload_hash: String,
+    /// Fencing token of the attempt that holds (or last held) the record.
+    pub lease_owner: Option<String>,
+    /// Epoch ms after which an `IN_PROGRESS` record may be taken over.
+    pub lease_expires_at_ms: i64,
+    /// Claims so far.
+    pub attempts: i64,
+    /// The terminal outcome, once `COMPLETED`.
+    pub outcome: Option<Outcome>,
+    /// DynamoDB TTL, epoch s.
+    pub expires_at_s: i64,
+    /// Epoch ms of the first claim; bounds how long the provider may still remember the key.
+    pub first_attempt_at_ms: i64,
+    /// An earlier attempt may have charged without the record knowing (sticky until settled).
+    pub unknown_outcome: bool,
+    /// The last retryable error, for operators.
+    pub last_error: Option<String>,
+}
+
+/// A fresh claim, written with one conditional write.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The payment to claim.
+    pub payment_id: PaymentId,
+    /// Hash of this message's canonical request.
+    pub payload_hash: String,
+    /// This attempt's random fencing token.
+    pub owner: String,
+    /// The claim's clock, epoch ms: leases that ended before it may be taken over.
+    pub now_ms: i64,
+    /// Where this attempt's lease ends, epoch ms.
+    pub lease_expires_at_ms: i64,
+    /// TTL for a new record, epoch s (an existing record keeps its own).
+    pub expires_at_s: i64,
+}
+
+/// What the conditional claim write found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimResult {
+    /// This attempt holds the lease. `previous` is the record it replaced (`None` when the
+    /// payment was new): an expired `IN_PROGRESS` or a `FAILED` record.
+    Claimed {
+        /// The record taken over, as `ALL_OLD` returned it.
+        previous: Option<IdempotencyRecord>,
+    },
+    /// The condition failed; this is the record that stopped it.
+    Conflict(IdempotencyRecord),
+}
+
+/// Why a retryable failure is recorded, and whether it leaves the outcome unknown.
+#[derive(Debug, Clone)]
+pub struct FailureNote {
+    /// Human-readable last error (never a secret).
+    pub error: String,
+    /// The provider may have charged (timeout, dropped connection, `5xx`), or an earlier attempt
+    /// left the outcome unknown and nothing since settled it.
+    pub unknown_outcome: bool,
+}
+
+/// Errors of the store. Every one but [`StoreError::LeaseLost`] is retryable.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The record is no longer ours: another attempt took the lease over. Stop, do not complete.
+    #[error("lease lost: another attempt owns the record")]
+    LeaseLost,
+    /// Throttling, a network error, or an endpoint error: try again later.
+    #[error("idempotency store unavailable: {0}")]
+    Unavailable(String),
+    /// The stored record cannot be read by this version (a corrupt or foreign item).
+    #[error("idempotency record is malformed: {0}")]
+    Malformed(String),
+}
+
+/// The port over the idempotency table.
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync {
+    /// Claims the payment with one conditional write (condition in design.md), returning the
+    /// old record on conflict in the same round trip.
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimResult, StoreError>;
+    /// Stores the terminal outcome, only while `owner` holds an `IN_PROGRESS` lease.
+    async fn complete(
+        &self,
+        payment_id: &PaymentId,
+        owner: &str,
+        outcome: &Outcome,
+    ) -> Result<(), StoreError>;
+    /// Records a retryable failure and releases the lease, only while `owner` holds it.
+    async fn fail(
+        &self,
+        payment_id: &PaymentId,
+        owner: &str,
+        now_ms: i64,
+        note: &FailureNote,
+    ) -> Result<(), StoreError>;
+    /// Moves the lease end to `until_ms`, only while `owner` holds an `IN_PROGRESS` lease.
+    async fn renew_lease(
+        &self,
+        payment_id: &PaymentId,
+        owner: &str,
+        until_ms: i64,
+    ) -> Result<(), StoreError>;
+    /// Reads a record (operators' `status` command and tests; the hot path never reads).
+    async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError>;
+}
+
+/// What to do with a message whose claim met an existing record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConflictDecision {
+    /// Completed with the same payload: acknowledge, charge nothing.
+    Duplicate(Outcome),
+    /// The key was used for another payload: terminal, to the DLQ.
+    KeyReused,
+    /// Another attempt holds a live lease: come back when it ends (epoch ms).
+    Busy {
+        /// When the other attempt's lease ends.
+        lease_expires_at_ms: i64,
+    },
+    /// The record allowed a claim yet the write was refused (it changed between the write and
+    /// the read, or it is not a state this version knows): retry the message shortly.
+    Retry,
+}
+
+/// Decides the next action from the record that refused the claim. Payload validation comes
+/// first, on every path: a different payload is key reuse whatever the status.
+pub fn decide_conflict(
+    existing: &IdempotencyRecord,
+    payload_hash: &str,
+    now_ms: i64,
+) -> ConflictDecision {
+    if existing.payload_hash != payload_hash {
+        return ConflictDecision::KeyReused;
+    }
+    match existing.status {
+        RecordStatus::Completed => match &existing.outcome {
+            Some(outcome) => ConflictDecision::Duplicate(outcome.clone()),
+            None => ConflictDecision::Retry,
+        },
+        RecordStatus::InProgress if existing.lease_expires_at_ms >= now_ms => {
+            ConflictDecision::Busy {
+                lease_expires_at_ms: existing.lease_expires_at_ms,
+            }
+        }
+        RecordStatus::InProgress | RecordStatus::Failed => ConflictDecision::Retry,
+    }
+}
+
+/// Whether the attempt that just claimed inherits an unknown outcome from the record it took
+/// over: an expired `IN_PROGRESS` (its owner may have charged and died) or a `FAILED` record
+/// still marked unknown.
+pub fn inherits_unknown_outcome(previous: Option<&IdempotencyRecord>) -> bool {
+    match previous {
+        None => false,
+        Some(r) => match r.status {
+            RecordStatus::InProgress => true,
+            RecordStatus::Failed => r.unknown_outcome,
+            RecordStatus::Completed => false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: RecordStatus, hash: &str, lease: i64) -> IdempotencyRecord {
+        IdempotencyRecord {
+            payment_id: "pay_1".into(),
+            status,
+            payload_hash: hash.into(),
+            lease_owner: Some("owner".into()),
+            lease_expires_at_ms: lease,
+            attempts: 1,
+            outcome: (status == RecordStatus::Completed).then(|| Outcome {
+                status: "succeeded".into(),
+                provider_payment_id: Some("pi_1".into()),
+                decline_code: None,
+                amount: 100,
+                currency: "usd".into(),
+                reason: None,
+            }),
+            expires_at_s: 0,
+            first_attempt_at_ms: 0,
+            unknown_outcome: false,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn completed_same_payload_is_a_duplicate() {
+        let r = record(RecordStatus::Completed, "h", 0);
+        assert!(matches!(
+            decide_conflict(&r, "h", 10),
+            ConflictDecision::Duplicate(o) if o.provider_payment_id.as_deref() == Some("pi_1")
+        ));
+    }
+
+    #[test]
+    fn another_payload_is_key_reuse_in_every_status() {
+        for s in [
+            RecordStatus::Completed,
+            RecordStatus::InProgress,
+            RecordStatus::Failed,
+        ] {
+            assert_eq!(
+                decide_conflict(&record(s, "h", i64::MAX), "other", 10),
+                ConflictDecision::KeyReused
+            );
+        }
+    }
+
+    #[test]
+    fn live_lease_is_busy_until_it_ends() {
+        let r = record(RecordStatus::InProgress, "h", 5_000);
+        assert_eq!(
+            decide_conflict(&r, "h", 1_000),
+            ConflictDecision::Busy {
+                lease_expires_at_ms: 5_000
+            }
+        );
+    }
+
+    #[test]
+    fn expired_lease_or_failed_that_refused_a_claim_is_retried() {
+        assert_eq!(
+            decide_conflict(&record(RecordStatus::InProgress, "h", 5), "h", 10),
+            ConflictDecision::Retry
+        );
+        assert_eq!(
+            decide_conflict(&record(RecordStatus::Failed, "h", 0), "h", 10),
+            ConflictDecision::Retry
+        );
+    }
+
+    #[test]
+    fn takeover_of_expired_in_progress_is_unknown_and_sticky_through_failed() {
+        assert!(!inherits_unknown_outcome(None));
+        let ip = record(RecordStatus::InProgress, "h", 5);
+        assert!(inherits_unknown_outcome(Some(&ip)));
+        let mut failed = record(RecordStatus::Failed, "h", 0);
+        assert!(!inherits_unknown_outcome(Some(&failed)));
+        failed.unknown_outcome = true;
+        assert!(inherits_unknown_outcome(Some(&failed)));
+    }
+}

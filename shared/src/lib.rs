@@ -1,0 +1,28 @@
+//! # payment-core: exactly-once payment processing for SQS-driven Rust Lambdas
+//!
+//! SQS delivers at least once; this crate makes the *effect* of a payment message exactly
+//! once: claim the payment in an idempotency table with one conditional write, charge the
+//! provider with `Idempotency-Key: <payment_id>`, complete the record only while still holding
+//! the lease, and dead-letter what cannot be processed with a reason. See `docs/design.md`.
+//!
+//! ## Layout
+//!
+//! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
+//!   [`idempotency`] (record, store port, conflict decisions), [`provider`] (provider port).
+//! - Use case: [`processor`] (one message and the batch around it).
+//! - Adapters: [`dynamo`] (idempotency table), [`queue`] (SQS), [`stripe`] (provider HTTP).
+//! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
+
+pub mod bootstrap;
+pub mod config;
+pub mod currency;
+pub mod domain;
+pub mod dynamo;
+pub mod idempotency;
+pub mod processor;
+pub mod provider;
+pub mod queue;
+pub mod stripe;
+pub mod telemetry;
+
+pub use processor::{BatchSummary, Disposition, Processor, Settings};

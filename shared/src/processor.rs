@@ -1,0 +1,683 @@
+//! The consumer: claim, charge, complete for one message, and the batch around it.
+//!
+//! [`Processor::handle_batch`] is the whole Lambda handler minus the runtime: it takes the SQS
+//! records and the invocation deadline and returns the `SqsBatchResponse` listing exactly the
+//! messages that must come back. Each message runs in its own task, so a panic in one is a
+//! batch item failure for that message only. Messages of one FIFO `MessageGroupId` run one
+//! after another; after a failure the rest of the group is returned unprocessed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::Semaphore;
+use tracing::{error, info, warn, Instrument};
+
+use crate::domain::{InputError, PaymentRequest};
+use crate::idempotency::{
+    decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
+    FailureNote, IdempotencyStore, Outcome, StoreError,
+};
+use crate::provider::{PaymentProvider, ProviderError, ProviderResponse};
+use crate::queue::{attrs, DeadLetter, QueueOps};
+
+/// Tunables of the protocol. Defaults suit the SAM template; tests shorten the times.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a claim holds the record before another attempt may take it over.
+    pub lease: Duration,
+    /// Record retention (`IDEMPOTENCY_TTL_SECONDS`): also the oldest message that is charged.
+    pub record_ttl: Duration,
+    /// Messages processed at once per batch (`MAX_CONCURRENCY`).
+    pub max_concurrency: usize,
+    /// Provider calls per delivery before the message is handed back to the queue.
+    pub provider_attempts: usize,
+    /// First delay between provider calls within one delivery.
+    pub provider_retry_delay: Duration,
+    /// Visibility delay after the first failed delivery; doubles per `ApproximateReceiveCount`.
+    pub redelivery_base_delay: Duration,
+    /// Cap of the redelivery delay.
+    pub redelivery_max_delay: Duration,
+    /// Leases end at most this long after the invocation deadline, so a timed-out attempt's
+    /// record can be taken over by the next delivery.
+    pub deadline_margin: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            record_ttl: Duration::from_secs(DEFAULT_TTL_SECONDS),
+            max_concurrency: 10,
+            provider_attempts: 3,
+            provider_retry_delay: Duration::from_millis(200),
+            redelivery_base_delay: Duration::from_secs(10),
+            redelivery_max_delay: Duration::from_secs(900),
+            deadline_margin: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Default record retention: the queue's 4 days + the DLQ's 14 days + 3 days of margin.
+pub const DEFAULT_TTL_SECONDS: u64 = 21 * 24 * 3600;
+/// Clock skew allowed between SQS's `SentTimestamp` and this host.
+const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Charged (or found charged) by this delivery: acknowledged.
+    Charged,
+    /// Declined by the provider: recorded and acknowledged.
+    Declined,
+    /// A duplicate of a completed payment: acknowledged without a provider call.
+    Duplicate,
+    /// Sent to the DLQ with this code, then deleted from the source queue.
+    DeadLettered(String),
+    /// Must come back: reported as a batch item failure.
+    Retry(String),
+}
+
+/// Counts of one batch, for metrics and logs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BatchSummary {
+    /// Payments charged by this batch.
+    pub charged: u32,
+    /// Declines recorded.
+    pub declined: u32,
+    /// Duplicates suppressed.
+    pub duplicates: u32,
+    /// Messages dead-lettered, by code.
+    pub dead_lettered: HashMap<String, u32>,
+    /// Messages handed back to the queue.
+    pub retried: u32,
+}
+
+/// The processor with its ports. Build once per process, share across invocations.
+pub struct Processor {
+    /// Idempotency records.
+    store: Arc<dyn IdempotencyStore>,
+    /// The payment provider.
+    provider: Arc<dyn PaymentProvider>,
+    /// Source queue and DLQ operations.
+    queues: Arc<dyn QueueOps>,
+    /// Protocol tunables.
+    settings: Settings,
+}
+
+/// Epoch ms on this host's clock.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// Visibility delay before the next delivery after a transient failure: exponential in the
+/// receive count, capped, with full jitter in its upper half so a fleet does not retry in step.
+pub fn redelivery_delay(receive_count: u32, base: Duration, max: Duration) -> Duration {
+    let exp = receive_count.saturating_sub(1).min(20);
+    let full = base.saturating_mul(1u32 << exp).min(max);
+    let half = full / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+/// Where the message stands after the claim.
+enum Claimed {
+    /// We hold the lease; the outcome is unknown if an earlier attempt may have charged.
+    Owner { owner: String, lease_end_ms: i64 },
+    /// No charge to do: the disposition is known.
+    Done(Disposition),
+}
+
+impl Processor {
+    /// Assembles the processor from its ports.
+    pub fn new(
+        store: Arc<dyn IdempotencyStore>,
+        provider: Arc<dyn PaymentProvider>,
+        queues: Arc<dyn QueueOps>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            store,
+            provider,
+            queues,
+            settings,
+        }
+    }
+
+    /// The tunables in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Processes a batch and returns the messages that must come back. `deadline_ms` is the
+    /// invocation deadline (epoch ms). Never fails as a whole.
+    pub async fn handle_batch(
+        self: &Arc<Self>,
+        records: Vec<SqsMessage>,
+        deadline_ms: i64,
+    ) -> (SqsBatchResponse, BatchSummary) {
+        // Groups keep FIFO order; a standard queue's messages are each their own group.
+        let mut groups: Vec<Vec<SqsMessage>> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for r in records {
+            match r.attributes.get("MessageGroupId").cloned() {
+                Some(g) => match index.get(&g) {
+                    Some(&i) => groups[i].push(r),
+                    None => {
+                        index.insert(g, groups.len());
+                        groups.push(vec![r]);
+                    }
+                },
+                None => groups.push(vec![r]),
+            }
+        }
+        let permits = Arc::new(Semaphore::new(self.settings.max_concurrency.max(1)));
+        let mut tasks = Vec::with_capacity(groups.len());
+        for group in groups {
+            let this = Arc::clone(self);
+            let permits = Arc::clone(&permits);
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::with_capacity(group.len());
+                let mut blocked = false;
+                for msg in group {
+                    let id = msg.message_id.clone().unwrap_or_default();
+                    if blocked {
+                        out.push((
+                            id,
+                            Disposition::Retry("earlier message of its group failed".into()),
+                        ));
+                        continue;
+                    }
+                    let d = this.run_isolated(msg, deadline_ms, &permits).await;
+                    blocked = matches!(d, Disposition::Retry(_));
+                    out.push((id, d));
+                }
+                out
+            }));
+        }
+        let mut response = SqsBatchResponse::default();
+        let mut summary = BatchSummary::default();
+        for t in tasks {
+            // Groups never panic (each message runs in its own task), so a JoinError here
+            // can only be a runtime shutting down: its messages come back by timeout anyway.
+            let Ok(results) = t.await else { continue };
+            for (id, d) in results {
+                match d {
+                    Disposition::Charged => summary.charged += 1,
+                    Disposition::Declined => summary.declined += 1,
+                    Disposition::Duplicate => summary.duplicates += 1,
+                    Disposition::DeadLettered(code) => {
+                        *summary.dead_lettered.entry(code).or_default() += 1
+                    }
+                    Disposition::Retry(_) => {
+                        summary.retried += 1;
+                        response.add_failure(id);
+                    }
+                }
+            }
+        }
+        (response, summary)
+    }
+
+    /// Runs one message in its own task so that a panic stays inside it.
+    async fn run_isolated(
+        self: &Arc<Self>,
+        msg: SqsMessage,
+        deadline_ms: i64,
+        permits: &Arc<Semaphore>,
+    ) -> Disposition {
+        let Ok(_permit) = permits.clone().acquire_owned().await else {
+            return Disposition::Retry("batch is shutting down".into());
+        };
+        let message_id = msg.message_id.clone().unwrap_or_default();
+        let span = tracing::info_span!(
+            "message",
+            message_id = %message_id,
+            payment_id = tracing::field::Empty
+        );
+        let this = Arc::clone(self);
+        let task = tokio::spawn(
+            async move { this.process(&msg, deadline_ms).await }.instrument(span.clone()),
+        );
+        match task.await {
+            Ok(d) => d,
+            Err(e) => {
+                let _g = span.enter();
+                error!(error = %e, "message handler panicked; the message will be redelivered");
+                Disposition::Retry("handler panicked".into())
+            }
+        }
+    }
+
+    /// Processes one message and, where it must come back, sets when.
+    pub async fn process(&self, msg: &SqsMessage, deadline_ms: i64) -> Disposition {
+        let (disposition, delay) = self.decide(msg, deadline_ms).await;
+        match &disposition {
+            Disposition::Retry(reason) => {
+                warn!(reason = %reason, "message will be redelivered");
+                if let (Some(delay), Some(arn), Some(rh)) =
+                    (delay, &msg.event_source_arn, &msg.receipt_handle)
+                {
+                    let secs = delay.as_secs().min(43_200) as i32;
+                    if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
+                        warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+                    }
+                }
+            }
+            d => info!(disposition = ?d, "message done"),
+        }
+        disposition
+    }
+
+    async fn decide(&self, msg: &SqsMessage, deadline_ms: i64) -> (Disposition, Option<Duration>) {
+        let body = msg.body.clone().unwrap_or_default();
+        let request = match PaymentRequest::parse(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    self.dead_letter(msg, &body, e.code(), &e.to_string()).await,
+                    None,
+                )
+            }
+        };
+        tracing::Span::current().record("payment_id", request.payment_id.as_str());
+        let now = now_ms();
+        if let Some(sent) = first_sent_at_ms(msg) {
+            if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
+                let why = format!(
+                    "first sent {} s ago, longer than the record retention of {} s: never charged",
+                    (now - sent) / 1000,
+                    self.settings.record_ttl.as_secs()
+                );
+                return (
+                    self.dead_letter(msg, &body, "request_expired", &why).await,
+                    None,
+                );
+            }
+        }
+        let receive_count = msg
+            .attributes
+            .get("ApproximateReceiveCount")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let backoff = || {
+            Some(redelivery_delay(
+                receive_count,
+                self.settings.redelivery_base_delay,
+                self.settings.redelivery_max_delay,
+            ))
+        };
+
+        let claimed = self.claim(msg, &body, &request, now, deadline_ms).await;
+        let (owner, lease_end_ms, unknown) = match claimed {
+            Ok((
+                Claimed::Owner {
+                    owner,
+                    lease_end_ms,
+                },
+                unknown,
+            )) => (owner, lease_end_ms, unknown),
+            Ok((Claimed::Done(d), _)) => {
+                let delay = match &d {
+                    Disposition::Retry(_) => None,
+                    _ => None,
+                };
+                return (d, delay);
+            }
+            Err((d, delay)) => return (d, delay),
+        };
+
+        match self.charge(&request, lease_end_ms).await {
+            Ok(response) => {
+                let (outcome, dlq) = outcome_of(&request, &response);
+                match self
+                    .store
+                    .complete(&request.payment_id, &owner, &outcome)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(StoreError::LeaseLost) => {
+                        return (
+                            Disposition::Retry(
+                                "lease lost before completion; another attempt owns the payment"
+                                    .into(),
+                            ),
+                            None,
+                        )
+                    }
+                    Err(e) => {
+                        return (
+                            Disposition::Retry(format!("completing the record failed: {e}")),
+                            None,
+                        )
+                    }
+                }
+                match dlq {
+                    Some((code, why)) => (self.dead_letter(msg, &body, code, &why).await, None),
+                    None if outcome.is_declined() => (Disposition::Declined, None),
+                    None => (Disposition::Charged, None),
+                }
+            }
+            Err(e) => {
+                let unknown = unknown || e.ambiguous;
+                let note = FailureNote {
+                    error: e.message.clone(),
+                    unknown_outcome: unknown,
+                };
+                if let Err(se) = self
+                    .store
+                    .fail(&request.payment_id, &owner, now_ms(), &note)
+                    .await
+                {
+                    warn!(error = %se, "could not record the failure; the lease will expire instead");
+                }
+                (Disposition::Retry(e.message), backoff())
+            }
+        }
+    }
+
+    /// Claims the record; returns the lease or the disposition the conflict decides.
+    async fn claim(
+        &self,
+        msg: &SqsMessage,
+        body: &str,
+        request: &PaymentRequest,
+        now: i64,
+        deadline_ms: i64,
+    ) -> Result<(Claimed, bool), (Disposition, Option<Duration>)> {
+        let lease_end_ms =
+            (now + ms(self.settings.lease)).min(deadline_ms + ms(self.settings.deadline_margin));
+        if lease_end_ms - now <= ms(self.provider.request_timeout()) {
+            return Err((
+                Disposition::Retry("too little time left in this invocation to charge".into()),
+                None,
+            ));
+        }
+        let hash = request.payload_hash();
+        let owner = uuid::Uuid::new_v4().to_string();
+        let claim = ClaimRequest {
+            payment_id: request.payment_id.clone(),
+            payload_hash: hash.clone(),
+            owner: owner.clone(),
+            now_ms: now,
+            lease_expires_at_ms: lease_end_ms,
+            expires_at_s: (now + ms(self.settings.record_ttl)) / 1000,
+        };
+        match self.store.claim(&claim).await {
+            Ok(ClaimResult::Claimed { previous }) => {
+                let unknown = inherits_unknown_outcome(previous.as_ref());
+                if let Some(p) = &previous {
+                    info!(
+                        previous_status = p.status.as_str(),
+                        attempts = p.attempts + 1,
+                        unknown_outcome = unknown,
+                        "took over the record"
+                    );
+                }
+                Ok((
+                    Claimed::Owner {
+                        owner,
+                        lease_end_ms,
+                    },
+                    unknown,
+                ))
+            }
+            Ok(ClaimResult::Conflict(existing)) => match decide_conflict(&existing, &hash, now) {
+                ConflictDecision::Duplicate(outcome) => {
+                    // A duplicate of a payment the provider rejected must still end in the
+                    // DLQ: the first copy's dead-lettering may not have happened.
+                    if outcome.is_rejected() {
+                        let (code, why) = rejection_code(&outcome);
+                        Ok((
+                            Claimed::Done(self.dead_letter(msg, body, code, &why).await),
+                            false,
+                        ))
+                    } else {
+                        Ok((Claimed::Done(Disposition::Duplicate), false))
+                    }
+                }
+                ConflictDecision::KeyReused => {
+                    let why = format!(
+                        "payment_id {} was already used for a different payment (status {}); this one is never charged",
+                        request.payment_id,
+                        existing.status.as_str()
+                    );
+                    Ok((
+                        Claimed::Done(
+                            self.dead_letter(msg, body, "idempotency_key_reused", &why)
+                                .await,
+                        ),
+                        false,
+                    ))
+                }
+                ConflictDecision::Busy {
+                    lease_expires_at_ms,
+                } => {
+                    let wait = Duration::from_millis((lease_expires_at_ms - now).max(0) as u64)
+                        + Duration::from_secs(1);
+                    Err((
+                        Disposition::Retry("another attempt holds the lease".into()),
+                        Some(wait),
+                    ))
+                }
+                ConflictDecision::Retry => Err((
+                    Disposition::Retry("record changed during the claim".into()),
+                    Some(Duration::from_secs(1)),
+                )),
+            },
+            Err(e) => Err((Disposition::Retry(format!("claim failed: {e}")), None)),
+        }
+    }
+
+    /// Calls the provider with retries, each call only while the lease outlasts the client
+    /// timeout, so no call of this attempt can land after its lease ended.
+    async fn charge(
+        &self,
+        request: &PaymentRequest,
+        lease_end_ms: i64,
+    ) -> Result<ProviderResponse, ChargeFailure> {
+        let timeout = ms(self.provider.request_timeout());
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(self.settings.provider_retry_delay)
+            .with_max_delay(Duration::from_secs(5))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let mut ambiguous = false;
+        let mut last: Option<ProviderError> = None;
+        for attempt in 0..self.settings.provider_attempts.max(1) {
+            if attempt > 0 {
+                let Some(prev) = &last else { break };
+                if !prev.retry_now() {
+                    break;
+                }
+                let pause = delays
+                    .next()
+                    .unwrap_or_default()
+                    .max(prev.retry_after.unwrap_or_default());
+                if now_ms() + ms(pause) + timeout >= lease_end_ms {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+            }
+            if lease_end_ms - now_ms() <= timeout {
+                break;
+            }
+            match self.provider.create_payment(request).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    ambiguous |= e.is_ambiguous();
+                    if e.kind == crate::provider::FailureKind::Misconfigured {
+                        error!(error = %e, "payment provider refused the processor's credentials or URL: fix the configuration");
+                    } else {
+                        warn!(error = %e, attempt = attempt + 1, "provider call failed");
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(ChargeFailure {
+            message: last
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "lease too short to call the provider".into()),
+            ambiguous,
+        })
+    }
+
+    /// Sends the message to the DLQ, then deletes it from the source queue, in that order.
+    async fn dead_letter(
+        &self,
+        msg: &SqsMessage,
+        body: &str,
+        code: &str,
+        why: &str,
+    ) -> Disposition {
+        let letter = DeadLetter {
+            body: body.to_owned(),
+            error_code: code.to_owned(),
+            error_message: why.to_owned(),
+            source_message_id: msg.message_id.clone().unwrap_or_default(),
+            first_sent_at_ms: first_sent_at_ms(msg),
+            message_group_id: msg.attributes.get("MessageGroupId").cloned(),
+        };
+        if let Err(e) = self.queues.dead_letter(&letter).await {
+            // Nothing is lost: the message stays on the source queue and comes back.
+            return Disposition::Retry(format!("dead-lettering failed: {e}"));
+        }
+        warn!(error_code = code, reason = why, "message dead-lettered");
+        if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+            if let Err(e) = self.queues.delete(arn, rh).await {
+                // Reported as a success, so the event source mapping deletes it instead.
+                warn!(error = %e, "could not delete the dead-lettered message");
+            }
+        }
+        Disposition::DeadLettered(code.to_owned())
+    }
+}
+
+/// A charge that got no definitive answer within this delivery.
+#[derive(Debug)]
+struct ChargeFailure {
+    /// The last error.
+    message: String,
+    /// Some call of this attempt may have been executed by the provider.
+    ambiguous: bool,
+}
+
+/// The record's outcome for a definitive answer, and the DLQ code where the message must go.
+fn outcome_of(
+    request: &PaymentRequest,
+    response: &ProviderResponse,
+) -> (Outcome, Option<(&'static str, String)>) {
+    let base = |status: &str| Outcome {
+        status: status.to_owned(),
+        provider_payment_id: None,
+        decline_code: None,
+        amount: request.money.amount,
+        currency: request.money.currency.clone(),
+        reason: None,
+    };
+    match response {
+        ProviderResponse::Charged {
+            provider_payment_id,
+            status,
+            ..
+        } => (
+            Outcome {
+                provider_payment_id: Some(provider_payment_id.clone()),
+                ..base(status)
+            },
+            None,
+        ),
+        ProviderResponse::Declined {
+            provider_payment_id,
+            decline_code,
+        } => (
+            Outcome {
+                provider_payment_id: provider_payment_id.clone(),
+                decline_code: decline_code.clone(),
+                ..base("declined")
+            },
+            None,
+        ),
+        ProviderResponse::Rejected { code, message } => {
+            let o = Outcome {
+                reason: Some(format!("{code}: {message}")),
+                ..base("rejected")
+            };
+            let (c, why) = rejection_code(&o);
+            (o, Some((c, why)))
+        }
+        ProviderResponse::KeyReused { message } => {
+            let o = Outcome {
+                reason: Some(format!("{IDEMPOTENCY_ERROR}: {message}")),
+                ..base("rejected")
+            };
+            let (c, why) = rejection_code(&o);
+            (o, Some((c, why)))
+        }
+    }
+}
+
+const IDEMPOTENCY_ERROR: &str = "idempotency_error";
+
+/// The DLQ code and reason of a `rejected` outcome.
+fn rejection_code(o: &Outcome) -> (&'static str, String) {
+    let reason = o
+        .reason
+        .clone()
+        .unwrap_or_else(|| "rejected by the provider".into());
+    if reason.starts_with(IDEMPOTENCY_ERROR) {
+        (
+            "idempotency_key_reused",
+            format!("the provider holds this payment_id for other parameters: {reason}"),
+        )
+    } else {
+        ("provider_rejected", reason)
+    }
+}
+
+/// Epoch ms of the first send: the `first_sent_at` attribute a redriven dead letter carries,
+/// or SQS's `SentTimestamp`.
+fn first_sent_at_ms(msg: &SqsMessage) -> Option<i64> {
+    msg.message_attributes
+        .get(attrs::FIRST_SENT_AT)
+        .and_then(|a| a.string_value.as_deref())
+        .and_then(|v| v.parse().ok())
+        .or_else(|| {
+            msg.attributes
+                .get("SentTimestamp")
+                .and_then(|v| v.parse().ok())
+        })
+}
+
+impl From<InputError> for Disposition {
+    fn from(e: InputError) -> Self {
+        Disposition::DeadLettered(e.code().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redelivery_delay_grows_and_is_capped() {
+        let base = Duration::from_secs(10);
+        let max = Duration::from_secs(900);
+        for n in 1..=12u32 {
+            let d = redelivery_delay(n, base, max);
+            let full = (base * 2u32.pow(n - 1)).min(max);
+            assert!(d >= full / 2 && d <= full, "n={n} d={d:?}");
+        }
+        assert!(redelivery_delay(50, base, max) <= max);
+    }
+}

@@ -1,0 +1,110 @@
+//! The payment provider port: one call that charges a payment, keyed by its payment id.
+//!
+//! The adapter for Stripe's wire format is [`crate::stripe::StripeClient`]. Answers are split
+//! into definitive ones ([`ProviderResponse`]), which end the attempt and are recorded, and
+//! [`ProviderError`]s, which are retried with the same key.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::domain::PaymentRequest;
+
+/// A definitive answer from the provider. Each is recorded as the payment's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderResponse {
+    /// `200`: a PaymentIntent exists for the key (`succeeded`, `processing`, `requires_action`).
+    Charged {
+        /// The PaymentIntent id.
+        provider_payment_id: String,
+        /// The PaymentIntent status as the provider reported it.
+        status: String,
+        /// The provider replayed a stored answer (`Idempotent-Replayed: true`).
+        replayed: bool,
+    },
+    /// `402` with `card_error`: a business outcome, never retried.
+    Declined {
+        /// The PaymentIntent the decline belongs to, when the provider names it.
+        provider_payment_id: Option<String>,
+        /// The card's decline code (`insufficient_funds`, ...).
+        decline_code: Option<String>,
+    },
+    /// `400` other than key reuse: this payment is refused as sent.
+    Rejected {
+        /// The provider's error code, or its type when it gives no code.
+        code: String,
+        /// The provider's message.
+        message: String,
+    },
+    /// `400` with `idempotency_error`: the provider holds this key for other parameters.
+    KeyReused {
+        /// The provider's message.
+        message: String,
+    },
+}
+
+/// How a failed call failed. Every kind is retried with the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// `409`: another request with this key is in flight at the provider.
+    KeyInUse,
+    /// `429`.
+    RateLimited,
+    /// `5xx`.
+    ServerError,
+    /// No answer within the client timeout.
+    Timeout,
+    /// The connection failed before the request was sent.
+    Connect,
+    /// The connection dropped after the request was sent, or the answer was unreadable.
+    Network,
+    /// `401`/`403`/`404` or another unexpected status: the processor is misconfigured (wrong
+    /// key or URL). Retryable, because fixing the configuration lets the payment through.
+    Misconfigured,
+}
+
+/// A call that ended without a definitive answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ProviderError {
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// Description for logs and the record; never contains the API key.
+    pub message: String,
+    /// `Retry-After`, when the provider sent it.
+    pub retry_after: Option<Duration>,
+    /// `Stripe-Should-Retry`, when the provider sent it.
+    pub should_retry: Option<bool>,
+}
+
+impl ProviderError {
+    /// True when the provider may have executed the request although we have no answer: a
+    /// timeout, a dropped connection, or a `5xx`. Such an attempt leaves the outcome unknown.
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(
+            self.kind,
+            FailureKind::ServerError | FailureKind::Timeout | FailureKind::Network
+        )
+    }
+
+    /// True when retrying within this delivery may help: honours `Stripe-Should-Retry: false`;
+    /// a misconfiguration is not retried in a tight loop (it is retried on the next delivery).
+    pub fn retry_now(&self) -> bool {
+        self.should_retry != Some(false) && self.kind != FailureKind::Misconfigured
+    }
+}
+
+/// The port over the payment provider.
+#[async_trait]
+pub trait PaymentProvider: Send + Sync {
+    /// The longest a call may take; a call is only sent while the caller's lease has more time
+    /// left than this.
+    fn request_timeout(&self) -> Duration;
+
+    /// Creates and confirms a payment with `Idempotency-Key: <payment_id>`, so that every retry
+    /// and every takeover of the same payment gets the same charge back.
+    async fn create_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<ProviderResponse, ProviderError>;
+}

@@ -1,0 +1,343 @@
+//! The provider adapter for Stripe's wire format (`POST /v1/payment_intents`, form encoded).
+//!
+//! It works against Stripe's test mode and against the project's simulator. It maps HTTP
+//! answers to [`ProviderResponse`] / [`ProviderError`] as the issue's contract fixes them.
+//! The API key is a [`SecretString`]: it is only exposed to build the `Authorization` header and
+//! never appears in a log line or an error.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+use crate::domain::PaymentRequest;
+use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
+
+/// Stripe-style HTTP client.
+pub struct StripeClient {
+    /// Shared connection pool.
+    http: reqwest::Client,
+    /// Base URL without a trailing slash, e.g. `https://api.stripe.com`.
+    base_url: String,
+    /// The secret key, sent as a bearer token.
+    api_key: SecretString,
+    /// Per-call timeout (connect + send + read).
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for StripeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StripeClient")
+            .field("base_url", &self.base_url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct IntentBody {
+    id: String,
+    status: String,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize, Default)]
+struct ErrorDetail {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    decline_code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    payment_intent: Option<IntentRef>,
+}
+
+#[derive(Deserialize)]
+struct IntentRef {
+    id: String,
+}
+
+impl StripeClient {
+    /// Builds a client. Fails only when the TLS stack cannot be initialised.
+    pub fn new(
+        base_url: &str,
+        api_key: SecretString,
+        timeout: Duration,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self {
+            http,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            api_key,
+            timeout,
+        })
+    }
+
+    /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields.
+    pub fn form_fields(request: &PaymentRequest) -> Vec<(String, String)> {
+        let mut form = vec![
+            ("amount".to_owned(), request.money.amount.to_string()),
+            ("currency".to_owned(), request.money.currency.clone()),
+            ("customer".to_owned(), request.customer_id.clone()),
+            ("payment_method".to_owned(), request.payment_method.clone()),
+            ("confirm".to_owned(), "true".to_owned()),
+        ];
+        if let Some(d) = &request.description {
+            form.push(("description".to_owned(), d.clone()));
+        }
+        for (k, v) in &request.metadata {
+            form.push((format!("metadata[{k}]"), v.clone()));
+        }
+        form.push((
+            "metadata[payment_id]".to_owned(),
+            request.payment_id.as_str().to_owned(),
+        ));
+        form
+    }
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn classify_send_error(e: &reqwest::Error) -> FailureKind {
+    if e.is_timeout() {
+        FailureKind::Timeout
+    } else if e.is_connect() {
+        FailureKind::Connect
+    } else {
+        FailureKind::Network
+    }
+}
+
+/// Maps one HTTP answer to the contract's outcome classes.
+fn interpret(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+) -> Result<ProviderResponse, ProviderError> {
+    let retry_after = header_str(headers, "retry-after")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let should_retry = header_str(headers, "stripe-should-retry").map(|v| v == "true");
+    let replayed = header_str(headers, "idempotent-replayed") == Some("true");
+    let fail = |kind: FailureKind, message: String| ProviderError {
+        kind,
+        message,
+        retry_after,
+        should_retry,
+    };
+    if status.is_success() {
+        return match serde_json::from_str::<IntentBody>(body) {
+            Ok(intent) => Ok(ProviderResponse::Charged {
+                provider_payment_id: intent.id,
+                status: intent.status,
+                replayed,
+            }),
+            // A 2xx we cannot read may still be a charge: ambiguous, retried with the key.
+            Err(e) => Err(fail(
+                FailureKind::Network,
+                format!("unreadable {status} answer: {e}"),
+            )),
+        };
+    }
+    let detail = serde_json::from_str::<ErrorBody>(body)
+        .map(|b| b.error)
+        .unwrap_or_default();
+    let message = detail
+        .message
+        .clone()
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    match status.as_u16() {
+        402 => Ok(ProviderResponse::Declined {
+            provider_payment_id: detail.payment_intent.map(|p| p.id),
+            decline_code: detail.decline_code.or(detail.code),
+        }),
+        400 if detail.kind.as_deref() == Some("idempotency_error") => {
+            Ok(ProviderResponse::KeyReused { message })
+        }
+        400 => Ok(ProviderResponse::Rejected {
+            code: detail
+                .code
+                .or(detail.kind)
+                .unwrap_or_else(|| "invalid_request".to_owned()),
+            message,
+        }),
+        409 => Err(fail(FailureKind::KeyInUse, message)),
+        429 => Err(fail(FailureKind::RateLimited, message)),
+        500..=599 => Err(fail(
+            FailureKind::ServerError,
+            format!("HTTP {status}: {message}"),
+        )),
+        _ => Err(fail(
+            FailureKind::Misconfigured,
+            format!("HTTP {status} (check PAYMENT_API_URL and the API key): {message}"),
+        )),
+    }
+}
+
+#[async_trait]
+impl PaymentProvider for StripeClient {
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn create_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<ProviderResponse, ProviderError> {
+        let url = format!("{}/v1/payment_intents", self.base_url);
+        let sent = self
+            .http
+            .post(&url)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", request.payment_id.as_str())
+            .form(&Self::form_fields(request))
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(ProviderError {
+                    kind: classify_send_error(&e),
+                    message: format!("request to {url} failed: {}", e.without_url()),
+                    retry_after: None,
+                    should_retry: None,
+                })
+            }
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.text().await.map_err(|e| ProviderError {
+            kind: classify_send_error(&e),
+            message: format!("reading the answer failed: {}", e.without_url()),
+            retry_after: None,
+            should_retry: None,
+        })?;
+        interpret(status, &headers, &body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, v.parse().unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn success_records_the_intent_status() {
+        let r = interpret(
+            StatusCode::OK,
+            &h(&[("idempotent-replayed", "true")]),
+            r#"{"id":"pi_1","status":"requires_action"}"#,
+        );
+        assert_eq!(
+            r.unwrap(),
+            ProviderResponse::Charged {
+                provider_payment_id: "pi_1".into(),
+                status: "requires_action".into(),
+                replayed: true
+            }
+        );
+    }
+
+    #[test]
+    fn decline_and_rejections_are_definitive() {
+        let d = interpret(
+            StatusCode::PAYMENT_REQUIRED,
+            &h(&[]),
+            r#"{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","payment_intent":{"id":"pi_2"}}}"#,
+        );
+        assert_eq!(
+            d.unwrap(),
+            ProviderResponse::Declined {
+                provider_payment_id: Some("pi_2".into()),
+                decline_code: Some("insufficient_funds".into())
+            }
+        );
+        let k = interpret(
+            StatusCode::BAD_REQUEST,
+            &h(&[]),
+            r#"{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters"}}"#,
+        );
+        assert!(matches!(k.unwrap(), ProviderResponse::KeyReused { .. }));
+        let r = interpret(
+            StatusCode::BAD_REQUEST,
+            &h(&[]),
+            r#"{"error":{"type":"invalid_request_error","code":"resource_missing","message":"No such customer"}}"#,
+        );
+        assert!(
+            matches!(r.unwrap(), ProviderResponse::Rejected { code, .. } if code == "resource_missing")
+        );
+    }
+
+    #[test]
+    fn transient_statuses_carry_retry_hints() {
+        let e = interpret(
+            StatusCode::TOO_MANY_REQUESTS,
+            &h(&[("retry-after", "2"), ("stripe-should-retry", "true")]),
+            "{}",
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, FailureKind::RateLimited);
+        assert_eq!(e.retry_after, Some(Duration::from_secs(2)));
+        assert!(e.retry_now() && !e.is_ambiguous());
+        let e = interpret(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &h(&[("stripe-should-retry", "false")]),
+            "",
+        )
+        .unwrap_err();
+        assert!(e.is_ambiguous() && !e.retry_now());
+        let e = interpret(StatusCode::CONFLICT, &h(&[]), "{}").unwrap_err();
+        assert_eq!(e.kind, FailureKind::KeyInUse);
+        for s in [401u16, 403, 404] {
+            let e = interpret(StatusCode::from_u16(s).unwrap(), &h(&[]), "{}").unwrap_err();
+            assert_eq!(e.kind, FailureKind::Misconfigured);
+        }
+    }
+
+    #[test]
+    fn form_carries_the_payment_id_in_metadata() {
+        let p = PaymentRequest::parse(
+            r#"{"payment_id":"pay_1","amount":5,"currency":"USD","customer_id":"c","payment_method":"pm","metadata":{"a":"b"}}"#,
+        )
+        .unwrap();
+        let f = StripeClient::form_fields(&p);
+        assert!(f.contains(&("currency".into(), "usd".into())));
+        assert!(f.contains(&("confirm".into(), "true".into())));
+        assert!(f.contains(&("metadata[a]".into(), "b".into())));
+        assert!(f.contains(&("metadata[payment_id]".into(), "pay_1".into())));
+    }
+
+    #[test]
+    fn debug_output_hides_the_key() {
+        let c = StripeClient::new(
+            "http://x",
+            SecretString::from("sk_test_secret"),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("sk_test_secret"));
+    }
+}
