@@ -1,1 +1,14 @@
+//! # payment-infra: the local stack and operations
+//!
+//! Runs the deployed shape on one machine: [`template`] creates the queues and the table from
+//! `template.yaml` on any endpoint the SDK reaches (`AWS_ENDPOINT_URL`), [`esm`] polls the queue
+//! like Lambda's SQS trigger and runs the real handler, [`sim`] talks to the provider
+//! simulator, [`load`] generates payments with known outcomes, [`check`] verifies a run from the
+//! outside, and [`demo`] ties them together. The `payctl` binary is the CLI over all of it.
 
+pub mod check;
+pub mod demo;
+pub mod esm;
+pub mod load;
+pub mod sim;
+pub mod template;

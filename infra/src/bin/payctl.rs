@@ -1,1 +1,251 @@
-fn main() {}
+//! `payctl`: operate the payment processor locally or against AWS.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use payment_core::config::Config;
+use payment_core::idempotency::IdempotencyStore;
+use payment_infra::{demo, esm, load, template};
+
+#[derive(Parser)]
+#[command(
+    name = "payctl",
+    version,
+    about = "Send, process and inspect payments; provision and demo the local stack"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the template's queues and table on the endpoint (AWS_ENDPOINT_URL) and print them.
+    Provision {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        /// Prefix of every resource name.
+        #[arg(long)]
+        stack_name: String,
+        /// Override the source queue's visibility timeout (seconds).
+        #[arg(long)]
+        visibility_timeout: Option<i32>,
+        /// Template parameter, NAME=VALUE (repeatable).
+        #[arg(long = "param")]
+        params: Vec<String>,
+    },
+    /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
+    Send {
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        /// One message body.
+        #[arg(long, conflicts_with_all = ["file", "generate"])]
+        body: Option<String>,
+        /// A file with one body per line.
+        #[arg(long, conflicts_with = "generate")]
+        file: Option<PathBuf>,
+        /// Generate this many valid payments.
+        #[arg(long)]
+        generate: Option<usize>,
+        /// Payment id prefix of generated payments.
+        #[arg(long, default_value = "pay")]
+        prefix: String,
+    },
+    /// Poll a queue like Lambda's SQS trigger and run the processor (configured from the
+    /// function's environment variables) on each batch.
+    Run {
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        #[arg(long, default_value_t = 10)]
+        batch_size: i32,
+        /// Batching window, seconds.
+        #[arg(long, default_value_t = 0.0)]
+        batching_window: f64,
+        /// Function timeout, seconds: each invocation's deadline.
+        #[arg(long, default_value_t = 60)]
+        function_timeout: u64,
+        #[arg(long, default_value_t = 1)]
+        pollers: usize,
+        /// Stop once the queue is drained.
+        #[arg(long)]
+        until_empty: bool,
+        /// Fail if not drained within this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        max_seconds: u64,
+    },
+    /// Print a payment's idempotency record.
+    Status {
+        payment_id: String,
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        table: String,
+    },
+    /// The local end-to-end run: provision, fault injection, mixed load, drain, verify.
+    Demo {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        #[arg(long, default_value_t = 250)]
+        payments: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        #[arg(long, default_value_t = 2)]
+        pollers: usize,
+        #[arg(long, default_value_t = 0.05)]
+        fault_rate: f64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if matches!(cli.command, Command::Run { .. }) {
+        payment_core::telemetry::init();
+    }
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    match cli.command {
+        Command::Provision {
+            template,
+            stack_name,
+            visibility_timeout,
+            params,
+        } => {
+            let mut parameters = std::collections::HashMap::new();
+            for p in params {
+                let (k, v) = p.split_once('=').context("--param takes NAME=VALUE")?;
+                parameters.insert(k.to_owned(), v.to_owned());
+            }
+            let stack = template::provision(
+                &sdk,
+                &template,
+                &template::ProvisionOptions {
+                    stack_name,
+                    parameters,
+                    visibility_timeout,
+                    max_receive_count: None,
+                },
+            )
+            .await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "queues": stack.queues, "tables": stack.tables, "function_env": stack.function_env,
+                    "event_source": {"queue_url": stack.event_source.queue_url, "batch_size": stack.event_source.batch_size,
+                        "batching_window_seconds": stack.event_source.batching_window_seconds,
+                        "function_timeout_seconds": stack.event_source.function_timeout_seconds},
+                }))?
+            );
+        }
+        Command::Send {
+            queue_url,
+            body,
+            file,
+            generate,
+            prefix,
+        } => {
+            let bodies: Vec<String> = if let Some(b) = body {
+                vec![b]
+            } else if let Some(f) = file {
+                let reader: Box<dyn BufRead> = if f.as_os_str() == "-" {
+                    Box::new(std::io::stdin().lock())
+                } else {
+                    Box::new(std::io::BufReader::new(
+                        std::fs::File::open(&f)
+                            .with_context(|| format!("opening {}", f.display()))?,
+                    ))
+                };
+                reader
+                    .lines()
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .filter(|l| !l.trim().is_empty())
+                    .collect()
+            } else if let Some(n) = generate {
+                (0..n)
+                    .map(|i| {
+                        load::payment_body(
+                            &format!("{prefix}-{i:06}"),
+                            1000 + i as i64,
+                            "pm_card_visa",
+                        )
+                    })
+                    .collect()
+            } else {
+                bail!("give --body, --file or --generate");
+            };
+            let sqs = aws_sdk_sqs::Client::new(&sdk);
+            let ids = load::send_all(&sqs, &queue_url, &bodies).await?;
+            println!("sent {} messages", ids.len());
+        }
+        Command::Run {
+            queue_url,
+            batch_size,
+            batching_window,
+            function_timeout,
+            pollers,
+            until_empty,
+            max_seconds,
+        } => {
+            let config = Config::from_env()?;
+            let processor = payment_core::bootstrap::build_processor(&config, &sdk).await?;
+            let stats = esm::run(
+                processor,
+                aws_sdk_sqs::Client::new(&sdk),
+                esm::EsmOptions {
+                    queue_url,
+                    batch_size,
+                    batching_window: Duration::from_secs_f64(batching_window.max(0.0)),
+                    function_timeout: Duration::from_secs(function_timeout),
+                    report_batch_item_failures: true,
+                    pollers,
+                    until_empty,
+                    max_duration: Duration::from_secs(max_seconds),
+                },
+            )
+            .await?;
+            eprintln!("{} invocations, {} deliveries, {} deleted, {} timeouts; charged {}, declined {}, duplicates {}, retried {}, dead-lettered {:?}",
+                stats.invocations, stats.received, stats.deleted, stats.timeouts, stats.summary.charged, stats.summary.declined,
+                stats.summary.duplicates, stats.summary.retried, stats.summary.dead_lettered);
+        }
+        Command::Status { payment_id, table } => {
+            let store =
+                payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
+            match store.get(&payment_id).await? {
+                None => bail!("no record for payment {payment_id}"),
+                Some(r) => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "payment_id": r.payment_id, "status": r.status.as_str(), "attempts": r.attempts,
+                        "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at_ms, "expires_at": r.expires_at_s,
+                        "first_attempt_at": r.first_attempt_at_ms, "unknown_outcome": r.unknown_outcome,
+                        "last_error": r.last_error, "outcome": r.outcome,
+                    }))?
+                ),
+            }
+        }
+        Command::Demo {
+            template,
+            payments,
+            seed,
+            pollers,
+            fault_rate,
+        } => {
+            let verdict = demo::run(
+                &sdk,
+                &demo::DemoOptions {
+                    template,
+                    payments,
+                    seed,
+                    pollers,
+                    fault_rate,
+                },
+            )
+            .await?;
+            if !verdict.violations.is_empty() {
+                std::process::exit(1);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""A Stripe-compatible payment provider simulator with fault injection.
+
+It speaks the subset of Stripe's API that the processor uses, with Stripe's idempotency
+semantics, and keeps a ledger of every charge per idempotency key so that tests and the demo
+can check "charged exactly once" against the provider's own books, never the processor's.
+
+API (Stripe's wire format):
+  POST /v1/payment_intents            form body, Authorization: Bearer <key>, Idempotency-Key
+      - same key, same parameters: the stored answer again, with Idempotent-Replayed: true
+      - same key, other parameters: 400 idempotency_error
+      - same key while the first request runs: 409
+      - payment_method decides the result (Stripe's test methods):
+        pm_card_visa (and any other pm_*) -> 200 succeeded
+        pm_card_chargeDeclined -> 402 card_declined / generic_decline
+        pm_card_chargeDeclinedInsufficientFunds -> 402 insufficient_funds
+        pm_card_threeDSecureRequired -> 200 requires_action
+        pm_card_invalid -> 400 invalid_request_error / resource_missing
+
+Control API (not Stripe's):
+  GET    /_sim/health
+  GET    /_sim/ledger[?key=K]    {"charges": {key: [intent...]}, "declines": {...}, "calls": {key: n}}
+  POST   /_sim/faults            {"rules": [rule...]} appends rules; a rule is
+         {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
+         F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
+         times: per key, how many calls the rule hits (default unlimited); probability: per call
+  DELETE /_sim/faults            clears every rule
+  POST   /_sim/reset             clears ledger, keys and rules
+
+Run: simulator.py --port 0 --port-file FILE [--api-key sk_test_local] [--seed N]
+"""
+
+import argparse
+import hashlib
+import json
+import random
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+LOCK = threading.Lock()
+STATE = {
+    "keys": {},  # key -> {"params": hash, "state": "in_flight"|"done", "status": int, "body": str}
+    "charges": {},  # key -> [intent]
+    "declines": {},  # key -> [error]
+    "calls": {},  # key -> number of POSTs received
+    "rules": [],
+    "hits": {},  # (rule index, key) -> times hit
+}
+CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0)}
+
+
+def params_hash(pairs):
+    return hashlib.sha256(json.dumps(sorted(pairs)).encode()).hexdigest()
+
+
+def pick_fault(key):
+    """The first rule that matches this call, counting its hit (under LOCK)."""
+    for i, rule in enumerate(STATE["rules"]):
+        if not key.startswith(rule.get("prefix", "")):
+            continue
+        times = rule.get("times")
+        hit_key = (i, key)
+        if times is not None and STATE["hits"].get(hit_key, 0) >= times:
+            continue
+        if CONFIG["rng"].random() >= rule.get("probability", 1.0):
+            continue
+        STATE["hits"][hit_key] = STATE["hits"].get(hit_key, 0) + 1
+        return rule
+    return None
+
+
+def error_body(kind, message, code=None, decline_code=None, intent=None):
+    err = {"type": kind, "message": message}
+    if code:
+        err["code"] = code
+    if decline_code:
+        err["decline_code"] = decline_code
+    if intent:
+        err["payment_intent"] = intent
+    return json.dumps({"error": err})
+
+
+def execute(form, key):
+    """Runs the payment; returns (status, body) and books the ledger (under LOCK)."""
+    pm = form.get("payment_method", "")
+    intent_id = "pi_" + hashlib.sha256(f"{key}:{time.time_ns()}".encode()).hexdigest()[:24]
+    intent = {
+        "id": intent_id,
+        "object": "payment_intent",
+        "amount": int(form.get("amount", "0")),
+        "currency": form.get("currency"),
+        "customer": form.get("customer"),
+        "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
+        "created": int(time.time()),
+    }
+    if pm == "pm_card_invalid":
+        return 400, error_body("invalid_request_error", "No such PaymentMethod: 'pm_card_invalid'", code="resource_missing")
+    if pm in ("pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds"):
+        decline = "insufficient_funds" if pm.endswith("InsufficientFunds") else "generic_decline"
+        intent["status"] = "requires_payment_method"
+        STATE["declines"].setdefault(key, []).append({"decline_code": decline, "intent": intent_id})
+        return 402, error_body("card_error", "Your card was declined.", code="card_declined", decline_code=decline, intent={"id": intent_id})
+    intent["status"] = "requires_action" if pm == "pm_card_threeDSecureRequired" else "succeeded"
+    STATE["charges"].setdefault(key, []).append(intent)
+    return 200, json.dumps(intent)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # quiet: the ledger is the record
+        pass
+
+    def reply(self, status, body, headers=None):
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def drop(self):
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n).decode() if n else ""
+
+    # --- control API -------------------------------------------------------------------------
+    def do_GET(self):
+        url = urlsplit(self.path)
+        if url.path == "/_sim/health":
+            return self.reply(200, '{"ok": true}')
+        if url.path == "/_sim/ledger":
+            q = dict(parse_qsl(url.query))
+            with LOCK:
+                snap = {n: STATE[n] for n in ("charges", "declines", "calls")}
+                if "key" in q:
+                    snap = {n: {q["key"]: v[q["key"]]} if q["key"] in v else {} for n, v in snap.items()}
+                return self.reply(200, json.dumps(snap))
+        return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
+
+    def do_DELETE(self):
+        if urlsplit(self.path).path == "/_sim/faults":
+            self.body()
+            with LOCK:
+                STATE["rules"] = []
+                STATE["hits"] = {}
+            return self.reply(200, '{"ok": true}')
+        return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
+
+    def do_POST(self):
+        path = urlsplit(self.path).path
+        if path == "/_sim/faults":
+            rules = json.loads(self.body() or "{}").get("rules", [])
+            with LOCK:
+                STATE["rules"].extend(rules)
+            return self.reply(200, json.dumps({"rules": len(STATE["rules"])}))
+        if path == "/_sim/reset":
+            self.body()
+            with LOCK:
+                for n in ("keys", "charges", "declines", "calls", "hits"):
+                    STATE[n] = {}
+                STATE["rules"] = []
+            return self.reply(200, '{"ok": true}')
+        if path == "/v1/payment_intents":
+            return self.create_intent()
+        self.body()
+        return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
+
+    # --- Stripe API --------------------------------------------------------------------------
+    def create_intent(self):
+        raw = self.body()
+        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
+            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
+        pairs = parse_qsl(raw, keep_blank_values=True)
+        form = dict(pairs)
+        key = self.headers.get("Idempotency-Key")
+        if not key:
+            # The processor always sends one; without it a retry could charge twice.
+            return self.reply(400, error_body("invalid_request_error", "Idempotency-Key header is required by this simulator"))
+        h = params_hash(pairs)
+        with LOCK:
+            STATE["calls"][key] = STATE["calls"].get(key, 0) + 1
+            rule = pick_fault(key)
+            fault = rule.get("fault") if rule else None
+            if fault == "down":
+                return self.reply(503, error_body("api_error", "Service unavailable"), {"Stripe-Should-Retry": "true"})
+            if fault == "429":
+                return self.reply(429, error_body("rate_limit_error", "Too many requests"), {"Retry-After": "1"})
+            entry = STATE["keys"].get(key)
+            if entry is not None:
+                if entry["params"] != h:
+                    return self.reply(400, error_body(
+                        "idempotency_error",
+                        "Keys for idempotent requests can only be used with the same parameters they were first used with."))
+                if entry["state"] == "in_flight":
+                    return self.reply(409, error_body(
+                        "idempotency_error", "There is currently another in-progress request using this Idempotent Key."),
+                        {"Stripe-Should-Retry": "true"})
+                return self.reply(entry["status"], entry["body"], {"Idempotent-Replayed": "true"})
+            STATE["keys"][key] = {"params": h, "state": "in_flight"}
+        if fault == "latency":
+            time.sleep(rule.get("latency_ms", 1000) / 1000)
+        with LOCK:
+            status, body = execute(form, key)
+            # The answer is stored before it is sent: a replay returns it even if this
+            # connection drops or this answer is replaced by a 500 below.
+            STATE["keys"][key].update(state="done", status=status, body=body)
+        if fault == "delay_after_commit":
+            time.sleep(rule.get("latency_ms", 1000) / 1000)
+        if fault == "500_after_commit":
+            return self.reply(500, error_body("api_error", "Internal server error"), {"Stripe-Should-Retry": "true"})
+        if fault == "drop_after_commit":
+            return self.drop()
+        return self.reply(status, body)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file", help="write the bound port here once listening")
+    ap.add_argument("--api-key", default="sk_test_local")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fault dice")
+    args = ap.parse_args()
+    CONFIG["api_key"] = args.api_key
+    CONFIG["rng"] = random.Random(args.seed)
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 128
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    port = server.server_address[1]
+    if args.port_file:
+        with open(args.port_file + ".tmp", "w") as f:
+            f.write(str(port))
+        import os
+
+        os.replace(args.port_file + ".tmp", args.port_file)
+    print(f"provider simulator listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+# Shared by demo.sh and test.sh: install the local tools into a project-local virtualenv, start
+# a local AWS endpoint and the provider simulator on free ports, and stop what was started.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="$ROOT/.venv"
+RUN_DIR="$ROOT/.local/run"
+STARTED_PIDS=()
+
+log() { echo "[local-stack] $*" >&2; }
+
+ensure_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating the virtualenv $VENV"
+    python3 -m venv "$VENV"
+  fi
+  if ! "$VENV/bin/python" -c 'import moto, flask' 2>/dev/null; then
+    log "installing moto[server] into $VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/infra/requirements.txt"
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_for_url() { # url, seconds
+  local url=$1 deadline=$((SECONDS + $2))
+  until curl -fs -o /dev/null "$url" 2>/dev/null || curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null | grep -qv '^000$'; do
+    if [ $SECONDS -ge $deadline ]; then log "timed out waiting for $url"; return 1; fi
+    sleep 0.2
+  done
+}
+
+# Uses AWS_ENDPOINT_URL if something answers there (LocalStack, a running moto); else starts
+# moto server on a free port and exports AWS_ENDPOINT_URL for it.
+start_aws_endpoint() {
+  export AWS_REGION="${AWS_REGION:-us-east-1}" AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
+  export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
+  if [ -n "${AWS_ENDPOINT_URL:-}" ] && curl -s -o /dev/null -m 2 "$AWS_ENDPOINT_URL"; then
+    log "using the AWS endpoint already answering at $AWS_ENDPOINT_URL"
+    return
+  fi
+  mkdir -p "$RUN_DIR"
+  local port; port=$(free_port)
+  log "starting moto server on 127.0.0.1:$port"
+  "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$RUN_DIR/moto.log" 2>&1 &
+  STARTED_PIDS+=($!)
+  export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
+  wait_for_url "$AWS_ENDPOINT_URL/moto-api/" 60
+}
+
+# Starts the provider simulator on a free port; exports PAYMENT_API_URL and PAYMENT_API_KEY.
+start_simulator() {
+  mkdir -p "$RUN_DIR"
+  local portfile="$RUN_DIR/sim.port.$$"
+  rm -f "$portfile"
+  export PAYMENT_API_KEY="${PAYMENT_API_KEY:-sk_test_local}"
+  "$VENV/bin/python" "$ROOT/infra/provider-sim/simulator.py" --port 0 --port-file "$portfile" \
+    --api-key "$PAYMENT_API_KEY" --seed "${SIM_SEED:-0}" >"$RUN_DIR/simulator.log" 2>&1 &
+  STARTED_PIDS+=($!)
+  local deadline=$((SECONDS + 30))
+  until [ -s "$portfile" ]; do
+    if [ $SECONDS -ge $deadline ]; then log "the provider simulator did not start"; cat "$RUN_DIR/simulator.log" >&2; return 1; fi
+    sleep 0.1
+  done
+  export PAYMENT_API_URL="http://127.0.0.1:$(cat "$portfile")"
+  rm -f "$portfile"
+  wait_for_url "$PAYMENT_API_URL/_sim/health" 30
+  log "provider simulator at $PAYMENT_API_URL"
+}
+
+stop_started() {
+  for pid in "${STARTED_PIDS[@]:-}"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${STARTED_PIDS[@]:-}"; do
+    [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+  done
+  STARTED_PIDS=()
+}

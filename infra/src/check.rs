@@ -1,0 +1,268 @@
+//! Checking a finished run from the outside: the provider's ledger, the idempotency table and
+//! the dead-letter queue, never the processor's own counters.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
+use payment_core::dynamo::record_from_item;
+use payment_core::idempotency::{IdempotencyRecord, RecordStatus};
+
+use crate::load::{Expect, Planned};
+use crate::sim::Ledger;
+
+/// A message that was sent, with its SQS message id.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// What was sent and what it should end as.
+    pub planned: Planned,
+    /// The id SQS gave it.
+    pub message_id: String,
+}
+
+/// A dead letter as read back from the DLQ.
+#[derive(Debug, Clone)]
+pub struct DeadLetterSeen {
+    /// `error_code`, or `max_receives` for a message SQS moved after `maxReceiveCount`.
+    pub error_code: String,
+    /// `source_message_id` (or the message's own id when SQS moved it).
+    pub source_message_id: String,
+    /// The body.
+    pub body: String,
+}
+
+/// Receives (and deletes) every message of the DLQ.
+pub async fn drain_dlq(sqs: &aws_sdk_sqs::Client, dlq_url: &str) -> Result<Vec<DeadLetterSeen>> {
+    let mut out = Vec::new();
+    let mut empty = 0;
+    while empty < 2 {
+        let r = sqs
+            .receive_message()
+            .queue_url(dlq_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(0)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .context("reading the DLQ")?;
+        if r.messages().is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        for m in r.messages() {
+            let attr = |k: &str| {
+                m.message_attributes()
+                    .and_then(|a| a.get(k))
+                    .and_then(|v| v.string_value())
+                    .map(str::to_owned)
+            };
+            out.push(DeadLetterSeen {
+                error_code: attr("error_code").unwrap_or_else(|| "max_receives".to_owned()),
+                source_message_id: attr("source_message_id")
+                    .unwrap_or_else(|| m.message_id().unwrap_or_default().to_owned()),
+                body: m.body().unwrap_or_default().to_owned(),
+            });
+            sqs.delete_message()
+                .queue_url(dlq_url)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .send()
+                .await
+                .context("deleting from the DLQ")?;
+        }
+    }
+    Ok(out)
+}
+
+/// Every record of the table.
+pub async fn scan_records(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<HashMap<String, IdempotencyRecord>> {
+    let mut records = HashMap::new();
+    let mut start: Option<HashMap<String, AttributeValue>> = None;
+    loop {
+        let out = ddb
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .context("scanning the idempotency table")?;
+        for item in out.items() {
+            let r = record_from_item(item)?;
+            records.insert(r.payment_id.clone(), r);
+        }
+        match out.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => return Ok(records),
+        }
+    }
+}
+
+/// The verdict of a run.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Distinct valid payments that were charged (ledger).
+    pub charged: usize,
+    /// Payments charged more than once (ledger). Must be 0.
+    pub double_charged: usize,
+    /// Declines recorded.
+    pub declined: usize,
+    /// Valid copies beyond the first of each payment: each suppressed, not charged.
+    pub duplicates_suppressed: usize,
+    /// DLQ messages by code.
+    pub dead_lettered: BTreeMap<String, usize>,
+    /// Everything that breaks exactly-once or loses a message.
+    pub violations: Vec<String>,
+}
+
+/// Checks every sent message against the ledger, the table and the DLQ.
+pub fn verify(
+    sent: &[Sent],
+    ledger: &Ledger,
+    records: &HashMap<String, IdempotencyRecord>,
+    dlq: &[DeadLetterSeen],
+    queue_depth: i64,
+) -> Verdict {
+    let mut v = Verdict::default();
+    let mut bad = |s: String| v.violations.push(s);
+    if queue_depth != 0 {
+        bad(format!(
+            "the source queue still holds {queue_depth} messages"
+        ));
+    }
+    let in_dlq: HashMap<&str, &DeadLetterSeen> = dlq
+        .iter()
+        .map(|d| (d.source_message_id.as_str(), d))
+        .collect();
+    for d in dlq {
+        *v.dead_lettered.entry(d.error_code.clone()).or_default() += 1;
+    }
+    // The first valid payload of each payment id decides what the payment is.
+    let mut payments: BTreeMap<&str, &Planned> = BTreeMap::new();
+    let mut valid_copies = 0usize;
+    for s in sent {
+        let p = &s.planned;
+        match (&p.expect, &p.payment_id) {
+            (Expect::Invalid(code), _) => match in_dlq.get(s.message_id.as_str()) {
+                Some(d) if d.error_code == *code => {}
+                Some(d) => bad(format!(
+                    "message {} dead-lettered as {} instead of {code}",
+                    s.message_id, d.error_code
+                )),
+                None => bad(format!(
+                    "malformed message {} ({code}) is not in the DLQ: lost",
+                    s.message_id
+                )),
+            },
+            (Expect::KeyReused, _) => match in_dlq.get(s.message_id.as_str()) {
+                Some(d) if d.error_code == "idempotency_key_reused" => {}
+                Some(d) => bad(format!(
+                    "key-reuse message {} dead-lettered as {}",
+                    s.message_id, d.error_code
+                )),
+                None => bad(format!(
+                    "key-reuse message {} is not in the DLQ: lost or charged",
+                    s.message_id
+                )),
+            },
+            (_, Some(id)) => {
+                valid_copies += 1;
+                payments.entry(id.as_str()).or_insert(p);
+                if p.expect == Expect::ProviderRejected {
+                    if !in_dlq.contains_key(s.message_id.as_str()) && p.kind == "unique" {
+                        bad(format!(
+                            "provider-rejected message {} is not in the DLQ",
+                            s.message_id
+                        ));
+                    }
+                }
+            }
+            (_, None) => bad("a valid message without a payment id".to_owned()),
+        }
+    }
+    v.duplicates_suppressed = valid_copies.saturating_sub(payments.len());
+    for (id, p) in &payments {
+        let charges = ledger.charges.get(*id).map(Vec::len).unwrap_or(0);
+        if charges > 1 {
+            v.double_charged += 1;
+            bad(format!("payment {id} was charged {charges} times"));
+        }
+        let record = records.get(*id);
+        match record {
+            None => bad(format!("payment {id} has no idempotency record: lost")),
+            Some(r) if r.status != RecordStatus::Completed => bad(format!(
+                "payment {id} ended {} ({:?})",
+                r.status.as_str(),
+                r.last_error
+            )),
+            Some(r) => {
+                let o = r
+                    .outcome
+                    .clone()
+                    .unwrap_or_else(|| payment_core::idempotency::Outcome {
+                        status: String::new(),
+                        provider_payment_id: None,
+                        decline_code: None,
+                        amount: 0,
+                        currency: String::new(),
+                        reason: None,
+                    });
+                match &p.expect {
+                    Expect::Charged(status) => {
+                        if charges != 1 {
+                            bad(format!("payment {id} should be charged once, the provider booked {charges}"));
+                        } else {
+                            v.charged += 1;
+                        }
+                        let booked = ledger
+                            .charges
+                            .get(*id)
+                            .and_then(|c| c.first())
+                            .map(|c| c.id.clone());
+                        if o.status != *status || o.provider_payment_id != booked {
+                            bad(format!(
+                                "payment {id}: record says {}/{:?}, provider booked {booked:?}",
+                                o.status, o.provider_payment_id
+                            ));
+                        }
+                    }
+                    Expect::Declined => {
+                        if charges != 0 || o.status != "declined" {
+                            bad(format!(
+                                "payment {id} should be declined: record {}, {charges} charges",
+                                o.status
+                            ));
+                        } else {
+                            v.declined += 1;
+                        }
+                    }
+                    Expect::ProviderRejected => {
+                        if charges != 0 || o.status != "rejected" {
+                            bad(format!(
+                                "payment {id} should be rejected: record {}, {charges} charges",
+                                o.status
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    // No charge without a record, and no record left in flight.
+    let known: HashSet<&str> = payments.keys().copied().collect();
+    for (key, charges) in &ledger.charges {
+        if known.contains(key.as_str()) && !records.contains_key(key) && !charges.is_empty() {
+            bad(format!("charge for {key} has no record"));
+        }
+    }
+    for (id, r) in records {
+        if known.contains(id.as_str()) && r.status != RecordStatus::Completed {
+            bad(format!("record {id} left {}", r.status.as_str()));
+        }
+    }
+    v
+}

@@ -1,0 +1,290 @@
+//! A local event-source mapping: polls an SQS queue the way Lambda's SQS trigger does and runs
+//! the processor's handler in-process.
+//!
+//! Like Lambda it receives batches (up to `batch_size`, gathering for up to the batching
+//! window), builds the SQS event records (`eventSourceARN`, `SentTimestamp`,
+//! `ApproximateReceiveCount`, message attributes), gives each invocation the function timeout as
+//! its deadline, and with `ReportBatchItemFailures` deletes exactly the messages that were not
+//! reported. A timed-out invocation deletes nothing: its messages come back after the
+//! visibility timeout, as on Lambda.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+};
+use payment_core::processor::now_ms;
+use payment_core::{BatchSummary, Processor};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+/// How to poll.
+#[derive(Debug, Clone)]
+pub struct EsmOptions {
+    /// Queue to poll.
+    pub queue_url: String,
+    /// Messages per invocation, 1 to 10.
+    pub batch_size: i32,
+    /// How long to gather a batch before invoking with fewer than `batch_size` messages.
+    pub batching_window: Duration,
+    /// Invocation timeout: the handler's deadline, and its hard stop.
+    pub function_timeout: Duration,
+    /// With `ReportBatchItemFailures`; without it any failure returns the whole batch.
+    pub report_batch_item_failures: bool,
+    /// Concurrent pollers (Lambda scales these with the queue).
+    pub pollers: usize,
+    /// Stop when the queue is drained (nothing visible, in flight or delayed).
+    pub until_empty: bool,
+    /// Give up after this long (an error: something never drained).
+    pub max_duration: Duration,
+}
+
+/// Totals of a run.
+#[derive(Debug, Default, Clone)]
+pub struct EsmStats {
+    /// Invocations made.
+    pub invocations: u64,
+    /// Invocations that hit the function timeout.
+    pub timeouts: u64,
+    /// Messages received (deliveries, not distinct messages).
+    pub received: u64,
+    /// Messages deleted after a successful invocation.
+    pub deleted: u64,
+    /// The handler's own counts, summed.
+    pub summary: BatchSummary,
+}
+
+fn add(into: &mut BatchSummary, s: &BatchSummary) {
+    into.charged += s.charged;
+    into.declined += s.declined;
+    into.duplicates += s.duplicates;
+    into.retried += s.retried;
+    for (k, v) in &s.dead_lettered {
+        *into.dead_lettered.entry(k.clone()).or_default() += v;
+    }
+}
+
+/// Looks up the queue's ARN (the records' `eventSourceARN`).
+pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<String> {
+    sqs.get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .context("reading the queue ARN")?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .context("the endpoint returned no QueueArn")
+}
+
+/// Messages visible + in flight + delayed.
+pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<i64> {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .context("reading the queue depth")?;
+    Ok(out
+        .attributes()
+        .map(|a| a.values().filter_map(|v| v.parse::<i64>().ok()).sum())
+        .unwrap_or(0))
+}
+
+fn to_record(m: &aws_sdk_sqs::types::Message, arn: &str, region: &str) -> SqsMessage {
+    let mut r = SqsMessage::default();
+    r.message_id = m.message_id().map(str::to_owned);
+    r.receipt_handle = m.receipt_handle().map(str::to_owned);
+    r.body = m.body().map(str::to_owned);
+    r.md5_of_body = m.md5_of_body().map(str::to_owned);
+    r.attributes = m
+        .attributes()
+        .map(|a| {
+            a.iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    r.message_attributes = m
+        .message_attributes()
+        .map(|a| {
+            a.iter()
+                .map(|(k, v)| {
+                    let mut attr = SqsMessageAttribute::default();
+                    attr.string_value = v.string_value().map(str::to_owned);
+                    attr.data_type = Some(v.data_type().to_owned());
+                    (k.clone(), attr)
+                })
+                .collect::<HashMap<_, _>>()
+        })
+        .unwrap_or_default();
+    r.event_source_arn = Some(arn.to_owned());
+    r.event_source = Some("aws:sqs".to_owned());
+    r.aws_region = Some(region.to_owned());
+    r
+}
+
+/// Polls until drained (with `until_empty`) or forever, invoking the processor per batch.
+pub async fn run(
+    processor: Arc<Processor>,
+    sqs: aws_sdk_sqs::Client,
+    opts: EsmOptions,
+) -> Result<EsmStats> {
+    let arn = queue_arn(&sqs, &opts.queue_url).await?;
+    let region = sqs
+        .config()
+        .region()
+        .map(|r| r.to_string())
+        .unwrap_or_default();
+    let stats = Arc::new(Mutex::new(EsmStats::default()));
+    let started = Instant::now();
+    let mut pollers = Vec::new();
+    for _ in 0..opts.pollers.max(1) {
+        let (processor, sqs, opts, arn, region, stats) = (
+            processor.clone(),
+            sqs.clone(),
+            opts.clone(),
+            arn.clone(),
+            region.clone(),
+            stats.clone(),
+        );
+        pollers.push(tokio::spawn(async move {
+            let mut idle = 0u32;
+            loop {
+                if started.elapsed() > opts.max_duration {
+                    bail!("the queue did not drain within {:?}", opts.max_duration);
+                }
+                let batch = receive_batch(&sqs, &opts).await?;
+                if batch.is_empty() {
+                    if opts.until_empty {
+                        // Two empty looks in a row, so a message between receive and depth
+                        // check is not missed.
+                        if queue_depth(&sqs, &opts.queue_url).await? == 0 {
+                            idle += 1;
+                            if idle >= 2 {
+                                return Ok(());
+                            }
+                        } else {
+                            idle = 0;
+                        }
+                    }
+                    continue;
+                }
+                idle = 0;
+                invoke(&processor, &sqs, &opts, &arn, &region, batch, &stats).await?;
+            }
+        }));
+    }
+    for p in pollers {
+        p.await.context("poller task failed")??;
+    }
+    let s = stats.lock().await.clone();
+    Ok(s)
+}
+
+async fn receive_batch(
+    sqs: &aws_sdk_sqs::Client,
+    opts: &EsmOptions,
+) -> Result<Vec<aws_sdk_sqs::types::Message>> {
+    let window_end = Instant::now() + opts.batching_window;
+    let mut batch = Vec::new();
+    loop {
+        let want = (opts.batch_size.clamp(1, 10) as usize) - batch.len();
+        let wait = if batch.is_empty() { 1 } else { 0 };
+        let out = sqs
+            .receive_message()
+            .queue_url(&opts.queue_url)
+            .max_number_of_messages(want as i32)
+            .wait_time_seconds(wait)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .context("receiving messages")?;
+        let got = out.messages().len();
+        batch.extend(out.messages().iter().cloned());
+        if batch.len() >= opts.batch_size.clamp(1, 10) as usize
+            || Instant::now() >= window_end
+            || (got == 0 && batch.is_empty())
+        {
+            return Ok(batch);
+        }
+        if got == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn invoke(
+    processor: &Arc<Processor>,
+    sqs: &aws_sdk_sqs::Client,
+    opts: &EsmOptions,
+    arn: &str,
+    region: &str,
+    batch: Vec<aws_sdk_sqs::types::Message>,
+    stats: &Mutex<EsmStats>,
+) -> Result<()> {
+    let records: Vec<SqsMessage> = batch.iter().map(|m| to_record(m, arn, region)).collect();
+    let deadline_ms = now_ms() + opts.function_timeout.as_millis() as i64;
+    let n = records.len() as u64;
+    let result = tokio::time::timeout(
+        opts.function_timeout,
+        processor.handle_batch(records, deadline_ms),
+    )
+    .await;
+    let mut s = stats.lock().await;
+    s.invocations += 1;
+    s.received += n;
+    let Ok((response, summary)) = result else {
+        s.timeouts += 1;
+        warn!(
+            messages = n,
+            "invocation timed out; its messages come back after the visibility timeout"
+        );
+        return Ok(());
+    };
+    add(&mut s.summary, &summary);
+    drop(s);
+    let failed: std::collections::HashSet<String> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    if !failed.is_empty() && !opts.report_batch_item_failures {
+        return Ok(()); // without partial batch responses the whole batch comes back
+    }
+    let to_delete: Vec<_> = batch
+        .iter()
+        .filter(|m| !failed.contains(m.message_id().unwrap_or_default()))
+        .collect();
+    for chunk in to_delete.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let out = sqs
+            .delete_message_batch()
+            .queue_url(&opts.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .context("deleting processed messages")?;
+        let ok = out.successful().len() as u64;
+        stats.lock().await.deleted += ok;
+    }
+    info!(messages = n, failures = failed.len(), "invocation done");
+    Ok(())
+}

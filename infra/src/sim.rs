@@ -1,0 +1,104 @@
+//! Client of the provider simulator's control API (`infra/provider-sim/simulator.py`): fault
+//! rules and the ledger of charges per idempotency key, the ground truth of every check.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// One charge as the simulator booked it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Charge {
+    /// The PaymentIntent id.
+    pub id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// `succeeded` or `requires_action`.
+    pub status: String,
+}
+
+/// The simulator's books.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Ledger {
+    /// Charges per idempotency key: more than one is a double charge.
+    pub charges: HashMap<String, Vec<Charge>>,
+    /// Declines per key.
+    pub declines: HashMap<String, Vec<Value>>,
+    /// `POST /v1/payment_intents` calls per key.
+    pub calls: HashMap<String, u64>,
+}
+
+/// The control API.
+#[derive(Debug, Clone)]
+pub struct SimClient {
+    /// Base URL, e.g. `http://127.0.0.1:12111`.
+    base: String,
+    /// Plain HTTP client.
+    http: reqwest::Client,
+}
+
+impl SimClient {
+    /// Wraps the simulator's base URL.
+    pub fn new(base: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Adds fault rules (see the simulator's doc for their shape).
+    pub async fn add_faults(&self, rules: Value) -> Result<()> {
+        self.http
+            .post(format!("{}/_sim/faults", self.base))
+            .json(&serde_json::json!({ "rules": rules }))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Removes every fault rule.
+    pub async fn clear_faults(&self) -> Result<()> {
+        self.http
+            .delete(format!("{}/_sim/faults", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// The whole ledger.
+    pub async fn ledger(&self) -> Result<Ledger> {
+        self.ledger_query("").await
+    }
+
+    /// The ledger of one key.
+    pub async fn ledger_for(&self, key: &str) -> Result<Ledger> {
+        let q: String = key
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        self.ledger_query(&format!("?key={q}")).await
+    }
+
+    async fn ledger_query(&self, query: &str) -> Result<Ledger> {
+        Ok(self
+            .http
+            .get(format!("{}/_sim/ledger{query}", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+}
