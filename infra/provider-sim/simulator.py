@@ -24,7 +24,7 @@ Control API (not Stripe's):
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
          F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
          times: per key, how many calls the rule hits (default unlimited); probability: per call
-  DELETE /_sim/faults            clears every rule
+  DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
   POST   /_sim/reset             clears ledger, keys and rules
 
 Run: simulator.py --port 0 --port-file FILE [--api-key sk_test_local] [--seed N]
@@ -151,11 +151,19 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
     def do_DELETE(self):
-        if urlsplit(self.path).path == "/_sim/faults":
+        url = urlsplit(self.path)
+        if url.path == "/_sim/faults":
             self.body()
+            prefix = dict(parse_qsl(url.query)).get("prefix")
             with LOCK:
-                STATE["rules"] = []
-                STATE["hits"] = {}
+                if prefix is None:
+                    STATE["rules"] = []
+                    STATE["hits"] = {}
+                else:
+                    # Disable, not remove: rule indexes key the hit counts.
+                    for rule in STATE["rules"]:
+                        if rule.get("prefix", "") == prefix:
+                            rule["times"] = 0
             return self.reply(200, '{"ok": true}')
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 

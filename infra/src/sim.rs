@@ -29,6 +29,18 @@ pub struct Ledger {
     pub calls: HashMap<String, u64>,
 }
 
+fn encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 /// The control API.
 #[derive(Debug, Clone)]
 pub struct SimClient {
@@ -63,6 +75,21 @@ impl SimClient {
     pub async fn clear_faults(&self) -> Result<()> {
         self.http
             .delete(format!("{}/_sim/faults", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Switches off the rules with exactly this prefix (other tests' rules stay).
+    pub async fn clear_faults_for(&self, prefix: &str) -> Result<()> {
+        self.http
+            .delete(format!(
+                "{}/_sim/faults?prefix={}",
+                self.base,
+                encode(prefix)
+            ))
             .send()
             .await
             .context("contacting the provider simulator")?

@@ -1,0 +1,349 @@
+//! Test harness: every test gets its own queue, DLQ and table, provisioned from `template.yaml`
+//! on the local AWS endpoint, and its own payment-id prefix at the provider simulator.
+//!
+//! The endpoint and the simulator are started by `make test` (`infra/scripts/test.sh`), which
+//! exports `AWS_ENDPOINT_URL`, `PAYMENT_API_URL` and `PAYMENT_API_KEY`. Without them the tests
+//! fail with a message saying so: a test that cannot run is a failing test.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage, SqsMessageAttribute};
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+use payment_core::config::Config;
+use payment_core::dynamo::DynamoStore;
+use payment_core::idempotency::{IdempotencyRecord, IdempotencyStore};
+use payment_core::processor::now_ms;
+use payment_core::Processor;
+use payment_infra::check::{drain_dlq, DeadLetterSeen};
+use payment_infra::esm::{self, EsmOptions};
+use payment_infra::sim::{Ledger, SimClient};
+use payment_infra::template::{provision, ProvisionOptions, Stack};
+
+/// Source queue visibility timeout in tests, seconds: short so redeliveries come quickly.
+pub const VISIBILITY: i32 = 4;
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the suite with `make test`, which starts the local AWS endpoint and the provider simulator")
+    })
+}
+
+/// Workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// One test's private stack.
+pub struct TestStack {
+    /// Unique name: prefix of resources and of payment ids.
+    pub name: String,
+    /// What `template.yaml` created.
+    pub stack: Stack,
+    /// The processor's configuration (from the template's environment).
+    pub config: Config,
+    /// The processor under test, with the real adapters.
+    pub processor: Arc<Processor>,
+    /// SQS client.
+    pub sqs: aws_sdk_sqs::Client,
+    /// The idempotency table.
+    pub store: DynamoStore,
+    /// The simulator's control API.
+    pub sim: SimClient,
+}
+
+/// Per-test processor tunables, as environment variables of the function.
+pub fn fast_settings() -> BTreeMap<String, String> {
+    [
+        ("LEASE_SECONDS", "5"),
+        ("PAYMENT_API_TIMEOUT_SECONDS", "2"),
+        ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
+        ("REDELIVERY_MAX_DELAY_SECONDS", "2"),
+        ("PROVIDER_MAX_ATTEMPTS", "3"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+impl TestStack {
+    /// Provisions a fresh stack with the default fast settings.
+    pub async fn new(test: &str) -> Self {
+        Self::with_env(test, fast_settings()).await
+    }
+
+    /// Provisions a fresh stack; `env` overrides the function's environment.
+    pub async fn with_env(test: &str, env: BTreeMap<String, String>) -> Self {
+        required_env("AWS_ENDPOINT_URL");
+        let sim_url = required_env("PAYMENT_API_URL");
+        let short = uuid::Uuid::new_v4().simple().to_string();
+        let name = format!("{}-{}", test.replace('_', "-"), &short[..8]);
+        let sdk = payment_core::bootstrap::sdk_config().await;
+        let stack = provision(
+            &sdk,
+            &root().join("template.yaml"),
+            &ProvisionOptions {
+                stack_name: name.clone(),
+                visibility_timeout: Some(VISIBILITY),
+                max_receive_count: Some(20),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("provisioning from template.yaml");
+        let config = payment_infra::demo::config_for(&stack, &env).expect("function configuration");
+        assert_eq!(config.payment_api_url, sim_url);
+        let processor = payment_core::bootstrap::build_processor(&config, &sdk)
+            .await
+            .expect("building the processor");
+        let store = DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(&sdk),
+            config.idempotency_table.clone(),
+        );
+        Self {
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+            sim: SimClient::new(&sim_url),
+            name,
+            stack,
+            config,
+            processor,
+            store,
+        }
+    }
+
+    /// A payment id unique to this test.
+    pub fn pid(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.name)
+    }
+
+    /// The source queue's URL.
+    pub fn queue_url(&self) -> &str {
+        &self.stack.event_source.queue_url
+    }
+
+    /// Sends one body; returns its message id.
+    pub async fn send(&self, body: &str) -> String {
+        self.sqs
+            .send_message()
+            .queue_url(self.queue_url())
+            .message_body(body)
+            .send()
+            .await
+            .expect("send_message")
+            .message_id()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Sends `n` copies of a body; returns their message ids.
+    pub async fn send_copies(&self, body: &str, n: usize) -> Vec<String> {
+        let bodies = vec![body.to_owned(); n];
+        payment_infra::load::send_all(&self.sqs, self.queue_url(), &bodies)
+            .await
+            .expect("send copies")
+    }
+
+    /// Options of the local event-source mapping for this stack.
+    pub fn esm_options(&self, pollers: usize) -> EsmOptions {
+        EsmOptions {
+            queue_url: self.queue_url().to_owned(),
+            batch_size: 10,
+            batching_window: Duration::from_millis(100),
+            function_timeout: Duration::from_secs(30),
+            report_batch_item_failures: true,
+            pollers,
+            until_empty: true,
+            max_duration: Duration::from_secs(120),
+        }
+    }
+
+    /// Drains the queue with the local event-source mapping.
+    pub async fn drain(&self, pollers: usize) -> esm::EsmStats {
+        esm::run(
+            self.processor.clone(),
+            self.sqs.clone(),
+            self.esm_options(pollers),
+        )
+        .await
+        .expect("draining the queue")
+    }
+
+    /// Receives up to `n` visible messages (several receives) as Lambda records.
+    pub async fn receive_records(&self, n: usize) -> Vec<SqsMessage> {
+        let mut records = Vec::new();
+        let mut empty = 0;
+        while records.len() < n && empty < 3 {
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(self.queue_url())
+                .max_number_of_messages(((n - records.len()).min(10)) as i32)
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .expect("receive_message");
+            if out.messages().is_empty() {
+                empty += 1;
+            }
+            for m in out.messages() {
+                let mut r = SqsMessage::default();
+                r.message_id = m.message_id().map(str::to_owned);
+                r.receipt_handle = m.receipt_handle().map(str::to_owned);
+                r.body = m.body().map(str::to_owned);
+                r.attributes = m
+                    .attributes()
+                    .map(|a| {
+                        a.iter()
+                            .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                r.message_attributes = m
+                    .message_attributes()
+                    .map(|a| {
+                        a.iter()
+                            .map(|(k, v)| {
+                                let mut x = SqsMessageAttribute::default();
+                                x.string_value = v.string_value().map(str::to_owned);
+                                x.data_type = Some(v.data_type().to_owned());
+                                (k.clone(), x)
+                            })
+                            .collect::<HashMap<_, _>>()
+                    })
+                    .unwrap_or_default();
+                r.event_source_arn = Some(self.stack.event_source.queue_arn.clone());
+                records.push(r);
+            }
+        }
+        records
+    }
+
+    /// Invokes the handler once on these records, as Lambda would, and deletes the messages the
+    /// response does not list (what Lambda does with a partial batch response).
+    pub async fn invoke(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
+        let handles: Vec<(String, String)> = records
+            .iter()
+            .map(|r| {
+                (
+                    r.message_id.clone().unwrap_or_default(),
+                    r.receipt_handle.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let (response, _) = self
+            .processor
+            .handle_batch(records, now_ms() + 30_000)
+            .await;
+        let failed: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        for (id, rh) in handles {
+            if !failed.contains(&id.as_str()) {
+                let _ = self
+                    .sqs
+                    .delete_message()
+                    .queue_url(self.queue_url())
+                    .receipt_handle(rh)
+                    .send()
+                    .await;
+            }
+        }
+        response
+    }
+
+    /// The record of a payment.
+    pub async fn record(&self, payment_id: &str) -> Option<IdempotencyRecord> {
+        self.store
+            .get(payment_id)
+            .await
+            .expect("reading the record")
+    }
+
+    /// Everything in the DLQ (drained).
+    pub async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        let dlq = self.config.dead_letter_queue_url.clone();
+        drain_dlq(&self.sqs, &dlq).await.expect("reading the DLQ")
+    }
+
+    /// Messages left in the source queue (visible, in flight, delayed).
+    pub async fn depth(&self) -> i64 {
+        esm::queue_depth(&self.sqs, self.queue_url())
+            .await
+            .expect("queue depth")
+    }
+
+    /// The provider's books for one payment.
+    pub async fn ledger(&self, payment_id: &str) -> Ledger {
+        self.sim
+            .ledger_for(payment_id)
+            .await
+            .expect("simulator ledger")
+    }
+
+    /// Charges the provider booked for a payment.
+    pub async fn charges(&self, payment_id: &str) -> usize {
+        self.ledger(payment_id)
+            .await
+            .charges
+            .get(payment_id)
+            .map(Vec::len)
+            .unwrap_or(0)
+    }
+
+    /// Provider calls received for a payment.
+    pub async fn calls(&self, payment_id: &str) -> u64 {
+        self.ledger(payment_id)
+            .await
+            .calls
+            .get(payment_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Adds a fault rule for payment ids starting with `prefix`.
+    pub async fn fault(&self, prefix: &str, fault: &str, times: Option<u32>, latency_ms: u64) {
+        let mut rule =
+            serde_json::json!({"prefix": prefix, "fault": fault, "latency_ms": latency_ms});
+        if let Some(t) = times {
+            rule["times"] = t.into();
+        }
+        self.sim
+            .add_faults(serde_json::json!([rule]))
+            .await
+            .expect("adding a fault");
+    }
+}
+
+/// A valid payment body.
+pub fn payment(payment_id: &str, amount: i64, payment_method: &str) -> String {
+    payment_infra::load::payment_body(payment_id, amount, payment_method)
+}
+
+/// Asserts the payment ended `COMPLETED` with exactly one charge that the record names.
+pub async fn assert_charged_once(t: &TestStack, pid: &str) {
+    let ledger = t.ledger(pid).await;
+    let charges = ledger.charges.get(pid).cloned().unwrap_or_default();
+    assert_eq!(
+        charges.len(),
+        1,
+        "{pid}: provider booked {} charges",
+        charges.len()
+    );
+    let r = t
+        .record(pid)
+        .await
+        .unwrap_or_else(|| panic!("{pid}: no record"));
+    assert_eq!(r.status.as_str(), "COMPLETED", "{pid}: {r:?}");
+    let o = r.outcome.expect("outcome");
+    assert_eq!(o.status, "succeeded");
+    assert_eq!(
+        o.provider_payment_id.as_deref(),
+        Some(charges[0].id.as_str())
+    );
+}
