@@ -171,13 +171,15 @@ pub fn verify(
             (_, Some(id)) => {
                 valid_copies += 1;
                 payments.entry(id.as_str()).or_insert(p);
-                if p.expect == Expect::ProviderRejected {
-                    if !in_dlq.contains_key(s.message_id.as_str()) && p.kind == "unique" {
-                        bad(format!(
-                            "provider-rejected message {} is not in the DLQ",
-                            s.message_id
-                        ));
-                    }
+                // Every copy of a rejected payment ends in the DLQ with the reason.
+                if p.expect == Expect::ProviderRejected
+                    && in_dlq.get(s.message_id.as_str()).map(|d| d.error_code.as_str())
+                        != Some("provider_rejected")
+                {
+                    bad(format!(
+                        "provider-rejected message {} is not in the DLQ as provider_rejected",
+                        s.message_id
+                    ));
                 }
             }
             (_, None) => bad("a valid message without a payment id".to_owned()),
@@ -239,13 +241,11 @@ pub fn verify(
                             v.declined += 1;
                         }
                     }
-                    Expect::ProviderRejected => {
-                        if charges != 0 || o.status != "rejected" {
-                            bad(format!(
-                                "payment {id} should be rejected: record {}, {charges} charges",
-                                o.status
-                            ));
-                        }
+                    Expect::ProviderRejected if charges != 0 || o.status != "rejected" => {
+                        bad(format!(
+                            "payment {id} should be rejected: record {}, {charges} charges",
+                            o.status
+                        ));
                     }
                     _ => {}
                 }
