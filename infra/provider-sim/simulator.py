@@ -19,9 +19,11 @@ API (Stripe's wire format):
 
 Control API (not Stripe's):
   GET    /_sim/health
-  GET    /_sim/ledger[?key=K]    {"charges": {key: [intent...]}, "declines": {...}, "calls": {key: n}}
+  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "calls": {P: n}}
+         booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent)
   POST   /_sim/faults            {"rules": [rule...]} appends rules; a rule is
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
+         prefix matches the payment (metadata[payment_id], else the Idempotency-Key)
          F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
          times: per key, how many calls the rule hits (default unlimited); probability: per call
   DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
@@ -198,9 +200,12 @@ class Handler(BaseHTTPRequestHandler):
             # The processor always sends one; without it a retry could charge twice.
             return self.reply(400, error_body("invalid_request_error", "Idempotency-Key header is required by this simulator"))
         h = params_hash(pairs)
+        # The books are kept per payment (metadata[payment_id]), not per key, so that a client
+        # that sends another key for the same payment shows up as a double charge.
+        payment = form.get("metadata[payment_id]") or key
         with LOCK:
-            STATE["calls"][key] = STATE["calls"].get(key, 0) + 1
-            rule = pick_fault(key)
+            STATE["calls"][payment] = STATE["calls"].get(payment, 0) + 1
+            rule = pick_fault(payment)
             fault = rule.get("fault") if rule else None
             if fault == "down":
                 return self.reply(503, error_body("api_error", "Service unavailable"), {"Stripe-Should-Retry": "true"})
@@ -221,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
         if fault == "latency":
             time.sleep(rule.get("latency_ms", 1000) / 1000)
         with LOCK:
-            status, body = execute(form, key)
+            status, body = execute(form, payment)
             # The answer is stored before it is sent: a replay returns it even if this
             # connection drops or this answer is replaced by a 500 below.
             STATE["keys"][key].update(state="done", status=status, body=body)

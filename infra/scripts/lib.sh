@@ -24,9 +24,22 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
+# True when anything answers HTTP at the URL (any status).
+answers() {
+  python3 - "$1" <<'PY'
+import sys, urllib.request, urllib.error
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=2)
+except urllib.error.HTTPError:
+    pass
+except Exception:
+    sys.exit(1)
+PY
+}
+
 wait_for_url() { # url, seconds
   local url=$1 deadline=$((SECONDS + $2))
-  until curl -fs -o /dev/null "$url" 2>/dev/null || curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null | grep -qv '^000$'; do
+  until answers "$url"; do
     if [ $SECONDS -ge $deadline ]; then log "timed out waiting for $url"; return 1; fi
     sleep 0.2
   done
@@ -37,7 +50,7 @@ wait_for_url() { # url, seconds
 start_aws_endpoint() {
   export AWS_REGION="${AWS_REGION:-us-east-1}" AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
   export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
-  if [ -n "${AWS_ENDPOINT_URL:-}" ] && curl -s -o /dev/null -m 2 "$AWS_ENDPOINT_URL"; then
+  if [ -n "${AWS_ENDPOINT_URL:-}" ] && answers "$AWS_ENDPOINT_URL"; then
     log "using the AWS endpoint already answering at $AWS_ENDPOINT_URL"
     return
   fi
