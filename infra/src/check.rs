@@ -173,7 +173,9 @@ pub fn verify(
                 payments.entry(id.as_str()).or_insert(p);
                 // Every copy of a rejected payment ends in the DLQ with the reason.
                 if p.expect == Expect::ProviderRejected
-                    && in_dlq.get(s.message_id.as_str()).map(|d| d.error_code.as_str())
+                    && in_dlq
+                        .get(s.message_id.as_str())
+                        .map(|d| d.error_code.as_str())
                         != Some("provider_rejected")
                 {
                     bad(format!(

@@ -10,7 +10,8 @@
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
 //!   [`idempotency`] (record, store port, conflict decisions), [`provider`] (provider port).
 //! - Use case: [`processor`] (one message and the batch around it).
-//! - Adapters: [`dynamo`] (idempotency table), [`queue`] (SQS), [`stripe`] (provider HTTP).
+//! - Adapters: [`dynamo`] (idempotency table), [`queue`] (SQS), [`stripe`] (provider HTTP),
+//!   [`memory`] (an in-memory store with the same conditions, for tests).
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
 
 pub mod bootstrap;
@@ -19,6 +20,7 @@ pub mod currency;
 pub mod domain;
 pub mod dynamo;
 pub mod idempotency;
+pub mod memory;
 pub mod processor;
 pub mod provider;
 pub mod queue;

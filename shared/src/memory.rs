@@ -1,0 +1,162 @@
+//! An in-memory [`IdempotencyStore`] with the same conditional semantics as the DynamoDB
+//! adapter: for unit tests of code built on this crate, and for the protocol tests here.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use crate::domain::PaymentId;
+use crate::idempotency::{
+    ClaimRequest, ClaimResult, FailureNote, IdempotencyRecord, IdempotencyStore, Outcome,
+    RecordStatus, StoreError,
+};
+
+/// Records in a map behind a mutex; every operation is atomic like a conditional write.
+#[derive(Debug, Default)]
+pub struct InMemoryStore {
+    /// Records by payment id.
+    records: Mutex<HashMap<String, IdempotencyRecord>>,
+    /// Store calls made (claims, completions, failures, renewals, reads), to assert costs.
+    calls: AtomicU64,
+}
+
+impl InMemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Store calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Puts a record as is (to set up a scenario).
+    pub fn insert(&self, record: IdempotencyRecord) {
+        if let Ok(mut m) = self.records.lock() {
+            m.insert(record.payment_id.clone(), record);
+        }
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<String, IdempotencyRecord>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut m = self
+            .records
+            .lock()
+            .map_err(|_| StoreError::Unavailable("store mutex poisoned".into()))?;
+        f(&mut m)
+    }
+
+    fn owned<'m>(
+        m: &'m mut HashMap<String, IdempotencyRecord>,
+        id: &PaymentId,
+        owner: &str,
+    ) -> Result<&'m mut IdempotencyRecord, StoreError> {
+        match m.get_mut(id.as_str()) {
+            Some(r)
+                if r.status == RecordStatus::InProgress
+                    && r.lease_owner.as_deref() == Some(owner) =>
+            {
+                Ok(r)
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for InMemoryStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimResult, StoreError> {
+        self.with(|m| {
+            let key = req.payment_id.as_str().to_owned();
+            let previous = m.get(&key).cloned();
+            if let Some(r) = &previous {
+                let takeover = r.payload_hash == req.payload_hash
+                    && ((r.status == RecordStatus::InProgress
+                        && r.lease_expires_at_ms < req.now_ms)
+                        || r.status == RecordStatus::Failed);
+                if !takeover {
+                    return Ok(ClaimResult::Conflict(r.clone()));
+                }
+            }
+            let base = previous.clone().unwrap_or(IdempotencyRecord {
+                payment_id: key.clone(),
+                status: RecordStatus::InProgress,
+                payload_hash: req.payload_hash.clone(),
+                lease_owner: None,
+                lease_expires_at_ms: 0,
+                attempts: 0,
+                outcome: None,
+                expires_at_s: req.expires_at_s,
+                first_attempt_at_ms: req.now_ms,
+                unknown_outcome: false,
+                last_error: None,
+            });
+            m.insert(
+                key,
+                IdempotencyRecord {
+                    status: RecordStatus::InProgress,
+                    lease_owner: Some(req.owner.clone()),
+                    lease_expires_at_ms: req.lease_expires_at_ms,
+                    attempts: base.attempts + 1,
+                    ..base
+                },
+            );
+            Ok(ClaimResult::Claimed { previous })
+        })
+    }
+
+    async fn complete(
+        &self,
+        id: &PaymentId,
+        owner: &str,
+        outcome: &Outcome,
+    ) -> Result<(), StoreError> {
+        self.with(|m| {
+            let r = Self::owned(m, id, owner)?;
+            r.status = RecordStatus::Completed;
+            r.outcome = Some(outcome.clone());
+            r.unknown_outcome = false;
+            r.last_error = None;
+            Ok(())
+        })
+    }
+
+    async fn fail(
+        &self,
+        id: &PaymentId,
+        owner: &str,
+        now_ms: i64,
+        note: &FailureNote,
+    ) -> Result<(), StoreError> {
+        self.with(|m| {
+            let r = Self::owned(m, id, owner)?;
+            r.status = RecordStatus::Failed;
+            r.last_error = Some(note.error.clone());
+            r.unknown_outcome = note.unknown_outcome;
+            r.lease_expires_at_ms = now_ms;
+            Ok(())
+        })
+    }
+
+    async fn renew_lease(
+        &self,
+        id: &PaymentId,
+        owner: &str,
+        until_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.with(|m| {
+            Self::owned(m, id, owner)?.lease_expires_at_ms = until_ms;
+            Ok(())
+        })
+    }
+
+    async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.with(|m| Ok(m.get(payment_id).cloned()))
+    }
+}

@@ -1,0 +1,381 @@
+//! Protocol tests of the processor with in-memory ports: GIVEN a store state and a provider
+//! behaviour, WHEN a batch is handled, THEN the charges, records and batch response are what
+//! a payments engineer expects. Fast and deterministic; the same behaviours run against the
+//! real SDK and emulator in `tests/integration`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_lambda_events::event::sqs::SqsMessage;
+use payment_core::domain::PaymentRequest;
+use payment_core::idempotency::{ClaimRequest, IdempotencyStore, RecordStatus};
+use payment_core::memory::InMemoryStore;
+use payment_core::processor::now_ms;
+use payment_core::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
+use payment_core::queue::{DeadLetter, QueueError, QueueOps};
+use payment_core::{Processor, Settings};
+
+/// What the fake provider does for a payment id.
+#[derive(Clone)]
+enum Behaviour {
+    Charge,
+    Decline,
+    Fail(FailureKind, Option<Duration>),
+    Panic,
+}
+
+#[derive(Default)]
+struct FakeProvider {
+    behaviour: Mutex<HashMap<String, Behaviour>>,
+    calls: Mutex<HashMap<String, u64>>,
+    timeout: Duration,
+}
+
+impl FakeProvider {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..Default::default()
+        }
+    }
+    fn set(&self, pid: &str, b: Behaviour) {
+        self.behaviour.lock().unwrap().insert(pid.to_owned(), b);
+    }
+    fn calls(&self, pid: &str) -> u64 {
+        self.calls.lock().unwrap().get(pid).copied().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl PaymentProvider for FakeProvider {
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+    async fn create_payment(&self, r: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
+        let pid = r.payment_id.as_str().to_owned();
+        *self.calls.lock().unwrap().entry(pid.clone()).or_default() += 1;
+        let b = self
+            .behaviour
+            .lock()
+            .unwrap()
+            .get(&pid)
+            .cloned()
+            .unwrap_or(Behaviour::Charge);
+        match b {
+            Behaviour::Charge => Ok(ProviderResponse::Charged {
+                provider_payment_id: format!("pi_{pid}"),
+                status: "succeeded".into(),
+                replayed: false,
+            }),
+            Behaviour::Decline => Ok(ProviderResponse::Declined {
+                provider_payment_id: None,
+                decline_code: Some("generic_decline".into()),
+            }),
+            Behaviour::Fail(kind, retry_after) => Err(ProviderError {
+                kind,
+                message: format!("{kind:?}"),
+                retry_after,
+                should_retry: None,
+            }),
+            Behaviour::Panic => panic!("provider adapter bug for {pid}"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct FakeQueues {
+    dead: Mutex<Vec<DeadLetter>>,
+    deleted: AtomicU64,
+}
+
+#[async_trait]
+impl QueueOps for FakeQueues {
+    async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
+        self.dead.lock().unwrap().push(l.clone());
+        Ok(())
+    }
+    async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
+        self.deleted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
+        Ok(())
+    }
+}
+
+struct World {
+    store: Arc<InMemoryStore>,
+    provider: Arc<FakeProvider>,
+    queues: Arc<FakeQueues>,
+    processor: Arc<Processor>,
+}
+
+fn world(settings: Settings, timeout: Duration) -> World {
+    let store = Arc::new(InMemoryStore::new());
+    let provider = Arc::new(FakeProvider::new(timeout));
+    let queues = Arc::new(FakeQueues::default());
+    let processor = Arc::new(Processor::new(
+        store.clone(),
+        provider.clone(),
+        queues.clone(),
+        settings,
+    ));
+    World {
+        store,
+        provider,
+        queues,
+        processor,
+    }
+}
+
+fn fast() -> Settings {
+    Settings {
+        lease: Duration::from_secs(10),
+        provider_retry_delay: Duration::from_millis(1),
+        ..Settings::default()
+    }
+}
+
+fn body(pid: &str, amount: i64) -> String {
+    format!(
+        r#"{{"payment_id":"{pid}","amount":{amount},"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}}"#
+    )
+}
+
+fn msg(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("rh-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:payments".into());
+    m.attributes
+        .insert("SentTimestamp".into(), now_ms().to_string());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "1".into());
+    if let Some(g) = group {
+        m.attributes.insert("MessageGroupId".into(), g.to_owned());
+    }
+    m
+}
+
+fn failures(r: &aws_lambda_events::event::sqs::SqsBatchResponse) -> Vec<String> {
+    let mut v: Vec<String> = r
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn a_panic_in_one_message_fails_only_that_message() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.provider.set("boom", Behaviour::Panic);
+    let batch = vec![
+        msg("m1", &body("ok1", 100), None),
+        msg("m2", &body("boom", 100), None),
+        msg("m3", &body("ok2", 100), None),
+    ];
+    let (response, summary) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert_eq!(failures(&response), vec!["m2"]);
+    assert_eq!(summary.charged, 2);
+    assert_eq!(w.provider.calls("ok1") + w.provider.calls("ok2"), 2);
+}
+
+#[tokio::test]
+async fn a_duplicate_costs_one_store_call_and_no_provider_call() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    let before = w.store.calls();
+    let (response, summary) = w
+        .processor
+        .handle_batch(vec![msg("m2", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(summary.duplicates, 1);
+    assert_eq!(
+        w.store.calls() - before,
+        1,
+        "one conditional write, no read"
+    );
+    assert_eq!(w.provider.calls("p1"), 1);
+}
+
+#[tokio::test]
+async fn no_provider_call_is_sent_unless_the_lease_outlasts_the_client_timeout() {
+    // Lease 3 s, client timeout 2 s, the provider asks to wait 1 s: a retry would land past
+    // the lease, so only the first call is sent.
+    let settings = Settings {
+        lease: Duration::from_secs(3),
+        provider_attempts: 5,
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(2));
+    w.provider.set(
+        "p1",
+        Behaviour::Fail(FailureKind::RateLimited, Some(Duration::from_secs(1))),
+    );
+    let (response, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    assert_eq!(failures(&response), vec!["m1"]);
+    assert_eq!(w.provider.calls("p1"), 1);
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(r.status, RecordStatus::Failed);
+    assert!(!r.unknown_outcome, "a 429 proves nothing was executed");
+}
+
+#[tokio::test]
+async fn a_lease_shorter_than_the_client_timeout_never_calls_the_provider() {
+    let w = world(fast(), Duration::from_secs(5));
+    // The invocation ends in 2 s, so the lease is capped at the deadline + 5 s = 7 s: with a
+    // 10 s client timeout no call could finish inside it, so nothing is claimed or sent.
+    let w2 = world(fast(), Duration::from_secs(10));
+    let (r, _) = w2
+        .processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 2_000)
+        .await;
+    assert_eq!(failures(&r), vec!["m1"]);
+    assert_eq!(w2.provider.calls("p1"), 0);
+    assert!(
+        w2.store.get("p1").await.unwrap().is_none(),
+        "nothing claimed"
+    );
+    // With time enough the same message is charged.
+    let (r, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+}
+
+#[tokio::test]
+async fn ambiguous_failures_mark_the_outcome_unknown_and_takeover_inherits_it() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.provider
+        .set("p1", Behaviour::Fail(FailureKind::Timeout, None));
+    w.processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Failed, true));
+    // A later 429 proves nothing: the mark stays.
+    w.provider
+        .set("p1", Behaviour::Fail(FailureKind::RateLimited, None));
+    w.processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (r.status, r.unknown_outcome, r.attempts),
+        (RecordStatus::Failed, true, 2)
+    );
+    // A definitive answer settles it.
+    w.provider.set("p1", Behaviour::Charge);
+    w.processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (r.status, r.unknown_outcome),
+        (RecordStatus::Completed, false)
+    );
+}
+
+#[tokio::test]
+async fn declines_are_recorded_once_and_never_retried() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.provider.set("p1", Behaviour::Decline);
+    let (r, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(s.declined, 1);
+    assert_eq!(w.provider.calls("p1"), 1);
+    assert!(w.queues.dead.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_zombie_whose_lease_was_taken_over_cannot_complete() {
+    let w = world(fast(), Duration::from_secs(1));
+    let req = PaymentRequest::parse(&body("p1", 100)).unwrap();
+    let claim = |owner: &str, now: i64| ClaimRequest {
+        payment_id: req.payment_id.clone(),
+        payload_hash: req.payload_hash(),
+        owner: owner.to_owned(),
+        now_ms: now,
+        lease_expires_at_ms: now + 1_000,
+        expires_at_s: now / 1000 + 86_400,
+    };
+    let t0 = now_ms();
+    w.store.claim(&claim("zombie", t0)).await.unwrap();
+    // The zombie's lease ends; a new attempt takes over.
+    w.store.claim(&claim("new", t0 + 2_000)).await.unwrap();
+    let outcome = payment_core::idempotency::Outcome {
+        status: "succeeded".into(),
+        provider_payment_id: Some("pi".into()),
+        decline_code: None,
+        amount: 100,
+        currency: "usd".into(),
+        reason: None,
+    };
+    assert!(matches!(
+        w.store.complete(&req.payment_id, "zombie", &outcome).await,
+        Err(payment_core::idempotency::StoreError::LeaseLost)
+    ));
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (r.status, r.lease_owner.as_deref()),
+        (RecordStatus::InProgress, Some("new"))
+    );
+}
+
+#[tokio::test]
+async fn fifo_failure_blocks_the_rest_of_its_group_only() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.provider
+        .set("a1", Behaviour::Fail(FailureKind::ServerError, None));
+    let batch = vec![
+        msg("a1", &body("a1", 100), Some("A")),
+        msg("b1", &body("b1", 100), Some("B")),
+        msg("a2", &body("a2", 100), Some("A")),
+        msg("a3", &body("a3", 100), Some("A")),
+        msg("b2", &body("b2", 100), Some("B")),
+    ];
+    let (r, _) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert_eq!(failures(&r), vec!["a1", "a2", "a3"]);
+    assert_eq!(
+        w.provider.calls("a2") + w.provider.calls("a3"),
+        0,
+        "not processed after the failure"
+    );
+    assert_eq!(w.provider.calls("b1") + w.provider.calls("b2"), 2);
+}
+
+#[tokio::test]
+async fn bad_input_is_dead_lettered_then_deleted_and_never_charged() {
+    let w = world(fast(), Duration::from_secs(1));
+    let batch = vec![msg("m1", "{nope", None), msg("m2", &body("p1", 0), None)];
+    let (r, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(s.dead_lettered.get("invalid_json"), Some(&1));
+    assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1));
+    assert_eq!(w.queues.deleted.load(Ordering::SeqCst), 2);
+    let dead = w.queues.dead.lock().unwrap();
+    assert_eq!(
+        dead.iter()
+            .find(|d| d.source_message_id == "m1")
+            .unwrap()
+            .body,
+        "{nope"
+    );
+    assert_eq!(w.provider.calls("p1"), 0);
+}
