@@ -8,4 +8,12 @@ cargo build --quiet --workspace --all-targets
 start_aws_endpoint
 start_simulator
 cd "$ROOT"
-cargo test --workspace "$@"
+mkdir -p "$RUN_DIR"
+set +e
+cargo test --workspace "$@" 2>&1 | tee "$RUN_DIR/test-output.log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p += $i; if ($(i+1) ~ /^failed;?/) f += $i; if ($(i+1) ~ /^ignored;?/) s += $i } }
+     END { printf "Summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$RUN_DIR/test-output.log"
+exit "$status"

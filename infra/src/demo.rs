@@ -64,6 +64,7 @@ async fn drain(
             queue_url: stack.event_source.queue_url.clone(),
             batch_size: stack.event_source.batch_size,
             batching_window: Duration::from_millis(200),
+            visibility_timeout: None,
             function_timeout: Duration::from_secs(
                 stack.event_source.function_timeout_seconds as u64,
             ),

@@ -31,6 +31,8 @@ pub struct EsmOptions {
     pub batch_size: i32,
     /// How long to gather a batch before invoking with fewer than `batch_size` messages.
     pub batching_window: Duration,
+    /// Visibility timeout of received messages; `None` uses the queue's (as Lambda does).
+    pub visibility_timeout: Option<i32>,
     /// Invocation timeout: the handler's deadline, and its hard stop.
     pub function_timeout: Duration,
     /// With `ReportBatchItemFailures`; without it any failure returns the whole batch.
@@ -203,6 +205,7 @@ async fn receive_batch(
             .queue_url(&opts.queue_url)
             .max_number_of_messages(want as i32)
             .wait_time_seconds(wait)
+            .set_visibility_timeout(opts.visibility_timeout)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()

@@ -151,6 +151,7 @@ impl TestStack {
             queue_url: self.queue_url().to_owned(),
             batch_size: 10,
             batching_window: Duration::from_millis(100),
+            visibility_timeout: None,
             function_timeout: Duration::from_secs(30),
             report_batch_item_failures: true,
             pollers,

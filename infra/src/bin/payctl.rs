@@ -64,6 +64,9 @@ enum Command {
         /// Batching window, seconds.
         #[arg(long, default_value_t = 0.0)]
         batching_window: f64,
+        /// Visibility timeout of received messages, seconds (default: the queue's).
+        #[arg(long)]
+        visibility_timeout: Option<i32>,
         /// Function timeout, seconds: each invocation's deadline.
         #[arg(long, default_value_t = 60)]
         function_timeout: u64,
@@ -182,6 +185,7 @@ async fn main() -> Result<()> {
             queue_url,
             batch_size,
             batching_window,
+            visibility_timeout,
             function_timeout,
             pollers,
             until_empty,
@@ -196,6 +200,7 @@ async fn main() -> Result<()> {
                     queue_url,
                     batch_size,
                     batching_window: Duration::from_secs_f64(batching_window.max(0.0)),
+                    visibility_timeout,
                     function_timeout: Duration::from_secs(function_timeout),
                     report_batch_item_failures: true,
                     pollers,
