@@ -510,6 +510,15 @@ pub async fn provision(
                 stack.function_env.insert(k.to_owned(), v);
             }
         }
+        // The function must know the visibility it heartbeats with: follow a local override.
+        if let Some(vt) = opts.visibility_timeout {
+            if let Some(v) = stack
+                .function_env
+                .get_mut("QUEUE_VISIBILITY_TIMEOUT_SECONDS")
+            {
+                *v = vt.to_string();
+            }
+        }
         return Ok(stack);
     }
     bail!("the template has no AWS::Serverless::Function with an SQS event")

@@ -15,6 +15,7 @@
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
 
 pub mod bootstrap;
+pub mod clock;
 pub mod config;
 pub mod currency;
 pub mod domain;
@@ -28,3 +29,14 @@ pub mod stripe;
 pub mod telemetry;
 
 pub use processor::{BatchSummary, Disposition, Processor, Settings};
+
+/// A named crash point (`FAILPOINTS=after_charge=return` makes the process abort there, as a
+/// crash would). Compiled to nothing unless the `failpoints` feature is on; the Lambda's
+/// release build never has it.
+#[macro_export]
+macro_rules! failpoint {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        ::fail::fail_point!($name, |_| { ::std::process::abort() });
+    };
+}

@@ -7,6 +7,7 @@
 //! after another; after a failure the rest of the group is returned unprocessed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,12 +16,13 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn, Instrument};
 
-use crate::domain::{InputError, PaymentRequest};
+use crate::clock::Clock;
+use crate::domain::PaymentRequest;
 use crate::idempotency::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
     FailureNote, IdempotencyStore, Outcome, StoreError,
 };
-use crate::provider::{PaymentProvider, ProviderError, ProviderResponse};
+use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
 use crate::queue::{attrs, DeadLetter, QueueOps};
 
 /// Tunables of the protocol. Defaults suit the SAM template; tests shorten the times.
@@ -43,6 +45,25 @@ pub struct Settings {
     /// Leases end at most this long after the invocation deadline, so a timed-out attempt's
     /// record can be taken over by the next delivery.
     pub deadline_margin: Duration,
+    /// The source queue's visibility timeout (`QUEUE_VISIBILITY_TIMEOUT_SECONDS`): what a
+    /// heartbeat extends a message's visibility by, and a third of it is the beat.
+    pub visibility_timeout: Duration,
+    /// Unfinished messages are reported this long before the invocation deadline, so the
+    /// response reaches Lambda in time.
+    pub deadline_safety: Duration,
+    /// How long the provider remembers an idempotency key (`PROVIDER_KEY_RETENTION_SECONDS`,
+    /// Stripe: 24 hours).
+    pub provider_key_retention: Duration,
+    /// Slack subtracted from the key retention for clock skew between this host and the
+    /// provider (`PROVIDER_KEY_RETENTION_MARGIN_SECONDS`).
+    pub key_retention_margin: Duration,
+}
+
+impl Settings {
+    /// One heartbeat schedule for the lease and the visibility: a third of the shorter.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lease.min(self.visibility_timeout) / 3).max(Duration::from_millis(100))
+    }
 }
 
 impl Default for Settings {
@@ -56,6 +77,10 @@ impl Default for Settings {
             redelivery_base_delay: Duration::from_secs(10),
             redelivery_max_delay: Duration::from_secs(900),
             deadline_margin: Duration::from_secs(5),
+            visibility_timeout: Duration::from_secs(390),
+            deadline_safety: Duration::from_millis(500),
+            provider_key_retention: Duration::from_secs(24 * 3600),
+            key_retention_margin: Duration::from_secs(300),
         }
     }
 }
@@ -105,6 +130,8 @@ pub struct Processor {
     queues: Arc<dyn QueueOps>,
     /// Protocol tunables.
     settings: Settings,
+    /// Leases, deadlines and ages are read from it.
+    clock: Arc<dyn Clock>,
 }
 
 /// Epoch ms on this host's clock.
@@ -130,8 +157,8 @@ pub fn redelivery_delay(receive_count: u32, base: Duration, max: Duration) -> Du
 
 /// Where the message stands after the claim.
 enum Claimed {
-    /// We hold the lease; the outcome is unknown if an earlier attempt may have charged.
-    Owner { owner: String, lease_end_ms: i64 },
+    /// We hold the lease.
+    Owner(Attempt),
     /// No charge to do: the disposition is known.
     Done(Disposition),
 }
@@ -149,7 +176,14 @@ impl Processor {
             provider,
             queues,
             settings,
+            clock: crate::clock::system(),
         }
+    }
+
+    /// Replaces the clock (tests drive time with tokio's paused clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The tunables in force.
@@ -180,6 +214,12 @@ impl Processor {
             }
         }
         let permits = Arc::new(Semaphore::new(self.settings.max_concurrency.max(1)));
+        // Everything unfinished is reported this early, so the response beats the deadline.
+        let cutoff = tokio::time::Instant::now()
+            + Duration::from_millis(
+                (deadline_ms - ms(self.settings.deadline_safety) - self.clock.now_ms()).max(0)
+                    as u64,
+            );
         let mut tasks = Vec::with_capacity(groups.len());
         for group in groups {
             let this = Arc::clone(self);
@@ -196,7 +236,7 @@ impl Processor {
                         ));
                         continue;
                     }
-                    let d = this.run_isolated(msg, deadline_ms, &permits).await;
+                    let d = this.run_isolated(msg, deadline_ms, cutoff, &permits).await;
                     blocked = matches!(d, Disposition::Retry(_));
                     out.push((id, d));
                 }
@@ -227,16 +267,24 @@ impl Processor {
         (response, summary)
     }
 
-    /// Runs one message in its own task so that a panic stays inside it.
+    /// Runs one message in its own task so that a panic stays inside it; starts it only with
+    /// time enough to charge, and stops it at the cutoff.
     async fn run_isolated(
         self: &Arc<Self>,
         msg: SqsMessage,
         deadline_ms: i64,
+        cutoff: tokio::time::Instant,
         permits: &Arc<Semaphore>,
     ) -> Disposition {
-        let Ok(_permit) = permits.clone().acquire_owned().await else {
-            return Disposition::Retry("batch is shutting down".into());
+        let Ok(Ok(_permit)) =
+            tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
+        else {
+            return Disposition::Retry("not started: the invocation deadline is near".into());
         };
+        let needed = self.provider.request_timeout() + self.settings.deadline_safety;
+        if self.clock.now_ms() + ms(needed) >= deadline_ms {
+            return Disposition::Retry("not started: the invocation deadline is near".into());
+        }
         let message_id = msg.message_id.clone().unwrap_or_default();
         let span = tracing::info_span!(
             "message",
@@ -244,12 +292,20 @@ impl Processor {
             payment_id = tracing::field::Empty
         );
         let this = Arc::clone(self);
-        let task = tokio::spawn(
+        let mut task = tokio::spawn(
             async move { this.process(&msg, deadline_ms).await }.instrument(span.clone()),
         );
-        match task.await {
-            Ok(d) => d,
-            Err(e) => {
+        match tokio::time::timeout_at(cutoff, &mut task).await {
+            Ok(Ok(d)) => d,
+            Err(_) => {
+                // Stopped where it stood, as a timeout would: its lease ends by the deadline
+                // plus the margin and the next delivery takes over.
+                task.abort();
+                let _g = span.enter();
+                warn!("unfinished at the invocation deadline; the message will be redelivered");
+                Disposition::Retry("unfinished at the invocation deadline".into())
+            }
+            Ok(Err(e)) => {
                 let _g = span.enter();
                 error!(error = %e, "message handler panicked; the message will be redelivered");
                 Disposition::Retry("handler panicked".into())
@@ -289,7 +345,7 @@ impl Processor {
             }
         };
         tracing::Span::current().record("payment_id", request.payment_id.as_str());
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
                 let why = format!(
@@ -308,39 +364,31 @@ impl Processor {
             .get("ApproximateReceiveCount")
             .and_then(|v| v.parse().ok())
             .unwrap_or(1);
-        let backoff = || {
-            Some(redelivery_delay(
-                receive_count,
-                self.settings.redelivery_base_delay,
-                self.settings.redelivery_max_delay,
-            ))
-        };
+        let backoff = Some(redelivery_delay(
+            receive_count,
+            self.settings.redelivery_base_delay,
+            self.settings.redelivery_max_delay,
+        ));
 
-        let claimed = self.claim(msg, &body, &request, now, deadline_ms).await;
-        let (owner, lease_end_ms, unknown) = match claimed {
-            Ok((
-                Claimed::Owner {
-                    owner,
-                    lease_end_ms,
-                },
-                unknown,
-            )) => (owner, lease_end_ms, unknown),
-            Ok((Claimed::Done(d), _)) => {
-                let delay = match &d {
-                    Disposition::Retry(_) => None,
-                    _ => None,
-                };
-                return (d, delay);
-            }
+        let attempt = match self.claim(msg, &body, &request, now, deadline_ms).await {
+            Ok(Claimed::Owner(attempt)) => attempt,
+            Ok(Claimed::Done(d)) => return (d, None),
             Err((d, delay)) => return (d, delay),
         };
+        crate::failpoint!("after_claim");
 
-        match self.charge(&request, lease_end_ms).await {
+        // The charge and the heartbeat run together; a lost lease stops the charge.
+        let charged = tokio::select! {
+            r = self.charge(&request, &attempt) => r,
+            lost = self.heartbeat(msg, &request, &attempt, deadline_ms) => Err(lost),
+        };
+        match charged {
             Ok(response) => {
+                crate::failpoint!("after_charge");
                 let (outcome, dlq) = outcome_of(&request, &response);
                 match self
                     .store
-                    .complete(&request.payment_id, &owner, &outcome)
+                    .complete(&request.payment_id, &attempt.owner, &outcome)
                     .await
                 {
                     Ok(()) => {}
@@ -360,27 +408,56 @@ impl Processor {
                         )
                     }
                 }
+                crate::failpoint!("after_complete");
                 match dlq {
                     Some((code, why)) => (self.dead_letter(msg, &body, code, &why).await, None),
                     None if outcome.is_declined() => (Disposition::Declined, None),
                     None => (Disposition::Charged, None),
                 }
             }
-            Err(e) => {
-                let unknown = unknown || e.ambiguous;
-                let note = FailureNote {
-                    error: e.message.clone(),
-                    unknown_outcome: unknown,
-                };
-                if let Err(se) = self
-                    .store
-                    .fail(&request.payment_id, &owner, now_ms(), &note)
-                    .await
-                {
-                    warn!(error = %se, "could not record the failure; the lease will expire instead");
-                }
-                (Disposition::Retry(e.message), backoff())
+            Err(ChargeFailure::LeaseLost) => (
+                Disposition::Retry(
+                    "lease lost while working; another attempt owns the payment".into(),
+                ),
+                None,
+            ),
+            Err(ChargeFailure::Transient { message, unknown }) => {
+                self.record_failure(&request, &attempt, &message, unknown)
+                    .await;
+                (Disposition::Retry(message), backoff)
             }
+            Err(ChargeFailure::OutcomeUnknown(why)) => {
+                self.record_failure(&request, &attempt, &why, true).await;
+                (
+                    self.dead_letter(msg, &body, "outcome_unknown", &why).await,
+                    None,
+                )
+            }
+        }
+    }
+
+    async fn record_failure(
+        &self,
+        request: &PaymentRequest,
+        attempt: &Attempt,
+        error: &str,
+        unknown: bool,
+    ) {
+        let note = FailureNote {
+            error: error.to_owned(),
+            unknown_outcome: unknown,
+        };
+        if let Err(se) = self
+            .store
+            .fail(
+                &request.payment_id,
+                &attempt.owner,
+                self.clock.now_ms(),
+                &note,
+            )
+            .await
+        {
+            warn!(error = %se, "could not record the failure; the lease will expire instead");
         }
     }
 
@@ -392,9 +469,8 @@ impl Processor {
         request: &PaymentRequest,
         now: i64,
         deadline_ms: i64,
-    ) -> Result<(Claimed, bool), (Disposition, Option<Duration>)> {
-        let lease_end_ms =
-            (now + ms(self.settings.lease)).min(deadline_ms + ms(self.settings.deadline_margin));
+    ) -> Result<Claimed, (Disposition, Option<Duration>)> {
+        let lease_end_ms = self.lease_end(now, deadline_ms);
         if lease_end_ms - now <= ms(self.provider.request_timeout()) {
             return Err((
                 Disposition::Retry("too little time left in this invocation to charge".into()),
@@ -422,13 +498,16 @@ impl Processor {
                         "took over the record"
                     );
                 }
-                Ok((
-                    Claimed::Owner {
-                        owner,
-                        lease_end_ms,
-                    },
+                Ok(Claimed::Owner(Attempt {
+                    owner,
+                    lease_end_ms: AtomicI64::new(lease_end_ms),
                     unknown,
-                ))
+                    first_attempt_at_ms: previous
+                        .as_ref()
+                        .map(|p| p.first_attempt_at_ms)
+                        .filter(|t| *t > 0)
+                        .unwrap_or(now),
+                }))
             }
             Ok(ClaimResult::Conflict(existing)) => match decide_conflict(&existing, &hash, now) {
                 ConflictDecision::Duplicate(outcome) => {
@@ -436,12 +515,9 @@ impl Processor {
                     // DLQ: the first copy's dead-lettering may not have happened.
                     if outcome.is_rejected() {
                         let (code, why) = rejection_code(&outcome);
-                        Ok((
-                            Claimed::Done(self.dead_letter(msg, body, code, &why).await),
-                            false,
-                        ))
+                        Ok(Claimed::Done(self.dead_letter(msg, body, code, &why).await))
                     } else {
-                        Ok((Claimed::Done(Disposition::Duplicate), false))
+                        Ok(Claimed::Done(Disposition::Duplicate))
                     }
                 }
                 ConflictDecision::KeyReused => {
@@ -450,12 +526,9 @@ impl Processor {
                         request.payment_id,
                         existing.status.as_str()
                     );
-                    Ok((
-                        Claimed::Done(
-                            self.dead_letter(msg, body, "idempotency_key_reused", &why)
-                                .await,
-                        ),
-                        false,
+                    Ok(Claimed::Done(
+                        self.dead_letter(msg, body, "idempotency_key_reused", &why)
+                            .await,
                     ))
                 }
                 ConflictDecision::Busy {
@@ -477,24 +550,85 @@ impl Processor {
         }
     }
 
+    /// Where a lease taken or renewed at `now` ends: never past the deadline plus the margin,
+    /// so a timed-out attempt's record can be taken over by the next delivery.
+    fn lease_end(&self, now: i64, deadline_ms: i64) -> i64 {
+        (now + ms(self.settings.lease)).min(deadline_ms + ms(self.settings.deadline_margin))
+    }
+
+    /// Extends the message's visibility and the record's lease together, on one schedule,
+    /// until the work ends (this future is dropped) or the lease is lost (it returns). Stops
+    /// extending before the deadline and within SQS's 12-hour cap; work shorter than the first
+    /// interval makes no call.
+    async fn heartbeat(
+        &self,
+        msg: &SqsMessage,
+        request: &PaymentRequest,
+        attempt: &Attempt,
+        deadline_ms: i64,
+    ) -> ChargeFailure {
+        let interval = self.settings.heartbeat_interval();
+        let started = self.clock.now_ms();
+        loop {
+            tokio::time::sleep(interval).await;
+            crate::failpoint!("in_heartbeat");
+            let now = self.clock.now_ms();
+            let visibility = visibility_extension(
+                self.settings.visibility_timeout,
+                Duration::from_millis((now - started).max(0) as u64),
+            );
+            if now + ms(interval) >= deadline_ms || visibility.is_zero() {
+                // No more extensions: the lease runs out at the deadline (plus the margin)
+                // and the message comes back when its visibility ends.
+                return std::future::pending().await;
+            }
+            let lease_end = self.lease_end(now, deadline_ms);
+            match self
+                .store
+                .renew_lease(&request.payment_id, &attempt.owner, lease_end)
+                .await
+            {
+                Ok(()) => attempt.lease_end_ms.store(lease_end, Ordering::SeqCst),
+                Err(StoreError::LeaseLost) => {
+                    warn!("lease renewal refused: another attempt owns the record; stopping");
+                    return ChargeFailure::LeaseLost;
+                }
+                Err(e) => {
+                    warn!(error = %e, "lease renewal failed; will try again at the next beat");
+                    continue;
+                }
+            }
+            if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+                let secs = visibility.as_secs() as i32;
+                if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
+                    warn!(error = %e, "could not extend the message's visibility");
+                }
+            }
+        }
+    }
+
     /// Calls the provider with retries, each call only while the lease outlasts the client
-    /// timeout, so no call of this attempt can land after its lease ended.
+    /// timeout, so no call of this attempt can land after its lease ended. An unknown outcome
+    /// is settled by a lookup before any call that could land after the provider forgot the
+    /// key, and whenever the provider replays a `5xx` for it.
     async fn charge(
         &self,
         request: &PaymentRequest,
-        lease_end_ms: i64,
+        attempt: &Attempt,
     ) -> Result<ProviderResponse, ChargeFailure> {
         let timeout = ms(self.provider.request_timeout());
+        let forget_at = attempt.first_attempt_at_ms + ms(self.settings.provider_key_retention)
+            - ms(self.settings.key_retention_margin);
         let mut delays = ExponentialBuilder::default()
             .with_min_delay(self.settings.provider_retry_delay)
             .with_max_delay(Duration::from_secs(5))
             .with_jitter()
             .without_max_times()
             .build();
-        let mut ambiguous = false;
+        let mut unknown = attempt.unknown;
         let mut last: Option<ProviderError> = None;
-        for attempt in 0..self.settings.provider_attempts.max(1) {
-            if attempt > 0 {
+        for n in 0..self.settings.provider_attempts.max(1) {
+            if n > 0 {
                 let Some(prev) = &last else { break };
                 if !prev.retry_now() {
                     break;
@@ -503,33 +637,92 @@ impl Processor {
                     .next()
                     .unwrap_or_default()
                     .max(prev.retry_after.unwrap_or_default());
-                if now_ms() + ms(pause) + timeout >= lease_end_ms {
+                if self.clock.now_ms() + ms(pause) + timeout >= attempt.lease_end() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
             }
-            if lease_end_ms - now_ms() <= timeout {
+            if unknown && self.clock.now_ms() + timeout >= forget_at {
+                // The provider may have forgotten the key by the time this call lands: a
+                // blind call could charge a second time. Look first.
+                match self.settle(request).await? {
+                    Some(found) => return Ok(found),
+                    None => {
+                        info!("lookup found no payment for the unknown outcome; charging");
+                        unknown = false;
+                    }
+                }
+            }
+            if attempt.lease_end() - self.clock.now_ms() <= timeout {
                 break;
             }
             match self.provider.create_payment(request).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    ambiguous |= e.is_ambiguous();
-                    if e.kind == crate::provider::FailureKind::Misconfigured {
+                    unknown |= e.is_ambiguous();
+                    if e.kind == FailureKind::Misconfigured {
                         error!(error = %e, "payment provider refused the processor's credentials or URL: fix the configuration");
                     } else {
-                        warn!(error = %e, attempt = attempt + 1, "provider call failed");
+                        warn!(error = %e, attempt = n + 1, "provider call failed");
+                    }
+                    if e.replayed && e.kind == FailureKind::ServerError {
+                        // Retrying the key replays the same error: only a lookup can tell.
+                        return match self.settle(request).await? {
+                            Some(found) => Ok(found),
+                            None => Err(ChargeFailure::OutcomeUnknown(format!(
+                                "the provider replays an error for this payment id ({e}) and holds no payment for it; a person must decide whether to charge under a new key"
+                            ))),
+                        };
                     }
                     last = Some(e);
                 }
             }
         }
-        Err(ChargeFailure {
+        Err(ChargeFailure::Transient {
             message: last
                 .map(|e| e.to_string())
                 .unwrap_or_else(|| "lease too short to call the provider".into()),
-            ambiguous,
+            unknown,
         })
+    }
+
+    /// Looks the payment up at the provider: `Some` with what it holds (the record takes that
+    /// as the outcome, nothing is charged), `None` when it holds nothing for the payment id.
+    async fn settle(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<Option<ProviderResponse>, ChargeFailure> {
+        let found = self
+            .provider
+            .find_payments(&request.payment_id)
+            .await
+            .map_err(|e| ChargeFailure::Transient {
+                message: format!("lookup of an unknown outcome failed: {e}"),
+                unknown: true,
+            })?;
+        let charges: Vec<_> = found.iter().filter(|f| f.is_charge()).collect();
+        if charges.len() > 1 {
+            error!(
+                count = charges.len(),
+                "the provider holds more than one charge for this payment id"
+            );
+        }
+        if let Some(c) = charges.first() {
+            info!(provider_payment_id = %c.provider_payment_id, "lookup settled the unknown outcome: charged");
+            return Ok(Some(ProviderResponse::Charged {
+                provider_payment_id: c.provider_payment_id.clone(),
+                status: c.status.clone(),
+                replayed: true,
+            }));
+        }
+        if let Some(d) = found.first() {
+            info!(provider_payment_id = %d.provider_payment_id, status = %d.status, "lookup settled the unknown outcome: not charged");
+            return Ok(Some(ProviderResponse::Declined {
+                provider_payment_id: Some(d.provider_payment_id.clone()),
+                decline_code: None,
+            }));
+        }
+        Ok(None)
     }
 
     /// Sends the message to the DLQ, then deletes it from the source queue, in that order.
@@ -563,13 +756,47 @@ impl Processor {
     }
 }
 
-/// A charge that got no definitive answer within this delivery.
+/// Why an attempt ended without a definitive answer.
 #[derive(Debug)]
-struct ChargeFailure {
-    /// The last error.
-    message: String,
-    /// Some call of this attempt may have been executed by the provider.
-    ambiguous: bool,
+enum ChargeFailure {
+    /// Retry on a later delivery; `unknown` when the provider may have executed a call.
+    Transient {
+        /// The last error.
+        message: String,
+        /// The outcome is unknown (ambiguous call, or inherited and not settled).
+        unknown: bool,
+    },
+    /// No lookup can settle it: a person decides (dead-lettered as `outcome_unknown`).
+    OutcomeUnknown(String),
+    /// Another attempt took the record over: stop, complete nothing.
+    LeaseLost,
+}
+
+/// One attempt's hold on the record.
+#[derive(Debug)]
+struct Attempt {
+    /// The fencing token.
+    owner: String,
+    /// Where the lease ends now (the heartbeat moves it).
+    lease_end_ms: AtomicI64,
+    /// The record taken over left the outcome unknown.
+    unknown: bool,
+    /// First claim of the payment: the provider remembers the key at least until this plus
+    /// its key retention.
+    first_attempt_at_ms: i64,
+}
+
+impl Attempt {
+    fn lease_end(&self) -> i64 {
+        self.lease_end_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// Seconds to extend a message's visibility by, so that its total stays within SQS's 12 hours
+/// from receipt; zero when nothing is left.
+pub fn visibility_extension(visibility: Duration, held_for: Duration) -> Duration {
+    const CAP: Duration = Duration::from_secs(12 * 3600);
+    visibility.min(CAP.saturating_sub(held_for + Duration::from_secs(1)))
 }
 
 /// The record's outcome for a definitive answer, and the DLQ code where the message must go.
@@ -657,12 +884,6 @@ fn first_sent_at_ms(msg: &SqsMessage) -> Option<i64> {
                 .get("SentTimestamp")
                 .and_then(|v| v.parse().ok())
         })
-}
-
-impl From<InputError> for Disposition {
-    fn from(e: InputError) -> Self {
-        Disposition::DeadLettered(e.code().to_owned())
-    }
 }
 
 #[cfg(test)]

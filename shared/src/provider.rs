@@ -75,6 +75,9 @@ pub struct ProviderError {
     pub retry_after: Option<Duration>,
     /// `Stripe-Should-Retry`, when the provider sent it.
     pub should_retry: Option<bool>,
+    /// The provider replayed a stored error for this key (`Idempotent-Replayed: true` on a
+    /// `5xx`): retrying with the key will not change it; only a lookup can tell what happened.
+    pub replayed: bool,
 }
 
 impl ProviderError {
@@ -88,9 +91,44 @@ impl ProviderError {
     }
 
     /// True when retrying within this delivery may help: honours `Stripe-Should-Retry: false`;
-    /// a misconfiguration is not retried in a tight loop (it is retried on the next delivery).
+    /// a misconfiguration is not retried in a tight loop (it is retried on the next delivery);
+    /// a replayed error never changes.
     pub fn retry_now(&self) -> bool {
-        self.should_retry != Some(false) && self.kind != FailureKind::Misconfigured
+        self.should_retry != Some(false)
+            && self.kind != FailureKind::Misconfigured
+            && !self.replayed
+    }
+
+    /// A failure with no retry hints.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+            should_retry: None,
+            replayed: false,
+        }
+    }
+}
+
+/// A payment the provider holds for a payment id, as a lookup finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundPayment {
+    /// The PaymentIntent id.
+    pub provider_payment_id: String,
+    /// Its status (`succeeded`, `processing`, `requires_action`, `requires_payment_method`
+    /// after a decline, `canceled`).
+    pub status: String,
+}
+
+impl FoundPayment {
+    /// True when the intent moved money or may still do so without the customer: it counts as
+    /// the payment's charge.
+    pub fn is_charge(&self) -> bool {
+        matches!(
+            self.status.as_str(),
+            "succeeded" | "processing" | "requires_capture" | "requires_action"
+        )
     }
 }
 
@@ -107,4 +145,11 @@ pub trait PaymentProvider: Send + Sync {
         &self,
         request: &PaymentRequest,
     ) -> Result<ProviderResponse, ProviderError>;
+
+    /// Looks up every payment the provider holds for this payment id (by
+    /// `metadata['payment_id']`), to settle an outcome that no answer told us.
+    async fn find_payments(
+        &self,
+        payment_id: &crate::domain::PaymentId,
+    ) -> Result<Vec<FoundPayment>, ProviderError>;
 }

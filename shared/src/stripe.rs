@@ -13,8 +13,10 @@ use reqwest::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::PaymentRequest;
-use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
+use crate::domain::{PaymentId, PaymentRequest};
+use crate::provider::{
+    FailureKind, FoundPayment, PaymentProvider, ProviderError, ProviderResponse,
+};
 
 /// Stripe-style HTTP client.
 pub struct StripeClient {
@@ -41,6 +43,13 @@ impl std::fmt::Debug for StripeClient {
 struct IntentBody {
     id: String,
     status: String,
+}
+
+#[derive(Deserialize)]
+struct SearchBody {
+    data: Vec<IntentBody>,
+    #[serde(default)]
+    has_more: bool,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +149,7 @@ fn interpret(
         message,
         retry_after,
         should_retry,
+        replayed,
     };
     if status.is_success() {
         return match serde_json::from_str::<IntentBody>(body) {
@@ -190,6 +200,44 @@ fn interpret(
     }
 }
 
+/// Maps a search answer: the intents found, or why the lookup could not be made.
+fn interpret_search(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+) -> Result<Vec<FoundPayment>, ProviderError> {
+    if !status.is_success() {
+        return match interpret(status, headers, body) {
+            Err(e) => Err(e),
+            Ok(_) => Err(ProviderError::new(
+                FailureKind::Misconfigured,
+                format!("lookup refused with HTTP {status}"),
+            )),
+        };
+    }
+    let found: SearchBody = serde_json::from_str(body).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Network,
+            format!("unreadable lookup answer: {e}"),
+        )
+    })?;
+    if found.has_more {
+        // More than 100 intents for one payment id is not a state this processor creates.
+        return Err(ProviderError::new(
+            FailureKind::Misconfigured,
+            "lookup returned more than 100 payments for one payment id",
+        ));
+    }
+    Ok(found
+        .data
+        .into_iter()
+        .map(|i| FoundPayment {
+            provider_payment_id: i.id,
+            status: i.status,
+        })
+        .collect())
+}
+
 #[async_trait]
 impl PaymentProvider for StripeClient {
     fn request_timeout(&self) -> Duration {
@@ -212,23 +260,52 @@ impl PaymentProvider for StripeClient {
         let response = match sent {
             Ok(r) => r,
             Err(e) => {
-                return Err(ProviderError {
-                    kind: classify_send_error(&e),
-                    message: format!("request to {url} failed: {}", e.without_url()),
-                    retry_after: None,
-                    should_retry: None,
-                })
+                return Err(ProviderError::new(
+                    classify_send_error(&e),
+                    format!("request to {url} failed: {}", e.without_url()),
+                ))
             }
         };
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.text().await.map_err(|e| ProviderError {
-            kind: classify_send_error(&e),
-            message: format!("reading the answer failed: {}", e.without_url()),
-            retry_after: None,
-            should_retry: None,
+        let body = response.text().await.map_err(|e| {
+            ProviderError::new(
+                classify_send_error(&e),
+                format!("reading the answer failed: {}", e.without_url()),
+            )
         })?;
         interpret(status, &headers, &body)
+    }
+
+    async fn find_payments(
+        &self,
+        payment_id: &PaymentId,
+    ) -> Result<Vec<FoundPayment>, ProviderError> {
+        let url = format!("{}/v1/payment_intents/search", self.base_url);
+        // Payment ids are [A-Za-z0-9_:.-], so they need no escaping inside the quotes.
+        let query = format!("metadata['payment_id']:'{}'", payment_id.as_str());
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(self.api_key.expose_secret())
+            .query(&[("query", query.as_str()), ("limit", "100")])
+            .send()
+            .await
+            .map_err(|e| {
+                ProviderError::new(
+                    classify_send_error(&e),
+                    format!("lookup at {url} failed: {}", e.without_url()),
+                )
+            })?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.text().await.map_err(|e| {
+            ProviderError::new(
+                classify_send_error(&e),
+                format!("reading the lookup answer failed: {}", e.without_url()),
+            )
+        })?;
+        interpret_search(status, &headers, &body)
     }
 }
 
@@ -309,12 +386,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.is_ambiguous() && !e.retry_now());
+        let e = interpret(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &h(&[("idempotent-replayed", "true")]),
+            "",
+        )
+        .unwrap_err();
+        assert!(e.replayed && !e.retry_now(), "a replayed 500 never changes");
         let e = interpret(StatusCode::CONFLICT, &h(&[]), "{}").unwrap_err();
         assert_eq!(e.kind, FailureKind::KeyInUse);
         for s in [401u16, 403, 404] {
             let e = interpret(StatusCode::from_u16(s).unwrap(), &h(&[]), "{}").unwrap_err();
             assert_eq!(e.kind, FailureKind::Misconfigured);
         }
+    }
+
+    #[test]
+    fn search_lists_the_intents_found() {
+        let found = interpret_search(
+            StatusCode::OK,
+            &h(&[]),
+            r#"{"object":"search_result","data":[{"id":"pi_1","status":"succeeded"}],"has_more":false}"#,
+        )
+        .unwrap();
+        assert_eq!(found.len(), 1);
+        assert!(found[0].is_charge());
+        let e = interpret_search(StatusCode::TOO_MANY_REQUESTS, &h(&[]), "{}").unwrap_err();
+        assert_eq!(e.kind, FailureKind::RateLimited);
     }
 
     #[test]

@@ -79,9 +79,16 @@ impl PaymentProvider for FakeProvider {
                 message: format!("{kind:?}"),
                 retry_after,
                 should_retry: None,
+                replayed: false,
             }),
             Behaviour::Panic => panic!("provider adapter bug for {pid}"),
         }
+    }
+    async fn find_payments(
+        &self,
+        _: &payment_core::domain::PaymentId,
+    ) -> Result<Vec<payment_core::provider::FoundPayment>, ProviderError> {
+        Ok(Vec::new())
     }
 }
 
