@@ -18,6 +18,9 @@ API (Stripe's wire format):
         pm_card_invalid -> 400 invalid_request_error / resource_missing
 
 Control API (not Stripe's):
+  GET /v1/payment_intents/search?query=metadata['payment_id']:'P'
+      every intent booked for payment P (charges and declined intents), Stripe's search shape
+
   GET    /_sim/health
   GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "calls": {P: n}}
          booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent)
@@ -25,17 +28,22 @@ Control API (not Stripe's):
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
          prefix matches the payment (metadata[payment_id], else the Idempotency-Key)
          F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
+            | cached_500 (commit, then answer 500 and replay that 500 for the key, as Stripe does
+              once execution began) | forget_after (the key is forgotten latency_ms after its
+              first use, like Stripe's 24 h key retention; not a per-call fault)
          times: per key, how many calls the rule hits (default unlimited); probability: per call
   DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
   POST   /_sim/reset             clears ledger, keys and rules
 
 Run: simulator.py --port 0 --port-file FILE [--api-key sk_test_local] [--seed N]
+                  [--key-retention-seconds 86400]
 """
 
 import argparse
 import hashlib
 import json
 import random
+import re
 import socket
 import sys
 import threading
@@ -49,20 +57,31 @@ STATE = {
     "charges": {},  # key -> [intent]
     "declines": {},  # key -> [error]
     "calls": {},  # key -> number of POSTs received
+    "intents": {},  # payment -> every intent created (for search)
     "rules": [],
     "hits": {},  # (rule index, key) -> times hit
 }
-CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0)}
+CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "key_retention_ms": 86_400_000}
+SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
 
 
 def params_hash(pairs):
     return hashlib.sha256(json.dumps(sorted(pairs)).encode()).hexdigest()
 
 
+def retention_ms(payment):
+    """How long the key of this payment is remembered (under LOCK)."""
+    ms = CONFIG["key_retention_ms"]
+    for rule in STATE["rules"]:
+        if rule.get("fault") == "forget_after" and payment.startswith(rule.get("prefix", "")):
+            ms = min(ms, rule.get("latency_ms", ms))
+    return ms
+
+
 def pick_fault(key):
-    """The first rule that matches this call, counting its hit (under LOCK)."""
+    """The first per-call rule that matches this call, counting its hit (under LOCK)."""
     for i, rule in enumerate(STATE["rules"]):
-        if not key.startswith(rule.get("prefix", "")):
+        if rule.get("fault") == "forget_after" or not key.startswith(rule.get("prefix", "")):
             continue
         times = rule.get("times")
         hit_key = (i, key)
@@ -105,9 +124,11 @@ def execute(form, key):
         decline = "insufficient_funds" if pm.endswith("InsufficientFunds") else "generic_decline"
         intent["status"] = "requires_payment_method"
         STATE["declines"].setdefault(key, []).append({"decline_code": decline, "intent": intent_id})
+        STATE["intents"].setdefault(key, []).append(intent)
         return 402, error_body("card_error", "Your card was declined.", code="card_declined", decline_code=decline, intent={"id": intent_id})
     intent["status"] = "requires_action" if pm == "pm_card_threeDSecureRequired" else "succeeded"
     STATE["charges"].setdefault(key, []).append(intent)
+    STATE["intents"].setdefault(key, []).append(intent)
     return 200, json.dumps(intent)
 
 
@@ -143,6 +164,8 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path == "/_sim/health":
             return self.reply(200, '{"ok": true}')
+        if url.path == "/v1/payment_intents/search":
+            return self.search(dict(parse_qsl(url.query)))
         if url.path == "/_sim/ledger":
             q = dict(parse_qsl(url.query))
             with LOCK:
@@ -179,7 +202,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_sim/reset":
             self.body()
             with LOCK:
-                for n in ("keys", "charges", "declines", "calls", "hits"):
+                for n in ("keys", "charges", "declines", "calls", "hits", "intents"):
                     STATE[n] = {}
                 STATE["rules"] = []
             return self.reply(200, '{"ok": true}')
@@ -189,6 +212,20 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
     # --- Stripe API --------------------------------------------------------------------------
+    def search(self, q):
+        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
+            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
+        m = SEARCH_QUERY.match(q.get("query", ""))
+        if not m:
+            return self.reply(400, error_body("invalid_request_error", "This simulator searches metadata['payment_id'] only"))
+        with LOCK:
+            # An outage ("down") takes search down too; per-call faults are not consumed here.
+            if any(r.get("fault") == "down" and r.get("times") != 0 and m.group(1).startswith(r.get("prefix", ""))
+                   for r in STATE["rules"]):
+                return self.reply(503, error_body("api_error", "Service unavailable"))
+            data = list(STATE["intents"].get(m.group(1), []))
+        return self.reply(200, json.dumps({"object": "search_result", "data": data, "has_more": False, "url": "/v1/payment_intents/search"}))
+
     def create_intent(self):
         raw = self.body()
         if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
@@ -212,6 +249,9 @@ class Handler(BaseHTTPRequestHandler):
             if fault == "429":
                 return self.reply(429, error_body("rate_limit_error", "Too many requests"), {"Retry-After": "1"})
             entry = STATE["keys"].get(key)
+            if entry is not None and (time.time() * 1000 - entry["created_ms"]) > retention_ms(payment):
+                del STATE["keys"][key]  # forgotten, as Stripe forgets keys after 24 hours
+                entry = None
             if entry is not None:
                 if entry["params"] != h:
                     return self.reply(400, error_body(
@@ -222,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
                         "idempotency_error", "There is currently another in-progress request using this Idempotent Key."),
                         {"Stripe-Should-Retry": "true"})
                 return self.reply(entry["status"], entry["body"], {"Idempotent-Replayed": "true"})
-            STATE["keys"][key] = {"params": h, "state": "in_flight"}
+            STATE["keys"][key] = {"params": h, "state": "in_flight", "created_ms": time.time() * 1000}
         if fault == "latency":
             time.sleep(rule.get("latency_ms", 1000) / 1000)
         with LOCK:
@@ -232,6 +272,11 @@ class Handler(BaseHTTPRequestHandler):
             STATE["keys"][key].update(state="done", status=status, body=body)
         if fault == "delay_after_commit":
             time.sleep(rule.get("latency_ms", 1000) / 1000)
+        if fault == "cached_500":
+            err = error_body("api_error", "Internal server error")
+            with LOCK:
+                STATE["keys"][key].update(status=500, body=err)
+            return self.reply(500, err, {"Stripe-Should-Retry": "false"})
         if fault == "500_after_commit":
             return self.reply(500, error_body("api_error", "Internal server error"), {"Stripe-Should-Retry": "true"})
         if fault == "drop_after_commit":
@@ -246,9 +291,11 @@ def main():
     ap.add_argument("--port-file", help="write the bound port here once listening")
     ap.add_argument("--api-key", default="sk_test_local")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault dice")
+    ap.add_argument("--key-retention-seconds", type=float, default=86400, help="how long idempotency keys are remembered")
     args = ap.parse_args()
     CONFIG["api_key"] = args.api_key
     CONFIG["rng"] = random.Random(args.seed)
+    CONFIG["key_retention_ms"] = args.key_retention_seconds * 1000
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)

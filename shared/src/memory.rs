@@ -20,6 +20,8 @@ pub struct InMemoryStore {
     records: Mutex<HashMap<String, IdempotencyRecord>>,
     /// Store calls made (claims, completions, failures, renewals, reads), to assert costs.
     calls: AtomicU64,
+    /// Lease renewals made (heartbeats).
+    renewals: AtomicU64,
 }
 
 impl InMemoryStore {
@@ -31,6 +33,11 @@ impl InMemoryStore {
     /// Store calls made so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Lease renewals so far.
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::SeqCst)
     }
 
     /// Puts a record as is (to set up a scenario).
@@ -150,6 +157,7 @@ impl IdempotencyStore for InMemoryStore {
         owner: &str,
         until_ms: i64,
     ) -> Result<(), StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
         self.with(|m| {
             Self::owned(m, id, owner)?.lease_expires_at_ms = until_ms;
             Ok(())

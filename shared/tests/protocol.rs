@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsMessage;
+use payment_core::clock::Clock;
 use payment_core::domain::PaymentRequest;
 use payment_core::idempotency::{ClaimRequest, IdempotencyStore, RecordStatus};
 use payment_core::memory::InMemoryStore;
@@ -22,6 +23,10 @@ use payment_core::{Processor, Settings};
 #[derive(Clone)]
 enum Behaviour {
     Charge,
+    /// Answers after this long (tokio time), then charges.
+    Slow(Duration),
+    /// The charge is committed but the answer is lost (a timeout), every time.
+    LostAnswer,
     Decline,
     Fail(FailureKind, Option<Duration>),
     Panic,
@@ -31,6 +36,9 @@ enum Behaviour {
 struct FakeProvider {
     behaviour: Mutex<HashMap<String, Behaviour>>,
     calls: Mutex<HashMap<String, u64>>,
+    lookups: Mutex<HashMap<String, u64>>,
+    /// Charges the provider holds although the caller never heard of them (for lookups).
+    found: Mutex<HashMap<String, String>>,
     timeout: Duration,
 }
 
@@ -65,6 +73,21 @@ impl PaymentProvider for FakeProvider {
             .cloned()
             .unwrap_or(Behaviour::Charge);
         match b {
+            Behaviour::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Ok(ProviderResponse::Charged {
+                    provider_payment_id: format!("pi_{pid}"),
+                    status: "succeeded".into(),
+                    replayed: false,
+                })
+            }
+            Behaviour::LostAnswer => {
+                self.found
+                    .lock()
+                    .unwrap()
+                    .insert(pid.clone(), format!("pi_{pid}"));
+                Err(ProviderError::new(FailureKind::Timeout, "timed out"))
+            }
             Behaviour::Charge => Ok(ProviderResponse::Charged {
                 provider_payment_id: format!("pi_{pid}"),
                 status: "succeeded".into(),
@@ -86,9 +109,23 @@ impl PaymentProvider for FakeProvider {
     }
     async fn find_payments(
         &self,
-        _: &payment_core::domain::PaymentId,
+        id: &payment_core::domain::PaymentId,
     ) -> Result<Vec<payment_core::provider::FoundPayment>, ProviderError> {
-        Ok(Vec::new())
+        *self
+            .lookups
+            .lock()
+            .unwrap()
+            .entry(id.as_str().to_owned())
+            .or_default() += 1;
+        let found = self.found.lock().unwrap();
+        Ok(found
+            .get(id.as_str())
+            .map(|pi| payment_core::provider::FoundPayment {
+                provider_payment_id: pi.clone(),
+                status: "succeeded".into(),
+            })
+            .into_iter()
+            .collect())
     }
 }
 
@@ -96,6 +133,8 @@ impl PaymentProvider for FakeProvider {
 struct FakeQueues {
     dead: Mutex<Vec<DeadLetter>>,
     deleted: AtomicU64,
+    /// (receipt handle, seconds) of every visibility change.
+    visibility: Mutex<Vec<(String, i32)>>,
 }
 
 #[async_trait]
@@ -108,12 +147,14 @@ impl QueueOps for FakeQueues {
         self.deleted.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
-    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
+    async fn change_visibility(&self, _: &str, rh: &str, secs: i32) -> Result<(), QueueError> {
+        self.visibility.lock().unwrap().push((rh.to_owned(), secs));
         Ok(())
     }
 }
 
 struct World {
+    clock: Arc<payment_core::clock::TokioClock>,
     store: Arc<InMemoryStore>,
     provider: Arc<FakeProvider>,
     queues: Arc<FakeQueues>,
@@ -124,13 +165,14 @@ fn world(settings: Settings, timeout: Duration) -> World {
     let store = Arc::new(InMemoryStore::new());
     let provider = Arc::new(FakeProvider::new(timeout));
     let queues = Arc::new(FakeQueues::default());
-    let processor = Arc::new(Processor::new(
-        store.clone(),
-        provider.clone(),
-        queues.clone(),
-        settings,
-    ));
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let clock = Arc::new(payment_core::clock::TokioClock::new());
+    let processor = Arc::new(
+        Processor::new(store.clone(), provider.clone(), queues.clone(), settings)
+            .with_clock(clock.clone()),
+    );
     World {
+        clock,
         store,
         provider,
         queues,
@@ -153,15 +195,31 @@ fn body(pid: &str, amount: i64) -> String {
 }
 
 fn msg(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
+    msg_at(
+        id,
+        body,
+        group,
+        payment_core::clock::TokioClock::new().now_ms(),
+        1,
+    )
+}
+
+fn msg_at(
+    id: &str,
+    body: &str,
+    group: Option<&str>,
+    sent_ms: i64,
+    receive_count: u32,
+) -> SqsMessage {
     let mut m = SqsMessage::default();
     m.message_id = Some(id.to_owned());
     m.receipt_handle = Some(format!("rh-{id}"));
     m.body = Some(body.to_owned());
     m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:payments".into());
     m.attributes
-        .insert("SentTimestamp".into(), now_ms().to_string());
+        .insert("SentTimestamp".into(), sent_ms.to_string());
     m.attributes
-        .insert("ApproximateReceiveCount".into(), "1".into());
+        .insert("ApproximateReceiveCount".into(), receive_count.to_string());
     if let Some(g) = group {
         m.attributes.insert("MessageGroupId".into(), g.to_owned());
     }
@@ -385,4 +443,321 @@ async fn bad_input_is_dead_lettered_then_deleted_and_never_charged() {
         "{nope"
     );
     assert_eq!(w.provider.calls("p1"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_extends_visibility_and_lease_together_on_one_schedule() {
+    // Lease 30 s, visibility 9 s: one beat every 3 s. A 10 s charge gets beats at 3, 6, 9 s.
+    let settings = Settings {
+        lease: Duration::from_secs(30),
+        visibility_timeout: Duration::from_secs(9),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(20));
+    w.provider
+        .set("slow", Behaviour::Slow(Duration::from_secs(10)));
+    let start = w.clock.now_ms();
+    let (r, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("slow", 100), None)], start + 60_000)
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(w.store.renewals(), 3);
+    let vis = w.queues.visibility.lock().unwrap().clone();
+    assert_eq!(
+        vis,
+        vec![("rh-m1".to_owned(), 9); 3],
+        "each beat extends the message by the visibility timeout"
+    );
+    assert_eq!(
+        w.store.get("slow").await.unwrap().unwrap().status,
+        RecordStatus::Completed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_shorter_than_the_first_beat_makes_no_heartbeat_call() {
+    let settings = Settings {
+        lease: Duration::from_secs(30),
+        visibility_timeout: Duration::from_secs(9),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(20));
+    w.provider
+        .set("quick", Behaviour::Slow(Duration::from_millis(2_900)));
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &body("quick", 100), None)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(w.store.renewals(), 0);
+    assert!(w.queues.visibility.lock().unwrap().is_empty());
+    // A new payment costs two store writes: the claim and the completion.
+    assert_eq!(w.store.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_stops_extending_before_the_deadline() {
+    // Beats every 1 s; the deadline is 4.5 s away: no beat is sent within a beat of it.
+    let settings = Settings {
+        lease: Duration::from_secs(30),
+        visibility_timeout: Duration::from_secs(3),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(1));
+    w.provider
+        .set("slow", Behaviour::Slow(Duration::from_secs(60)));
+    let start = w.clock.now_ms();
+    let (r, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("slow", 100), None)], start + 4_500)
+        .await;
+    assert_eq!(failures(&r), vec!["m1"]);
+    assert_eq!(
+        w.store.renewals(),
+        3,
+        "beats at 1, 2, 3 s; none at 4 s, a beat from the deadline"
+    );
+    let r = w.store.get("slow").await.unwrap().unwrap();
+    assert!(
+        r.lease_expires_at_ms <= start + 4_500 + 5_000,
+        "never past the deadline plus the margin"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_stops_the_work_and_completes_nothing() {
+    let settings = Settings {
+        lease: Duration::from_secs(30),
+        visibility_timeout: Duration::from_secs(3),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(20));
+    w.provider
+        .set("p1", Behaviour::Slow(Duration::from_secs(15)));
+    let store = w.store.clone();
+    let thief = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let mut r = store.get("p1").await.unwrap().unwrap();
+        r.lease_owner = Some("someone-else".into());
+        store.insert(r);
+    });
+    let t0 = tokio::time::Instant::now();
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &body("p1", 100), None)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    thief.await.unwrap();
+    assert_eq!(failures(&r), vec!["m1"]);
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "stopped at the first beat after the loss, not after the 15 s call"
+    );
+    let rec = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.lease_owner.as_deref()),
+        (RecordStatus::InProgress, Some("someone-else"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_reports_unfinished_and_unstarted_messages_in_time() {
+    let settings = Settings {
+        max_concurrency: 1,
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(2));
+    w.provider
+        .set("slow", Behaviour::Slow(Duration::from_secs(60)));
+    let t0 = tokio::time::Instant::now();
+    let deadline = w.clock.now_ms() + 5_000;
+    let batch = vec![
+        msg("m1", &body("slow", 100), None),
+        msg("m2", &body("next", 100), None),
+    ];
+    let (r, _) = w.processor.handle_batch(batch, deadline).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "answered before the deadline"
+    );
+    assert_eq!(failures(&r), vec!["m1", "m2"]);
+    assert_eq!(w.provider.calls("next"), 0, "not started");
+    assert!(w.store.get("next").await.unwrap().is_none());
+    // The unfinished attempt's lease ends by the deadline plus the margin: the next delivery
+    // after that takes it over instead of finding it blocked forever.
+    let rec = w.store.get("slow").await.unwrap().unwrap();
+    assert!(rec.lease_expires_at_ms <= deadline + 5_000);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    w.provider.set("slow", Behaviour::Charge);
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &body("slow", 100), None)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(w.store.get("slow").await.unwrap().unwrap().attempts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_time_left_means_no_claim() {
+    // The remaining time reads zero: nothing is claimed, so nothing can be left in progress.
+    let w = world(fast(), Duration::from_secs(2));
+    let (r, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], w.clock.now_ms())
+        .await;
+    assert_eq!(failures(&r), vec!["m1"]);
+    assert!(w.store.get("p1").await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn redelivery_backoff_grows_with_the_receive_count() {
+    let settings = Settings {
+        redelivery_base_delay: Duration::from_secs(10),
+        redelivery_max_delay: Duration::from_secs(300),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(1));
+    w.provider
+        .set("p1", Behaviour::Fail(FailureKind::ServerError, None));
+    for n in 1..=7u32 {
+        let m = msg_at(
+            &format!("m{n}"),
+            &body("p1", 100),
+            None,
+            w.clock.now_ms(),
+            n,
+        );
+        w.processor
+            .handle_batch(vec![m], w.clock.now_ms() + 60_000)
+            .await;
+    }
+    let vis = w.queues.visibility.lock().unwrap().clone();
+    assert_eq!(vis.len(), 7);
+    for (i, (_, secs)) in vis.iter().enumerate() {
+        let full = (10u64 << i).min(300) as i32;
+        assert!(
+            *secs >= full / 2 - 1 && *secs <= full,
+            "receive {}: {secs} s not in [{}, {full}]",
+            i + 1,
+            full / 2
+        );
+    }
+    let rec = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!((rec.status, rec.attempts), (RecordStatus::Failed, 7));
+    assert!(rec.last_error.unwrap().contains("ServerError"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_paused_past_its_lease_does_not_send() {
+    // The provider asks to retry after 4 s; by then the lease (5 s) has less than the client
+    // timeout (2 s) left, so the retry is not sent although attempts remain.
+    let settings = Settings {
+        lease: Duration::from_secs(5),
+        provider_attempts: 5,
+        visibility_timeout: Duration::from_secs(60),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(2));
+    w.provider.set(
+        "p1",
+        Behaviour::Fail(FailureKind::RateLimited, Some(Duration::from_secs(4))),
+    );
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &body("p1", 100), None)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(failures(&r), vec!["m1"]);
+    assert_eq!(
+        w.provider.calls("p1"),
+        1,
+        "a retry would have landed after the lease"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_is_looked_up_before_the_provider_may_have_forgotten_the_key() {
+    // Key retention 60 s, margin 10 s. The first attempt's answer is lost (the charge was made).
+    let settings = Settings {
+        provider_key_retention: Duration::from_secs(60),
+        key_retention_margin: Duration::from_secs(10),
+        provider_attempts: 1,
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(2));
+    w.provider.set("p1", Behaviour::LostAnswer);
+    let sent = w.clock.now_ms();
+    w.processor
+        .handle_batch(
+            vec![msg_at("m1", &body("p1", 100), None, sent, 1)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert!(w.store.get("p1").await.unwrap().unwrap().unknown_outcome);
+    // Soon after, the key is remembered: a blind retry with it is safe, no lookup.
+    w.provider.set("p1", Behaviour::LostAnswer);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    w.processor
+        .handle_batch(
+            vec![msg_at("m1", &body("p1", 100), None, sent, 2)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(w.provider.lookups.lock().unwrap().get("p1"), None);
+    // Past retention - margin - timeout, no blind call: the lookup finds the charge.
+    tokio::time::advance(Duration::from_secs(45)).await;
+    w.provider.set("p1", Behaviour::Charge);
+    let calls = w.provider.calls("p1");
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg_at("m1", &body("p1", 100), None, sent, 3)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert!(r.batch_item_failures.is_empty());
+    assert_eq!(w.provider.calls("p1"), calls, "no new charge");
+    assert_eq!(w.provider.lookups.lock().unwrap().get("p1"), Some(&1));
+    let rec = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(rec.status, RecordStatus::Completed);
+    assert_eq!(
+        rec.outcome.unwrap().provider_payment_id.as_deref(),
+        Some("pi_p1")
+    );
+    assert!(!rec.unknown_outcome);
+}
+
+#[tokio::test]
+async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
+    let w = world(fast(), Duration::from_secs(1));
+    w.processor
+        .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
+        .await;
+    let req = PaymentRequest::parse(&body("p1", 100)).unwrap();
+    let note = payment_core::idempotency::FailureNote {
+        error: "late zombie".into(),
+        unknown_outcome: false,
+    };
+    assert!(w
+        .store
+        .fail(&req.payment_id, "zombie", now_ms(), &note)
+        .await
+        .is_err());
+    let rec = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        rec.status,
+        RecordStatus::Completed,
+        "the completed record is untouched"
+    );
 }
