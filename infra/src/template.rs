@@ -27,6 +27,9 @@ pub struct ProvisionOptions {
     pub visibility_timeout: Option<i32>,
     /// Local override of `maxReceiveCount` in redrive policies.
     pub max_receive_count: Option<i32>,
+    /// Make every queue FIFO (with content-based deduplication), to test FIFO ordering with
+    /// the same template.
+    pub fifo: bool,
 }
 
 /// The local event-source mapping's settings, from the function's SQS event.
@@ -301,12 +304,13 @@ pub async fn provision(
                 still.push((logical, res));
                 continue;
             }
-            let fifo = get(&props, "FifoQueue")
-                .map(|v| r.resolve(v))
-                .transpose()?
-                .flatten()
-                .as_deref()
-                == Some("true");
+            let fifo = opts.fifo
+                || get(&props, "FifoQueue")
+                    .map(|v| r.resolve(v))
+                    .transpose()?
+                    .flatten()
+                    .as_deref()
+                    == Some("true");
             let simple = [
                 ("VisibilityTimeout", QueueAttributeName::VisibilityTimeout),
                 (
@@ -336,6 +340,9 @@ pub async fn provision(
             }
             if fifo {
                 attributes.insert(QueueAttributeName::FifoQueue, "true".into());
+                if opts.fifo {
+                    attributes.insert(QueueAttributeName::ContentBasedDeduplication, "true".into());
+                }
             }
             if let (Some(vt), true) = (
                 opts.visibility_timeout,

@@ -136,6 +136,24 @@ impl Config {
                 0,
                 43_200,
             )?),
+            visibility_timeout: Duration::from_secs(number(
+                "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
+                defaults.visibility_timeout.as_secs(),
+                1,
+                43_200,
+            )?),
+            provider_key_retention: Duration::from_secs(number(
+                "PROVIDER_KEY_RETENTION_SECONDS",
+                defaults.provider_key_retention.as_secs(),
+                1,
+                30 * 86_400,
+            )?),
+            key_retention_margin: Duration::from_secs(number(
+                "PROVIDER_KEY_RETENTION_MARGIN_SECONDS",
+                defaults.key_retention_margin.as_secs(),
+                0,
+                86_400,
+            )?),
             ..defaults
         };
         let provider_timeout =
@@ -212,6 +230,22 @@ mod tests {
             Config::from_lookup(env(&pairs)).unwrap_err().var,
             "PAYMENT_API_KEY_SECRET_ARN"
         );
+    }
+
+    #[test]
+    fn protocol_tunables_are_read() {
+        let mut pairs = BASE.to_vec();
+        pairs.extend([
+            ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "30"),
+            ("PROVIDER_KEY_RETENTION_SECONDS", "600"),
+            ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "60"),
+            ("LEASE_SECONDS", "45"),
+        ]);
+        let c = Config::from_lookup(env(&pairs)).unwrap();
+        assert_eq!(c.settings.visibility_timeout, Duration::from_secs(30));
+        assert_eq!(c.settings.provider_key_retention, Duration::from_secs(600));
+        assert_eq!(c.settings.key_retention_margin, Duration::from_secs(60));
+        assert_eq!(c.settings.heartbeat_interval(), Duration::from_secs(10));
     }
 
     #[test]

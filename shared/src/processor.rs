@@ -224,7 +224,7 @@ impl Processor {
         for group in groups {
             let this = Arc::clone(self);
             let permits = Arc::clone(&permits);
-            tasks.push(tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let mut out = Vec::with_capacity(group.len());
                 let mut blocked = false;
                 for msg in group {
@@ -241,10 +241,16 @@ impl Processor {
                     out.push((id, d));
                 }
                 out
-            }));
+            });
+            tasks.push(task);
         }
         let mut response = SqsBatchResponse::default();
         let mut summary = BatchSummary::default();
+        // Dropping the batch (an event-source mapping that gave up on it) stops its work.
+        let _guards: Vec<AbortOnDrop> = tasks
+            .iter()
+            .map(|t| AbortOnDrop(t.abort_handle()))
+            .collect();
         for t in tasks {
             // Groups never panic (each message runs in its own task), so a JoinError here
             // can only be a runtime shutting down: its messages come back by timeout anyway.
@@ -295,6 +301,7 @@ impl Processor {
         let mut task = tokio::spawn(
             async move { this.process(&msg, deadline_ms).await }.instrument(span.clone()),
         );
+        let _guard = AbortOnDrop(task.abort_handle());
         match tokio::time::timeout_at(cutoff, &mut task).await {
             Ok(Ok(d)) => d,
             Err(_) => {
@@ -379,7 +386,7 @@ impl Processor {
 
         // The charge and the heartbeat run together; a lost lease stops the charge.
         let charged = tokio::select! {
-            r = self.charge(&request, &attempt) => r,
+            r = self.charge(&request, &attempt, deadline_ms) => r,
             lost = self.heartbeat(msg, &request, &attempt, deadline_ms) => Err(lost),
         };
         match charged {
@@ -615,8 +622,13 @@ impl Processor {
         &self,
         request: &PaymentRequest,
         attempt: &Attempt,
+        deadline_ms: i64,
     ) -> Result<ProviderResponse, ChargeFailure> {
         let timeout = ms(self.provider.request_timeout());
+        // A call must also end before the invocation's answer is due: a call cut off at the
+        // deadline would leave the outcome unknown for nothing.
+        let cutoff_ms = deadline_ms - ms(self.settings.deadline_safety);
+        let limit = || attempt.lease_end().min(cutoff_ms);
         let forget_at = attempt.first_attempt_at_ms + ms(self.settings.provider_key_retention)
             - ms(self.settings.key_retention_margin);
         let mut delays = ExponentialBuilder::default()
@@ -637,7 +649,7 @@ impl Processor {
                     .next()
                     .unwrap_or_default()
                     .max(prev.retry_after.unwrap_or_default());
-                if self.clock.now_ms() + ms(pause) + timeout >= attempt.lease_end() {
+                if self.clock.now_ms() + ms(pause) + timeout >= limit() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
@@ -653,7 +665,7 @@ impl Processor {
                     }
                 }
             }
-            if attempt.lease_end() - self.clock.now_ms() <= timeout {
+            if limit() - self.clock.now_ms() <= timeout {
                 break;
             }
             match self.provider.create_payment(request).await {
@@ -753,6 +765,15 @@ impl Processor {
             }
         }
         Disposition::DeadLettered(code.to_owned())
+    }
+}
+
+/// Aborts a spawned task when dropped, so work never outlives the batch that started it.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -76,6 +76,15 @@ impl TestStack {
 
     /// Provisions a fresh stack; `env` overrides the function's environment.
     pub async fn with_env(test: &str, env: BTreeMap<String, String>) -> Self {
+        Self::provisioned(test, env, false).await
+    }
+
+    /// Provisions a fresh stack whose queues are FIFO.
+    pub async fn fifo(test: &str) -> Self {
+        Self::provisioned(test, fast_settings(), true).await
+    }
+
+    async fn provisioned(test: &str, env: BTreeMap<String, String>, fifo: bool) -> Self {
         required_env("AWS_ENDPOINT_URL");
         let sim_url = required_env("PAYMENT_API_URL");
         let short = uuid::Uuid::new_v4().simple().to_string();
@@ -88,6 +97,7 @@ impl TestStack {
                 stack_name: name.clone(),
                 visibility_timeout: Some(VISIBILITY),
                 max_receive_count: Some(20),
+                fifo,
                 ..Default::default()
             },
         )
@@ -169,6 +179,32 @@ impl TestStack {
         )
         .await
         .expect("draining the queue")
+    }
+
+    /// Drains with a given function timeout (each invocation's deadline).
+    pub async fn drain_with_timeout(&self, function_timeout: Duration) -> esm::EsmStats {
+        let opts = EsmOptions {
+            function_timeout,
+            ..self.esm_options(1)
+        };
+        esm::run(self.processor.clone(), self.sqs.clone(), opts)
+            .await
+            .expect("draining the queue")
+    }
+
+    /// Sends a body to a FIFO queue in a message group.
+    pub async fn send_in_group(&self, body: &str, group: &str) -> String {
+        self.sqs
+            .send_message()
+            .queue_url(self.queue_url())
+            .message_body(body)
+            .message_group_id(group)
+            .send()
+            .await
+            .expect("send_message")
+            .message_id()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     /// Receives up to `n` visible messages (several receives) as Lambda records.

@@ -4,6 +4,7 @@
 //!
 //! The numbered tests are the acceptance list of the consumer's issue.
 
+mod failures;
 mod helpers;
 
 use std::time::Duration;

@@ -127,6 +127,7 @@ async fn main() -> Result<()> {
                     parameters,
                     visibility_timeout,
                     max_receive_count: None,
+                    fifo: false,
                 },
             )
             .await?;

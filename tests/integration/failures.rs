@@ -1,0 +1,243 @@
+//! Long work, deadlines, lost leases, FIFO order and the provider's finite memory, against the
+//! emulator and the simulator.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use payment_core::idempotency::{ClaimRequest, IdempotencyStore};
+use payment_core::processor::now_ms;
+
+use crate::helpers::*;
+
+fn env(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    let mut e = fast_settings();
+    for (k, v) in pairs {
+        e.insert((*k).to_owned(), (*v).to_owned());
+    }
+    e
+}
+
+/// A provider slower than three visibility timeouts: the heartbeat keeps the message hidden
+/// and the lease alive; one delivery, one call, one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_provider_beyond_three_visibility_timeouts_charges_once_without_redelivery() {
+    let t = TestStack::with_env(
+        "slow",
+        env(&[
+            ("LEASE_SECONDS", "30"),
+            ("PAYMENT_API_TIMEOUT_SECONDS", "20"),
+        ]),
+    )
+    .await;
+    let pid = t.pid("p1");
+    let latency = (3 * VISIBILITY as u64 + 1) * 1000;
+    t.fault(&pid, "latency", Some(1), latency).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let stats = t.drain(2).await;
+    assert_charged_once(&t, &pid).await;
+    assert_eq!(stats.received, 1, "no redelivery while the heartbeat ran");
+    assert_eq!(t.calls(&pid).await, 1);
+    assert_eq!(t.record(&pid).await.unwrap().attempts, 1);
+}
+
+/// An invocation killed at its timeout (the event-source mapping drops it, as Lambda kills
+/// the process) leaves its record in progress; the next delivery takes it over once the lease
+/// ends and completes it with the provider's one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_out_invocation_completes_on_the_next_delivery() {
+    let t = TestStack::with_env(
+        "timeout",
+        env(&[
+            ("LEASE_SECONDS", "12"),
+            ("PAYMENT_API_TIMEOUT_SECONDS", "11"),
+        ]),
+    )
+    .await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "latency", Some(1), 8_000).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let records = t.receive_records(1).await;
+    let killed = tokio::time::timeout(
+        Duration::from_secs(3),
+        t.processor.handle_batch(records, now_ms() + 30_000),
+    )
+    .await;
+    assert!(
+        killed.is_err(),
+        "the invocation was still running at its timeout"
+    );
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!(
+        r.status.as_str(),
+        "IN_PROGRESS",
+        "left in progress by the killed invocation"
+    );
+
+    let stats = t.drain(1).await;
+    assert_eq!(stats.timeouts, 0);
+    assert_charged_once(&t, &pid).await;
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!(r.attempts, 2, "taken over once the lease ended");
+    assert!(t.dead_letters().await.is_empty());
+}
+
+/// A worker whose lease renewal is refused stops its work and completes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lease_stops_the_work() {
+    let t = TestStack::with_env(
+        "lostlease",
+        env(&[
+            ("LEASE_SECONDS", "30"),
+            ("PAYMENT_API_TIMEOUT_SECONDS", "20"),
+        ]),
+    )
+    .await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "latency", Some(1), 10_000).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let records = t.receive_records(1).await;
+    let started = std::time::Instant::now();
+    let worker = {
+        let processor = t.processor.clone();
+        tokio::spawn(async move { processor.handle_batch(records, now_ms() + 30_000).await })
+    };
+    // Once the worker holds the record, another owner takes it.
+    while t.record(&pid).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await)
+        .update_item()
+        .table_name(&t.config.idempotency_table)
+        .key("pk", AttributeValue::S(format!("payment#{pid}")))
+        .update_expression("SET lease_owner = :o")
+        .expression_attribute_values(":o", AttributeValue::S("another-worker".into()))
+        .send()
+        .await
+        .unwrap();
+    let (response, _) = worker.await.unwrap();
+    assert_eq!(response.batch_item_failures.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "stopped at the next beat, not after the 10 s call"
+    );
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.lease_owner.as_deref()),
+        ("IN_PROGRESS", Some("another-worker"))
+    );
+}
+
+/// FIFO: a failure blocks the rest of its group in the batch; other groups go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_group_is_blocked_after_a_failure() {
+    let t = TestStack::fifo("fifo").await;
+    let (a1, a2, a3, b1, b2) = (
+        t.pid("a1"),
+        t.pid("a2"),
+        t.pid("a3"),
+        t.pid("b1"),
+        t.pid("b2"),
+    );
+    t.fault(&a1, "down", None, 0).await;
+    let mut ids = Vec::new();
+    for (pid, g) in [(&a1, "A"), (&b1, "B"), (&a2, "A"), (&a3, "A"), (&b2, "B")] {
+        ids.push(t.send_in_group(&payment(pid, 100, "pm_card_visa"), g).await);
+    }
+    let records = t.receive_records(5).await;
+    assert_eq!(records.len(), 5);
+    let response = t.invoke(records).await;
+    let mut failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    failed.sort();
+    let mut want = vec![ids[0].clone(), ids[2].clone(), ids[3].clone()];
+    want.sort();
+    assert_eq!(failed, want);
+    assert_eq!(
+        t.calls(&a2).await + t.calls(&a3).await,
+        0,
+        "not processed after the failure"
+    );
+    assert_charged_once(&t, &b1).await;
+    assert_charged_once(&t, &b2).await;
+    t.sim.clear_faults_for(&a1).await.unwrap();
+}
+
+/// The provider committed, the answer was lost, and the provider then forgot the key: the
+/// redelivery looks the payment up instead of charging it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_lost_then_key_forgotten_is_settled_by_lookup_not_a_second_charge() {
+    let t = TestStack::with_env(
+        "forgot",
+        env(&[
+            ("PROVIDER_MAX_ATTEMPTS", "1"),
+            ("PROVIDER_KEY_RETENTION_SECONDS", "4"),
+            ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "1"),
+        ]),
+    )
+    .await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "drop_after_commit", Some(1), 0).await;
+    t.fault(&pid, "forget_after", None, 4_000).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let response = t.invoke(t.receive_records(1).await).await;
+    assert_eq!(response.batch_item_failures.len(), 1);
+    let r = t.record(&pid).await.unwrap();
+    assert!(r.status.as_str() == "FAILED" && r.unknown_outcome);
+    assert_eq!(t.charges(&pid).await, 1, "the provider did charge");
+    tokio::time::sleep(Duration::from_millis(4_500)).await; // the provider forgets the key
+    t.drain(1).await;
+    assert_charged_once(&t, &pid).await;
+    assert_eq!(
+        t.calls(&pid).await,
+        1,
+        "settled by the lookup, no second call"
+    );
+}
+
+/// The provider committed and then replays a cached 500 for the key: the lookup settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_500_is_settled_by_lookup_not_a_second_charge() {
+    let t = TestStack::new("cached500").await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "cached_500", Some(1), 0).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &pid).await;
+    assert!(t.dead_letters().await.is_empty());
+}
+
+/// The conflict path validates the payload first: another payload under a key whose record is
+/// in progress is key reuse, not "busy".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_reuse_against_an_in_progress_record_is_dead_lettered() {
+    let t = TestStack::new("reuse-ip").await;
+    let pid = t.pid("p1");
+    let req =
+        payment_core::domain::PaymentRequest::parse(&payment(&pid, 100, "pm_card_visa")).unwrap();
+    t.store
+        .claim(&ClaimRequest {
+            payment_id: req.payment_id.clone(),
+            payload_hash: req.payload_hash(),
+            owner: "another-worker".into(),
+            now_ms: now_ms(),
+            lease_expires_at_ms: now_ms() + 60_000,
+            expires_at_s: now_ms() / 1000 + 86_400,
+        })
+        .await
+        .unwrap();
+    let mid = t.send(&payment(&pid, 999, "pm_card_visa")).await;
+    let response = t.invoke(t.receive_records(1).await).await;
+    assert!(response.batch_item_failures.is_empty());
+    let dead = t.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (
+            dead[0].source_message_id.as_str(),
+            dead[0].error_code.as_str()
+        ),
+        (mid.as_str(), "idempotency_key_reused")
+    );
+}
