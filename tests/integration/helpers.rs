@@ -181,17 +181,6 @@ impl TestStack {
         .expect("draining the queue")
     }
 
-    /// Drains with a given function timeout (each invocation's deadline).
-    pub async fn drain_with_timeout(&self, function_timeout: Duration) -> esm::EsmStats {
-        let opts = EsmOptions {
-            function_timeout,
-            ..self.esm_options(1)
-        };
-        esm::run(self.processor.clone(), self.sqs.clone(), opts)
-            .await
-            .expect("draining the queue")
-    }
-
     /// Sends a body to a FIFO queue in a message group.
     pub async fn send_in_group(&self, body: &str, group: &str) -> String {
         self.sqs
