@@ -1,4 +1,7 @@
-.PHONY: demo test lint fmt build
+.PHONY: demo test chaos lint fmt build
+
+CHAOS_PAYMENTS ?= 5000
+CHAOS_SEED ?= 1
 
 ## The local end-to-end run: installs what it needs, starts moto (or uses AWS_ENDPOINT_URL) and the provider simulator.
 demo:
@@ -7,6 +10,10 @@ demo:
 ## The whole test suite, with its own emulator and simulator.
 test:
 	bash infra/scripts/test.sh
+
+## The chaos checker: processes crashing at random failpoints against a faulty provider.
+chaos:
+	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED)
 
 lint:
 	cargo fmt --all --check

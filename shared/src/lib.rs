@@ -36,7 +36,7 @@ pub use processor::{BatchSummary, Disposition, Processor, Settings};
 #[macro_export]
 macro_rules! failpoint {
     ($name:literal) => {
-        #[cfg(feature = "failpoints")]
+        #[cfg(all(feature = "failpoints", debug_assertions))]
         ::fail::fail_point!($name, |_| { ::std::process::abort() });
     };
 }

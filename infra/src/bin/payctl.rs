@@ -85,6 +85,28 @@ enum Command {
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         table: String,
     },
+    /// The chaos checker: several processor processes crashing at random failpoints against a
+    /// faulty provider; exits non-zero on any double charge, loss or stuck record.
+    Chaos {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        #[arg(long, default_value_t = 300)]
+        payments: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 3)]
+        instances: usize,
+        /// Crash probability at each failpoint a process passes.
+        #[arg(long, default_value_t = 0.01)]
+        crash_rate: f64,
+        #[arg(long, default_value_t = 0.05)]
+        fault_rate: f64,
+        /// Most messages queued at once.
+        #[arg(long, default_value_t = 300)]
+        max_depth: i64,
+        #[arg(long, default_value_t = 3000)]
+        max_seconds: u64,
+    },
     /// The local end-to-end run: provision, fault injection, mixed load, drain, verify.
     Demo {
         #[arg(long, default_value = "template.yaml")]
@@ -103,6 +125,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
+    // FAILPOINTS=name=action;... (debug builds with the failpoints feature only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     if matches!(cli.command, Command::Run { .. }) {
         payment_core::telemetry::init();
     }
@@ -228,6 +253,35 @@ async fn main() -> Result<()> {
                         "last_error": r.last_error, "outcome": r.outcome,
                     }))?
                 ),
+            }
+        }
+        Command::Chaos {
+            template,
+            payments,
+            seed,
+            instances,
+            crash_rate,
+            fault_rate,
+            max_depth,
+            max_seconds,
+        } => {
+            let report = payment_infra::chaos::run(
+                &sdk,
+                &payment_infra::chaos::ChaosOptions {
+                    template,
+                    payments,
+                    seed,
+                    instances,
+                    crash_rate,
+                    fault_rate,
+                    max_depth,
+                    max_duration: Duration::from_secs(max_seconds),
+                    exe: std::env::current_exe().context("locating payctl")?,
+                },
+            )
+            .await?;
+            if !report.verdict.violations.is_empty() {
+                std::process::exit(1);
             }
         }
         Command::Demo {

@@ -1,0 +1,284 @@
+//! The chaos checker: a seeded, reproducible run of several real processor processes that
+//! crash at random failpoints and are restarted, against a provider that is slow, rate limits,
+//! fails after committing, caches a `500`, drops connections and forgets keys. When the queue is
+//! drained it checks, from the provider's ledger, the table and the DLQ (never from the
+//! processor's counters), that every valid payment was charged at most once and recorded, and
+//! that every message is accounted for.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
+use crate::esm::queue_depth;
+use crate::load::{mixed_load, send_all, Planned};
+use crate::sim::SimClient;
+use crate::template::{provision, ProvisionOptions};
+
+/// Chaos run settings.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// The SAM template.
+    pub template: PathBuf,
+    /// Unique payments (copies, reuse and malformed bodies come on top).
+    pub payments: usize,
+    /// Seed of the load, the fault dice and the crash points.
+    pub seed: u64,
+    /// Processor processes running at once.
+    pub instances: usize,
+    /// Probability that a process crashes at each failpoint it passes.
+    pub crash_rate: f64,
+    /// Probability of each provider fault per call.
+    pub fault_rate: f64,
+    /// Most messages queued at once (the emulator slows down with depth).
+    pub max_depth: i64,
+    /// Give up after this long.
+    pub max_duration: Duration,
+    /// The `payctl` binary the instances run (built with failpoints).
+    pub exe: PathBuf,
+}
+
+/// What a run found.
+#[derive(Debug)]
+pub struct ChaosReport {
+    /// The external checks.
+    pub verdict: Verdict,
+    /// Processes that crashed (and were restarted).
+    pub crashes: u64,
+    /// Messages sent.
+    pub sent: usize,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// Processor configuration of the chaos run: short leases and visibility so crashes are
+/// recovered quickly, and the provider's key retention as short as the simulator's.
+const VISIBILITY_SECONDS: i32 = 6;
+const KEY_RETENTION_SECONDS: u64 = 30;
+
+fn spawn_instance(
+    exe: &PathBuf,
+    queue_url: &str,
+    env: &BTreeMap<String, String>,
+    failpoints: &str,
+    log: &std::fs::File,
+) -> Result<Child> {
+    Command::new(exe)
+        .args([
+            "run",
+            "--queue-url",
+            queue_url,
+            "--function-timeout",
+            "30",
+            "--batching-window",
+            "0.2",
+        ])
+        .envs(env)
+        .env("FAILPOINTS", failpoints)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.try_clone()?)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a processor instance")
+}
+
+/// Runs the chaos scenario and prints what it checked.
+pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<ChaosReport> {
+    let started = Instant::now();
+    let run_id = format!(
+        "chaos{}-{}",
+        opts.seed,
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let stack = provision(
+        sdk,
+        &opts.template,
+        &ProvisionOptions {
+            stack_name: run_id.clone(),
+            visibility_timeout: Some(VISIBILITY_SECONDS),
+            // Crashes and faults make some messages come back many times; the checker wants
+            // the processor's own reasons, not SQS's receive limit.
+            max_receive_count: Some(1000),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let queue_url = stack.event_source.queue_url.clone();
+    let dlq_url = stack
+        .function_env
+        .get("DEAD_LETTER_QUEUE_URL")
+        .cloned()
+        .context("no DEAD_LETTER_QUEUE_URL in the template")?;
+    let table = stack
+        .function_env
+        .get("IDEMPOTENCY_TABLE")
+        .cloned()
+        .context("no IDEMPOTENCY_TABLE in the template")?;
+    let sim_url = std::env::var("PAYMENT_API_URL")
+        .context("PAYMENT_API_URL (the provider simulator) is not set")?;
+    let sim = SimClient::new(&sim_url);
+
+    let mut env = stack.function_env.clone();
+    for (k, v) in [
+        ("LEASE_SECONDS", "8"),
+        ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
+        ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
+        ("REDELIVERY_MAX_DELAY_SECONDS", "4"),
+        ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "2"),
+        ("MAX_CONCURRENCY", "10"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    env.insert(
+        "PROVIDER_KEY_RETENTION_SECONDS".into(),
+        KEY_RETENTION_SECONDS.to_string(),
+    );
+    env.insert("PAYMENT_API_URL".into(), sim_url.clone());
+    env.insert(
+        "PAYMENT_API_KEY".into(),
+        std::env::var("PAYMENT_API_KEY").unwrap_or_else(|_| "sk_test_local".into()),
+    );
+
+    let r = opts.fault_rate;
+    sim.add_faults(json!([
+        {"prefix": run_id, "fault": "forget_after", "latency_ms": KEY_RETENTION_SECONDS * 1000},
+        {"prefix": run_id, "fault": "latency", "probability": r / 5.0, "latency_ms": (VISIBILITY_SECONDS as u64 + 2) * 1000},
+        {"prefix": run_id, "fault": "429", "probability": r},
+        {"prefix": run_id, "fault": "500_after_commit", "probability": r},
+        {"prefix": run_id, "fault": "cached_500", "probability": r / 5.0},
+        {"prefix": run_id, "fault": "drop_after_commit", "probability": r},
+    ]))
+    .await?;
+    let pct = opts.crash_rate * 100.0;
+    let failpoints = format!("after_claim={pct}%return;after_charge={pct}%return;after_complete={pct}%return;in_heartbeat={pct}%return");
+    println!("chaos {run_id}: seed {}, {} payments, {} instances, crash {:.1}% per failpoint, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, pct, r * 100.0);
+
+    let exe = opts.exe.clone();
+    std::fs::create_dir_all(".local/run").ok();
+    let log = std::fs::File::create(format!(".local/run/{run_id}.log"))
+        .context("creating the instances' log")?;
+    let mut children = Vec::new();
+    for _ in 0..opts.instances.max(1) {
+        children.push(spawn_instance(&exe, &queue_url, &env, &failpoints, &log)?);
+    }
+
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let (first, second) = mixed_load(&run_id, opts.payments, opts.seed);
+    let mut sent: Vec<Sent> = Vec::new();
+    let mut crashes = 0u64;
+    let mut supervise = |children: &mut Vec<Child>| -> Result<()> {
+        for c in children.iter_mut() {
+            if let Some(status) = c.try_wait()? {
+                if status.success() {
+                    bail!("a processor instance exited on its own: see .local/run/{run_id}.log");
+                }
+                crashes += 1;
+                *c = spawn_instance(&exe, &queue_url, &env, &failpoints, &log)?;
+            }
+        }
+        Ok(())
+    };
+    for (wave, load) in [(1, &first), (2, &second)] {
+        println!("wave {wave}: {} messages ({})", load.len(), kinds(load));
+        for chunk in load.chunks(100) {
+            while queue_depth(&sqs, &queue_url).await? > opts.max_depth {
+                supervise(&mut children)?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let bodies: Vec<String> = chunk.iter().map(|p| p.body.clone()).collect();
+            let ids = send_all(&sqs, &queue_url, &bodies).await?;
+            sent.extend(
+                chunk
+                    .iter()
+                    .cloned()
+                    .zip(ids)
+                    .map(|(planned, message_id)| Sent {
+                        planned,
+                        message_id,
+                    }),
+            );
+            supervise(&mut children)?;
+        }
+        // Drained: nothing visible, in flight or delayed, twice in a row.
+        let mut empty = 0;
+        while empty < 2 {
+            if started.elapsed() > opts.max_duration {
+                bail!(
+                    "not drained within {:?} (seed {})",
+                    opts.max_duration,
+                    opts.seed
+                );
+            }
+            supervise(&mut children)?;
+            empty = if queue_depth(&sqs, &queue_url).await? == 0 {
+                empty + 1
+            } else {
+                0
+            };
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    for c in children.iter_mut() {
+        c.kill().await.ok();
+    }
+
+    let depth = queue_depth(&sqs, &queue_url).await?;
+    let dlq = drain_dlq(&sqs, &dlq_url).await?;
+    let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &table).await?;
+    let ledger = sim.ledger().await?;
+    let verdict = verify(&sent, &ledger, &records, &dlq, depth);
+    sim.clear_faults_for(&run_id).await.ok();
+    let report = ChaosReport {
+        verdict,
+        crashes,
+        sent: sent.len(),
+        elapsed: started.elapsed(),
+    };
+    print_report(&report, opts.seed);
+    Ok(report)
+}
+
+fn kinds(load: &[Planned]) -> String {
+    let mut m: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in load {
+        *m.entry(p.kind).or_default() += 1;
+    }
+    m.iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_report(r: &ChaosReport, seed: u64) {
+    let v = &r.verdict;
+    println!();
+    println!("== chaos check (from the provider's ledger, the table and the DLQ) ==");
+    println!("messages sent:           {}", r.sent);
+    println!("processes crashed:       {} (each restarted)", r.crashes);
+    println!("payments charged once:   {}", v.charged);
+    println!("double charges:          {}", v.double_charged);
+    println!("declined:                {}", v.declined);
+    println!("duplicates suppressed:   {}", v.duplicates_suppressed);
+    for (code, n) in &v.dead_lettered {
+        println!("dead-lettered {code:<24} {n}");
+    }
+    println!("took:                    {:.1} s", r.elapsed.as_secs_f64());
+    if v.violations.is_empty() {
+        println!("CHAOS OK (seed {seed}): every valid payment charged exactly once and recorded, nothing lost, nothing left in progress");
+    } else {
+        println!(
+            "CHAOS FAILED (seed {seed}, replay with --seed {seed}): {} violations",
+            v.violations.len()
+        );
+        for x in v.violations.iter().take(50) {
+            println!("  - {x}");
+        }
+    }
+}
