@@ -31,7 +31,8 @@ pub struct ChaosOptions {
     pub seed: u64,
     /// Processor processes running at once.
     pub instances: usize,
-    /// Probability that a process crashes at each failpoint it passes.
+    /// Crash rate: each process is armed to crash at one seeded failpoint after a seeded
+    /// number of passes averaging `1 / crash_rate`.
     pub crash_rate: f64,
     /// Probability of each provider fault per call.
     pub fault_rate: f64,
@@ -156,9 +157,18 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         {"prefix": run_id, "fault": "drop_after_commit", "probability": r},
     ]))
     .await?;
+    // Each process gets one armed failpoint, chosen by the seed: it crashes the process (abort)
+    // after a seeded number of passes, so the crash schedule replays with the seed.
+    let mut dice = fastrand::Rng::with_seed(opts.seed);
+    let mean_passes = (1.0 / opts.crash_rate.max(1e-6)).round() as u64;
+    let mut arm = move || {
+        let point = ["after_claim", "after_charge", "after_complete", "in_heartbeat"][dice.usize(0..4)];
+        let passes = dice.u64(0..=2 * mean_passes);
+        let passes = if point == "in_heartbeat" { passes / 20 } else { passes };
+        format!("{point}={passes}*off->return")
+    };
     let pct = opts.crash_rate * 100.0;
-    let failpoints = format!("after_claim={pct}%return;after_charge={pct}%return;after_complete={pct}%return;in_heartbeat={pct}%return");
-    println!("chaos {run_id}: seed {}, {} payments, {} instances, crash {:.1}% per failpoint, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, pct, r * 100.0);
+    println!("chaos {run_id}: seed {}, {} payments, {} instances, a crash every ~{:.0} failpoint passes per process, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, 100.0 / pct.max(1e-9), r * 100.0);
 
     let exe = opts.exe.clone();
     std::fs::create_dir_all(".local/run").ok();
@@ -166,7 +176,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         .context("creating the instances' log")?;
     let mut children = Vec::new();
     for _ in 0..opts.instances.max(1) {
-        children.push(spawn_instance(&exe, &queue_url, &env, &failpoints, &log)?);
+        children.push(spawn_instance(&exe, &queue_url, &env, &arm(), &log)?);
     }
 
     let sqs = aws_sdk_sqs::Client::new(sdk);
@@ -180,7 +190,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
                     bail!("a processor instance exited on its own: see .local/run/{run_id}.log");
                 }
                 crashes += 1;
-                *c = spawn_instance(&exe, &queue_url, &env, &failpoints, &log)?;
+                *c = spawn_instance(&exe, &queue_url, &env, &arm(), &log)?;
             }
         }
         Ok(())

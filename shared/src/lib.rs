@@ -31,8 +31,8 @@ pub mod telemetry;
 pub use processor::{BatchSummary, Disposition, Processor, Settings};
 
 /// A named crash point (`FAILPOINTS=after_charge=return` makes the process abort there, as a
-/// crash would). Compiled to nothing unless the `failpoints` feature is on; the Lambda's
-/// release build never has it.
+/// crash would). Compiled to nothing unless the `failpoints` feature is on and the build has
+/// debug assertions: the Lambda's release build never has it.
 #[macro_export]
 macro_rules! failpoint {
     ($name:literal) => {

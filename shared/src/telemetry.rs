@@ -15,6 +15,7 @@ pub fn init() {
         .with_span_list(false)
         .with_target(false)
         .without_time()
+        .with_writer(std::io::stderr)
         .try_init();
 }
 

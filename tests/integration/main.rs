@@ -4,6 +4,7 @@
 //!
 //! The numbered tests are the acceptance list of the consumer's issue.
 
+mod chaos;
 mod failures;
 mod helpers;
 
