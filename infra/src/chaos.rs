@@ -162,9 +162,18 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     let mut dice = fastrand::Rng::with_seed(opts.seed);
     let mean_passes = (1.0 / opts.crash_rate.max(1e-6)).round() as u64;
     let mut arm = move || {
-        let point = ["after_claim", "after_charge", "after_complete", "in_heartbeat"][dice.usize(0..4)];
+        let point = [
+            "after_claim",
+            "after_charge",
+            "after_complete",
+            "in_heartbeat",
+        ][dice.usize(0..4)];
         let passes = dice.u64(0..=2 * mean_passes);
-        let passes = if point == "in_heartbeat" { passes / 20 } else { passes };
+        let passes = if point == "in_heartbeat" {
+            passes / 20
+        } else {
+            passes
+        };
         format!("{point}={passes}*off->return")
     };
     let pct = opts.crash_rate * 100.0;

@@ -7,15 +7,31 @@ use crate::helpers::root;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
     let payctl = root().join("target/debug/payctl");
-    assert!(payctl.exists(), "build payctl first (make test does): {}", payctl.display());
+    assert!(
+        payctl.exists(),
+        "build payctl first (make test does): {}",
+        payctl.display()
+    );
     let out = tokio::process::Command::new(&payctl)
         .current_dir(root())
-        .args(["chaos", "--payments", "300", "--seed", "7", "--max-seconds", "600"])
+        .args([
+            "chaos",
+            "--payments",
+            "300",
+            "--seed",
+            "7",
+            "--max-seconds",
+            "600",
+        ])
         .output()
         .await
         .expect("running payctl chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "chaos run failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "chaos run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("double charges:          0"), "{stdout}");
     assert!(stdout.contains("CHAOS OK (seed 7)"), "{stdout}");
 }
