@@ -280,6 +280,10 @@ fn print_report(r: &ChaosReport, seed: u64) {
     println!();
     println!("== chaos check (from the provider's ledger, the table and the DLQ) ==");
     println!("messages sent:           {}", r.sent);
+    println!(
+        "messages accounted for:  {} = {} completed + {} dead-lettered",
+        v.accounted, v.accounted_completed, v.accounted_dead_lettered
+    );
     println!("processes crashed:       {} (each restarted)", r.crashes);
     println!("payments charged once:   {}", v.charged);
     println!("double charges:          {}", v.double_charged);

@@ -114,6 +114,13 @@ pub struct Verdict {
     pub duplicates_suppressed: usize,
     /// DLQ messages by code.
     pub dead_lettered: BTreeMap<String, usize>,
+    /// Messages accounted for: completed (their payment's record is `COMPLETED`) or in the DLQ
+    /// with a reason. Equal to the messages sent when nothing is lost.
+    pub accounted: usize,
+    /// Of those, messages whose payment completed.
+    pub accounted_completed: usize,
+    /// Of those, messages found in the DLQ.
+    pub accounted_dead_lettered: usize,
     /// Everything that breaks exactly-once or loses a message.
     pub violations: Vec<String>,
 }
@@ -268,6 +275,30 @@ pub fn verify(
             }
         }
     }
+    // Messages in = completed + dead-lettered, message by message.
+    for s in sent {
+        if in_dlq.contains_key(s.message_id.as_str()) {
+            v.accounted_dead_lettered += 1;
+        } else if s
+            .planned
+            .payment_id
+            .as_deref()
+            .and_then(|id| records.get(id))
+            .is_some_and(|r| r.status == RecordStatus::Completed)
+            && !matches!(
+                s.planned.expect,
+                Expect::Invalid(_) | Expect::KeyReused | Expect::ProviderRejected
+            )
+        {
+            v.accounted_completed += 1;
+        } else {
+            bad(format!(
+                "message {} is neither completed nor dead-lettered",
+                s.message_id
+            ));
+        }
+    }
+    v.accounted = v.accounted_completed + v.accounted_dead_lettered;
     // No charge without a record, and no record left in flight.
     let known: HashSet<&str> = payments.keys().copied().collect();
     for (key, charges) in &ledger.charges {

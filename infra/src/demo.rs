@@ -204,6 +204,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     println!("== summary (checked against the provider's ledger, the table and the DLQ) ==");
     println!("messages sent:            {}", sent.len());
     println!(
+        "messages accounted for:   {} = {} completed + {} dead-lettered",
+        verdict.accounted, verdict.accounted_completed, verdict.accounted_dead_lettered
+    );
+    println!(
         "payments charged:         {} (each exactly once)",
         verdict.charged
     );

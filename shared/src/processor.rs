@@ -912,6 +912,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn visibility_extensions_stay_within_twelve_hours_of_receipt() {
+        let v = Duration::from_secs(390);
+        assert_eq!(visibility_extension(v, Duration::from_secs(60)), v);
+        let held = Duration::from_secs(12 * 3600 - 100);
+        assert_eq!(visibility_extension(v, held), Duration::from_secs(99));
+        assert!(visibility_extension(v, Duration::from_secs(12 * 3600)).is_zero());
+    }
+
+    #[test]
     fn redelivery_delay_grows_and_is_capped() {
         let base = Duration::from_secs(10);
         let max = Duration::from_secs(900);

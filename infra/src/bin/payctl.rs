@@ -96,8 +96,8 @@ enum Command {
         seed: u64,
         #[arg(long, default_value_t = 3)]
         instances: usize,
-        /// Crash probability at each failpoint a process passes.
-        #[arg(long, default_value_t = 0.01)]
+        /// Crash rate: each process crashes at one seeded failpoint after ~1/rate passes.
+        #[arg(long, default_value_t = 0.02)]
         crash_rate: f64,
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
