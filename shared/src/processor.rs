@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
@@ -106,7 +106,7 @@ pub enum Disposition {
 }
 
 /// Counts of one batch, for metrics and logs.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct BatchSummary {
     /// Payments charged by this batch.
     pub charged: u32,
@@ -118,6 +118,8 @@ pub struct BatchSummary {
     pub dead_lettered: HashMap<String, u32>,
     /// Messages handed back to the queue.
     pub retried: u32,
+    /// Duration of every provider charge call, milliseconds.
+    pub provider_latencies_ms: Vec<f64>,
 }
 
 /// The processor with its ports. Build once per process, share across invocations.
@@ -233,12 +235,14 @@ impl Processor {
                         out.push((
                             id,
                             Disposition::Retry("earlier message of its group failed".into()),
+                            Vec::new(),
                         ));
                         continue;
                     }
-                    let d = this.run_isolated(msg, deadline_ms, cutoff, &permits).await;
+                    let (d, latencies) =
+                        this.run_isolated(msg, deadline_ms, cutoff, &permits).await;
                     blocked = matches!(d, Disposition::Retry(_));
-                    out.push((id, d));
+                    out.push((id, d, latencies));
                 }
                 out
             });
@@ -255,7 +259,8 @@ impl Processor {
             // Groups never panic (each message runs in its own task), so a JoinError here
             // can only be a runtime shutting down: its messages come back by timeout anyway.
             let Ok(results) = t.await else { continue };
-            for (id, d) in results {
+            for (id, d, latencies) in results {
+                summary.provider_latencies_ms.extend(latencies);
                 match d {
                     Disposition::Charged => summary.charged += 1,
                     Disposition::Declined => summary.declined += 1,
@@ -281,15 +286,21 @@ impl Processor {
         deadline_ms: i64,
         cutoff: tokio::time::Instant,
         permits: &Arc<Semaphore>,
-    ) -> Disposition {
+    ) -> (Disposition, Vec<f64>) {
         let Ok(Ok(_permit)) =
             tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
         else {
-            return Disposition::Retry("not started: the invocation deadline is near".into());
+            return (
+                Disposition::Retry("not started: the invocation deadline is near".into()),
+                Vec::new(),
+            );
         };
         let needed = self.provider.request_timeout() + self.settings.deadline_safety;
         if self.clock.now_ms() + ms(needed) >= deadline_ms {
-            return Disposition::Retry("not started: the invocation deadline is near".into());
+            return (
+                Disposition::Retry("not started: the invocation deadline is near".into()),
+                Vec::new(),
+            );
         }
         let message_id = msg.message_id.clone().unwrap_or_default();
         let span = tracing::info_span!(
@@ -299,30 +310,43 @@ impl Processor {
         );
         let this = Arc::clone(self);
         let mut task = tokio::spawn(
-            async move { this.process(&msg, deadline_ms).await }.instrument(span.clone()),
+            async move {
+                let latencies = Mutex::new(Vec::new());
+                let d = this.process(&msg, deadline_ms, &latencies).await;
+                (d, latencies.into_inner().unwrap_or_default())
+            }
+            .instrument(span.clone()),
         );
         let _guard = AbortOnDrop(task.abort_handle());
         match tokio::time::timeout_at(cutoff, &mut task).await {
-            Ok(Ok(d)) => d,
+            Ok(Ok(done)) => done,
             Err(_) => {
                 // Stopped where it stood, as a timeout would: its lease ends by the deadline
                 // plus the margin and the next delivery takes over.
                 task.abort();
                 let _g = span.enter();
                 warn!("unfinished at the invocation deadline; the message will be redelivered");
-                Disposition::Retry("unfinished at the invocation deadline".into())
+                (
+                    Disposition::Retry("unfinished at the invocation deadline".into()),
+                    Vec::new(),
+                )
             }
             Ok(Err(e)) => {
                 let _g = span.enter();
                 error!(error = %e, "message handler panicked; the message will be redelivered");
-                Disposition::Retry("handler panicked".into())
+                (Disposition::Retry("handler panicked".into()), Vec::new())
             }
         }
     }
 
     /// Processes one message and, where it must come back, sets when.
-    pub async fn process(&self, msg: &SqsMessage, deadline_ms: i64) -> Disposition {
-        let (disposition, delay) = self.decide(msg, deadline_ms).await;
+    pub async fn process(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> Disposition {
+        let (disposition, delay) = self.decide(msg, deadline_ms, latencies).await;
         match &disposition {
             Disposition::Retry(reason) => {
                 warn!(reason = %reason, "message will be redelivered");
@@ -340,7 +364,12 @@ impl Processor {
         disposition
     }
 
-    async fn decide(&self, msg: &SqsMessage, deadline_ms: i64) -> (Disposition, Option<Duration>) {
+    async fn decide(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> (Disposition, Option<Duration>) {
         let body = msg.body.clone().unwrap_or_default();
         let request = match PaymentRequest::parse(&body) {
             Ok(r) => r,
@@ -386,7 +415,7 @@ impl Processor {
 
         // The charge and the heartbeat run together; a lost lease stops the charge.
         let charged = tokio::select! {
-            r = self.charge(&request, &attempt, deadline_ms) => r,
+            r = self.charge(&request, &attempt, deadline_ms, latencies) => r,
             lost = self.heartbeat(msg, &request, &attempt, deadline_ms) => Err(lost),
         };
         match charged {
@@ -623,7 +652,13 @@ impl Processor {
         request: &PaymentRequest,
         attempt: &Attempt,
         deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
     ) -> Result<ProviderResponse, ChargeFailure> {
+        let timed = |started: tokio::time::Instant| {
+            if let Ok(mut l) = latencies.lock() {
+                l.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        };
         let timeout = ms(self.provider.request_timeout());
         // A call must also end before the invocation's answer is due: a call cut off at the
         // deadline would leave the outcome unknown for nothing.
@@ -668,7 +703,10 @@ impl Processor {
             if limit() - self.clock.now_ms() <= timeout {
                 break;
             }
-            match self.provider.create_payment(request).await {
+            let call_started = tokio::time::Instant::now();
+            let answer = self.provider.create_payment(request).await;
+            timed(call_started);
+            match answer {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     unknown |= e.is_ambiguous();

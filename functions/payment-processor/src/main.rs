@@ -17,7 +17,9 @@ async fn handle(
     let (response, summary) = processor
         .handle_batch(event.payload.records, deadline_ms)
         .await;
-    println!("{}", telemetry::emf_line(&summary, now_ms()));
+    for line in telemetry::emf_lines(&summary, now_ms()) {
+        println!("{line}");
+    }
     if total > 0 && response.batch_item_failures.len() == total {
         // Every message failed: an invocation error makes Lambda back off polling.
         return Err(
