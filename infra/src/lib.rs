@@ -9,6 +9,7 @@
 pub mod chaos;
 pub mod check;
 pub mod demo;
+pub mod dlq;
 pub mod esm;
 pub mod load;
 pub mod sim;

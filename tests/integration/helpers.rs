@@ -85,6 +85,16 @@ impl TestStack {
     }
 
     async fn provisioned(test: &str, env: BTreeMap<String, String>, fifo: bool) -> Self {
+        Self::build(test, env, fifo, 20).await
+    }
+
+    /// Provisions with every option: FIFO queues, and SQS's `maxReceiveCount`.
+    pub async fn build(
+        test: &str,
+        env: BTreeMap<String, String>,
+        fifo: bool,
+        max_receive_count: i32,
+    ) -> Self {
         required_env("AWS_ENDPOINT_URL");
         let sim_url = required_env("PAYMENT_API_URL");
         let short = uuid::Uuid::new_v4().simple().to_string();
@@ -96,7 +106,7 @@ impl TestStack {
             &ProvisionOptions {
                 stack_name: name.clone(),
                 visibility_timeout: Some(VISIBILITY),
-                max_receive_count: Some(20),
+                max_receive_count: Some(max_receive_count),
                 fifo,
                 ..Default::default()
             },

@@ -7,6 +7,7 @@
 mod chaos;
 mod failures;
 mod helpers;
+mod operations;
 
 use std::time::Duration;
 

@@ -79,6 +79,11 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         max_seconds: u64,
     },
+    /// The dead-letter queue: list, redrive.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Print a payment's idempotency record.
     Status {
         payment_id: String,
@@ -119,6 +124,29 @@ enum Command {
         pollers: usize,
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters with their error_code, error_message, receive count and age.
+    List {
+        #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
+        dlq_url: String,
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+    /// Move dead letters back to the source queue (after fixing the cause).
+    Redrive {
+        #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
+        dlq_url: String,
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        /// Only this error_code (max_receives: moved by SQS after maxReceiveCount).
+        #[arg(long)]
+        error_code: Option<String>,
+        #[arg(long)]
+        max: Option<usize>,
     },
 }
 
@@ -238,6 +266,46 @@ async fn main() -> Result<()> {
             eprintln!("{} invocations, {} deliveries, {} deleted, {} timeouts; charged {}, declined {}, duplicates {}, retried {}, dead-lettered {:?}",
                 stats.invocations, stats.received, stats.deleted, stats.timeouts, stats.summary.charged, stats.summary.declined,
                 stats.summary.duplicates, stats.summary.retried, stats.summary.dead_lettered);
+        }
+        Command::Dlq { command } => {
+            let sqs = aws_sdk_sqs::Client::new(&sdk);
+            match command {
+                DlqCommand::List { dlq_url, max } => {
+                    let letters = payment_infra::dlq::list(&sqs, &dlq_url, max).await?;
+                    for l in &letters {
+                        println!(
+                            "{}",
+                            serde_json::json!({
+                                "message_id": l.message_id,
+                                "error_code": l.error_code.clone().unwrap_or_else(|| "max_receives".into()),
+                                "error_message": l.error_message,
+                                "payment_id": l.payment_id,
+                                "receive_count": l.receive_count,
+                                "age_seconds": l.age.as_secs(),
+                            })
+                        );
+                    }
+                    eprintln!("{} dead letters", letters.len());
+                }
+                DlqCommand::Redrive {
+                    dlq_url,
+                    queue_url,
+                    error_code,
+                    max,
+                } => {
+                    let report = payment_infra::dlq::redrive(
+                        &sqs,
+                        &payment_infra::dlq::RedriveOptions {
+                            dlq_url,
+                            queue_url,
+                            error_code,
+                            max,
+                        },
+                    )
+                    .await?;
+                    println!("moved {} messages back ({})", report.moved, report.method);
+                }
+            }
         }
         Command::Status { payment_id, table } => {
             let store =

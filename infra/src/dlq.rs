@@ -1,0 +1,298 @@
+//! Operating the dead-letter queue: list what is there and why, and redrive it to the source
+//! queue after a fix.
+//!
+//! Redrive uses SQS's `StartMessageMoveTask` when the whole DLQ moves and the endpoint has it;
+//! otherwise (a filter by `error_code` or a count, or an endpoint without the API) it moves
+//! messages one by one: send to the source queue, and delete from the DLQ only after the send
+//! succeeded, so nothing is lost. A message may be moved twice if a run dies between the two
+//! steps; that is safe, because the processor charges a payment once however often it arrives.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue,
+    MessageSystemAttributeName, QueueAttributeName,
+};
+use payment_core::processor::now_ms;
+use payment_core::queue::attrs;
+
+/// A dead letter, as an operator sees it.
+#[derive(Debug, Clone)]
+pub struct DeadLetterInfo {
+    /// The DLQ message id.
+    pub message_id: String,
+    /// `error_code`, or `None` when SQS moved it after `maxReceiveCount` deliveries.
+    pub error_code: Option<String>,
+    /// `error_message`.
+    pub error_message: Option<String>,
+    /// The payment id, when the body is JSON with one.
+    pub payment_id: Option<String>,
+    /// Times the message was received (from the source queue when SQS moved it).
+    pub receive_count: u64,
+    /// Time since the original was first sent.
+    pub age: Duration,
+    /// The body, unchanged.
+    pub body: String,
+}
+
+fn attr(m: &Message, k: &str) -> Option<String> {
+    m.message_attributes()
+        .and_then(|a| a.get(k))
+        .and_then(|v| v.string_value())
+        .map(str::to_owned)
+}
+
+fn sys_attr(m: &Message, k: MessageSystemAttributeName) -> Option<String> {
+    m.attributes().and_then(|a| a.get(&k)).cloned()
+}
+
+fn first_sent(m: &Message) -> Option<i64> {
+    attr(m, attrs::FIRST_SENT_AT)
+        .and_then(|v| v.parse().ok())
+        .or_else(|| {
+            sys_attr(m, MessageSystemAttributeName::SentTimestamp).and_then(|v| v.parse().ok())
+        })
+}
+
+fn info(m: &Message) -> DeadLetterInfo {
+    let body = m.body().unwrap_or_default().to_owned();
+    DeadLetterInfo {
+        message_id: m.message_id().unwrap_or_default().to_owned(),
+        error_code: attr(m, attrs::ERROR_CODE),
+        error_message: attr(m, attrs::ERROR_MESSAGE),
+        payment_id: serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.get("payment_id")
+                    .and_then(|p| p.as_str())
+                    .map(str::to_owned)
+            }),
+        receive_count: sys_attr(m, MessageSystemAttributeName::ApproximateReceiveCount)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        age: Duration::from_millis(
+            first_sent(m)
+                .map(|t| (now_ms() - t).max(0) as u64)
+                .unwrap_or(0),
+        ),
+        body,
+    }
+}
+
+async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, hold: i32) -> Result<Vec<Message>> {
+    Ok(sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .visibility_timeout(hold)
+        .wait_time_seconds(1)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .context("receiving from the dead-letter queue")?
+        .messages()
+        .to_vec())
+}
+
+async fn release(sqs: &aws_sdk_sqs::Client, url: &str, held: &[(String, String)]) -> Result<()> {
+    for chunk in held.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (_, rh))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(rh)
+                    .visibility_timeout(0)
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        sqs.change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .context("releasing dead letters")?;
+    }
+    Ok(())
+}
+
+/// Lists up to `max` dead letters without removing them (they are held for a moment while
+/// paging, then released).
+pub async fn list(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    max: usize,
+) -> Result<Vec<DeadLetterInfo>> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut held = Vec::new();
+    let mut empty = 0;
+    while out.len() < max && empty < 2 {
+        let batch = receive(sqs, dlq_url, 30).await?;
+        if batch.is_empty() {
+            empty += 1;
+        }
+        for m in batch {
+            held.push((
+                m.message_id().unwrap_or_default().to_owned(),
+                m.receipt_handle().unwrap_or_default().to_owned(),
+            ));
+            if seen.insert(m.message_id().unwrap_or_default().to_owned()) && out.len() < max {
+                out.push(info(&m));
+            }
+        }
+    }
+    release(sqs, dlq_url, &held).await?;
+    Ok(out)
+}
+
+/// What to redrive.
+#[derive(Debug, Clone)]
+pub struct RedriveOptions {
+    /// The dead-letter queue.
+    pub dlq_url: String,
+    /// Where the messages go back to.
+    pub queue_url: String,
+    /// Only dead letters with this `error_code` (`max_receives` for those SQS moved).
+    pub error_code: Option<String>,
+    /// At most this many.
+    pub max: Option<usize>,
+}
+
+/// How a redrive went.
+#[derive(Debug, Clone)]
+pub struct RedriveReport {
+    /// Messages moved back.
+    pub moved: u64,
+    /// `StartMessageMoveTask` or `manual`.
+    pub method: &'static str,
+}
+
+async fn arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .context("reading a queue ARN")?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .context("no QueueArn")
+}
+
+/// Moves dead letters back to the source queue.
+pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
+    if opts.error_code.is_none() && opts.max.is_none() {
+        let (source, destination) = (
+            arn(sqs, &opts.dlq_url).await?,
+            arn(sqs, &opts.queue_url).await?,
+        );
+        match sqs
+            .start_message_move_task()
+            .source_arn(&source)
+            .destination_arn(&destination)
+            .send()
+            .await
+        {
+            Ok(task) => {
+                let handle = task.task_handle().unwrap_or_default().to_owned();
+                for _ in 0..600 {
+                    let tasks = sqs
+                        .list_message_move_tasks()
+                        .source_arn(&source)
+                        .send()
+                        .await?;
+                    if let Some(t) = tasks.results().iter().find(|t| {
+                        t.task_handle() == Some(handle.as_str()) || tasks.results().len() == 1
+                    }) {
+                        match t.status() {
+                            Some("COMPLETED") => {
+                                return Ok(RedriveReport {
+                                    moved: t.approximate_number_of_messages_moved() as u64,
+                                    method: "StartMessageMoveTask",
+                                })
+                            }
+                            Some("FAILED") | Some("CANCELLED") => anyhow::bail!(
+                                "the message move task ended {:?}: {:?}",
+                                t.status(),
+                                t.failure_reason()
+                            ),
+                            _ => {}
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                anyhow::bail!("the message move task did not finish in 5 minutes");
+            }
+            Err(e) => {
+                tracing::info!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "StartMessageMoveTask unavailable here; moving messages one by one");
+            }
+        }
+    }
+    let fifo = opts.queue_url.ends_with(".fifo");
+    let mut moved = 0u64;
+    let mut skipped = Vec::new();
+    let mut empty = 0;
+    while empty < 2 && opts.max.is_none_or(|m| (moved as usize) < m) {
+        let batch = receive(sqs, &opts.dlq_url, 60).await?;
+        if batch.is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        for m in batch {
+            let i = info(&m);
+            let code = i
+                .error_code
+                .clone()
+                .unwrap_or_else(|| "max_receives".to_owned());
+            let wanted = opts.error_code.as_ref().is_none_or(|c| *c == code)
+                && opts.max.is_none_or(|mx| (moved as usize) < mx);
+            let rh = m.receipt_handle().unwrap_or_default().to_owned();
+            if !wanted {
+                skipped.push((i.message_id.clone(), rh));
+                continue;
+            }
+            let mut send = sqs
+                .send_message()
+                .queue_url(&opts.queue_url)
+                .message_body(&i.body);
+            if let Some(t) = first_sent(&m) {
+                send = send.message_attributes(
+                    attrs::FIRST_SENT_AT,
+                    MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(t.to_string())
+                        .build()?,
+                );
+            }
+            if fifo {
+                let group = sys_attr(&m, MessageSystemAttributeName::MessageGroupId)
+                    .or(i.payment_id.clone())
+                    .unwrap_or_else(|| "redrive".to_owned());
+                send = send
+                    .message_group_id(group)
+                    .message_deduplication_id(&i.message_id);
+            }
+            send.send()
+                .await
+                .context("sending a dead letter back to the source queue")?;
+            sqs.delete_message()
+                .queue_url(&opts.dlq_url)
+                .receipt_handle(&rh)
+                .send()
+                .await
+                .context("deleting a redriven dead letter")?;
+            moved += 1;
+        }
+    }
+    release(sqs, &opts.dlq_url, &skipped).await?;
+    Ok(RedriveReport {
+        moved,
+        method: "manual",
+    })
+}
