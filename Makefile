@@ -1,4 +1,4 @@
-.PHONY: demo test chaos lint fmt build
+.PHONY: demo test chaos check-template lint fmt build
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -14,6 +14,10 @@ test:
 ## The chaos checker: processes crashing at random failpoints against a faulty provider.
 chaos:
 	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED)
+
+## Offline template checks: cfn-lint, sam validate --lint, the transformed template, checkov.
+check-template:
+	bash infra/scripts/check-template.sh
 
 lint:
 	cargo fmt --all --check

@@ -20,6 +20,25 @@ ensure_venv() {
   fi
 }
 
+# The deployment tools live in their own virtualenvs: aws-sam-cli and checkov pin conflicting
+# versions of boto3.
+ensure_tool_venv() { # name requirements-file probe-module
+  local venv="$ROOT/.venv-$1"
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating the virtualenv $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python" -c "import $3" 2>/dev/null; then
+    log "installing $(tr '\n' ' ' < "$2")into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$2"
+  fi
+}
+
+ensure_deploy_tools() {
+  ensure_tool_venv sam "$ROOT/infra/requirements-sam.txt" samcli
+  ensure_tool_venv checkov "$ROOT/infra/requirements-checkov.txt" checkov
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

@@ -4,6 +4,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
+bash "$ROOT/infra/scripts/check-template.sh"
 cargo build --quiet --workspace --all-targets
 start_aws_endpoint
 start_simulator

@@ -32,7 +32,7 @@ pub struct Config {
     pub api_key: ApiKeySource,
     /// `PAYMENT_API_TIMEOUT_SECONDS` (default 10): the provider client's timeout.
     pub provider_timeout: Duration,
-    /// Protocol tunables (`IDEMPOTENCY_TTL_SECONDS`, `MAX_CONCURRENCY`, `LEASE_SECONDS`,
+    /// Protocol tunables (`IDEMPOTENCY_TTL_SECONDS` or `IDEMPOTENCY_TTL_DAYS`, `MAX_CONCURRENCY`, `LEASE_SECONDS`,
     /// `PROVIDER_MAX_ATTEMPTS`, `REDELIVERY_BASE_DELAY_SECONDS`, `REDELIVERY_MAX_DELAY_SECONDS`,
     /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`, `PROVIDER_KEY_RETENTION_SECONDS`,
     /// `PROVIDER_KEY_RETENTION_MARGIN_SECONDS`).
@@ -103,10 +103,12 @@ impl Config {
             }
         };
         let defaults = Settings::default();
+        // Seconds (the contract) win; days are what the SAM template can pass without arithmetic.
+        let ttl_days = number("IDEMPOTENCY_TTL_DAYS", DEFAULT_TTL_SECONDS / 86_400, 1, 365)?;
         let settings = Settings {
             record_ttl: Duration::from_secs(number(
                 "IDEMPOTENCY_TTL_SECONDS",
-                DEFAULT_TTL_SECONDS,
+                ttl_days * 86_400,
                 3600,
                 365 * 86_400,
             )?),
@@ -229,6 +231,27 @@ mod tests {
         assert_eq!(
             Config::from_lookup(env(&pairs)).unwrap_err().var,
             "PAYMENT_API_KEY_SECRET_ARN"
+        );
+    }
+
+    #[test]
+    fn ttl_in_days_or_seconds() {
+        let mut pairs = BASE.to_vec();
+        pairs.push(("IDEMPOTENCY_TTL_DAYS", "30"));
+        assert_eq!(
+            Config::from_lookup(env(&pairs))
+                .unwrap()
+                .settings
+                .record_ttl,
+            Duration::from_secs(30 * 86_400)
+        );
+        pairs.push(("IDEMPOTENCY_TTL_SECONDS", "7200"));
+        assert_eq!(
+            Config::from_lookup(env(&pairs))
+                .unwrap()
+                .settings
+                .record_ttl,
+            Duration::from_secs(7200)
         );
     }
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Offline checks of template.yaml: cfn-lint, sam validate --lint, the SAM-transformed template
+# linted again, and checkov on both (skips are justified beside them in the template).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+ensure_deploy_tools
+export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}" AWS_REGION="${AWS_REGION:-us-east-1}"
+export SAM_CLI_TELEMETRY=0
+cd "$ROOT"
+out="$ROOT/.local/template-checks"
+mkdir -p "$out"
+log "cfn-lint template.yaml"
+"$ROOT/.venv-sam/bin/cfn-lint" template.yaml
+log "sam validate --lint"
+"$ROOT/.venv-sam/bin/sam" validate --template template.yaml --region "$AWS_REGION" --lint
+log "SAM transform, then cfn-lint on the result"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed.json"
+"$ROOT/.venv-sam/bin/cfn-lint" "$out/transformed.json"
+for t in template.yaml "$out/transformed.json"; do
+  log "checkov $t"
+  "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact
+done
+log "template checks passed"
