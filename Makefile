@@ -1,4 +1,4 @@
-.PHONY: demo test chaos check-template lint fmt build
+.PHONY: demo test chaos check-template package lint fmt build
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -18,6 +18,11 @@ chaos:
 ## Offline template checks: cfn-lint, sam validate --lint, the transformed template, checkov.
 check-template:
 	bash infra/scripts/check-template.sh
+
+## sam build of the arm64 bootstrap (ARCH=x86_64 for the other), checked to be an ELF of that machine.
+ARCH ?= arm64
+package:
+	bash infra/scripts/package.sh $(ARCH)
 
 lint:
 	cargo fmt --all --check
