@@ -1,4 +1,4 @@
-.PHONY: demo test chaos check-template package lint fmt build
+.PHONY: demo test chaos check-template package e2e-sam lint fmt build
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -23,6 +23,10 @@ check-template:
 ARCH ?= arm64
 package:
 	bash infra/scripts/package.sh $(ARCH)
+
+## sam build + sam deploy onto ministack, payments through the deployed event-source mapping.
+e2e-sam:
+	bash infra/scripts/e2e-sam.sh
 
 lint:
 	cargo fmt --all --check

@@ -28,9 +28,10 @@ ensure_tool_venv() { # name requirements-file probe-module
     log "creating the virtualenv $venv"
     python3 -m venv "$venv"
   fi
-  if ! "$venv/bin/python" -c "import $3" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import $3" 2>/dev/null || ! cmp -s "$2" "$venv/.requirements"; then
     log "installing $(tr '\n' ' ' < "$2")into $venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$2"
+    cp "$2" "$venv/.requirements"
   fi
 }
 

@@ -17,4 +17,7 @@ set -e
 # One closing line over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p += $i; if ($(i+1) ~ /^failed;?/) f += $i; if ($(i+1) ~ /^ignored;?/) s += $i } }
      END { printf "Summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$RUN_DIR/test-output.log"
-exit "$status"
+[ "$status" -eq 0 ] || exit "$status"
+# The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
+bash "$ROOT/infra/scripts/package.sh" arm64
+bash "$ROOT/infra/scripts/e2e-sam.sh"

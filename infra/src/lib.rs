@@ -10,6 +10,7 @@ pub mod chaos;
 pub mod check;
 pub mod demo;
 pub mod dlq;
+pub mod e2e;
 pub mod esm;
 pub mod load;
 pub mod sim;

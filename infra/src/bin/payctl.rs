@@ -79,6 +79,22 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         max_seconds: u64,
     },
+    /// Send payments to a deployed stack and verify what its own event-source mapping and
+    /// bootstrap made of them (make e2e-sam).
+    E2eCheck {
+        #[arg(long)]
+        queue_url: String,
+        #[arg(long)]
+        dlq_url: String,
+        #[arg(long)]
+        table: String,
+        #[arg(long, env = "PAYMENT_API_URL")]
+        sim_url: String,
+        #[arg(long, default_value = "e2e")]
+        prefix: String,
+        #[arg(long, default_value_t = 300)]
+        max_seconds: u64,
+    },
     /// The dead-letter queue: list, redrive.
     Dlq {
         #[command(subcommand)]
@@ -266,6 +282,30 @@ async fn main() -> Result<()> {
             eprintln!("{} invocations, {} deliveries, {} deleted, {} timeouts; charged {}, declined {}, duplicates {}, retried {}, dead-lettered {:?}",
                 stats.invocations, stats.received, stats.deleted, stats.timeouts, stats.summary.charged, stats.summary.declined,
                 stats.summary.duplicates, stats.summary.retried, stats.summary.dead_lettered);
+        }
+        Command::E2eCheck {
+            queue_url,
+            dlq_url,
+            table,
+            sim_url,
+            prefix,
+            max_seconds,
+        } => {
+            let verdict = payment_infra::e2e::run(
+                &sdk,
+                &payment_infra::e2e::E2eOptions {
+                    queue_url,
+                    dlq_url,
+                    table,
+                    sim_url,
+                    prefix,
+                    max_duration: Duration::from_secs(max_seconds),
+                },
+            )
+            .await?;
+            if !verdict.violations.is_empty() {
+                std::process::exit(1);
+            }
         }
         Command::Dlq { command } => {
             let sqs = aws_sdk_sqs::Client::new(&sdk);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# make e2e-sam: the deployed shape, locally. Builds the x86_64 bootstrap with `sam build`,
+# starts ministack (with the SAM translator) and the provider simulator, `sam deploy`s
+# template.yaml onto ministack, sends payments to the deployed queue, and checks what the
+# deployed event-source mapping and the real bootstrap did with them. Stops what it started.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+trap stop_started EXIT
+ensure_venv
+ensure_deploy_tools
+ensure_tool_venv ministack "$ROOT/infra/requirements-ministack.txt" "ministack, samtranslator"
+bash "$ROOT/infra/scripts/package.sh" x86_64
+cargo build --quiet --bin payctl
+start_simulator
+
+port=$(free_port)
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
+mkdir -p "$RUN_DIR"
+log "starting ministack on 127.0.0.1:$port"
+# AWS_ENDPOINT_URL is in ministack's own environment, so the functions it runs reach it.
+(cd "$RUN_DIR" && BIND_HOST=127.0.0.1 GATEWAY_PORT=$port exec "$ROOT/.venv-ministack/bin/ministack") >"$RUN_DIR/ministack.log" 2>&1 &
+STARTED_PIDS+=($!)
+wait_for_url "$AWS_ENDPOINT_URL/_ministack/health" 60
+
+helper() { "$ROOT/.venv-sam/bin/python" "$ROOT/infra/template-checks/deploy_helper.py" "$@"; }
+stack="e2e-$(date +%s)"
+secret_arn=$(helper secret "payments/$stack/provider-key" "$PAYMENT_API_KEY")
+log "sam deploy $stack"
+"$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
+  --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
+  --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
+  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn"
+helper fix-stack "$stack"
+declare -A out
+while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
+"$ROOT/target/debug/payctl" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
+  --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" --prefix "$stack"

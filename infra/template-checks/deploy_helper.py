@@ -1,0 +1,55 @@
+"""Local-deploy helpers for make e2e-sam, run against the emulator (AWS_ENDPOINT_URL):
+
+  secret NAME VALUE        create (or update) a Secrets Manager secret, print its ARN
+  outputs STACK            print the stack's outputs as KEY=VALUE lines
+  fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
+                           - event-source mapping numbers given by !Ref are stored as strings and
+                             stop its SQS polling: write them back as integers;
+                           - TimeToLiveSpecification from a template is ignored: enable TTL.
+"""
+import sys
+
+import boto3
+
+
+def secret(name, value):
+    sm = boto3.client("secretsmanager")
+    try:
+        arn = sm.create_secret(Name=name, SecretString=value)["ARN"]
+    except sm.exceptions.ResourceExistsException:
+        arn = sm.put_secret_value(SecretId=name, SecretString=value) and sm.describe_secret(SecretId=name)["ARN"]
+    print(arn)
+
+
+def outputs(stack):
+    cf = boto3.client("cloudformation")
+    for o in cf.describe_stacks(StackName=stack)["Stacks"][0].get("Outputs", []):
+        print(f"{o['OutputKey']}={o['OutputValue']}")
+
+
+def fix_stack(stack):
+    cf = boto3.client("cloudformation")
+    resources = cf.describe_stack_resources(StackName=stack)["StackResources"]
+    lam = boto3.client("lambda")
+    ddb = boto3.client("dynamodb")
+    for r in resources:
+        if r["ResourceType"] == "AWS::Lambda::EventSourceMapping":
+            m = lam.get_event_source_mapping(UUID=r["PhysicalResourceId"])
+            args = {"UUID": m["UUID"], "BatchSize": int(m["BatchSize"])}
+            if "MaximumBatchingWindowInSeconds" in m:
+                args["MaximumBatchingWindowInSeconds"] = int(m["MaximumBatchingWindowInSeconds"])
+            if m.get("ScalingConfig", {}).get("MaximumConcurrency") is not None:
+                args["ScalingConfig"] = {"MaximumConcurrency": int(m["ScalingConfig"]["MaximumConcurrency"])}
+            lam.update_event_source_mapping(**args)
+            print(f"event-source mapping {m['UUID']}: numbers rewritten as integers", file=sys.stderr)
+        if r["ResourceType"] == "AWS::DynamoDB::Table":
+            table = r["PhysicalResourceId"]
+            ttl = ddb.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+            if ttl.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+                ddb.update_time_to_live(TableName=table, TimeToLiveSpecification={"AttributeName": "expires_at", "Enabled": True})
+                print(f"table {table}: TTL on expires_at enabled", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    {"secret": secret, "outputs": outputs, "fix-stack": fix_stack}[cmd](*args)
