@@ -1,4 +1,4 @@
-.PHONY: demo test chaos check-template package e2e-sam lint fmt build
+.PHONY: demo test chaos check-template package e2e-sam bench lint fmt build
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -27,6 +27,10 @@ package:
 ## sam build + sam deploy onto ministack, payments through the deployed event-source mapping.
 e2e-sam:
 	bash infra/scripts/e2e-sam.sh
+
+## The benchmark: throughput, latency, calls per payment, CPU, memory, cold start, size.
+bench:
+	bash infra/scripts/bench.sh
 
 lint:
 	cargo fmt --all --check

@@ -8,20 +8,12 @@ source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
 ensure_deploy_tools
-ensure_tool_venv ministack "$ROOT/infra/requirements-ministack.txt" "ministack, samtranslator"
 bash "$ROOT/infra/scripts/package.sh" x86_64
 cargo build --quiet --bin payctl
 start_simulator
 
-port=$(free_port)
-export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
-export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
-mkdir -p "$RUN_DIR"
-log "starting ministack on 127.0.0.1:$port"
-# AWS_ENDPOINT_URL is in ministack's own environment, so the functions it runs reach it.
-(cd "$RUN_DIR" && BIND_HOST=127.0.0.1 GATEWAY_PORT=$port exec "$ROOT/.venv-ministack/bin/ministack") >"$RUN_DIR/ministack.log" 2>&1 &
-STARTED_PIDS+=($!)
-wait_for_url "$AWS_ENDPOINT_URL/_ministack/health" 60
+start_ministack
+export SAM_CLI_TELEMETRY=0
 
 helper() { "$ROOT/.venv-sam/bin/python" "$ROOT/infra/template-checks/deploy_helper.py" "$@"; }
 stack="e2e-$(date +%s)"

@@ -103,6 +103,20 @@ start_simulator() {
   log "provider simulator at $PAYMENT_API_URL"
 }
 
+# Starts ministack (with the SAM translator) on a free port and exports AWS_ENDPOINT_URL for it.
+# AWS_ENDPOINT_URL is in ministack's own environment too, so the functions it runs reach it.
+start_ministack() {
+  ensure_tool_venv ministack "$ROOT/infra/requirements-ministack.txt" "ministack, samtranslator"
+  local port; port=$(free_port)
+  export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+  export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+  mkdir -p "$RUN_DIR"
+  log "starting ministack on 127.0.0.1:$port"
+  (cd "$RUN_DIR" && BIND_HOST=127.0.0.1 GATEWAY_PORT=$port exec "$ROOT/.venv-ministack/bin/ministack") >"$RUN_DIR/ministack.log" 2>&1 &
+  STARTED_PIDS+=($!)
+  wait_for_url "$AWS_ENDPOINT_URL/_ministack/health" 60
+}
+
 stop_started() {
   for pid in "${STARTED_PIDS[@]:-}"; do
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true

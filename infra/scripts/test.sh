@@ -28,5 +28,8 @@ stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
 bash "$ROOT/infra/scripts/package.sh" arm64
 bash "$ROOT/infra/scripts/e2e-sam.sh"
-# The template checks, the package check and the e2e run count as three more passed checks.
-summary 3
+# A smoke run of the benchmark (tiny N, debug build): every measurement must still work.
+PAYCTL_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 --out "$RUN_DIR/bench-smoke"
+# The template checks, the package check, the e2e run and the bench smoke run count as four
+# more passed checks.
+summary 4

@@ -72,17 +72,27 @@ pub async fn build_processor(
     config: &Config,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<Processor>, InitError> {
+    build_processor_with(
+        config,
+        sdk,
+        aws_sdk_dynamodb::Client::new(sdk),
+        aws_sdk_sqs::Client::new(sdk),
+    )
+    .await
+}
+
+/// Builds the processor around given SDK clients (instrumented ones, in the benchmark).
+pub async fn build_processor_with(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+) -> Result<Arc<Processor>, InitError> {
     let key = resolve_api_key(&config.api_key, sdk).await?;
     let provider = StripeClient::new(&config.payment_api_url, key, config.provider_timeout)
         .map_err(|e| InitError::Http(e.to_string()))?;
-    let store = DynamoStore::new(
-        aws_sdk_dynamodb::Client::new(sdk),
-        config.idempotency_table.clone(),
-    );
-    let queues = SqsQueues::new(
-        aws_sdk_sqs::Client::new(sdk),
-        config.dead_letter_queue_url.clone(),
-    );
+    let store = DynamoStore::new(dynamodb, config.idempotency_table.clone());
+    let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
     Ok(Arc::new(Processor::new(
         Arc::new(store),
         Arc::new(provider),

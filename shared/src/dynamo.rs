@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 
+use crate::clock::Clock;
 use crate::domain::PaymentId;
 use crate::idempotency::{
     ClaimRequest, ClaimResult, FailureNote, IdempotencyRecord, IdempotencyStore, Outcome,
@@ -156,6 +157,7 @@ pub fn record_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
             .copied()
             .unwrap_or(false),
         last_error: get_s(item, "last_error"),
+        completed_at_ms: get_n(item, "completed_at"),
     })
 }
 
@@ -226,11 +228,12 @@ impl IdempotencyStore for DynamoStore {
         self.owned_update(
             payment_id,
             owner,
-            "SET #s = :completed, outcome = :o, unknown_outcome = :f REMOVE last_error",
+            "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t REMOVE last_error",
             vec![
                 (":completed", s(RecordStatus::Completed.as_str())),
                 (":o", outcome_to_attr(outcome)),
                 (":f", AttributeValue::Bool(false)),
+                (":t", n(crate::clock::SystemClock.now_ms())),
             ],
         )
         .await

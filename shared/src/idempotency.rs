@@ -97,6 +97,8 @@ pub struct IdempotencyRecord {
     pub unknown_outcome: bool,
     /// The last retryable error, for operators.
     pub last_error: Option<String>,
+    /// Epoch ms of the completion (`completed_at`), for operators and latency measurements.
+    pub completed_at_ms: Option<i64>,
 }
 
 /// A fresh claim, written with one conditional write.
@@ -264,6 +266,7 @@ mod tests {
             first_attempt_at_ms: 0,
             unknown_outcome: false,
             last_error: None,
+            completed_at_ms: None,
         }
     }
 

@@ -103,6 +103,7 @@ impl IdempotencyStore for InMemoryStore {
                 first_attempt_at_ms: req.now_ms,
                 unknown_outcome: false,
                 last_error: None,
+                completed_at_ms: None,
             });
             m.insert(
                 key,

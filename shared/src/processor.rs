@@ -87,6 +87,8 @@ impl Default for Settings {
 
 /// Default record retention: the queue's 4 days + the DLQ's 14 days + 3 days of margin.
 pub const DEFAULT_TTL_SECONDS: u64 = 21 * 24 * 3600;
+/// Longest wait before a copy that met a live lease looks again.
+const BUSY_RECHECK: Duration = Duration::from_secs(4);
 /// Clock skew allowed between SQS's `SentTimestamp` and this host.
 const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 
@@ -570,7 +572,10 @@ impl Processor {
                 ConflictDecision::Busy {
                     lease_expires_at_ms,
                 } => {
+                    // Come back when the lease ends, or sooner: most holders finish in
+                    // milliseconds, and a look costs one conditional write.
                     let wait = Duration::from_millis((lease_expires_at_ms - now).max(0) as u64)
+                        .min(BUSY_RECHECK)
                         + Duration::from_secs(1);
                     Err((
                         Disposition::Retry("another attempt holds the lease".into()),

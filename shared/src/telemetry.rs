@@ -2,15 +2,19 @@
 
 use crate::processor::BatchSummary;
 
-/// Installs the JSON log subscriber (level from `RUST_LOG`, default `info`). Each line carries
-/// the current span's fields, so every line of a message names its `message_id` and
-/// `payment_id`. Safe to call twice (the second call does nothing).
+/// Installs the JSON log subscriber (level from `RUST_LOG`: `error`, `warn`, `info`, `debug`,
+/// `trace` or `off`; default `info`). Each line carries the current span's fields, so every
+/// line of a message names its `message_id` and `payment_id`. Safe to call twice (the second
+/// call does nothing). A plain level, not per-module directives: the regex engine those need
+/// would grow every bootstrap.
 pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.trim().parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
     let _ = tracing_subscriber::fmt()
         .json()
-        .with_env_filter(filter)
+        .with_max_level(level)
         .with_current_span(true)
         .with_span_list(false)
         .with_target(false)

@@ -95,6 +95,22 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
     },
+    /// The benchmark: throughput, latency, calls per payment, CPU and memory, cold start, size.
+    Bench {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        payments: usize,
+        #[arg(long, default_value_t = 4)]
+        pollers: usize,
+        #[arg(long, default_value_t = 20)]
+        cold_start_runs: usize,
+        /// ARCH=PATH of a release bootstrap (repeatable).
+        #[arg(long = "bootstrap")]
+        bootstraps: Vec<String>,
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
     /// The dead-letter queue: list, redrive.
     Dlq {
         #[command(subcommand)]
@@ -306,6 +322,17 @@ async fn main() -> Result<()> {
             if !verdict.violations.is_empty() {
                 std::process::exit(1);
             }
+        }
+        Command::Bench { template, payments, pollers, cold_start_runs, bootstraps, out } => {
+            let bootstraps = bootstraps
+                .iter()
+                .map(|b| b.split_once('=').map(|(a, p)| (a.to_owned(), PathBuf::from(p))).context("--bootstrap takes ARCH=PATH"))
+                .collect::<Result<Vec<_>>>()?;
+            payment_infra::bench::run(
+                &sdk,
+                &payment_infra::bench::BenchOptions { template, payments, pollers, cold_start_runs, bootstraps, out_dir: out },
+            )
+            .await?;
         }
         Command::Dlq { command } => {
             let sqs = aws_sdk_sqs::Client::new(&sdk);
