@@ -115,25 +115,49 @@ struct Instrumented {
     sim: SimClient,
 }
 
-async fn instrumented_stack(sdk: &aws_config::SdkConfig, template: &Path, name: &str) -> Result<Instrumented> {
+async fn instrumented_stack(
+    sdk: &aws_config::SdkConfig,
+    template: &Path,
+    name: &str,
+) -> Result<Instrumented> {
     let stack = provision(
         sdk,
         template,
-        &ProvisionOptions { stack_name: name.to_owned(), visibility_timeout: Some(30), ..Default::default() },
+        &ProvisionOptions {
+            stack_name: name.to_owned(),
+            visibility_timeout: Some(30),
+            ..Default::default()
+        },
     )
     .await?;
-    let overrides: BTreeMap<String, String> = [("LEASE_SECONDS", "20"), ("PAYMENT_API_TIMEOUT_SECONDS", "5")]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+    let overrides: BTreeMap<String, String> = [
+        ("LEASE_SECONDS", "20"),
+        ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
     let config = config_for(&stack, &overrides)?;
     let calls = CallCounter::default();
     let ddb = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(calls.clone()).build(),
+        aws_sdk_dynamodb::config::Builder::from(sdk)
+            .interceptor(calls.clone())
+            .build(),
     );
-    let sqs = aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(sdk).interceptor(calls.clone()).build());
-    let processor = payment_core::bootstrap::build_processor_with(&config, sdk, ddb, sqs.clone()).await?;
-    Ok(Instrumented { stack, processor, sqs, calls, sim: SimClient::new(&config.payment_api_url) })
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(sdk)
+            .interceptor(calls.clone())
+            .build(),
+    );
+    let processor =
+        payment_core::bootstrap::build_processor_with(&config, sdk, ddb, sqs.clone()).await?;
+    Ok(Instrumented {
+        stack,
+        processor,
+        sqs,
+        calls,
+        sim: SimClient::new(&config.payment_api_url),
+    })
 }
 
 fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
@@ -151,27 +175,57 @@ fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
 }
 
 /// Drains a backlog; returns (payments per second, latency percentiles, CPU ms per 1000 payments).
-async fn throughput(sdk: &aws_config::SdkConfig, opts: &BenchOptions, pollers: usize, tag: &str) -> Result<serde_json::Value> {
-    let name = format!("bench{tag}{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+async fn throughput(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+    pollers: usize,
+    tag: &str,
+) -> Result<serde_json::Value> {
+    let name = format!(
+        "bench{tag}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     let s = instrumented_stack(sdk, &opts.template, &name).await?;
     let n = opts.payments;
-    let mut bodies: Vec<String> = (0..n).map(|i| payment_body(&format!("{name}-{i:05}"), 1000 + i as i64, "pm_card_visa")).collect();
+    let mut bodies: Vec<String> = (0..n)
+        .map(|i| payment_body(&format!("{name}-{i:05}"), 1000 + i as i64, "pm_card_visa"))
+        .collect();
     let dups: Vec<String> = bodies.iter().step_by(10).cloned().collect();
     bodies.extend(dups);
     let sent_at = now_ms();
     send_all(&s.sqs, &s.stack.event_source.queue_url, &bodies).await?;
     let (cpu0, _) = rusage();
-    let started = Instant::now();
-    let stats = esm::run(s.processor.clone(), s.sqs.clone(), esm_opts(&s.stack, pollers)).await?;
-    let elapsed = started.elapsed().as_secs_f64();
+    let drain_started_ms = now_ms();
+    let stats = esm::run(
+        s.processor.clone(),
+        s.sqs.clone(),
+        esm_opts(&s.stack, pollers),
+    )
+    .await?;
     let (cpu1, rss) = rusage();
-    let table = s.stack.function_env.get("IDEMPOTENCY_TABLE").cloned().unwrap_or_default();
+    let table = s
+        .stack
+        .function_env
+        .get("IDEMPOTENCY_TABLE")
+        .cloned()
+        .unwrap_or_default();
     let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &table).await?;
-    let mut latencies: Vec<f64> = records.values().filter_map(|r| r.completed_at_ms).map(|t| (t - sent_at) as f64).collect();
+    let mut latencies: Vec<f64> = records
+        .values()
+        .filter_map(|r| r.completed_at_ms)
+        .map(|t| (t - sent_at) as f64)
+        .collect();
     latencies.sort_by(|a, b| a.total_cmp(b));
     if latencies.len() != n {
         bail!("{} of {n} payments completed", latencies.len());
     }
+    // Drain time: until the last payment completed (not the poller's final empty looks).
+    let last = records
+        .values()
+        .filter_map(|r| r.completed_at_ms)
+        .max()
+        .unwrap_or(drain_started_ms);
+    let elapsed = ((last - drain_started_ms) as f64 / 1000.0).max(1e-3);
     Ok(json!({
         "pollers": pollers,
         "messages": bodies.len(),
@@ -187,50 +241,133 @@ async fn throughput(sdk: &aws_config::SdkConfig, opts: &BenchOptions, pollers: u
     }))
 }
 
-/// The emulator's own capacity for the processor's call mix (receive, claim, complete, delete),
-/// with the same concurrency and no processor: the ceiling the processor is measured against.
-async fn emulator_capacity(sdk: &aws_config::SdkConfig, opts: &BenchOptions, pollers: usize) -> Result<f64> {
-    let name = format!("benchcap{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let stack = provision(sdk, &opts.template, &ProvisionOptions { stack_name: name.clone(), visibility_timeout: Some(30), ..Default::default() }).await?;
+/// The local stack's own capacity for the processor's call mix, with the same concurrency and
+/// no processor: per message the claim and the completion (two conditional-free DynamoDB
+/// writes), one provider call to the simulator, and the receive and delete of its batch; the 10
+/// messages of a batch at once, as the processor runs them. The ceiling the processor's
+/// throughput is compared with.
+async fn emulator_capacity(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+    pollers: usize,
+) -> Result<f64> {
+    let name = format!(
+        "benchcap{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    let stack = provision(
+        sdk,
+        &opts.template,
+        &ProvisionOptions {
+            stack_name: name.clone(),
+            visibility_timeout: Some(30),
+            ..Default::default()
+        },
+    )
+    .await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let table = stack.function_env.get("IDEMPOTENCY_TABLE").cloned().unwrap_or_default();
+    let table = stack
+        .function_env
+        .get("IDEMPOTENCY_TABLE")
+        .cloned()
+        .unwrap_or_default();
+    let sim_url = std::env::var("PAYMENT_API_URL").context("PAYMENT_API_URL is not set")?;
+    let key = std::env::var("PAYMENT_API_KEY").unwrap_or_else(|_| "sk_test_local".into());
+    let http = reqwest::Client::new();
     let n = opts.payments;
     let bodies: Vec<String> = (0..n).map(|i| format!("{name}-{i}")).collect();
     send_all(&sqs, &stack.event_source.queue_url, &bodies).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..pollers {
-        let (sqs, ddb, url, table) = (sqs.clone(), ddb.clone(), stack.event_source.queue_url.clone(), table.clone());
+        let (sqs, ddb, url, table, http, sim_url, key) = (
+            sqs.clone(),
+            ddb.clone(),
+            stack.event_source.queue_url.clone(),
+            table.clone(),
+            http.clone(),
+            sim_url.clone(),
+            key.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut empty = 0;
             while empty < 2 {
-                let out = sqs.receive_message().queue_url(&url).max_number_of_messages(10).wait_time_seconds(0).send().await?;
+                let out = sqs
+                    .receive_message()
+                    .queue_url(&url)
+                    .max_number_of_messages(10)
+                    .wait_time_seconds(0)
+                    .send()
+                    .await?;
                 if out.messages().is_empty() {
                     empty += 1;
                     continue;
                 }
                 empty = 0;
-                let mut entries = Vec::new();
-                for (i, m) in out.messages().iter().enumerate() {
-                    for step in ["IN_PROGRESS", "COMPLETED"] {
-                        ddb.update_item()
-                            .table_name(&table)
-                            .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(format!("payment#{}", m.body().unwrap_or_default())))
-                            .update_expression("SET #s = :s")
-                            .expression_attribute_names("#s", "status")
-                            .expression_attribute_values(":s", aws_sdk_dynamodb::types::AttributeValue::S(step.into()))
+                let work = out.messages().iter().map(|m| {
+                    let (ddb, table, http, sim_url, key) = (
+                        ddb.clone(),
+                        table.clone(),
+                        http.clone(),
+                        sim_url.clone(),
+                        key.clone(),
+                    );
+                    let id = m.body().unwrap_or_default().to_owned();
+                    async move {
+                        let write = |status: &'static str| {
+                            ddb.update_item()
+                                .table_name(&table)
+                                .key(
+                                    "pk",
+                                    aws_sdk_dynamodb::types::AttributeValue::S(format!(
+                                        "payment#{id}"
+                                    )),
+                                )
+                                .update_expression("SET #s = :s")
+                                .expression_attribute_names("#s", "status")
+                                .expression_attribute_values(
+                                    ":s",
+                                    aws_sdk_dynamodb::types::AttributeValue::S(status.into()),
+                                )
+                                .send()
+                        };
+                        write("IN_PROGRESS").await?;
+                        http.post(format!("{sim_url}/v1/payment_intents"))
+                            .bearer_auth(&key)
+                            .header("Idempotency-Key", &id)
+                            .form(&[
+                                ("amount", "1000"),
+                                ("currency", "usd"),
+                                ("customer", "c"),
+                                ("payment_method", "pm_card_visa"),
+                                ("confirm", "true"),
+                                ("metadata[payment_id]", id.as_str()),
+                            ])
                             .send()
-                            .await?;
+                            .await?
+                            .error_for_status()?;
+                        write("COMPLETED").await?;
+                        Ok::<_, anyhow::Error>(())
                     }
-                    entries.push(
+                });
+                futures::future::try_join_all(work).await?;
+                let entries = out
+                    .messages()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| {
                         aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
                             .id(i.to_string())
                             .receipt_handle(m.receipt_handle().unwrap_or_default())
-                            .build()?,
-                    );
-                }
-                sqs.delete_message_batch().queue_url(&url).set_entries(Some(entries)).send().await?;
+                            .build()
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                sqs.delete_message_batch()
+                    .queue_url(&url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await?;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -242,21 +379,39 @@ async fn emulator_capacity(sdk: &aws_config::SdkConfig, opts: &BenchOptions, pol
 }
 
 /// Calls per payment for the three cases that decide cost.
-async fn calls_per_payment(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<serde_json::Value> {
-    let name = format!("benchcalls{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+async fn calls_per_payment(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+) -> Result<serde_json::Value> {
+    let name = format!(
+        "benchcalls{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     let s = instrumented_stack(sdk, &opts.template, &name).await?;
     let url = s.stack.event_source.queue_url.clone();
-    let table = s.stack.function_env.get("IDEMPOTENCY_TABLE").cloned().unwrap_or_default();
+    let table = s
+        .stack
+        .function_env
+        .get("IDEMPOTENCY_TABLE")
+        .cloned()
+        .unwrap_or_default();
     let once = |pid: String| {
         let (s_sqs, url) = (s.sqs.clone(), url.clone());
         async move {
-            s_sqs.send_message().queue_url(&url).message_body(payment_body(&pid, 100, "pm_card_visa")).send().await?;
+            s_sqs
+                .send_message()
+                .queue_url(&url)
+                .message_body(payment_body(&pid, 100, "pm_card_visa"))
+                .send()
+                .await?;
             let msgs = loop {
                 let out = s_sqs
                     .receive_message()
                     .queue_url(&url)
                     .wait_time_seconds(1)
-                    .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+                    .message_system_attribute_names(
+                        aws_sdk_sqs::types::MessageSystemAttributeName::All,
+                    )
                     .send()
                     .await?;
                 if !out.messages().is_empty() {
@@ -267,33 +422,57 @@ async fn calls_per_payment(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> 
         }
     };
     let arn = esm::queue_arn(&s.sqs, &url).await?;
-    let to_records = |msgs: Vec<aws_sdk_sqs::types::Message>| -> Vec<aws_lambda_events::event::sqs::SqsMessage> {
-        msgs.iter()
-            .map(|m| {
-                let mut r = aws_lambda_events::event::sqs::SqsMessage::default();
-                r.message_id = m.message_id().map(str::to_owned);
-                r.receipt_handle = m.receipt_handle().map(str::to_owned);
-                r.body = m.body().map(str::to_owned);
-                r.event_source_arn = Some(arn.clone());
-                r.attributes = m.attributes().map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), v.clone())).collect()).unwrap_or_default();
-                r
-            })
-            .collect()
-    };
+    let to_records =
+        |msgs: Vec<aws_sdk_sqs::types::Message>| -> Vec<aws_lambda_events::event::sqs::SqsMessage> {
+            msgs.iter()
+                .map(|m| {
+                    let mut r = aws_lambda_events::event::sqs::SqsMessage::default();
+                    r.message_id = m.message_id().map(str::to_owned);
+                    r.receipt_handle = m.receipt_handle().map(str::to_owned);
+                    r.body = m.body().map(str::to_owned);
+                    r.event_source_arn = Some(arn.clone());
+                    r.attributes = m
+                        .attributes()
+                        .map(|a| {
+                            a.iter()
+                                .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    r
+                })
+                .collect()
+        };
     let mut measure = Vec::new();
     // New payment, then a duplicate of it.
     let pid = format!("{name}-new");
     for case in ["new_payment", "duplicate_of_completed"] {
         let recs = to_records(once(pid.clone()).await?);
         let before = s.calls.snapshot();
-        let ledger_before = s.sim.ledger_for(&pid).await?.calls.get(&pid).copied().unwrap_or(0);
+        let ledger_before = s
+            .sim
+            .ledger_for(&pid)
+            .await?
+            .calls
+            .get(&pid)
+            .copied()
+            .unwrap_or(0);
         s.processor.handle_batch(recs, now_ms() + 60_000).await;
-        let provider = s.sim.ledger_for(&pid).await?.calls.get(&pid).copied().unwrap_or(0) - ledger_before;
+        let provider = s
+            .sim
+            .ledger_for(&pid)
+            .await?
+            .calls
+            .get(&pid)
+            .copied()
+            .unwrap_or(0)
+            - ledger_before;
         measure.push(json!({"case": case, "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}));
     }
     // In progress elsewhere: another worker holds a live lease.
     let busy = format!("{name}-busy");
-    let req = payment_core::domain::PaymentRequest::parse(&payment_body(&busy, 100, "pm_card_visa"))?;
+    let req =
+        payment_core::domain::PaymentRequest::parse(&payment_body(&busy, 100, "pm_card_visa"))?;
     let store = payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(sdk), table);
     store
         .claim(&ClaimRequest {
@@ -308,7 +487,14 @@ async fn calls_per_payment(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> 
     let recs = to_records(once(busy.clone()).await?);
     let before = s.calls.snapshot();
     s.processor.handle_batch(recs, now_ms() + 60_000).await;
-    let provider = s.sim.ledger_for(&busy).await?.calls.get(&busy).copied().unwrap_or(0);
+    let provider = s
+        .sim
+        .ledger_for(&busy)
+        .await?
+        .calls
+        .get(&busy)
+        .copied()
+        .unwrap_or(0);
     measure.push(json!({"case": "in_progress_elsewhere", "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}));
     Ok(json!(measure))
 }
@@ -332,7 +518,10 @@ async fn cold_start(bootstrap: &Path, runs: usize) -> Result<f64> {
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("IDEMPOTENCY_TABLE", "bench")
-            .env("DEAD_LETTER_QUEUE_URL", "http://127.0.0.1:9/000000000000/dlq")
+            .env(
+                "DEAD_LETTER_QUEUE_URL",
+                "http://127.0.0.1:9/000000000000/dlq",
+            )
             .env("PAYMENT_API_URL", "http://127.0.0.1:9")
             .env("PAYMENT_API_KEY", "sk_test_bench")
             .stdout(std::process::Stdio::null())
@@ -354,9 +543,14 @@ async fn cold_start(bootstrap: &Path, runs: usize) -> Result<f64> {
 
 fn histogram_png(latencies: &[f64], path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let font_bytes = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
-        .context("reading DejaVuSans.ttf (Debian package fonts-dejavu-core) for the chart's text")?;
-    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(font_bytes.into_boxed_slice()));
+    let font_bytes = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").context(
+        "reading DejaVuSans.ttf (Debian package fonts-dejavu-core) for the chart's text",
+    )?;
+    let _ = plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font_bytes.into_boxed_slice()),
+    );
     let max = latencies.iter().cloned().fold(1.0, f64::max);
     let buckets = 40usize;
     let width = max / buckets as f64;
@@ -368,12 +562,20 @@ fn histogram_png(latencies: &[f64], path: &Path) -> Result<()> {
     let root = BitMapBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Latency per payment, send to completed record (ms)", ("sans-serif", 22))
+        .caption(
+            "Latency per payment, send to completed record (ms)",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..max, 0u32..top + top / 10 + 1)?;
-    chart.configure_mesh().x_desc("milliseconds").y_desc("payments").label_style(("sans-serif", 14)).draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("milliseconds")
+        .y_desc("payments")
+        .label_style(("sans-serif", 14))
+        .draw()?;
     chart.draw_series(counts.iter().enumerate().map(|(i, c)| {
         let x0 = i as f64 * width;
         Rectangle::new([(x0, 0), (x0 + width, *c)], BLUE.mix(0.6).filled())
@@ -385,7 +587,10 @@ fn histogram_png(latencies: &[f64], path: &Path) -> Result<()> {
 /// Runs every measurement, prints the table, writes the results.
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<serde_json::Value> {
     std::fs::create_dir_all(&opts.out_dir)?;
-    println!("benchmark: {} payments (+10% duplicates), 1 and {} concurrent batches", opts.payments, opts.pollers);
+    println!(
+        "benchmark: {} payments (+10% duplicates), 1 and {} concurrent batches",
+        opts.payments, opts.pollers
+    );
     let one = throughput(sdk, opts, 1, "a").await?;
     let many = throughput(sdk, opts, opts.pollers, "b").await?;
     let cap_one = emulator_capacity(sdk, opts, 1).await?;
@@ -394,7 +599,12 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     let mut cold = BTreeMap::new();
     let mut sizes = BTreeMap::new();
     for (arch, path) in &opts.bootstraps {
-        sizes.insert(arch.clone(), std::fs::metadata(path).with_context(|| format!("{}", path.display()))?.len());
+        sizes.insert(
+            arch.clone(),
+            std::fs::metadata(path)
+                .with_context(|| format!("{}", path.display()))?
+                .len(),
+        );
         if cfg!(target_arch = "x86_64") == (arch == "x86_64") {
             cold.insert(arch.clone(), cold_start(path, opts.cold_start_runs).await?);
         }
@@ -403,19 +613,25 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     let result = json!({
         "payments": opts.payments,
         "throughput": [one, many],
-        "emulator_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},
+        "stack_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},
         "calls_per_payment": calls,
         "cold_start_ms_median": cold,
         "bootstrap_bytes": sizes,
         "peak_rss_kib": rss,
     });
-    let lat: Vec<f64> = one["latencies_ms"].as_array().map(|a| a.iter().filter_map(|v| v.as_f64()).collect()).unwrap_or_default();
+    let lat: Vec<f64> = one["latencies_ms"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+        .unwrap_or_default();
     histogram_png(&lat, &opts.out_dir.join("latency-histogram.png"))?;
     let mut slim = result.clone();
     for t in slim["throughput"].as_array_mut().into_iter().flatten() {
         t.as_object_mut().map(|o| o.remove("latencies_ms"));
     }
-    std::fs::write(opts.out_dir.join("results.json"), serde_json::to_string_pretty(&slim)?)?;
+    std::fs::write(
+        opts.out_dir.join("results.json"),
+        serde_json::to_string_pretty(&slim)?,
+    )?;
     let md = markdown(&slim, opts);
     std::fs::write(opts.out_dir.join("results.md"), &md)?;
     println!("{md}");
@@ -427,13 +643,15 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
     s.push_str("| measure | value |\n|---|---|\n");
     for t in r["throughput"].as_array().into_iter().flatten() {
         let p = t["pollers"].as_u64().unwrap_or(0);
-        let cap = r["emulator_capacity_per_second"][p.to_string()].as_f64().unwrap_or(0.0);
+        let cap = r["stack_capacity_per_second"][p.to_string()]
+            .as_f64()
+            .unwrap_or(0.0);
         s.push_str(&format!(
-            "| throughput, {p} concurrent batch(es) | {:.0} payments/s ({:.0} messages/s; the emulator alone: {:.0}/s for the same calls, {:.0} %) |\n",
+            "| throughput, {p} concurrent batch(es) | {:.0} payments/s ({:.0} messages/s); the local stack alone, same calls and concurrency: {:.0}/s; {:.0} % of it |\n",
             t["payments_per_second"].as_f64().unwrap_or(0.0),
             t["messages_per_second"].as_f64().unwrap_or(0.0),
             cap,
-            100.0 * t["payments_per_second"].as_f64().unwrap_or(0.0) / cap.max(1e-9)
+            100.0 * t["messages_per_second"].as_f64().unwrap_or(0.0) / cap.max(1e-9)
         ));
         s.push_str(&format!(
             "| latency send → completed, {p} batch(es) (p50 / p95 / p99) | {:.0} / {:.0} / {:.0} ms |\n",
@@ -441,7 +659,10 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             t["latency_ms"]["p95"].as_f64().unwrap_or(0.0),
             t["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
         ));
-        s.push_str(&format!("| processor CPU per payment, {p} batch(es) | {:.3} ms |\n", t["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0));
+        s.push_str(&format!(
+            "| processor CPU per payment, {p} batch(es) | {:.3} ms |\n",
+            t["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0
+        ));
     }
     for c in r["calls_per_payment"].as_array().into_iter().flatten() {
         s.push_str(&format!(
@@ -452,12 +673,22 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             c["provider"]
         ));
     }
-    s.push_str(&format!("| processor peak RSS | {:.1} MiB |\n", r["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0));
+    s.push_str(&format!(
+        "| processor peak RSS | {:.1} MiB |\n",
+        r["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
+    ));
     for (arch, ms) in r["cold_start_ms_median"].as_object().into_iter().flatten() {
-        s.push_str(&format!("| cold start to first Runtime API request ({arch}, median of {}) | {:.1} ms |\n", opts.cold_start_runs, ms.as_f64().unwrap_or(0.0)));
+        s.push_str(&format!(
+            "| cold start to first Runtime API request ({arch}, median of {}) | {:.1} ms |\n",
+            opts.cold_start_runs,
+            ms.as_f64().unwrap_or(0.0)
+        ));
     }
     for (arch, b) in r["bootstrap_bytes"].as_object().into_iter().flatten() {
-        s.push_str(&format!("| `bootstrap` size ({arch}, stripped) | {:.1} MiB |\n", b.as_f64().unwrap_or(0.0) / 1048576.0));
+        s.push_str(&format!(
+            "| `bootstrap` size ({arch}, stripped) | {:.1} MiB |\n",
+            b.as_f64().unwrap_or(0.0) / 1048576.0
+        ));
     }
     s
 }

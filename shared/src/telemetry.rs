@@ -10,7 +10,11 @@ use crate::processor::BatchSummary;
 pub fn init() {
     let level = std::env::var("RUST_LOG")
         .ok()
-        .and_then(|v| v.trim().parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .and_then(|v| {
+            v.trim()
+                .parse::<tracing_subscriber::filter::LevelFilter>()
+                .ok()
+        })
         .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
     let _ = tracing_subscriber::fmt()
         .json()

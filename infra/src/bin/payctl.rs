@@ -323,14 +323,32 @@ async fn main() -> Result<()> {
                 std::process::exit(1);
             }
         }
-        Command::Bench { template, payments, pollers, cold_start_runs, bootstraps, out } => {
+        Command::Bench {
+            template,
+            payments,
+            pollers,
+            cold_start_runs,
+            bootstraps,
+            out,
+        } => {
             let bootstraps = bootstraps
                 .iter()
-                .map(|b| b.split_once('=').map(|(a, p)| (a.to_owned(), PathBuf::from(p))).context("--bootstrap takes ARCH=PATH"))
+                .map(|b| {
+                    b.split_once('=')
+                        .map(|(a, p)| (a.to_owned(), PathBuf::from(p)))
+                        .context("--bootstrap takes ARCH=PATH")
+                })
                 .collect::<Result<Vec<_>>>()?;
             payment_infra::bench::run(
                 &sdk,
-                &payment_infra::bench::BenchOptions { template, payments, pollers, cold_start_runs, bootstraps, out_dir: out },
+                &payment_infra::bench::BenchOptions {
+                    template,
+                    payments,
+                    pollers,
+                    cold_start_runs,
+                    bootstraps,
+                    out_dir: out,
+                },
             )
             .await?;
         }
