@@ -189,12 +189,16 @@ pub fn verify(
             (_, Some(id)) => {
                 valid_copies += 1;
                 payments.entry(id.as_str()).or_insert(p);
-                // Every copy of a rejected payment ends in the DLQ with the reason.
+                // Every copy of a rejected payment ends in the DLQ with the reason (or as
+                // outcome_unknown, when the provider replayed an error for its key and holds
+                // no payment: a person decides).
                 if p.expect == Expect::ProviderRejected
-                    && in_dlq
-                        .get(s.message_id.as_str())
-                        .map(|d| d.error_code.as_str())
-                        != Some("provider_rejected")
+                    && !matches!(
+                        in_dlq
+                            .get(s.message_id.as_str())
+                            .map(|d| d.error_code.as_str()),
+                        Some("provider_rejected") | Some("outcome_unknown")
+                    )
                 {
                     bad(format!(
                         "provider-rejected message {} is not in the DLQ as provider_rejected",

@@ -305,7 +305,10 @@ impl Processor {
             );
         }
         let message_id = msg.message_id.clone().unwrap_or_default();
-        let span = tracing::info_span!(
+        // The span carries the message's identity on every line logged inside it. At the
+        // highest level, so it is enabled whatever RUST_LOG lets through: a warning logged
+        // with RUST_LOG=warn still names its message_id and payment_id.
+        let span = tracing::error_span!(
             "message",
             message_id = %message_id,
             payment_id = tracing::field::Empty

@@ -761,3 +761,62 @@ async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
         "the completed record is untouched"
     );
 }
+
+/// A writer that keeps what the log subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_current_span(true)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // The real Stripe client, with a key, against an address where nothing listens.
+    let provider = Arc::new(
+        payment_core::stripe::StripeClient::new(
+            "http://127.0.0.1:9",
+            secrecy::SecretString::from("sk_live_must_never_be_logged"),
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+    );
+    let store = Arc::new(InMemoryStore::new());
+    let processor = Arc::new(Processor::new(
+        store,
+        provider,
+        Arc::new(FakeQueues::default()),
+        fast(),
+    ));
+    let (r, _) = processor
+        .handle_batch(
+            vec![msg("m-log", &body("p-log", 100), None)],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(failures(&r), vec!["m-log"]);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "the failed calls were logged");
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["span"]["message_id"], "m-log", "{line}");
+        assert_eq!(v["span"]["payment_id"], "p-log", "{line}");
+    }
+    assert!(!text.contains("sk_live_must_never_be_logged"));
+}
