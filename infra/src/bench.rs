@@ -425,22 +425,7 @@ async fn calls_per_payment(
     let to_records =
         |msgs: Vec<aws_sdk_sqs::types::Message>| -> Vec<aws_lambda_events::event::sqs::SqsMessage> {
             msgs.iter()
-                .map(|m| {
-                    let mut r = aws_lambda_events::event::sqs::SqsMessage::default();
-                    r.message_id = m.message_id().map(str::to_owned);
-                    r.receipt_handle = m.receipt_handle().map(str::to_owned);
-                    r.body = m.body().map(str::to_owned);
-                    r.event_source_arn = Some(arn.clone());
-                    r.attributes = m
-                        .attributes()
-                        .map(|a| {
-                            a.iter()
-                                .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    r
-                })
+                .map(|m| esm::to_record(m, &arn, "us-east-1"))
                 .collect()
         };
     let mut measure = Vec::new();

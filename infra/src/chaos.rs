@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::esm::queue_depth;
-use crate::load::{mixed_load, send_all, Planned};
+use crate::load::{mixed_load, send_all};
 use crate::sim::SimClient;
 use crate::template::{provision, ProvisionOptions};
 
@@ -205,7 +205,11 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         Ok(())
     };
     for (wave, load) in [(1, &first), (2, &second)] {
-        println!("wave {wave}: {} messages ({})", load.len(), kinds(load));
+        println!(
+            "wave {wave}: {} messages ({})",
+            load.len(),
+            crate::load::kinds(load)
+        );
         for chunk in load.chunks(100) {
             while queue_depth(&sqs, &queue_url).await? > opts.max_depth {
                 supervise(&mut children)?;
@@ -262,17 +266,6 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     };
     print_report(&report, opts.seed);
     Ok(report)
-}
-
-fn kinds(load: &[Planned]) -> String {
-    let mut m: BTreeMap<&str, usize> = BTreeMap::new();
-    for p in load {
-        *m.entry(p.kind).or_default() += 1;
-    }
-    m.iter()
-        .map(|(k, v)| format!("{v} {k}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn print_report(r: &ChaosReport, seed: u64) {

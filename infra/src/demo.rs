@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::esm::{self, EsmOptions, EsmStats};
-use crate::load::{mixed_load, send_all, Planned};
+use crate::load::{mixed_load, send_all};
 use crate::sim::SimClient;
 use crate::template::{provision, ProvisionOptions, Stack};
 
@@ -165,7 +165,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
         println!(
             "wave {wave}: sent {} messages ({}); draining with {} pollers",
             load.len(),
-            kinds(load),
+            crate::load::kinds(load),
             opts.pollers
         );
         sent.extend(
@@ -239,15 +239,4 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     }
     sim.clear_faults().await.ok();
     Ok(verdict)
-}
-
-fn kinds(load: &[Planned]) -> String {
-    let mut m: BTreeMap<&str, usize> = BTreeMap::new();
-    for p in load {
-        *m.entry(p.kind).or_default() += 1;
-    }
-    m.iter()
-        .map(|(k, v)| format!("{v} {k}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

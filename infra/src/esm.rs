@@ -100,7 +100,8 @@ pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<i
         .unwrap_or(0))
 }
 
-fn to_record(m: &aws_sdk_sqs::types::Message, arn: &str, region: &str) -> SqsMessage {
+/// The Lambda SQS event record of a received message, as Lambda's event source builds it.
+pub fn to_record(m: &aws_sdk_sqs::types::Message, arn: &str, region: &str) -> SqsMessage {
     let mut r = SqsMessage::default();
     r.message_id = m.message_id().map(str::to_owned);
     r.receipt_handle = m.receipt_handle().map(str::to_owned);

@@ -195,3 +195,15 @@ pub async fn send_all(
     }
     Ok(ids)
 }
+
+/// "3 duplicate, 12 malformed, ..." for a load, by kind.
+pub fn kinds(load: &[Planned]) -> String {
+    let mut m: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for p in load {
+        *m.entry(p.kind).or_default() += 1;
+    }
+    m.iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -5,12 +5,12 @@
 //! exports `AWS_ENDPOINT_URL`, `PAYMENT_API_URL` and `PAYMENT_API_KEY`. Without them the tests
 //! fail with a message saying so: a test that cannot run is a failing test.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage, SqsMessageAttribute};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use payment_core::config::Config;
 use payment_core::dynamo::DynamoStore;
@@ -226,33 +226,11 @@ impl TestStack {
                 empty += 1;
             }
             for m in out.messages() {
-                let mut r = SqsMessage::default();
-                r.message_id = m.message_id().map(str::to_owned);
-                r.receipt_handle = m.receipt_handle().map(str::to_owned);
-                r.body = m.body().map(str::to_owned);
-                r.attributes = m
-                    .attributes()
-                    .map(|a| {
-                        a.iter()
-                            .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                r.message_attributes = m
-                    .message_attributes()
-                    .map(|a| {
-                        a.iter()
-                            .map(|(k, v)| {
-                                let mut x = SqsMessageAttribute::default();
-                                x.string_value = v.string_value().map(str::to_owned);
-                                x.data_type = Some(v.data_type().to_owned());
-                                (k.clone(), x)
-                            })
-                            .collect::<HashMap<_, _>>()
-                    })
-                    .unwrap_or_default();
-                r.event_source_arn = Some(self.stack.event_source.queue_arn.clone());
-                records.push(r);
+                records.push(esm::to_record(
+                    m,
+                    &self.stack.event_source.queue_arn,
+                    "us-east-1",
+                ));
             }
         }
         records
