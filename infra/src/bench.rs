@@ -24,7 +24,7 @@ use crate::demo::config_for;
 use crate::esm::{self, EsmOptions};
 use crate::load::{payment_body, send_all};
 use crate::sim::SimClient;
-use crate::template::{provision, ProvisionOptions, Stack};
+use crate::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
 /// Counts AWS requests by operation (`x-amz-target`), as they leave for the wire.
 #[derive(Debug, Clone, Default)]
@@ -181,10 +181,7 @@ async fn throughput(
     pollers: usize,
     tag: &str,
 ) -> Result<serde_json::Value> {
-    let name = format!(
-        "bench{tag}{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
+    let name = unique_stack_name(&format!("bench{tag}"));
     let s = instrumented_stack(sdk, &opts.template, &name).await?;
     let n = opts.payments;
     let mut bodies: Vec<String> = (0..n)
@@ -251,10 +248,7 @@ async fn emulator_capacity(
     opts: &BenchOptions,
     pollers: usize,
 ) -> Result<f64> {
-    let name = format!(
-        "benchcap{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
+    let name = unique_stack_name("benchcap");
     let stack = provision(
         sdk,
         &opts.template,
@@ -383,10 +377,7 @@ async fn calls_per_payment(
     sdk: &aws_config::SdkConfig,
     opts: &BenchOptions,
 ) -> Result<serde_json::Value> {
-    let name = format!(
-        "benchcalls{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
+    let name = unique_stack_name("benchcalls");
     let s = instrumented_stack(sdk, &opts.template, &name).await?;
     let url = s.stack.event_source.queue_url.clone();
     let table = s

@@ -18,7 +18,7 @@ use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::esm::queue_depth;
 use crate::load::{mixed_load, send_all};
 use crate::sim::SimClient;
-use crate::template::{provision, ProvisionOptions};
+use crate::template::{provision, unique_stack_name, ProvisionOptions};
 
 /// Chaos run settings.
 #[derive(Debug, Clone)]
@@ -93,11 +93,7 @@ fn spawn_instance(
 /// Runs the chaos scenario and prints what it checked.
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
-    let run_id = format!(
-        "chaos{}-{}",
-        opts.seed,
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
+    let run_id = unique_stack_name(&format!("chaos{}-", opts.seed));
     let stack = provision(
         sdk,
         &opts.template,
@@ -272,20 +268,9 @@ fn print_report(r: &ChaosReport, seed: u64) {
     let v = &r.verdict;
     println!();
     println!("== chaos check (from the provider's ledger, the table and the DLQ) ==");
-    println!("messages sent:           {}", r.sent);
-    println!(
-        "messages accounted for:  {} = {} completed + {} dead-lettered",
-        v.accounted, v.accounted_completed, v.accounted_dead_lettered
-    );
-    println!("processes crashed:       {} (each restarted)", r.crashes);
-    println!("payments charged once:   {}", v.charged);
-    println!("double charges:          {}", v.double_charged);
-    println!("declined:                {}", v.declined);
-    println!("duplicates suppressed:   {}", v.duplicates_suppressed);
-    for (code, n) in &v.dead_lettered {
-        println!("dead-lettered {code:<24} {n}");
-    }
-    println!("took:                    {:.1} s", r.elapsed.as_secs_f64());
+    v.print_counts(r.sent);
+    println!("processes crashed:        {} (each restarted)", r.crashes);
+    println!("took:                     {:.1} s", r.elapsed.as_secs_f64());
     if v.violations.is_empty() {
         println!("CHAOS OK (seed {seed}): every valid payment charged exactly once and recorded, nothing lost, nothing left in progress");
     } else {
@@ -293,8 +278,6 @@ fn print_report(r: &ChaosReport, seed: u64) {
             "CHAOS FAILED (seed {seed}, replay with --seed {seed}): {} violations",
             v.violations.len()
         );
-        for x in v.violations.iter().take(50) {
-            println!("  - {x}");
-        }
+        v.print_violations(50);
     }
 }

@@ -125,6 +125,31 @@ pub struct Verdict {
     pub violations: Vec<String>,
 }
 
+impl Verdict {
+    /// Prints the counts every run reports (the demo, the chaos checker, the e2e check).
+    pub fn print_counts(&self, sent: usize) {
+        println!("messages sent:            {sent}");
+        println!(
+            "messages accounted for:   {} = {} completed + {} dead-lettered",
+            self.accounted, self.accounted_completed, self.accounted_dead_lettered
+        );
+        println!("payments charged once:    {}", self.charged);
+        println!("double charges:           {}", self.double_charged);
+        println!("declined (recorded):      {}", self.declined);
+        println!("duplicates suppressed:    {}", self.duplicates_suppressed);
+        for (code, n) in &self.dead_lettered {
+            println!("dead-lettered {code:<24} {n}");
+        }
+    }
+
+    /// Prints the first violations, one a line.
+    pub fn print_violations(&self, most: usize) {
+        for v in self.violations.iter().take(most) {
+            println!("  - {v}");
+        }
+    }
+}
+
 /// Checks every sent message against the ledger, the table and the DLQ.
 pub fn verify(
     sent: &[Sent],

@@ -16,7 +16,7 @@ use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::esm::{self, EsmOptions, EsmStats};
 use crate::load::{mixed_load, send_all};
 use crate::sim::SimClient;
-use crate::template::{provision, ProvisionOptions, Stack};
+use crate::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
 /// Demo settings.
 #[derive(Debug, Clone)]
@@ -77,32 +77,11 @@ async fn drain(
     .await
 }
 
-fn merge(a: &mut EsmStats, b: EsmStats) {
-    a.invocations += b.invocations;
-    a.timeouts += b.timeouts;
-    a.received += b.received;
-    a.deleted += b.deleted;
-    a.summary.charged += b.summary.charged;
-    a.summary.declined += b.summary.declined;
-    a.summary.duplicates += b.summary.duplicates;
-    a.summary.retried += b.summary.retried;
-    for (k, v) in b.summary.dead_lettered {
-        *a.summary.dead_lettered.entry(k).or_default() += v;
-    }
-}
-
 /// Runs the demo and prints its summary; returns the verdict (violations make the caller exit
 /// non-zero).
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verdict> {
     let started = Instant::now();
-    let run_id = format!(
-        "demo{}",
-        uuid::Uuid::new_v4()
-            .simple()
-            .to_string()
-            .get(..8)
-            .unwrap_or("0")
-    );
+    let run_id = unique_stack_name("demo");
     let stack = provision(
         sdk,
         &opts.template,
@@ -177,10 +156,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
                     message_id,
                 }),
         );
-        merge(
-            &mut stats,
-            drain(&processor, &sqs, &stack, opts.pollers).await?,
-        );
+        stats.merge(&drain(&processor, &sqs, &stack, opts.pollers).await?);
     }
 
     let depth = esm::queue_depth(&sqs, &stack.event_source.queue_url).await?;
@@ -202,24 +178,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
 
     println!();
     println!("== summary (checked against the provider's ledger, the table and the DLQ) ==");
-    println!("messages sent:            {}", sent.len());
-    println!(
-        "messages accounted for:   {} = {} completed + {} dead-lettered",
-        verdict.accounted, verdict.accounted_completed, verdict.accounted_dead_lettered
-    );
-    println!(
-        "payments charged:         {} (each exactly once)",
-        verdict.charged
-    );
-    println!("double charges:           {}", verdict.double_charged);
-    println!("declined (recorded):      {}", verdict.declined);
-    println!(
-        "duplicates suppressed:    {}",
-        verdict.duplicates_suppressed
-    );
-    for (code, n) in &verdict.dead_lettered {
-        println!("dead-lettered {code:<24} {n}");
-    }
+    verdict.print_counts(sent.len());
     println!("provider calls:           {calls} (retries with the same key included)");
     println!(
         "local event source:       {} invocations, {} deliveries, {} timeouts; processor counted {} charged, {} duplicates, {} retried",
@@ -233,9 +192,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
         println!("RESULT: OK: every payment charged at most once, nothing lost");
     } else {
         println!("RESULT: FAILED: {} violations", verdict.violations.len());
-        for v in verdict.violations.iter().take(50) {
-            println!("  - {v}");
-        }
+        verdict.print_violations(50);
     }
     sim.clear_faults().await.ok();
     Ok(verdict)

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue,
-    MessageSystemAttributeName, QueueAttributeName,
+    MessageSystemAttributeName,
 };
 use payment_core::processor::now_ms;
 use payment_core::queue::attrs;
@@ -172,24 +172,12 @@ pub struct RedriveReport {
     pub method: &'static str,
 }
 
-async fn arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
-    sqs.get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .context("reading a queue ARN")?
-        .attributes()
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .context("no QueueArn")
-}
-
 /// Moves dead letters back to the source queue.
 pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
     if opts.error_code.is_none() && opts.max.is_none() {
         let (source, destination) = (
-            arn(sqs, &opts.dlq_url).await?,
-            arn(sqs, &opts.queue_url).await?,
+            crate::esm::queue_arn(sqs, &opts.dlq_url).await?,
+            crate::esm::queue_arn(sqs, &opts.queue_url).await?,
         );
         match sqs
             .start_message_move_task()

@@ -142,18 +142,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
         .sum();
     println!();
     println!("== e2e on the deployed stack (ledger, table, DLQ) ==");
-    println!("messages sent:          {}", sent.len());
-    println!(
-        "messages accounted for: {} = {} completed + {} dead-lettered",
-        verdict.accounted, verdict.accounted_completed, verdict.accounted_dead_lettered
-    );
-    println!("charged once:           {}", verdict.charged);
-    println!("double charges:         {}", verdict.double_charged);
-    println!("declined:               {}", verdict.declined);
-    println!("duplicates suppressed:  {}", verdict.duplicates_suppressed);
-    for (code, n) in &verdict.dead_lettered {
-        println!("dead-lettered {code:<22} {n}");
-    }
+    verdict.print_counts(sent.len());
     println!("redelivered after a batch item failure: {flaky} ({flaky_attempts} attempts, {flaky_calls} provider calls)");
     println!("provider calls:         {provider_calls}");
     println!(
@@ -164,9 +153,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
         println!("E2E OK");
     } else {
         println!("E2E FAILED: {} violations", verdict.violations.len());
-        for v in verdict.violations.iter().take(30) {
-            println!("  - {v}");
-        }
+        verdict.print_violations(30);
     }
     Ok(verdict)
 }

@@ -60,13 +60,14 @@ pub struct EsmStats {
     pub summary: BatchSummary,
 }
 
-fn add(into: &mut BatchSummary, s: &BatchSummary) {
-    into.charged += s.charged;
-    into.declined += s.declined;
-    into.duplicates += s.duplicates;
-    into.retried += s.retried;
-    for (k, v) in &s.dead_lettered {
-        *into.dead_lettered.entry(k.clone()).or_default() += v;
+impl EsmStats {
+    /// Adds another run's totals to these.
+    pub fn merge(&mut self, other: &EsmStats) {
+        self.invocations += other.invocations;
+        self.timeouts += other.timeouts;
+        self.received += other.received;
+        self.deleted += other.deleted;
+        self.summary.merge(&other.summary);
     }
 }
 
@@ -254,7 +255,7 @@ async fn invoke(
         );
         return Ok(());
     };
-    add(&mut s.summary, &summary);
+    s.summary.merge(&summary);
     drop(s);
     let failed: std::collections::HashSet<String> = response
         .batch_item_failures

@@ -32,6 +32,14 @@ pub struct ProvisionOptions {
     pub fifo: bool,
 }
 
+/// `prefix` followed by six random hex digits: a stack name no earlier run used.
+pub fn unique_stack_name(prefix: &str) -> String {
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    )
+}
+
 /// The local event-source mapping's settings, from the function's SQS event.
 #[derive(Debug, Clone)]
 pub struct EventSource {

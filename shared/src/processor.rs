@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -124,6 +124,21 @@ pub struct BatchSummary {
     pub provider_latencies_ms: Vec<f64>,
 }
 
+impl BatchSummary {
+    /// Adds another batch's counts to these.
+    pub fn merge(&mut self, other: &BatchSummary) {
+        self.charged += other.charged;
+        self.declined += other.declined;
+        self.duplicates += other.duplicates;
+        self.retried += other.retried;
+        for (k, v) in &other.dead_lettered {
+            *self.dead_lettered.entry(k.clone()).or_default() += v;
+        }
+        self.provider_latencies_ms
+            .extend_from_slice(&other.provider_latencies_ms);
+    }
+}
+
 /// The processor with its ports. Build once per process, share across invocations.
 pub struct Processor {
     /// Idempotency records.
@@ -140,10 +155,7 @@ pub struct Processor {
 
 /// Epoch ms on this host's clock.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::clock::SystemClock.now_ms()
 }
 
 fn ms(d: Duration) -> i64 {

@@ -32,6 +32,6 @@ async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
         "chaos run failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("double charges:          0"), "{stdout}");
+    assert!(stdout.contains("double charges:           0"), "{stdout}");
     assert!(stdout.contains("CHAOS OK (seed 7)"), "{stdout}");
 }

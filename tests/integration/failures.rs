@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::idempotency::{ClaimRequest, IdempotencyStore};
 use payment_core::processor::now_ms;
 
 use crate::helpers::*;
@@ -215,19 +214,8 @@ async fn cached_500_is_settled_by_lookup_not_a_second_charge() {
 async fn key_reuse_against_an_in_progress_record_is_dead_lettered() {
     let t = TestStack::new("reuse-ip").await;
     let pid = t.pid("p1");
-    let req =
-        payment_core::domain::PaymentRequest::parse(&payment(&pid, 100, "pm_card_visa")).unwrap();
-    t.store
-        .claim(&ClaimRequest {
-            payment_id: req.payment_id.clone(),
-            payload_hash: req.payload_hash(),
-            owner: "another-worker".into(),
-            now_ms: now_ms(),
-            lease_expires_at_ms: now_ms() + 60_000,
-            expires_at_s: now_ms() / 1000 + 86_400,
-        })
-        .await
-        .unwrap();
+    t.hold_lease_elsewhere(&payment(&pid, 100, "pm_card_visa"))
+        .await;
     let mid = t.send(&payment(&pid, 999, "pm_card_visa")).await;
     let response = t.invoke(t.receive_records(1).await).await;
     assert!(response.batch_item_failures.is_empty());

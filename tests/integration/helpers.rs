@@ -271,6 +271,23 @@ impl TestStack {
         response
     }
 
+    /// Makes another worker hold a live lease (a minute) on the payment of this body.
+    pub async fn hold_lease_elsewhere(&self, body: &str) {
+        let req = payment_core::domain::PaymentRequest::parse(body).expect("a valid body");
+        let now = now_ms();
+        self.store
+            .claim(&payment_core::idempotency::ClaimRequest {
+                payment_id: req.payment_id.clone(),
+                payload_hash: req.payload_hash(),
+                owner: "another-worker".into(),
+                now_ms: now,
+                lease_expires_at_ms: now + 60_000,
+                expires_at_s: now / 1000 + 86_400,
+            })
+            .await
+            .expect("claiming for another worker");
+    }
+
     /// The record of a payment.
     pub async fn record(&self, payment_id: &str) -> Option<IdempotencyRecord> {
         self.store

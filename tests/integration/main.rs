@@ -12,7 +12,6 @@ mod operations;
 use std::time::Duration;
 
 use helpers::*;
-use payment_core::idempotency::{ClaimRequest, IdempotencyStore};
 use payment_core::processor::now_ms;
 
 /// 1. A valid payment: one charge, record `COMPLETED` with the provider's id, message gone.
@@ -289,18 +288,7 @@ async fn t10_mixed_batch_reports_exactly_the_retryable_messages() {
     let busy = t.pid("busy");
     // Another worker holds a live lease on `busy`.
     let busy_body = payment(&busy, 300, "pm_card_visa");
-    let req = payment_core::domain::PaymentRequest::parse(&busy_body).unwrap();
-    t.store
-        .claim(&ClaimRequest {
-            payment_id: req.payment_id.clone(),
-            payload_hash: req.payload_hash(),
-            owner: "another-worker".into(),
-            now_ms: now_ms(),
-            lease_expires_at_ms: now_ms() + 60_000,
-            expires_at_s: now_ms() / 1000 + 86_400,
-        })
-        .await
-        .unwrap();
+    t.hold_lease_elsewhere(&busy_body).await;
 
     let ok = t.pid("ok");
     let declined = t.pid("declined");
