@@ -101,9 +101,8 @@ async fn lost_lease_stops_the_work() {
         tokio::spawn(async move { processor.handle_batch(records, now_ms() + 30_000).await })
     };
     // Once the worker holds the record, another owner takes it.
-    while t.record(&pid).await.is_none() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let claimed = t.wait_for_claim(&pid).await;
+    assert_eq!(claimed.status.as_str(), "IN_PROGRESS");
     aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await)
         .update_item()
         .table_name(&t.config.idempotency_table)

@@ -296,6 +296,26 @@ impl TestStack {
             .expect("reading the record")
     }
 
+    /// Waits until a worker running beside the test has claimed the payment, and returns the
+    /// record. A read racing the claim may see a half-written item on moto, which applies an
+    /// `UpdateItem` one clause at a time (DynamoDB applies it atomically): such a read is retried,
+    /// never accepted, until the claim's last clause (`ADD attempts`) shows.
+    pub async fn wait_for_claim(&self, payment_id: &str) -> IdempotencyRecord {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            match self.store.get(payment_id).await {
+                Ok(Some(record)) if record.attempts > 0 => return record,
+                Ok(_) | Err(payment_core::idempotency::StoreError::Malformed(_)) => {}
+                Err(e) => panic!("reading the record: {e}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{payment_id} was not claimed within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Everything in the DLQ (drained).
     pub async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
         let dlq = self.config.dead_letter_queue_url.clone();
