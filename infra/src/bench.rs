@@ -2,10 +2,12 @@
 //! and package size of the processor, measured against the local stack, printed as a table and
 //! written as JSON, Markdown and a latency histogram (PNG) under `bench/results/`.
 //!
-//! AWS calls are counted on the wire by an SDK interceptor (every attempt, retries included);
-//! provider calls by the simulator's ledger. CPU time and peak RSS come from `getrusage` of this
-//! process, which runs the processor in-process and nothing else of the stack: the emulator and
-//! the simulator are other processes.
+//! The throughput runs drive the shipped release `bootstrap` as Lambda does: one process per
+//! concurrent batch behind a local Runtime API, fed by the local event-source mapping in this
+//! process. The OS accounts those processes apart (`wait4`): their CPU time and peak RSS are the
+//! function's own, without the poller, the emulator or the simulator. AWS calls per payment are
+//! counted on the wire by an SDK interceptor around the same processor code run in-process
+//! (every attempt, retries included); provider calls by the simulator's ledger.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -20,9 +22,10 @@ use payment_core::processor::now_ms;
 use serde_json::json;
 
 use crate::check::scan_records;
-use crate::demo::config_for;
-use crate::esm::{self, EsmOptions};
+use crate::demo::{config_for, function_environment};
+use crate::esm::{self, EsmOptions, Function};
 use crate::load::{payment_body, send_all};
+use crate::runtime_api::{lambda_environment, FunctionProcess};
 use crate::sim::SimClient;
 use crate::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
@@ -85,18 +88,37 @@ pub struct BenchOptions {
     pub bootstraps: Vec<(String, PathBuf)>,
     /// Where to write results.
     pub out_dir: PathBuf,
+    /// Where the function processes write their logs.
+    pub log_dir: PathBuf,
 }
 
-/// CPU seconds (user + system) and peak RSS (KiB) of this process.
-fn rusage() -> (f64, i64) {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let u = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
-        u.assume_init()
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (secs(u.ru_utime) + secs(u.ru_stime), u.ru_maxrss)
+impl BenchOptions {
+    /// The bootstrap built for this machine's architecture (the one that runs here).
+    fn host_bootstrap(&self) -> Result<&Path> {
+        let host = if cfg!(target_arch = "x86_64") {
+            "x86_64"
+        } else {
+            "arm64"
+        };
+        self.bootstraps
+            .iter()
+            .find(|(arch, _)| arch == host)
+            .map(|(_, p)| p.as_path())
+            .with_context(|| {
+                format!("the benchmark runs the {host} bootstrap: pass --bootstrap {host}=PATH")
+            })
+    }
+}
+
+/// The function's settings in every benchmark run: a lease well beyond the provider timeout.
+fn bench_overrides() -> BTreeMap<String, String> {
+    [
+        ("LEASE_SECONDS", "20"),
+        ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -130,14 +152,7 @@ async fn instrumented_stack(
         },
     )
     .await?;
-    let overrides: BTreeMap<String, String> = [
-        ("LEASE_SECONDS", "20"),
-        ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let config = config_for(&stack, &overrides)?;
+    let config = config_for(&stack, &bench_overrides())?;
     let calls = CallCounter::default();
     let ddb = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(sdk)
@@ -174,7 +189,8 @@ fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
     }
 }
 
-/// Drains a backlog; returns (payments per second, latency percentiles, CPU ms per 1000 payments).
+/// Drains a backlog with `pollers` function processes; returns payments per second, latency
+/// percentiles, and the processes' CPU per 1000 payments and peak RSS.
 async fn throughput(
     sdk: &aws_config::SdkConfig,
     opts: &BenchOptions,
@@ -182,7 +198,25 @@ async fn throughput(
     tag: &str,
 ) -> Result<serde_json::Value> {
     let name = unique_stack_name(&format!("bench{tag}"));
-    let s = instrumented_stack(sdk, &opts.template, &name).await?;
+    let stack = provision(
+        sdk,
+        &opts.template,
+        &ProvisionOptions {
+            stack_name: name.clone(),
+            visibility_timeout: Some(30),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let (_, env) = function_environment(&stack, &bench_overrides())?;
+    std::fs::create_dir_all(&opts.log_dir)?;
+    let mut functions = Vec::with_capacity(pollers);
+    for i in 0..pollers {
+        let log = opts.log_dir.join(format!("bench-{name}-function-{i}.log"));
+        let log = std::fs::File::create(&log).with_context(|| format!("{}", log.display()))?;
+        functions.push(FunctionProcess::spawn(opts.host_bootstrap()?, &env, log.into()).await?);
+    }
     let n = opts.payments;
     let mut bodies: Vec<String> = (0..n)
         .map(|i| payment_body(&format!("{name}-{i:05}"), 1000 + i as i64, "pm_card_visa"))
@@ -190,18 +224,29 @@ async fn throughput(
     let dups: Vec<String> = bodies.iter().step_by(10).cloned().collect();
     bodies.extend(dups);
     let sent_at = now_ms();
-    send_all(&s.sqs, &s.stack.event_source.queue_url, &bodies).await?;
-    let (cpu0, _) = rusage();
+    send_all(&sqs, &stack.event_source.queue_url, &bodies).await?;
     let drain_started_ms = now_ms();
     let stats = esm::run(
-        s.processor.clone(),
-        s.sqs.clone(),
-        esm_opts(&s.stack, pollers),
+        Function::Processes(functions.iter().map(FunctionProcess::api).collect()),
+        sqs.clone(),
+        esm_opts(&stack, pollers),
     )
     .await?;
-    let (cpu1, rss) = rusage();
-    let table = s
-        .stack
+    let (mut cpu_seconds, mut peak_rss_kib) = (0.0, 0);
+    for f in functions {
+        let usage = f.stop().await?;
+        cpu_seconds += usage.cpu_seconds;
+        peak_rss_kib = peak_rss_kib.max(usage.peak_rss_kib);
+    }
+    if stats.timeouts + stats.function_errors > 0 {
+        bail!(
+            "{} invocations timed out and {} failed: see the logs in {}",
+            stats.timeouts,
+            stats.function_errors,
+            opts.log_dir.display()
+        );
+    }
+    let table = stack
         .function_env
         .get("IDEMPOTENCY_TABLE")
         .cloned()
@@ -232,8 +277,9 @@ async fn throughput(
         "messages_per_second": bodies.len() as f64 / elapsed,
         "latency_ms": {"p50": percentile(&latencies, 0.5), "p95": percentile(&latencies, 0.95), "p99": percentile(&latencies, 0.99)},
         "latencies_ms": latencies,
-        "cpu_ms_per_1000_payments": (cpu1 - cpu0) * 1000.0 / n as f64 * 1000.0,
-        "peak_rss_kib": rss,
+        "function_processes": pollers,
+        "cpu_ms_per_1000_payments": cpu_seconds * 1000.0 / n as f64 * 1000.0,
+        "peak_rss_kib": peak_rss_kib,
         "invocations": stats.invocations,
     }))
 }
@@ -484,15 +530,7 @@ async fn cold_start(bootstrap: &Path, runs: usize) -> Result<f64> {
         let started = Instant::now();
         let mut child = tokio::process::Command::new(bootstrap)
             .env_clear()
-            .env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
-            .env("AWS_LAMBDA_FUNCTION_NAME", "payment-processor")
-            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
-            .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
-            .env("AWS_LAMBDA_LOG_GROUP_NAME", "bench")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .envs(lambda_environment(&addr.to_string()))
             .env("IDEMPOTENCY_TABLE", "bench")
             .env(
                 "DEAD_LETTER_QUEUE_URL",
@@ -585,7 +623,11 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
             cold.insert(arch.clone(), cold_start(path, opts.cold_start_runs).await?);
         }
     }
-    let (_, rss) = rusage();
+    let rss = [&one, &many]
+        .iter()
+        .filter_map(|t| t["peak_rss_kib"].as_i64())
+        .max()
+        .unwrap_or(0);
     let result = json!({
         "payments": opts.payments,
         "throughput": [one, many],
@@ -636,7 +678,7 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             t["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
         ));
         s.push_str(&format!(
-            "| processor CPU per payment, {p} batch(es) | {:.3} ms |\n",
+            "| function CPU per payment, {p} batch(es) (all {p} `bootstrap` processes, user + system) | {:.3} ms |\n",
             t["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0
         ));
     }
@@ -650,7 +692,7 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
         ));
     }
     s.push_str(&format!(
-        "| processor peak RSS | {:.1} MiB |\n",
+        "| function peak RSS (the largest `bootstrap` process) | {:.1} MiB |\n",
         r["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
     ));
     for (arch, ms) in r["cold_start_ms_median"].as_object().into_iter().flatten() {

@@ -37,18 +37,33 @@ pub struct DemoOptions {
 /// environment, with the stack's resources, and the process environment for everything else
 /// (provider URL and key, tunables).
 pub fn config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
+    Ok(function_environment(stack, overrides)?.0)
+}
+
+/// The configuration of [`config_for`] and the environment variables it was read from: exactly
+/// what a `bootstrap` process needs to be given to run with the same configuration.
+pub fn function_environment(
+    stack: &Stack,
+    overrides: &BTreeMap<String, String>,
+) -> Result<(Config, BTreeMap<String, String>)> {
     let resource_vars = ["IDEMPOTENCY_TABLE", "DEAD_LETTER_QUEUE_URL"];
-    Ok(Config::from_lookup(|k| {
-        if let Some(v) = overrides.get(k) {
-            return Some(v.clone());
+    let read = std::cell::RefCell::new(BTreeMap::new());
+    let config = Config::from_lookup(|k| {
+        let v = if let Some(v) = overrides.get(k) {
+            Some(v.clone())
+        } else if resource_vars.contains(&k) {
+            stack.function_env.get(k).cloned()
+        } else {
+            std::env::var(k)
+                .ok()
+                .or_else(|| stack.function_env.get(k).cloned())
+        };
+        if let Some(v) = &v {
+            read.borrow_mut().insert(k.to_owned(), v.clone());
         }
-        if resource_vars.contains(&k) {
-            return stack.function_env.get(k).cloned();
-        }
-        std::env::var(k)
-            .ok()
-            .or_else(|| stack.function_env.get(k).cloned())
-    })?)
+        v
+    })?;
+    Ok((config, read.into_inner()))
 }
 
 async fn drain(

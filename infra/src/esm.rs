@@ -1,5 +1,5 @@
 //! A local event-source mapping: polls an SQS queue the way Lambda's SQS trigger does and runs
-//! the processor's handler in-process.
+//! the processor's handler, in-process or as `bootstrap` processes behind a local Runtime API.
 //!
 //! Like Lambda it receives batches (up to `batch_size`, gathering for up to the batching
 //! window), builds the SQS event records (`eventSourceARN`, `SentTimestamp`,
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage, SqsMessageAttribute};
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
@@ -21,6 +21,59 @@ use payment_core::processor::now_ms;
 use payment_core::{BatchSummary, Processor};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
+
+use crate::runtime_api::RuntimeApi;
+
+/// What the mapping invokes.
+#[derive(Clone)]
+pub enum Function {
+    /// The processor's handler in this process, shared by all pollers.
+    InProcess(Arc<Processor>),
+    /// Function processes, one per poller (an execution environment runs one invocation at a
+    /// time), reached through their Runtime APIs.
+    Processes(Vec<Arc<RuntimeApi>>),
+}
+
+impl From<Arc<Processor>> for Function {
+    fn from(p: Arc<Processor>) -> Self {
+        Function::InProcess(p)
+    }
+}
+
+/// One poller's function.
+enum Target {
+    InProcess(Arc<Processor>),
+    Process(Arc<RuntimeApi>),
+}
+
+/// What an invocation came back with.
+enum Answer {
+    Response(SqsBatchResponse, Option<BatchSummary>),
+    FunctionError(String),
+}
+
+impl Target {
+    async fn call(&self, records: Vec<SqsMessage>, deadline_ms: i64) -> Result<Answer> {
+        match self {
+            Target::InProcess(p) => {
+                let (response, summary) = p.handle_batch(records, deadline_ms).await;
+                Ok(Answer::Response(response, Some(summary)))
+            }
+            Target::Process(api) => {
+                let mut event = SqsEvent::default();
+                event.records = records;
+                match api.invoke(serde_json::to_vec(&event)?, deadline_ms).await? {
+                    Ok(body) => Ok(Answer::Response(
+                        serde_json::from_slice(&body)
+                            .context("the function's answer is not an SQS batch response")?,
+                        None,
+                    )),
+                    Err(e) => Ok(Answer::FunctionError(e)),
+                }
+            }
+        }
+    }
+}
 
 /// How to poll.
 #[derive(Debug, Clone)]
@@ -56,6 +109,8 @@ pub struct EsmStats {
     pub received: u64,
     /// Messages deleted after a successful invocation.
     pub deleted: u64,
+    /// Invocations that ended in a function error (their whole batch comes back).
+    pub function_errors: u64,
     /// The handler's own counts, summed.
     pub summary: BatchSummary,
 }
@@ -67,6 +122,7 @@ impl EsmStats {
         self.timeouts += other.timeouts;
         self.received += other.received;
         self.deleted += other.deleted;
+        self.function_errors += other.function_errors;
         self.summary.merge(&other.summary);
     }
 }
@@ -135,12 +191,28 @@ pub fn to_record(m: &aws_sdk_sqs::types::Message, arn: &str, region: &str) -> Sq
     r
 }
 
-/// Polls until drained (with `until_empty`) or forever, invoking the processor per batch.
+/// Polls until drained (with `until_empty`) or forever, invoking the function per batch.
 pub async fn run(
-    processor: Arc<Processor>,
+    function: impl Into<Function>,
     sqs: aws_sdk_sqs::Client,
     opts: EsmOptions,
 ) -> Result<EsmStats> {
+    let pollers = opts.pollers.max(1);
+    let targets: Vec<Target> = match function.into() {
+        Function::InProcess(p) => (0..pollers).map(|_| Target::InProcess(p.clone())).collect(),
+        Function::Processes(apis) => {
+            if apis.len() < pollers {
+                bail!(
+                    "{pollers} pollers need {pollers} function processes, got {}",
+                    apis.len()
+                );
+            }
+            apis.into_iter()
+                .take(pollers)
+                .map(Target::Process)
+                .collect()
+        }
+    };
     let arn = queue_arn(&sqs, &opts.queue_url).await?;
     let region = sqs
         .config()
@@ -150,9 +222,8 @@ pub async fn run(
     let stats = Arc::new(Mutex::new(EsmStats::default()));
     let started = Instant::now();
     let mut pollers = Vec::new();
-    for _ in 0..opts.pollers.max(1) {
-        let (processor, sqs, opts, arn, region, stats) = (
-            processor.clone(),
+    for target in targets {
+        let (sqs, opts, arn, region, stats) = (
             sqs.clone(),
             opts.clone(),
             arn.clone(),
@@ -182,7 +253,7 @@ pub async fn run(
                     continue;
                 }
                 idle = 0;
-                invoke(&processor, &sqs, &opts, &arn, &region, batch, &stats).await?;
+                invoke(&target, &sqs, &opts, &arn, &region, batch, &stats).await?;
             }
         }));
     }
@@ -228,7 +299,7 @@ async fn receive_batch(
 }
 
 async fn invoke(
-    processor: &Arc<Processor>,
+    target: &Target,
     sqs: &aws_sdk_sqs::Client,
     opts: &EsmOptions,
     arn: &str,
@@ -239,23 +310,33 @@ async fn invoke(
     let records: Vec<SqsMessage> = batch.iter().map(|m| to_record(m, arn, region)).collect();
     let deadline_ms = now_ms() + opts.function_timeout.as_millis() as i64;
     let n = records.len() as u64;
-    let result = tokio::time::timeout(
-        opts.function_timeout,
-        processor.handle_batch(records, deadline_ms),
-    )
-    .await;
+    let result =
+        tokio::time::timeout(opts.function_timeout, target.call(records, deadline_ms)).await;
     let mut s = stats.lock().await;
     s.invocations += 1;
     s.received += n;
-    let Ok((response, summary)) = result else {
-        s.timeouts += 1;
-        warn!(
-            messages = n,
-            "invocation timed out; its messages come back after the visibility timeout"
-        );
-        return Ok(());
+    let response = match result {
+        Err(_) => {
+            s.timeouts += 1;
+            warn!(
+                messages = n,
+                "invocation timed out; its messages come back after the visibility timeout"
+            );
+            return Ok(());
+        }
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(Answer::FunctionError(e))) => {
+            s.function_errors += 1;
+            warn!(messages = n, error = %e, "function error; the whole batch comes back");
+            return Ok(());
+        }
+        Ok(Ok(Answer::Response(response, summary))) => {
+            if let Some(summary) = summary {
+                s.summary.merge(&summary);
+            }
+            response
+        }
     };
-    s.summary.merge(&summary);
     drop(s);
     let failed: std::collections::HashSet<String> = response
         .batch_item_failures

@@ -14,5 +14,6 @@ pub mod dlq;
 pub mod e2e;
 pub mod esm;
 pub mod load;
+pub mod runtime_api;
 pub mod sim;
 pub mod template;

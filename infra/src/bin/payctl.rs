@@ -110,6 +110,9 @@ enum Command {
         bootstraps: Vec<String>,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
+        /// Where the function processes' logs go.
+        #[arg(long, default_value = ".local/run")]
+        logs: PathBuf,
     },
     /// The dead-letter queue: list, redrive.
     Dlq {
@@ -330,6 +333,7 @@ async fn main() -> Result<()> {
             cold_start_runs,
             bootstraps,
             out,
+            logs,
         } => {
             let bootstraps = bootstraps
                 .iter()
@@ -348,6 +352,7 @@ async fn main() -> Result<()> {
                     cold_start_runs,
                     bootstraps,
                     out_dir: out,
+                    log_dir: logs,
                 },
             )
             .await?;
