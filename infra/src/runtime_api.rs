@@ -261,12 +261,12 @@ impl Drop for FunctionProcess {
 }
 
 impl FunctionProcess {
-    /// Starts `bootstrap` with only the Lambda variables and `function_env`, its stderr (the
-    /// function's logs) going to `logs`; returns once it asks for its first invocation.
+    /// Starts `bootstrap` with only the Lambda variables and `function_env`, its output (logs
+    /// and metrics) going to `logs`; returns once it asks for its first invocation.
     pub async fn spawn(
         bootstrap: &Path,
         function_env: &BTreeMap<String, String>,
-        logs: Stdio,
+        logs: std::fs::File,
     ) -> Result<Self> {
         let api = Arc::new(RuntimeApi::start().await?);
         let child = std::process::Command::new(bootstrap)
@@ -274,7 +274,7 @@ impl FunctionProcess {
             .envs(lambda_environment(api.address()))
             .envs(function_env)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(logs.try_clone()?)
             .stderr(logs)
             .spawn()
             .with_context(|| format!("starting {}", bootstrap.display()))?;

@@ -88,9 +88,7 @@ pub async fn build_processor_with(
     dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
 ) -> Result<Arc<Processor>, InitError> {
-    let key = resolve_api_key(&config.api_key, sdk).await?;
-    let provider = StripeClient::new(&config.payment_api_url, key, config.provider_timeout)
-        .map_err(|e| InitError::Http(e.to_string()))?;
+    let provider = provider_from(config, sdk).await?;
     let store = DynamoStore::new(dynamodb, config.idempotency_table.clone());
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
     Ok(Arc::new(Processor::new(
@@ -99,6 +97,16 @@ pub async fn build_processor_with(
         Arc::new(queues),
         config.settings.clone(),
     )))
+}
+
+/// The provider client of a configuration, its API key read once.
+pub async fn provider_from(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+) -> Result<StripeClient, InitError> {
+    let key = resolve_api_key(&config.api_key, sdk).await?;
+    StripeClient::new(&config.payment_api_url, key, config.provider_timeout)
+        .map_err(|e| InitError::Http(e.to_string()))
 }
 
 /// Reads the environment and builds the processor: the function's whole init.

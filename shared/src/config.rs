@@ -11,7 +11,7 @@ use secrecy::SecretString;
 use crate::processor::{Settings, DEFAULT_TTL_SECONDS};
 
 /// Where the provider's API key comes from.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum ApiKeySource {
     /// `PAYMENT_API_KEY_SECRET_ARN`: read from Secrets Manager once at init.
     SecretArn(String),
@@ -20,7 +20,7 @@ pub enum ApiKeySource {
 }
 
 /// The processor's configuration.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// `IDEMPOTENCY_TABLE`: the idempotency table's name.
     pub idempotency_table: String,

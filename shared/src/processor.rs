@@ -879,7 +879,7 @@ pub fn visibility_extension(visibility: Duration, held_for: Duration) -> Duratio
 }
 
 /// The record's outcome for a definitive answer, and the DLQ code where the message must go.
-fn outcome_of(
+pub fn outcome_of(
     request: &PaymentRequest,
     response: &ProviderResponse,
 ) -> (Outcome, Option<(&'static str, String)>) {

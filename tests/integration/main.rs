@@ -6,6 +6,7 @@
 
 mod chaos;
 mod failures;
+mod function_process;
 mod helpers;
 mod operations;
 
