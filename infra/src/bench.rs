@@ -27,7 +27,7 @@ use crate::esm::{self, EsmOptions, Function};
 use crate::load::{payment_body, send_all};
 use crate::runtime_api::{lambda_environment, FunctionProcess};
 use crate::sim::SimClient;
-use crate::template::{provision, unique_stack_name, ProvisionOptions, Stack};
+use crate::template::{provision, teardown, unique_stack_name, ProvisionOptions, Stack};
 
 /// Counts AWS requests by operation (`x-amz-target`), as they leave for the wire.
 #[derive(Debug, Clone, Default)]
@@ -228,10 +228,11 @@ async fn throughput(
         esm_opts(&stack, pollers),
     )
     .await?;
-    let (mut cpu_seconds, mut peak_rss_kib) = (0.0, 0);
+    let (mut cpu_seconds, mut system_seconds, mut peak_rss_kib) = (0.0, 0.0, 0);
     for f in functions {
         let usage = f.stop().await?;
         cpu_seconds += usage.cpu_seconds;
+        system_seconds += usage.system_seconds;
         peak_rss_kib = peak_rss_kib.max(usage.peak_rss_kib);
     }
     if stats.timeouts + stats.function_errors > 0 {
@@ -264,6 +265,7 @@ async fn throughput(
         .max()
         .unwrap_or(drain_started_ms);
     let elapsed = ((last - drain_started_ms) as f64 / 1000.0).max(1e-3);
+    teardown(sdk, &stack).await?;
     Ok(json!({
         "pollers": pollers,
         "messages": bodies.len(),
@@ -275,6 +277,7 @@ async fn throughput(
         "latencies_ms": latencies,
         "function_processes": pollers,
         "cpu_ms_per_1000_payments": cpu_seconds * 1000.0 / n as f64 * 1000.0,
+        "system_cpu_ms_per_1000_payments": system_seconds * 1000.0 / n as f64 * 1000.0,
         "peak_rss_kib": peak_rss_kib,
         "invocations": stats.invocations,
     }))
@@ -393,8 +396,10 @@ async fn emulator_capacity(
             .join()
             .map_err(|_| anyhow::anyhow!("a capacity poller panicked"))??;
     }
+    let elapsed = started.elapsed().as_secs_f64();
+    teardown(sdk, &stack).await?;
     Ok((
-        bodies.len() as f64 / started.elapsed().as_secs_f64(),
+        bodies.len() as f64 / elapsed,
         cpu_seconds * 1000.0 / opts.payments as f64,
     ))
 }
@@ -561,6 +566,7 @@ async fn calls_per_payment(
         .copied()
         .unwrap_or(0);
     measure.push(json!({"case": "in_progress_elsewhere", "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}));
+    teardown(sdk, &s.stack).await?;
     Ok(json!(measure))
 }
 
@@ -648,17 +654,17 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         "benchmark: {} payments (+10% duplicates), 1 and {} concurrent batches",
         opts.payments, opts.pollers
     );
-    let one = throughput(sdk, opts, 1, "a").await?;
-    let many = throughput(sdk, opts, opts.pollers, "b").await?;
-    // The ceiling is the better of two runs, so that noise does not lower it.
+    // Each processor run between two runs of the stack alone; the ceiling is the better of the
+    // two, so that neither noise nor the emulator's drift lowers it.
+    let mut runs = Vec::new();
     let mut capacity = BTreeMap::new();
-    for pollers in [1, opts.pollers] {
-        let (a, b) = (
-            emulator_capacity(sdk, opts, pollers).await?,
-            emulator_capacity(sdk, opts, pollers).await?,
-        );
-        capacity.insert(pollers, if a.0 >= b.0 { a } else { b });
+    for (pollers, tag) in [(1, "a"), (opts.pollers, "b")] {
+        let before = emulator_capacity(sdk, opts, pollers).await?;
+        runs.push(throughput(sdk, opts, pollers, tag).await?);
+        let after = emulator_capacity(sdk, opts, pollers).await?;
+        capacity.insert(pollers, if before.0 >= after.0 { before } else { after });
     }
+    let (one, many) = (runs[0].clone(), runs[1].clone());
     let (cap_one, floor_one) = capacity[&1];
     let (cap_many, floor_many) = capacity[&opts.pollers];
     let calls = calls_per_payment(sdk, opts).await?;
@@ -731,8 +737,9 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             t["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
         ));
         s.push_str(&format!(
-            "| function CPU per payment, {p} batch(es) (all {p} `bootstrap` processes, user + system) | {:.3} ms; the same calls alone: {:.3} ms |\n",
+            "| function CPU per payment, {p} batch(es) (all {p} `bootstrap` processes, user + system) | {:.3} ms, of which system {:.3} ms; the same calls alone, from the benchmark's build: {:.3} ms |\n",
             t["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
+            t["system_cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
             r["bare_calls_cpu_ms_per_payment"][p.to_string()]
                 .as_f64()
                 .unwrap_or(0.0)

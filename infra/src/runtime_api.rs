@@ -241,6 +241,8 @@ pub fn lambda_environment(address: &str) -> Vec<(String, String)> {
 pub struct ProcessUsage {
     /// User plus system CPU seconds over the process's whole life, init included.
     pub cpu_seconds: f64,
+    /// The system (kernel) part of `cpu_seconds`: here mostly the loopback network.
+    pub system_seconds: f64,
     /// Peak resident set size, KiB.
     pub peak_rss_kib: i64,
 }
@@ -338,6 +340,7 @@ impl FunctionProcess {
             let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
             Ok(ProcessUsage {
                 cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime),
+                system_seconds: secs(usage.ru_stime),
                 peak_rss_kib: usage.ru_maxrss,
             })
         })

@@ -40,6 +40,28 @@ pub fn unique_stack_name(prefix: &str) -> String {
     )
 }
 
+/// Deletes what [`provision`] created (its queues and tables), so that a long local run does
+/// not leave the emulator holding every earlier run's data.
+pub async fn teardown(sdk: &aws_config::SdkConfig, stack: &Stack) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    for url in stack.queues.values() {
+        sqs.delete_queue()
+            .queue_url(url)
+            .send()
+            .await
+            .with_context(|| format!("deleting the queue {url}"))?;
+    }
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    for table in stack.tables.values() {
+        ddb.delete_table()
+            .table_name(table)
+            .send()
+            .await
+            .with_context(|| format!("deleting the table {table}"))?;
+    }
+    Ok(())
+}
+
 /// The local event-source mapping's settings, from the function's SQS event.
 #[derive(Debug, Clone)]
 pub struct EventSource {
