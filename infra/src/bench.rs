@@ -137,21 +137,27 @@ struct Instrumented {
     sim: SimClient,
 }
 
-async fn instrumented_stack(
+/// A fresh stack from the template for one measurement (30 s visibility timeout), and its name.
+async fn bench_stack(
     sdk: &aws_config::SdkConfig,
-    template: &Path,
-    name: &str,
-) -> Result<Instrumented> {
+    opts: &BenchOptions,
+    prefix: &str,
+) -> Result<(String, Stack)> {
+    let name = unique_stack_name(prefix);
     let stack = provision(
         sdk,
-        template,
+        &opts.template,
         &ProvisionOptions {
-            stack_name: name.to_owned(),
+            stack_name: name.clone(),
             visibility_timeout: Some(30),
             ..Default::default()
         },
     )
     .await?;
+    Ok((name, stack))
+}
+
+async fn instrumented_stack(stack: Stack, sdk: &aws_config::SdkConfig) -> Result<Instrumented> {
     let config = config_for(&stack, &bench_overrides())?;
     let calls = CallCounter::default();
     let ddb = aws_sdk_dynamodb::Client::from_conf(
@@ -197,17 +203,7 @@ async fn throughput(
     pollers: usize,
     tag: &str,
 ) -> Result<serde_json::Value> {
-    let name = unique_stack_name(&format!("bench{tag}"));
-    let stack = provision(
-        sdk,
-        &opts.template,
-        &ProvisionOptions {
-            stack_name: name.clone(),
-            visibility_timeout: Some(30),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let (name, stack) = bench_stack(sdk, opts, &format!("bench{tag}")).await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let (_, env) = function_environment(&stack, &bench_overrides())?;
     std::fs::create_dir_all(&opts.log_dir)?;
@@ -359,17 +355,7 @@ async fn emulator_capacity(
     opts: &BenchOptions,
     pollers: usize,
 ) -> Result<(f64, f64)> {
-    let name = unique_stack_name("benchcap");
-    let stack = provision(
-        sdk,
-        &opts.template,
-        &ProvisionOptions {
-            stack_name: name.clone(),
-            visibility_timeout: Some(30),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let (name, stack) = bench_stack(sdk, opts, "benchcap").await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let config = config_for(&stack, &bench_overrides())?;
     let bodies = backlog(&name, opts.payments);
@@ -471,8 +457,8 @@ async fn calls_per_payment(
     sdk: &aws_config::SdkConfig,
     opts: &BenchOptions,
 ) -> Result<serde_json::Value> {
-    let name = unique_stack_name("benchcalls");
-    let s = instrumented_stack(sdk, &opts.template, &name).await?;
+    let (name, stack) = bench_stack(sdk, opts, "benchcalls").await?;
+    let s = instrumented_stack(stack, sdk).await?;
     let url = s.stack.event_source.queue_url.clone();
     let table = s
         .stack
