@@ -4,9 +4,9 @@
 //!
 //! The throughput runs drive the shipped release `bootstrap` as Lambda does: one process per
 //! concurrent batch behind a local Runtime API, fed by the local event-source mapping in this
-//! process. The OS accounts those processes apart (`wait4`): their CPU time and peak RSS are the
-//! function's own, without the poller, the emulator or the simulator. AWS calls per payment are
-//! counted on the wire by an SDK interceptor around the same processor code run in-process
+//! process. The OS accounts those processes apart (CPU time from `wait4`, peak RSS from
+//! `VmHWM`): the function's own, without the poller, the emulator or the simulator. AWS calls
+//! per payment are counted on the wire by an SDK interceptor around the same processor code run in-process
 //! (every attempt, retries included); provider calls by the simulator's ledger.
 
 use std::collections::{BTreeMap, HashMap};

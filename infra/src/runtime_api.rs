@@ -236,15 +236,28 @@ pub fn lambda_environment(address: &str) -> Vec<(String, String)> {
     env
 }
 
-/// CPU time and peak memory of a function process, from the OS (`wait4`).
+/// CPU time and peak memory of a function process, from the OS.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcessUsage {
-    /// User plus system CPU seconds over the process's whole life, init included.
+    /// User plus system CPU seconds over the process's whole life, init included (`wait4`).
     pub cpu_seconds: f64,
     /// The system (kernel) part of `cpu_seconds`: here mostly the loopback network.
     pub system_seconds: f64,
-    /// Peak resident set size, KiB.
+    /// Peak resident set size of the function's own memory, KiB (`VmHWM`, read just before
+    /// it stops). Not `wait4`'s `ru_maxrss`: Linux carries the spawning process's high-water
+    /// mark over the `exec`, so that would report this poller's memory, not the function's.
     pub peak_rss_kib: i64,
+}
+
+/// The peak resident set size of a running process, KiB, from `/proc/<pid>/status`.
+fn peak_rss_kib(pid: u32) -> Result<i64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmHWM in {path}"))
 }
 
 /// A `bootstrap` process running behind its own Runtime API.
@@ -321,6 +334,7 @@ impl FunctionProcess {
             bail!("the function process was already stopped");
         };
         let pid = child.id() as libc::pid_t;
+        let peak_rss_kib = peak_rss_kib(child.id())?;
         tokio::task::spawn_blocking(move || {
             // SAFETY: `pid` is our unreaped child (only this call waits for it); wait4 fills the
             // status and the rusage it is given.
@@ -341,7 +355,7 @@ impl FunctionProcess {
             Ok(ProcessUsage {
                 cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime),
                 system_seconds: secs(usage.ru_stime),
-                peak_rss_kib: usage.ru_maxrss,
+                peak_rss_kib,
             })
         })
         .await?
