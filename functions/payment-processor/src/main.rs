@@ -8,6 +8,10 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use payment_core::{processor::now_ms, telemetry, Processor};
 
+// mimalloc: about a tenth less CPU per payment than glibc's malloc (see Cargo.toml).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 async fn handle(
     processor: Arc<Processor>,
     event: LambdaEvent<SqsEvent>,
