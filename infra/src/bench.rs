@@ -92,20 +92,22 @@ pub struct BenchOptions {
     pub log_dir: PathBuf,
 }
 
+/// This machine's architecture, as Lambda names it: the only bootstrap that runs here.
+const HOST_ARCH: &str = if cfg!(target_arch = "x86_64") {
+    "x86_64"
+} else {
+    "arm64"
+};
+
 impl BenchOptions {
-    /// The bootstrap built for this machine's architecture (the one that runs here).
+    /// The bootstrap built for this machine's architecture.
     fn host_bootstrap(&self) -> Result<&Path> {
-        let host = if cfg!(target_arch = "x86_64") {
-            "x86_64"
-        } else {
-            "arm64"
-        };
         self.bootstraps
             .iter()
-            .find(|(arch, _)| arch == host)
+            .find(|(arch, _)| arch == HOST_ARCH)
             .map(|(_, p)| p.as_path())
             .with_context(|| {
-                format!("the benchmark runs the {host} bootstrap: pass --bootstrap {host}=PATH")
+                format!("the benchmark runs the {HOST_ARCH} bootstrap: pass --bootstrap {HOST_ARCH}=PATH")
             })
     }
 }
@@ -207,11 +209,12 @@ async fn throughput(
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let (_, env) = function_environment(&stack, &bench_overrides())?;
     std::fs::create_dir_all(&opts.log_dir)?;
+    let bootstrap = opts.host_bootstrap()?;
     let mut functions = Vec::with_capacity(pollers);
     for i in 0..pollers {
         let log = opts.log_dir.join(format!("bench-{name}-function-{i}.log"));
         let log = std::fs::File::create(&log).with_context(|| format!("{}", log.display()))?;
-        functions.push(FunctionProcess::spawn(opts.host_bootstrap()?, &env, log).await?);
+        functions.push(FunctionProcess::spawn(bootstrap, &env, log).await?);
     }
     let n = opts.payments;
     let bodies = backlog(&name, n);
@@ -239,12 +242,11 @@ async fn throughput(
             opts.log_dir.display()
         );
     }
-    let table = stack
-        .function_env
-        .get("IDEMPOTENCY_TABLE")
-        .cloned()
-        .unwrap_or_default();
-    let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &table).await?;
+    let records = scan_records(
+        &aws_sdk_dynamodb::Client::new(sdk),
+        stack.function_var("IDEMPOTENCY_TABLE")?,
+    )
+    .await?;
     let mut latencies: Vec<f64> = records
         .values()
         .filter_map(|r| r.completed_at_ms)
@@ -460,12 +462,6 @@ async fn calls_per_payment(
     let (name, stack) = bench_stack(sdk, opts, "benchcalls").await?;
     let s = instrumented_stack(stack, sdk).await?;
     let url = s.stack.event_source.queue_url.clone();
-    let table = s
-        .stack
-        .function_env
-        .get("IDEMPOTENCY_TABLE")
-        .cloned()
-        .unwrap_or_default();
     let once = |pid: String| {
         let (s_sqs, url) = (s.sqs.clone(), url.clone());
         async move {
@@ -499,37 +495,34 @@ async fn calls_per_payment(
                 .map(|m| esm::to_record(m, &arn, "us-east-1"))
                 .collect()
         };
+    // One invocation with the records of `pid`: the AWS calls it made and its provider calls.
+    let measured = |case: &'static str, pid: String, records| {
+        let s = &s;
+        async move {
+            let before = s.calls.snapshot();
+            let provider_before = s.sim.ledger_for(&pid).await?.calls_for(&pid);
+            s.processor.handle_batch(records, now_ms() + 60_000).await;
+            let provider = s.sim.ledger_for(&pid).await?.calls_for(&pid) - provider_before;
+            Ok::<_, anyhow::Error>(
+                json!({"case": case, "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}),
+            )
+        }
+    };
     let mut measure = Vec::new();
     // New payment, then a duplicate of it.
     let pid = format!("{name}-new");
     for case in ["new_payment", "duplicate_of_completed"] {
-        let recs = to_records(once(pid.clone()).await?);
-        let before = s.calls.snapshot();
-        let ledger_before = s
-            .sim
-            .ledger_for(&pid)
-            .await?
-            .calls
-            .get(&pid)
-            .copied()
-            .unwrap_or(0);
-        s.processor.handle_batch(recs, now_ms() + 60_000).await;
-        let provider = s
-            .sim
-            .ledger_for(&pid)
-            .await?
-            .calls
-            .get(&pid)
-            .copied()
-            .unwrap_or(0)
-            - ledger_before;
-        measure.push(json!({"case": case, "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}));
+        let records = to_records(once(pid.clone()).await?);
+        measure.push(measured(case, pid.clone(), records).await?);
     }
     // In progress elsewhere: another worker holds a live lease.
     let busy = format!("{name}-busy");
     let req =
         payment_core::domain::PaymentRequest::parse(&payment_body(&busy, 100, "pm_card_visa"))?;
-    let store = payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    let store = payment_core::dynamo::DynamoStore::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        s.stack.function_var("IDEMPOTENCY_TABLE")?.to_owned(),
+    );
     store
         .claim(&ClaimRequest {
             payment_id: req.payment_id.clone(),
@@ -540,18 +533,8 @@ async fn calls_per_payment(
             expires_at_s: now_ms() / 1000 + 3600,
         })
         .await?;
-    let recs = to_records(once(busy.clone()).await?);
-    let before = s.calls.snapshot();
-    s.processor.handle_batch(recs, now_ms() + 60_000).await;
-    let provider = s
-        .sim
-        .ledger_for(&busy)
-        .await?
-        .calls
-        .get(&busy)
-        .copied()
-        .unwrap_or(0);
-    measure.push(json!({"case": "in_progress_elsewhere", "dynamodb": s.calls.since(&before, "DynamoDB"), "sqs": s.calls.since(&before, "AmazonSQS"), "provider": provider}));
+    let records = to_records(once(busy.clone()).await?);
+    measure.push(measured("in_progress_elsewhere", busy, records).await?);
     teardown(sdk, &s.stack).await?;
     Ok(json!(measure))
 }
@@ -654,7 +637,6 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     let (cap_one, floor_one) = capacity[&1];
     let (cap_many, floor_many) = capacity[&opts.pollers];
     let calls = calls_per_payment(sdk, opts).await?;
-    let mut cold = BTreeMap::new();
     let mut sizes = BTreeMap::new();
     for (arch, path) in &opts.bootstraps {
         sizes.insert(
@@ -663,10 +645,11 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
                 .with_context(|| format!("{}", path.display()))?
                 .len(),
         );
-        if cfg!(target_arch = "x86_64") == (arch == "x86_64") {
-            cold.insert(arch.clone(), cold_start(path, opts.cold_start_runs).await?);
-        }
     }
+    let cold = BTreeMap::from([(
+        HOST_ARCH,
+        cold_start(opts.host_bootstrap()?, opts.cold_start_runs).await?,
+    )]);
     let rss = [&one, &many]
         .iter()
         .filter_map(|t| t["peak_rss_kib"].as_i64())

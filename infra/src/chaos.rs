@@ -108,16 +108,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     )
     .await?;
     let queue_url = stack.event_source.queue_url.clone();
-    let dlq_url = stack
-        .function_env
-        .get("DEAD_LETTER_QUEUE_URL")
-        .cloned()
-        .context("no DEAD_LETTER_QUEUE_URL in the template")?;
-    let table = stack
-        .function_env
-        .get("IDEMPOTENCY_TABLE")
-        .cloned()
-        .context("no IDEMPOTENCY_TABLE in the template")?;
+    let dlq_url = stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned();
+    let table = stack.function_var("IDEMPOTENCY_TABLE")?.to_owned();
     let sim_url = std::env::var("PAYMENT_API_URL")
         .context("PAYMENT_API_URL (the provider simulator) is not set")?;
     let sim = SimClient::new(&sim_url);

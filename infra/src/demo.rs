@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use payment_core::config::Config;
 use payment_core::Processor;
 use serde_json::json;
@@ -107,21 +107,13 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
         },
     )
     .await?;
-    let dlq_url = stack
-        .function_env
-        .get("DEAD_LETTER_QUEUE_URL")
-        .cloned()
-        .context("template gives the function no DEAD_LETTER_QUEUE_URL")?;
+    let dlq_url = stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned();
     println!(
         "provisioned from {}: queue {}, DLQ {}, table {}",
         opts.template.display(),
         stack.event_source.queue_url,
         dlq_url,
-        stack
-            .function_env
-            .get("IDEMPOTENCY_TABLE")
-            .cloned()
-            .unwrap_or_default()
+        stack.function_var("IDEMPOTENCY_TABLE")?
     );
 
     let overrides: BTreeMap<String, String> = [
@@ -176,20 +168,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
 
     let depth = esm::queue_depth(&sqs, &stack.event_source.queue_url).await?;
     let dlq = drain_dlq(&sqs, &dlq_url).await?;
-    let table = stack
-        .function_env
-        .get("IDEMPOTENCY_TABLE")
-        .cloned()
-        .unwrap_or_default();
-    let records = scan_records(&ddb, &table).await?;
+    let records = scan_records(&ddb, stack.function_var("IDEMPOTENCY_TABLE")?).await?;
     let ledger = sim.ledger().await?;
     let verdict = verify(&sent, &ledger, &records, &dlq, depth);
-    let calls: u64 = ledger
-        .calls
-        .iter()
-        .filter(|(k, _)| k.starts_with(&run_id))
-        .map(|(_, n)| n)
-        .sum();
+    let calls = ledger.calls_under(&run_id);
 
     println!();
     println!("== summary (checked against the provider's ledger, the table and the DLQ) ==");

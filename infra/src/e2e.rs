@@ -127,19 +127,14 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
     let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &opts.table).await?;
     let ledger = sim.ledger().await?;
     let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
-    let flaky_calls = ledger.calls.get(&flaky).copied().unwrap_or(0);
+    let flaky_calls = ledger.calls_for(&flaky);
     let flaky_attempts = records.get(&flaky).map(|r| r.attempts).unwrap_or(0);
     if flaky_attempts < 2 || flaky_calls < 4 {
         verdict.violations.push(format!(
             "{flaky} should have failed its first delivery and been charged on a redelivery: {flaky_attempts} attempts, {flaky_calls} provider calls"
         ));
     }
-    let provider_calls: u64 = ledger
-        .calls
-        .iter()
-        .filter(|(k, _)| k.starts_with(p.as_str()))
-        .map(|(_, n)| n)
-        .sum();
+    let provider_calls = ledger.calls_under(p);
     println!();
     println!("== e2e on the deployed stack (ledger, table, DLQ) ==");
     verdict.print_counts(sent.len());

@@ -29,6 +29,22 @@ pub struct Ledger {
     pub calls: HashMap<String, u64>,
 }
 
+impl Ledger {
+    /// `POST /v1/payment_intents` calls for one key.
+    pub fn calls_for(&self, key: &str) -> u64 {
+        self.calls.get(key).copied().unwrap_or(0)
+    }
+
+    /// `POST /v1/payment_intents` calls for every key starting with `prefix` (one run's).
+    pub fn calls_under(&self, prefix: &str) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
 fn encode(v: &str) -> String {
     v.bytes()
         .map(|b| {

@@ -32,6 +32,16 @@ pub struct ProvisionOptions {
     pub fifo: bool,
 }
 
+impl Stack {
+    /// A variable of the function's resolved environment (`IDEMPOTENCY_TABLE`, ...).
+    pub fn function_var(&self, name: &str) -> Result<&str> {
+        self.function_env
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("the template gives the function no {name}"))
+    }
+}
+
 /// `prefix` followed by six random hex digits: a stack name no earlier run used.
 pub fn unique_stack_name(prefix: &str) -> String {
     format!(

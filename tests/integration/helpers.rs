@@ -349,12 +349,7 @@ impl TestStack {
 
     /// Provider calls received for a payment.
     pub async fn calls(&self, payment_id: &str) -> u64 {
-        self.ledger(payment_id)
-            .await
-            .calls
-            .get(payment_id)
-            .copied()
-            .unwrap_or(0)
+        self.ledger(payment_id).await.calls_for(payment_id)
     }
 
     /// Adds a fault rule for payment ids starting with `prefix`.
