@@ -10,6 +10,9 @@ use secrecy::SecretString;
 
 use crate::processor::{Settings, DEFAULT_TTL_SECONDS};
 
+/// Clock skew allowed between this host and the payment provider, in the key-retention margin.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
 /// Where the provider's API key comes from.
 #[derive(Debug, Clone)]
 pub enum ApiKeySource {
@@ -35,7 +38,8 @@ pub struct Config {
     /// Protocol tunables (`IDEMPOTENCY_TTL_SECONDS` or `IDEMPOTENCY_TTL_DAYS`, `MAX_CONCURRENCY`, `LEASE_SECONDS`,
     /// `PROVIDER_MAX_ATTEMPTS`, `REDELIVERY_BASE_DELAY_SECONDS`, `REDELIVERY_MAX_DELAY_SECONDS`,
     /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`, `PROVIDER_KEY_RETENTION_SECONDS`,
-    /// `PROVIDER_KEY_RETENTION_MARGIN_SECONDS`).
+    /// `PROVIDER_KEY_RETENTION_MARGIN_SECONDS`, `PROVIDER_PROCESSING_ALLOWANCE_SECONDS`,
+    /// `PROVIDER_SEARCH_LAG_SECONDS`, `RETRY_HORIZON_SECONDS`, `QUEUE_MAX_RECEIVE_COUNT`).
     pub settings: Settings,
 }
 
@@ -156,14 +160,56 @@ impl Config {
                 0,
                 86_400,
             )?),
+            provider_processing_allowance: Duration::from_secs(number(
+                "PROVIDER_PROCESSING_ALLOWANCE_SECONDS",
+                defaults.provider_processing_allowance.as_secs(),
+                0,
+                300,
+            )?),
+            search_lag: Duration::from_secs(number(
+                "PROVIDER_SEARCH_LAG_SECONDS",
+                defaults.search_lag.as_secs(),
+                0,
+                86_400,
+            )?),
+            retry_horizon: Duration::from_secs(number(
+                "RETRY_HORIZON_SECONDS",
+                defaults.retry_horizon.as_secs(),
+                0,
+                14 * 86_400,
+            )?),
+            max_receive_count: match get("QUEUE_MAX_RECEIVE_COUNT") {
+                Some(v) if !v.trim().is_empty() => {
+                    Some(number("QUEUE_MAX_RECEIVE_COUNT", 0, 1, 1_000)? as u32)
+                }
+                _ => None,
+            },
             ..defaults
         };
         let provider_timeout =
             Duration::from_secs(number("PAYMENT_API_TIMEOUT_SECONDS", 10, 1, 300)?);
-        if provider_timeout >= settings.lease {
+        let call_window = provider_timeout + settings.provider_processing_allowance;
+        if call_window >= settings.lease {
             return Err(err(
                 "LEASE_SECONDS",
-                "must be longer than PAYMENT_API_TIMEOUT_SECONDS: a call is only sent while the lease outlasts it",
+                format!(
+                    "must be longer than PAYMENT_API_TIMEOUT_SECONDS + PROVIDER_PROCESSING_ALLOWANCE_SECONDS ({} s): a call is only sent while the lease outlasts both",
+                    call_window.as_secs()
+                ),
+            ));
+        }
+        // The longest attempt (a lease, and a call sent at its end) plus clock skew with the
+        // provider: a smaller margin lets a blind call land after the key may be forgotten.
+        let least_margin = settings.lease + call_window + MAX_CLOCK_SKEW;
+        if settings.key_retention_margin < least_margin {
+            return Err(err(
+                "PROVIDER_KEY_RETENTION_MARGIN_SECONDS",
+                format!(
+                    "must be at least LEASE_SECONDS + PAYMENT_API_TIMEOUT_SECONDS + PROVIDER_PROCESSING_ALLOWANCE_SECONDS + {} s of clock skew = {} s, got {} s",
+                    MAX_CLOCK_SKEW.as_secs(),
+                    least_margin.as_secs(),
+                    settings.key_retention_margin.as_secs()
+                ),
             ));
         }
         Ok(Self {
@@ -261,14 +307,44 @@ mod tests {
         pairs.extend([
             ("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "30"),
             ("PROVIDER_KEY_RETENTION_SECONDS", "600"),
-            ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "60"),
+            ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "120"),
             ("LEASE_SECONDS", "45"),
+            ("PROVIDER_SEARCH_LAG_SECONDS", "30"),
+            ("RETRY_HORIZON_SECONDS", "7200"),
+            ("QUEUE_MAX_RECEIVE_COUNT", "7"),
         ]);
         let c = Config::from_lookup(env(&pairs)).unwrap();
         assert_eq!(c.settings.visibility_timeout, Duration::from_secs(30));
         assert_eq!(c.settings.provider_key_retention, Duration::from_secs(600));
-        assert_eq!(c.settings.key_retention_margin, Duration::from_secs(60));
+        assert_eq!(c.settings.key_retention_margin, Duration::from_secs(120));
         assert_eq!(c.settings.heartbeat_interval(), Duration::from_secs(10));
+        assert_eq!(c.settings.search_lag, Duration::from_secs(30));
+        assert_eq!(c.settings.retry_horizon, Duration::from_secs(7200));
+        assert_eq!(c.settings.max_receive_count, Some(7));
+    }
+
+    #[test]
+    fn a_margin_shorter_than_the_longest_attempt_plus_skew_is_refused() {
+        // 45 s lease + 10 s timeout + 5 s allowance + 60 s skew = 120 s.
+        let mut pairs = BASE.to_vec();
+        pairs.extend([
+            ("LEASE_SECONDS", "45"),
+            ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "119"),
+        ]);
+        let e = Config::from_lookup(env(&pairs)).unwrap_err();
+        assert_eq!(e.var, "PROVIDER_KEY_RETENTION_MARGIN_SECONDS");
+        assert!(e.to_string().contains("120 s"), "{e}");
+    }
+
+    #[test]
+    fn a_lease_that_cannot_hold_one_call_is_refused() {
+        let mut pairs = BASE.to_vec();
+        pairs.extend([
+            ("LEASE_SECONDS", "14"),
+            ("PAYMENT_API_TIMEOUT_SECONDS", "10"),
+            ("PROVIDER_PROCESSING_ALLOWANCE_SECONDS", "4"),
+        ]);
+        assert_eq!(Config::from_lookup(env(&pairs)).unwrap_err().var, "LEASE_SECONDS");
     }
 
     #[test]

@@ -22,7 +22,9 @@ pub const MIN_AMOUNT: i64 = 1;
 pub const MAX_AMOUNT: i64 = 99_999_999;
 const MAX_ID_LEN: usize = 255;
 const MAX_DESCRIPTION_LEN: usize = 1_000;
-const MAX_METADATA_KEYS: usize = 50;
+/// Stripe accepts at most 50 metadata keys and the processor adds `metadata[payment_id]`, so a
+/// message may carry 49.
+const MAX_METADATA_KEYS: usize = 49;
 const MAX_METADATA_KEY_LEN: usize = 40;
 const MAX_METADATA_VALUE_LEN: usize = 500;
 
@@ -339,12 +341,25 @@ mod tests {
             let b = body(case.clone());
             assert_eq!(code_of(&b), "invalid_payment", "{case}");
         }
-        let many: serde_json::Map<String, serde_json::Value> = (0..51)
-            .map(|i| (format!("k{i}"), serde_json::Value::from("v")))
-            .collect();
+        let keys = |n: usize| -> serde_json::Map<String, serde_json::Value> {
+            (0..n)
+                .map(|i| (format!("k{i}"), serde_json::Value::from("v")))
+                .collect()
+        };
+        // 50 keys + the processor's metadata[payment_id] would be 51 at the provider.
+        let e = PaymentRequest::parse(&body(serde_json::json!({ "metadata": keys(50) })))
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_payment");
+        assert!(e.to_string().contains("at most 49"), "{e}");
+        let ok = PaymentRequest::parse(&body(serde_json::json!({ "metadata": keys(49) })))
+            .expect("49 keys are accepted");
         assert_eq!(
-            code_of(&body(serde_json::json!({ "metadata": many }))),
-            "invalid_payment"
+            crate::stripe::StripeClient::form_fields(&ok)
+                .iter()
+                .filter(|(k, _)| k.starts_with("metadata["))
+                .count(),
+            50,
+            "Stripe's limit, with the processor's payment_id"
         );
         assert_eq!(code_of(&" ".repeat(MAX_BODY_BYTES + 1)), "invalid_payment");
     }

@@ -158,6 +158,7 @@ pub fn record_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
             .unwrap_or(false),
         last_error: get_s(item, "last_error"),
         completed_at_ms: get_n(item, "completed_at"),
+        not_before_ms: get_n(item, "not_before"),
     })
 }
 
@@ -176,7 +177,8 @@ impl IdempotencyStore for DynamoStore {
             )
             .condition_expression(
                 "attribute_not_exists(pk) OR (payload_hash = :h AND \
-                 ((#s = :in_progress AND lease_expires_at < :now) OR #s = :failed))",
+                 ((#s = :in_progress AND lease_expires_at < :now) OR \
+                  (#s = :failed AND (attribute_not_exists(not_before) OR not_before < :now))))",
             )
             .expression_attribute_names("#s", "status")
             .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
@@ -228,7 +230,8 @@ impl IdempotencyStore for DynamoStore {
         self.owned_update(
             payment_id,
             owner,
-            "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t REMOVE last_error",
+            "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t \
+             REMOVE last_error, not_before",
             vec![
                 (":completed", s(RecordStatus::Completed.as_str())),
                 (":o", outcome_to_attr(outcome)),
@@ -246,18 +249,24 @@ impl IdempotencyStore for DynamoStore {
         now_ms: i64,
         note: &FailureNote,
     ) -> Result<(), StoreError> {
-        self.owned_update(
-            payment_id,
-            owner,
-            "SET #s = :failed, last_error = :e, unknown_outcome = :u, lease_expires_at = :now",
-            vec![
-                (":failed", s(RecordStatus::Failed.as_str())),
-                (":e", s(&note.error)),
-                (":u", AttributeValue::Bool(note.unknown_outcome)),
-                (":now", n(now_ms)),
-            ],
-        )
-        .await
+        // The mark is sticky: a note that proves nothing leaves the stored mark alone, so only
+        // a completion ever writes `false` over `true`.
+        let mut update =
+            String::from("SET #s = :failed, last_error = :e, lease_expires_at = :now");
+        let mut values = vec![
+            (":failed", s(RecordStatus::Failed.as_str())),
+            (":e", s(&note.error)),
+            (":now", n(now_ms)),
+        ];
+        if note.unknown_outcome {
+            update.push_str(", unknown_outcome = :u");
+            values.push((":u", AttributeValue::Bool(true)));
+        }
+        if let Some(t) = note.not_before_ms {
+            update.push_str(", not_before = :nb");
+            values.push((":nb", n(t)));
+        }
+        self.owned_update(payment_id, owner, &update, values).await
     }
 
     async fn renew_lease(

@@ -99,6 +99,11 @@ pub struct IdempotencyRecord {
     pub last_error: Option<String>,
     /// Epoch ms of the completion (`completed_at`), for operators and latency measurements.
     pub completed_at_ms: Option<i64>,
+    /// Epoch ms before which no claim may take a `FAILED` record over (`not_before`): the last
+    /// call whose answer was not definitive may still land at the provider until then (its
+    /// send + the client timeout + the provider's processing allowance). Kept across claims,
+    /// so a later attempt knows when a lookup can prove that no charge exists.
+    pub not_before_ms: Option<i64>,
 }
 
 /// A fresh claim, written with one conditional write.
@@ -136,9 +141,13 @@ pub enum ClaimResult {
 pub struct FailureNote {
     /// Human-readable last error (never a secret).
     pub error: String,
-    /// The provider may have charged (timeout, dropped connection, `5xx`), or an earlier attempt
-    /// left the outcome unknown and nothing since settled it.
+    /// The provider may have charged (an answer that was not definitive), or an earlier attempt
+    /// left the outcome unknown. `true` sets the record's mark; `false` leaves the stored mark
+    /// as it is: only a completion clears it (the mark is sticky).
     pub unknown_outcome: bool,
+    /// When set, the record refuses every claim until this epoch ms (`not_before`): a call of
+    /// this attempt may still land at the provider until then.
+    pub not_before_ms: Option<i64>,
 }
 
 /// Errors of the store. Every one but [`StoreError::LeaseLost`] is retryable.
@@ -168,7 +177,8 @@ pub trait IdempotencyStore: Send + Sync {
         owner: &str,
         outcome: &Outcome,
     ) -> Result<(), StoreError>;
-    /// Records a retryable failure and releases the lease, only while `owner` holds it.
+    /// Records a retryable failure and releases the lease, only while `owner` holds it. Never
+    /// clears the unknown-outcome mark; sets `not_before` when the note carries one.
     async fn fail(
         &self,
         payment_id: &PaymentId,
@@ -199,6 +209,17 @@ pub enum ConflictDecision {
         /// When the other attempt's lease ends.
         lease_expires_at_ms: i64,
     },
+    /// A `FAILED` record whose last ambiguous call may still land at the provider: no claim
+    /// before `not_before_ms`.
+    NotYet {
+        /// When the record may be claimed.
+        not_before_ms: i64,
+    },
+    /// The record is `IN_PROGRESS` under this attempt's own fencing token: the claim write was
+    /// applied, its answer was lost, and the SDK's retry was refused by the first write. This
+    /// attempt holds the lease; what it replaced is unknown, so the outcome is treated as
+    /// unknown.
+    OwnClaim,
     /// The record allowed a claim yet the write was refused (it changed between the write and
     /// the read, or it is not a state this version knows): retry the message shortly.
     Retry,
@@ -209,10 +230,15 @@ pub enum ConflictDecision {
 pub fn decide_conflict(
     existing: &IdempotencyRecord,
     payload_hash: &str,
+    owner: &str,
     now_ms: i64,
 ) -> ConflictDecision {
     if existing.payload_hash != payload_hash {
         return ConflictDecision::KeyReused;
+    }
+    if existing.status == RecordStatus::InProgress && existing.lease_owner.as_deref() == Some(owner)
+    {
+        return ConflictDecision::OwnClaim;
     }
     match existing.status {
         RecordStatus::Completed => match &existing.outcome {
@@ -224,7 +250,11 @@ pub fn decide_conflict(
                 lease_expires_at_ms: existing.lease_expires_at_ms,
             }
         }
-        RecordStatus::InProgress | RecordStatus::Failed => ConflictDecision::Retry,
+        RecordStatus::Failed => match existing.not_before_ms {
+            Some(t) if t >= now_ms => ConflictDecision::NotYet { not_before_ms: t },
+            _ => ConflictDecision::Retry,
+        },
+        RecordStatus::InProgress => ConflictDecision::Retry,
     }
 }
 
@@ -267,6 +297,7 @@ mod tests {
             unknown_outcome: false,
             last_error: None,
             completed_at_ms: None,
+            not_before_ms: None,
         }
     }
 
@@ -274,7 +305,7 @@ mod tests {
     fn completed_same_payload_is_a_duplicate() {
         let r = record(RecordStatus::Completed, "h", 0);
         assert!(matches!(
-            decide_conflict(&r, "h", 10),
+            decide_conflict(&r, "h", "me", 10),
             ConflictDecision::Duplicate(o) if o.provider_payment_id.as_deref() == Some("pi_1")
         ));
     }
@@ -287,7 +318,7 @@ mod tests {
             RecordStatus::Failed,
         ] {
             assert_eq!(
-                decide_conflict(&record(s, "h", i64::MAX), "other", 10),
+                decide_conflict(&record(s, "h", i64::MAX), "other", "me", 10),
                 ConflictDecision::KeyReused
             );
         }
@@ -297,7 +328,7 @@ mod tests {
     fn live_lease_is_busy_until_it_ends() {
         let r = record(RecordStatus::InProgress, "h", 5_000);
         assert_eq!(
-            decide_conflict(&r, "h", 1_000),
+            decide_conflict(&r, "h", "me", 1_000),
             ConflictDecision::Busy {
                 lease_expires_at_ms: 5_000
             }
@@ -307,13 +338,39 @@ mod tests {
     #[test]
     fn expired_lease_or_failed_that_refused_a_claim_is_retried() {
         assert_eq!(
-            decide_conflict(&record(RecordStatus::InProgress, "h", 5), "h", 10),
+            decide_conflict(&record(RecordStatus::InProgress, "h", 5), "h", "me", 10),
             ConflictDecision::Retry
         );
         assert_eq!(
-            decide_conflict(&record(RecordStatus::Failed, "h", 0), "h", 10),
+            decide_conflict(&record(RecordStatus::Failed, "h", 0), "h", "me", 10),
             ConflictDecision::Retry
         );
+    }
+
+    #[test]
+    fn a_refused_retry_of_our_own_applied_claim_is_ours() {
+        // The SDK retried a claim whose first write was applied: the refusal returns our lease.
+        let mut r = record(RecordStatus::InProgress, "h", i64::MAX);
+        r.lease_owner = Some("me".into());
+        assert_eq!(decide_conflict(&r, "h", "me", 10), ConflictDecision::OwnClaim);
+        // Someone else's live lease is still busy.
+        assert!(matches!(
+            decide_conflict(&r, "h", "another", 10),
+            ConflictDecision::Busy { .. }
+        ));
+    }
+
+    #[test]
+    fn a_failed_record_is_not_claimed_before_its_not_before() {
+        let mut r = record(RecordStatus::Failed, "h", 0);
+        r.not_before_ms = Some(5_000);
+        assert_eq!(
+            decide_conflict(&r, "h", "me", 1_000),
+            ConflictDecision::NotYet {
+                not_before_ms: 5_000
+            }
+        );
+        assert_eq!(decide_conflict(&r, "h", "me", 6_000), ConflictDecision::Retry);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
 //!   [`idempotency`] (record, store port, conflict decisions), [`provider`] (provider port).
-//! - Use case: [`processor`] (one message and the batch around it).
+//! - Use case: [`processor`] (one message and the batch around it), [`redelivery`] (delays and
+//!   the receive budget).
 //! - Adapters: [`dynamo`] (idempotency table), [`queue`] (SQS), [`stripe`] (provider HTTP),
 //!   [`memory`] (an in-memory store with the same conditions, for tests).
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
@@ -25,6 +26,7 @@ pub mod memory;
 pub mod processor;
 pub mod provider;
 pub mod queue;
+pub mod redelivery;
 pub mod stripe;
 pub mod telemetry;
 

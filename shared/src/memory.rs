@@ -86,7 +86,8 @@ impl IdempotencyStore for InMemoryStore {
                 let takeover = r.payload_hash == req.payload_hash
                     && ((r.status == RecordStatus::InProgress
                         && r.lease_expires_at_ms < req.now_ms)
-                        || r.status == RecordStatus::Failed);
+                        || (r.status == RecordStatus::Failed
+                            && r.not_before_ms.is_none_or(|t| t < req.now_ms)));
                 if !takeover {
                     return Ok(ClaimResult::Conflict(r.clone()));
                 }
@@ -104,6 +105,7 @@ impl IdempotencyStore for InMemoryStore {
                 unknown_outcome: false,
                 last_error: None,
                 completed_at_ms: None,
+                not_before_ms: None,
             });
             m.insert(
                 key,
@@ -146,7 +148,11 @@ impl IdempotencyStore for InMemoryStore {
             let r = Self::owned(m, id, owner)?;
             r.status = RecordStatus::Failed;
             r.last_error = Some(note.error.clone());
-            r.unknown_outcome = note.unknown_outcome;
+            // Sticky: a failure that proves nothing never clears the mark.
+            r.unknown_outcome |= note.unknown_outcome;
+            if let Some(t) = note.not_before_ms {
+                r.not_before_ms = Some(t);
+            }
             r.lease_expires_at_ms = now_ms;
             Ok(())
         })

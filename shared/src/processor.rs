@@ -20,10 +20,11 @@ use crate::clock::Clock;
 use crate::domain::PaymentRequest;
 use crate::idempotency::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
-    FailureNote, IdempotencyStore, Outcome, StoreError,
+    FailureNote, IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus, StoreError,
 };
 use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
 use crate::queue::{attrs, DeadLetter, QueueOps};
+use crate::redelivery::{delay_for, BackoffPolicy, Budget, Redelivery};
 
 /// Tunables of the protocol. Defaults suit the SAM template; tests shorten the times.
 #[derive(Debug, Clone)]
@@ -54,9 +55,25 @@ pub struct Settings {
     /// How long the provider remembers an idempotency key (`PROVIDER_KEY_RETENTION_SECONDS`,
     /// Stripe: 24 hours).
     pub provider_key_retention: Duration,
-    /// Slack subtracted from the key retention for clock skew between this host and the
-    /// provider (`PROVIDER_KEY_RETENTION_MARGIN_SECONDS`).
+    /// Slack subtracted from the key retention (`PROVIDER_KEY_RETENTION_MARGIN_SECONDS`): at
+    /// least the longest attempt (lease + client timeout + processing allowance) plus clock
+    /// skew; the configuration refuses less.
     pub key_retention_margin: Duration,
+    /// How long the provider may still act on a call after the client gave up on it
+    /// (`PROVIDER_PROCESSING_ALLOWANCE_SECONDS`). A call is sent only while the lease outlasts
+    /// the client timeout plus this, and a `FAILED` record after an ambiguous call refuses
+    /// claims until its last send plus both (`not_before`).
+    pub provider_processing_allowance: Duration,
+    /// How long the provider's search may lag behind its charges
+    /// (`PROVIDER_SEARCH_LAG_SECONDS`): a lookup that finds nothing proves no charge only this
+    /// long after the last call could have landed.
+    pub search_lag: Duration,
+    /// Transient failures this long never exhaust a message's receive budget
+    /// (`RETRY_HORIZON_SECONDS`): the redelivery delays spread the receives left over it.
+    pub retry_horizon: Duration,
+    /// The source queue's `maxReceiveCount` when its redrive policy cannot be read
+    /// (`QUEUE_MAX_RECEIVE_COUNT`); the queue's own policy wins when it can be.
+    pub max_receive_count: Option<u32>,
 }
 
 impl Settings {
@@ -81,14 +98,16 @@ impl Default for Settings {
             deadline_safety: Duration::from_millis(500),
             provider_key_retention: Duration::from_secs(24 * 3600),
             key_retention_margin: Duration::from_secs(300),
+            provider_processing_allowance: Duration::from_secs(5),
+            search_lag: Duration::from_secs(60),
+            retry_horizon: Duration::from_secs(3600),
+            max_receive_count: None,
         }
     }
 }
 
 /// Default record retention: the queue's 4 days + the DLQ's 14 days + 3 days of margin.
 pub const DEFAULT_TTL_SECONDS: u64 = 21 * 24 * 3600;
-/// Longest wait before a copy that met a live lease looks again.
-const BUSY_RECHECK: Duration = Duration::from_secs(4);
 /// Clock skew allowed between SQS's `SentTimestamp` and this host.
 const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 
@@ -120,6 +139,9 @@ pub struct BatchSummary {
     pub dead_lettered: HashMap<String, u32>,
     /// Messages handed back to the queue.
     pub retried: u32,
+    /// Messages that must come back but carry no `messageId` to report them by: the
+    /// invocation must fail as a whole so that the batch comes back (never an empty id).
+    pub unreportable: u32,
     /// Duration of every provider charge call, milliseconds.
     pub provider_latencies_ms: Vec<f64>,
 }
@@ -131,6 +153,7 @@ impl BatchSummary {
         self.declined += other.declined;
         self.duplicates += other.duplicates;
         self.retried += other.retried;
+        self.unreportable += other.unreportable;
         for (k, v) in &other.dead_lettered {
             *self.dead_lettered.entry(k.clone()).or_default() += v;
         }
@@ -162,14 +185,7 @@ fn ms(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
 
-/// Visibility delay before the next delivery after a transient failure: exponential in the
-/// receive count, capped, with full jitter in its upper half so a fleet does not retry in step.
-pub fn redelivery_delay(receive_count: u32, base: Duration, max: Duration) -> Duration {
-    let exp = receive_count.saturating_sub(1).min(20);
-    let full = base.saturating_mul(1u32 << exp).min(max);
-    let half = full / 2;
-    half + half.mul_f64(fastrand::f64())
-}
+pub use crate::redelivery::redelivery_delay;
 
 /// Where the message stands after the claim.
 enum Claimed {
@@ -177,6 +193,14 @@ enum Claimed {
     Owner(Attempt),
     /// No charge to do: the disposition is known.
     Done(Disposition),
+}
+
+/// The end of one message's work before the batch reports it.
+enum Step {
+    /// Finished: acknowledged or dead-lettered.
+    Done(Disposition),
+    /// Must come back, for this reason, not before the delay [`Redelivery`] decides.
+    Again(String, Redelivery),
 }
 
 impl Processor {
@@ -208,16 +232,19 @@ impl Processor {
     }
 
     /// Processes a batch and returns the messages that must come back. `deadline_ms` is the
-    /// invocation deadline (epoch ms). Never fails as a whole.
+    /// invocation deadline (epoch ms). Never fails as a whole; when a message that must come
+    /// back has no `messageId`, [`BatchSummary::unreportable`] says so and the caller fails the
+    /// invocation instead of reporting an empty id.
     pub async fn handle_batch(
         self: &Arc<Self>,
         records: Vec<SqsMessage>,
         deadline_ms: i64,
     ) -> (SqsBatchResponse, BatchSummary) {
         // Groups keep FIFO order; a standard queue's messages are each their own group.
-        let mut groups: Vec<Vec<SqsMessage>> = Vec::new();
+        let mut groups: Vec<Vec<Arc<SqsMessage>>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         for r in records {
+            let r = Arc::new(r);
             match r.attributes.get("MessageGroupId").cloned() {
                 Some(g) => match index.get(&g) {
                     Some(&i) => groups[i].push(r),
@@ -238,42 +265,50 @@ impl Processor {
             );
         let mut tasks = Vec::with_capacity(groups.len());
         for group in groups {
+            let ids: Vec<Option<String>> = group.iter().map(|m| m.message_id.clone()).collect();
             let this = Arc::clone(self);
             let permits = Arc::clone(&permits);
             let task = tokio::spawn(async move {
                 let mut out = Vec::with_capacity(group.len());
                 let mut blocked = false;
                 for msg in group {
-                    let id = msg.message_id.clone().unwrap_or_default();
                     if blocked {
-                        out.push((
-                            id,
-                            Disposition::Retry("earlier message of its group failed".into()),
-                            Vec::new(),
-                        ));
+                        let d = this
+                            .give_back(
+                                &msg,
+                                "an earlier message of its FIFO group failed".into(),
+                                Redelivery::Soon,
+                            )
+                            .await;
+                        out.push((d, Vec::new()));
                         continue;
                     }
                     let (d, latencies) =
-                        this.run_isolated(msg, deadline_ms, cutoff, &permits).await;
+                        this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
                     blocked = matches!(d, Disposition::Retry(_));
-                    out.push((id, d, latencies));
+                    out.push((d, latencies));
                 }
                 out
             });
-            tasks.push(task);
+            tasks.push((ids, task));
         }
         let mut response = SqsBatchResponse::default();
         let mut summary = BatchSummary::default();
         // Dropping the batch (an event-source mapping that gave up on it) stops its work.
         let _guards: Vec<AbortOnDrop> = tasks
             .iter()
-            .map(|t| AbortOnDrop(t.abort_handle()))
+            .map(|(_, t)| AbortOnDrop(t.abort_handle()))
             .collect();
-        for t in tasks {
-            // Groups never panic (each message runs in its own task), so a JoinError here
-            // can only be a runtime shutting down: its messages come back by timeout anyway.
-            let Ok(results) = t.await else { continue };
-            for (id, d, latencies) in results {
+        for (ids, t) in tasks {
+            // A group's task only ends without results if the runtime cancelled it: nothing
+            // of the group is known to be finished, so all of it comes back.
+            let results = t.await.unwrap_or_else(|e| {
+                error!(error = %e, "a message group's task ended without results; its messages will be redelivered");
+                ids.iter()
+                    .map(|_| (Disposition::Retry("the group's task was cancelled".into()), Vec::new()))
+                    .collect()
+            });
+            for (id, (d, latencies)) in ids.into_iter().zip(results) {
                 summary.provider_latencies_ms.extend(latencies);
                 match d {
                     Disposition::Charged => summary.charged += 1,
@@ -284,7 +319,10 @@ impl Processor {
                     }
                     Disposition::Retry(_) => {
                         summary.retried += 1;
-                        response.add_failure(id);
+                        match id.filter(|i| !i.is_empty()) {
+                            Some(id) => response.add_failure(id),
+                            None => summary.unreportable += 1,
+                        }
                     }
                 }
             }
@@ -296,23 +334,24 @@ impl Processor {
     /// time enough to charge, and stops it at the cutoff.
     async fn run_isolated(
         self: &Arc<Self>,
-        msg: SqsMessage,
+        msg: &Arc<SqsMessage>,
         deadline_ms: i64,
         cutoff: tokio::time::Instant,
         permits: &Arc<Semaphore>,
     ) -> (Disposition, Vec<f64>) {
+        let not_started = || "not started: the invocation deadline is near".to_owned();
         let Ok(Ok(_permit)) =
             tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
         else {
             return (
-                Disposition::Retry("not started: the invocation deadline is near".into()),
+                self.give_back(msg, not_started(), Redelivery::Soon).await,
                 Vec::new(),
             );
         };
         let needed = self.provider.request_timeout() + self.settings.deadline_safety;
         if self.clock.now_ms() + ms(needed) >= deadline_ms {
             return (
-                Disposition::Retry("not started: the invocation deadline is near".into()),
+                self.give_back(msg, not_started(), Redelivery::Soon).await,
                 Vec::new(),
             );
         }
@@ -326,17 +365,18 @@ impl Processor {
             payment_id = tracing::field::Empty
         );
         let this = Arc::clone(self);
+        let task_msg = Arc::clone(msg);
         let mut task = tokio::spawn(
             async move {
                 let latencies = Mutex::new(Vec::new());
-                let d = this.process(&msg, deadline_ms, &latencies).await;
+                let d = this.process(&task_msg, deadline_ms, &latencies).await;
                 (d, latencies.into_inner().unwrap_or_default())
             }
             .instrument(span.clone()),
         );
         let _guard = AbortOnDrop(task.abort_handle());
-        match tokio::time::timeout_at(cutoff, &mut task).await {
-            Ok(Ok(done)) => done,
+        let (reason, when) = match tokio::time::timeout_at(cutoff, &mut task).await {
+            Ok(Ok(done)) => return done,
             Err(_) => {
                 // Stopped where it stood, as a timeout would: its lease ends by the deadline
                 // plus the margin and the next delivery takes over.
@@ -344,89 +384,105 @@ impl Processor {
                 let _g = span.enter();
                 warn!("unfinished at the invocation deadline; the message will be redelivered");
                 (
-                    Disposition::Retry("unfinished at the invocation deadline".into()),
-                    Vec::new(),
+                    "unfinished at the invocation deadline".to_owned(),
+                    Redelivery::At(deadline_ms + ms(self.settings.deadline_margin)),
                 )
             }
             Ok(Err(e)) => {
                 let _g = span.enter();
                 error!(error = %e, "message handler panicked; the message will be redelivered");
-                (Disposition::Retry("handler panicked".into()), Vec::new())
+                ("handler panicked".to_owned(), Redelivery::Backoff)
             }
-        }
+        };
+        (
+            self.give_back(msg, reason, when)
+                .instrument(span)
+                .await,
+            Vec::new(),
+        )
     }
 
-    /// Processes one message and, where it must come back, sets when.
+    /// Processes one message; one that must come back is handed back with its delay.
     pub async fn process(
         &self,
         msg: &SqsMessage,
         deadline_ms: i64,
         latencies: &Mutex<Vec<f64>>,
     ) -> Disposition {
-        let (disposition, delay) = self.decide(msg, deadline_ms, latencies).await;
-        match &disposition {
-            Disposition::Retry(reason) => {
-                warn!(reason = %reason, "message will be redelivered");
-                if let (Some(delay), Some(arn), Some(rh)) =
-                    (delay, &msg.event_source_arn, &msg.receipt_handle)
-                {
-                    let secs = delay.as_secs().min(43_200) as i32;
-                    if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
-                        warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
-                    }
-                }
+        match self.decide(msg, deadline_ms, latencies).await {
+            Step::Done(d) => {
+                info!(disposition = ?d, "message done");
+                d
             }
-            d => info!(disposition = ?d, "message done"),
+            Step::Again(reason, when) => self.give_back(msg, reason, when).await,
         }
-        disposition
     }
 
-    async fn decide(
-        &self,
-        msg: &SqsMessage,
-        deadline_ms: i64,
-        latencies: &Mutex<Vec<f64>>,
-    ) -> (Disposition, Option<Duration>) {
+    /// Hands a message back to the queue with the delay `when` decides, or, on the last
+    /// receive its budget allows, dead-letters it as `retries_exhausted` with the reason, so
+    /// that SQS never moves a message without one.
+    async fn give_back(&self, msg: &SqsMessage, reason: String, when: Redelivery) -> Disposition {
+        let arn = msg.event_source_arn.as_deref();
+        let max_receive_count = match arn {
+            Some(arn) => match self.queues.max_receive_count(arn).await {
+                Ok(max) => max,
+                Err(e) => {
+                    warn!(error = %e, "could not read the queue's redrive policy; using QUEUE_MAX_RECEIVE_COUNT");
+                    self.settings.max_receive_count
+                }
+            },
+            None => self.settings.max_receive_count,
+        };
+        let budget = Budget::of(msg, max_receive_count);
+        if budget.exhausted() {
+            let why = format!(
+                "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
+                budget.receive_count,
+                max_receive_count.unwrap_or_default()
+            );
+            let body = msg.body.clone().unwrap_or_default();
+            return self.dead_letter(msg, &body, "retries_exhausted", &why).await;
+        }
+        let delay = delay_for(when, &budget, &self.backoff_policy(), self.clock.now_ms());
+        warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
+        if let (Some(arn), Some(rh)) = (arn, &msg.receipt_handle) {
+            let secs = delay.as_secs().min(43_200) as i32;
+            if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
+                warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+            }
+        }
+        Disposition::Retry(reason)
+    }
+
+    fn backoff_policy(&self) -> BackoffPolicy {
+        BackoffPolicy {
+            base: self.settings.redelivery_base_delay,
+            max: self.settings.redelivery_max_delay,
+            horizon: self.settings.retry_horizon,
+        }
+    }
+
+    async fn decide(&self, msg: &SqsMessage, deadline_ms: i64, latencies: &Mutex<Vec<f64>>) -> Step {
         let body = msg.body.clone().unwrap_or_default();
         let request = match PaymentRequest::parse(&body) {
             Ok(r) => r,
             Err(e) => {
-                return (
-                    self.dead_letter(msg, &body, e.code(), &e.to_string()).await,
-                    None,
-                )
+                return Step::Done(self.dead_letter(msg, &body, e.code(), &e.to_string()).await)
             }
         };
         tracing::Span::current().record("payment_id", request.payment_id.as_str());
         let now = self.clock.now_ms();
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
-                let why = format!(
-                    "first sent {} s ago, longer than the record retention of {} s: never charged",
-                    (now - sent) / 1000,
-                    self.settings.record_ttl.as_secs()
-                );
-                return (
-                    self.dead_letter(msg, &body, "request_expired", &why).await,
-                    None,
-                );
+                let why = self.expired_reason(&request, now - sent).await;
+                return Step::Done(self.dead_letter(msg, &body, "request_expired", &why).await);
             }
         }
-        let receive_count = msg
-            .attributes
-            .get("ApproximateReceiveCount")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        let backoff = Some(redelivery_delay(
-            receive_count,
-            self.settings.redelivery_base_delay,
-            self.settings.redelivery_max_delay,
-        ));
 
         let attempt = match self.claim(msg, &body, &request, now, deadline_ms).await {
             Ok(Claimed::Owner(attempt)) => attempt,
-            Ok(Claimed::Done(d)) => return (d, None),
-            Err((d, delay)) => return (d, delay),
+            Ok(Claimed::Done(d)) => return Step::Done(d),
+            Err(again) => return again,
         };
         crate::failpoint!("after_claim");
 
@@ -446,46 +502,79 @@ impl Processor {
                 {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
-                        return (
-                            Disposition::Retry(
-                                "lease lost before completion; another attempt owns the payment"
-                                    .into(),
-                            ),
-                            None,
+                        return Step::Again(
+                            "lease lost before completion; another attempt owns the payment"
+                                .into(),
+                            Redelivery::Soon,
                         )
                     }
                     Err(e) => {
-                        return (
-                            Disposition::Retry(format!("completing the record failed: {e}")),
-                            None,
-                        )
+                        // The lease is still ours until it ends; the next delivery takes the
+                        // record over as an unknown outcome and gets the provider's replay.
+                        return Step::Again(
+                            format!("completing the record failed: {e}"),
+                            Redelivery::Backoff,
+                        );
                     }
                 }
                 crate::failpoint!("after_complete");
-                match dlq {
-                    Some((code, why)) => (self.dead_letter(msg, &body, code, &why).await, None),
-                    None if outcome.is_declined() => (Disposition::Declined, None),
-                    None => (Disposition::Charged, None),
-                }
+                Step::Done(match dlq {
+                    Some((code, why)) => self.dead_letter(msg, &body, code, &why).await,
+                    None if outcome.is_declined() => Disposition::Declined,
+                    None => Disposition::Charged,
+                })
             }
-            Err(ChargeFailure::LeaseLost) => (
-                Disposition::Retry(
-                    "lease lost while working; another attempt owns the payment".into(),
-                ),
-                None,
+            Err(ChargeFailure::LeaseLost) => Step::Again(
+                "lease lost while working; another attempt owns the payment".into(),
+                Redelivery::Soon,
             ),
-            Err(ChargeFailure::Transient { message, unknown }) => {
-                self.record_failure(&request, &attempt, &message, unknown)
+            Err(ChargeFailure::Transient {
+                message,
+                unknown,
+                not_before,
+                retry_at,
+            }) => {
+                self.record_failure(&request, &attempt, &message, unknown, not_before)
                     .await;
-                (Disposition::Retry(message), backoff)
+                let when = match retry_at {
+                    Some(t) => Redelivery::At(t),
+                    None => Redelivery::Backoff,
+                };
+                Step::Again(message, when)
             }
-            Err(ChargeFailure::OutcomeUnknown(why)) => {
-                self.record_failure(&request, &attempt, &why, true).await;
-                (
-                    self.dead_letter(msg, &body, "outcome_unknown", &why).await,
-                    None,
+            Err(ChargeFailure::OutcomeUnknown { message, not_before }) => {
+                self.record_failure(&request, &attempt, &message, true, not_before)
+                    .await;
+                Step::Done(
+                    self.dead_letter(msg, &body, "outcome_unknown", &message)
+                        .await,
                 )
             }
+        }
+    }
+
+    /// The `request_expired` reason: how old the message is, and whether the payment has a
+    /// record (then it says what the record holds: a charge may exist).
+    async fn expired_reason(&self, request: &PaymentRequest, age_ms: i64) -> String {
+        let head = format!(
+            "first sent {} s ago, longer than the record retention of {} s: this message is not processed",
+            age_ms / 1000,
+            self.settings.record_ttl.as_secs()
+        );
+        match self.store.get(request.payment_id.as_str()).await {
+            Ok(Some(r)) => format!(
+                "{head}; the payment has a record (status {}{}): see `payctl status {}`",
+                r.status.as_str(),
+                r.outcome
+                    .as_ref()
+                    .map(|o| format!(", outcome {}", o.status))
+                    .unwrap_or_default(),
+                request.payment_id
+            ),
+            Ok(None) => format!(
+                "{head}; no record exists for this payment id (a record older than the retention has expired)"
+            ),
+            Err(e) => format!("{head}; whether a record exists could not be read: {e}"),
         }
     }
 
@@ -495,10 +584,12 @@ impl Processor {
         attempt: &Attempt,
         error: &str,
         unknown: bool,
+        not_before: Option<i64>,
     ) {
         let note = FailureNote {
             error: error.to_owned(),
             unknown_outcome: unknown,
+            not_before_ms: not_before,
         };
         if let Err(se) = self
             .store
@@ -514,7 +605,14 @@ impl Processor {
         }
     }
 
-    /// Claims the record; returns the lease or the disposition the conflict decides.
+    /// The time a call needs inside the lease: the client timeout plus the provider's
+    /// processing allowance, so that no call can land after the lease ended.
+    fn call_window_ms(&self) -> i64 {
+        ms(self.provider.request_timeout() + self.settings.provider_processing_allowance)
+    }
+
+    /// Claims the record; returns the lease, the disposition the conflict decides, or when
+    /// the message must come back.
     async fn claim(
         &self,
         msg: &SqsMessage,
@@ -522,12 +620,12 @@ impl Processor {
         request: &PaymentRequest,
         now: i64,
         deadline_ms: i64,
-    ) -> Result<Claimed, (Disposition, Option<Duration>)> {
+    ) -> Result<Claimed, Step> {
         let lease_end_ms = self.lease_end(now, deadline_ms);
-        if lease_end_ms - now <= ms(self.provider.request_timeout()) {
-            return Err((
-                Disposition::Retry("too little time left in this invocation to charge".into()),
-                None,
+        if lease_end_ms - now <= self.call_window_ms() {
+            return Err(Step::Again(
+                "too little time left in this invocation to charge".into(),
+                Redelivery::Soon,
             ));
         }
         let hash = request.payload_hash();
@@ -540,6 +638,13 @@ impl Processor {
             lease_expires_at_ms: lease_end_ms,
             expires_at_s: (now + ms(self.settings.record_ttl)) / 1000,
         };
+        let attempt = |unknown: bool, first: Option<i64>, landing: Option<i64>| Attempt {
+            owner: owner.clone(),
+            lease_end_ms: AtomicI64::new(lease_end_ms),
+            unknown,
+            first_attempt_at_ms: first.filter(|t| *t > 0).unwrap_or(now),
+            landing_ms: landing,
+        };
         match self.store.claim(&claim).await {
             Ok(ClaimResult::Claimed { previous }) => {
                 let unknown = inherits_unknown_outcome(previous.as_ref());
@@ -551,61 +656,68 @@ impl Processor {
                         "took over the record"
                     );
                 }
-                Ok(Claimed::Owner(Attempt {
-                    owner,
-                    lease_end_ms: AtomicI64::new(lease_end_ms),
+                Ok(Claimed::Owner(attempt(
                     unknown,
-                    first_attempt_at_ms: previous
-                        .as_ref()
-                        .map(|p| p.first_attempt_at_ms)
-                        .filter(|t| *t > 0)
-                        .unwrap_or(now),
-                }))
+                    previous.as_ref().map(|p| p.first_attempt_at_ms),
+                    previous.as_ref().and_then(last_landing),
+                )))
             }
-            Ok(ClaimResult::Conflict(existing)) => match decide_conflict(&existing, &hash, now) {
-                ConflictDecision::Duplicate(outcome) => {
-                    // A duplicate of a payment the provider rejected must still end in the
-                    // DLQ: the first copy's dead-lettering may not have happened.
-                    if outcome.is_rejected() {
-                        let (code, why) = rejection_code(&outcome);
-                        Ok(Claimed::Done(self.dead_letter(msg, body, code, &why).await))
-                    } else {
-                        Ok(Claimed::Done(Disposition::Duplicate))
+            Ok(ClaimResult::Conflict(existing)) => {
+                match decide_conflict(&existing, &hash, &owner, now) {
+                    ConflictDecision::OwnClaim => {
+                        // Our first write was applied and its answer lost; what it replaced is
+                        // unknown, so an earlier attempt may have charged: until now, calls of
+                        // an expired lease could still be landing.
+                        warn!("the claim's answer was lost and its retry refused by our own lease: claimed, outcome unknown");
+                        Ok(Claimed::Owner(attempt(
+                            true,
+                            Some(existing.first_attempt_at_ms),
+                            Some(existing.not_before_ms.unwrap_or(now).max(now)),
+                        )))
                     }
+                    ConflictDecision::Duplicate(outcome) => {
+                        // A duplicate of a payment the provider rejected must still end in the
+                        // DLQ: the first copy's dead-lettering may not have happened.
+                        if outcome.is_rejected() {
+                            let (code, why) = rejection_code(&outcome);
+                            Ok(Claimed::Done(self.dead_letter(msg, body, code, &why).await))
+                        } else {
+                            Ok(Claimed::Done(Disposition::Duplicate))
+                        }
+                    }
+                    ConflictDecision::KeyReused => {
+                        let why = format!(
+                            "payment_id {} was already used for a different payment (status {}); this one is never charged",
+                            request.payment_id,
+                            existing.status.as_str()
+                        );
+                        Ok(Claimed::Done(
+                            self.dead_letter(msg, body, "idempotency_key_reused", &why)
+                                .await,
+                        ))
+                    }
+                    ConflictDecision::Busy {
+                        lease_expires_at_ms,
+                    } => Err(Step::Again(
+                        "another attempt holds the lease".into(),
+                        Redelivery::Busy(lease_expires_at_ms),
+                    )),
+                    ConflictDecision::NotYet { not_before_ms } => Err(Step::Again(
+                        "an earlier call may still land at the provider (not_before)".into(),
+                        Redelivery::At(not_before_ms),
+                    )),
+                    ConflictDecision::Retry => Err(Step::Again(
+                        "record changed during the claim".into(),
+                        Redelivery::Soon,
+                    )),
                 }
-                ConflictDecision::KeyReused => {
-                    let why = format!(
-                        "payment_id {} was already used for a different payment (status {}); this one is never charged",
-                        request.payment_id,
-                        existing.status.as_str()
-                    );
-                    Ok(Claimed::Done(
-                        self.dead_letter(msg, body, "idempotency_key_reused", &why)
-                            .await,
-                    ))
-                }
-                ConflictDecision::Busy {
-                    lease_expires_at_ms,
-                } => {
-                    // Come back when the lease ends, or sooner: most holders finish in
-                    // milliseconds, and a look costs one conditional write.
-                    let wait = Duration::from_millis((lease_expires_at_ms - now).max(0) as u64)
-                        .min(BUSY_RECHECK)
-                        + Duration::from_secs(1);
-                    Err((
-                        Disposition::Retry("another attempt holds the lease".into()),
-                        Some(wait),
-                    ))
-                }
-                ConflictDecision::Retry => Err((
-                    Disposition::Retry("record changed during the claim".into()),
-                    Some(Duration::from_secs(1)),
-                )),
-            },
-            Err(e) => Err((Disposition::Retry(format!("claim failed: {e}")), None)),
+            }
+            Err(e) => Err(Step::Again(
+                format!("claim failed: {e}"),
+                Redelivery::Backoff,
+            )),
         }
     }
-
     /// Where a lease taken or renewed at `now` ends: never past the deadline plus the margin,
     /// so a timed-out attempt's record can be taken over by the next delivery.
     fn lease_end(&self, now: i64, deadline_ms: i64) -> i64 {
@@ -664,9 +776,9 @@ impl Processor {
     }
 
     /// Calls the provider with retries, each call only while the lease outlasts the client
-    /// timeout, so no call of this attempt can land after its lease ended. An unknown outcome
-    /// is settled by a lookup before any call that could land after the provider forgot the
-    /// key, and whenever the provider replays a `5xx` for it.
+    /// timeout plus the processing allowance, so no call of this attempt can land after its
+    /// lease ended. An unknown outcome is settled by a lookup before any call that could land
+    /// after the provider forgot the key, and whenever the provider replays a `5xx` for it.
     async fn charge(
         &self,
         request: &PaymentRequest,
@@ -679,7 +791,7 @@ impl Processor {
                 l.push(started.elapsed().as_secs_f64() * 1000.0);
             }
         };
-        let timeout = ms(self.provider.request_timeout());
+        let window = self.call_window_ms();
         // A call must also end before the invocation's answer is due: a call cut off at the
         // deadline would leave the outcome unknown for nothing.
         let cutoff_ms = deadline_ms - ms(self.settings.deadline_safety);
@@ -692,8 +804,22 @@ impl Processor {
             .with_jitter()
             .without_max_times()
             .build();
-        let mut unknown = attempt.unknown;
+        // `mark`: what the record will say (sticky: only a completion clears it).
+        // `must_look`: a blind call could charge twice once the key may be forgotten; a
+        // lookup that proves no charge lifts it until the next ambiguous answer.
+        // `landing`: the latest time a call whose answer was not definitive may still land.
+        let mut mark = attempt.unknown;
+        let mut must_look = attempt.unknown;
+        let mut landing = attempt.landing_ms;
         let mut last: Option<ProviderError> = None;
+        let transient = |message: String, mark: bool, landing: Option<i64>, retry_at| {
+            ChargeFailure::Transient {
+                message,
+                unknown: mark,
+                not_before: landing,
+                retry_at,
+            }
+        };
         for n in 0..self.settings.provider_attempts.max(1) {
             if n > 0 {
                 let Some(prev) = &last else { break };
@@ -704,23 +830,33 @@ impl Processor {
                     .next()
                     .unwrap_or_default()
                     .max(prev.retry_after.unwrap_or_default());
-                if self.clock.now_ms() + ms(pause) + timeout >= limit() {
+                if self.clock.now_ms() + ms(pause) + window >= limit() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
             }
-            if unknown && self.clock.now_ms() + timeout >= forget_at {
+            if must_look && self.clock.now_ms() + window >= forget_at {
                 // The provider may have forgotten the key by the time this call lands: a
                 // blind call could charge a second time. Look first.
-                match self.settle(request).await? {
-                    Some(found) => return Ok(found),
-                    None => {
-                        info!("lookup found no payment for the unknown outcome; charging");
-                        unknown = false;
+                match self.settle(request, landing).await {
+                    Lookup::Found(found) => return Ok(found),
+                    Lookup::Nothing => {
+                        info!("lookup proved no payment for the unknown outcome; charging");
+                        must_look = false;
                     }
+                    Lookup::TooSoon(at) => {
+                        return Err(transient(
+                            "the provider's search may not show a recent call yet; looking again later".into(),
+                            true,
+                            landing,
+                            Some(at),
+                        ))
+                    }
+                    Lookup::Failed(e) => return Err(transient(e, true, landing, None)),
                 }
             }
-            if limit() - self.clock.now_ms() <= timeout {
+            let sent = self.clock.now_ms();
+            if limit() - sent <= window {
                 break;
             }
             let call_started = tokio::time::Instant::now();
@@ -729,7 +865,14 @@ impl Processor {
             match answer {
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    unknown |= e.is_ambiguous();
+                    if e.is_ambiguous() {
+                        mark = true;
+                        if !e.replayed {
+                            // This call may have been executed, or still be, until then.
+                            must_look = true;
+                            landing = Some(landing.unwrap_or(0).max(sent + window));
+                        }
+                    }
                     if e.kind == FailureKind::Misconfigured {
                         error!(error = %e, "payment provider refused the processor's credentials or URL: fix the configuration");
                     } else {
@@ -737,39 +880,47 @@ impl Processor {
                     }
                     if e.replayed && e.kind == FailureKind::ServerError {
                         // Retrying the key replays the same error: only a lookup can tell.
-                        return match self.settle(request).await? {
-                            Some(found) => Ok(found),
-                            None => Err(ChargeFailure::OutcomeUnknown(format!(
-                                "the provider replays an error for this payment id ({e}) and holds no payment for it; a person must decide whether to charge under a new key"
-                            ))),
+                        return match self.settle(request, landing).await {
+                            Lookup::Found(found) => Ok(found),
+                            Lookup::Nothing => Err(ChargeFailure::OutcomeUnknown {
+                                message: format!(
+                                    "the provider replays an error for payment_id {} ({e}) and its search, made {} s or more after the last call could land, shows no payment for it; nothing is charged automatically: run `payctl reconcile {}` to settle the record from the provider",
+                                    request.payment_id,
+                                    self.settings.search_lag.as_secs(),
+                                    request.payment_id
+                                ),
+                                not_before: landing,
+                            }),
+                            Lookup::TooSoon(at) => Err(transient(
+                                format!("the provider replays an error ({e}); its search may not show a recent call yet, looking again later"),
+                                true,
+                                landing,
+                                Some(at),
+                            )),
+                            Lookup::Failed(msg) => Err(transient(msg, true, landing, None)),
                         };
                     }
                     last = Some(e);
                 }
             }
         }
-        Err(ChargeFailure::Transient {
-            message: last
-                .map(|e| e.to_string())
+        Err(transient(
+            last.map(|e| e.to_string())
                 .unwrap_or_else(|| "lease too short to call the provider".into()),
-            unknown,
-        })
+            mark,
+            landing,
+            None,
+        ))
     }
 
-    /// Looks the payment up at the provider: `Some` with what it holds (the record takes that
-    /// as the outcome, nothing is charged), `None` when it holds nothing for the payment id.
-    async fn settle(
-        &self,
-        request: &PaymentRequest,
-    ) -> Result<Option<ProviderResponse>, ChargeFailure> {
-        let found = self
-            .provider
-            .find_payments(&request.payment_id)
-            .await
-            .map_err(|e| ChargeFailure::Transient {
-                message: format!("lookup of an unknown outcome failed: {e}"),
-                unknown: true,
-            })?;
+    /// Looks the payment up at the provider. What it finds settles the outcome; finding
+    /// nothing proves no charge only once the search has had [`Settings::search_lag`] to catch
+    /// up with the last call that could have landed (`landing`).
+    async fn settle(&self, request: &PaymentRequest, landing: Option<i64>) -> Lookup {
+        let found = match self.provider.find_payments(&request.payment_id).await {
+            Ok(found) => found,
+            Err(e) => return Lookup::Failed(format!("lookup of an unknown outcome failed: {e}")),
+        };
         let charges: Vec<_> = found.iter().filter(|f| f.is_charge()).collect();
         if charges.len() > 1 {
             error!(
@@ -779,20 +930,28 @@ impl Processor {
         }
         if let Some(c) = charges.first() {
             info!(provider_payment_id = %c.provider_payment_id, "lookup settled the unknown outcome: charged");
-            return Ok(Some(ProviderResponse::Charged {
+            return Lookup::Found(ProviderResponse::Charged {
                 provider_payment_id: c.provider_payment_id.clone(),
                 status: c.status.clone(),
                 replayed: true,
-            }));
+            });
         }
         if let Some(d) = found.first() {
             info!(provider_payment_id = %d.provider_payment_id, status = %d.status, "lookup settled the unknown outcome: not charged");
-            return Ok(Some(ProviderResponse::Declined {
+            return Lookup::Found(ProviderResponse::Declined {
                 provider_payment_id: Some(d.provider_payment_id.clone()),
                 decline_code: None,
-            }));
+            });
         }
-        Ok(None)
+        let proof_at = landing.map_or(i64::MIN, |t| t + ms(self.settings.search_lag));
+        if self.clock.now_ms() < proof_at {
+            info!(
+                look_again_in_s = (proof_at - self.clock.now_ms()) / 1000,
+                "lookup found nothing, but a recent call may not be searchable yet"
+            );
+            return Lookup::TooSoon(proof_at);
+        }
+        Lookup::Nothing
     }
 
     /// Sends the message to the DLQ, then deletes it from the source queue, in that order.
@@ -813,7 +972,16 @@ impl Processor {
         };
         if let Err(e) = self.queues.dead_letter(&letter).await {
             // Nothing is lost: the message stays on the source queue and comes back.
-            return Disposition::Retry(format!("dead-lettering failed: {e}"));
+            let reason = format!("dead-lettering failed: {e}");
+            warn!(reason = %reason, "message will be redelivered");
+            if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+                let budget = Budget::of(msg, self.settings.max_receive_count);
+                let delay = delay_for(Redelivery::Backoff, &budget, &self.backoff_policy(), self.clock.now_ms());
+                if let Err(e) = self.queues.change_visibility(arn, rh, delay.as_secs() as i32).await {
+                    warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+                }
+            }
+            return Disposition::Retry(reason);
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
         if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
@@ -824,6 +992,29 @@ impl Processor {
         }
         Disposition::DeadLettered(code.to_owned())
     }
+}
+
+/// The latest time a call of the attempt that left `previous` may still land at the provider:
+/// its `not_before`, or the end of an `IN_PROGRESS` lease (calls are sent only while the lease
+/// outlasts the client timeout plus the processing allowance).
+fn last_landing(previous: &IdempotencyRecord) -> Option<i64> {
+    let lease = (previous.status == RecordStatus::InProgress).then_some(previous.lease_expires_at_ms);
+    match (previous.not_before_ms, lease) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a lookup at the provider established.
+enum Lookup {
+    /// The provider holds this for the payment: the record takes it as the outcome.
+    Found(ProviderResponse),
+    /// Nothing, and the search has caught up with every call that could have landed: no charge.
+    Nothing,
+    /// Nothing yet, but the search may lag behind a recent call: look again at this epoch ms.
+    TooSoon(i64),
+    /// The lookup failed (transient).
+    Failed(String),
 }
 
 /// Aborts a spawned task when dropped, so work never outlives the batch that started it.
@@ -842,11 +1033,22 @@ enum ChargeFailure {
     Transient {
         /// The last error.
         message: String,
-        /// The outcome is unknown (ambiguous call, or inherited and not settled).
+        /// The record's unknown-outcome mark (sticky: set by any ambiguous answer or inherited).
         unknown: bool,
+        /// The record's `not_before`: the latest time a call may still land at the provider.
+        not_before: Option<i64>,
+        /// The next delivery comes no earlier than this (a lookup that must wait for the
+        /// provider's search to catch up); `None`: the transient backoff.
+        retry_at: Option<i64>,
     },
-    /// No lookup can settle it: a person decides (dead-lettered as `outcome_unknown`).
-    OutcomeUnknown(String),
+    /// No lookup can settle it: `payctl reconcile` or a person does (dead-lettered as
+    /// `outcome_unknown`).
+    OutcomeUnknown {
+        /// Why, for the dead letter.
+        message: String,
+        /// The record's `not_before`.
+        not_before: Option<i64>,
+    },
     /// Another attempt took the record over: stop, complete nothing.
     LeaseLost,
 }
@@ -863,6 +1065,9 @@ struct Attempt {
     /// First claim of the payment: the provider remembers the key at least until this plus
     /// its key retention.
     first_attempt_at_ms: i64,
+    /// The latest time a call of an earlier attempt may still land at the provider (its
+    /// `not_before`, or the end of the expired lease taken over).
+    landing_ms: Option<i64>,
 }
 
 impl Attempt {
@@ -951,18 +1156,23 @@ fn rejection_code(o: &Outcome) -> (&'static str, String) {
     }
 }
 
-/// Epoch ms of the first send: the `first_sent_at` attribute a redriven dead letter carries,
-/// or SQS's `SentTimestamp`.
+/// Epoch ms of the first send: the earlier of the `first_sent_at` attribute (a redriven dead
+/// letter carries its original's) and SQS's `SentTimestamp`. A producer can make a message
+/// look older, never younger than SQS saw it.
 fn first_sent_at_ms(msg: &SqsMessage) -> Option<i64> {
-    msg.message_attributes
+    let carried = msg
+        .message_attributes
         .get(attrs::FIRST_SENT_AT)
         .and_then(|a| a.string_value.as_deref())
-        .and_then(|v| v.parse().ok())
-        .or_else(|| {
-            msg.attributes
-                .get("SentTimestamp")
-                .and_then(|v| v.parse().ok())
-        })
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    let sent = msg
+        .attributes
+        .get("SentTimestamp")
+        .and_then(|v| v.parse::<i64>().ok());
+    match (carried, sent) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 #[cfg(test)]
@@ -979,14 +1189,25 @@ mod tests {
     }
 
     #[test]
-    fn redelivery_delay_grows_and_is_capped() {
-        let base = Duration::from_secs(10);
-        let max = Duration::from_secs(900);
-        for n in 1..=12u32 {
-            let d = redelivery_delay(n, base, max);
-            let full = (base * 2u32.pow(n - 1)).min(max);
-            assert!(d >= full / 2 && d <= full, "n={n} d={d:?}");
-        }
-        assert!(redelivery_delay(50, base, max) <= max);
+    fn a_message_is_as_old_as_its_earliest_send() {
+        let mut m = SqsMessage::default();
+        m.attributes.insert("SentTimestamp".into(), "5000".into());
+        assert_eq!(first_sent_at_ms(&m), Some(5000));
+        let carried = |v: &str| {
+            let mut a = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+            a.string_value = Some(v.into());
+            a.data_type = Some("String".into());
+            a
+        };
+        m.message_attributes
+            .insert(attrs::FIRST_SENT_AT.into(), carried("1000"));
+        assert_eq!(first_sent_at_ms(&m), Some(1000), "a redriven original is older");
+        m.message_attributes
+            .insert(attrs::FIRST_SENT_AT.into(), carried("9000"));
+        assert_eq!(
+            first_sent_at_ms(&m),
+            Some(5000),
+            "a producer cannot make a message younger than SQS saw it"
+        );
     }
 }

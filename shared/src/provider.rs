@@ -58,9 +58,13 @@ pub enum FailureKind {
     Connect,
     /// The connection dropped after the request was sent, or the answer was unreadable.
     Network,
-    /// `401`/`403`/`404` or another unexpected status: the processor is misconfigured (wrong
-    /// key or URL). Retryable, because fixing the configuration lets the payment through.
+    /// `401`/`403`/`404`: the processor is misconfigured (wrong key or URL); the provider
+    /// refused the request before acting on it. Retryable, because fixing the configuration
+    /// lets the payment through.
     Misconfigured,
+    /// Any other status this client does not know (a `3xx`, a `418`, ...): nothing says whether
+    /// the provider acted, so the outcome is unknown.
+    Unexpected,
 }
 
 /// A call that ended without a definitive answer.
@@ -81,12 +85,19 @@ pub struct ProviderError {
 }
 
 impl ProviderError {
-    /// True when the provider may have executed the request although we have no answer: a
-    /// timeout, a dropped connection, or a `5xx`. Such an attempt leaves the outcome unknown.
+    /// True when the answer does not prove that the request was not executed: a timeout, a
+    /// dropped connection, a `5xx`, a `409` (another request with the key is in flight, and may
+    /// charge), or a status this client does not know. Such an attempt leaves the outcome
+    /// unknown. Only a refusal before execution (`429`, `401`/`403`/`404`, a connection that
+    /// never opened) is not.
     pub fn is_ambiguous(&self) -> bool {
         matches!(
             self.kind,
-            FailureKind::ServerError | FailureKind::Timeout | FailureKind::Network
+            FailureKind::ServerError
+                | FailureKind::Timeout
+                | FailureKind::Network
+                | FailureKind::KeyInUse
+                | FailureKind::Unexpected
         )
     }
 

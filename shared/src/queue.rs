@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_sqs::error::DisplayErrorContext;
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
 use aws_sdk_sqs::Client;
 
 /// A message on its way to the dead-letter queue: the original body unchanged and why.
@@ -17,7 +17,7 @@ pub struct DeadLetter {
     /// The source message body, byte for byte.
     pub body: String,
     /// `invalid_json`, `invalid_payment`, `idempotency_key_reused`, `provider_rejected`,
-    /// `request_expired`.
+    /// `request_expired`, `outcome_unknown`, `retries_exhausted`.
     pub error_code: String,
     /// Human-readable reason (no secrets, no card data).
     pub error_message: String,
@@ -49,6 +49,10 @@ pub trait QueueOps: Send + Sync {
         receipt_handle: &str,
         seconds: i32,
     ) -> Result<(), QueueError>;
+    /// The source queue's `maxReceiveCount` from its redrive policy (`None`: the queue has no
+    /// redrive policy, so SQS never moves its messages). An error means it cannot be told; the
+    /// processor then uses `QUEUE_MAX_RECEIVE_COUNT`.
+    async fn max_receive_count(&self, source_arn: &str) -> Result<Option<u32>, QueueError>;
 }
 
 /// Message attribute names on dead letters.
@@ -72,6 +76,9 @@ pub struct SqsQueues {
     dlq_url: String,
     /// eventSourceARN -> queue URL, looked up once per queue.
     urls: Mutex<HashMap<String, String>>,
+    /// eventSourceARN -> `maxReceiveCount`, read once per queue (only when a message must come
+    /// back, so the hot path makes no call for it).
+    max_receives: Mutex<HashMap<String, Option<u32>>>,
 }
 
 fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
@@ -89,6 +96,7 @@ impl SqsQueues {
             client,
             dlq_url: dlq_url.into(),
             urls: Mutex::new(HashMap::new()),
+            max_receives: Mutex::new(HashMap::new()),
         }
     }
 
@@ -182,5 +190,66 @@ impl QueueOps for SqsQueues {
             .await
             .map(|_| ())
             .map_err(|e| QueueError(DisplayErrorContext(&e).to_string()))
+    }
+
+    async fn max_receive_count(&self, source_arn: &str) -> Result<Option<u32>, QueueError> {
+        if let Some(n) = self
+            .max_receives
+            .lock()
+            .ok()
+            .and_then(|m| m.get(source_arn).copied())
+        {
+            return Ok(n);
+        }
+        let url = self.url_for_arn(source_arn).await?;
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| QueueError(DisplayErrorContext(&e).to_string()))?;
+        let n = match out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+        {
+            None => None,
+            Some(policy) => Some(parse_max_receive_count(policy).ok_or_else(|| {
+                QueueError(format!("unreadable RedrivePolicy on {source_arn}: {policy}"))
+            })?),
+        };
+        if let Ok(mut m) = self.max_receives.lock() {
+            m.insert(source_arn.to_owned(), n);
+        }
+        Ok(n)
+    }
+}
+
+/// `maxReceiveCount` of a `RedrivePolicy` attribute (JSON; some endpoints give it as a string).
+pub fn parse_max_receive_count(policy: &str) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(policy).ok()?;
+    match v.get("maxReceiveCount")? {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_receive_count_as_a_number_or_a_string() {
+        assert_eq!(
+            parse_max_receive_count(r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:d","maxReceiveCount":5}"#),
+            Some(5)
+        );
+        assert_eq!(
+            parse_max_receive_count(r#"{"deadLetterTargetArn":"x","maxReceiveCount":"10"}"#),
+            Some(10)
+        );
+        assert_eq!(parse_max_receive_count("not json"), None);
     }
 }

@@ -193,9 +193,13 @@ fn interpret(
             FailureKind::ServerError,
             format!("HTTP {status}: {message}"),
         )),
-        _ => Err(fail(
+        401 | 403 | 404 => Err(fail(
             FailureKind::Misconfigured,
             format!("HTTP {status} (check PAYMENT_API_URL and the API key): {message}"),
+        )),
+        _ => Err(fail(
+            FailureKind::Unexpected,
+            format!("unexpected HTTP {status}: {message}"),
         )),
     }
 }
@@ -395,10 +399,19 @@ mod tests {
         assert!(e.replayed && !e.retry_now(), "a replayed 500 never changes");
         let e = interpret(StatusCode::CONFLICT, &h(&[]), "{}").unwrap_err();
         assert_eq!(e.kind, FailureKind::KeyInUse);
+        assert!(e.is_ambiguous(), "a 409: another call with the key may charge");
         for s in [401u16, 403, 404] {
             let e = interpret(StatusCode::from_u16(s).unwrap(), &h(&[]), "{}").unwrap_err();
             assert_eq!(e.kind, FailureKind::Misconfigured);
+            assert!(!e.is_ambiguous(), "{s} is refused before execution");
         }
+        for s in [302u16, 418, 422] {
+            let e = interpret(StatusCode::from_u16(s).unwrap(), &h(&[]), "{}").unwrap_err();
+            assert_eq!(e.kind, FailureKind::Unexpected);
+            assert!(e.is_ambiguous(), "{s} proves nothing");
+        }
+        let e = interpret(StatusCode::TOO_MANY_REQUESTS, &h(&[]), "{}").unwrap_err();
+        assert!(!e.is_ambiguous(), "a 429 is refused before execution");
     }
 
     #[test]

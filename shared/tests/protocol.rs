@@ -135,6 +135,8 @@ struct FakeQueues {
     deleted: AtomicU64,
     /// (receipt handle, seconds) of every visibility change.
     visibility: Mutex<Vec<(String, i32)>>,
+    /// The source queue's `maxReceiveCount` (`None`: no redrive policy).
+    max_receives: Mutex<Option<u32>>,
 }
 
 #[async_trait]
@@ -150,6 +152,9 @@ impl QueueOps for FakeQueues {
     async fn change_visibility(&self, _: &str, rh: &str, secs: i32) -> Result<(), QueueError> {
         self.visibility.lock().unwrap().push((rh.to_owned(), secs));
         Ok(())
+    }
+    async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
+        Ok(*self.max_receives.lock().unwrap())
     }
 }
 
@@ -184,6 +189,8 @@ fn fast() -> Settings {
     Settings {
         lease: Duration::from_secs(10),
         provider_retry_delay: Duration::from_millis(1),
+        // The tests that need it set the provider's processing allowance themselves.
+        provider_processing_allowance: Duration::ZERO,
         ..Settings::default()
     }
 }
@@ -321,7 +328,7 @@ async fn a_lease_shorter_than_the_client_timeout_never_calls_the_provider() {
     assert!(r.batch_item_failures.is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn ambiguous_failures_mark_the_outcome_unknown_and_takeover_inherits_it() {
     let w = world(fast(), Duration::from_secs(1));
     w.provider
@@ -331,6 +338,7 @@ async fn ambiguous_failures_mark_the_outcome_unknown_and_takeover_inherits_it() 
         .await;
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Failed, true));
+    tokio::time::advance(Duration::from_secs(2)).await;
     // A later 429 proves nothing: the mark stays.
     w.provider
         .set("p1", Behaviour::Fail(FailureKind::RateLimited, None));
@@ -343,6 +351,7 @@ async fn ambiguous_failures_mark_the_outcome_unknown_and_takeover_inherits_it() 
         (RecordStatus::Failed, true, 2)
     );
     // A definitive answer settles it.
+    tokio::time::advance(Duration::from_secs(2)).await;
     w.provider.set("p1", Behaviour::Charge);
     w.processor
         .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
@@ -626,8 +635,9 @@ async fn redelivery_backoff_grows_with_the_receive_count() {
         ..fast()
     };
     let w = world(settings, Duration::from_secs(1));
+    // A 429 is refused before execution: no `not_before`, every delivery claims again.
     w.provider
-        .set("p1", Behaviour::Fail(FailureKind::ServerError, None));
+        .set("p1", Behaviour::Fail(FailureKind::RateLimited, None));
     for n in 1..=7u32 {
         let m = msg_at(
             &format!("m{n}"),
@@ -653,7 +663,7 @@ async fn redelivery_backoff_grows_with_the_receive_count() {
     }
     let rec = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!((rec.status, rec.attempts), (RecordStatus::Failed, 7));
-    assert!(rec.last_error.unwrap().contains("ServerError"));
+    assert!(rec.last_error.unwrap().contains("RateLimited"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -748,6 +758,7 @@ async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
     let note = payment_core::idempotency::FailureNote {
         error: "late zombie".into(),
         unknown_outcome: false,
+        not_before_ms: None,
     };
     assert!(w
         .store
