@@ -120,7 +120,12 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
         ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
         ("REDELIVERY_MAX_DELAY_SECONDS", "4"),
-        ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "2"),
+        // The simulator answers at once and its search shows a charge as soon as it is made.
+        ("PROVIDER_PROCESSING_ALLOWANCE_SECONDS", "1"),
+        ("PROVIDER_SEARCH_LAG_SECONDS", "2"),
+        // The least margin the configuration accepts (8 + 5 + 1 + 60 s of skew): longer than
+        // the simulator's 30 s retention, so every unknown outcome is looked up first.
+        ("PROVIDER_KEY_RETENTION_MARGIN_SECONDS", "74"),
         ("MAX_CONCURRENCY", "10"),
     ] {
         env.insert(k.to_owned(), v.to_owned());

@@ -57,6 +57,13 @@ impl Target {
         match self {
             Target::InProcess(p) => {
                 let (response, summary) = p.handle_batch(records, deadline_ms).await;
+                if summary.unreportable > 0 {
+                    // As the function does: the whole batch comes back.
+                    return Ok(Answer::FunctionError(format!(
+                        "{} message(s) without a messageId must be redelivered",
+                        summary.unreportable
+                    )));
+                }
                 Ok(Answer::Response(response, Some(summary)))
             }
             Target::Process(api) => {

@@ -446,7 +446,8 @@ impl Processor {
         let delay = delay_for(when, &budget, &self.backoff_policy(), self.clock.now_ms());
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
         if let (Some(arn), Some(rh)) = (arn, &msg.receipt_handle) {
-            let secs = delay.as_secs().min(43_200) as i32;
+            // Whole seconds, rounded up: a delay never comes back earlier than decided.
+            let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;
             if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
                 warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
             }
@@ -536,9 +537,10 @@ impl Processor {
             }) => {
                 self.record_failure(&request, &attempt, &message, unknown, not_before)
                     .await;
-                let when = match retry_at {
-                    Some(t) => Redelivery::At(t),
-                    None => Redelivery::Backoff,
+                let when = match (retry_at, not_before) {
+                    (Some(t), _) => Redelivery::At(t),
+                    (None, Some(t)) => Redelivery::BackoffAfter(t),
+                    (None, None) => Redelivery::Backoff,
                 };
                 Step::Again(message, when)
             }

@@ -40,6 +40,9 @@ pub enum Redelivery {
     /// A transient failure (provider, store, queue): exponential backoff on the receive count,
     /// stretched to spread the receives left over the retry horizon.
     Backoff,
+    /// A transient failure after a call that may still land: the backoff, but not before the
+    /// record's `not_before` (epoch ms), so the next delivery is not refused for it.
+    BackoffAfter(i64),
 }
 
 /// What the receive budget of one delivery is.
@@ -112,6 +115,11 @@ pub fn redelivery_delay(receive_count: u32, base: Duration, max: Duration) -> Du
     half + half.mul_f64(fastrand::f64())
 }
 
+fn backoff(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
+    redelivery_delay(budget.receive_count, policy.base, policy.max)
+        .max(budget.spread(policy.horizon, now_ms))
+}
+
 /// The delay for a message handed back for `why`, at `now_ms`, within SQS's 12-hour cap.
 pub fn delay_for(why: Redelivery, budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
     let until = |t: i64| Duration::from_millis((t - now_ms).max(0) as u64);
@@ -122,8 +130,10 @@ pub fn delay_for(why: Redelivery, budget: &Budget, policy: &BackoffPolicy, now_m
             until(lease_end).min(BUSY_RECHECK) + Duration::from_secs(1)
         }
         Redelivery::Busy(lease_end) => until(lease_end) + Duration::from_secs(1),
-        Redelivery::Backoff => redelivery_delay(budget.receive_count, policy.base, policy.max)
-            .max(budget.spread(policy.horizon, now_ms)),
+        Redelivery::Backoff => backoff(budget, policy, now_ms),
+        Redelivery::BackoffAfter(t) => {
+            backoff(budget, policy, now_ms).max(until(t) + Duration::from_secs(1))
+        }
     };
     d.min(MAX_DELAY)
 }

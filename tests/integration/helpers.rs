@@ -59,6 +59,12 @@ pub fn fast_settings() -> BTreeMap<String, String> {
     [
         ("LEASE_SECONDS", "5"),
         ("PAYMENT_API_TIMEOUT_SECONDS", "2"),
+        // The simulator answers at once: a second covers any call still on its way.
+        ("PROVIDER_PROCESSING_ALLOWANCE_SECONDS", "1"),
+        // The simulator's search shows a charge as soon as it is made.
+        ("PROVIDER_SEARCH_LAG_SECONDS", "1"),
+        // Redeliveries follow the short backoff: no spreading over an hour's horizon.
+        ("RETRY_HORIZON_SECONDS", "0"),
         ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
         ("REDELIVERY_MAX_DELAY_SECONDS", "2"),
         ("PROVIDER_MAX_ATTEMPTS", "3"),

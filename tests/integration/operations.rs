@@ -4,27 +4,30 @@ use payment_infra::dlq::{self, RedriveOptions};
 
 use crate::helpers::*;
 
-/// A payment SQS dead-lettered after `maxReceiveCount` failed deliveries (the provider was
-/// down) is listed with its receive count, redriven after the fix, and charged once, although
-/// the DLQ held it twice and the redrive ran twice.
+/// A payment whose deliveries all failed (the provider was down) is dead-lettered by the
+/// processor on its last delivery, with `retries_exhausted` and the last error, before SQS
+/// would move it without a reason; redriven after the fix, it is charged once, although the
+/// DLQ held it twice and the redrive ran twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_after_a_fix_charges_once_even_when_redriven_twice() {
-    let t = TestStack::build("redrive", fast_settings(), false, 2).await;
+    let t = TestStack::build("redrive", fast_settings(), false, 3).await;
     let pid = t.pid("p1");
     let body = payment(&pid, 2500, "pm_card_visa");
     t.fault(&pid, "down", None, 0).await;
     t.send(&body).await;
-    t.drain(1).await; // two failed deliveries, then SQS moves it to the DLQ
+    t.drain(1).await; // three failed deliveries; the third dead-letters it with the reason
     assert_eq!(t.charges(&pid).await, 0);
     let dlq_url = t.config.dead_letter_queue_url.clone();
     let listed = dlq::list(&t.sqs, &dlq_url, 10).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(
-        listed[0].error_code, None,
-        "moved by SQS, not by the processor"
+        listed[0].error_code.as_deref(),
+        Some("retries_exhausted"),
+        "dead-lettered by the processor with a reason, not moved by SQS"
     );
+    let why = listed[0].error_message.clone().unwrap_or_default();
+    assert!(why.contains("delivery 3 of at most 3"), "{why}");
     assert_eq!(listed[0].payment_id.as_deref(), Some(pid.as_str()));
-    assert!(listed[0].receive_count >= 2);
 
     // The DLQ holds the payment twice (it was dead-lettered twice).
     t.sqs

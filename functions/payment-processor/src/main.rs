@@ -24,6 +24,15 @@ async fn handle(
     for line in telemetry::emf_lines(&summary, now_ms()) {
         println!("{line}");
     }
+    if summary.unreportable > 0 {
+        // A message that must come back has no id to report it by: fail the invocation so the
+        // whole batch comes back (duplicates of what finished are absorbed by the records).
+        return Err(format!(
+            "{} message(s) without a messageId must be redelivered; failing the whole batch",
+            summary.unreportable
+        )
+        .into());
+    }
     if total > 0 && response.batch_item_failures.len() == total {
         // Every message failed: an invocation error makes Lambda back off polling.
         return Err(
