@@ -344,7 +344,10 @@ mod tests {
             ("PAYMENT_API_TIMEOUT_SECONDS", "10"),
             ("PROVIDER_PROCESSING_ALLOWANCE_SECONDS", "4"),
         ]);
-        assert_eq!(Config::from_lookup(env(&pairs)).unwrap_err().var, "LEASE_SECONDS");
+        assert_eq!(
+            Config::from_lookup(env(&pairs)).unwrap_err().var,
+            "LEASE_SECONDS"
+        );
     }
 
     #[test]

@@ -347,8 +347,8 @@ mod tests {
                 .collect()
         };
         // 50 keys + the processor's metadata[payment_id] would be 51 at the provider.
-        let e = PaymentRequest::parse(&body(serde_json::json!({ "metadata": keys(50) })))
-            .unwrap_err();
+        let e =
+            PaymentRequest::parse(&body(serde_json::json!({ "metadata": keys(50) }))).unwrap_err();
         assert_eq!(e.code(), "invalid_payment");
         assert!(e.to_string().contains("at most 49"), "{e}");
         let ok = PaymentRequest::parse(&body(serde_json::json!({ "metadata": keys(49) })))

@@ -251,8 +251,7 @@ impl IdempotencyStore for DynamoStore {
     ) -> Result<(), StoreError> {
         // The mark is sticky: a note that proves nothing leaves the stored mark alone, so only
         // a completion ever writes `false` over `true`.
-        let mut update =
-            String::from("SET #s = :failed, last_error = :e, lease_expires_at = :now");
+        let mut update = String::from("SET #s = :failed, last_error = :e, lease_expires_at = :now");
         let mut values = vec![
             (":failed", s(RecordStatus::Failed.as_str())),
             (":e", s(&note.error)),

@@ -352,7 +352,10 @@ mod tests {
         // The SDK retried a claim whose first write was applied: the refusal returns our lease.
         let mut r = record(RecordStatus::InProgress, "h", i64::MAX);
         r.lease_owner = Some("me".into());
-        assert_eq!(decide_conflict(&r, "h", "me", 10), ConflictDecision::OwnClaim);
+        assert_eq!(
+            decide_conflict(&r, "h", "me", 10),
+            ConflictDecision::OwnClaim
+        );
         // Someone else's live lease is still busy.
         assert!(matches!(
             decide_conflict(&r, "h", "another", 10),
@@ -370,7 +373,10 @@ mod tests {
                 not_before_ms: 5_000
             }
         );
-        assert_eq!(decide_conflict(&r, "h", "me", 6_000), ConflictDecision::Retry);
+        assert_eq!(
+            decide_conflict(&r, "h", "me", 6_000),
+            ConflictDecision::Retry
+        );
     }
 
     #[test]

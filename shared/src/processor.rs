@@ -395,9 +395,7 @@ impl Processor {
             }
         };
         (
-            self.give_back(msg, reason, when)
-                .instrument(span)
-                .await,
+            self.give_back(msg, reason, when).instrument(span).await,
             Vec::new(),
         )
     }
@@ -441,7 +439,9 @@ impl Processor {
                 max_receive_count.unwrap_or_default()
             );
             let body = msg.body.clone().unwrap_or_default();
-            return self.dead_letter(msg, &body, "retries_exhausted", &why).await;
+            return self
+                .dead_letter(msg, &body, "retries_exhausted", &why)
+                .await;
         }
         let delay = delay_for(when, &budget, &self.backoff_policy(), self.clock.now_ms());
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
@@ -463,7 +463,12 @@ impl Processor {
         }
     }
 
-    async fn decide(&self, msg: &SqsMessage, deadline_ms: i64, latencies: &Mutex<Vec<f64>>) -> Step {
+    async fn decide(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> Step {
         let body = msg.body.clone().unwrap_or_default();
         let request = match PaymentRequest::parse(&body) {
             Ok(r) => r,
@@ -504,8 +509,7 @@ impl Processor {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         return Step::Again(
-                            "lease lost before completion; another attempt owns the payment"
-                                .into(),
+                            "lease lost before completion; another attempt owns the payment".into(),
                             Redelivery::Soon,
                         )
                     }
@@ -544,7 +548,10 @@ impl Processor {
                 };
                 Step::Again(message, when)
             }
-            Err(ChargeFailure::OutcomeUnknown { message, not_before }) => {
+            Err(ChargeFailure::OutcomeUnknown {
+                message,
+                not_before,
+            }) => {
                 self.record_failure(&request, &attempt, &message, true, not_before)
                     .await;
                 Step::Done(
@@ -846,14 +853,13 @@ impl Processor {
                         info!("lookup proved no payment for the unknown outcome; charging");
                         must_look = false;
                     }
-                    Lookup::TooSoon(at) => {
-                        return Err(transient(
-                            "the provider's search may not show a recent call yet; looking again later".into(),
-                            true,
-                            landing,
-                            Some(at),
-                        ))
-                    }
+                    Lookup::TooSoon(at) => return Err(transient(
+                        "the provider's search may not show a recent call yet; looking again later"
+                            .into(),
+                        true,
+                        landing,
+                        Some(at),
+                    )),
                     Lookup::Failed(e) => return Err(transient(e, true, landing, None)),
                 }
             }
@@ -978,8 +984,17 @@ impl Processor {
             warn!(reason = %reason, "message will be redelivered");
             if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
                 let budget = Budget::of(msg, self.settings.max_receive_count);
-                let delay = delay_for(Redelivery::Backoff, &budget, &self.backoff_policy(), self.clock.now_ms());
-                if let Err(e) = self.queues.change_visibility(arn, rh, delay.as_secs() as i32).await {
+                let delay = delay_for(
+                    Redelivery::Backoff,
+                    &budget,
+                    &self.backoff_policy(),
+                    self.clock.now_ms(),
+                );
+                if let Err(e) = self
+                    .queues
+                    .change_visibility(arn, rh, delay.as_secs() as i32)
+                    .await
+                {
                     warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
                 }
             }
@@ -1000,7 +1015,8 @@ impl Processor {
 /// its `not_before`, or the end of an `IN_PROGRESS` lease (calls are sent only while the lease
 /// outlasts the client timeout plus the processing allowance).
 fn last_landing(previous: &IdempotencyRecord) -> Option<i64> {
-    let lease = (previous.status == RecordStatus::InProgress).then_some(previous.lease_expires_at_ms);
+    let lease =
+        (previous.status == RecordStatus::InProgress).then_some(previous.lease_expires_at_ms);
     match (previous.not_before_ms, lease) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
@@ -1203,7 +1219,11 @@ mod tests {
         };
         m.message_attributes
             .insert(attrs::FIRST_SENT_AT.into(), carried("1000"));
-        assert_eq!(first_sent_at_ms(&m), Some(1000), "a redriven original is older");
+        assert_eq!(
+            first_sent_at_ms(&m),
+            Some(1000),
+            "a redriven original is older"
+        );
         m.message_attributes
             .insert(attrs::FIRST_SENT_AT.into(), carried("9000"));
         assert_eq!(

@@ -216,7 +216,9 @@ impl QueueOps for SqsQueues {
         {
             None => None,
             Some(policy) => Some(parse_max_receive_count(policy).ok_or_else(|| {
-                QueueError(format!("unreadable RedrivePolicy on {source_arn}: {policy}"))
+                QueueError(format!(
+                    "unreadable RedrivePolicy on {source_arn}: {policy}"
+                ))
             })?),
         };
         if let Ok(mut m) = self.max_receives.lock() {
@@ -243,7 +245,9 @@ mod tests {
     #[test]
     fn max_receive_count_as_a_number_or_a_string() {
         assert_eq!(
-            parse_max_receive_count(r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:d","maxReceiveCount":5}"#),
+            parse_max_receive_count(
+                r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:d","maxReceiveCount":5}"#
+            ),
             Some(5)
         );
         assert_eq!(

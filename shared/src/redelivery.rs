@@ -121,7 +121,12 @@ fn backoff(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
 }
 
 /// The delay for a message handed back for `why`, at `now_ms`, within SQS's 12-hour cap.
-pub fn delay_for(why: Redelivery, budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
+pub fn delay_for(
+    why: Redelivery,
+    budget: &Budget,
+    policy: &BackoffPolicy,
+    now_ms: i64,
+) -> Duration {
     let until = |t: i64| Duration::from_millis((t - now_ms).max(0) as u64);
     let d = match why {
         Redelivery::Soon => Duration::from_secs(2),
@@ -173,7 +178,10 @@ mod tests {
         assert!(!budget(4, Some(5), 0).exhausted());
         assert!(budget(5, Some(5), 0).exhausted());
         assert!(budget(7, Some(5), 0).exhausted());
-        assert!(!budget(1_000, None, 0).exhausted(), "no redrive policy, no budget");
+        assert!(
+            !budget(1_000, None, 0).exhausted(),
+            "no redrive policy, no budget"
+        );
     }
 
     /// Replays an outage: every delivery fails transiently until `outage` has passed. Returns
@@ -217,11 +225,26 @@ mod tests {
     #[test]
     fn a_copy_looks_quickly_once_then_waits_for_the_lease_end() {
         let lease_end = 60_000;
-        let first = delay_for(Redelivery::Busy(lease_end), &budget(1, Some(5), 0), &POLICY, 0);
+        let first = delay_for(
+            Redelivery::Busy(lease_end),
+            &budget(1, Some(5), 0),
+            &POLICY,
+            0,
+        );
         assert_eq!(first, BUSY_RECHECK + Duration::from_secs(1));
-        let second = delay_for(Redelivery::Busy(lease_end), &budget(2, Some(5), 0), &POLICY, 0);
+        let second = delay_for(
+            Redelivery::Busy(lease_end),
+            &budget(2, Some(5), 0),
+            &POLICY,
+            0,
+        );
         assert_eq!(second, Duration::from_secs(61));
-        let far = delay_for(Redelivery::At(i64::MAX / 2), &budget(2, Some(5), 0), &POLICY, 0);
+        let far = delay_for(
+            Redelivery::At(i64::MAX / 2),
+            &budget(2, Some(5), 0),
+            &POLICY,
+            0,
+        );
         assert_eq!(far, MAX_DELAY, "capped below SQS's 12 hours");
     }
 }

@@ -399,7 +399,10 @@ mod tests {
         assert!(e.replayed && !e.retry_now(), "a replayed 500 never changes");
         let e = interpret(StatusCode::CONFLICT, &h(&[]), "{}").unwrap_err();
         assert_eq!(e.kind, FailureKind::KeyInUse);
-        assert!(e.is_ambiguous(), "a 409: another call with the key may charge");
+        assert!(
+            e.is_ambiguous(),
+            "a 409: another call with the key may charge"
+        );
         for s in [401u16, 403, 404] {
             let e = interpret(StatusCode::from_u16(s).unwrap(), &h(&[]), "{}").unwrap_err();
             assert_eq!(e.kind, FailureKind::Misconfigured);

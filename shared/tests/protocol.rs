@@ -207,8 +207,13 @@ fn world_wrapped(
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let clock = Arc::new(payment_core::clock::TokioClock::new());
     let processor = Arc::new(
-        Processor::new(wrap(store.clone()), provider.clone(), queues.clone(), settings)
-            .with_clock(clock.clone()),
+        Processor::new(
+            wrap(store.clone()),
+            provider.clone(),
+            queues.clone(),
+            settings,
+        )
+        .with_clock(clock.clone()),
     );
     World {
         clock,
@@ -949,7 +954,12 @@ impl FakeProvider {
 
 impl FakeQueues {
     fn last_delay(&self) -> i32 {
-        self.visibility.lock().unwrap().last().expect("a delay was set").1
+        self.visibility
+            .lock()
+            .unwrap()
+            .last()
+            .expect("a delay was set")
+            .1
     }
     fn dead(&self) -> Vec<DeadLetter> {
         self.dead.lock().unwrap().clone()
@@ -1008,7 +1018,10 @@ async fn on_its_last_receive_a_failing_payment_is_dead_lettered_with_a_reason_no
         tokio::time::advance(Duration::from_secs(w.queues.last_delay() as u64)).await;
     }
     let (failed, s) = deliver(&w, delivery("p1", 3, first)).await;
-    assert!(failed.is_empty(), "the processor acknowledges what it dead-lettered");
+    assert!(
+        failed.is_empty(),
+        "the processor acknowledges what it dead-lettered"
+    );
     assert_eq!(s.dead_lettered.get("retries_exhausted"), Some(&1));
     let dead = w.queues.dead();
     assert_eq!(dead.len(), 1);
@@ -1059,15 +1072,25 @@ async fn a_dead_workers_payment_is_taken_over_after_one_lease_without_burning_th
     let mut held = record("p1", RecordStatus::InProgress, false, now);
     held.lease_expires_at_ms = now + 60_000;
     w.store.insert(held);
-    w.provider.found.lock().unwrap().insert("p1".into(), "pi_p1".into());
+    w.provider
+        .found
+        .lock()
+        .unwrap()
+        .insert("p1".into(), "pi_p1".into());
     let (failed, _) = deliver(&w, delivery("p1", 1, now)).await;
     assert_eq!(failed.len(), 1);
-    assert!(w.queues.last_delay() <= 5, "the first look comes back quickly");
+    assert!(
+        w.queues.last_delay() <= 5,
+        "the first look comes back quickly"
+    );
     tokio::time::advance(Duration::from_secs(w.queues.last_delay() as u64)).await;
     let (failed, _) = deliver(&w, delivery("p1", 2, now)).await;
     assert_eq!(failed.len(), 1);
     let wait = w.queues.last_delay();
-    assert!((55..=62).contains(&wait), "then waits for the lease's end: {wait} s");
+    assert!(
+        (55..=62).contains(&wait),
+        "then waits for the lease's end: {wait} s"
+    );
     tokio::time::advance(Duration::from_secs(wait as u64)).await;
     let (failed, s) = deliver(&w, delivery("p1", 3, now)).await;
     assert!(failed.is_empty());
@@ -1094,7 +1117,9 @@ async fn a_fifo_message_blocked_on_its_last_receive_is_dead_lettered_with_the_re
     let dead = w.queues.dead();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].error_code, "retries_exhausted");
-    assert!(dead[0].error_message.contains("earlier message of its FIFO group"));
+    assert!(dead[0]
+        .error_message
+        .contains("earlier message of its FIFO group"));
     assert_eq!(w.provider.calls("b"), 0, "never processed out of order");
 }
 
@@ -1154,7 +1179,9 @@ async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
     let sent = w.clock.now_ms();
     deliver(&w, delivery("p1", 1, sent)).await;
     let r = w.store.get("p1").await.unwrap().unwrap();
-    let nb = r.not_before_ms.expect("a not_before after an ambiguous call");
+    let nb = r
+        .not_before_ms
+        .expect("a not_before after an ambiguous call");
     assert!(
         nb >= sent + 4_000,
         "last send + 1 s timeout + 3 s allowance"
@@ -1163,10 +1190,17 @@ async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
     tokio::time::advance(Duration::from_secs(2)).await;
     let (failed, _) = deliver(&w, delivery("p1", 2, sent)).await;
     assert_eq!(failed.len(), 1, "refused before not_before");
-    assert_eq!(w.provider.calls("p1"), 1, "no call while the first may still land");
+    assert_eq!(
+        w.provider.calls("p1"),
+        1,
+        "no call while the first may still land"
+    );
     assert_eq!(w.store.get("p1").await.unwrap().unwrap().attempts, 1);
     let wait = w.queues.last_delay();
-    assert!((2..=4).contains(&wait), "comes back at not_before: {wait} s");
+    assert!(
+        (2..=4).contains(&wait),
+        "comes back at not_before: {wait} s"
+    );
     tokio::time::advance(Duration::from_secs(wait as u64)).await;
     let (failed, s) = deliver(&w, delivery("p1", 3, sent)).await;
     assert!(failed.is_empty());
@@ -1174,8 +1208,7 @@ async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
 }
 
 #[tokio::test]
-async fn a_lost_claim_answer_whose_retry_meets_our_own_lease_is_claimed_with_an_unknown_outcome()
-{
+async fn a_lost_claim_answer_whose_retry_meets_our_own_lease_is_claimed_with_an_unknown_outcome() {
     let w = world_wrapped(fast(), Duration::from_secs(1), |s| {
         let scripted = ScriptedStore::new(s);
         *scripted.lose_claim_answer.lock().unwrap() = true;
@@ -1228,24 +1261,41 @@ fn forgotten_world() -> World {
 #[tokio::test(start_paused = true)]
 async fn lookup_finds_the_charge_and_records_it_without_a_call() {
     let w = forgotten_world();
-    w.provider.found.lock().unwrap().insert("p1".into(), "pi_found".into());
+    w.provider
+        .found
+        .lock()
+        .unwrap()
+        .insert("p1".into(), "pi_found".into());
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
-    assert_eq!((s.charged, w.provider.calls("p1"), w.provider.lookups("p1")), (1, 0, 1));
+    assert_eq!(
+        (s.charged, w.provider.calls("p1"), w.provider.lookups("p1")),
+        (1, 0, 1)
+    );
     let r = w.store.get("p1").await.unwrap().unwrap();
-    assert_eq!(r.outcome.unwrap().provider_payment_id.as_deref(), Some("pi_found"));
+    assert_eq!(
+        r.outcome.unwrap().provider_payment_id.as_deref(),
+        Some("pi_found")
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn lookup_finds_an_intent_that_did_not_charge_and_records_the_decline() {
     let w = forgotten_world();
-    w.provider.found.lock().unwrap().insert("p1".into(), "pi_declined".into());
+    w.provider
+        .found
+        .lock()
+        .unwrap()
+        .insert("p1".into(), "pi_declined".into());
     *w.provider.found_status.lock().unwrap() = Some("requires_payment_method".into());
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
     assert_eq!((s.declined, w.provider.calls("p1")), (1, 0));
     let r = w.store.get("p1").await.unwrap().unwrap();
-    assert_eq!((r.status, r.outcome.unwrap().status.as_str()), (RecordStatus::Completed, "declined"));
+    assert_eq!(
+        (r.status, r.outcome.unwrap().status.as_str()),
+        (RecordStatus::Completed, "declined")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1253,9 +1303,15 @@ async fn lookup_finds_nothing_long_after_the_last_call_then_charges_once() {
     let w = forgotten_world();
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
-    assert_eq!((s.charged, w.provider.calls("p1"), w.provider.lookups("p1")), (1, 1, 1));
+    assert_eq!(
+        (s.charged, w.provider.calls("p1"), w.provider.lookups("p1")),
+        (1, 1, 1)
+    );
     let r = w.store.get("p1").await.unwrap().unwrap();
-    assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Completed, false));
+    assert_eq!(
+        (r.status, r.unknown_outcome),
+        (RecordStatus::Completed, false)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1284,10 +1340,17 @@ async fn nothing_found_after_a_replayed_500_is_looked_up_again_after_the_search_
     r.not_before_ms = Some(now - 1_000);
     w.store.insert(r);
     let (failed, _) = deliver(&w, delivery("p1", 1, now)).await;
-    assert_eq!(failed.len(), 1, "an empty search right after the call is no proof");
+    assert_eq!(
+        failed.len(),
+        1,
+        "an empty search right after the call is no proof"
+    );
     assert!(w.queues.dead().is_empty());
     let wait = w.queues.last_delay();
-    assert!((58..=61).contains(&wait), "looks again after the lag: {wait} s");
+    assert!(
+        (58..=61).contains(&wait),
+        "looks again after the lag: {wait} s"
+    );
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Failed, true));
     tokio::time::advance(Duration::from_secs(wait as u64)).await;
@@ -1296,7 +1359,11 @@ async fn nothing_found_after_a_replayed_500_is_looked_up_again_after_the_search_
     assert_eq!(s.dead_lettered.get("outcome_unknown"), Some(&1));
     assert_eq!(w.provider.lookups("p1"), 2);
     let dead = w.queues.dead();
-    assert!(dead[0].error_message.contains("payctl reconcile p1"), "{}", dead[0].error_message);
+    assert!(
+        dead[0].error_message.contains("payctl reconcile p1"),
+        "{}",
+        dead[0].error_message
+    );
     assert!(!dead[0].error_message.contains("new key"));
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Failed, true));
@@ -1344,7 +1411,10 @@ async fn a_message_without_an_id_that_must_come_back_fails_the_invocation_not_an
     let mut m = msg("m1", &body("p1", 100), None);
     m.message_id = None;
     let (r, s) = w.processor.handle_batch(vec![m], now_ms() + 60_000).await;
-    assert!(r.batch_item_failures.iter().all(|f| !f.item_identifier.is_empty()));
+    assert!(r
+        .batch_item_failures
+        .iter()
+        .all(|f| !f.item_identifier.is_empty()));
     assert_eq!(s.unreportable, 1);
 }
 
@@ -1361,16 +1431,25 @@ async fn every_failure_path_sets_a_redelivery_delay() {
     let st = scripted.lock().unwrap().clone().unwrap();
     *st.claims_fail.lock().unwrap() = true;
     deliver(&w, delivery("p1", 1, now_ms())).await;
-    assert_eq!(w.queues.visibility.lock().unwrap().len(), 1, "claim failure");
+    assert_eq!(
+        w.queues.visibility.lock().unwrap().len(),
+        1,
+        "claim failure"
+    );
     *st.claims_fail.lock().unwrap() = false;
     // A completion that fails: backoff.
     *st.completes_fail.lock().unwrap() = true;
     let (failed, _) = deliver(&w, delivery("p2", 1, now_ms())).await;
     assert_eq!(failed.len(), 1);
-    assert_eq!(w.queues.visibility.lock().unwrap().len(), 2, "completion failure");
+    assert_eq!(
+        w.queues.visibility.lock().unwrap().len(),
+        2,
+        "completion failure"
+    );
     *st.completes_fail.lock().unwrap() = false;
     // A lease lost before completion: a few seconds.
-    w.provider.set("p3", Behaviour::Slow(Duration::from_millis(300)));
+    w.provider
+        .set("p3", Behaviour::Slow(Duration::from_millis(300)));
     let worker = {
         let w2 = w.processor.clone();
         tokio::spawn(async move {
@@ -1386,5 +1465,9 @@ async fn every_failure_path_sets_a_redelivery_delay() {
     assert_eq!(failures(&r).len(), 1);
     let vis = w.queues.visibility.lock().unwrap().clone();
     assert_eq!(vis.len(), 3, "lost lease");
-    assert!((1..=3).contains(&vis[2].1), "a lost race looks again in seconds: {:?}", vis[2]);
+    assert!(
+        (1..=3).contains(&vis[2].1),
+        "a lost race looks again in seconds: {:?}",
+        vis[2]
+    );
 }

@@ -47,7 +47,7 @@ async fn timed_out_invocation_completes_on_the_next_delivery() {
     let t = TestStack::with_env(
         "timeout",
         env(&[
-            ("LEASE_SECONDS", "12"),
+            ("LEASE_SECONDS", "13"),
             ("PAYMENT_API_TIMEOUT_SECONDS", "11"),
         ]),
     )

@@ -94,12 +94,23 @@ impl TestStack {
         Self::build(test, env, fifo, 20).await
     }
 
-    /// Provisions with every option: FIFO queues, and SQS's `maxReceiveCount`.
+    /// Provisions with FIFO queues or not, and SQS's `maxReceiveCount`.
     pub async fn build(
         test: &str,
         env: BTreeMap<String, String>,
         fifo: bool,
         max_receive_count: i32,
+    ) -> Self {
+        Self::build_with_visibility(test, env, fifo, max_receive_count, VISIBILITY).await
+    }
+
+    /// Provisions with every option, the source queue's visibility timeout (seconds) too.
+    pub async fn build_with_visibility(
+        test: &str,
+        env: BTreeMap<String, String>,
+        fifo: bool,
+        max_receive_count: i32,
+        visibility: i32,
     ) -> Self {
         required_env("AWS_ENDPOINT_URL");
         let sim_url = required_env("PAYMENT_API_URL");
@@ -111,7 +122,7 @@ impl TestStack {
             &root().join("template.yaml"),
             &ProvisionOptions {
                 stack_name: name.clone(),
-                visibility_timeout: Some(VISIBILITY),
+                visibility_timeout: Some(visibility),
                 max_receive_count: Some(max_receive_count),
                 fifo,
                 ..Default::default()

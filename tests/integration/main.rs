@@ -5,10 +5,12 @@
 //! The numbered tests are the acceptance list of the consumer's issue.
 
 mod chaos;
+mod exactly_once;
 mod failures;
 mod function_process;
 mod helpers;
 mod operations;
+mod proxy;
 
 use std::time::Duration;
 

@@ -1,0 +1,231 @@
+//! The exactly-once promise against the emulator's table and queues: fencing on the real
+//! conditional writes, a lost claim answer, a crashed worker's payment finished by another
+//! process within the queue's receive budget, and twenty concurrent copies of one payment.
+
+use std::time::Duration;
+
+use payment_core::domain::PaymentRequest;
+use payment_core::idempotency::{
+    ClaimRequest, FailureNote, IdempotencyStore, Outcome, RecordStatus, StoreError,
+};
+use payment_core::processor::now_ms;
+
+use crate::helpers::*;
+use crate::proxy::AnswerDroppingProxy;
+
+fn env(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    let mut e = fast_settings();
+    for (k, v) in pairs {
+        e.insert((*k).to_owned(), (*v).to_owned());
+    }
+    e
+}
+
+/// `complete`, `fail` and `renew_lease` by an attempt that does not hold the lease are refused
+/// by DynamoDB's condition, and leave the owner's record as it was; a failure that proves
+/// nothing never clears the unknown-outcome mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
+    let t = TestStack::new("fencing").await;
+    let pid = t.pid("p1");
+    let req = PaymentRequest::parse(&payment(&pid, 100, "pm_card_visa")).unwrap();
+    let now = now_ms();
+    let claim = |owner: &str, now: i64| ClaimRequest {
+        payment_id: req.payment_id.clone(),
+        payload_hash: req.payload_hash(),
+        owner: owner.into(),
+        now_ms: now,
+        lease_expires_at_ms: now + 60_000,
+        expires_at_s: now / 1000 + 86_400,
+    };
+    t.store.claim(&claim("owner", now)).await.unwrap();
+    let outcome = Outcome {
+        status: "succeeded".into(),
+        provider_payment_id: Some("pi_zombie".into()),
+        decline_code: None,
+        amount: 100,
+        currency: "usd".into(),
+        reason: None,
+    };
+    let note = |unknown: bool| FailureNote {
+        error: "zombie".into(),
+        unknown_outcome: unknown,
+        not_before_ms: None,
+    };
+    assert!(matches!(
+        t.store.complete(&req.payment_id, "zombie", &outcome).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        t.store
+            .fail(&req.payment_id, "zombie", now, &note(false))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        t.store
+            .renew_lease(&req.payment_id, "zombie", now + 600_000)
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!(
+        (r.status, r.lease_owner.as_deref(), r.lease_expires_at_ms),
+        (RecordStatus::InProgress, Some("owner"), now + 60_000)
+    );
+
+    // The owner records an ambiguous failure, a later owner one that proves nothing: the mark
+    // stays. not_before refuses claims until it passes.
+    t.store
+        .fail(
+            &req.payment_id,
+            "owner",
+            now,
+            &FailureNote {
+                not_before_ms: Some(now + 2_000),
+                ..note(true)
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        t.store.claim(&claim("early", now + 1_000)).await,
+        Ok(payment_core::idempotency::ClaimResult::Conflict(_))
+    ));
+    t.store.claim(&claim("later", now + 3_000)).await.unwrap();
+    t.store
+        .fail(&req.payment_id, "later", now + 3_000, &note(false))
+        .await
+        .unwrap();
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!((r.status, r.unknown_outcome), (RecordStatus::Failed, true));
+}
+
+/// The claim's `UpdateItem` is applied but its answer is lost on the way back; the SDK retries
+/// it and the retry is refused by the first write. The attempt recognises its own lease and
+/// charges, once, on this delivery: it is not "busy" behind itself for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_answer_is_our_own_claim_not_busy() {
+    let t = TestStack::new("lostclaim").await;
+    let pid = t.pid("p1");
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let proxy = AnswerDroppingProxy::start(
+        &endpoint,
+        "DynamoDB_20120810.UpdateItem",
+        &format!("payment#{pid}"),
+    )
+    .await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let processor = payment_core::bootstrap::build_processor_with(
+        &t.config,
+        &sdk,
+        dynamodb,
+        aws_sdk_sqs::Client::new(&sdk),
+    )
+    .await
+    .unwrap();
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let records = t.receive_records(1).await;
+    let (response, summary) = processor.handle_batch(records, now_ms() + 30_000).await;
+    assert_eq!(proxy.dropped(), 1, "the claim's answer was dropped");
+    assert!(proxy.matching() >= 3, "claim, its retry, the completion");
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "charged on this delivery"
+    );
+    assert_eq!(summary.charged, 1);
+    assert_charged_once(&t, &pid).await;
+    assert_eq!(t.calls(&pid).await, 1);
+    let r = t.record(&pid).await.unwrap();
+    assert_eq!(r.attempts, 1, "one claim, applied once");
+}
+
+/// A worker process is killed (SIGKILL) right after the provider committed its charge, on a
+/// queue whose visibility timeout (10 s) is a third of the lease and whose `maxReceiveCount` is
+/// 5. Another `payctl run` process finishes the payment within the receive budget: COMPLETED,
+/// one charge, an empty DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_charged_payment_is_finished_by_another_process() {
+    let settings = env(&[
+        ("LEASE_SECONDS", "30"),
+        ("PAYMENT_API_TIMEOUT_SECONDS", "3"),
+    ]);
+    let t = TestStack::build_with_visibility("sigkill", settings.clone(), false, 5, 10).await;
+    let pid = t.pid("p1");
+    // The provider books the charge, then holds the answer: the worker dies meanwhile.
+    t.fault(&pid, "delay_after_commit", Some(1), 20_000).await;
+    t.send(&payment(&pid, 4200, "pm_card_visa")).await;
+    let payctl = root().join("target/debug/payctl");
+    assert!(payctl.exists(), "build payctl first: {}", payctl.display());
+    let spawn = |until_empty: bool| {
+        let mut cmd = tokio::process::Command::new(&payctl);
+        cmd.args([
+            "run",
+            "--queue-url",
+            t.queue_url(),
+            "--function-timeout",
+            "60",
+        ]);
+        if until_empty {
+            cmd.arg("--until-empty");
+        }
+        cmd.env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+            .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
+            .env("QUEUE_VISIBILITY_TIMEOUT_SECONDS", "10")
+            .envs(&settings)
+            .kill_on_drop(true)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting payctl run")
+    };
+    let mut first = spawn(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while t.charges(&pid).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "never charged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.kill().await.expect("SIGKILL"); // tokio's kill is SIGKILL
+    assert_eq!(
+        t.record(&pid).await.unwrap().status,
+        RecordStatus::InProgress
+    );
+
+    let second = spawn(true);
+    let out = tokio::time::timeout(Duration::from_secs(150), second.wait_with_output())
+        .await
+        .expect("the second process drained the queue")
+        .expect("payctl run");
+    assert!(
+        out.status.success(),
+        "payctl run --until-empty: {:?}",
+        out.status
+    );
+    assert_charged_once(&t, &pid).await;
+    assert!(t.dead_letters().await.is_empty(), "nothing dead-lettered");
+    assert_eq!(t.depth().await, 0);
+}
+
+/// Twenty copies of one payment, received by four pollers at once while the provider takes
+/// half a second: exactly one request reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_copies_send_one_provider_request() {
+    let t = TestStack::new("twenty").await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "latency", Some(1), 500).await;
+    t.send_copies(&payment(&pid, 700, "pm_card_visa"), 20).await;
+    let mut options = t.esm_options(4);
+    options.batch_size = 5;
+    let stats = payment_infra::esm::run(t.processor.clone(), t.sqs.clone(), options)
+        .await
+        .expect("draining");
+    assert_eq!(t.calls(&pid).await, 1, "one provider request in all");
+    assert_charged_once(&t, &pid).await;
+    assert_eq!(stats.summary.charged + stats.summary.duplicates, 20);
+    assert!(t.dead_letters().await.is_empty());
+}

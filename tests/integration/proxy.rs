@@ -1,0 +1,159 @@
+//! A proxy in front of the local AWS endpoint that loses one answer: it forwards the first
+//! DynamoDB call of a given operation whose body names a given key, lets the endpoint apply
+//! it, and then closes the client's connection without answering, as a network that dropped
+//! the response would. The SDK retries the call; what the retry meets is the test's subject.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+/// A running proxy; stops when dropped.
+pub struct AnswerDroppingProxy {
+    /// `http://127.0.0.1:<port>`: the endpoint URL to give a client.
+    pub url: String,
+    /// Answers dropped so far (0 or 1).
+    dropped: Arc<AtomicU64>,
+    /// Calls of the operation that named the key (the applied one and its retries).
+    matching: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for AnswerDroppingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl AnswerDroppingProxy {
+    /// Starts a proxy to `upstream` that drops the answer to the first call whose
+    /// `X-Amz-Target` is `target` (e.g. `DynamoDB_20120810.UpdateItem`) and whose body
+    /// contains `needle`.
+    pub async fn start(upstream: &str, target: &str, needle: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("binding the proxy");
+        let url = format!("http://{}", listener.local_addr().expect("proxy address"));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let matching = Arc::new(AtomicU64::new(0));
+        let http = reqwest::Client::new();
+        let (upstream, target, needle) = (
+            upstream.trim_end_matches('/').to_owned(),
+            target.to_owned(),
+            needle.to_owned(),
+        );
+        let (d, m) = (dropped.clone(), matching.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (http, upstream, target, needle, d, m) = (
+                    http.clone(),
+                    upstream.clone(),
+                    target.clone(),
+                    needle.clone(),
+                    d.clone(),
+                    m.clone(),
+                );
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let (http, upstream, target, needle, d, m) = (
+                            http.clone(),
+                            upstream.clone(),
+                            target.clone(),
+                            needle.clone(),
+                            d.clone(),
+                            m.clone(),
+                        );
+                        async move { forward(req, &http, &upstream, &target, &needle, &d, &m).await }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            url,
+            dropped,
+            matching,
+            task,
+        }
+    }
+
+    /// Answers dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Calls that matched the operation and key (the dropped one and its retries).
+    pub fn matching(&self) -> u64 {
+        self.matching.load(Ordering::SeqCst)
+    }
+}
+
+async fn forward(
+    req: Request<Incoming>,
+    http: &reqwest::Client,
+    upstream: &str,
+    target: &str,
+    needle: &str,
+    dropped: &AtomicU64,
+    matching: &AtomicU64,
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    let mut out = http.request(parts.method.clone(), format!("{upstream}{path}"));
+    for (k, v) in &parts.headers {
+        if k != hyper::header::HOST && k != hyper::header::CONTENT_LENGTH {
+            out = out.header(k, v);
+        }
+    }
+    let answer = out
+        .body(body.clone())
+        .send()
+        .await
+        .map_err(std::io::Error::other)?;
+    let is_match = parts
+        .headers
+        .get("x-amz-target")
+        .is_some_and(|v| v.as_bytes() == target.as_bytes())
+        && String::from_utf8_lossy(&body).contains(needle);
+    if is_match {
+        matching.fetch_add(1, Ordering::SeqCst);
+        if dropped
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            // Applied upstream; the client never hears of it: hyper closes the connection.
+            return Err(std::io::Error::other("answer dropped on purpose"));
+        }
+    }
+    let status = answer.status();
+    let headers = answer.headers().clone();
+    let bytes = answer.bytes().await.map_err(std::io::Error::other)?;
+    let mut response = Response::new(Full::new(bytes));
+    *response.status_mut() = status;
+    for (k, v) in &headers {
+        if k != hyper::header::CONTENT_LENGTH && k != hyper::header::TRANSFER_ENCODING {
+            response.headers_mut().insert(k, v.clone());
+        }
+    }
+    Ok(response)
+}
