@@ -9,11 +9,13 @@
 pub mod bench;
 pub mod chaos;
 pub mod check;
+pub mod conformance;
 pub mod demo;
 pub mod dlq;
 pub mod e2e;
 pub mod esm;
 pub mod load;
+pub mod reconcile;
 pub mod runtime_api;
 pub mod sim;
 pub mod template;

@@ -84,6 +84,51 @@ impl DynamoStore {
     }
 }
 
+impl DynamoStore {
+    /// Records an outcome found at the provider for a record that no attempt holds (the
+    /// operator's `payctl reconcile`): only while it is `FAILED`, or `IN_PROGRESS` with an
+    /// expired lease, and past its `not_before`. Refused ([`StoreError::LeaseLost`]) when a
+    /// processor holds it or completed it meanwhile. Clears the unknown-outcome mark.
+    pub async fn settle(
+        &self,
+        payment_id: &PaymentId,
+        outcome: &Outcome,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", Self::key(payment_id.as_str()))
+            .update_expression(
+                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now \
+                 REMOVE last_error, not_before, lease_owner",
+            )
+            .condition_expression(
+                "(#s = :failed OR (#s = :in_progress AND lease_expires_at < :now)) AND \
+                 (attribute_not_exists(not_before) OR not_before < :now)",
+            )
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":failed", s(RecordStatus::Failed.as_str()))
+            .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
+            .expression_attribute_values(":o", outcome_to_attr(outcome))
+            .expression_attribute_values(":f", AttributeValue::Bool(false))
+            .expression_attribute_values(":now", n(now_ms))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => match &e {
+                SdkError::ServiceError(se) if se.err().is_conditional_check_failed_exception() => {
+                    Err(StoreError::LeaseLost)
+                }
+                _ => Err(StoreError::Unavailable(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+}
+
 fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }

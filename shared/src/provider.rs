@@ -130,6 +130,10 @@ pub struct FoundPayment {
     /// Its status (`succeeded`, `processing`, `requires_action`, `requires_payment_method`
     /// after a decline, `canceled`).
     pub status: String,
+    /// Its amount in minor units, when the provider says (for an operator's settlement).
+    pub amount: Option<i64>,
+    /// Its lowercase currency, when the provider says.
+    pub currency: Option<String>,
 }
 
 impl FoundPayment {

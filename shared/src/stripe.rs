@@ -43,6 +43,10 @@ impl std::fmt::Debug for StripeClient {
 struct IntentBody {
     id: String,
     status: String,
+    #[serde(default)]
+    amount: Option<i64>,
+    #[serde(default)]
+    currency: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +242,8 @@ fn interpret_search(
         .map(|i| FoundPayment {
             provider_payment_id: i.id,
             status: i.status,
+            amount: i.amount,
+            currency: i.currency,
         })
         .collect())
 }

@@ -147,6 +147,8 @@ impl PaymentProvider for FakeProvider {
             .map(|pi| payment_core::provider::FoundPayment {
                 provider_payment_id: pi.clone(),
                 status: status.clone(),
+                amount: Some(100),
+                currency: Some("usd".into()),
             })
             .into_iter()
             .collect())

@@ -119,6 +119,36 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Check that the AWS endpoint (AWS_ENDPOINT_URL, or AWS itself) keeps what the protocol
+    /// relies on: atomic conditional writes under concurrency, ALL_OLD on a refused write,
+    /// consistent reads, visibility changes, receive counts, redrive, FIFO group blocking.
+    /// Exits non-zero naming each failed check.
+    Conformance,
+    /// Settle unknown or stuck payments from what the provider holds: a charge found completes
+    /// the record; nothing found is reported with whether the provider still remembers the key.
+    /// Never charges. Needs PAYMENT_API_URL and the API key like the function.
+    Reconcile {
+        /// The payment to settle.
+        #[arg(
+            required_unless_present = "all_unknown",
+            conflicts_with = "all_unknown"
+        )]
+        payment_id: Option<String>,
+        /// Every record that is marked unknown, FAILED, or IN_PROGRESS past its lease.
+        #[arg(long)]
+        all_unknown: bool,
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        table: String,
+        #[arg(long, env = "PAYMENT_API_URL")]
+        payment_api_url: String,
+        /// The provider key's secret (or PAYMENT_API_KEY for local use).
+        #[arg(long, env = "PAYMENT_API_KEY_SECRET_ARN")]
+        payment_api_key_secret_arn: Option<String>,
+        #[arg(long, env = "PROVIDER_KEY_RETENTION_SECONDS", default_value_t = 86_400)]
+        key_retention_seconds: u64,
+        #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
+        search_lag_seconds: u64,
+    },
     /// Print a payment's idempotency record.
     Status {
         payment_id: String,
@@ -397,6 +427,66 @@ async fn main() -> Result<()> {
                 }
             }
         }
+        Command::Conformance => {
+            let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS".into());
+            let results = payment_infra::conformance::run(&sdk).await;
+            payment_infra::conformance::report(&endpoint, &results)?;
+        }
+        Command::Reconcile {
+            payment_id,
+            all_unknown,
+            table,
+            payment_api_url,
+            payment_api_key_secret_arn,
+            key_retention_seconds,
+            search_lag_seconds,
+        } => {
+            use payment_infra::reconcile;
+            let source = match (payment_api_key_secret_arn, std::env::var("PAYMENT_API_KEY")) {
+                (Some(arn), _) if !arn.trim().is_empty() => {
+                    payment_core::config::ApiKeySource::SecretArn(arn)
+                }
+                (_, Ok(key)) if !key.trim().is_empty() => {
+                    payment_core::config::ApiKeySource::Plain(key.into())
+                }
+                _ => bail!("set PAYMENT_API_KEY_SECRET_ARN (or PAYMENT_API_KEY for local use): reconcile looks payments up at the provider"),
+            };
+            let key = payment_core::bootstrap::resolve_api_key(&source, &sdk).await?;
+            let provider = payment_core::stripe::StripeClient::new(
+                &payment_api_url,
+                key,
+                Duration::from_secs(10),
+            )?;
+            let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+            let store = payment_core::dynamo::DynamoStore::new(ddb.clone(), table.clone());
+            let ids = match (payment_id, all_unknown) {
+                (Some(id), false) => vec![id],
+                _ => reconcile::unsettled_ids(&ddb, &table).await?,
+            };
+            let settings = reconcile::ReconcileSettings {
+                key_retention: Duration::from_secs(key_retention_seconds),
+                search_lag: Duration::from_secs(search_lag_seconds),
+            };
+            if ids.is_empty() {
+                println!("no unknown or stuck records in {table}");
+            }
+            let mut failed = 0;
+            for id in &ids {
+                match reconcile::reconcile_one(&store, &provider, id, settings).await {
+                    Ok(action) => println!(
+                        "{}",
+                        reconcile::describe(id, &action, payment_core::processor::now_ms())
+                    ),
+                    Err(e) => {
+                        failed += 1;
+                        println!("{id}: not settled: {e:#}");
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} of {} payments could not be reconciled", ids.len());
+            }
+        }
         Command::Status { payment_id, table } => {
             let store =
                 payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
@@ -408,6 +498,7 @@ async fn main() -> Result<()> {
                         "payment_id": r.payment_id, "status": r.status.as_str(), "attempts": r.attempts,
                         "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at_ms, "expires_at": r.expires_at_s,
                         "first_attempt_at": r.first_attempt_at_ms, "unknown_outcome": r.unknown_outcome,
+                        "not_before": r.not_before_ms,
                         "last_error": r.last_error, "outcome": r.outcome,
                     }))?
                 ),
