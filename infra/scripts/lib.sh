@@ -65,22 +65,40 @@ wait_for_url() { # url, seconds
   done
 }
 
-# Uses AWS_ENDPOINT_URL if something answers there (LocalStack, a running moto); else starts
-# moto server on a free port and exports AWS_ENDPOINT_URL for it.
+# Uses AWS_ENDPOINT_URL if something answers there (LocalStack, a running ministack); else
+# starts ministack on a free port (LOCAL_AWS=moto starts moto server instead) and exports
+# AWS_ENDPOINT_URL for it. Then `payctl conformance` must pass: an endpoint that breaks what the
+# protocol relies on (moto 5.2's conditional UpdateItem is not atomic) is refused, naming the
+# failed check. Needs target/debug/payctl built.
 start_aws_endpoint() {
   export AWS_REGION="${AWS_REGION:-us-east-1}" AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
   export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
   if [ -n "${AWS_ENDPOINT_URL:-}" ] && answers "$AWS_ENDPOINT_URL"; then
     log "using the AWS endpoint already answering at $AWS_ENDPOINT_URL"
-    return
+  elif [ "${LOCAL_AWS:-ministack}" = moto ]; then
+    mkdir -p "$RUN_DIR"
+    local port; port=$(free_port)
+    log "starting moto server on 127.0.0.1:$port (LOCAL_AWS=moto)"
+    "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$RUN_DIR/moto.log" 2>&1 &
+    STARTED_PIDS+=($!)
+    export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
+    wait_for_url "$AWS_ENDPOINT_URL/moto-api/" 60
+  else
+    start_ministack
   fi
+  check_conformance
+}
+
+# Refuses the endpoint unless it keeps the protocol's semantics (payctl conformance).
+check_conformance() {
   mkdir -p "$RUN_DIR"
-  local port; port=$(free_port)
-  log "starting moto server on 127.0.0.1:$port"
-  "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$RUN_DIR/moto.log" 2>&1 &
-  STARTED_PIDS+=($!)
-  export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
-  wait_for_url "$AWS_ENDPOINT_URL/moto-api/" 60
+  log "checking $AWS_ENDPOINT_URL with payctl conformance"
+  if ! "$ROOT/target/debug/payctl" conformance >"$RUN_DIR/conformance.log" 2>&1; then
+    cat "$RUN_DIR/conformance.log" >&2
+    log "refusing $AWS_ENDPOINT_URL: it fails the conformance check above; use ministack (the default) or LocalStack"
+    return 1
+  fi
+  grep -E "^all " "$RUN_DIR/conformance.log" | sed 's/^/[local-stack] /' >&2
 }
 
 # Starts the provider simulator on a free port; exports PAYMENT_API_URL and PAYMENT_API_KEY.

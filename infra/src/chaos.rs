@@ -120,6 +120,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
         ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
         ("REDELIVERY_MAX_DELAY_SECONDS", "4"),
+        ("RETRY_HORIZON_SECONDS", "20"),
         // The simulator answers at once and its search shows a charge as soon as it is made.
         ("PROVIDER_PROCESSING_ALLOWANCE_SECONDS", "1"),
         ("PROVIDER_SEARCH_LAG_SECONDS", "2"),

@@ -121,6 +121,10 @@ pub struct Verdict {
     pub accounted_completed: usize,
     /// Of those, messages found in the DLQ.
     pub accounted_dead_lettered: usize,
+    /// Valid payments dead-lettered unsettled (`outcome_unknown`, `retries_exhausted`) whose
+    /// record agrees with the provider: no charge, record not completed. Each is for
+    /// `payctl reconcile` or a redrive; a charge the record does not show is a violation.
+    pub unsettled_checked: usize,
     /// Everything that breaks exactly-once or loses a message.
     pub violations: Vec<String>,
 }
@@ -140,6 +144,10 @@ impl Verdict {
         for (code, n) in &self.dead_lettered {
             println!("dead-lettered {code:<24} {n}");
         }
+        println!(
+            "unsettled, checked:       {} (dead-lettered outcome_unknown / retries_exhausted, no charge at the provider)",
+            self.unsettled_checked
+        );
     }
 
     /// Prints the first violations, one a line.
@@ -159,10 +167,16 @@ pub fn verify(
     queue_depth: i64,
 ) -> Verdict {
     let mut v = Verdict::default();
-    // Payments a person must settle: dead-lettered as outcome_unknown, accounted for.
+    // Payments dead-lettered unsettled: their record may stay FAILED, but it must agree with
+    // the provider's ledger (checked below like every other payment).
     let unknown: HashSet<String> = dlq
         .iter()
-        .filter(|d| d.error_code == "outcome_unknown")
+        .filter(|d| {
+            matches!(
+                d.error_code.as_str(),
+                "outcome_unknown" | "retries_exhausted"
+            )
+        })
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(&d.body).ok())
         .filter_map(|b| {
             b.get("payment_id")
@@ -242,8 +256,27 @@ pub fn verify(
             bad(format!("payment {id} was charged {charges} times"));
         }
         let record = records.get(*id);
-        if unknown.contains(*id) {
-            continue; // in the DLQ with its reason; charged at most once (checked above)
+        if unknown.contains(*id) && record.is_none_or(|r| r.status != RecordStatus::Completed) {
+            // Dead-lettered unsettled. Strict: a charge at the provider that the record does
+            // not show is a payment the system lost track of.
+            if charges > 0 {
+                let booked = ledger
+                    .charges
+                    .get(*id)
+                    .and_then(|c| c.first())
+                    .map(|c| c.id.clone());
+                bad(format!(
+                    "payment {id} dead-lettered unsettled ({}) while the provider holds charge {booked:?} that its record does not show",
+                    record.map(|r| r.status.as_str()).unwrap_or("no record")
+                ));
+            } else if record.is_none() {
+                bad(format!(
+                    "payment {id} dead-lettered unsettled has no record"
+                ));
+            } else {
+                v.unsettled_checked += 1;
+            }
+            continue;
         }
         match record {
             None => bad(format!("payment {id} has no idempotency record: lost")),

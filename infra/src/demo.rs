@@ -121,6 +121,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
         ("PAYMENT_API_TIMEOUT_SECONDS", "2"),
         ("REDELIVERY_BASE_DELAY_SECONDS", "1"),
         ("REDELIVERY_MAX_DELAY_SECONDS", "4"),
+        // Retries spread over half a minute, not the template's hour: a demo ends in minutes.
+        ("RETRY_HORIZON_SECONDS", "30"),
     ]
     .into_iter()
     .filter(|(k, _)| std::env::var(k).is_err())

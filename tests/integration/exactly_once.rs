@@ -229,3 +229,109 @@ async fn twenty_concurrent_copies_send_one_provider_request() {
     assert_eq!(stats.summary.charged + stats.summary.duplicates, 20);
     assert!(t.dead_letters().await.is_empty());
 }
+
+/// `payctl reconcile`'s core: a record left FAILED and unknown while the provider holds the
+/// charge is settled from the provider's search (COMPLETED with that charge, nothing charged);
+/// a record whose payment the provider never saw is reported as such and left alone; a
+/// record a processor holds is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_settles_from_the_provider_and_never_charges() {
+    use payment_infra::reconcile::{self, Action, ReconcileSettings};
+    let t = TestStack::with_env("reconcile", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let provider = payment_core::bootstrap::provider_from(&t.config, &sdk)
+        .await
+        .unwrap();
+    let settings = ReconcileSettings {
+        key_retention: Duration::from_secs(86_400),
+        search_lag: Duration::from_secs(1),
+    };
+
+    // Charged, answer lost: FAILED, marked unknown, the charge at the provider.
+    let charged = t.pid("charged");
+    t.fault(&charged, "drop_after_commit", Some(1), 0).await;
+    t.send(&payment(&charged, 1234, "pm_card_visa")).await;
+    t.invoke(t.receive_records(1).await).await;
+    let r = t.record(&charged).await.unwrap();
+    assert!(r.status == RecordStatus::Failed && r.unknown_outcome);
+    assert_eq!(t.charges(&charged).await, 1);
+    tokio::time::sleep(Duration::from_millis(3_500)).await; // past not_before and the lag
+    let calls = t.calls(&charged).await;
+    let action = reconcile::reconcile_one(&t.store, &provider, &charged, settings)
+        .await
+        .unwrap();
+    let Action::Settled(outcome) = &action else {
+        panic!("not settled: {action:?}");
+    };
+    assert_eq!((outcome.amount, outcome.currency.as_str()), (1234, "usd"));
+    assert_charged_once(&t, &charged).await;
+    assert_eq!(t.calls(&charged).await, calls, "reconcile never charges");
+    assert!(reconcile::describe(&charged, &action, now_ms()).contains("settled from the provider"));
+    // The listing of unsettled records no longer names it.
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    let left = reconcile::unsettled_ids(&ddb, &t.config.idempotency_table)
+        .await
+        .unwrap();
+    assert!(!left.contains(&charged));
+
+    // Never reached the provider: reported, left unsettled.
+    let never = t.pid("never");
+    let req = PaymentRequest::parse(&payment(&never, 500, "pm_card_visa")).unwrap();
+    let now = now_ms();
+    t.store
+        .claim(&ClaimRequest {
+            payment_id: req.payment_id.clone(),
+            payload_hash: req.payload_hash(),
+            owner: "gone".into(),
+            now_ms: now,
+            lease_expires_at_ms: now + 60_000,
+            expires_at_s: now / 1000 + 86_400,
+        })
+        .await
+        .unwrap();
+    let held = reconcile::reconcile_one(&t.store, &provider, &never, settings)
+        .await
+        .unwrap();
+    assert!(
+        matches!(held, Action::Held(_)),
+        "a live lease is left alone: {held:?}"
+    );
+    t.store
+        .fail(
+            &req.payment_id,
+            "gone",
+            now,
+            &FailureNote {
+                error: "timeout".into(),
+                unknown_outcome: true,
+                not_before_ms: Some(now - 5_000),
+            },
+        )
+        .await
+        .unwrap();
+    let unsettled = reconcile::unsettled_ids(&ddb, &t.config.idempotency_table)
+        .await
+        .unwrap();
+    assert_eq!(unsettled, vec![never.clone()]);
+    let action = reconcile::reconcile_one(&t.store, &provider, &never, settings)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            action,
+            Action::NothingAtProvider {
+                proof_from_ms: None,
+                ..
+            }
+        ),
+        "{action:?}"
+    );
+    let said = reconcile::describe(&never, &action, now_ms());
+    assert!(
+        said.contains("no payment exists at the provider")
+            && said.contains("still remembers the key"),
+        "{said}"
+    );
+    assert_eq!(t.record(&never).await.unwrap().status, RecordStatus::Failed);
+    assert_eq!(t.charges(&never).await, 0);
+}
