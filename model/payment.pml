@@ -247,13 +247,13 @@ end_idle:
     if
     :: rec_status == NONE ->
          rec_status = INPROG; rec_owner = me; rec_live = 1; rec_hash = h; rec_unk = 0; unk = 0; HOLD(1);
-         if :: OWNCLAIM && chaos -> lc = 1 :: else -> skip fi
+         if :: OWNCLAIM && chaos -> lc = 1 :: true -> skip fi
     :: rec_status != NONE && rec_hash == h &&
        ((rec_status == INPROG && !rec_live) || rec_status == FAILED) && (!GUARD || NETIDLE) ->
          unk = rec_unk;
          if :: TAKEUNK && rec_status == INPROG -> unk = 1 :: else -> skip fi;
          rec_status = INPROG; rec_owner = me; rec_live = 1; HOLD(1);
-         if :: OWNCLAIM && chaos -> lc = 1 :: else -> skip fi
+         if :: OWNCLAIM && chaos -> lc = 1 :: true -> skip fi
     :: else ->
          if
          :: rec_hash == h && rec_status == COMPLETED -> a = C_DUP
