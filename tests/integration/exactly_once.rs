@@ -13,14 +13,6 @@ use payment_core::processor::now_ms;
 use crate::helpers::*;
 use crate::proxy::AnswerDroppingProxy;
 
-fn env(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    let mut e = fast_settings();
-    for (k, v) in pairs {
-        e.insert((*k).to_owned(), (*v).to_owned());
-    }
-    e
-}
-
 /// `complete`, `fail` and `renew_lease` by an attempt that does not hold the lease are refused
 /// by DynamoDB's condition, and leave the owner's record as it was; a failure that proves
 /// nothing never clears the unknown-outcome mark.
@@ -276,19 +268,10 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
 
     // Never reached the provider: reported, left unsettled.
     let never = t.pid("never");
-    let req = PaymentRequest::parse(&payment(&never, 500, "pm_card_visa")).unwrap();
+    let body = payment(&never, 500, "pm_card_visa");
+    let req = PaymentRequest::parse(&body).unwrap();
+    t.claim_as(&body, "gone").await;
     let now = now_ms();
-    t.store
-        .claim(&ClaimRequest {
-            payment_id: req.payment_id.clone(),
-            payload_hash: req.payload_hash(),
-            owner: "gone".into(),
-            now_ms: now,
-            lease_expires_at_ms: now + 60_000,
-            expires_at_s: now / 1000 + 86_400,
-        })
-        .await
-        .unwrap();
     let held = reconcile::reconcile_one(&t.store, &provider, &never, settings)
         .await
         .unwrap();

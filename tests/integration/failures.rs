@@ -8,14 +8,6 @@ use payment_core::processor::now_ms;
 
 use crate::helpers::*;
 
-fn env(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    let mut e = fast_settings();
-    for (k, v) in pairs {
-        e.insert((*k).to_owned(), (*v).to_owned());
-    }
-    e
-}
-
 /// A provider slower than three visibility timeouts: the heartbeat keeps the message hidden
 /// and the lease alive; one delivery, one call, one charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,6 +74,15 @@ pub fn fast_settings() -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The fast settings with some variables overridden.
+pub fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut e = fast_settings();
+    for (k, v) in pairs {
+        e.insert((*k).to_owned(), (*v).to_owned());
+    }
+    e
+}
+
 impl TestStack {
     /// Provisions a fresh stack with the default fast settings.
     pub async fn new(test: &str) -> Self {
@@ -290,19 +299,24 @@ impl TestStack {
 
     /// Makes another worker hold a live lease (a minute) on the payment of this body.
     pub async fn hold_lease_elsewhere(&self, body: &str) {
+        self.claim_as(body, "another-worker").await;
+    }
+
+    /// Claims the payment of `body` for `owner` with a 60 s lease, as a worker would.
+    pub async fn claim_as(&self, body: &str, owner: &str) {
         let req = payment_core::domain::PaymentRequest::parse(body).expect("a valid body");
         let now = now_ms();
         self.store
             .claim(&payment_core::idempotency::ClaimRequest {
                 payment_id: req.payment_id.clone(),
                 payload_hash: req.payload_hash(),
-                owner: "another-worker".into(),
+                owner: owner.into(),
                 now_ms: now,
                 lease_expires_at_ms: now + 60_000,
                 expires_at_s: now / 1000 + 86_400,
             })
             .await
-            .expect("claiming for another worker");
+            .expect("claiming");
     }
 
     /// The record of a payment.

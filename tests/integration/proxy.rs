@@ -14,14 +14,23 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
+/// What the proxy forwards to and which answer it drops.
+struct Rule {
+    http: reqwest::Client,
+    upstream: String,
+    target: String,
+    needle: String,
+    /// Answers dropped so far (0 or 1).
+    dropped: AtomicU64,
+    /// Calls of the operation that named the key (the applied one and its retries).
+    matching: AtomicU64,
+}
+
 /// A running proxy; stops when dropped.
 pub struct AnswerDroppingProxy {
     /// `http://127.0.0.1:<port>`: the endpoint URL to give a client.
     pub url: String,
-    /// Answers dropped so far (0 or 1).
-    dropped: Arc<AtomicU64>,
-    /// Calls of the operation that named the key (the applied one and its retries).
-    matching: Arc<AtomicU64>,
+    rule: Arc<Rule>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -40,39 +49,22 @@ impl AnswerDroppingProxy {
             .await
             .expect("binding the proxy");
         let url = format!("http://{}", listener.local_addr().expect("proxy address"));
-        let dropped = Arc::new(AtomicU64::new(0));
-        let matching = Arc::new(AtomicU64::new(0));
-        let http = reqwest::Client::new();
-        let (upstream, target, needle) = (
-            upstream.trim_end_matches('/').to_owned(),
-            target.to_owned(),
-            needle.to_owned(),
-        );
-        let (d, m) = (dropped.clone(), matching.clone());
+        let rule = Arc::new(Rule {
+            http: reqwest::Client::new(),
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            target: target.to_owned(),
+            needle: needle.to_owned(),
+            dropped: AtomicU64::new(0),
+            matching: AtomicU64::new(0),
+        });
+        let shared = rule.clone();
         let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (http, upstream, target, needle, d, m) = (
-                    http.clone(),
-                    upstream.clone(),
-                    target.clone(),
-                    needle.clone(),
-                    d.clone(),
-                    m.clone(),
-                );
+            while let Ok((stream, _)) = listener.accept().await {
+                let rule = shared.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
-                        let (http, upstream, target, needle, d, m) = (
-                            http.clone(),
-                            upstream.clone(),
-                            target.clone(),
-                            needle.clone(),
-                            d.clone(),
-                            m.clone(),
-                        );
-                        async move { forward(req, &http, &upstream, &target, &needle, &d, &m).await }
+                        let rule = rule.clone();
+                        async move { forward(req, &rule).await }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -80,33 +72,23 @@ impl AnswerDroppingProxy {
                 });
             }
         });
-        Self {
-            url,
-            dropped,
-            matching,
-            task,
-        }
+        Self { url, rule, task }
     }
 
     /// Answers dropped so far.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::SeqCst)
+        self.rule.dropped.load(Ordering::SeqCst)
     }
 
     /// Calls that matched the operation and key (the dropped one and its retries).
     pub fn matching(&self) -> u64 {
-        self.matching.load(Ordering::SeqCst)
+        self.rule.matching.load(Ordering::SeqCst)
     }
 }
 
 async fn forward(
     req: Request<Incoming>,
-    http: &reqwest::Client,
-    upstream: &str,
-    target: &str,
-    needle: &str,
-    dropped: &AtomicU64,
-    matching: &AtomicU64,
+    rule: &Rule,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -119,7 +101,9 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
-    let mut out = http.request(parts.method.clone(), format!("{upstream}{path}"));
+    let mut out = rule
+        .http
+        .request(parts.method.clone(), format!("{}{path}", rule.upstream));
     for (k, v) in &parts.headers {
         if k != hyper::header::HOST && k != hyper::header::CONTENT_LENGTH {
             out = out.header(k, v);
@@ -133,11 +117,12 @@ async fn forward(
     let is_match = parts
         .headers
         .get("x-amz-target")
-        .is_some_and(|v| v.as_bytes() == target.as_bytes())
-        && String::from_utf8_lossy(&body).contains(needle);
+        .is_some_and(|v| v.as_bytes() == rule.target.as_bytes())
+        && String::from_utf8_lossy(&body).contains(&rule.needle);
     if is_match {
-        matching.fetch_add(1, Ordering::SeqCst);
-        if dropped
+        rule.matching.fetch_add(1, Ordering::SeqCst);
+        if rule
+            .dropped
             .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
