@@ -421,22 +421,12 @@ impl Processor {
     /// that SQS never moves a message without one.
     async fn give_back(&self, msg: &SqsMessage, reason: String, when: Redelivery) -> Disposition {
         let arn = msg.event_source_arn.as_deref();
-        let max_receive_count = match arn {
-            Some(arn) => match self.queues.max_receive_count(arn).await {
-                Ok(max) => max,
-                Err(e) => {
-                    warn!(error = %e, "could not read the queue's redrive policy; using QUEUE_MAX_RECEIVE_COUNT");
-                    self.settings.max_receive_count
-                }
-            },
-            None => self.settings.max_receive_count,
-        };
-        let budget = Budget::of(msg, max_receive_count);
+        let budget = self.budget_of(msg).await;
         if budget.exhausted() {
             let why = format!(
                 "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
                 budget.receive_count,
-                max_receive_count.unwrap_or_default()
+                budget.max_receive_count.unwrap_or_default()
             );
             let body = msg.body.clone().unwrap_or_default();
             return self
@@ -453,6 +443,22 @@ impl Processor {
             }
         }
         Disposition::Retry(reason)
+    }
+
+    /// The delivery's receive budget: its receive count and its queue's `maxReceiveCount` (the
+    /// redrive policy, read once per queue; `QUEUE_MAX_RECEIVE_COUNT` when it cannot be read).
+    async fn budget_of(&self, msg: &SqsMessage) -> Budget {
+        let max_receive_count = match msg.event_source_arn.as_deref() {
+            Some(arn) => match self.queues.max_receive_count(arn).await {
+                Ok(max) => max,
+                Err(e) => {
+                    warn!(error = %e, "could not read the queue's redrive policy; using QUEUE_MAX_RECEIVE_COUNT");
+                    self.settings.max_receive_count
+                }
+            },
+            None => self.settings.max_receive_count,
+        };
+        Budget::of(msg, max_receive_count)
     }
 
     fn backoff_policy(&self) -> BackoffPolicy {
@@ -983,7 +989,7 @@ impl Processor {
             let reason = format!("dead-lettering failed: {e}");
             warn!(reason = %reason, "message will be redelivered");
             if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
-                let budget = Budget::of(msg, self.settings.max_receive_count);
+                let budget = self.budget_of(msg).await;
                 let delay = delay_for(
                     Redelivery::Backoff,
                     &budget,
