@@ -22,7 +22,8 @@ log "sam deploy $stack"
 "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
   --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
-  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn"
+  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+  RetryHorizonSeconds=20 # the check's flaky payment comes back in seconds, not spread over an hour
 helper fix-stack "$stack"
 declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
