@@ -420,7 +420,6 @@ impl Processor {
     /// receive its budget allows, dead-letters it as `retries_exhausted` with the reason, so
     /// that SQS never moves a message without one.
     async fn give_back(&self, msg: &SqsMessage, reason: String, when: Redelivery) -> Disposition {
-        let arn = msg.event_source_arn.as_deref();
         let budget = self.budget_of(msg).await;
         if budget.exhausted() {
             let why = format!(
@@ -433,16 +432,21 @@ impl Processor {
                 .dead_letter(msg, &body, "retries_exhausted", &why)
                 .await;
         }
-        let delay = delay_for(when, &budget, &self.backoff_policy(), self.clock.now_ms());
+        self.hide(msg, &reason, when, &budget).await;
+        Disposition::Retry(reason)
+    }
+
+    /// Keeps a message that comes back hidden for the delay `when` decides.
+    async fn hide(&self, msg: &SqsMessage, reason: &str, when: Redelivery, budget: &Budget) {
+        let delay = delay_for(when, budget, &self.backoff_policy(), self.clock.now_ms());
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
-        if let (Some(arn), Some(rh)) = (arn, &msg.receipt_handle) {
-            // Whole seconds, rounded up: a delay never comes back earlier than decided.
+        if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+            // Whole seconds, rounded up: a message never comes back earlier than decided.
             let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;
             if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
                 warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
             }
         }
-        Disposition::Retry(reason)
     }
 
     /// The delivery's receive budget: its receive count and its queue's `maxReceiveCount` (the
@@ -987,23 +991,8 @@ impl Processor {
         if let Err(e) = self.queues.dead_letter(&letter).await {
             // Nothing is lost: the message stays on the source queue and comes back.
             let reason = format!("dead-lettering failed: {e}");
-            warn!(reason = %reason, "message will be redelivered");
-            if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
-                let budget = self.budget_of(msg).await;
-                let delay = delay_for(
-                    Redelivery::Backoff,
-                    &budget,
-                    &self.backoff_policy(),
-                    self.clock.now_ms(),
-                );
-                if let Err(e) = self
-                    .queues
-                    .change_visibility(arn, rh, delay.as_secs() as i32)
-                    .await
-                {
-                    warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
-                }
-            }
+            let budget = self.budget_of(msg).await;
+            self.hide(msg, &reason, Redelivery::Backoff, &budget).await;
             return Disposition::Retry(reason);
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
