@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::dynamo::record_from_item;
+use payment_core::dynamo::{is_record_item, record_from_item};
 use payment_core::idempotency::{IdempotencyRecord, RecordStatus};
 
 use crate::load::{Expect, Planned};
@@ -90,7 +90,8 @@ pub async fn scan_records(
             .send()
             .await
             .context("scanning the idempotency table")?;
-        for item in out.items() {
+        // The table also holds dead-letter marks beside the records.
+        for item in out.items().iter().filter(|i| is_record_item(i)) {
             let r = record_from_item(item)?;
             records.insert(r.payment_id.clone(), r);
         }

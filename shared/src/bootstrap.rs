@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use secrecy::SecretString;
 
-use crate::config::{ApiKeySource, Config};
+use crate::api::PaymentsApi;
+use crate::config::{ApiConfig, ApiKeySource, Config, RelayConfig};
 use crate::dynamo::DynamoStore;
+use crate::outbox::Relay;
+use crate::payments_table::DynamoPayments;
 use crate::processor::Processor;
 use crate::queue::SqsQueues;
 use crate::stripe::StripeClient;
@@ -114,4 +117,44 @@ pub async fn processor_from_env() -> Result<Arc<Processor>, InitError> {
     let config = Config::from_env()?;
     let sdk = sdk_config().await;
     build_processor(&config, &sdk).await
+}
+
+/// Builds the payments API from the environment (`PAYMENTS_TABLE`, `IDEMPOTENCY_TABLE`,
+/// `IDEMPOTENCY_TTL_*`): the payments-api function's whole init.
+pub async fn api_from_env() -> Result<Arc<PaymentsApi>, InitError> {
+    let config = ApiConfig::from_lookup(|k| std::env::var(k).ok())?;
+    let sdk = sdk_config().await;
+    Ok(Arc::new(build_api(
+        &config,
+        aws_sdk_dynamodb::Client::new(&sdk),
+    )))
+}
+
+/// The payments API over the DynamoDB tables of a configuration.
+pub fn build_api(config: &ApiConfig, dynamodb: aws_sdk_dynamodb::Client) -> PaymentsApi {
+    let store = DynamoPayments::new(
+        dynamodb,
+        config.payments_table.clone(),
+        config.idempotency_table.clone(),
+    );
+    PaymentsApi::new(Arc::new(store), crate::clock::system(), config.retention)
+}
+
+/// Builds the outbox relay from the environment (`PAYMENTS_TABLE`, `PAYMENTS_QUEUE_URL`,
+/// `FIFO_GROUP_BY`): the outbox-relay function's whole init.
+pub async fn relay_from_env() -> Result<Arc<Relay>, InitError> {
+    let config = RelayConfig::from_lookup(|k| std::env::var(k).ok())?;
+    let sdk = sdk_config().await;
+    Ok(Arc::new(build_relay(&config, &sdk)))
+}
+
+/// The outbox relay of a configuration.
+pub fn build_relay(config: &RelayConfig, sdk: &aws_config::SdkConfig) -> Relay {
+    Relay::new(
+        aws_sdk_sqs::Client::new(sdk),
+        config.queue_url.clone(),
+        config.group_by,
+        aws_sdk_dynamodb::Client::new(sdk),
+        config.payments_table.clone(),
+    )
 }

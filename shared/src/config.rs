@@ -68,26 +68,10 @@ impl Config {
 
     /// Reads configuration through `get` (the environment, or a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let required = |var: &'static str| -> Result<String, ConfigError> {
-            match get(var) {
-                Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
-                _ => Err(err(var, "is required")),
-            }
+        let required = |var: &'static str| required_var(&get, var);
+        let number = |var: &'static str, default: u64, min: u64, max: u64| {
+            number_var(&get, var, default, min, max)
         };
-        let number =
-            |var: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
-                match get(var) {
-                    None => Ok(default),
-                    Some(v) if v.trim().is_empty() => Ok(default),
-                    Some(v) => match v.trim().parse::<u64>() {
-                        Ok(n) if (min..=max).contains(&n) => Ok(n),
-                        _ => Err(err(
-                            var,
-                            format!("must be an integer from {min} to {max}, got {v:?}"),
-                        )),
-                    },
-                }
-            };
         let payment_api_url = required("PAYMENT_API_URL")?;
         if !(payment_api_url.starts_with("https://") || payment_api_url.starts_with("http://")) {
             return Err(err("PAYMENT_API_URL", "must be an http(s) URL"));
@@ -107,15 +91,8 @@ impl Config {
             }
         };
         let defaults = Settings::default();
-        // Seconds (the contract) win; days are what the SAM template can pass without arithmetic.
-        let ttl_days = number("IDEMPOTENCY_TTL_DAYS", DEFAULT_TTL_SECONDS / 86_400, 1, 365)?;
         let settings = Settings {
-            record_ttl: Duration::from_secs(number(
-                "IDEMPOTENCY_TTL_SECONDS",
-                ttl_days * 86_400,
-                3600,
-                365 * 86_400,
-            )?),
+            record_ttl: record_ttl(&get)?,
             max_concurrency: number("MAX_CONCURRENCY", defaults.max_concurrency as u64, 1, 1_000)?
                 as usize,
             lease: Duration::from_secs(number(
@@ -219,6 +196,106 @@ impl Config {
             api_key,
             provider_timeout,
             settings,
+        })
+    }
+}
+
+fn required_var(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<String, ConfigError> {
+    match get(var) {
+        Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+        _ => Err(err(var, "is required")),
+    }
+}
+
+fn number_var(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    match get(var) {
+        None => Ok(default),
+        Some(v) if v.trim().is_empty() => Ok(default),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(err(
+                var,
+                format!("must be an integer from {min} to {max}, got {v:?}"),
+            )),
+        },
+    }
+}
+
+/// `IDEMPOTENCY_TTL_SECONDS`, else `IDEMPOTENCY_TTL_DAYS`: seconds (the contract) win; days are
+/// what the SAM template can pass without arithmetic.
+fn record_ttl(get: &impl Fn(&str) -> Option<String>) -> Result<Duration, ConfigError> {
+    let ttl_days = number_var(
+        get,
+        "IDEMPOTENCY_TTL_DAYS",
+        DEFAULT_TTL_SECONDS / 86_400,
+        1,
+        365,
+    )?;
+    Ok(Duration::from_secs(number_var(
+        get,
+        "IDEMPOTENCY_TTL_SECONDS",
+        ttl_days * 86_400,
+        3600,
+        365 * 86_400,
+    )?))
+}
+
+/// The payments API's configuration.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// `PAYMENTS_TABLE`: payment rows and their outbox entries.
+    pub payments_table: String,
+    /// `IDEMPOTENCY_TABLE`: the processor's records, read for a payment's status.
+    pub idempotency_table: String,
+    /// `IDEMPOTENCY_TTL_SECONDS` / `IDEMPOTENCY_TTL_DAYS`: payment rows and their stored
+    /// answers live as long as the processor's records.
+    pub retention: Duration,
+}
+
+impl ApiConfig {
+    /// Reads configuration through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            payments_table: required_var(&get, "PAYMENTS_TABLE")?,
+            idempotency_table: required_var(&get, "IDEMPOTENCY_TABLE")?,
+            retention: record_ttl(&get)?,
+        })
+    }
+}
+
+/// The outbox relay's configuration.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// `PAYMENTS_TABLE`: where published entries are marked.
+    pub payments_table: String,
+    /// `PAYMENTS_QUEUE_URL`: the processor's queue (the stack's reference, never built by hand).
+    pub queue_url: String,
+    /// `FIFO_GROUP_BY` (`customer`, the default, or `payment`): a FIFO queue's message groups.
+    pub group_by: crate::outbox::GroupBy,
+}
+
+impl RelayConfig {
+    /// Reads configuration through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let group = get("FIFO_GROUP_BY").unwrap_or_default();
+        Ok(Self {
+            payments_table: required_var(&get, "PAYMENTS_TABLE")?,
+            queue_url: required_var(&get, "PAYMENTS_QUEUE_URL")?,
+            group_by: crate::outbox::GroupBy::parse(&group).ok_or_else(|| {
+                err(
+                    "FIFO_GROUP_BY",
+                    format!("must be customer or payment, got {group:?}"),
+                )
+            })?,
         })
     }
 }

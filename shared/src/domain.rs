@@ -36,8 +36,13 @@ pub enum InputError {
     InvalidJson(String),
     /// The body is JSON but breaks the payment contract (a missing field, a wrong type, a
     /// value out of range, an unknown field, card data).
-    #[error("{0}")]
-    InvalidPayment(String),
+    #[error("{message}")]
+    InvalidPayment {
+        /// The field at fault (`amount`, `metadata`, ...), when one is.
+        field: Option<String>,
+        /// What is wrong, naming the field.
+        message: String,
+    },
 }
 
 impl InputError {
@@ -45,7 +50,15 @@ impl InputError {
     pub fn code(&self) -> &'static str {
         match self {
             InputError::InvalidJson(_) => "invalid_json",
-            InputError::InvalidPayment(_) => "invalid_payment",
+            InputError::InvalidPayment { .. } => "invalid_payment",
+        }
+    }
+
+    /// The field at fault, for an API's `param`.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            InputError::InvalidJson(_) => None,
+            InputError::InvalidPayment { field, .. } => field.as_deref(),
         }
     }
 }
@@ -59,16 +72,18 @@ impl PaymentId {
     /// Parses a payment id, naming the rule it breaks.
     pub fn parse(value: &str) -> Result<Self, InputError> {
         if value.is_empty() || value.len() > MAX_ID_LEN {
-            return Err(InputError::InvalidPayment(format!(
-                "payment_id must be 1 to {MAX_ID_LEN} characters"
-            )));
+            return Err(invalid(
+                "payment_id",
+                format!("payment_id must be 1 to {MAX_ID_LEN} characters"),
+            ));
         }
         if !value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':' | b'.'))
         {
-            return Err(InputError::InvalidPayment(
-                "payment_id may contain only A-Z a-z 0-9 _ - : .".into(),
+            return Err(invalid(
+                "payment_id",
+                "payment_id may contain only A-Z a-z 0-9 _ - : .",
             ));
         }
         Ok(Self(value.to_owned()))
@@ -132,41 +147,87 @@ impl PaymentRequest {
     /// Parses and validates a message body against the message contract.
     pub fn parse(body: &str) -> Result<Self, InputError> {
         if body.len() > MAX_BODY_BYTES {
-            return Err(InputError::InvalidPayment(format!(
-                "body is {} bytes, more than the {MAX_BODY_BYTES} allowed",
-                body.len()
-            )));
+            return Err(InputError::InvalidPayment {
+                field: None,
+                message: format!(
+                    "body is {} bytes, more than the {MAX_BODY_BYTES} allowed",
+                    body.len()
+                ),
+            });
         }
         let value: serde_json::Value =
             serde_json::from_str(body).map_err(|e| InputError::InvalidJson(e.to_string()))?;
-        if !value.is_object() {
+        Self::from_value(value)
+    }
+
+    /// Validates a parsed JSON value against the message contract (the API builds the value
+    /// from its body and the `Idempotency-Key`).
+    pub fn from_value(value: serde_json::Value) -> Result<Self, InputError> {
+        let Some(object) = value.as_object() else {
             return Err(InputError::InvalidJson(
                 "body must be a JSON object".to_owned(),
             ));
-        }
+        };
+        check_shape(object)?;
         let raw: RawPayment =
-            serde_json::from_value(value).map_err(|e| InputError::InvalidPayment(e.to_string()))?;
+            serde_json::from_value(value).map_err(|e| InputError::InvalidPayment {
+                field: None,
+                message: e.to_string(),
+            })?;
         Self::validate(raw)
+    }
+
+    /// The message body of the contract (what a producer sends to the queue), canonical: the
+    /// same request always gives the same bytes.
+    pub fn to_message_body(&self) -> String {
+        let mut body = serde_json::Map::new();
+        body.insert("payment_id".into(), self.payment_id.as_str().into());
+        body.insert("amount".into(), self.money.amount.into());
+        body.insert("currency".into(), self.money.currency.clone().into());
+        body.insert("customer_id".into(), self.customer_id.clone().into());
+        body.insert("payment_method".into(), self.payment_method.clone().into());
+        if let Some(d) = &self.description {
+            body.insert("description".into(), d.clone().into());
+        }
+        if !self.metadata.is_empty() {
+            body.insert(
+                "metadata".into(),
+                serde_json::Value::Object(
+                    self.metadata
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone().into()))
+                        .collect(),
+                ),
+            );
+        }
+        serde_json::Value::Object(body).to_string()
     }
 
     fn validate(raw: RawPayment) -> Result<Self, InputError> {
         let payment_id = PaymentId::parse(&raw.payment_id)?;
         if !(MIN_AMOUNT..=MAX_AMOUNT).contains(&raw.amount) {
-            return Err(invalid(format!(
-                "amount must be an integer of minor units from {MIN_AMOUNT} to {MAX_AMOUNT}"
-            )));
+            return Err(invalid(
+                "amount",
+                format!(
+                    "amount must be an integer of minor units from {MIN_AMOUNT} to {MAX_AMOUNT}"
+                ),
+            ));
         }
         let currency = raw.currency.to_ascii_lowercase();
         if !is_known_currency(&currency) {
-            return Err(invalid(format!(
-                "currency {:?} is not a known ISO 4217 code",
-                truncate(&raw.currency, 16)
-            )));
+            return Err(invalid(
+                "currency",
+                format!(
+                    "currency {:?} is not a known ISO 4217 code",
+                    truncate(&raw.currency, 16)
+                ),
+            ));
         }
         check_len("customer_id", &raw.customer_id, 1, MAX_ID_LEN)?;
         check_len("payment_method", &raw.payment_method, 1, MAX_ID_LEN)?;
         if looks_like_card_number(&raw.payment_method) {
             return Err(invalid(
+                "payment_method",
                 "payment_method looks like a card number; send a payment method id, never raw card data",
             ));
         }
@@ -175,20 +236,27 @@ impl PaymentRequest {
         }
         let metadata = raw.metadata.unwrap_or_default();
         if metadata.len() > MAX_METADATA_KEYS {
-            return Err(invalid(format!(
-                "metadata has {} keys, at most {MAX_METADATA_KEYS} allowed",
-                metadata.len()
-            )));
+            return Err(invalid(
+                "metadata",
+                format!(
+                    "metadata has {} keys, at most {MAX_METADATA_KEYS} allowed",
+                    metadata.len()
+                ),
+            ));
         }
         for (k, v) in &metadata {
-            check_len("metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
-            check_len("metadata value", v, 0, MAX_METADATA_VALUE_LEN)?;
+            check_len_of("metadata", "metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
+            check_len_of("metadata", "metadata value", v, 0, MAX_METADATA_VALUE_LEN)?;
             if k.contains(['[', ']']) {
-                return Err(invalid("metadata keys may not contain '[' or ']'"));
+                return Err(invalid(
+                    "metadata",
+                    "metadata keys may not contain '[' or ']'",
+                ));
             }
         }
         if metadata.contains_key("payment_id") {
             return Err(invalid(
+                "metadata",
                 "metadata key payment_id is reserved: the processor sets it",
             ));
         }
@@ -215,16 +283,85 @@ impl PaymentRequest {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> InputError {
-    InputError::InvalidPayment(msg.into())
+fn invalid(field: &str, msg: impl Into<String>) -> InputError {
+    InputError::InvalidPayment {
+        field: Some(field.to_owned()),
+        message: msg.into(),
+    }
 }
 
 fn check_len(field: &str, value: &str, min: usize, max: usize) -> Result<(), InputError> {
+    check_len_of(field, field, value, min, max)
+}
+
+fn check_len_of(
+    field: &str,
+    what: &str,
+    value: &str,
+    min: usize,
+    max: usize,
+) -> Result<(), InputError> {
     let n = value.chars().count();
     if n < min || n > max {
-        return Err(invalid(format!(
-            "{field} must be {min} to {max} characters, got {n}"
-        )));
+        return Err(invalid(
+            field,
+            format!("{what} must be {min} to {max} characters, got {n}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The JSON type each field of the contract must have.
+#[derive(Clone, Copy)]
+enum Shape {
+    Text,
+    Integer,
+    OptionalText,
+    TextMap,
+}
+
+const FIELDS: [(&str, Shape); 7] = [
+    ("payment_id", Shape::Text),
+    ("amount", Shape::Integer),
+    ("currency", Shape::Text),
+    ("customer_id", Shape::Text),
+    ("payment_method", Shape::Text),
+    ("description", Shape::OptionalText),
+    ("metadata", Shape::TextMap),
+];
+
+/// Names the field of a missing, unknown or wrongly typed value (serde's own messages do not
+/// always name it).
+fn check_shape(object: &serde_json::Map<String, serde_json::Value>) -> Result<(), InputError> {
+    use serde_json::Value;
+    if let Some(unknown) = object
+        .keys()
+        .find(|k| !FIELDS.iter().any(|(name, _)| name == k))
+    {
+        let shown = truncate(unknown, 40);
+        return Err(invalid(&shown, format!("unknown field `{shown}`")));
+    }
+    for (name, shape) in FIELDS {
+        let value = object.get(name);
+        let ok = match (shape, value) {
+            (Shape::Text, Some(Value::String(_))) => true,
+            (Shape::Integer, Some(Value::Number(n))) => n.is_i64(),
+            (Shape::OptionalText, None | Some(Value::Null | Value::String(_))) => true,
+            (Shape::TextMap, None | Some(Value::Null)) => true,
+            (Shape::TextMap, Some(Value::Object(m))) => m.values().all(Value::is_string),
+            (Shape::Text | Shape::Integer, None) => {
+                return Err(invalid(name, format!("missing field `{name}`")))
+            }
+            _ => false,
+        };
+        if !ok {
+            let expected = match shape {
+                Shape::Text | Shape::OptionalText => "a string",
+                Shape::Integer => "an integer (minor units)",
+                Shape::TextMap => "an object of string values",
+            };
+            return Err(invalid(name, format!("{name} must be {expected}")));
+        }
     }
     Ok(())
 }
@@ -362,6 +499,52 @@ mod tests {
             "Stripe's limit, with the processor's payment_id"
         );
         assert_eq!(code_of(&" ".repeat(MAX_BODY_BYTES + 1)), "invalid_payment");
+    }
+
+    #[test]
+    fn each_breach_names_its_field_and_the_message_body_round_trips() {
+        let field_of = |o: serde_json::Value| {
+            PaymentRequest::parse(&body(o))
+                .unwrap_err()
+                .field()
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            field_of(serde_json::json!({"amount": "1999"})).as_deref(),
+            Some("amount")
+        );
+        assert_eq!(
+            field_of(serde_json::json!({"amount": 19.99})).as_deref(),
+            Some("amount")
+        );
+        assert_eq!(
+            field_of(serde_json::json!({"currency": null})).as_deref(),
+            Some("currency")
+        );
+        assert_eq!(
+            field_of(serde_json::json!({"metadata": {"k": 1}})).as_deref(),
+            Some("metadata")
+        );
+        assert_eq!(
+            field_of(serde_json::json!({"ammount": 1})).as_deref(),
+            Some("ammount")
+        );
+        assert_eq!(
+            field_of(serde_json::json!({"customer_id": ""})).as_deref(),
+            Some("customer_id")
+        );
+        let p = PaymentRequest::parse(&body(serde_json::json!({}))).unwrap();
+        let again = PaymentRequest::parse(&p.to_message_body()).unwrap();
+        assert_eq!(again, p);
+        assert_eq!(again.to_message_body(), p.to_message_body());
+        let bare = PaymentRequest::parse(&body(
+            serde_json::json!({"description": null, "metadata": null}),
+        ))
+        .unwrap();
+        assert_eq!(
+            PaymentRequest::parse(&bare.to_message_body()).unwrap(),
+            bare
+        );
     }
 
     #[test]

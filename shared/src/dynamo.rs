@@ -9,14 +9,16 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
+};
 use aws_sdk_dynamodb::Client;
 
 use crate::clock::Clock;
 use crate::domain::PaymentId;
 use crate::idempotency::{
-    ClaimRequest, ClaimResult, FailureNote, IdempotencyRecord, IdempotencyStore, Outcome,
-    RecordStatus, StoreError,
+    ClaimRequest, ClaimResult, DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore,
+    Outcome, RecordStatus, StoreError,
 };
 
 /// The idempotency table, through the official SDK client.
@@ -42,7 +44,65 @@ impl DynamoStore {
     }
 
     fn key(payment_id: &str) -> AttributeValue {
-        AttributeValue::S(format!("payment#{payment_id}"))
+        AttributeValue::S(format!("{RECORD_PREFIX}{payment_id}"))
+    }
+
+    fn mark_key(payment_id: &str) -> AttributeValue {
+        AttributeValue::S(format!("{MARK_PREFIX}{payment_id}"))
+    }
+
+    /// The payment's record and its dead-letter mark, in one consistent `BatchGetItem`.
+    pub async fn progress(
+        &self,
+        payment_id: &str,
+    ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), StoreError> {
+        let unavailable = |e: String| StoreError::Unavailable(e);
+        let mut keys = vec![
+            HashMap::from([("pk".to_owned(), Self::key(payment_id))]),
+            HashMap::from([("pk".to_owned(), Self::mark_key(payment_id))]),
+        ];
+        let (mut record, mut mark) = (None, None);
+        // Unprocessed keys (throttling) are asked again, a bounded number of times.
+        for _ in 0..5 {
+            let request = KeysAndAttributes::builder()
+                .set_keys(Some(keys.clone()))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| unavailable(e.to_string()))?;
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, request)
+                .send()
+                .await
+                .map_err(|e| unavailable(DisplayErrorContext(&e).to_string()))?;
+            for item in out
+                .responses()
+                .and_then(|r| r.get(&self.table))
+                .into_iter()
+                .flatten()
+            {
+                match get_s(item, "pk") {
+                    Some(pk) if pk.starts_with(RECORD_PREFIX) => {
+                        record = Some(record_from_item(item)?)
+                    }
+                    Some(pk) if pk.starts_with(MARK_PREFIX) => mark = Some(mark_from_item(item)?),
+                    _ => {}
+                }
+            }
+            keys = out
+                .unprocessed_keys()
+                .and_then(|u| u.get(&self.table))
+                .map(|k| k.keys().to_vec())
+                .unwrap_or_default();
+            if keys.is_empty() {
+                return Ok((record, mark));
+            }
+        }
+        Err(unavailable(format!(
+            "the table kept {} key(s) of {payment_id} unprocessed",
+            keys.len()
+        )))
     }
 
     /// Runs a write conditional on `owner` holding the lease; a failed condition is
@@ -181,13 +241,38 @@ fn outcome_from_attr(v: &AttributeValue) -> Result<Outcome, StoreError> {
 }
 
 /// Reads a record from a raw item.
+/// Prefix of a record's key: `payment#<payment_id>`.
+pub const RECORD_PREFIX: &str = "payment#";
+/// Prefix of a dead-letter mark's key: `dead_letter#<payment_id>`.
+pub const MARK_PREFIX: &str = "dead_letter#";
+
+/// Reads a dead-letter mark.
+pub fn mark_from_item(item: &Item) -> Result<DeadLetterMark, StoreError> {
+    let id = get_s(item, "payment_id")
+        .ok_or_else(|| StoreError::Malformed("mark without payment_id".into()))?;
+    Ok(DeadLetterMark {
+        payment_id: PaymentId::parse(&id).map_err(|e| StoreError::Malformed(e.to_string()))?,
+        payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
+        error_code: get_s(item, "error_code").unwrap_or_default(),
+        error_message: get_s(item, "error_message").unwrap_or_default(),
+        at_ms: get_n(item, "dead_lettered_at").unwrap_or(0),
+        expires_at_s: get_n(item, "expires_at").unwrap_or(0),
+    })
+}
+
+/// True for the key of an idempotency record (the table also holds dead-letter marks).
+pub fn is_record_item(item: &Item) -> bool {
+    get_s(item, "pk").is_some_and(|pk| pk.starts_with(RECORD_PREFIX))
+}
+
+/// Reads an idempotency record.
 pub fn record_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
     let pk = get_s(item, "pk").ok_or_else(|| StoreError::Malformed("no pk".into()))?;
     let status_s = get_s(item, "status").unwrap_or_default();
     let status = RecordStatus::parse(&status_s)
         .ok_or_else(|| StoreError::Malformed(format!("unknown status {status_s:?} on {pk}")))?;
     Ok(IdempotencyRecord {
-        payment_id: pk.strip_prefix("payment#").unwrap_or(&pk).to_owned(),
+        payment_id: pk.strip_prefix(RECORD_PREFIX).unwrap_or(&pk).to_owned(),
         status,
         payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
         lease_owner: get_s(item, "lease_owner"),
@@ -326,6 +411,27 @@ impl IdempotencyStore for DynamoStore {
             vec![(":lease", n(until_ms))],
         )
         .await
+    }
+
+    async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", Self::mark_key(mark.payment_id.as_str()))
+            .update_expression(
+                "SET payment_id = :id, payload_hash = :h, error_code = :c, error_message = :m, \
+                 dead_lettered_at = :t, expires_at = :ttl",
+            )
+            .expression_attribute_values(":id", s(mark.payment_id.as_str()))
+            .expression_attribute_values(":h", s(&mark.payload_hash))
+            .expression_attribute_values(":c", s(&mark.error_code))
+            .expression_attribute_values(":m", s(&mark.error_message))
+            .expression_attribute_values(":t", n(mark.at_ms))
+            .expression_attribute_values(":ttl", n(mark.expires_at_s))
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
+        Ok(())
     }
 
     async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {

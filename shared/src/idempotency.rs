@@ -164,6 +164,26 @@ pub enum StoreError {
     Malformed(String),
 }
 
+/// Written beside a payment's record when one of its messages is dead-lettered, so that the
+/// payment's status can say so (`GET /v1/payments/{id}`, `payctl status`). It carries the
+/// payload hash of the dead-lettered message: a reader shows it only for the payment with that
+/// hash. Informative only: no claim reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterMark {
+    /// The payment whose message was dead-lettered.
+    pub payment_id: PaymentId,
+    /// Hash of the dead-lettered message's canonical request.
+    pub payload_hash: String,
+    /// The dead letter's `error_code`.
+    pub error_code: String,
+    /// The dead letter's `error_message`.
+    pub error_message: String,
+    /// Epoch ms of the dead-lettering.
+    pub at_ms: i64,
+    /// DynamoDB TTL, epoch s.
+    pub expires_at_s: i64,
+}
+
 /// The port over the idempotency table.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync {
@@ -195,6 +215,8 @@ pub trait IdempotencyStore: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Reads a record (operators' `status` command and tests; the hot path never reads).
     async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError>;
+    /// Stores (or replaces) the payment's dead-letter mark. Never touches the record.
+    async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError>;
 }
 
 /// What to do with a message whose claim met an existing record.

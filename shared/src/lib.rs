@@ -9,12 +9,15 @@
 //!
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
 //!   [`idempotency`] (record, store port, conflict decisions), [`provider`] (provider port).
-//! - Use case: [`processor`] (one message and the batch around it), [`redelivery`] (delays and
-//!   the receive budget).
-//! - Adapters: [`dynamo`] (idempotency table), [`queue`] (SQS), [`stripe`] (provider HTTP),
+//! - Use cases: [`processor`] (one message and the batch around it), [`redelivery`] (delays and
+//!   the receive budget), [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
+//!   (relaying accepted payments to the queue).
+//! - Adapters: [`dynamo`] (idempotency table), [`payments_table`] (payments and outbox),
+//!   [`queue`] (SQS), [`stripe`] (provider HTTP),
 //!   [`memory`] (an in-memory store with the same conditions, for tests).
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
 
+pub mod api;
 pub mod bootstrap;
 pub mod clock;
 pub mod config;
@@ -23,6 +26,8 @@ pub mod domain;
 pub mod dynamo;
 pub mod idempotency;
 pub mod memory;
+pub mod outbox;
+pub mod payments_table;
 pub mod processor;
 pub mod provider;
 pub mod queue;

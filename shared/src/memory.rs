@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use crate::domain::PaymentId;
 use crate::idempotency::{
-    ClaimRequest, ClaimResult, FailureNote, IdempotencyRecord, IdempotencyStore, Outcome,
-    RecordStatus, StoreError,
+    ClaimRequest, ClaimResult, DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore,
+    Outcome, RecordStatus, StoreError,
 };
 
 /// Records in a map behind a mutex; every operation is atomic like a conditional write.
@@ -22,6 +22,8 @@ pub struct InMemoryStore {
     calls: AtomicU64,
     /// Lease renewals made (heartbeats).
     renewals: AtomicU64,
+    /// Dead-letter marks by payment id.
+    marks: Mutex<HashMap<String, DeadLetterMark>>,
 }
 
 impl InMemoryStore {
@@ -173,5 +175,24 @@ impl IdempotencyStore for InMemoryStore {
 
     async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.with(|m| Ok(m.get(payment_id).cloned()))
+    }
+
+    async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.marks
+            .lock()
+            .map_err(|_| StoreError::Unavailable("store mutex poisoned".into()))?
+            .insert(mark.payment_id.as_str().to_owned(), mark.clone());
+        Ok(())
+    }
+}
+
+impl InMemoryStore {
+    /// The payment's dead-letter mark, if one was written.
+    pub fn dead_letter_mark(&self, payment_id: &str) -> Option<DeadLetterMark> {
+        self.marks
+            .lock()
+            .ok()
+            .and_then(|m| m.get(payment_id).cloned())
     }
 }

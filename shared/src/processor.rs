@@ -20,7 +20,8 @@ use crate::clock::Clock;
 use crate::domain::PaymentRequest;
 use crate::idempotency::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
-    FailureNote, IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus, StoreError,
+    DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus,
+    StoreError,
 };
 use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
 use crate::queue::{attrs, DeadLetter, QueueOps};
@@ -428,8 +429,9 @@ impl Processor {
                 budget.max_receive_count.unwrap_or_default()
             );
             let body = msg.body.clone().unwrap_or_default();
+            let payment = PaymentRequest::parse(&body).ok();
             return self
-                .dead_letter(msg, &body, "retries_exhausted", &why)
+                .dead_letter(msg, &body, "retries_exhausted", &why, payment.as_ref())
                 .await;
         }
         self.hide(msg, &reason, when, &budget).await;
@@ -483,7 +485,10 @@ impl Processor {
         let request = match PaymentRequest::parse(&body) {
             Ok(r) => r,
             Err(e) => {
-                return Step::Done(self.dead_letter(msg, &body, e.code(), &e.to_string()).await)
+                return Step::Done(
+                    self.dead_letter(msg, &body, e.code(), &e.to_string(), None)
+                        .await,
+                )
             }
         };
         tracing::Span::current().record("payment_id", request.payment_id.as_str());
@@ -491,7 +496,10 @@ impl Processor {
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
                 let why = self.expired_reason(&request, now - sent).await;
-                return Step::Done(self.dead_letter(msg, &body, "request_expired", &why).await);
+                return Step::Done(
+                    self.dead_letter(msg, &body, "request_expired", &why, Some(&request))
+                        .await,
+                );
             }
         }
 
@@ -534,7 +542,10 @@ impl Processor {
                 }
                 crate::failpoint!("after_complete");
                 Step::Done(match dlq {
-                    Some((code, why)) => self.dead_letter(msg, &body, code, &why).await,
+                    Some((code, why)) => {
+                        self.dead_letter(msg, &body, code, &why, Some(&request))
+                            .await
+                    }
                     None if outcome.is_declined() => Disposition::Declined,
                     None => Disposition::Charged,
                 })
@@ -565,7 +576,7 @@ impl Processor {
                 self.record_failure(&request, &attempt, &message, true, not_before)
                     .await;
                 Step::Done(
-                    self.dead_letter(msg, &body, "outcome_unknown", &message)
+                    self.dead_letter(msg, &body, "outcome_unknown", &message, Some(&request))
                         .await,
                 )
             }
@@ -699,7 +710,9 @@ impl Processor {
                         // DLQ: the first copy's dead-lettering may not have happened.
                         if outcome.is_rejected() {
                             let (code, why) = rejection_code(&outcome);
-                            Ok(Claimed::Done(self.dead_letter(msg, body, code, &why).await))
+                            Ok(Claimed::Done(
+                                self.dead_letter(msg, body, code, &why, Some(request)).await,
+                            ))
                         } else {
                             Ok(Claimed::Done(Disposition::Duplicate))
                         }
@@ -711,7 +724,8 @@ impl Processor {
                             existing.status.as_str()
                         );
                         Ok(Claimed::Done(
-                            self.dead_letter(msg, body, "idempotency_key_reused", &why)
+                            // No mark: the payment_id names another payment.
+                            self.dead_letter(msg, body, "idempotency_key_reused", &why, None)
                                 .await,
                         ))
                     }
@@ -973,12 +987,16 @@ impl Processor {
     }
 
     /// Sends the message to the DLQ, then deletes it from the source queue, in that order.
+    /// Sends the message to the DLQ with its reason, marks the payment dead-lettered when the
+    /// message is one (`payment`: a valid request that its payment_id does not name another
+    /// payment for), and deletes it from the source queue.
     async fn dead_letter(
         &self,
         msg: &SqsMessage,
         body: &str,
         code: &str,
         why: &str,
+        payment: Option<&PaymentRequest>,
     ) -> Disposition {
         let letter = DeadLetter {
             body: body.to_owned(),
@@ -996,6 +1014,21 @@ impl Processor {
             return Disposition::Retry(reason);
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
+        if let Some(request) = payment {
+            let now = self.clock.now_ms();
+            let mark = DeadLetterMark {
+                payment_id: request.payment_id.clone(),
+                payload_hash: request.payload_hash(),
+                error_code: code.to_owned(),
+                error_message: why.chars().take(1_000).collect(),
+                at_ms: now,
+                expires_at_s: (now + ms(self.settings.record_ttl)) / 1000,
+            };
+            if let Err(e) = self.store.mark_dead_lettered(&mark).await {
+                // The dead letter holds everything; only the payment's status says less.
+                warn!(error = %e, "could not mark the payment dead-lettered");
+            }
+        }
         if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
             if let Err(e) = self.queues.delete(arn, rh).await {
                 // Reported as a success, so the event source mapping deletes it instead.
@@ -1154,7 +1187,7 @@ pub fn outcome_of(
 const IDEMPOTENCY_ERROR: &str = "idempotency_error";
 
 /// The DLQ code and reason of a `rejected` outcome.
-fn rejection_code(o: &Outcome) -> (&'static str, String) {
+pub fn rejection_code(o: &Outcome) -> (&'static str, String) {
     let reason = o
         .reason
         .clone()

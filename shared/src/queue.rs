@@ -81,7 +81,8 @@ pub struct SqsQueues {
     max_receives: Mutex<HashMap<String, Option<u32>>>,
 }
 
-fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
+/// A `String` message attribute.
+pub(crate) fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
     MessageAttributeValue::builder()
         .data_type("String")
         .string_value(v)

@@ -13,7 +13,8 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use payment_core::clock::Clock;
 use payment_core::domain::PaymentRequest;
 use payment_core::idempotency::{
-    ClaimRequest, ClaimResult, IdempotencyRecord, IdempotencyStore, RecordStatus, StoreError,
+    ClaimRequest, ClaimResult, DeadLetterMark, IdempotencyRecord, IdempotencyStore, RecordStatus,
+    StoreError,
 };
 use payment_core::memory::InMemoryStore;
 use payment_core::processor::now_ms;
@@ -945,6 +946,10 @@ impl IdempotencyStore for ScriptedStore {
     }
     async fn get(&self, id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.inner.get(id).await
+    }
+
+    async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
+        self.inner.mark_dead_lettered(mark).await
     }
 }
 

@@ -1,0 +1,741 @@
+//! The payments API: `POST /v1/payments` and `GET /v1/payments/{id}`, with Stripe's
+//! idempotency semantics (design.md, "Accepting payments").
+//!
+//! - The `Idempotency-Key` header is the payment's id end to end (API, queue, provider).
+//! - A payment and its outbox entry are written in one transaction ([`PaymentsStore::create`]);
+//!   the stored answer (status and body) comes back byte for byte for a retry with the same key
+//!   and the same parameters, with `Idempotent-Replayed: true`. The same key with other
+//!   parameters is an `idempotency_error`. A request that fails validation stores nothing.
+//! - `GET` reads the payment row and the processor's record (and dead-letter mark) with one
+//!   consistent read each, and says where the payment stands.
+//!
+//! HTTP-agnostic: [`PaymentsApi::handle`] takes a method, a path, headers and a body, so the
+//! Lambda (`lambda_http`) and the local server call the same code.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
+use crate::idempotency::{DeadLetterMark, IdempotencyRecord, RecordStatus};
+use crate::outbox::OutboxEntry;
+use crate::processor::rejection_code;
+
+/// Outbox entries live this long at most (the stream keeps records for 24 h; an entry is only
+/// needed until it is published, and must be gone before its payment row can expire).
+pub const OUTBOX_TTL: Duration = Duration::from_secs(4 * 86_400);
+
+/// A payment as the payments table stores it, with the answer to the request that created it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPayment {
+    /// The payment's id (its idempotency key).
+    pub id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Lowercase ISO 4217.
+    pub currency: String,
+    /// The provider's customer id.
+    pub customer_id: String,
+    /// Epoch s of the creation (`created`).
+    pub created: i64,
+    /// Hash of the canonical request: a retry with other parameters is refused.
+    pub request_hash: String,
+    /// The stored answer's status code.
+    pub response_status: u16,
+    /// The stored answer's body, byte for byte.
+    pub response_body: String,
+    /// DynamoDB TTL, epoch s.
+    pub expires_at_s: i64,
+}
+
+/// What [`PaymentsStore::create`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Creation {
+    /// The payment and its outbox entry were written.
+    Created,
+    /// The key is taken: this is the payment that holds it.
+    Exists(StoredPayment),
+}
+
+/// The payments table could not answer (retryable: nothing was written, or the write is found
+/// by the retry and replayed).
+#[derive(Debug, thiserror::Error)]
+#[error("payments table unavailable: {0}")]
+pub struct Unavailable(pub String);
+
+/// The port over the payments table (and the processor's records, read-only).
+#[async_trait]
+pub trait PaymentsStore: Send + Sync {
+    /// Writes the payment and its outbox entry in one transaction, each on condition that its
+    /// key is free; when the payment's key is taken, returns the payment that holds it.
+    async fn create(
+        &self,
+        payment: &StoredPayment,
+        entry: &OutboxEntry,
+        entry_expires_at_s: i64,
+    ) -> Result<Creation, Unavailable>;
+    /// Reads a payment row (consistent).
+    async fn payment(&self, id: &str) -> Result<Option<StoredPayment>, Unavailable>;
+    /// Reads the processor's record and dead-letter mark of a payment (consistent).
+    async fn progress(
+        &self,
+        id: &str,
+    ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable>;
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers beyond `Content-Type: application/json`.
+    pub headers: Vec<(&'static str, String)>,
+    /// JSON body.
+    pub body: String,
+}
+
+impl ApiResponse {
+    fn json(status: u16, body: &Value) -> Self {
+        Self {
+            status,
+            headers: Vec::new(),
+            body: body.to_string(),
+        }
+    }
+}
+
+/// Largest request body read; a larger one is refused before parsing (`413`).
+pub const MAX_REQUEST_BYTES: usize = MAX_BODY_BYTES;
+
+/// The header carrying the idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The API over its store.
+pub struct PaymentsApi {
+    store: Arc<dyn PaymentsStore>,
+    clock: Arc<dyn Clock>,
+    /// Payment rows (and their stored answers) live this long: the idempotency records' TTL.
+    retention: Duration,
+}
+
+fn error(status: u16, kind: &str, code: &str, param: Option<&str>, message: &str) -> ApiResponse {
+    let mut e = json!({"type": kind, "code": code, "message": message});
+    if let Some(p) = param {
+        e["param"] = json!(p);
+    }
+    ApiResponse::json(status, &json!({ "error": e }))
+}
+
+fn invalid(code: &str, param: Option<&str>, message: &str) -> ApiResponse {
+    error(400, "invalid_request_error", code, param, message)
+}
+
+fn unavailable(e: &Unavailable) -> ApiResponse {
+    warn!(error = %e, "payments table unavailable");
+    error(
+        500,
+        "api_error",
+        "storage_unavailable",
+        None,
+        "The payment could not be stored or read right now; nothing was charged. Retry with the same Idempotency-Key.",
+    )
+}
+
+impl PaymentsApi {
+    /// The API over a store, with the record retention (`IDEMPOTENCY_TTL_*`).
+    pub fn new(store: Arc<dyn PaymentsStore>, clock: Arc<dyn Clock>, retention: Duration) -> Self {
+        Self {
+            store,
+            clock,
+            retention,
+        }
+    }
+
+    /// Routes one request. `header` looks a header up by its lowercase name.
+    pub async fn handle(
+        &self,
+        method: &str,
+        path: &str,
+        header: impl Fn(&str) -> Option<String>,
+        body: &[u8],
+    ) -> ApiResponse {
+        let path = path.trim_end_matches('/');
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        match (method, segments.as_slice()) {
+            ("POST", ["v1", "payments"]) => self.create(header(IDEMPOTENCY_KEY), body).await,
+            ("GET", ["v1", "payments", id]) => {
+                let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+                self.retrieve(&id).await
+            }
+            (_, ["v1", "payments"] | ["v1", "payments", _]) => error(
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                None,
+                "Use POST /v1/payments or GET /v1/payments/{id}.",
+            ),
+            _ => error(
+                404,
+                "invalid_request_error",
+                "resource_missing",
+                None,
+                &format!("Unrecognized request URL ({method} {path})."),
+            ),
+        }
+    }
+
+    /// `POST /v1/payments`.
+    pub async fn create(&self, key: Option<String>, body: &[u8]) -> ApiResponse {
+        if body.len() > MAX_REQUEST_BYTES {
+            return error(
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                None,
+                &format!(
+                    "The body is {} bytes; at most {MAX_REQUEST_BYTES} are accepted.",
+                    body.len()
+                ),
+            );
+        }
+        let Some(key) = key.map(|k| k.trim().to_owned()) else {
+            return invalid(
+                "parameter_missing",
+                Some("Idempotency-Key"),
+                "An Idempotency-Key header is required: it becomes the payment's id, and a retry with the same key never creates a second payment.",
+            );
+        };
+        if let Err(e) = PaymentId::parse(&key) {
+            return invalid(
+                "idempotency_key_invalid",
+                Some("Idempotency-Key"),
+                &e.to_string().replacen("payment_id", "Idempotency-Key", 1),
+            );
+        }
+        let mut value: Value = match serde_json::from_slice(body) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => {
+                return invalid("body_invalid", None, "The body must be a JSON object.");
+            }
+            Err(e) => {
+                return invalid(
+                    "body_invalid_json",
+                    None,
+                    &format!("The body is not valid JSON: {e}."),
+                )
+            }
+        };
+        if value.get("payment_id").is_some() {
+            return invalid(
+                "parameter_unknown",
+                Some("payment_id"),
+                "payment_id is not a body parameter: the Idempotency-Key header is the payment's id.",
+            );
+        }
+        value["payment_id"] = Value::String(key.clone());
+        let request = match PaymentRequest::from_value(value) {
+            Ok(r) => r,
+            Err(e) => return invalid("parameter_invalid", e.field(), &e.to_string()),
+        };
+        let now = self.clock.now_ms();
+        let created = now / 1000;
+        let object = payment_object(
+            &key,
+            request.money.amount,
+            &request.money.currency,
+            "pending",
+            created,
+        );
+        let payment = StoredPayment {
+            id: key.clone(),
+            amount: request.money.amount,
+            currency: request.money.currency.clone(),
+            customer_id: request.customer_id.clone(),
+            created,
+            request_hash: request.payload_hash(),
+            response_status: 202,
+            response_body: object.to_string(),
+            expires_at_s: (now + self.retention.as_millis() as i64) / 1000,
+        };
+        let entry = OutboxEntry {
+            payment_id: key.clone(),
+            message: request.to_message_body(),
+            created_at: now,
+            customer_id: request.customer_id.clone(),
+        };
+        let entry_ttl = (now + OUTBOX_TTL.as_millis() as i64) / 1000;
+        match self.store.create(&payment, &entry, entry_ttl).await {
+            Ok(Creation::Created) => {
+                info!(payment_id = %key, amount = payment.amount, currency = %payment.currency, "payment accepted");
+                crate::failpoint!("api_after_transaction");
+                ApiResponse {
+                    status: payment.response_status,
+                    headers: Vec::new(),
+                    body: payment.response_body,
+                }
+            }
+            Ok(Creation::Exists(existing)) if existing.request_hash == payment.request_hash => {
+                info!(payment_id = %key, "idempotent replay");
+                ApiResponse {
+                    status: existing.response_status,
+                    headers: vec![("idempotent-replayed", "true".to_owned())],
+                    body: existing.response_body,
+                }
+            }
+            Ok(Creation::Exists(_)) => error(
+                400,
+                "idempotency_error",
+                "idempotency_key_in_use",
+                Some("Idempotency-Key"),
+                &format!(
+                    "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to create a different payment."
+                ),
+            ),
+            Err(e) => unavailable(&e),
+        }
+    }
+
+    /// `GET /v1/payments/{id}`.
+    pub async fn retrieve(&self, id: &str) -> ApiResponse {
+        let missing = || {
+            error(
+                404,
+                "invalid_request_error",
+                "resource_missing",
+                Some("id"),
+                &format!("No such payment: '{id}'."),
+            )
+        };
+        if PaymentId::parse(id).is_err() {
+            return missing();
+        }
+        let payment = match self.store.payment(id).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return missing(),
+            Err(e) => return unavailable(&e),
+        };
+        let (record, mark) = match self.store.progress(id).await {
+            Ok(p) => p,
+            Err(e) => return unavailable(&e),
+        };
+        let view = status_of(&payment, record.as_ref(), mark.as_ref());
+        let mut object = payment_object(
+            &payment.id,
+            payment.amount,
+            &payment.currency,
+            &view.status,
+            payment.created,
+        );
+        let extra = [
+            ("provider_payment_id", view.provider_payment_id),
+            ("decline_code", view.decline_code),
+            ("error_code", view.error_code),
+            ("error_message", view.error_message),
+        ];
+        for (k, v) in extra {
+            if let Some(v) = v {
+                object[k] = json!(v);
+            }
+        }
+        ApiResponse::json(200, &object)
+    }
+}
+
+fn payment_object(id: &str, amount: i64, currency: &str, status: &str, created: i64) -> Value {
+    json!({
+        "id": id,
+        "object": "payment",
+        "amount": amount,
+        "currency": currency,
+        "status": status,
+        "created": created,
+    })
+}
+
+/// Where a payment stands, for `GET`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusView {
+    /// `pending`, `processing`, `succeeded`, `declined`, `requires_action`, `dead_lettered`, or
+    /// another PaymentIntent status the provider answered with.
+    pub status: String,
+    /// The provider's PaymentIntent id, once known.
+    pub provider_payment_id: Option<String>,
+    /// The card's decline code.
+    pub decline_code: Option<String>,
+    /// The dead letter's `error_code`.
+    pub error_code: Option<String>,
+    /// The dead letter's reason.
+    pub error_message: Option<String>,
+}
+
+/// The status of a payment from its processor record and dead-letter mark. A terminal outcome
+/// wins; a live claim is `processing` (a redriven message is being worked on); a mark for this
+/// payment's parameters is `dead_lettered`; a record between attempts is `processing`; no
+/// record yet is `pending`.
+pub fn status_of(
+    payment: &StoredPayment,
+    record: Option<&IdempotencyRecord>,
+    mark: Option<&DeadLetterMark>,
+) -> StatusView {
+    let ours = |r: &&IdempotencyRecord| r.payload_hash == payment.request_hash;
+    let record = record.filter(ours);
+    let mark = mark.filter(|m| m.payload_hash == payment.request_hash);
+    let view = |status: &str| StatusView {
+        status: status.to_owned(),
+        ..StatusView::default()
+    };
+    let dead = |code: String, message: String| StatusView {
+        error_code: Some(code),
+        error_message: Some(message),
+        ..view("dead_lettered")
+    };
+    match (record, mark) {
+        (Some(r), _) if r.status == RecordStatus::Completed => {
+            let Some(o) = &r.outcome else {
+                return view("processing");
+            };
+            if o.is_rejected() {
+                let (code, why) = rejection_code(o);
+                return dead(code.to_owned(), why);
+            }
+            StatusView {
+                provider_payment_id: o.provider_payment_id.clone(),
+                decline_code: o.decline_code.clone(),
+                ..view(&o.status)
+            }
+        }
+        (Some(r), _) if r.status == RecordStatus::InProgress => view("processing"),
+        (_, Some(m)) => dead(m.error_code.clone(), m.error_message.clone()),
+        (Some(_), None) => view("processing"),
+        (None, None) => view("pending"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::idempotency::Outcome;
+
+    /// Payment rows and outbox entries in maps, written together or not at all.
+    #[derive(Default)]
+    struct Tables {
+        payments: Mutex<HashMap<String, StoredPayment>>,
+        outbox: Mutex<HashMap<String, OutboxEntry>>,
+        records: Mutex<HashMap<String, IdempotencyRecord>>,
+        marks: Mutex<HashMap<String, DeadLetterMark>>,
+        down: AtomicBool,
+    }
+
+    #[async_trait]
+    impl PaymentsStore for Tables {
+        async fn create(
+            &self,
+            payment: &StoredPayment,
+            entry: &OutboxEntry,
+            _ttl: i64,
+        ) -> Result<Creation, Unavailable> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Unavailable("table down".into()));
+            }
+            let mut rows = self.payments.lock().unwrap();
+            if let Some(existing) = rows.get(&payment.id) {
+                return Ok(Creation::Exists(existing.clone()));
+            }
+            rows.insert(payment.id.clone(), payment.clone());
+            self.outbox
+                .lock()
+                .unwrap()
+                .insert(entry.payment_id.clone(), entry.clone());
+            Ok(Creation::Created)
+        }
+
+        async fn payment(&self, id: &str) -> Result<Option<StoredPayment>, Unavailable> {
+            Ok(self.payments.lock().unwrap().get(id).cloned())
+        }
+
+        async fn progress(
+            &self,
+            id: &str,
+        ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable> {
+            Ok((
+                self.records.lock().unwrap().get(id).cloned(),
+                self.marks.lock().unwrap().get(id).cloned(),
+            ))
+        }
+    }
+
+    fn api() -> (PaymentsApi, Arc<Tables>) {
+        let tables = Arc::new(Tables::default());
+        let api = PaymentsApi::new(
+            tables.clone(),
+            Arc::new(SystemClock),
+            Duration::from_secs(86_400),
+        );
+        (api, tables)
+    }
+
+    const BODY: &str = r#"{"amount":1999,"currency":"usd","customer_id":"cus_42","payment_method":"pm_card_visa","metadata":{"order":"1234"}}"#;
+
+    async fn post(api: &PaymentsApi, key: Option<&str>, body: &str) -> ApiResponse {
+        let key = key.map(str::to_owned);
+        api.handle(
+            "POST",
+            "/v1/payments",
+            move |h| {
+                if h == IDEMPOTENCY_KEY {
+                    key.clone()
+                } else {
+                    None
+                }
+            },
+            body.as_bytes(),
+        )
+        .await
+    }
+
+    async fn get(api: &PaymentsApi, id: &str) -> ApiResponse {
+        api.handle("GET", &format!("/v1/payments/{id}"), |_| None, b"")
+            .await
+    }
+
+    fn json_of(r: &ApiResponse) -> Value {
+        serde_json::from_str(&r.body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_retry_gets_the_first_answer_byte_for_byte_and_one_outbox_entry() {
+        let (api, tables) = api();
+        let first = post(&api, Some("order-1234"), BODY).await;
+        assert_eq!(first.status, 202, "{}", first.body);
+        let object = json_of(&first);
+        assert_eq!(object["id"], "order-1234");
+        assert_eq!(object["object"], "payment");
+        assert_eq!(object["status"], "pending");
+        assert_eq!(object["amount"], 1999);
+        assert!(first.headers.is_empty());
+        // Same parameters in another key order and currency case: the same request.
+        let reordered = r#"{"metadata":{"order":"1234"},"payment_method":"pm_card_visa","customer_id":"cus_42","currency":"USD","amount":1999}"#;
+        for body in [BODY, reordered] {
+            let again = post(&api, Some("order-1234"), body).await;
+            assert_eq!(again.status, 202);
+            assert_eq!(again.body, first.body, "byte for byte");
+            assert_eq!(
+                again.headers,
+                vec![("idempotent-replayed", "true".to_owned())]
+            );
+        }
+        let outbox = tables.outbox.lock().unwrap();
+        assert_eq!(outbox.len(), 1);
+        let message = PaymentRequest::parse(&outbox["order-1234"].message).unwrap();
+        assert_eq!(message.payment_id.as_str(), "order-1234");
+        assert_eq!(message.metadata["order"], "1234");
+    }
+
+    #[tokio::test]
+    async fn the_same_key_with_other_parameters_is_an_idempotency_error() {
+        let (api, tables) = api();
+        assert_eq!(post(&api, Some("k1"), BODY).await.status, 202);
+        let other = post(&api, Some("k1"), &BODY.replace("1999", "2000")).await;
+        assert_eq!(other.status, 400);
+        assert_eq!(json_of(&other)["error"]["type"], "idempotency_error");
+        assert_eq!(tables.payments.lock().unwrap()["k1"].amount, 1999);
+    }
+
+    #[tokio::test]
+    async fn a_bad_body_names_the_field_stores_nothing_and_a_corrected_retry_works() {
+        let (api, tables) = api();
+        let cases = [
+            (BODY.replace("1999", "\"1999\""), "amount"),
+            (BODY.replace("1999", "0"), "amount"),
+            (BODY.replace("\"usd\"", "\"xyz\""), "currency"),
+            (
+                BODY.replace("pm_card_visa", "4242424242424242"),
+                "payment_method",
+            ),
+            (BODY.replace("\"amount\"", "\"ammount\""), "ammount"),
+            (BODY.replace(",\"currency\":\"usd\"", ""), "currency"),
+            (BODY.replace("\"1234\"}", "1234}"), "metadata"),
+        ];
+        for (body, field) in cases {
+            let r = post(&api, Some("k2"), &body).await;
+            assert_eq!(r.status, 400, "{body}");
+            let e = &json_of(&r)["error"];
+            assert_eq!(e["type"], "invalid_request_error");
+            assert_eq!(e["param"], field, "{body}: {}", r.body);
+            assert!(!r.body.contains("4242424242424242"), "card data echoed");
+        }
+        assert!(tables.payments.lock().unwrap().is_empty());
+        assert!(tables.outbox.lock().unwrap().is_empty());
+        assert_eq!(post(&api, Some("k2"), BODY).await.status, 202);
+    }
+
+    #[tokio::test]
+    async fn key_and_envelope_errors() {
+        let (api, _) = api();
+        let missing = post(&api, None, BODY).await;
+        assert_eq!(missing.status, 400);
+        assert_eq!(json_of(&missing)["error"]["param"], "Idempotency-Key");
+        let bad = post(&api, Some("has space"), BODY).await;
+        assert_eq!(json_of(&bad)["error"]["code"], "idempotency_key_invalid");
+        assert_eq!(post(&api, Some(&"k".repeat(256)), BODY).await.status, 400);
+        assert_eq!(post(&api, Some(&"k".repeat(255)), BODY).await.status, 202);
+        let id_in_body = post(
+            &api,
+            Some("k3"),
+            &BODY.replace("{\"amount\"", "{\"payment_id\":\"x\",\"amount\""),
+        )
+        .await;
+        assert_eq!(json_of(&id_in_body)["error"]["param"], "payment_id");
+        assert_eq!(
+            json_of(&post(&api, Some("k3"), "{nope").await)["error"]["code"],
+            "body_invalid_json"
+        );
+        assert_eq!(post(&api, Some("k3"), "[1]").await.status, 400);
+        let huge = format!("{{\"description\":\"{}\"}}", "d".repeat(MAX_REQUEST_BYTES));
+        assert_eq!(post(&api, Some("k3"), &huge).await.status, 413);
+        assert_eq!(get(&api, "nope").await.status, 404);
+        assert_eq!(
+            api.handle("DELETE", "/v1/payments/k3", |_| None, b"")
+                .await
+                .status,
+            405
+        );
+        assert_eq!(
+            api.handle("GET", "/v2/other", |_| None, b"").await.status,
+            404
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_outage_is_a_500_and_the_retry_creates_the_payment() {
+        let (api, tables) = api();
+        tables.down.store(true, Ordering::SeqCst);
+        let r = post(&api, Some("k4"), BODY).await;
+        assert_eq!(r.status, 500);
+        assert_eq!(json_of(&r)["error"]["type"], "api_error");
+        tables.down.store(false, Ordering::SeqCst);
+        assert_eq!(post(&api, Some("k4"), BODY).await.status, 202);
+    }
+
+    fn record(status: RecordStatus, hash: &str, outcome: Option<Outcome>) -> IdempotencyRecord {
+        IdempotencyRecord {
+            payment_id: "p".into(),
+            status,
+            payload_hash: hash.into(),
+            lease_owner: None,
+            lease_expires_at_ms: 0,
+            attempts: 1,
+            outcome,
+            expires_at_s: 0,
+            first_attempt_at_ms: 0,
+            unknown_outcome: false,
+            last_error: None,
+            completed_at_ms: None,
+            not_before_ms: None,
+        }
+    }
+
+    fn outcome(status: &str) -> Outcome {
+        Outcome {
+            status: status.into(),
+            provider_payment_id: Some("pi_1".into()),
+            decline_code: (status == "declined").then(|| "insufficient_funds".into()),
+            amount: 1999,
+            currency: "usd".into(),
+            reason: (status == "rejected").then(|| "amount_too_small: no".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn get_follows_the_processor_record_and_its_dead_letter_mark() {
+        let (api, tables) = api();
+        assert_eq!(post(&api, Some("p"), BODY).await.status, 202);
+        let hash = tables.payments.lock().unwrap()["p"].request_hash.clone();
+        let status = |r: ApiResponse| json_of(&r)["status"].as_str().unwrap().to_owned();
+        assert_eq!(status(get(&api, "p").await), "pending");
+        let set = |r: Option<IdempotencyRecord>| {
+            let mut m = tables.records.lock().unwrap();
+            match r {
+                Some(r) => m.insert("p".into(), r),
+                None => m.remove("p"),
+            };
+        };
+        set(Some(record(RecordStatus::InProgress, &hash, None)));
+        assert_eq!(status(get(&api, "p").await), "processing");
+        set(Some(record(
+            RecordStatus::Completed,
+            &hash,
+            Some(outcome("succeeded")),
+        )));
+        let done = json_of(&get(&api, "p").await);
+        assert_eq!(done["status"], "succeeded");
+        assert_eq!(done["provider_payment_id"], "pi_1");
+        set(Some(record(
+            RecordStatus::Completed,
+            &hash,
+            Some(outcome("declined")),
+        )));
+        assert_eq!(
+            json_of(&get(&api, "p").await)["decline_code"],
+            "insufficient_funds"
+        );
+        set(Some(record(
+            RecordStatus::Completed,
+            &hash,
+            Some(outcome("requires_action")),
+        )));
+        assert_eq!(status(get(&api, "p").await), "requires_action");
+        set(Some(record(
+            RecordStatus::Completed,
+            &hash,
+            Some(outcome("rejected")),
+        )));
+        let rejected = json_of(&get(&api, "p").await);
+        assert_eq!(rejected["status"], "dead_lettered");
+        assert_eq!(rejected["error_code"], "provider_rejected");
+
+        // A mark for this payment's parameters says dead_lettered, unless a claim is live or
+        // the payment completed; a mark for other parameters is not this payment's.
+        let mark = |h: &str| DeadLetterMark {
+            payment_id: PaymentId::parse("p").unwrap(),
+            payload_hash: h.into(),
+            error_code: "retries_exhausted".into(),
+            error_message: "gave up".into(),
+            at_ms: 1,
+            expires_at_s: 0,
+        };
+        set(Some(record(RecordStatus::Failed, &hash, None)));
+        assert_eq!(status(get(&api, "p").await), "processing");
+        tables.marks.lock().unwrap().insert("p".into(), mark(&hash));
+        let dead = json_of(&get(&api, "p").await);
+        assert_eq!(dead["status"], "dead_lettered");
+        assert_eq!(dead["error_code"], "retries_exhausted");
+        set(Some(record(RecordStatus::InProgress, &hash, None)));
+        assert_eq!(status(get(&api, "p").await), "processing");
+        set(Some(record(
+            RecordStatus::Completed,
+            &hash,
+            Some(outcome("succeeded")),
+        )));
+        assert_eq!(status(get(&api, "p").await), "succeeded");
+        set(None);
+        tables
+            .marks
+            .lock()
+            .unwrap()
+            .insert("p".into(), mark("other"));
+        assert_eq!(status(get(&api, "p").await), "pending");
+        // Percent-encoded ids are decoded.
+        assert_eq!(post(&api, Some("ord:1"), BODY).await.status, 202);
+        assert_eq!(get(&api, "ord%3A1").await.status, 200);
+    }
+}
