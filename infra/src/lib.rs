@@ -9,13 +9,16 @@
 pub mod bench;
 pub mod chaos;
 pub mod check;
+pub mod client;
 pub mod conformance;
 pub mod demo;
 pub mod dlq;
 pub mod e2e;
 pub mod esm;
 pub mod load;
+pub mod local_api;
 pub mod reconcile;
 pub mod runtime_api;
 pub mod sim;
+pub mod stream;
 pub mod template;

@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    TimeToLiveSpecification,
+    StreamSpecification, StreamViewType, TimeToLiveSpecification,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_yaml_ng::Value;
@@ -103,6 +103,28 @@ pub struct Stack {
     pub function_env: BTreeMap<String, String>,
     /// The function's SQS event source.
     pub event_source: EventSource,
+    /// Every function's environment by logical id (the API's and the relay's too), resolved.
+    pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Stack {
+    /// A variable of another function's environment (`PaymentsApiFunction`, ...).
+    pub fn var_of(&self, function: &str, name: &str) -> Result<&str> {
+        self.function_envs
+            .get(function)
+            .with_context(|| format!("the template has no function {function}"))?
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("the template gives {function} no {name}"))
+    }
+
+    /// The payments table (the API's rows and outbox), by its logical id.
+    pub fn payments_table(&self) -> Result<&str> {
+        self.tables
+            .get("PaymentsTable")
+            .map(String::as_str)
+            .context("the template has no PaymentsTable")
+    }
 }
 
 fn tag_name(tag: &serde_yaml_ng::value::Tag) -> String {
@@ -298,6 +320,7 @@ pub async fn provision(
         queue_arns: BTreeMap::new(),
         tables: BTreeMap::new(),
         function_env: BTreeMap::new(),
+        function_envs: BTreeMap::new(),
         event_source: EventSource {
             queue_url: String::new(),
             queue_arn: String::new(),
@@ -475,9 +498,28 @@ pub async fn provision(
                     .build()?,
             );
         }
-        req.send()
+        if let Some(view) = get(&props, "StreamSpecification")
+            .and_then(|v| get(v, "StreamViewType"))
+            .and_then(|v| v.as_str())
+        {
+            req = req.stream_specification(
+                StreamSpecification::builder()
+                    .stream_enabled(true)
+                    .stream_view_type(StreamViewType::from(view))
+                    .build()?,
+            );
+        }
+        let created = req
+            .send()
             .await
             .with_context(|| format!("creating table {name}"))?;
+        if let Some(arn) = created
+            .table_description()
+            .and_then(|t| t.latest_stream_arn())
+        {
+            r.attrs
+                .insert(format!("{logical}.StreamArn"), arn.to_owned());
+        }
         if let Some(ttl) = get(&props, "TimeToLiveSpecification") {
             let attr = get(ttl, "AttributeName")
                 .and_then(|v| v.as_str())
@@ -502,13 +544,26 @@ pub async fn provision(
         stack.tables.insert(logical.to_owned(), name);
     }
 
-    // The processor function: its environment and its SQS event source.
+    // Every function's environment; the processor's SQS event source.
     let globals = get(&doc, "Globals").and_then(|g| get(g, "Function"));
-    for (_, res) in resources {
+    let mut processor_found = false;
+    for (logical, res) in resources {
         if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Serverless::Function") {
             continue;
         }
         let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
+        let mut env = BTreeMap::new();
+        let vars = get(&props, "Environment")
+            .and_then(|e| get(e, "Variables"))
+            .and_then(|v| v.as_mapping());
+        for (k, v) in vars.into_iter().flatten() {
+            if let (Some(k), Some(v)) = (k.as_str(), r.resolve(v)?) {
+                env.insert(k.to_owned(), v);
+            }
+        }
+        if let Some(logical) = logical.as_str() {
+            stack.function_envs.insert(logical.to_owned(), env.clone());
+        }
         let Some(event) = get(&props, "Events")
             .and_then(|e| e.as_mapping())
             .and_then(|m| {
@@ -549,14 +604,7 @@ pub async fn provision(
                         .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
                 }),
         };
-        let vars = get(&props, "Environment")
-            .and_then(|e| get(e, "Variables"))
-            .and_then(|v| v.as_mapping());
-        for (k, v) in vars.into_iter().flatten() {
-            if let (Some(k), Some(v)) = (k.as_str(), r.resolve(v)?) {
-                stack.function_env.insert(k.to_owned(), v);
-            }
-        }
+        stack.function_env = env;
         // The function must know the visibility it heartbeats with: follow a local override.
         if let Some(vt) = opts.visibility_timeout {
             if let Some(v) = stack
@@ -566,6 +614,9 @@ pub async fn provision(
                 *v = vt.to_string();
             }
         }
+        processor_found = true;
+    }
+    if processor_found {
         return Ok(stack);
     }
     bail!("the template has no AWS::Serverless::Function with an SQS event")
