@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# make e2e-sam: the deployed shape, locally. Builds the x86_64 bootstrap with `sam build`,
+# make e2e-sam: the deployed shape, locally. Builds the x86_64 bootstraps with `sam build`,
 # starts ministack (with the SAM translator) and the provider simulator, `sam deploy`s
-# template.yaml onto ministack, sends payments to the deployed queue, and checks what the
-# deployed event-source mapping and the real bootstrap did with them. Stops what it started.
+# template.yaml onto ministack, and drives the stack through its HTTP API: POSTs (concurrent
+# duplicates and retries of each key), the table's stream, the relay, the queue, the processor
+# and the provider, checked from the provider's ledger. Then a second load goes straight into
+# the queue (the raw-queue path). Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
@@ -27,5 +29,14 @@ log "sam deploy $stack"
 helper fix-stack "$stack"
 declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
-"$ROOT/target/debug/payctl" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
-  --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" --prefix "$stack"
+check() {
+  "$ROOT/target/debug/payctl" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
+    --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" "$@"
+}
+# The emulator serves a deployed HTTP API under its LocalStack-compatible path (the API's own
+# {id}.execute-api.localhost host name needs a resolver that knows *.localhost).
+api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
+log "through the API: $api_url"
+check --prefix "$stack-api" --api-url "$api_url"
+log "straight into the queue"
+check --prefix "$stack"

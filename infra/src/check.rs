@@ -16,9 +16,14 @@ use crate::sim::Ledger;
 pub struct Sent {
     /// What was sent and what it should end as.
     pub planned: Planned,
-    /// The id SQS gave it.
+    /// The id SQS gave it, or for a payment accepted by the API (whose message the relay
+    /// sent) [`OUTBOX_SENT`] followed by the payment id.
     pub message_id: String,
 }
+
+/// The message id prefix of a payment accepted by the API: its dead letters are found by the
+/// payment id in their body.
+pub const OUTBOX_SENT: &str = "outbox:";
 
 /// A dead letter as read back from the DLQ.
 #[derive(Debug, Clone)]
@@ -195,6 +200,18 @@ pub fn verify(
         .iter()
         .map(|d| (d.source_message_id.as_str(), d))
         .collect();
+    let by_payment: HashMap<String, &DeadLetterSeen> = dlq
+        .iter()
+        .filter_map(|d| {
+            let body = serde_json::from_str::<serde_json::Value>(&d.body).ok()?;
+            Some((body.get("payment_id")?.as_str()?.to_owned(), d))
+        })
+        .collect();
+    // Through the API the relay sent the message: its dead letter is found by its payment.
+    let letter_of = |s: &Sent| match s.message_id.strip_prefix(OUTBOX_SENT) {
+        Some(id) => by_payment.get(id).copied(),
+        None => in_dlq.get(s.message_id.as_str()).copied(),
+    };
     for d in dlq {
         *v.dead_lettered.entry(d.error_code.clone()).or_default() += 1;
     }
@@ -232,11 +249,10 @@ pub fn verify(
                 // Every copy of a rejected payment ends in the DLQ with the reason (or as
                 // outcome_unknown, when the provider replayed an error for its key and holds
                 // no payment: a person decides).
+                let letter = letter_of(s);
                 if p.expect == Expect::ProviderRejected
                     && !matches!(
-                        in_dlq
-                            .get(s.message_id.as_str())
-                            .map(|d| d.error_code.as_str()),
+                        letter.map(|d| d.error_code.as_str()),
                         Some("provider_rejected") | Some("outcome_unknown")
                     )
                 {
@@ -340,7 +356,7 @@ pub fn verify(
     }
     // Messages in = completed + dead-lettered, message by message.
     for s in sent {
-        if in_dlq.contains_key(s.message_id.as_str()) {
+        if letter_of(s).is_some() {
             v.accounted_dead_lettered += 1;
         } else if s
             .planned

@@ -8,14 +8,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use payment_core::config::Config;
+use payment_core::config::{ApiConfig, Config, RelayConfig};
 use payment_core::Processor;
 use serde_json::json;
 
+use crate::api_load::{final_statuses, post_load, ApiRun};
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
+use crate::client::ApiClient;
 use crate::esm::{self, EsmOptions, EsmStats};
 use crate::load::{mixed_load, send_all};
+use crate::local_api::LocalApi;
 use crate::sim::SimClient;
+use crate::stream;
 use crate::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
 /// Demo settings.
@@ -31,6 +35,8 @@ pub struct DemoOptions {
     pub pollers: usize,
     /// Probability of each provider fault per call.
     pub fault_rate: f64,
+    /// Send straight into the queue instead of through the payments API and its outbox.
+    pub direct: bool,
 }
 
 /// Builds the processor's configuration the way the deployed function gets it: the template's
@@ -147,36 +153,120 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     let (first, second) = mixed_load(&run_id, opts.payments, opts.seed);
     let mut sent: Vec<Sent> = Vec::new();
     let mut stats = EsmStats::default();
-    for (wave, load) in [(1, &first), (2, &second)] {
-        let bodies: Vec<String> = load.iter().map(|p| p.body.clone()).collect();
-        let ids = send_all(&sqs, &stack.event_source.queue_url, &bodies).await?;
+    let mut api_run = None;
+    if opts.direct {
+        for (wave, load) in [(1, &first), (2, &second)] {
+            let bodies: Vec<String> = load.iter().map(|p| p.body.clone()).collect();
+            let ids = send_all(&sqs, &stack.event_source.queue_url, &bodies).await?;
+            println!(
+                "wave {wave}: sent {} messages straight to the queue ({}); draining with {} pollers",
+                load.len(),
+                crate::load::kinds(load),
+                opts.pollers
+            );
+            sent.extend(
+                load.iter()
+                    .cloned()
+                    .zip(ids)
+                    .map(|(planned, message_id)| Sent {
+                        planned,
+                        message_id,
+                    }),
+            );
+            stats.merge(&drain(&processor, &sqs, &stack, opts.pollers).await?);
+        }
+    } else {
+        // The payments API and the relay, from the template's own configuration of them.
+        let api_config = ApiConfig::from_lookup(|k| {
+            stack
+                .var_of("PaymentsApiFunction", k)
+                .ok()
+                .map(str::to_owned)
+        })?;
+        let api = Arc::new(payment_core::bootstrap::build_api(&api_config, ddb.clone()));
+        let server = LocalApi::start(api, "127.0.0.1:0").await?;
+        let relay_config = RelayConfig::from_lookup(|k| {
+            stack
+                .var_of("OutboxRelayFunction", k)
+                .ok()
+                .map(str::to_owned)
+        })?;
+        let relay = Arc::new(payment_core::bootstrap::build_relay(&relay_config, sdk));
+        let mapping = stream::start(sdk, stack.payments_table()?, relay).await?;
+        let client = ApiClient::new(server.url(), sdk)?;
         println!(
-            "wave {wave}: sent {} messages ({}); draining with {} pollers",
-            load.len(),
-            crate::load::kinds(load),
-            opts.pollers
+            "payments API on {} (outbox: {}, relayed from its stream to the queue)",
+            server.url(),
+            stack.payments_table()?
         );
-        sent.extend(
-            load.iter()
-                .cloned()
-                .zip(ids)
-                .map(|(planned, message_id)| Sent {
-                    planned,
-                    message_id,
-                }),
-        );
-        stats.merge(&drain(&processor, &sqs, &stack, opts.pollers).await?);
+        let mut answers = std::collections::HashMap::new();
+        let mut run = ApiRun::default();
+        for (wave, load, copies) in [(1, &first, 2), (2, &second, 1)] {
+            let r = post_load(&client, load, copies, &mut answers).await?;
+            println!(
+                "wave {wave}: {} API requests for {} planned messages ({}): {} replays, {} refused; draining with {} pollers",
+                r.requests,
+                load.len(),
+                crate::load::kinds(load),
+                r.replays,
+                r.refused,
+                opts.pollers
+            );
+            run.merge(r);
+            // Everything accepted so far must be on the queue before the drain can end.
+            let accepted = run.sent.len() as u64;
+            let waiting = Instant::now();
+            while mapping
+                .stats
+                .relayed
+                .load(std::sync::atomic::Ordering::Relaxed)
+                < accepted
+            {
+                if waiting.elapsed() > Duration::from_secs(120) {
+                    anyhow::bail!(
+                        "the relay did not publish {accepted} accepted payments within 120 s"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stats.merge(&drain(&processor, &sqs, &stack, opts.pollers).await?);
+        }
+        let (statuses, wrong) = final_statuses(&client, &run.sent).await?;
+        println!("GET /v1/payments/{{id}} statuses: {statuses:?}");
+        run.violations.extend(wrong);
+        sent = std::mem::take(&mut run.sent);
+        api_run = Some(run);
     }
 
     let depth = esm::queue_depth(&sqs, &stack.event_source.queue_url).await?;
     let dlq = drain_dlq(&sqs, &dlq_url).await?;
     let records = scan_records(&ddb, stack.function_var("IDEMPOTENCY_TABLE")?).await?;
     let ledger = sim.ledger().await?;
-    let verdict = verify(&sent, &ledger, &records, &dlq, depth);
+    let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
     let calls = ledger.calls_under(&run_id);
+    if let Some(run) = &api_run {
+        verdict.violations.extend(run.violations.iter().cloned());
+    }
 
     println!();
     println!("== summary (checked against the provider's ledger, the table and the DLQ) ==");
+    if let Some(run) = &api_run {
+        let mut l = run.latencies_ms.clone();
+        l.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        println!(
+            "API requests:             {} ({} replays, {} refused as planned), p50 {:.1} ms, p99 {:.1} ms",
+            run.requests, run.replays, run.refused, q(0.5), q(0.99)
+        );
+        println!(
+            "payments accepted:        {} (each relayed to the queue by the outbox)",
+            sent.len()
+        );
+    }
     verdict.print_counts(sent.len());
     println!("provider calls:           {calls} (retries with the same key included)");
     println!(

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::json;
 
+use crate::api_load::{final_statuses, post_load, wait_settled, ApiRun};
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
+use crate::client::ApiClient;
 use crate::esm::queue_depth;
 use crate::load::{malformed_bodies, payment_body, send_all, Expect, Planned};
 use crate::sim::SimClient;
@@ -27,6 +29,9 @@ pub struct E2eOptions {
     pub prefix: String,
     /// Give up after this long.
     pub max_duration: Duration,
+    /// The deployed payments API: the load goes through it (and the outbox, the stream and
+    /// the relay) instead of straight into the queue.
+    pub api_url: Option<String>,
 }
 
 async fn wait_drained(
@@ -102,6 +107,9 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
         })
         .collect();
 
+    if let Some(api_url) = &opts.api_url {
+        return through_api(sdk, opts, api_url, &first, &second, &flaky, started).await;
+    }
     let mut sent = Vec::new();
     for (wave, load) in [(1, &first), (2, &second)] {
         let bodies: Vec<String> = load.iter().map(|x| x.body.clone()).collect();
@@ -140,6 +148,73 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
     verdict.print_counts(sent.len());
     println!("redelivered after a batch item failure: {flaky} ({flaky_attempts} attempts, {flaky_calls} provider calls)");
     println!("provider calls:         {provider_calls}");
+    println!(
+        "took:                   {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if verdict.violations.is_empty() {
+        println!("E2E OK");
+    } else {
+        println!("E2E FAILED: {} violations", verdict.violations.len());
+        verdict.print_violations(30);
+    }
+    Ok(verdict)
+}
+
+/// The e2e load through the deployed API: three concurrent POSTs per payment in the first wave,
+/// retries of eight of them in the second; checked from the API's answers, its `GET` statuses,
+/// the provider's ledger, the table and the DLQ.
+async fn through_api(
+    sdk: &aws_config::SdkConfig,
+    opts: &E2eOptions,
+    api_url: &str,
+    first: &[Planned],
+    second: &[Planned],
+    flaky: &str,
+    started: Instant,
+) -> Result<Verdict> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sim = SimClient::new(&opts.sim_url);
+    let client = ApiClient::new(api_url, sdk)?;
+    let mut answers = std::collections::HashMap::new();
+    let mut run = ApiRun::default();
+    for (wave, load, copies) in [(1, first, 3), (2, second, 1)] {
+        let r = post_load(&client, load, copies, &mut answers).await?;
+        println!(
+            "wave {wave}: {} requests to the deployed API ({} replays, {} refused)",
+            r.requests, r.replays, r.refused
+        );
+        run.merge(r);
+        wait_settled(&client, &run.sent, started, opts.max_duration).await?;
+    }
+    wait_drained(&sqs, &opts.queue_url, started, opts.max_duration).await?;
+    let depth = queue_depth(&sqs, &opts.queue_url).await?;
+    let dlq = drain_dlq(&sqs, &opts.dlq_url).await?;
+    let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &opts.table).await?;
+    let ledger = sim.ledger().await?;
+    let mut verdict = verify(&run.sent, &ledger, &records, &dlq, depth);
+    verdict.violations.extend(run.violations.clone());
+    let (statuses, wrong) = final_statuses(&client, &run.sent).await?;
+    verdict.violations.extend(wrong);
+    let flaky_attempts = records.get(flaky).map(|r| r.attempts).unwrap_or(0);
+    if flaky_attempts < 2 {
+        verdict.violations.push(format!(
+            "{flaky} should have failed its first delivery and been charged on a redelivery: {flaky_attempts} attempts"
+        ));
+    }
+    println!();
+    println!("== e2e through the deployed API (answers, GET, ledger, table, DLQ) ==");
+    println!(
+        "API requests:           {} ({} replays, {} refused as planned)",
+        run.requests, run.replays, run.refused
+    );
+    println!("payments accepted:      {}", run.sent.len());
+    println!("GET statuses:           {statuses:?}");
+    verdict.print_counts(run.sent.len());
+    println!(
+        "provider calls:         {}",
+        ledger.calls_under(&opts.prefix)
+    );
     println!(
         "took:                   {:.1} s",
         started.elapsed().as_secs_f64()

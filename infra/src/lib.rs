@@ -6,6 +6,7 @@
 //! simulator, [`load`] generates payments with known outcomes, [`check`] verifies a run from the
 //! outside, and [`demo`] ties them together. The `payctl` binary is the CLI over all of it.
 
+pub mod api_load;
 pub mod bench;
 pub mod chaos;
 pub mod check;

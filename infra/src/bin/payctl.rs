@@ -92,6 +92,9 @@ enum Command {
         sim_url: String,
         #[arg(long, default_value = "e2e")]
         prefix: String,
+        /// The deployed payments API: send the load through it (default: straight to the queue).
+        #[arg(long)]
+        api_url: Option<String>,
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
     },
@@ -149,6 +152,51 @@ enum Command {
         #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
         search_lag_seconds: u64,
     },
+    /// Create a payment through the payments API (POST /v1/payments, SigV4-signed). Prints the
+    /// API's answer; safe to run again with the same --idempotency-key.
+    Pay {
+        /// The API's base URL (the stack's PaymentsApiUrl output).
+        #[arg(long, env = "PAYMENTS_API_URL")]
+        api_url: String,
+        /// Minor units (1999 is 19.99 USD).
+        #[arg(long)]
+        amount: i64,
+        /// ISO 4217 code.
+        #[arg(long)]
+        currency: String,
+        #[arg(long)]
+        customer: String,
+        /// A provider payment method id (never a card number).
+        #[arg(long, default_value = "pm_card_visa")]
+        payment_method: String,
+        #[arg(long)]
+        description: Option<String>,
+        /// The payment's id end to end; a random one when not given (printed).
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Read a payment through the payments API (GET /v1/payments/{id}).
+    Get {
+        payment_id: String,
+        #[arg(long, env = "PAYMENTS_API_URL")]
+        api_url: String,
+    },
+    /// Serve the payments API locally (the same code as the payments-api Lambda).
+    Api {
+        #[command(subcommand)]
+        command: ApiCommand,
+    },
+    /// Relay the payments table's outbox stream to the payments queue, as the outbox-relay
+    /// Lambda's stream trigger does (local runs).
+    Relay {
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        /// On a FIFO queue: message groups per customer or per payment.
+        #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
+        group_by: String,
+    },
     /// Print a payment's idempotency record.
     Status {
         payment_id: String,
@@ -189,6 +237,22 @@ enum Command {
         pollers: usize,
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
+        /// Send raw messages straight into the queue instead of through the payments API.
+        #[arg(long)]
+        direct: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApiCommand {
+    /// Serve POST/GET /v1/payments on a local address until stopped.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        address: String,
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        idempotency_table: String,
     },
 }
 
@@ -221,7 +285,10 @@ async fn main() -> Result<()> {
     // FAILPOINTS=name=action;... (debug builds with the failpoints feature only).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
-    if matches!(cli.command, Command::Run { .. }) {
+    if matches!(
+        cli.command,
+        Command::Run { .. } | Command::Api { .. } | Command::Relay { .. }
+    ) {
         payment_core::telemetry::init();
     }
     let sdk = payment_core::bootstrap::sdk_config().await;
@@ -338,6 +405,7 @@ async fn main() -> Result<()> {
             table,
             sim_url,
             prefix,
+            api_url,
             max_seconds,
         } => {
             let verdict = payment_infra::e2e::run(
@@ -349,6 +417,7 @@ async fn main() -> Result<()> {
                     sim_url,
                     prefix,
                     max_duration: Duration::from_secs(max_seconds),
+                    api_url,
                 },
             )
             .await?;
@@ -487,6 +556,73 @@ async fn main() -> Result<()> {
                 bail!("{failed} of {} payments could not be reconciled", ids.len());
             }
         }
+        Command::Pay {
+            api_url,
+            amount,
+            currency,
+            customer,
+            payment_method,
+            description,
+            idempotency_key,
+        } => {
+            let key =
+                idempotency_key.unwrap_or_else(|| format!("pay_{}", uuid::Uuid::new_v4().simple()));
+            let mut body = serde_json::json!({
+                "amount": amount, "currency": currency, "customer_id": customer,
+                "payment_method": payment_method,
+            });
+            if let Some(d) = description {
+                body["description"] = d.into();
+            }
+            let client = payment_infra::client::ApiClient::new(&api_url, &sdk)?;
+            let answer = client.create(&key, &body.to_string()).await?;
+            print_answer(&answer, Some(&key))?;
+        }
+        Command::Get {
+            payment_id,
+            api_url,
+        } => {
+            let client = payment_infra::client::ApiClient::new(&api_url, &sdk)?;
+            let answer = client.get(&payment_id).await?;
+            print_answer(&answer, None)?;
+        }
+        Command::Api {
+            command:
+                ApiCommand::Serve {
+                    address,
+                    table,
+                    idempotency_table,
+                },
+        } => {
+            let config = payment_core::config::ApiConfig::from_lookup(|k| match k {
+                "PAYMENTS_TABLE" => Some(table.clone()),
+                "IDEMPOTENCY_TABLE" => Some(idempotency_table.clone()),
+                other => std::env::var(other).ok(),
+            })?;
+            let api =
+                payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(&sdk));
+            let server =
+                payment_infra::local_api::LocalApi::start(std::sync::Arc::new(api), &address)
+                    .await?;
+            eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
+            server.wait().await?;
+        }
+        Command::Relay {
+            table,
+            queue_url,
+            group_by,
+        } => {
+            let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
+                "PAYMENTS_TABLE" => Some(table.clone()),
+                "PAYMENTS_QUEUE_URL" => Some(queue_url.clone()),
+                "FIFO_GROUP_BY" => Some(group_by.clone()),
+                other => std::env::var(other).ok(),
+            })?;
+            let relay = std::sync::Arc::new(payment_core::bootstrap::build_relay(&config, &sdk));
+            let _mapping = payment_infra::stream::start(&sdk, &table, relay).await?;
+            eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
+            tokio::signal::ctrl_c().await?;
+        }
         Command::Status { payment_id, table } => {
             let store =
                 payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
@@ -539,6 +675,7 @@ async fn main() -> Result<()> {
             seed,
             pollers,
             fault_rate,
+            direct,
         } => {
             let verdict = demo::run(
                 &sdk,
@@ -548,6 +685,7 @@ async fn main() -> Result<()> {
                     seed,
                     pollers,
                     fault_rate,
+                    direct,
                 },
             )
             .await?;
@@ -555,6 +693,23 @@ async fn main() -> Result<()> {
                 std::process::exit(1);
             }
         }
+    }
+    Ok(())
+}
+
+/// Prints an API answer (the body, pretty) and fails on an error status.
+fn print_answer(answer: &payment_infra::client::Answer, key: Option<&str>) -> Result<()> {
+    let body = answer.json()?;
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    if answer.replayed {
+        eprintln!("(replayed: the API already held this Idempotency-Key; nothing new was created)");
+    }
+    if answer.status >= 400 {
+        let retry = match (answer.status >= 500, key) {
+            (true, Some(k)) => format!("; retry with --idempotency-key {k}"),
+            _ => String::new(),
+        };
+        bail!("the API answered {}{retry}", answer.status);
     }
     Ok(())
 }
