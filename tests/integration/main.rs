@@ -4,6 +4,7 @@
 //!
 //! The numbered tests are the acceptance list of the consumer's issue.
 
+mod api;
 mod chaos;
 mod exactly_once;
 mod failures;

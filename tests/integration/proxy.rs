@@ -2,9 +2,11 @@
 //! DynamoDB call of a given operation whose body names a given key, lets the endpoint apply
 //! it, and then closes the client's connection without answering, as a network that dropped
 //! the response would. The SDK retries the call; what the retry meets is the test's subject.
+//! Or, started refusing, it answers every such call `500` without forwarding it, as an
+//! endpoint that refuses the operation would, until told to stop.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full};
@@ -24,6 +26,8 @@ struct Rule {
     dropped: AtomicU64,
     /// Calls of the operation that named the key (the applied one and its retries).
     matching: AtomicU64,
+    /// Refuse matching calls with `500` instead of forwarding them.
+    refusing: AtomicBool,
 }
 
 /// A running proxy; stops when dropped.
@@ -56,6 +60,7 @@ impl AnswerDroppingProxy {
             needle: needle.to_owned(),
             dropped: AtomicU64::new(0),
             matching: AtomicU64::new(0),
+            refusing: AtomicBool::new(false),
         });
         let shared = rule.clone();
         let task = tokio::spawn(async move {
@@ -73,6 +78,20 @@ impl AnswerDroppingProxy {
             }
         });
         Self { url, rule, task }
+    }
+
+    /// Starts a proxy that refuses every call of `target` naming `needle` with `500` (and
+    /// drops no answer) until [`Self::refuse`] turns it off.
+    pub async fn start_refusing(upstream: &str, target: &str, needle: &str) -> Self {
+        let proxy = Self::start(upstream, target, needle).await;
+        proxy.rule.dropped.store(1, Ordering::SeqCst);
+        proxy.refuse(true);
+        proxy
+    }
+
+    /// Turns refusing on or off.
+    pub fn refuse(&self, on: bool) {
+        self.rule.refusing.store(on, Ordering::SeqCst);
     }
 
     /// Answers dropped so far.
@@ -101,6 +120,23 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
+    let is_match = parts
+        .headers
+        .get("x-amz-target")
+        .is_some_and(|v| v.as_bytes() == rule.target.as_bytes())
+        && String::from_utf8_lossy(&body).contains(&rule.needle);
+    if is_match && rule.refusing.load(Ordering::SeqCst) {
+        rule.matching.fetch_add(1, Ordering::SeqCst);
+        let mut refused = Response::new(Full::new(Bytes::from_static(
+            br#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"refused by the test's proxy"}"#,
+        )));
+        *refused.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+        refused.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/x-amz-json-1.0"),
+        );
+        return Ok(refused);
+    }
     let mut out = rule
         .http
         .request(parts.method.clone(), format!("{}{path}", rule.upstream));
@@ -114,11 +150,6 @@ async fn forward(
         .send()
         .await
         .map_err(std::io::Error::other)?;
-    let is_match = parts
-        .headers
-        .get("x-amz-target")
-        .is_some_and(|v| v.as_bytes() == rule.target.as_bytes())
-        && String::from_utf8_lossy(&body).contains(&rule.needle);
     if is_match {
         rule.matching.fetch_add(1, Ordering::SeqCst);
         if rule

@@ -1,0 +1,338 @@
+//! The payments API, its outbox and the relay, against the local AWS endpoint and the provider
+//! simulator: the failure tests of the API's issue. Each test serves the API and relays the
+//! outbox of its own stack (provisioned from `template.yaml`, the payments table and its
+//! stream included); processes are killed where a crash is the subject.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use payment_core::api::PaymentsApi;
+use payment_core::config::{ApiConfig, RelayConfig};
+use payment_infra::client::{Answer, ApiClient};
+use payment_infra::local_api::LocalApi;
+use payment_infra::stream::{self, StreamMapping};
+
+use crate::helpers::*;
+use crate::proxy::AnswerDroppingProxy;
+
+const BODY: &str =
+    r#"{"amount":2500,"currency":"usd","customer_id":"cus_api","payment_method":"pm_card_visa"}"#;
+
+fn api_config(t: &TestStack) -> ApiConfig {
+    ApiConfig::from_lookup(|k| {
+        t.stack
+            .var_of("PaymentsApiFunction", k)
+            .ok()
+            .map(str::to_owned)
+    })
+    .expect("the API's configuration from the template")
+}
+
+fn relay_config(t: &TestStack) -> RelayConfig {
+    RelayConfig::from_lookup(|k| {
+        t.stack
+            .var_of("OutboxRelayFunction", k)
+            .ok()
+            .map(str::to_owned)
+    })
+    .expect("the relay's configuration from the template")
+}
+
+async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalApi {
+    let api: PaymentsApi = payment_core::bootstrap::build_api(&api_config(t), ddb);
+    LocalApi::start(Arc::new(api), "127.0.0.1:0")
+        .await
+        .expect("serving the API")
+}
+
+async fn relay(t: &TestStack) -> StreamMapping {
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let relay = payment_core::bootstrap::build_relay(&relay_config(t), &sdk);
+    stream::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
+        .await
+        .expect("relaying the outbox stream")
+}
+
+async fn client(url: &str) -> ApiClient {
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    ApiClient::new(url, &sdk).expect("API client")
+}
+
+/// Waits until the relay has put `n` messages on the queue.
+async fn relayed(mapping: &StreamMapping, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while mapping
+        .stats
+        .relayed
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < n
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not publish {n} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Items of the payments table by kind (`payment`, `outbox`).
+async fn items(t: &TestStack, kind: &str) -> usize {
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let out = aws_sdk_dynamodb::Client::new(&sdk)
+        .scan()
+        .table_name(t.stack.payments_table().unwrap())
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("scanning the payments table");
+    out.items()
+        .iter()
+        .filter(|i| {
+            i.get("kind")
+                .and_then(|v| v.as_s().ok())
+                .map(String::as_str)
+                == Some(kind)
+        })
+        .count()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `payctl api serve` as its own process (so that a failpoint can kill it).
+async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> tokio::process::Child {
+    let config = api_config(t);
+    let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
+    cmd.args(["api", "serve", "--address", &format!("127.0.0.1:{port}")])
+        .env("PAYMENTS_TABLE", &config.payments_table)
+        .env("IDEMPOTENCY_TABLE", &config.idempotency_table)
+        .env_remove("FAILPOINTS")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if let Some(f) = failpoints {
+        cmd.env("FAILPOINTS", f);
+    }
+    let child = cmd.spawn().expect("starting payctl api serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "payctl api serve did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child
+}
+
+/// 50 concurrent POSTs with one key: one payment, one outbox entry, every answer the same
+/// bytes (one creation, 49 replays), and one charge once relayed and processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
+    let t = TestStack::new("api-fifty").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    let key = t.pid("p1");
+    let answers: Vec<Answer> = join_all((0..50).map(|_| c.create(&key, BODY)))
+        .await
+        .into_iter()
+        .map(|a| a.expect("an answer"))
+        .collect();
+    assert!(answers.iter().all(|a| a.status == 202), "{answers:?}");
+    assert_eq!(
+        answers.iter().filter(|a| !a.replayed).count(),
+        1,
+        "one creation"
+    );
+    assert!(
+        answers.iter().all(|a| a.body == answers[0].body),
+        "identical bodies"
+    );
+    assert_eq!(items(&t, "payment").await, 1);
+    assert_eq!(items(&t, "outbox").await, 1);
+
+    let mapping = relay(&t).await;
+    relayed(&mapping, 1).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &key).await;
+    let got = c.get(&key).await.unwrap().json().unwrap();
+    assert_eq!(got["status"], "succeeded");
+    assert_eq!(got["amount"], 2500);
+    assert_eq!(t.record(&key).await.unwrap().attempts, 1);
+}
+
+/// The API killed between its transaction and its answer: the client sees a broken
+/// connection, retries with the same key against the restarted API, gets the stored answer,
+/// and the payment is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
+    let t = TestStack::new("api-killed").await;
+    let port = free_port();
+    let mut crashing = api_process(&t, port, Some("api_after_transaction=return")).await;
+    let c = client(&format!("http://127.0.0.1:{port}")).await;
+    let key = t.pid("p1");
+    assert!(
+        c.create(&key, BODY).await.is_err(),
+        "the API died before answering"
+    );
+    let status = crashing.wait().await.expect("the crashed API's exit");
+    assert!(!status.success(), "killed at the failpoint: {status:?}");
+    assert_eq!(items(&t, "payment").await, 1, "the transaction committed");
+
+    let _restarted = api_process(&t, port, None).await;
+    let retry = c.create(&key, BODY).await.expect("the retry's answer");
+    assert_eq!(retry.status, 202, "{}", retry.body);
+    assert!(retry.replayed, "the stored answer");
+    assert_eq!(retry.json().unwrap()["id"], key.as_str());
+    let mapping = relay(&t).await;
+    relayed(&mapping, 1).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &key).await;
+    assert_eq!(items(&t, "outbox").await, 1);
+}
+
+/// The relay killed after `SendMessageBatch` and before marking the entry: the restarted
+/// relay sends the message again; the processor charges once and absorbs the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once() {
+    let t = TestStack::new("relay-killed").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    let key = t.pid("p1");
+    assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
+
+    let config = relay_config(&t);
+    let status = tokio::process::Command::new(root().join("target/debug/payctl"))
+        .args([
+            "relay",
+            "--table",
+            &config.payments_table,
+            "--queue-url",
+            &config.queue_url,
+        ])
+        .env("FAILPOINTS", "relay_after_send=return")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("the relay crashed at its failpoint within 30 s")
+        .expect("running payctl relay");
+    assert!(!status.success(), "killed after sending: {status:?}");
+    assert_eq!(t.depth().await, 1, "the message was sent before the crash");
+
+    let mapping = relay(&t).await;
+    relayed(&mapping, 1).await;
+    assert_eq!(
+        t.depth().await,
+        2,
+        "sent again: the entry was never marked published"
+    );
+    let stats = t.drain(1).await;
+    assert_charged_once(&t, &key).await;
+    assert_eq!(stats.summary.charged, 1);
+    assert_eq!(
+        stats.summary.duplicates, 1,
+        "the copy is absorbed by the record"
+    );
+    assert_eq!(
+        c.get(&key).await.unwrap().json().unwrap()["status"],
+        "succeeded"
+    );
+}
+
+/// The table refusing the transaction: the client gets a 5xx, nothing is stored (no payment,
+/// no outbox entry, GET is 404), and the retry with the same key creates the payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transaction_is_a_5xx_stores_nothing_and_the_retry_works() {
+    let t = TestStack::new("api-refused").await;
+    let key = t.pid("p1");
+    let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let proxy = AnswerDroppingProxy::start_refusing(
+        &upstream,
+        "DynamoDB_20120810.TransactWriteItems",
+        &key,
+    )
+    .await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let through_proxy = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let server = serve(&t, through_proxy).await;
+    let c = client(server.url()).await;
+    let refused = c.create(&key, BODY).await.unwrap();
+    assert_eq!(refused.status, 500, "{}", refused.body);
+    assert_eq!(refused.json().unwrap()["error"]["type"], "api_error");
+    assert!(proxy.matching() >= 1);
+    assert_eq!(c.get(&key).await.unwrap().status, 404, "nothing stored");
+    assert_eq!(items(&t, "payment").await + items(&t, "outbox").await, 0);
+
+    proxy.refuse(false);
+    let created = c.create(&key, BODY).await.unwrap();
+    assert_eq!(created.status, 202, "{}", created.body);
+    assert!(!created.replayed, "created by the retry, not replayed");
+    let mapping = relay(&t).await;
+    relayed(&mapping, 1).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &key).await;
+}
+
+/// The transaction's answer lost on the way back: the SDK retries it, the retry meets the
+/// committed payment, and the client's first request already gets the payment (a replay of
+/// the same bytes a later retry gets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_transaction_answer_is_answered_with_the_stored_payment() {
+    let t = TestStack::new("api-lost").await;
+    let key = t.pid("p1");
+    let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let proxy =
+        AnswerDroppingProxy::start(&upstream, "DynamoDB_20120810.TransactWriteItems", &key).await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let through_proxy = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let server = serve(&t, through_proxy).await;
+    let c = client(server.url()).await;
+    let first = c.create(&key, BODY).await.unwrap();
+    assert_eq!(proxy.dropped(), 1, "the transaction's answer was dropped");
+    assert_eq!(first.status, 202, "{}", first.body);
+    let again = c.create(&key, BODY).await.unwrap();
+    assert_eq!(again.body, first.body);
+    assert_eq!(items(&t, "payment").await, 1);
+    assert_eq!(items(&t, "outbox").await, 1);
+}
+
+/// A payment the processor dead-letters reads back as `dead_lettered` with its error_code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
+    let t = TestStack::new("api-dead").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    let key = t.pid("p1");
+    let rejected = BODY.replace("pm_card_visa", "pm_card_invalid");
+    assert_eq!(c.create(&key, &rejected).await.unwrap().status, 202);
+    assert_eq!(
+        c.get(&key).await.unwrap().json().unwrap()["status"],
+        "pending"
+    );
+    let mapping = relay(&t).await;
+    relayed(&mapping, 1).await;
+    t.drain(1).await;
+    let got = c.get(&key).await.unwrap().json().unwrap();
+    assert_eq!(got["status"], "dead_lettered", "{got}");
+    assert_eq!(got["error_code"], "provider_rejected");
+    assert_eq!(t.dead_letters().await.len(), 1);
+}
