@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, StreamSpecification, StreamViewType,
 };
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use payment_core::domain::PaymentId;
@@ -77,6 +77,18 @@ pub async fn run(sdk: &aws_config::SdkConfig) -> Vec<CheckResult> {
         }),
     }
     let _ = ddb.delete_table().table_name(&table).send().await;
+    let payments = format!("{prefix}-payments");
+    results.push(with_table(
+        "transact-write-all-or-nothing",
+        "TransactWriteItems applies both puts or neither, and of racing creations of one payment exactly one commits",
+        transact_write_all_or_nothing(&ddb, &payments).await,
+    ));
+    results.push(with_table(
+        "stream-insert-images",
+        "a table's stream yields each new item as an INSERT record with its NewImage and sequence number, and an update as MODIFY",
+        stream_insert_images(sdk, &ddb, &payments).await,
+    ));
+    let _ = ddb.delete_table().table_name(&payments).send().await;
     results.push(with_table(
         "visibility-and-receive-count",
         "ChangeMessageVisibility takes effect; ApproximateReceiveCount and ApproximateFirstReceiveTimestamp are kept",
@@ -128,8 +140,17 @@ fn s(v: &str) -> AttributeValue {
 }
 
 async fn create_table(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<()> {
+    create_table_with(ddb, table, None).await
+}
+
+async fn create_table_with(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    stream: Option<StreamSpecification>,
+) -> Result<()> {
     ddb.create_table()
         .table_name(table)
+        .set_stream_specification(stream)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(
             AttributeDefinition::builder()
@@ -469,4 +490,158 @@ async fn fifo_group_blocking(sqs: &aws_sdk_sqs::Client, prefix: &str) -> Result<
         Ok("the group waited for its message in flight, then went on in order".into())
     })
     .await
+}
+
+/// The payments API's own creation, raced by several writers per key over a table with a
+/// stream: one `Created` per key, every other writer finds that payment, each key holds one
+/// payment row and one outbox entry; and a transaction whose second put is refused leaves no
+/// trace of its first.
+async fn transact_write_all_or_nothing(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<String> {
+    use payment_core::api::{Creation, PaymentsStore, StoredPayment};
+    use payment_core::outbox::OutboxEntry;
+    use payment_core::payments_table::DynamoPayments;
+    let stream = StreamSpecification::builder()
+        .stream_enabled(true)
+        .stream_view_type(StreamViewType::NewImage)
+        .build()?;
+    create_table_with(ddb, table, Some(stream)).await?;
+    let store = Arc::new(DynamoPayments::new(ddb.clone(), table, table));
+    let payment = |id: &str| StoredPayment {
+        id: id.to_owned(),
+        amount: 100,
+        currency: "usd".into(),
+        customer_id: "cus_conformance".into(),
+        created: 1,
+        request_hash: "h".into(),
+        response_status: 202,
+        response_body: format!("{{\"id\":\"{id}\"}}"),
+        expires_at_s: 0,
+    };
+    let entry = |id: &str| OutboxEntry {
+        payment_id: id.to_owned(),
+        message: "{}".into(),
+        created_at: 1,
+        customer_id: "cus_conformance".into(),
+    };
+    const TX_KEYS: usize = 20;
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..TX_KEYS {
+        for _ in 0..WRITERS {
+            let store = store.clone();
+            let id = format!("tx-{k}");
+            let (p, e) = (payment(&id), entry(&id));
+            tasks.spawn(async move { (id, store.create(&p, &e, 0).await) });
+        }
+    }
+    let mut created: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (id, result) = joined?;
+        match result.with_context(|| format!("creating {id}"))? {
+            Creation::Created => *created.entry(id).or_default() += 1,
+            Creation::Exists(p) if p.id == id => {}
+            Creation::Exists(p) => bail!("creating {id} found another payment: {}", p.id),
+        }
+    }
+    if let Some((id, n)) = created.iter().find(|(_, n)| **n != 1) {
+        bail!("{n} of {WRITERS} racing creations of {id} committed");
+    }
+    if created.len() != TX_KEYS {
+        bail!("only {} of {TX_KEYS} payments were created", created.len());
+    }
+    let items = ddb.scan().table_name(table).consistent_read(true).send().await?;
+    if items.items().len() != 2 * TX_KEYS {
+        bail!("{} items for {TX_KEYS} payments (one row and one outbox entry each)", items.items().len());
+    }
+    // A stray outbox entry makes the second put fail: the first must not stay.
+    ddb.put_item()
+        .table_name(table)
+        .set_item(Some(entry("tx-orphan").to_item(0)))
+        .send()
+        .await?;
+    if store.create(&payment("tx-orphan"), &entry("tx-orphan"), 0).await.is_ok() {
+        bail!("a transaction whose outbox put was refused reported success");
+    }
+    if store.payment("tx-orphan").await?.is_some() {
+        bail!("a cancelled transaction left its payment row behind");
+    }
+    Ok(format!(
+        "{TX_KEYS} keys x {WRITERS} racing creations: one commit each; a cancelled transaction left nothing"
+    ))
+}
+
+/// The outbox feed: the stream of the table [`transact_write_all_or_nothing`] wrote, read as
+/// the relay's event source reads it.
+async fn stream_insert_images(
+    sdk: &aws_config::SdkConfig,
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<String> {
+    let streams = aws_sdk_dynamodbstreams::Client::new(sdk);
+    let arn = ddb
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await?
+        .table()
+        .and_then(|t| t.latest_stream_arn())
+        .map(str::to_owned)
+        .context("the table has no LatestStreamArn")?;
+    ddb.update_item()
+        .table_name(table)
+        .key("pk", s("outbox#tx-0"))
+        .update_expression("SET published_at = :t")
+        .expression_attribute_values(":t", AttributeValue::N("1".into()))
+        .send()
+        .await?;
+    let description = streams.describe_stream().stream_arn(&arn).send().await?;
+    let shards: Vec<String> = description
+        .stream_description()
+        .map(|d| d.shards().iter().filter_map(|s| s.shard_id().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let (mut inserts, mut modifies, mut sequenced) = (0, 0, 0);
+    for shard in &shards {
+        let mut it = streams
+            .get_shard_iterator()
+            .stream_arn(&arn)
+            .shard_id(shard)
+            .shard_iterator_type(aws_sdk_dynamodbstreams::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await?
+            .shard_iterator()
+            .map(str::to_owned);
+        for _ in 0..20 {
+            let Some(i) = it.take() else { break };
+            let out = streams.get_records().shard_iterator(i).send().await?;
+            if out.records().is_empty() {
+                break;
+            }
+            for r in out.records() {
+                use aws_sdk_dynamodbstreams::types::OperationType;
+                let change = r.dynamodb();
+                let has_kind = change
+                    .and_then(|c| c.new_image())
+                    .is_some_and(|img| img.contains_key("kind"));
+                if change.and_then(|c| c.sequence_number()).is_some() {
+                    sequenced += 1;
+                }
+                match r.event_name() {
+                    Some(OperationType::Insert) if has_kind => inserts += 1,
+                    Some(OperationType::Modify) => modifies += 1,
+                    _ => {}
+                }
+            }
+            it = out.next_shard_iterator().map(str::to_owned);
+        }
+    }
+    // 20 payments x (row + entry) and the orphan entry; the update is one MODIFY.
+    if inserts < 41 || modifies != 1 || sequenced < inserts + modifies {
+        bail!("the stream held {inserts} INSERT records with images (41 expected), {modifies} MODIFY (1 expected), {sequenced} with sequence numbers");
+    }
+    Ok(format!(
+        "{inserts} INSERT records with their NewImage, {modifies} MODIFY, in {} shard(s)",
+        shards.len()
+    ))
 }
