@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make package: `sam build` of the function (BuildMethod: rust-cargolambda, cargo-lambda and
-# zig from PyPI), then checks that the bootstrap is a stripped ELF of the wanted architecture.
+# make package: `sam build` of the functions (BuildMethod: rust-cargolambda, cargo-lambda and
+# zig from PyPI), then checks that each bootstrap is an ELF of the wanted architecture.
 # Usage: package.sh [arm64|x86_64]   (default arm64)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -20,9 +20,9 @@ if ! rustup target list --installed | grep -qx "$target"; then
 fi
 cd "$ROOT"
 sam build --template template.yaml --build-dir ".aws-sam/build-$arch" --parameter-overrides "Architecture=$arch"
-bootstrap=".aws-sam/build-$arch/PaymentProcessorFunction/bootstrap"
-"$ROOT/.venv-sam/bin/python" - "$bootstrap" "$machine" "$arch" <<'PY'
-import struct, sys
+for function in PaymentProcessorFunction PaymentsApiFunction OutboxRelayFunction; do
+"$ROOT/.venv-sam/bin/python" - ".aws-sam/build-$arch/$function/bootstrap" "$machine" "$arch" <<'PY'
+import os, struct, sys
 path, machine, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with open(path, "rb") as f:
     head = f.read(64)
@@ -31,6 +31,6 @@ if head[:4] != b"\x7fELF":
 (e_machine,) = struct.unpack_from("<H", head, 18)
 if e_machine != machine:
     sys.exit(f"{path} is for machine {e_machine}, not {arch} ({machine})")
-import os
 print(f"{path}: ELF for {arch} (e_machine {e_machine}), {os.path.getsize(path)} bytes")
 PY
+done

@@ -691,7 +691,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
 /// that says `succeeded` (the API, the outbox stream, the relay, the queue, the processor and
 /// the provider; five payments at a time). The API, relay and processor run in this process;
 /// their AWS calls go to the emulator.
-async fn api_measurement(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<serde_json::Value> {
+async fn api_measurement(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+) -> Result<serde_json::Value> {
     use futures::stream::{self, StreamExt};
     use payment_core::config::{ApiConfig, RelayConfig};
     let (name, stack) = bench_stack(sdk, opts, "bench-api").await?;
@@ -704,16 +707,25 @@ async fn api_measurement(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Re
         aws_sdk_dynamodb::Client::new(sdk),
     );
     let server = crate::local_api::LocalApi::start(Arc::new(api), "127.0.0.1:0").await?;
-    let relay = payment_core::bootstrap::build_relay(&RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?, sdk);
+    let relay = payment_core::bootstrap::build_relay(
+        &RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?,
+        sdk,
+    );
     let _mapping = crate::stream::start(sdk, stack.payments_table()?, Arc::new(relay)).await?;
     let config = config_for(&stack, &bench_overrides())?;
     let processor = payment_core::bootstrap::build_processor(&config, sdk).await?;
     let mut esm_options = esm_opts(&stack, opts.pollers);
     esm_options.until_empty = false;
-    let consumer = tokio::spawn(esm::run(processor, aws_sdk_sqs::Client::new(sdk), esm_options));
+    let consumer = tokio::spawn(esm::run(
+        processor,
+        aws_sdk_sqs::Client::new(sdk),
+        esm_options,
+    ));
     let client = crate::client::ApiClient::new(server.url(), sdk)?;
     let body = |i: usize| {
-        let b: serde_json::Value = serde_json::from_str(&payment_body("x", 1000 + i as i64, "pm_card_visa")).unwrap_or_default();
+        let b: serde_json::Value =
+            serde_json::from_str(&payment_body("x", 1000 + i as i64, "pm_card_visa"))
+                .unwrap_or_default();
         let mut b = b.as_object().cloned().unwrap_or_default();
         b.remove("payment_id");
         serde_json::Value::Object(b).to_string()

@@ -551,9 +551,17 @@ async fn transact_write_all_or_nothing(
     if created.len() != TX_KEYS {
         bail!("only {} of {TX_KEYS} payments were created", created.len());
     }
-    let items = ddb.scan().table_name(table).consistent_read(true).send().await?;
+    let items = ddb
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await?;
     if items.items().len() != 2 * TX_KEYS {
-        bail!("{} items for {TX_KEYS} payments (one row and one outbox entry each)", items.items().len());
+        bail!(
+            "{} items for {TX_KEYS} payments (one row and one outbox entry each)",
+            items.items().len()
+        );
     }
     // A stray outbox entry makes the second put fail: the first must not stay.
     ddb.put_item()
@@ -561,7 +569,11 @@ async fn transact_write_all_or_nothing(
         .set_item(Some(entry("tx-orphan").to_item(0)))
         .send()
         .await?;
-    if store.create(&payment("tx-orphan"), &entry("tx-orphan"), 0).await.is_ok() {
+    if store
+        .create(&payment("tx-orphan"), &entry("tx-orphan"), 0)
+        .await
+        .is_ok()
+    {
         bail!("a transaction whose outbox put was refused reported success");
     }
     if store.payment("tx-orphan").await?.is_some() {
@@ -599,7 +611,12 @@ async fn stream_insert_images(
     let description = streams.describe_stream().stream_arn(&arn).send().await?;
     let shards: Vec<String> = description
         .stream_description()
-        .map(|d| d.shards().iter().filter_map(|s| s.shard_id().map(str::to_owned)).collect())
+        .map(|d| {
+            d.shards()
+                .iter()
+                .filter_map(|s| s.shard_id().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
     let (mut inserts, mut modifies, mut sequenced) = (0, 0, 0);
     for shard in &shards {

@@ -19,6 +19,7 @@ pub mod esm;
 pub mod load;
 pub mod local_api;
 pub mod reconcile;
+pub mod republish;
 pub mod runtime_api;
 pub mod sim;
 pub mod stream;

@@ -336,3 +336,94 @@ async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
     assert_eq!(got["error_code"], "provider_rejected");
     assert_eq!(t.dead_letters().await.len(), 1);
 }
+
+/// Entries the relay never published (its event source gave up) are found by
+/// `payctl outbox pending` and sent by `payctl outbox republish`, once: a second republish
+/// finds nothing, and the payment is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublished_outbox_entries_are_republished_once() {
+    let t = TestStack::new("republish").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    let key = t.pid("p1");
+    assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
+    let config = relay_config(&t);
+    let payctl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+        cmd.args(["outbox"]).args(args).args([
+            "--table",
+            &config.payments_table,
+            "--older-than",
+            "0",
+        ]);
+        let out = cmd.output().expect("running payctl outbox");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let pending = payctl(&["pending"]);
+    assert!(pending.contains(&key), "{pending}");
+    assert!(pending.contains("1 unpublished"), "{pending}");
+    let sent = payctl(&["republish", "--queue-url", &config.queue_url]);
+    assert!(sent.contains("republished 1 of 1"), "{sent}");
+    assert_eq!(t.depth().await, 1);
+    let again = payctl(&["republish", "--queue-url", &config.queue_url]);
+    assert!(again.contains("republished 0 of 0"), "{again}");
+    t.drain(1).await;
+    assert_charged_once(&t, &key).await;
+}
+
+/// On a FIFO payments queue the relay sets MessageDeduplicationId = payment_id and groups by
+/// customer: one customer's payments in acceptance order, in one group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
+    let t = TestStack::fifo("api-fifo").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    let keys: Vec<String> = (0..3).map(|i| t.pid(&format!("p{i}"))).collect();
+    for k in &keys {
+        assert_eq!(c.create(k, BODY).await.unwrap().status, 202);
+    }
+    let mapping = relay(&t).await;
+    relayed(&mapping, 3).await;
+    drop(mapping);
+    let records = t.receive_records(3).await;
+    let seen: Vec<(String, String, String)> = records
+        .iter()
+        .map(|r| {
+            let body: serde_json::Value =
+                serde_json::from_str(r.body.as_deref().unwrap_or("{}")).unwrap();
+            (
+                body["payment_id"].as_str().unwrap_or_default().to_owned(),
+                r.attributes
+                    .get("MessageGroupId")
+                    .cloned()
+                    .unwrap_or_default(),
+                r.attributes
+                    .get("MessageDeduplicationId")
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    let ids: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(
+        ids,
+        keys.iter().map(String::as_str).collect::<Vec<_>>(),
+        "in order"
+    );
+    for (id, group, dedup) in &seen {
+        assert_eq!(group, "cus_api");
+        assert_eq!(dedup, id);
+    }
+    let response = t.invoke(records).await;
+    assert!(response.batch_item_failures.is_empty());
+    for k in &keys {
+        assert_charged_once(&t, k).await;
+    }
+}

@@ -197,6 +197,12 @@ enum Command {
         #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
         group_by: String,
     },
+    /// Outbox entries the relay has not published (after RelayFailuresAlarm), and sending them
+    /// again.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
     /// Print a payment's idempotency record.
     Status {
         payment_id: String,
@@ -240,6 +246,30 @@ enum Command {
         /// Send raw messages straight into the queue instead of through the payments API.
         #[arg(long)]
         direct: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// List unpublished outbox entries older than --older-than seconds.
+    Pending {
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        /// Leave younger entries to the live relay.
+        #[arg(long, default_value_t = 60)]
+        older_than: u64,
+    },
+    /// Send unpublished outbox entries older than --older-than seconds to the payments queue
+    /// and mark them published (safe to repeat: the processor absorbs copies).
+    Republish {
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
+        group_by: String,
+        #[arg(long, default_value_t = 60)]
+        older_than: u64,
     },
 }
 
@@ -622,6 +652,51 @@ async fn main() -> Result<()> {
             let _mapping = payment_infra::stream::start(&sdk, &table, relay).await?;
             eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
             tokio::signal::ctrl_c().await?;
+        }
+        Command::Outbox { command } => {
+            use payment_infra::republish;
+            let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+            let before = |secs: u64| payment_core::processor::now_ms() - secs as i64 * 1000;
+            match command {
+                OutboxCommand::Pending { table, older_than } => {
+                    let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+                    for e in &entries {
+                        println!(
+                            "{}\tcreated_at {}\tcustomer {}",
+                            e.payment_id, e.created_at, e.customer_id
+                        );
+                    }
+                    println!(
+                        "{} unpublished outbox entries older than {older_than} s in {table}",
+                        entries.len()
+                    );
+                }
+                OutboxCommand::Republish {
+                    table,
+                    queue_url,
+                    group_by,
+                    older_than,
+                } => {
+                    let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
+                        "PAYMENTS_TABLE" => Some(table.clone()),
+                        "PAYMENTS_QUEUE_URL" => Some(queue_url.clone()),
+                        "FIFO_GROUP_BY" => Some(group_by.clone()),
+                        _ => None,
+                    })?;
+                    let relay = payment_core::bootstrap::build_relay(&config, &sdk);
+                    let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+                    let report = republish::republish(&relay, &entries).await;
+                    println!(
+                        "republished {} of {} unpublished outbox entries to {queue_url} ({} marked published)",
+                        report.sent,
+                        entries.len(),
+                        report.marked
+                    );
+                    if !report.errors.is_empty() {
+                        bail!("republishing stopped: {}", report.errors.join("; "));
+                    }
+                }
+            }
         }
         Command::Status { payment_id, table } => {
             let store =
