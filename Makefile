@@ -3,9 +3,11 @@
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
 
-## The local end-to-end run: installs what it needs, starts moto (or uses AWS_ENDPOINT_URL) and the provider simulator.
+## The local end-to-end run: installs what it needs, starts ministack (or uses AWS_ENDPOINT_URL) and the provider simulator.
+## Payments go through the payments API; ARGS=--direct sends raw messages into the queue.
+ARGS ?=
 demo:
-	bash infra/scripts/demo.sh
+	bash infra/scripts/demo.sh $(ARGS)
 
 ## The whole test suite, with its own emulator and simulator.
 test:
@@ -19,12 +21,12 @@ chaos:
 check-template:
 	bash infra/scripts/check-template.sh
 
-## sam build of the arm64 bootstrap (ARCH=x86_64 for the other), checked to be an ELF of that machine.
+## sam build of the arm64 bootstraps (ARCH=x86_64 for the other), each checked to be an ELF of that machine.
 ARCH ?= arm64
 package:
 	bash infra/scripts/package.sh $(ARCH)
 
-## sam build + sam deploy onto ministack, payments through the deployed event-source mapping.
+## sam build + sam deploy onto ministack, payments through the deployed API, stream, relay and event-source mapping.
 e2e-sam:
 	bash infra/scripts/e2e-sam.sh
 
