@@ -176,6 +176,28 @@ async fn through_api(
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let sim = SimClient::new(&opts.sim_url);
     let client = ApiClient::new(api_url, sdk)?;
+    // What the run relies on from the emulator's HTTP API, first: AWS_IAM refuses an unsigned
+    // request, and the Lambda proxy integration carries a signed request (path parameter
+    // included) to the function and its answer back.
+    let unsigned = reqwest::Client::new()
+        .get(format!("{api_url}/v1/payments/{}-probe", opts.prefix))
+        .send()
+        .await?;
+    if unsigned.status().as_u16() != 403 {
+        bail!(
+            "the deployed API answered an unsigned request with {}: its AWS_IAM authorization is not enforced",
+            unsigned.status()
+        );
+    }
+    let probe = client.get(&format!("{}-probe", opts.prefix)).await?;
+    if probe.status != 404 || probe.json()?["error"]["code"] != "resource_missing" {
+        bail!(
+            "a signed GET of an unknown payment did not reach the function through the proxy integration: {} {}",
+            probe.status,
+            probe.body
+        );
+    }
+    println!("deployed API: unsigned requests refused (403); signed requests reach the function (404 resource_missing for an unknown payment)");
     let mut answers = std::collections::HashMap::new();
     let mut run = ApiRun::default();
     for (wave, load, copies) in [(1, first, 3), (2, second, 1)] {

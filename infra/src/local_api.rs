@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use anyhow::Result;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -50,10 +50,14 @@ async fn route(
     if !parts.headers.contains_key("authorization") {
         return Ok(answer(403, Vec::new(), r#"{"message":"Forbidden"}"#.into()));
     }
-    // One byte over the limit is enough to refuse: the API answers 413 before parsing.
+    // Reading stops one byte over the limit: the API answers 413 before parsing.
     let bytes = match Limited::new(body, MAX_REQUEST_BYTES + 1).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => vec![0u8; MAX_REQUEST_BYTES + 1].into(),
+        Err(e) if e.is::<LengthLimitError>() => vec![0u8; MAX_REQUEST_BYTES + 1].into(),
+        Err(e) => {
+            let message = format!(r#"{{"message":"the request body could not be read: {e}"}}"#);
+            return Ok(answer(400, Vec::new(), message));
+        }
     };
     let header = |name: &str| {
         parts

@@ -427,3 +427,72 @@ async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
         assert_charged_once(&t, k).await;
     }
 }
+
+/// `payctl pay` and `payctl get` sign their requests (an unsigned request is refused), print
+/// the API's answer, and say when an answer was a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payctl_pay_and_get_sign_their_requests() {
+    let t = TestStack::new("api-cli").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let unsigned = reqwest::Client::new()
+        .post(format!("{}/v1/payments", server.url()))
+        .header("idempotency-key", t.pid("unsigned"))
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        unsigned.status().as_u16(),
+        403,
+        "no SigV4 Authorization header"
+    );
+    let key = t.pid("cli");
+    let payctl = |args: &[&str]| {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(args)
+            .args(["--api-url", server.url()])
+            .output()
+            .expect("running payctl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let pay = [
+        "pay",
+        "--amount",
+        "1999",
+        "--currency",
+        "usd",
+        "--customer",
+        "cus_cli",
+        "--idempotency-key",
+        &key,
+    ];
+    let (ok, first, _) = payctl(&pay);
+    assert!(ok, "{first}");
+    assert!(first.contains("\"status\": \"pending\""), "{first}");
+    let (ok, again, note) = payctl(&pay);
+    assert!(ok);
+    assert_eq!(again, first, "the same answer");
+    assert!(note.contains("replayed"), "{note}");
+    let (ok, got, _) = payctl(&["get", &key]);
+    assert!(ok, "{got}");
+    assert!(got.contains(&format!("\"id\": \"{key}\"")), "{got}");
+    let (ok, _, err) = payctl(&["get", &t.pid("missing")]);
+    assert!(!ok, "a 404 is an error");
+    assert!(err.contains("404"), "{err}");
+    let (ok, _, err) = payctl(&[
+        "pay",
+        "--amount",
+        "0",
+        "--currency",
+        "usd",
+        "--customer",
+        "cus_cli",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("400"), "{err}");
+}
