@@ -608,16 +608,7 @@ async fn stream_insert_images(
         .expression_attribute_values(":t", AttributeValue::N("1".into()))
         .send()
         .await?;
-    let description = streams.describe_stream().stream_arn(&arn).send().await?;
-    let shards: Vec<String> = description
-        .stream_description()
-        .map(|d| {
-            d.shards()
-                .iter()
-                .filter_map(|s| s.shard_id().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let shards = crate::stream::shard_ids(&streams, &arn).await?;
     let (mut inserts, mut modifies, mut sequenced) = (0, 0, 0);
     for shard in &shards {
         let mut it = streams

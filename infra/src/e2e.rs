@@ -148,17 +148,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
     verdict.print_counts(sent.len());
     println!("redelivered after a batch item failure: {flaky} ({flaky_attempts} attempts, {flaky_calls} provider calls)");
     println!("provider calls:         {provider_calls}");
-    println!(
-        "took:                   {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    if verdict.violations.is_empty() {
-        println!("E2E OK");
-    } else {
-        println!("E2E FAILED: {} violations", verdict.violations.len());
-        verdict.print_violations(30);
-    }
-    Ok(verdict)
+    conclude(verdict, started)
 }
 
 /// The e2e load through the deployed API: three concurrent POSTs per payment in the first wave,
@@ -237,6 +227,11 @@ async fn through_api(
         "provider calls:         {}",
         ledger.calls_under(&opts.prefix)
     );
+    conclude(verdict, started)
+}
+
+/// Prints how long the run took and its result line.
+fn conclude(verdict: Verdict, started: Instant) -> Result<Verdict> {
     println!(
         "took:                   {:.1} s",
         started.elapsed().as_secs_f64()

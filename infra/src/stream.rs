@@ -120,6 +120,28 @@ async fn iterator(
     Ok(request.send().await?.shard_iterator().map(str::to_owned))
 }
 
+/// The stream's shards, open and closed.
+pub async fn shard_ids(
+    streams: &aws_sdk_dynamodbstreams::Client,
+    stream_arn: &str,
+) -> Result<Vec<String>> {
+    let described = streams
+        .describe_stream()
+        .stream_arn(stream_arn)
+        .send()
+        .await
+        .with_context(|| format!("describing the stream {stream_arn}"))?;
+    Ok(described
+        .stream_description()
+        .map(|d| {
+            d.shards()
+                .iter()
+                .filter_map(|s| s.shard_id().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// One read of every shard (closed shards that are drained are left alone).
 async fn pass(
     streams: &aws_sdk_dynamodbstreams::Client,
@@ -128,21 +150,7 @@ async fn pass(
     iterators: &mut HashMap<String, Option<String>>,
     stats: &StreamStats,
 ) -> Result<()> {
-    let described = streams
-        .describe_stream()
-        .stream_arn(stream_arn)
-        .send()
-        .await?;
-    let shards: Vec<String> = described
-        .stream_description()
-        .map(|d| {
-            d.shards()
-                .iter()
-                .filter_map(|s| s.shard_id().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    for shard in shards {
+    for shard in shard_ids(streams, stream_arn).await? {
         if !iterators.contains_key(&shard) {
             let it = iterator(streams, stream_arn, &shard, None).await?;
             iterators.insert(shard.clone(), it);

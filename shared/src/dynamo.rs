@@ -189,19 +189,23 @@ impl DynamoStore {
     }
 }
 
-fn n(v: i64) -> AttributeValue {
+/// A number attribute.
+pub(crate) fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-fn s(v: &str) -> AttributeValue {
+/// A string attribute.
+pub(crate) fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_owned())
 }
 
-fn get_s(item: &Item, k: &str) -> Option<String> {
+/// A string attribute of an item.
+pub(crate) fn get_s(item: &Item, k: &str) -> Option<String> {
     item.get(k).and_then(|v| v.as_s().ok()).cloned()
 }
 
-fn get_n(item: &Item, k: &str) -> Option<i64> {
+/// A number attribute of an item.
+pub(crate) fn get_n(item: &Item, k: &str) -> Option<i64> {
     item.get(k)
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())

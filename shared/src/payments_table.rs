@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use aws_sdk_dynamodb::Client;
 
 use crate::api::{Creation, PaymentsStore, StoredPayment, Unavailable};
-use crate::dynamo::DynamoStore;
+use crate::dynamo::{get_n, get_s, n, s, DynamoStore};
 use crate::idempotency::{DeadLetterMark, IdempotencyRecord};
 use crate::outbox::{OutboxEntry, PAYMENT_KIND, PAYMENT_PREFIX};
 
@@ -28,24 +28,6 @@ pub struct DynamoPayments {
     client: Client,
     table: String,
     records: DynamoStore,
-}
-
-fn s(v: &str) -> AttributeValue {
-    AttributeValue::S(v.to_owned())
-}
-
-fn n(v: i64) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-fn get_s(item: &Item, k: &str) -> Option<String> {
-    item.get(k).and_then(|v| v.as_s().ok()).cloned()
-}
-
-fn get_n(item: &Item, k: &str) -> Option<i64> {
-    item.get(k)
-        .and_then(|v| v.as_n().ok())
-        .and_then(|v| v.parse().ok())
 }
 
 /// The payment row's item.

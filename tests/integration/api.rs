@@ -59,6 +59,34 @@ async fn client(url: &str) -> ApiClient {
     ApiClient::new(url, &sdk).expect("API client")
 }
 
+/// The stack's API served in this process, and a signing client for it.
+async fn served(t: &TestStack) -> (LocalApi, ApiClient) {
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let server = serve(t, aws_sdk_dynamodb::Client::new(&sdk)).await;
+    let c = client(server.url()).await;
+    (server, c)
+}
+
+/// The stack's API whose DynamoDB calls go through `proxy`, and a signing client for it.
+async fn served_through(t: &TestStack, proxy: &AnswerDroppingProxy) -> (LocalApi, ApiClient) {
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let through_proxy = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let server = serve(t, through_proxy).await;
+    let c = client(server.url()).await;
+    (server, c)
+}
+
+/// Relays the outbox until `n` messages are on the queue, then drains it.
+async fn relay_and_drain(t: &TestStack, n: u64) -> payment_infra::esm::EsmStats {
+    let mapping = relay(t).await;
+    relayed(&mapping, n).await;
+    t.drain(1).await
+}
+
 /// Waits until the relay has put `n` messages on the queue.
 async fn relayed(mapping: &StreamMapping, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -135,9 +163,7 @@ async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> toki
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
     let t = TestStack::new("api-fifty").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served(&t).await;
     let key = t.pid("p1");
     let answers: Vec<Answer> = join_all((0..50).map(|_| c.create(&key, BODY)))
         .await
@@ -157,9 +183,7 @@ async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
     assert_eq!(items(&t, "payment").await, 1);
     assert_eq!(items(&t, "outbox").await, 1);
 
-    let mapping = relay(&t).await;
-    relayed(&mapping, 1).await;
-    t.drain(1).await;
+    relay_and_drain(&t, 1).await;
     assert_charged_once(&t, &key).await;
     let got = c.get(&key).await.unwrap().json().unwrap();
     assert_eq!(got["status"], "succeeded");
@@ -190,9 +214,7 @@ async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
     assert_eq!(retry.status, 202, "{}", retry.body);
     assert!(retry.replayed, "the stored answer");
     assert_eq!(retry.json().unwrap()["id"], key.as_str());
-    let mapping = relay(&t).await;
-    relayed(&mapping, 1).await;
-    t.drain(1).await;
+    relay_and_drain(&t, 1).await;
     assert_charged_once(&t, &key).await;
     assert_eq!(items(&t, "outbox").await, 1);
 }
@@ -202,9 +224,7 @@ async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once() {
     let t = TestStack::new("relay-killed").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served(&t).await;
     let key = t.pid("p1");
     assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
 
@@ -262,14 +282,7 @@ async fn a_refused_transaction_is_a_5xx_stores_nothing_and_the_retry_works() {
         &key,
     )
     .await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let through_proxy = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&sdk)
-            .endpoint_url(&proxy.url)
-            .build(),
-    );
-    let server = serve(&t, through_proxy).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served_through(&t, &proxy).await;
     let refused = c.create(&key, BODY).await.unwrap();
     assert_eq!(refused.status, 500, "{}", refused.body);
     assert_eq!(refused.json().unwrap()["error"]["type"], "api_error");
@@ -281,9 +294,7 @@ async fn a_refused_transaction_is_a_5xx_stores_nothing_and_the_retry_works() {
     let created = c.create(&key, BODY).await.unwrap();
     assert_eq!(created.status, 202, "{}", created.body);
     assert!(!created.replayed, "created by the retry, not replayed");
-    let mapping = relay(&t).await;
-    relayed(&mapping, 1).await;
-    t.drain(1).await;
+    relay_and_drain(&t, 1).await;
     assert_charged_once(&t, &key).await;
 }
 
@@ -297,14 +308,7 @@ async fn a_lost_transaction_answer_is_answered_with_the_stored_payment() {
     let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
     let proxy =
         AnswerDroppingProxy::start(&upstream, "DynamoDB_20120810.TransactWriteItems", &key).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let through_proxy = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&sdk)
-            .endpoint_url(&proxy.url)
-            .build(),
-    );
-    let server = serve(&t, through_proxy).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served_through(&t, &proxy).await;
     let first = c.create(&key, BODY).await.unwrap();
     assert_eq!(proxy.dropped(), 1, "the transaction's answer was dropped");
     assert_eq!(first.status, 202, "{}", first.body);
@@ -318,9 +322,7 @@ async fn a_lost_transaction_answer_is_answered_with_the_stored_payment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
     let t = TestStack::new("api-dead").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served(&t).await;
     let key = t.pid("p1");
     let rejected = BODY.replace("pm_card_visa", "pm_card_invalid");
     assert_eq!(c.create(&key, &rejected).await.unwrap().status, 202);
@@ -328,9 +330,7 @@ async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
         c.get(&key).await.unwrap().json().unwrap()["status"],
         "pending"
     );
-    let mapping = relay(&t).await;
-    relayed(&mapping, 1).await;
-    t.drain(1).await;
+    relay_and_drain(&t, 1).await;
     let got = c.get(&key).await.unwrap().json().unwrap();
     assert_eq!(got["status"], "dead_lettered", "{got}");
     assert_eq!(got["error_code"], "provider_rejected");
@@ -343,9 +343,7 @@ async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublished_outbox_entries_are_republished_once() {
     let t = TestStack::new("republish").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served(&t).await;
     let key = t.pid("p1");
     assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
     let config = relay_config(&t);
@@ -382,9 +380,7 @@ async fn unpublished_outbox_entries_are_republished_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
     let t = TestStack::fifo("api-fifo").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
-    let c = client(server.url()).await;
+    let (_server, c) = served(&t).await;
     let keys: Vec<String> = (0..3).map(|i| t.pid(&format!("p{i}"))).collect();
     for k in &keys {
         assert_eq!(c.create(k, BODY).await.unwrap().status, 202);

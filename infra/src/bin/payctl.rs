@@ -642,13 +642,7 @@ async fn main() -> Result<()> {
             queue_url,
             group_by,
         } => {
-            let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
-                "PAYMENTS_TABLE" => Some(table.clone()),
-                "PAYMENTS_QUEUE_URL" => Some(queue_url.clone()),
-                "FIFO_GROUP_BY" => Some(group_by.clone()),
-                other => std::env::var(other).ok(),
-            })?;
-            let relay = std::sync::Arc::new(payment_core::bootstrap::build_relay(&config, &sdk));
+            let relay = std::sync::Arc::new(relay_for(&table, &queue_url, &group_by, &sdk)?);
             let _mapping = payment_infra::stream::start(&sdk, &table, relay).await?;
             eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
             tokio::signal::ctrl_c().await?;
@@ -677,13 +671,7 @@ async fn main() -> Result<()> {
                     group_by,
                     older_than,
                 } => {
-                    let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
-                        "PAYMENTS_TABLE" => Some(table.clone()),
-                        "PAYMENTS_QUEUE_URL" => Some(queue_url.clone()),
-                        "FIFO_GROUP_BY" => Some(group_by.clone()),
-                        _ => None,
-                    })?;
-                    let relay = payment_core::bootstrap::build_relay(&config, &sdk);
+                    let relay = relay_for(&table, &queue_url, &group_by, &sdk)?;
                     let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
                     let report = republish::republish(&relay, &entries).await;
                     println!(
@@ -787,4 +775,21 @@ fn print_answer(answer: &payment_infra::client::Answer, key: Option<&str>) -> Re
         bail!("the API answered {}{retry}", answer.status);
     }
     Ok(())
+}
+
+/// The outbox relay for a table, a queue and a FIFO group rule (validated like the Lambda's
+/// environment).
+fn relay_for(
+    table: &str,
+    queue_url: &str,
+    group_by: &str,
+    sdk: &aws_config::SdkConfig,
+) -> Result<payment_core::outbox::Relay> {
+    let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
+        "PAYMENTS_TABLE" => Some(table.to_owned()),
+        "PAYMENTS_QUEUE_URL" => Some(queue_url.to_owned()),
+        "FIFO_GROUP_BY" => Some(group_by.to_owned()),
+        _ => None,
+    })?;
+    Ok(payment_core::bootstrap::build_relay(&config, sdk))
 }
