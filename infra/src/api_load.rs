@@ -173,7 +173,7 @@ fn expected_status(expect: &Expect) -> Option<&'static str> {
     match expect {
         Expect::Charged(s) => Some(s),
         Expect::Declined => Some("declined"),
-        Expect::ProviderRejected => Some("dead_lettered"),
+        Expect::ProviderRejected => Some("failed"),
         _ => None,
     }
 }

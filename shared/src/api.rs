@@ -359,8 +359,9 @@ fn payment_object(id: &str, amount: i64, currency: &str, status: &str, created: 
 /// Where a payment stands, for `GET`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatusView {
-    /// `pending`, `processing`, `succeeded`, `declined`, `requires_action`, `dead_lettered`, or
-    /// another PaymentIntent status the provider answered with.
+    /// `pending`, `processing`, `succeeded`, `declined`, `requires_action`, `failed` (the
+    /// provider refused it), `dead_lettered`, or another PaymentIntent status the provider
+    /// answered with.
     pub status: String,
     /// The provider's PaymentIntent id, once known.
     pub provider_payment_id: Option<String>,
@@ -373,9 +374,10 @@ pub struct StatusView {
 }
 
 /// The status of a payment from its processor record and dead-letter mark. A terminal outcome
-/// wins; a live claim is `processing` (a redriven message is being worked on); a mark for this
-/// payment's parameters is `dead_lettered`; a record between attempts is `processing`; no
-/// record yet is `pending`.
+/// wins (a provider's refusal is `failed`, with the code its dead letter carries); a live claim
+/// is `processing` (a redriven message is being worked on); a mark for this payment's
+/// parameters is `dead_lettered`; a record between attempts is `processing`; no record yet is
+/// `pending`.
 pub fn status_of(
     payment: &StoredPayment,
     record: Option<&IdempotencyRecord>,
@@ -388,10 +390,10 @@ pub fn status_of(
         status: status.to_owned(),
         ..StatusView::default()
     };
-    let dead = |code: String, message: String| StatusView {
+    let with_error = |status: &str, code: String, message: String| StatusView {
         error_code: Some(code),
         error_message: Some(message),
-        ..view("dead_lettered")
+        ..view(status)
     };
     match (record, mark) {
         (Some(r), _) if r.status == RecordStatus::Completed => {
@@ -400,7 +402,7 @@ pub fn status_of(
             };
             if o.is_rejected() {
                 let (code, why) = rejection_code(o);
-                return dead(code.to_owned(), why);
+                return with_error("failed", code.to_owned(), why);
             }
             StatusView {
                 provider_payment_id: o.provider_payment_id.clone(),
@@ -409,7 +411,11 @@ pub fn status_of(
             }
         }
         (Some(r), _) if r.status == RecordStatus::InProgress => view("processing"),
-        (_, Some(m)) => dead(m.error_code.clone(), m.error_message.clone()),
+        (_, Some(m)) => with_error(
+            "dead_lettered",
+            m.error_code.clone(),
+            m.error_message.clone(),
+        ),
         (Some(_), None) => view("processing"),
         (None, None) => view("pending"),
     }
@@ -700,7 +706,7 @@ mod tests {
             Some(outcome("rejected")),
         )));
         let rejected = json_of(&get(&api, "p").await);
-        assert_eq!(rejected["status"], "dead_lettered");
+        assert_eq!(rejected["status"], "failed");
         assert_eq!(rejected["error_code"], "provider_rejected");
 
         // A mark for this payment's parameters says dead_lettered, unless a claim is live or

@@ -318,23 +318,43 @@ async fn a_lost_transaction_answer_is_answered_with_the_stored_payment() {
     assert_eq!(items(&t, "outbox").await, 1);
 }
 
-/// A payment the processor dead-letters reads back as `dead_lettered` with its error_code.
+/// A payment the provider refused reads back `failed` with the code of its dead letter; a
+/// payment the processor gave up on (provider down through every delivery of a queue with
+/// `maxReceiveCount` 2) reads back `dead_lettered` with its code and reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_lettered_payment_reads_back_with_its_error_code() {
-    let t = TestStack::new("api-dead").await;
+async fn refused_and_dead_lettered_payments_read_back_with_their_error_code() {
+    let t = TestStack::build("api-dead", fast_settings(), false, 2).await;
     let (_server, c) = served(&t).await;
-    let key = t.pid("p1");
-    let rejected = BODY.replace("pm_card_visa", "pm_card_invalid");
-    assert_eq!(c.create(&key, &rejected).await.unwrap().status, 202);
+    let refused = t.pid("refused");
+    let stuck = t.pid("stuck");
+    t.fault(&stuck, "down", None, 0).await;
+    let rejected_body = BODY.replace("pm_card_visa", "pm_card_invalid");
     assert_eq!(
-        c.get(&key).await.unwrap().json().unwrap()["status"],
+        c.create(&refused, &rejected_body).await.unwrap().status,
+        202
+    );
+    assert_eq!(c.create(&stuck, BODY).await.unwrap().status, 202);
+    assert_eq!(
+        c.get(&stuck).await.unwrap().json().unwrap()["status"],
         "pending"
     );
-    relay_and_drain(&t, 1).await;
-    let got = c.get(&key).await.unwrap().json().unwrap();
-    assert_eq!(got["status"], "dead_lettered", "{got}");
+    relay_and_drain(&t, 2).await;
+    let got = c.get(&refused).await.unwrap().json().unwrap();
+    assert_eq!(got["status"], "failed", "{got}");
     assert_eq!(got["error_code"], "provider_rejected");
-    assert_eq!(t.dead_letters().await.len(), 1);
+    let got = c.get(&stuck).await.unwrap().json().unwrap();
+    assert_eq!(got["status"], "dead_lettered", "{got}");
+    assert_eq!(got["error_code"], "retries_exhausted");
+    assert!(
+        got["error_message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("503"),
+        "the last error: {got}"
+    );
+    assert_eq!(t.dead_letters().await.len(), 2);
+    assert_eq!(t.charges(&stuck).await, 0);
+    t.sim.clear_faults_for(&stuck).await.unwrap();
 }
 
 /// Entries the relay never published (its event source gave up) are found by
