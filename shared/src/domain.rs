@@ -370,6 +370,55 @@ fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
+/// Masks every card number in `text`: each run of 13 to 19 digits (spaces and dashes between
+/// them allowed) that passes the Luhn check keeps its first six and last four digits, and the
+/// digits between become `*` (separators stay). `None` when there is none. Dead letters of
+/// rejected bodies go through this, so no primary account number is kept at rest.
+pub fn mask_card_numbers(text: &str) -> Option<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut masked = false;
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        // The longest run of digits, spaces and dashes from here that ends on a digit.
+        let mut end = i;
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
+            if chars[j].is_ascii_digit() {
+                end = j + 1;
+            }
+            j += 1;
+        }
+        let run: String = chars[i..end].iter().collect();
+        if looks_like_card_number(&run) {
+            let digits = run.chars().filter(char::is_ascii_digit).count();
+            let mut seen = 0;
+            for c in run.chars() {
+                if c.is_ascii_digit() {
+                    seen += 1;
+                    out.push(if seen <= 6 || seen > digits - 4 {
+                        c
+                    } else {
+                        '*'
+                    });
+                } else {
+                    out.push(c);
+                }
+            }
+            masked = true;
+        } else {
+            out.push_str(&run);
+        }
+        i = end;
+    }
+    masked.then_some(out)
+}
+
 /// True when the value is 13 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
 /// such a value is a primary account number and must never reach the provider or a log.
 pub fn looks_like_card_number(value: &str) -> bool {
@@ -545,6 +594,19 @@ mod tests {
             PaymentRequest::parse(&bare.to_message_body()).unwrap(),
             bare
         );
+    }
+
+    #[test]
+    fn card_numbers_are_masked_to_their_first_six_and_last_four_digits() {
+        let body = r#"{"payment_method":"4242 4242 4242 4242","description":"also 4000056655665556, order 1234567890123"}"#;
+        let masked = mask_card_numbers(body).expect("two card numbers");
+        assert_eq!(
+            masked,
+            r#"{"payment_method":"4242 42** **** 4242","description":"also 400005******5556, order 1234567890123"}"#
+        );
+        assert!(!masked.contains("4242 4242 4242 4242"));
+        assert_eq!(mask_card_numbers(r#"{"amount":1999,"id":"pay_1"}"#), None);
+        assert_eq!(mask_card_numbers("4242424242424241"), None, "fails Luhn");
     }
 
     #[test]

@@ -998,8 +998,14 @@ impl Processor {
         why: &str,
         payment: Option<&PaymentRequest>,
     ) -> Disposition {
+        // A body that can never be processed keeps no card number at rest (14 days in the DLQ).
+        let masked = match code {
+            "invalid_json" | "invalid_payment" => crate::domain::mask_card_numbers(body),
+            _ => None,
+        };
         let letter = DeadLetter {
-            body: body.to_owned(),
+            card_data_masked: masked.is_some(),
+            body: masked.unwrap_or_else(|| body.to_owned()),
             error_code: code.to_owned(),
             error_message: why.to_owned(),
             source_message_id: msg.message_id.clone().unwrap_or_default(),

@@ -28,6 +28,8 @@ pub struct DeadLetter {
     pub first_sent_at_ms: Option<i64>,
     /// FIFO source: the message group, reused on a FIFO dead-letter queue.
     pub message_group_id: Option<String>,
+    /// The body held card numbers, masked to their first six and last four digits.
+    pub card_data_masked: bool,
 }
 
 /// Errors of the queue port: all retryable (the message stays on the source queue).
@@ -65,6 +67,8 @@ pub mod attrs {
     pub const SOURCE_MESSAGE_ID: &str = "source_message_id";
     /// Epoch ms of the original's first send, kept across redrives.
     pub const FIRST_SENT_AT: &str = "first_sent_at";
+    /// `true` when card numbers in the body were masked (first six, last four digits kept).
+    pub const CARD_DATA_MASKED: &str = "card_data_masked";
 }
 
 /// SQS through the official SDK.
@@ -143,6 +147,9 @@ impl QueueOps for SqsQueues {
             .message_attributes(attrs::SOURCE_MESSAGE_ID, string_attr(&l.source_message_id)?);
         if let Some(t) = l.first_sent_at_ms {
             req = req.message_attributes(attrs::FIRST_SENT_AT, string_attr(&t.to_string())?);
+        }
+        if l.card_data_masked {
+            req = req.message_attributes(attrs::CARD_DATA_MASKED, string_attr("true")?);
         }
         if self.dlq_url.ends_with(".fifo") {
             req = req

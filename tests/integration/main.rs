@@ -5,6 +5,7 @@
 //! The numbered tests are the acceptance list of the consumer's issue.
 
 mod api;
+mod card_data;
 mod chaos;
 mod exactly_once;
 mod failures;

@@ -1,0 +1,162 @@
+//! No raw card data at rest or in logs: a payment whose body carries a card number is refused
+//! by the API without echoing it, and dead-lettered by the processor with the number masked
+//! (first six and last four digits) and flagged; the number is in no table item, no DLQ body
+//! and no log line of either process.
+
+use std::process::Stdio;
+
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+
+use crate::helpers::*;
+
+const PAN: &str = "4000 0566 5566 5556";
+const PAN_DIGITS: &str = "4000056655665556";
+
+fn leaks(text: &str) -> bool {
+    text.contains(PAN) || text.contains(PAN_DIGITS) || text.contains("0566 5566")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_number_is_kept_nowhere() {
+    let t = TestStack::new("card").await;
+    let pid = t.pid("p1");
+    let body =
+        payment(&pid, 100, PAN).replace(&format!("Order for {pid}"), &format!("card {PAN_DIGITS}"));
+    assert!(body.contains(PAN) && body.contains(PAN_DIGITS));
+    t.send(&body).await;
+
+    // The processor as its own process, logging at debug level.
+    let payctl = root().join("target/debug/payctl");
+    let run = tokio::process::Command::new(&payctl)
+        .args([
+            "run",
+            "--queue-url",
+            t.queue_url(),
+            "--until-empty",
+            "--max-seconds",
+            "60",
+        ])
+        .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+        .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
+        .envs(fast_settings())
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("running payctl run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        logs.contains("dead-lettered"),
+        "the run processed the message: {logs}"
+    );
+    assert!(!leaks(&logs), "a log line holds the card number");
+
+    // The dead letter: masked, flagged, with the reason.
+    let received = t
+        .sqs
+        .receive_message()
+        .queue_url(&t.config.dead_letter_queue_url)
+        .message_attribute_names("All")
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .max_number_of_messages(10)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .expect("receiving the dead letter");
+    let letters = received.messages();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    let dead_body = letter.body().unwrap_or_default();
+    assert!(
+        !leaks(dead_body),
+        "the DLQ body holds the card number: {dead_body}"
+    );
+    assert!(dead_body.contains("4000 05** **** 5556"), "{dead_body}");
+    assert!(dead_body.contains("400005******5556"), "{dead_body}");
+    let attr = |k: &str| {
+        letter
+            .message_attributes()
+            .and_then(|m| m.get(k))
+            .and_then(|v| v.string_value())
+            .map(str::to_owned)
+    };
+    assert_eq!(attr("card_data_masked").as_deref(), Some("true"));
+    assert_eq!(attr("error_code").as_deref(), Some("invalid_payment"));
+    assert!(!leaks(&attr("error_message").unwrap_or_default()));
+
+    // The API refuses it without echoing it, stores nothing, and logs nothing of it.
+    let config = payment_core::config::ApiConfig::from_lookup(|k| {
+        t.stack
+            .var_of("PaymentsApiFunction", k)
+            .ok()
+            .map(str::to_owned)
+    })
+    .expect("the API's configuration");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let mut api = tokio::process::Command::new(&payctl)
+        .args(["api", "serve", "--address", &format!("127.0.0.1:{port}")])
+        .env("PAYMENTS_TABLE", &config.payments_table)
+        .env("IDEMPOTENCY_TABLE", &config.idempotency_table)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting payctl api serve");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API did not listen"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let client =
+        payment_infra::client::ApiClient::new(&format!("http://127.0.0.1:{port}"), &sdk).unwrap();
+    let api_body = serde_json::json!({
+        "amount": 100, "currency": "usd", "customer_id": "cus_card",
+        "payment_method": PAN, "description": format!("card {PAN_DIGITS}"),
+    })
+    .to_string();
+    let answer = client.create(&t.pid("api"), &api_body).await.unwrap();
+    assert_eq!(answer.status, 400);
+    assert!(!leaks(&answer.body), "{}", answer.body);
+    api.start_kill().expect("stopping the API");
+    let out = api.wait_with_output().await.expect("the API's output");
+    let api_logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!leaks(&api_logs), "an API log line holds the card number");
+
+    // No table item holds it.
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    for table in [&config.payments_table, &config.idempotency_table] {
+        let items = ddb
+            .scan()
+            .table_name(table.as_str())
+            .send()
+            .await
+            .expect("scanning");
+        let text = format!("{:?}", items.items());
+        assert!(!leaks(&text), "{table} holds the card number");
+    }
+}
