@@ -1,9 +1,9 @@
 //! Operating the dead-letter queue: list what is there and why, and redrive it to the source
 //! queue after a fix.
 //!
-//! Redrive uses SQS's `StartMessageMoveTask` when the whole DLQ moves and the endpoint has it;
-//! otherwise (a filter by `error_code` or a count, or an endpoint without the API) it moves
-//! messages one by one: send to the source queue, and delete from the DLQ only after the send
+//! A redrive leaves the codes that are never redriven ([`NEVER_REDRIVEN`]) in the DLQ unless
+//! forced, and refuses an unknown code. It uses SQS's `StartMessageMoveTask` when the whole DLQ
+//! moves (forced) and the endpoint has it; otherwise it moves messages one by one: send to the source queue, and delete from the DLQ only after the send
 //! succeeded, so nothing is lost. A message may be moved twice if a run dies between the two
 //! steps; that is safe, because the processor charges a payment once however often it arrives.
 
@@ -150,6 +150,54 @@ pub async fn list(
     Ok(out)
 }
 
+/// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
+pub const KNOWN_CODES: [&str; 8] = [
+    "invalid_json",
+    "invalid_payment",
+    "idempotency_key_reused",
+    "provider_rejected",
+    "request_expired",
+    "outcome_unknown",
+    "retries_exhausted",
+    "max_receives",
+];
+
+/// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
+/// again (or, for a reused key, never belong to the payment their id names).
+pub const NEVER_REDRIVEN: [(&str, &str); 5] = [
+    ("invalid_json", "the body can never be processed; the producer sends a corrected payment"),
+    ("invalid_payment", "the body can never be processed (card numbers in it are masked); the producer sends a corrected payment"),
+    ("idempotency_key_reused", "its payment_id names another payment; this body is never charged under it"),
+    ("provider_rejected", "the payment's record holds the provider's final refusal; a redrive is dead-lettered again"),
+    ("request_expired", "it is older than the record retention and is refused again; charge it by hand if still wanted"),
+];
+
+/// Why a code is never redriven, if it is one of those.
+pub fn never_redriven(code: &str) -> Option<&'static str> {
+    NEVER_REDRIVEN
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, why)| *why)
+}
+
+/// Checks a redrive's filter before anything moves: an unknown code, or a code that is never
+/// redriven without `force`, is an error that says so.
+pub fn check_filter(error_code: Option<&str>, force: bool) -> Result<()> {
+    let Some(code) = error_code else {
+        return Ok(());
+    };
+    if !KNOWN_CODES.contains(&code) {
+        anyhow::bail!(
+            "unknown error code {code:?}: dead letters carry one of {}",
+            KNOWN_CODES.join(", ")
+        );
+    }
+    if let (Some(why), false) = (never_redriven(code), force) {
+        anyhow::bail!("{code} is never redriven: {why}. Add --force to move these messages anyway");
+    }
+    Ok(())
+}
+
 /// What to redrive.
 #[derive(Debug, Clone)]
 pub struct RedriveOptions {
@@ -161,6 +209,8 @@ pub struct RedriveOptions {
     pub error_code: Option<String>,
     /// At most this many.
     pub max: Option<usize>,
+    /// Move the codes that are never redriven too ([`NEVER_REDRIVEN`]).
+    pub force: bool,
 }
 
 /// How a redrive went.
@@ -170,11 +220,15 @@ pub struct RedriveReport {
     pub moved: u64,
     /// `StartMessageMoveTask` or `manual`.
     pub method: &'static str,
+    /// Messages left in the DLQ because their code is never redriven, by code.
+    pub kept: std::collections::BTreeMap<String, u64>,
 }
 
 /// Moves dead letters back to the source queue.
 pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
-    if opts.error_code.is_none() && opts.max.is_none() {
+    check_filter(opts.error_code.as_deref(), opts.force)?;
+    // The move task moves everything: only when nothing is to stay behind.
+    if opts.error_code.is_none() && opts.max.is_none() && opts.force {
         let (source, destination) = (
             crate::esm::queue_arn(sqs, &opts.dlq_url).await?,
             crate::esm::queue_arn(sqs, &opts.queue_url).await?,
@@ -202,6 +256,7 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                                 return Ok(RedriveReport {
                                     moved: t.approximate_number_of_messages_moved() as u64,
                                     method: "StartMessageMoveTask",
+                                    kept: Default::default(),
                                 })
                             }
                             Some("FAILED") | Some("CANCELLED") => anyhow::bail!(
@@ -223,6 +278,7 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
     }
     let fifo = opts.queue_url.ends_with(".fifo");
     let mut moved = 0u64;
+    let mut kept: std::collections::BTreeMap<String, u64> = Default::default();
     let mut skipped = Vec::new();
     let mut empty = 0;
     while empty < 2 && opts.max.is_none_or(|m| (moved as usize) < m) {
@@ -238,10 +294,15 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                 .error_code
                 .clone()
                 .unwrap_or_else(|| "max_receives".to_owned());
+            let held_back = !opts.force && never_redriven(&code).is_some();
             let wanted = opts.error_code.as_ref().is_none_or(|c| *c == code)
-                && opts.max.is_none_or(|mx| (moved as usize) < mx);
+                && opts.max.is_none_or(|mx| (moved as usize) < mx)
+                && !held_back;
             let rh = m.receipt_handle().unwrap_or_default().to_owned();
             if !wanted {
+                if held_back && !skipped.iter().any(|(id, _)| *id == i.message_id) {
+                    *kept.entry(code).or_default() += 1;
+                }
                 skipped.push((i.message_id.clone(), rh));
                 continue;
             }
@@ -282,5 +343,6 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
     Ok(RedriveReport {
         moved,
         method: "manual",
+        kept,
     })
 }

@@ -43,6 +43,7 @@ async fn redrive_after_a_fix_charges_once_even_when_redriven_twice() {
         queue_url: t.queue_url().to_owned(),
         error_code: None,
         max: None,
+        force: false,
     };
     let first = dlq::redrive(&t.sqs, &opts).await.unwrap();
     assert_eq!(
@@ -56,28 +57,97 @@ async fn redrive_after_a_fix_charges_once_even_when_redriven_twice() {
     assert!(t.dead_letters().await.is_empty());
 }
 
-/// A redrive filtered by error code moves only those dead letters.
+/// A redrive refuses an unknown code (the CLI exits non-zero naming the known ones), never
+/// moves the codes that can only be dead-lettered again unless forced (a full redrive keeps
+/// them and says so), and a filter moves only its code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redrive_by_error_code_leaves_the_others() {
+async fn redrive_keeps_what_is_never_redriven_and_refuses_unknown_codes() {
     let t = TestStack::new("redrive-code").await;
-    let pid = t.pid("p1");
+    let (done, stuck) = (t.pid("done"), t.pid("stuck"));
     t.send("{broken").await;
-    t.send(&payment(&pid, 100, "pm_card_invalid")).await;
+    t.send(&payment(&t.pid("refused"), 100, "pm_card_invalid"))
+        .await;
+    t.send(&payment(&done, 100, "pm_card_visa")).await;
     t.drain(1).await;
+    t.send(&payment(&done, 999, "pm_card_visa")).await; // the key reused for another amount
+    t.drain(1).await;
+    // A payment the processor gave up on, as it dead-letters one.
     let dlq_url = t.config.dead_letter_queue_url.clone();
-    let opts = RedriveOptions {
+    t.sqs
+        .send_message()
+        .queue_url(&dlq_url)
+        .message_body(payment(&stuck, 300, "pm_card_visa"))
+        .message_attributes(
+            "error_code",
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value("retries_exhausted")
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    let cli = std::process::Command::new(root().join("target/debug/payctl"))
+        .args([
+            "dlq",
+            "redrive",
+            "--dlq-url",
+            &dlq_url,
+            "--queue-url",
+            t.queue_url(),
+        ])
+        .args(["--error-code", "bogus"])
+        .output()
+        .expect("running payctl dlq redrive");
+    assert!(!cli.status.success(), "an unknown code is an error");
+    let said = String::from_utf8_lossy(&cli.stderr);
+    assert!(
+        said.contains("unknown error code") && said.contains("retries_exhausted"),
+        "{said}"
+    );
+
+    let opts = |code: Option<&str>, force: bool| RedriveOptions {
         dlq_url: dlq_url.clone(),
         queue_url: t.queue_url().to_owned(),
-        error_code: Some("invalid_json".into()),
+        error_code: code.map(str::to_owned),
         max: None,
+        force,
     };
-    assert_eq!(dlq::redrive(&t.sqs, &opts).await.unwrap().moved, 1);
-    let left = dlq::list(&t.sqs, &dlq_url, 10).await.unwrap();
-    assert_eq!(left.len(), 1);
-    assert_eq!(left[0].error_code.as_deref(), Some("provider_rejected"));
+    let refused = dlq::redrive(&t.sqs, &opts(Some("idempotency_key_reused"), false)).await;
+    assert!(
+        refused.unwrap_err().to_string().contains("never redriven"),
+        "a reused key is not moved without --force"
+    );
+    let all = dlq::redrive(&t.sqs, &opts(None, false)).await.unwrap();
+    assert_eq!(all.moved, 1, "only the payment that gave up moves");
+    let kept: Vec<(&str, u64)> = all.kept.iter().map(|(c, n)| (c.as_str(), *n)).collect();
     assert_eq!(
-        t.depth().await,
-        1,
-        "the invalid body is back on the source queue"
+        kept,
+        vec![
+            ("idempotency_key_reused", 1),
+            ("invalid_json", 1),
+            ("provider_rejected", 1)
+        ]
+    );
+    assert_eq!(dlq::list(&t.sqs, &dlq_url, 10).await.unwrap().len(), 3);
+    let forced = dlq::redrive(&t.sqs, &opts(Some("invalid_json"), true))
+        .await
+        .unwrap();
+    assert_eq!(forced.moved, 1);
+    t.drain(1).await;
+    assert_charged_once(&t, &stuck).await;
+    assert_charged_once(&t, &done).await;
+    let left: Vec<String> = t
+        .dead_letters()
+        .await
+        .into_iter()
+        .map(|d| d.error_code)
+        .collect();
+    assert_eq!(
+        left.len(),
+        3,
+        "{left:?}: the forced invalid body came back to the DLQ"
     );
 }

@@ -304,8 +304,13 @@ enum DlqCommand {
         /// Only this error_code (max_receives: moved by SQS after maxReceiveCount).
         #[arg(long)]
         error_code: Option<String>,
+        /// At most this many messages.
         #[arg(long)]
         max: Option<usize>,
+        /// Move the codes that are never redriven too (invalid_json, invalid_payment,
+        /// idempotency_key_reused, provider_rejected, request_expired).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -511,6 +516,7 @@ async fn main() -> Result<()> {
                     queue_url,
                     error_code,
                     max,
+                    force,
                 } => {
                     let report = payment_infra::dlq::redrive(
                         &sqs,
@@ -519,10 +525,17 @@ async fn main() -> Result<()> {
                             queue_url,
                             error_code,
                             max,
+                            force,
                         },
                     )
                     .await?;
                     println!("moved {} messages back ({})", report.moved, report.method);
+                    for (code, n) in &report.kept {
+                        println!(
+                            "kept {n} {code} in the DLQ: {} (--force moves them)",
+                            payment_infra::dlq::never_redriven(code).unwrap_or_default()
+                        );
+                    }
                 }
             }
         }
