@@ -204,6 +204,20 @@ pub async fn run(
     sqs: aws_sdk_sqs::Client,
     opts: EsmOptions,
 ) -> Result<EsmStats> {
+    let stats = Arc::new(Mutex::new(EsmStats::default()));
+    run_observed(function, sqs, opts, stats.clone()).await?;
+    let s = stats.lock().await.clone();
+    Ok(s)
+}
+
+/// [`run`], counting into `stats` as it goes, so that a caller can show progress or a summary
+/// when it stops the run.
+pub async fn run_observed(
+    function: impl Into<Function>,
+    sqs: aws_sdk_sqs::Client,
+    opts: EsmOptions,
+    stats: Arc<Mutex<EsmStats>>,
+) -> Result<()> {
     let pollers = opts.pollers.max(1);
     let targets: Vec<Target> = match function.into() {
         Function::InProcess(p) => (0..pollers).map(|_| Target::InProcess(p.clone())).collect(),
@@ -226,7 +240,6 @@ pub async fn run(
         .region()
         .map(|r| r.to_string())
         .unwrap_or_default();
-    let stats = Arc::new(Mutex::new(EsmStats::default()));
     let started = Instant::now();
     let mut pollers = Vec::new();
     for target in targets {
@@ -267,8 +280,7 @@ pub async fn run(
     for p in pollers {
         p.await.context("poller task failed")??;
     }
-    let s = stats.lock().await.clone();
-    Ok(s)
+    Ok(())
 }
 
 async fn receive_batch(

@@ -18,6 +18,7 @@ pub mod e2e;
 pub mod esm;
 pub mod load;
 pub mod local_api;
+pub mod operate;
 pub mod reconcile;
 pub mod republish;
 pub mod runtime_api;

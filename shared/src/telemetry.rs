@@ -8,6 +8,16 @@ use crate::processor::BatchSummary;
 /// call does nothing). A plain level, not per-module directives: the regex engine those need
 /// would grow every bootstrap.
 pub fn init() {
+    init_with(false);
+}
+
+/// [`init`] with a timestamp on every line, for processes outside Lambda (`payctl run`, the
+/// local API and relay), where nothing else stamps the lines.
+pub fn init_timed() {
+    init_with(true);
+}
+
+fn init_with(timed: bool) {
     let level = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| {
@@ -16,15 +26,19 @@ pub fn init() {
                 .ok()
         })
         .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .json()
         .with_max_level(level)
         .with_current_span(true)
         .with_span_list(false)
         .with_target(false)
-        .without_time()
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // CloudWatch stamps each line of a Lambda's output; a local process stamps its own.
+    let _ = if timed {
+        builder.try_init()
+    } else {
+        builder.without_time().try_init()
+    };
 }
 
 /// The EMF documents for a batch, one JSON line each. The first carries the metrics `Charged`,

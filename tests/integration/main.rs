@@ -12,6 +12,7 @@ mod failures;
 mod function_process;
 mod helpers;
 mod operations;
+mod operator;
 mod proxy;
 
 use std::time::Duration;

@@ -78,6 +78,12 @@ enum Command {
         /// Fail if not drained within this many seconds.
         #[arg(long, default_value_t = 3600)]
         max_seconds: u64,
+        /// Print a progress line every few seconds (the default on a terminal).
+        #[arg(long)]
+        progress: bool,
+        /// Print the summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Send payments to a deployed stack and verify what its own event-source mapping and
     /// bootstrap made of them (make e2e-sam).
@@ -315,8 +321,15 @@ enum DlqCommand {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
-    let cli = Cli::parse();
+async fn main() {
+    // One line, the cause chain included, never a backtrace: what an operator reads.
+    if let Err(e) = run(Cli::parse()).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
     // FAILPOINTS=name=action;... (debug builds with the failpoints feature only).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
@@ -324,7 +337,7 @@ async fn main() -> Result<()> {
         cli.command,
         Command::Run { .. } | Command::Api { .. } | Command::Relay { .. }
     ) {
-        payment_core::telemetry::init();
+        payment_core::telemetry::init_timed();
     }
     let sdk = payment_core::bootstrap::sdk_config().await;
     match cli.command {
@@ -411,12 +424,33 @@ async fn main() -> Result<()> {
             pollers,
             until_empty,
             max_seconds,
+            progress,
+            json,
         } => {
+            use payment_infra::operate::{self, RunSummary};
+            use std::io::IsTerminal;
             let config = Config::from_env()?;
+            operate::check_processor_resources(
+                &sdk,
+                &config.idempotency_table,
+                &queue_url,
+                &config.dead_letter_queue_url,
+            )
+            .await?;
             let processor = payment_core::bootstrap::build_processor(&config, &sdk).await?;
-            let stats = esm::run(
+            let sqs = aws_sdk_sqs::Client::new(&sdk);
+            let stats = std::sync::Arc::new(tokio::sync::Mutex::new(esm::EsmStats::default()));
+            let _progress = (progress || std::io::stderr().is_terminal()).then(|| {
+                operate::progress(
+                    stats.clone(),
+                    sqs.clone(),
+                    queue_url.clone(),
+                    Duration::from_secs(5),
+                )
+            });
+            let run = esm::run_observed(
                 processor,
-                aws_sdk_sqs::Client::new(&sdk),
+                sqs,
                 esm::EsmOptions {
                     queue_url,
                     batch_size,
@@ -428,11 +462,27 @@ async fn main() -> Result<()> {
                     until_empty,
                     max_duration: Duration::from_secs(max_seconds),
                 },
-            )
-            .await?;
-            eprintln!("{} invocations, {} deliveries, {} deleted, {} timeouts; charged {}, declined {}, duplicates {}, retried {}, dead-lettered {:?}",
-                stats.invocations, stats.received, stats.deleted, stats.timeouts, stats.summary.charged, stats.summary.declined,
-                stats.summary.duplicates, stats.summary.retried, stats.summary.dead_lettered);
+                stats.clone(),
+            );
+            let (ended, interrupted) = tokio::select! {
+                r = run => (r, false),
+                _ = tokio::signal::ctrl_c() => (Ok(()), true),
+            };
+            let summary = RunSummary::of(&*stats.lock().await, interrupted);
+            if json {
+                println!("{}", serde_json::to_string(&summary)?);
+            }
+            eprintln!("{}", summary.line());
+            ended?;
+            if interrupted {
+                std::process::exit(130);
+            }
+            if summary.all_failed() {
+                bail!(
+                    "nothing succeeded and {} deliveries failed: the log lines above say why",
+                    summary.received
+                );
+            }
         }
         Command::E2eCheck {
             queue_url,

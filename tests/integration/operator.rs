@@ -1,0 +1,128 @@
+//! `payctl run` as an operator meets it: a missing resource named with its fix before anything
+//! is received, progress while it works, a summary however it stops (Ctrl-C included), `--json`,
+//! timestamped log lines, and a non-zero exit when nothing succeeded.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::helpers::*;
+
+fn payctl_run(t: &TestStack, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
+    cmd.args(["run", "--queue-url", t.queue_url()])
+        .args(args)
+        .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+        .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
+        .envs(fast_settings())
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A wrong table or queue fails at start, in one line that names it and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_or_queue_is_named_with_its_fix_before_anything_runs() {
+    let t = TestStack::new("op-missing").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    for (var, value, named) in [
+        (
+            "IDEMPOTENCY_TABLE",
+            "no-such-table",
+            "the idempotency table no-such-table (IDEMPOTENCY_TABLE)",
+        ),
+        (
+            "DEAD_LETTER_QUEUE_URL",
+            "http://127.0.0.1:1/000000000000/gone",
+            "(DEAD_LETTER_QUEUE_URL)",
+        ),
+    ] {
+        let mut cmd = payctl_run(&t, &["--until-empty"]);
+        cmd.env(var, value);
+        let out = cmd.output().await.unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].contains(named), "{err}");
+        assert!(
+            lines[0].contains("payctl provision") || lines[0].contains("does not answer"),
+            "says what to do: {err}"
+        );
+        assert!(
+            !err.contains("ServiceError") && !err.contains("backtrace"),
+            "{err}"
+        );
+    }
+    assert_eq!(t.depth().await, 1, "nothing was received");
+}
+
+/// A run in which every delivery failed exits non-zero with its summary (and `--json`);
+/// its log lines carry timestamps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_where_nothing_succeeded_exits_non_zero_with_its_summary() {
+    let t = TestStack::build("op-failed", fast_settings(), false, 2).await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "down", None, 0).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let out = payctl_run(&t, &["--until-empty", "--json", "--max-seconds", "60"])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("nothing succeeded"), "{err}");
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("--json");
+    assert_eq!(summary["charged"], 0);
+    assert_eq!(summary["dead_lettered"]["retries_exhausted"], 1);
+    assert!(summary["retried"].as_u64().unwrap() >= 1);
+    assert!(
+        err.contains("0 charged") && err.contains("retries_exhausted 1"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("{}") && !err.contains("DeadLettered("),
+        "no debug formatting: {err}"
+    );
+    let logged: serde_json::Value = err
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("a JSON log line");
+    assert!(logged["timestamp"].is_string(), "{logged}");
+    t.sim.clear_faults_for(&pid).await.unwrap();
+}
+
+/// Progress lines while it works; Ctrl-C prints the summary and exits 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_while_running_and_the_summary_on_ctrl_c() {
+    let t = TestStack::new("op-ctrlc").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let child = payctl_run(&t, &["--progress"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while t.charges(&pid).await == 0 {
+        assert!(Instant::now() < deadline, "never charged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await; // at least one progress line
+    let pid_of = child.id().expect("a running child") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
+    assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("stopped on Ctrl-C")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("| queue:") && err.contains("in flight"),
+        "a progress line: {err}"
+    );
+    assert!(
+        err.contains("interrupted: ") && err.contains("1 charged"),
+        "{err}"
+    );
+}
