@@ -105,6 +105,8 @@ pub struct Stack {
     pub event_source: EventSource,
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
+    /// What provisioning did to each resource: `created`, `exists` or `updated`, by name.
+    pub report: Vec<(String, &'static str)>,
 }
 
 impl Stack {
@@ -156,6 +158,8 @@ fn intrinsic(v: &Value) -> Option<(String, &Value)> {
 struct Resolver<'a> {
     stack_name: &'a str,
     region: String,
+    /// The caller's account, read from the first queue's ARN (the endpoint's own).
+    account: Option<String>,
     parameters: HashMap<String, String>,
     refs: HashMap<String, String>,
     attrs: HashMap<String, String>,
@@ -208,7 +212,7 @@ impl Resolver<'_> {
         match name {
             "AWS::StackName" => Some(self.stack_name.to_owned()),
             "AWS::Region" => Some(self.region.clone()),
-            "AWS::AccountId" => Some("000000000000".to_owned()),
+            "AWS::AccountId" => self.account.clone(),
             "AWS::Partition" => Some("aws".to_owned()),
             "AWS::URLSuffix" => Some("amazonaws.com".to_owned()),
             _ => self
@@ -309,6 +313,7 @@ pub async fn provision(
             .map(|r| r.to_string())
             .unwrap_or_else(|| "us-east-1".into()),
         parameters,
+        account: None,
         refs: HashMap::new(),
         attrs: HashMap::new(),
     };
@@ -321,6 +326,7 @@ pub async fn provision(
         tables: BTreeMap::new(),
         function_env: BTreeMap::new(),
         function_envs: BTreeMap::new(),
+        report: Vec::new(),
         event_source: EventSource {
             queue_url: String::new(),
             queue_arn: String::new(),
@@ -414,16 +420,9 @@ pub async fn provision(
                 attributes.insert(QueueAttributeName::VisibilityTimeout, vt.to_string());
             }
             let name = local_name(&opts.stack_name, logical, fifo);
-            let url = sqs
-                .create_queue()
-                .queue_name(&name)
-                .set_attributes(Some(attributes))
-                .send()
-                .await
-                .with_context(|| format!("creating queue {name}"))?
-                .queue_url()
-                .ok_or_else(|| anyhow!("no URL for queue {name}"))?
-                .to_owned();
+            let (url, done) =
+                ensure_queue(&sqs, &crate::operate::endpoint(sdk), &name, attributes).await?;
+            stack.report.push((format!("queue {name}"), done));
             let arn = sqs
                 .get_queue_attributes()
                 .queue_url(&url)
@@ -434,6 +433,9 @@ pub async fn provision(
                 .attributes()
                 .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
                 .ok_or_else(|| anyhow!("no ARN for queue {name}"))?;
+            if r.account.is_none() {
+                r.account = arn.split(':').nth(4).map(str::to_owned);
+            }
             r.refs.insert(logical.to_owned(), url.clone());
             r.attrs.insert(format!("{logical}.Arn"), arn.clone());
             r.attrs.insert(format!("{logical}.QueueUrl"), url.clone());
@@ -458,6 +460,25 @@ pub async fn provision(
         };
         let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
         let name = local_name(&opts.stack_name, logical, false);
+        let stream_view = get(&props, "StreamSpecification")
+            .and_then(|v| get(v, "StreamViewType"))
+            .and_then(|v| v.as_str());
+        let existing = match ddb.describe_table().table_name(&name).send().await {
+            Ok(d) => d.table().cloned(),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                None
+            }
+            Err(e) => {
+                return Err(anyhow!(crate::operate::explain(
+                    &e,
+                    &format!("table {name}"),
+                    &crate::operate::endpoint(sdk)
+                )))
+            }
+        };
         let mut req = ddb
             .create_table()
             .table_name(&name)
@@ -498,10 +519,7 @@ pub async fn provision(
                     .build()?,
             );
         }
-        if let Some(view) = get(&props, "StreamSpecification")
-            .and_then(|v| get(v, "StreamViewType"))
-            .and_then(|v| v.as_str())
-        {
+        if let Some(view) = stream_view {
             req = req.stream_specification(
                 StreamSpecification::builder()
                     .stream_enabled(true)
@@ -509,18 +527,62 @@ pub async fn provision(
                     .build()?,
             );
         }
-        let created = req
-            .send()
-            .await
-            .with_context(|| format!("creating table {name}"))?;
-        if let Some(arn) = created
-            .table_description()
-            .and_then(|t| t.latest_stream_arn())
-        {
+        let table = match existing {
+            Some(t) => {
+                // An existing table: its stream is switched on if the template wants one.
+                let has_stream = t.stream_specification().is_some_and(|s| s.stream_enabled());
+                match (stream_view, has_stream) {
+                    (Some(view), false) => {
+                        let updated = ddb
+                            .update_table()
+                            .table_name(&name)
+                            .stream_specification(
+                                StreamSpecification::builder()
+                                    .stream_enabled(true)
+                                    .stream_view_type(StreamViewType::from(view))
+                                    .build()?,
+                            )
+                            .send()
+                            .await
+                            .with_context(|| format!("enabling the stream of table {name}"))?;
+                        stack.report.push((format!("table {name}"), "updated"));
+                        updated.table_description().cloned().unwrap_or(t)
+                    }
+                    _ => {
+                        stack.report.push((format!("table {name}"), "exists"));
+                        t
+                    }
+                }
+            }
+            None => {
+                let created = req
+                    .send()
+                    .await
+                    .with_context(|| format!("creating table {name}"))?;
+                stack.report.push((format!("table {name}"), "created"));
+                created
+                    .table_description()
+                    .cloned()
+                    .ok_or_else(|| anyhow!("no description of the new table {name}"))?
+            }
+        };
+        if let Some(arn) = table.latest_stream_arn() {
             r.attrs
                 .insert(format!("{logical}.StreamArn"), arn.to_owned());
         }
-        if let Some(ttl) = get(&props, "TimeToLiveSpecification") {
+        let table_arn = table.table_arn().map(str::to_owned);
+        let ttl_on = ddb
+            .describe_time_to_live()
+            .table_name(&name)
+            .send()
+            .await
+            .ok()
+            .and_then(|d| {
+                d.time_to_live_description()
+                    .and_then(|t| t.time_to_live_status().cloned())
+            })
+            .is_some_and(|s| s.as_str() == "ENABLED" || s.as_str() == "ENABLING");
+        if let (Some(ttl), false) = (get(&props, "TimeToLiveSpecification"), ttl_on) {
             let attr = get(ttl, "AttributeName")
                 .and_then(|v| v.as_str())
                 .unwrap_or("expires_at");
@@ -539,7 +601,13 @@ pub async fn provision(
         r.refs.insert(logical.to_owned(), name.clone());
         r.attrs.insert(
             format!("{logical}.Arn"),
-            format!("arn:aws:dynamodb:{}:000000000000:table/{name}", r.region),
+            table_arn.unwrap_or_else(|| {
+                format!(
+                    "arn:aws:dynamodb:{}:{}:table/{name}",
+                    r.region,
+                    r.account.clone().unwrap_or_default()
+                )
+            }),
         );
         stack.tables.insert(logical.to_owned(), name);
     }
@@ -620,4 +688,79 @@ pub async fn provision(
         return Ok(stack);
     }
     bail!("the template has no AWS::Serverless::Function with an SQS event")
+}
+
+/// Creates a queue, or finds it and brings its attributes to what the template says: `created`,
+/// `exists` (nothing differs) or `updated`.
+async fn ensure_queue(
+    sqs: &aws_sdk_sqs::Client,
+    endpoint: &str,
+    name: &str,
+    attributes: HashMap<QueueAttributeName, String>,
+) -> Result<(String, &'static str)> {
+    let existing = match sqs.get_queue_url().queue_name(name).send().await {
+        Ok(o) => o.queue_url().map(str::to_owned),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_queue_does_not_exist()) =>
+        {
+            None
+        }
+        Err(e) => {
+            return Err(anyhow!(crate::operate::explain(
+                &e,
+                &format!("queue {name}"),
+                endpoint
+            )))
+        }
+    };
+    let Some(url) = existing else {
+        let url = sqs
+            .create_queue()
+            .queue_name(name)
+            .set_attributes(Some(attributes))
+            .send()
+            .await
+            .with_context(|| format!("creating queue {name}"))?
+            .queue_url()
+            .ok_or_else(|| anyhow!("no URL for queue {name}"))?
+            .to_owned();
+        return Ok((url, "created"));
+    };
+    let current = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .with_context(|| format!("reading the attributes of queue {name}"))?;
+    let now = current.attributes().cloned().unwrap_or_default();
+    // FifoQueue cannot change; the rest can be set in place.
+    let differing: HashMap<QueueAttributeName, String> = attributes
+        .into_iter()
+        .filter(|(k, _)| *k != QueueAttributeName::FifoQueue)
+        .filter(|(k, v)| !same_attribute(k, now.get(k), v))
+        .collect();
+    if differing.is_empty() {
+        return Ok((url, "exists"));
+    }
+    sqs.set_queue_attributes()
+        .queue_url(&url)
+        .set_attributes(Some(differing))
+        .send()
+        .await
+        .with_context(|| format!("updating the attributes of queue {name}"))?;
+    Ok((url, "updated"))
+}
+
+/// Whether a queue attribute already has the wanted value (a redrive policy compared as JSON).
+fn same_attribute(k: &QueueAttributeName, current: Option<&String>, wanted: &str) -> bool {
+    match (k, current) {
+        (QueueAttributeName::RedrivePolicy, Some(c)) => {
+            serde_json::from_str::<serde_json::Value>(c).ok()
+                == serde_json::from_str::<serde_json::Value>(wanted).ok()
+        }
+        (_, Some(c)) => c == wanted,
+        (_, None) => false,
+    }
 }

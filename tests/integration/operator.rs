@@ -126,3 +126,70 @@ async fn progress_while_running_and_the_summary_on_ctrl_c() {
         "{err}"
     );
 }
+
+/// `payctl provision` is safe to run again (it reports what exists and updates what differs),
+/// prints the local provider rather than the template's default, and refuses a real AWS account
+/// unless told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provision_is_idempotent_and_guards_real_aws() {
+    let name = format!("prov-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let provision = |extra: &[&str], local: bool| {
+        let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+        cmd.args(["provision", "--template"])
+            .arg(root().join("template.yaml"))
+            .args(["--stack-name", &name])
+            .args(extra);
+        if !local {
+            cmd.env_remove("AWS_ENDPOINT_URL");
+        }
+        let out = cmd.output().expect("running payctl provision");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, first, made) = provision(&[], true);
+    assert!(ok, "{made}");
+    assert_eq!(made.matches("created").count(), 5, "{made}");
+    let (ok, second, again) = provision(&[], true);
+    assert!(ok, "a second run succeeds: {again}");
+    assert_eq!(again.matches("exists").count(), 5, "{again}");
+    let urls =
+        |out: &str| serde_json::from_str::<serde_json::Value>(out).unwrap()["queues"].clone();
+    assert_eq!(urls(&first), urls(&second));
+    let env: serde_json::Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(
+        env["function_env"]["PAYMENT_API_URL"].as_str(),
+        std::env::var("PAYMENT_API_URL").ok().as_deref(),
+        "the local provider, not the template's api.stripe.com"
+    );
+
+    let (ok, _, changed) = provision(&["--visibility-timeout", "17"], true);
+    assert!(ok, "{changed}");
+    assert!(
+        changed.contains(&format!("updated  queue {name}-PaymentsQueue")),
+        "{changed}"
+    );
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let url = urls(&second)["PaymentsQueue"].as_str().unwrap().to_owned();
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        attrs
+            .attributes()
+            .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout))
+            .map(String::as_str),
+        Some("17")
+    );
+
+    let (ok, _, refused) = provision(&[], false);
+    assert!(!ok, "no endpoint: a real account");
+    assert!(refused.contains("--yes-real-aws"), "{refused}");
+}

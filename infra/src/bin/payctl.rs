@@ -23,8 +23,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the template's queues and table on the endpoint (AWS_ENDPOINT_URL) and print them.
+    /// Create the template's queues and tables on the endpoint (AWS_ENDPOINT_URL), or find and
+    /// update them when they exist (safe to run again), and print them.
     Provision {
+        /// The SAM template to read.
         #[arg(long, default_value = "template.yaml")]
         template: PathBuf,
         /// Prefix of every resource name.
@@ -36,6 +38,10 @@ enum Command {
         /// Template parameter, NAME=VALUE (repeatable).
         #[arg(long = "param")]
         params: Vec<String>,
+        /// Allow creating resources in a real AWS account (no AWS_ENDPOINT_URL set). On AWS,
+        /// deploy the stack with sam deploy instead.
+        #[arg(long)]
+        yes_real_aws: bool,
     },
     /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
     Send {
@@ -346,7 +352,16 @@ async fn run(cli: Cli) -> Result<()> {
             stack_name,
             visibility_timeout,
             params,
+            yes_real_aws,
         } => {
+            let local =
+                std::env::var("AWS_ENDPOINT_URL").is_ok_and(|u| !u.contains("amazonaws.com"));
+            if !local && !yes_real_aws {
+                bail!(
+                    "provision would create queues and tables in the AWS account of your credentials ({}): set AWS_ENDPOINT_URL for a local emulator, deploy to AWS with sam deploy, or pass --yes-real-aws",
+                    payment_infra::operate::endpoint(&sdk)
+                );
+            }
             let mut parameters = std::collections::HashMap::new();
             for p in params {
                 let (k, v) = p.split_once('=').context("--param takes NAME=VALUE")?;
@@ -364,10 +379,26 @@ async fn run(cli: Cli) -> Result<()> {
                 },
             )
             .await?;
+            for (resource, done) in &stack.report {
+                eprintln!("{done:<8} {resource}");
+            }
+            // A local run takes the provider from its own environment, not the template's default.
+            let mut function_env = stack.function_env.clone();
+            for var in ["PAYMENT_API_URL", "PAYMENT_API_KEY_SECRET_ARN"] {
+                match std::env::var(var) {
+                    Ok(v) if local => {
+                        function_env.insert(var.to_owned(), v);
+                    }
+                    _ if local => {
+                        function_env.remove(var);
+                    }
+                    _ => {}
+                }
+            }
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
-                    "queues": stack.queues, "tables": stack.tables, "function_env": stack.function_env,
+                    "queues": stack.queues, "tables": stack.tables, "function_env": function_env,
                     "event_source": {"queue_url": stack.event_source.queue_url, "batch_size": stack.event_source.batch_size,
                         "batching_window_seconds": stack.event_source.batching_window_seconds,
                         "function_timeout_seconds": stack.event_source.function_timeout_seconds},
