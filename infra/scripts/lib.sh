@@ -87,6 +87,19 @@ start_aws_endpoint() {
     start_ministack
   fi
   check_conformance
+  write_env_file
+}
+
+# Writes the local stack's variables to .local/env (`source .local/env` in a second shell);
+# `payctl env --stack-name N` adds a provisioned stack's tables and queues.
+ENV_FILE="$ROOT/.local/env"
+write_env_file() {
+  mkdir -p "$(dirname "$ENV_FILE")"
+  : >"$ENV_FILE"
+  local v
+  for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PAYMENT_API_URL PAYMENT_API_KEY; do
+    if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}" >>"$ENV_FILE"; fi
+  done
 }
 
 # Refuses the endpoint unless it keeps the protocol's semantics (payctl conformance).
@@ -119,6 +132,7 @@ start_simulator() {
   rm -f "$portfile"
   wait_for_url "$PAYMENT_API_URL/_sim/health" 30
   log "provider simulator at $PAYMENT_API_URL"
+  write_env_file
 }
 
 # Starts ministack (with the SAM translator) on a free port and exports AWS_ENDPOINT_URL for it.
@@ -136,6 +150,10 @@ start_ministack() {
 }
 
 stop_started() {
+  # What this shell started is gone: its variables would point nowhere.
+  if [ "${#STARTED_PIDS[@]}" -gt 0 ] && [ -f "$ENV_FILE" ] && grep -q "${AWS_ENDPOINT_URL:-none}" "$ENV_FILE"; then
+    rm -f "$ENV_FILE"
+  fi
   for pid in "${STARTED_PIDS[@]:-}"; do
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
   done

@@ -43,6 +43,15 @@ enum Command {
         #[arg(long)]
         yes_real_aws: bool,
     },
+    /// Print `export` lines for a second shell: the endpoint, credentials and provider of this
+    /// one, and a local stack's tables and queues (provisioned if missing).
+    Env {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        /// The stack's name (as given to provision).
+        #[arg(long)]
+        stack_name: String,
+    },
     /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
     Send {
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
@@ -404,6 +413,51 @@ async fn run(cli: Cli) -> Result<()> {
                         "function_timeout_seconds": stack.event_source.function_timeout_seconds},
                 }))?
             );
+        }
+        Command::Env {
+            template,
+            stack_name,
+        } => {
+            if std::env::var("AWS_ENDPOINT_URL").is_err() {
+                bail!("payctl env is for a local stack: set AWS_ENDPOINT_URL (source .local/env), or read a deployed stack's outputs with aws cloudformation describe-stacks");
+            }
+            let stack = template::provision(
+                &sdk,
+                &template,
+                &template::ProvisionOptions {
+                    stack_name,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let mut vars: Vec<(String, String)> = [
+                "AWS_ENDPOINT_URL",
+                "AWS_REGION",
+                "AWS_DEFAULT_REGION",
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "PAYMENT_API_URL",
+                "PAYMENT_API_KEY",
+            ]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+            .collect();
+            vars.push((
+                "IDEMPOTENCY_TABLE".into(),
+                stack.function_var("IDEMPOTENCY_TABLE")?.to_owned(),
+            ));
+            vars.push((
+                "DEAD_LETTER_QUEUE_URL".into(),
+                stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned(),
+            ));
+            vars.push((
+                "PAYMENTS_QUEUE_URL".into(),
+                stack.event_source.queue_url.clone(),
+            ));
+            vars.push(("PAYMENTS_TABLE".into(), stack.payments_table()?.to_owned()));
+            for (k, v) in vars {
+                println!("export {k}='{}'", v.replace('\'', "'\\''"));
+            }
         }
         Command::Send {
             queue_url,
