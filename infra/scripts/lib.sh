@@ -100,6 +100,7 @@ write_env_file() {
   for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PAYMENT_API_URL PAYMENT_API_KEY; do
     if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}" >>"$ENV_FILE"; fi
   done
+  ENV_WRITTEN="$(cat "$ENV_FILE")"
 }
 
 # Refuses the endpoint unless it keeps the protocol's semantics (payctl conformance).
@@ -150,8 +151,9 @@ start_ministack() {
 }
 
 stop_started() {
-  # What this shell started is gone: its variables would point nowhere.
-  if [ "${#STARTED_PIDS[@]}" -gt 0 ] && [ -f "$ENV_FILE" ] && grep -q "${AWS_ENDPOINT_URL:-none}" "$ENV_FILE"; then
+  # What this shell started is gone: the variables it wrote would point nowhere (a file that
+  # another shell has written since is left alone).
+  if [ -n "${ENV_WRITTEN:-}" ] && [ "$(cat "$ENV_FILE" 2>/dev/null)" = "$ENV_WRITTEN" ]; then
     rm -f "$ENV_FILE"
   fi
   for pid in "${STARTED_PIDS[@]:-}"; do
