@@ -33,8 +33,37 @@ pub struct DeadLetterInfo {
     pub receive_count: u64,
     /// Time since the original was first sent.
     pub age: Duration,
-    /// The body, unchanged.
+    /// The body, unchanged (card numbers masked when `card_data_masked`).
     pub body: String,
+    /// The source message's id (`source_message_id`), to trace it back.
+    pub source_message_id: Option<String>,
+    /// Epoch ms of the original's first send.
+    pub first_sent_at_ms: Option<i64>,
+    /// Every message attribute, as the processor wrote them.
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// SQS's own attributes of the dead letter (`SentTimestamp`, `ApproximateReceiveCount`, ...).
+    pub system_attributes: std::collections::BTreeMap<String, String>,
+}
+
+impl DeadLetterInfo {
+    /// Everything about the dead letter, for `dlq list` (one line each) and `dlq show`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "message_id": self.message_id,
+            "error_code": self.error_code.clone().unwrap_or_else(|| "max_receives".into()),
+            "error_message": self.error_message,
+            "payment_id": self.payment_id,
+            "source_message_id": self.source_message_id,
+            "first_sent_at": self.first_sent_at_ms.map(crate::operate::utc),
+            "age_seconds": self.age.as_secs(),
+            "receive_count": self.receive_count,
+            "receive_count_means": "times SQS has handed out this dead letter, listings included (each list or show receives it once); a message SQS moved by itself also counts its deliveries from the source queue",
+            "card_data_masked": self.attributes.get(attrs::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
+            "attributes": self.attributes,
+            "sqs_attributes": self.system_attributes,
+            "body": self.body,
+        })
+    }
 }
 
 fn attr(m: &Message, k: &str) -> Option<String> {
@@ -78,7 +107,36 @@ fn info(m: &Message) -> DeadLetterInfo {
                 .unwrap_or(0),
         ),
         body,
+        source_message_id: attr(m, attrs::SOURCE_MESSAGE_ID),
+        first_sent_at_ms: first_sent(m),
+        attributes: m
+            .message_attributes()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| v.string_value().map(|s| (k.clone(), s.to_owned())))
+            .collect(),
+        system_attributes: m
+            .attributes()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+            .collect(),
     }
+}
+
+/// Finds one dead letter by its message id (held a moment while looking, then released).
+pub async fn show(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    message_id: &str,
+) -> Result<DeadLetterInfo> {
+    list(sqs, dlq_url, usize::MAX)
+        .await?
+        .into_iter()
+        .find(|l| l.message_id == message_id || l.source_message_id.as_deref() == Some(message_id))
+        .with_context(|| {
+            format!("no dead letter with message id or source_message_id {message_id} in {dlq_url}")
+        })
 }
 
 async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, hold: i32) -> Result<Vec<Message>> {

@@ -151,3 +151,56 @@ async fn redrive_keeps_what_is_never_redriven_and_refuses_unknown_codes() {
         "{left:?}: the forced invalid body came back to the DLQ"
     );
 }
+
+/// `dlq list` shows each dead letter whole (body, source message, first send, every attribute,
+/// the receive count as SQS counts it) and `dlq show` finds one by either id; an unknown id is
+/// an error that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_list_and_show_give_the_whole_dead_letter() {
+    let t = TestStack::new("dlq-show").await;
+    let body = payment(&t.pid("p1"), 100, "pm_card_invalid");
+    let source = t.send(&body).await;
+    t.drain(1).await;
+    let dlq_url = t.config.dead_letter_queue_url.clone();
+    let payctl = |args: &[&str]| {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(["dlq"])
+            .args(args)
+            .args(["--dlq-url", &dlq_url])
+            .output()
+            .expect("running payctl dlq");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, listed, said) = payctl(&["list"]);
+    assert!(ok, "{said}");
+    let line: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    assert_eq!(line["error_code"], "provider_rejected");
+    assert_eq!(line["source_message_id"], source.as_str());
+    assert_eq!(line["body"], body.as_str());
+    assert!(
+        line["first_sent_at"].as_str().unwrap().ends_with('Z'),
+        "{line}"
+    );
+    assert_eq!(line["attributes"]["error_code"], "provider_rejected");
+    assert!(line["receive_count_means"]
+        .as_str()
+        .unwrap()
+        .contains("listings included"));
+    let first_count = line["receive_count"].as_u64().unwrap();
+    let (ok, shown, _) = payctl(&["show", &source]);
+    assert!(ok);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["body"], body.as_str());
+    assert_eq!(
+        shown["receive_count"].as_u64().unwrap(),
+        first_count + 1,
+        "stated plainly: each look receives it"
+    );
+    let (ok, _, err) = payctl(&["show", "no-such-id"]);
+    assert!(!ok);
+    assert!(err.contains("no dead letter with message id"), "{err}");
+}

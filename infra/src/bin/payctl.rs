@@ -309,12 +309,21 @@ enum ApiCommand {
 
 #[derive(Subcommand)]
 enum DlqCommand {
-    /// List dead letters with their error_code, error_message, receive count and age.
+    /// List dead letters, one JSON line each: error_code, error_message, payment_id,
+    /// source_message_id, first_sent_at, age, receive count (as SQS counts it), every attribute
+    /// and the body.
     List {
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
         dlq_url: String,
+        /// At most this many.
         #[arg(long, default_value_t = 100)]
         max: usize,
+    },
+    /// Show one dead letter, by its message id or its source_message_id.
+    Show {
+        id: String,
+        #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
+        dlq_url: String,
     },
     /// Move dead letters back to the source queue (after fixing the cause).
     Redrive {
@@ -632,19 +641,16 @@ async fn run(cli: Cli) -> Result<()> {
                 DlqCommand::List { dlq_url, max } => {
                     let letters = payment_infra::dlq::list(&sqs, &dlq_url, max).await?;
                     for l in &letters {
-                        println!(
-                            "{}",
-                            serde_json::json!({
-                                "message_id": l.message_id,
-                                "error_code": l.error_code.clone().unwrap_or_else(|| "max_receives".into()),
-                                "error_message": l.error_message,
-                                "payment_id": l.payment_id,
-                                "receive_count": l.receive_count,
-                                "age_seconds": l.age.as_secs(),
-                            })
-                        );
+                        println!("{}", l.to_json());
                     }
-                    eprintln!("{} dead letters", letters.len());
+                    eprintln!(
+                        "{} dead letters (listing receives each one: its receive_count grew by one)",
+                        letters.len()
+                    );
+                }
+                DlqCommand::Show { id, dlq_url } => {
+                    let letter = payment_infra::dlq::show(&sqs, &dlq_url, &id).await?;
+                    println!("{}", serde_json::to_string_pretty(&letter.to_json())?);
                 }
                 DlqCommand::Redrive {
                     dlq_url,
