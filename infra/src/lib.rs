@@ -23,5 +23,6 @@ pub mod reconcile;
 pub mod republish;
 pub mod runtime_api;
 pub mod sim;
+pub mod status;
 pub mod stream;
 pub mod template;

@@ -240,3 +240,85 @@ async fn payctl_env_sets_up_a_second_shell() {
     .expect("the run's JSON summary");
     assert_eq!(summary["charged"], 2, "{said}");
 }
+
+/// `payctl status` reads in UTC, shows only what the record's state means (no lease owner on a
+/// completed record), shows the dead letter of a payment that has no record, and `--json` has
+/// it all; `payctl history` puts it in time order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_history_read_like_an_operator_needs() {
+    let mut env = fast_settings();
+    env.insert("IDEMPOTENCY_TTL_SECONDS".into(), "3600".into());
+    let t = TestStack::with_env("op-status", env).await;
+    let (done, old) = (t.pid("done"), t.pid("old"));
+    t.send(&payment(&done, 1999, "pm_card_visa")).await;
+    // A message first sent two hours ago: dead-lettered as request_expired, never claimed.
+    t.sqs
+        .send_message()
+        .queue_url(t.queue_url())
+        .message_body(payment(&old, 100, "pm_card_visa"))
+        .message_attributes(
+            "first_sent_at",
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value((payment_core::processor::now_ms() - 7_200_000).to_string())
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    t.drain(1).await;
+    let payctl = |args: &[&str]| {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(args)
+            .args(["--table", &t.config.idempotency_table])
+            .output()
+            .expect("running payctl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, text, _) = payctl(&["status", &done]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("COMPLETED (succeeded 1999 usd, provider pi_"),
+        "{text}"
+    );
+    assert!(
+        text.contains("completed        20") && text.contains('Z'),
+        "UTC: {text}"
+    );
+    assert!(
+        !text.contains("held by"),
+        "no lease on a completed record: {text}"
+    );
+    let (ok, json, _) = payctl(&["status", &done, "--json"]);
+    assert!(ok);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["record"]["status"], "COMPLETED");
+    assert!(doc["record"]["completed_at"]["utc"].is_string());
+    assert!(doc["record"]["lease_owner"].is_null());
+    let (ok, history, _) = payctl(&["history", &done]);
+    assert!(ok);
+    let lines: Vec<&str> = history.lines().collect();
+    assert!(
+        lines.first().unwrap().ends_with("first claimed"),
+        "{history}"
+    );
+    assert!(
+        lines.last().unwrap().ends_with("completed: succeeded"),
+        "{history}"
+    );
+
+    let (ok, text, _) = payctl(&["status", &old]);
+    assert!(ok, "a dead letter is an answer: {text}");
+    assert!(
+        text.contains("no record") && text.contains("dead-lettered    request_expired"),
+        "{text}"
+    );
+    let (ok, _, err) = payctl(&["status", &t.pid("never")]);
+    assert!(!ok);
+    assert!(err.contains("no record and no dead letter"), "{err}");
+}

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use payment_core::config::Config;
-use payment_core::idempotency::IdempotencyStore;
 use payment_infra::{demo, esm, load, template};
 
 #[derive(Parser)]
@@ -224,8 +223,17 @@ enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
-    /// Print a payment's idempotency record.
+    /// Print a payment's idempotency record (times in UTC) and its dead letter, if it has one.
     Status {
+        payment_id: String,
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        table: String,
+        /// The whole record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What happened to a payment, in time order, from its record and dead letter.
+    History {
         payment_id: String,
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         table: String,
@@ -840,21 +848,35 @@ async fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Status { payment_id, table } => {
-            let store =
-                payment_core::dynamo::DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
-            match store.get(&payment_id).await? {
-                None => bail!("no record for payment {payment_id}"),
-                Some(r) => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({
-                        "payment_id": r.payment_id, "status": r.status.as_str(), "attempts": r.attempts,
-                        "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at_ms, "expires_at": r.expires_at_s,
-                        "first_attempt_at": r.first_attempt_at_ms, "unknown_outcome": r.unknown_outcome,
-                        "not_before": r.not_before_ms,
-                        "last_error": r.last_error, "outcome": r.outcome,
-                    }))?
-                ),
+        Command::Status {
+            payment_id,
+            table,
+            json,
+        } => {
+            let (record, mark) = progress_of(&sdk, &table, &payment_id).await?;
+            if json {
+                let doc =
+                    payment_infra::status::to_json(&payment_id, record.as_ref(), mark.as_ref());
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                for line in
+                    payment_infra::status::describe(&payment_id, record.as_ref(), mark.as_ref())
+                {
+                    println!("{line}");
+                }
+            }
+            if record.is_none() && mark.is_none() {
+                bail!("payment {payment_id} has no record and no dead letter in {table}: not processed yet, never sent, or expired after IDEMPOTENCY_TTL");
+            }
+        }
+        Command::History { payment_id, table } => {
+            let (record, mark) = progress_of(&sdk, &table, &payment_id).await?;
+            let events = payment_infra::status::history(record.as_ref(), mark.as_ref());
+            if events.is_empty() {
+                bail!("payment {payment_id} has no record and no dead letter in {table}");
+            }
+            for (at, what) in events {
+                println!("{}  {what}", payment_infra::operate::utc(at));
             }
         }
         Command::Chaos {
@@ -946,4 +968,26 @@ fn relay_for(
         _ => None,
     })?;
     Ok(payment_core::bootstrap::build_relay(&config, sdk))
+}
+
+/// A payment's record and dead-letter mark, with a one-line error naming the table.
+async fn progress_of(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    payment_id: &str,
+) -> Result<(
+    Option<payment_core::idempotency::IdempotencyRecord>,
+    Option<payment_core::idempotency::DeadLetterMark>,
+)> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    if let Err(e) = ddb.describe_table().table_name(table).send().await {
+        bail!(payment_infra::operate::explain(
+            &e,
+            &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+            &payment_infra::operate::endpoint(sdk)
+        ));
+    }
+    Ok(payment_core::dynamo::DynamoStore::new(ddb, table)
+        .progress(payment_id)
+        .await?)
 }
