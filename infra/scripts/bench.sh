@@ -16,6 +16,7 @@ dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 start_simulator
 start_ministack
 cd "$ROOT"
+BENCH_EMULATOR="$(grep -E '^ministack==' "$ROOT/infra/requirements-ministack.txt" | sed 's/==/ /')" \
 "$ROOT/target/$dir/payctl" bench --template "$ROOT/template.yaml" \
   --bootstrap "arm64=$ROOT/.aws-sam/build-arm64/PaymentProcessorFunction/bootstrap" \
   --bootstrap "x86_64=$ROOT/.aws-sam/build-x86_64/PaymentProcessorFunction/bootstrap" "$@"

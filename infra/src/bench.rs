@@ -86,6 +86,8 @@ pub struct BenchOptions {
     pub cold_start_runs: usize,
     /// Release bootstraps to measure: (architecture, path).
     pub bootstraps: Vec<(String, PathBuf)>,
+    /// The local stack measured against (name and version), for the results' heading.
+    pub emulator: String,
     /// Where to write results.
     pub out_dir: PathBuf,
     /// Where the function processes write their logs.
@@ -657,6 +659,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         .max()
         .unwrap_or(0);
     let result = json!({
+        "run": run_facts(opts),
         "payments": opts.payments,
         "throughput": [one, many],
         "stack_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},
@@ -798,8 +801,53 @@ async fn api_measurement(
     }))
 }
 
+/// When, what and where: the date, the commit, the machine, the emulator and the sizes, so
+/// that a result can be compared with another only when these match.
+fn run_facts(opts: &BenchOptions) -> serde_json::Value {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    json!({
+        "date": crate::operate::utc(now_ms()),
+        "commit": commit,
+        "machine": format!("{HOST_ARCH}, {cores} cores, {cpu}"),
+        "emulator": opts.emulator,
+        "payments": opts.payments,
+        "duplicates": opts.payments / 10,
+        "pollers": opts.pollers,
+        "cold_start_runs": opts.cold_start_runs,
+    })
+}
+
 fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
     let mut s = String::new();
+    let run = &r["run"];
+    s.push_str(&format!(
+        "Run {} at commit {} on {}, against {}: {} payments + {} duplicates, 1 and {} concurrent batches.\n\n",
+        run["date"].as_str().unwrap_or("?"),
+        run["commit"].as_str().unwrap_or("?"),
+        run["machine"].as_str().unwrap_or("?"),
+        run["emulator"].as_str().unwrap_or("?"),
+        run["payments"],
+        run["duplicates"],
+        run["pollers"]
+    ));
     s.push_str("| measure | value |\n|---|---|\n");
     for t in r["throughput"].as_array().into_iter().flatten() {
         let p = t["pollers"].as_u64().unwrap_or(0);

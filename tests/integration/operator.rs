@@ -322,3 +322,97 @@ async fn status_and_history_read_like_an_operator_needs() {
     assert!(!ok);
     assert!(err.contains("no record and no dead letter"), "{err}");
 }
+
+/// Every command and option of `payctl` says what it is for in `--help`.
+#[test]
+fn every_payctl_option_is_described() {
+    let payctl = root().join("target/debug/payctl");
+    let help = |args: &[String]| {
+        let out = std::process::Command::new(&payctl)
+            .args(args)
+            .arg("--help")
+            .output()
+            .expect("running payctl --help");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Every command path, subcommands included.
+    let mut commands: Vec<Vec<String>> = Vec::new();
+    let mut todo = vec![Vec::<String>::new()];
+    while let Some(path) = todo.pop() {
+        let text = help(&path);
+        let listed: Vec<String> = text
+            .split("Commands:\n")
+            .nth(1)
+            .map(|rest| {
+                rest.lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                    .filter(|c| c != "help")
+                    .collect()
+            })
+            .unwrap_or_default();
+        if listed.is_empty() {
+            commands.push(path);
+        } else {
+            todo.extend(listed.into_iter().map(|c| [path.clone(), vec![c]].concat()));
+        }
+    }
+    assert!(commands.len() >= 20, "{commands:?}");
+    let strip_brackets = |s: &str| {
+        let mut out = String::new();
+        let mut depth = 0;
+        for c in s.chars() {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ if depth == 0 => out.push(c),
+                _ => {}
+            }
+        }
+        out.trim().to_owned()
+    };
+    let mut undescribed = Vec::new();
+    for path in &commands {
+        let text = help(path);
+        let mut current: Option<(String, String)> = None;
+        let mut in_lists = false;
+        let mut finish = |c: Option<(String, String)>| {
+            if let Some((flag, desc)) = c {
+                if strip_brackets(&desc).is_empty() {
+                    undescribed.push(format!("payctl {} {flag}", path.join(" ")));
+                }
+            }
+        };
+        for line in text.lines() {
+            if line == "Options:" || line == "Arguments:" {
+                in_lists = true;
+                finish(current.take());
+                continue;
+            }
+            if !in_lists {
+                continue;
+            }
+            let is_item = line.starts_with("  -")
+                || line.starts_with("      --")
+                || line.starts_with("  <")
+                || line.starts_with("  [");
+            if is_item {
+                finish(current.take());
+                let body = line.trim();
+                let (flag, desc) = match body.find("  ") {
+                    Some(i) => (&body[..i], &body[i..]),
+                    None => (body, ""),
+                };
+                current = Some((flag.to_owned(), desc.to_owned()));
+            } else if let Some((_, desc)) = current.as_mut() {
+                desc.push(' ');
+                desc.push_str(line);
+            }
+        }
+        finish(current.take());
+    }
+    assert!(
+        undescribed.is_empty(),
+        "options without a description: {undescribed:#?}"
+    );
+}

@@ -16,6 +16,12 @@ use payment_infra::{demo, esm, load, template};
     about = "Send, process and inspect payments; provision and demo the local stack"
 )]
 struct Cli {
+    /// AWS region (default: AWS_REGION, then the profile's).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Named profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE).
+    #[arg(long, global = true)]
+    profile: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -45,6 +51,7 @@ enum Command {
     /// Print `export` lines for a second shell: the endpoint, credentials and provider of this
     /// one, and a local stack's tables and queues (provisioned if missing).
     Env {
+        /// The SAM template the resources come from.
         #[arg(long, default_value = "template.yaml")]
         template: PathBuf,
         /// The stack's name (as given to provision).
@@ -53,6 +60,7 @@ enum Command {
     },
     /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
     Send {
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
         /// One message body.
@@ -71,8 +79,10 @@ enum Command {
     /// Poll a queue like Lambda's SQS trigger and run the processor (configured from the
     /// function's environment variables) on each batch.
     Run {
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
+        /// Messages per invocation (Lambda's SQS trigger takes up to 10 per receive).
         #[arg(long, default_value_t = 10)]
         batch_size: i32,
         /// Batching window, seconds.
@@ -84,6 +94,7 @@ enum Command {
         /// Function timeout, seconds: each invocation's deadline.
         #[arg(long, default_value_t = 60)]
         function_timeout: u64,
+        /// Concurrent pollers, each running one batch at a time.
         #[arg(long, default_value_t = 1)]
         pollers: usize,
         /// Stop once the queue is drained.
@@ -102,35 +113,49 @@ enum Command {
     /// Send payments to a deployed stack and verify what its own event-source mapping and
     /// bootstrap made of them (make e2e-sam).
     E2eCheck {
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long)]
         queue_url: String,
+        /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long)]
         dlq_url: String,
+        /// The idempotency table (the stack's IdempotencyTableName output).
         #[arg(long)]
         table: String,
+        /// The provider simulator the deployed function calls.
         #[arg(long, env = "PAYMENT_API_URL")]
         sim_url: String,
+        /// Prefix of this run's payment ids.
         #[arg(long, default_value = "e2e")]
         prefix: String,
         /// The deployed payments API: send the load through it (default: straight to the queue).
         #[arg(long)]
         api_url: Option<String>,
+        /// Give up after this many seconds.
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
     },
     /// The benchmark: throughput, latency, calls per payment, CPU and memory, cold start, size.
     Bench {
+        /// The SAM template the stacks are provisioned from.
         #[arg(long, default_value = "template.yaml")]
         template: PathBuf,
+        /// Backlog size (10 % duplicates on top).
         #[arg(long, default_value_t = 2000)]
         payments: usize,
+        /// Concurrent batches of the multi-batch run.
         #[arg(long, default_value_t = 4)]
         pollers: usize,
+        /// Cold starts measured (the median is reported).
         #[arg(long, default_value_t = 20)]
         cold_start_runs: usize,
         /// ARCH=PATH of a release bootstrap (repeatable).
         #[arg(long = "bootstrap")]
         bootstraps: Vec<String>,
+        /// The local stack measured against, named in the results (name and version).
+        #[arg(long, env = "BENCH_EMULATOR", default_value = "an unnamed endpoint")]
+        emulator: String,
+        /// Where results.json, results.md and the PNG go.
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         /// Where the function processes' logs go.
@@ -156,19 +181,24 @@ enum Command {
             required_unless_present = "all_unknown",
             conflicts_with = "all_unknown"
         )]
+        /// The payment's id (its Idempotency-Key).
         payment_id: Option<String>,
         /// Every record that is marked unknown, FAILED, or IN_PROGRESS past its lease.
         #[arg(long)]
         all_unknown: bool,
+        /// The idempotency table (the stack's IdempotencyTableName output).
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         table: String,
+        /// The provider's base URL (as the function's PAYMENT_API_URL).
         #[arg(long, env = "PAYMENT_API_URL")]
         payment_api_url: String,
         /// The provider key's secret (or PAYMENT_API_KEY for local use).
         #[arg(long, env = "PAYMENT_API_KEY_SECRET_ARN")]
         payment_api_key_secret_arn: Option<String>,
+        /// How long the provider remembers an idempotency key, seconds.
         #[arg(long, env = "PROVIDER_KEY_RETENTION_SECONDS", default_value_t = 86_400)]
         key_retention_seconds: u64,
+        /// How far the provider's search may lag its charges, seconds.
         #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
         search_lag_seconds: u64,
     },
@@ -184,11 +214,13 @@ enum Command {
         /// ISO 4217 code.
         #[arg(long)]
         currency: String,
+        /// The provider's customer id.
         #[arg(long)]
         customer: String,
         /// A provider payment method id (never a card number).
         #[arg(long, default_value = "pm_card_visa")]
         payment_method: String,
+        /// Free text shown on the provider's dashboard.
         #[arg(long)]
         description: Option<String>,
         /// The payment's id end to end; a random one when not given (printed).
@@ -197,7 +229,9 @@ enum Command {
     },
     /// Read a payment through the payments API (GET /v1/payments/{id}).
     Get {
+        /// The payment's id (its Idempotency-Key).
         payment_id: String,
+        /// The payments API's base URL (the stack's PaymentsApiUrl output).
         #[arg(long, env = "PAYMENTS_API_URL")]
         api_url: String,
     },
@@ -209,8 +243,10 @@ enum Command {
     /// Relay the payments table's outbox stream to the payments queue, as the outbox-relay
     /// Lambda's stream trigger does (local runs).
     Relay {
+        /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
         /// On a FIFO queue: message groups per customer or per payment.
@@ -225,7 +261,9 @@ enum Command {
     },
     /// Print a payment's idempotency record (times in UTC) and its dead letter, if it has one.
     Status {
+        /// The payment's id (its Idempotency-Key).
         payment_id: String,
+        /// The idempotency table (the stack's IdempotencyTableName output).
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         table: String,
         /// The whole record as JSON.
@@ -234,42 +272,55 @@ enum Command {
     },
     /// What happened to a payment, in time order, from its record and dead letter.
     History {
+        /// The payment's id (its Idempotency-Key).
         payment_id: String,
+        /// The idempotency table (the stack's IdempotencyTableName output).
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         table: String,
     },
     /// The chaos checker: several processor processes crashing at random failpoints against a
     /// faulty provider; exits non-zero on any double charge, loss or stuck record.
     Chaos {
+        /// The SAM template the resources come from.
         #[arg(long, default_value = "template.yaml")]
         template: PathBuf,
+        /// Unique payments in the load (copies, reused keys and bad bodies come on top).
         #[arg(long, default_value_t = 300)]
         payments: usize,
+        /// Seed of the load and of the fault dice.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Processor processes running at once.
         #[arg(long, default_value_t = 3)]
         instances: usize,
         /// Crash rate: each process crashes at one seeded failpoint after ~1/rate passes.
         #[arg(long, default_value_t = 0.02)]
         crash_rate: f64,
+        /// Probability of each provider fault per call.
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
         /// Most messages queued at once.
         #[arg(long, default_value_t = 300)]
         max_depth: i64,
+        /// Give up after this many seconds.
         #[arg(long, default_value_t = 3000)]
         max_seconds: u64,
     },
     /// The local end-to-end run: provision, fault injection, mixed load, drain, verify.
     Demo {
+        /// The SAM template the resources come from.
         #[arg(long, default_value = "template.yaml")]
         template: PathBuf,
+        /// Unique payments in the load (copies, reused keys and bad bodies come on top).
         #[arg(long, default_value_t = 250)]
         payments: usize,
+        /// Seed of the load and of the fault dice.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Concurrent pollers, each running one batch at a time.
         #[arg(long, default_value_t = 2)]
         pollers: usize,
+        /// Probability of each provider fault per call.
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
         /// Send raw messages straight into the queue instead of through the payments API.
@@ -282,6 +333,7 @@ enum Command {
 enum OutboxCommand {
     /// List unpublished outbox entries older than --older-than seconds.
     Pending {
+        /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
         /// Leave younger entries to the live relay.
@@ -291,12 +343,16 @@ enum OutboxCommand {
     /// Send unpublished outbox entries older than --older-than seconds to the payments queue
     /// and mark them published (safe to repeat: the processor absorbs copies).
     Republish {
+        /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
+        /// On a FIFO queue: message groups per customer or per payment.
         #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
         group_by: String,
+        /// Leave entries younger than this many seconds to the live relay.
         #[arg(long, default_value_t = 60)]
         older_than: u64,
     },
@@ -306,10 +362,13 @@ enum OutboxCommand {
 enum ApiCommand {
     /// Serve POST/GET /v1/payments on a local address until stopped.
     Serve {
+        /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         address: String,
+        /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
+        /// The processor's idempotency table, read for GET's status.
         #[arg(long, env = "IDEMPOTENCY_TABLE")]
         idempotency_table: String,
     },
@@ -321,6 +380,7 @@ enum DlqCommand {
     /// source_message_id, first_sent_at, age, receive count (as SQS counts it), every attribute
     /// and the body.
     List {
+        /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
         dlq_url: String,
         /// At most this many.
@@ -329,14 +389,18 @@ enum DlqCommand {
     },
     /// Show one dead letter, by its message id or its source_message_id.
     Show {
+        /// The dead letter's message id, or its source_message_id.
         id: String,
+        /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
         dlq_url: String,
     },
     /// Move dead letters back to the source queue (after fixing the cause).
     Redrive {
+        /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
         dlq_url: String,
+        /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
         /// Only this error_code (max_receives: moved by SQS after maxReceiveCount).
@@ -371,7 +435,14 @@ async fn run(cli: Cli) -> Result<()> {
     ) {
         payment_core::telemetry::init_timed();
     }
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = cli.region.clone() {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    if let Some(profile) = cli.profile.clone() {
+        loader = loader.profile_name(profile);
+    }
+    let sdk = loader.load().await;
     match cli.command {
         Command::Provision {
             template,
@@ -618,6 +689,7 @@ async fn run(cli: Cli) -> Result<()> {
             pollers,
             cold_start_runs,
             bootstraps,
+            emulator,
             out,
             logs,
         } => {
@@ -637,6 +709,7 @@ async fn run(cli: Cli) -> Result<()> {
                     pollers,
                     cold_start_runs,
                     bootstraps,
+                    emulator,
                     out_dir: out,
                     log_dir: logs,
                 },
