@@ -192,6 +192,50 @@ async fn provision_is_idempotent_and_guards_real_aws() {
     let (ok, _, refused) = provision(&[], false);
     assert!(!ok, "no endpoint: a real account");
     assert!(refused.contains("--yes-real-aws"), "{refused}");
+    let (ok, _, refused) = provision(&["--region", "eu-west-3"], false);
+    assert!(!ok);
+    assert!(
+        refused.contains("AWS (eu-west-3)"),
+        "--region is the account's region: {refused}"
+    );
+}
+
+/// A shell without credentials or an endpoint gets a hint, not an IMDS error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_without_credentials_is_told_what_to_set() {
+    let out = tokio::process::Command::new(root().join("target/debug/payctl"))
+        .args([
+            "--region",
+            "us-east-1",
+            "run",
+            "--queue-url",
+            "https://sqs.us-east-1.amazonaws.com/1/q",
+        ])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("IDEMPOTENCY_TABLE", "t")
+        .env(
+            "DEAD_LETTER_QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/1/dlq",
+        )
+        .env("PAYMENT_API_URL", "http://127.0.0.1:1")
+        .env("PAYMENT_API_KEY", "sk_test_x")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no AWS credentials were found") && err.contains("AWS_ENDPOINT_URL"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "{err}"
+    );
 }
 
 /// `payctl env` prints what a second shell needs: with nothing but its lines, a fresh shell
@@ -414,5 +458,16 @@ fn every_payctl_option_is_described() {
     assert!(
         undescribed.is_empty(),
         "options without a description: {undescribed:#?}"
+    );
+    // And the README's command table names every command.
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let missing: Vec<String> = commands
+        .iter()
+        .map(|p| format!("`payctl {}", p.join(" ")))
+        .filter(|c| !readme.contains(c.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "commands the README does not document: {missing:?}"
     );
 }

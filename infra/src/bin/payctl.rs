@@ -939,7 +939,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }
             }
             if record.is_none() && mark.is_none() {
-                bail!("payment {payment_id} has no record and no dead letter in {table}: not processed yet, never sent, or expired after IDEMPOTENCY_TTL");
+                bail!("payment {payment_id} has no record and no dead letter in {table}: not processed yet, never sent, expired after IDEMPOTENCY_TTL, or refused as invalid_json / invalid_payment (payctl dlq list shows those)");
             }
         }
         Command::History { payment_id, table } => {
