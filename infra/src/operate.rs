@@ -71,6 +71,32 @@ where
     }
 }
 
+/// Fails with one line naming the table (as `resource` describes it) and the fix when it
+/// cannot be described.
+pub async fn check_table(sdk: &aws_config::SdkConfig, table: &str, resource: &str) -> Result<()> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    if let Err(e) = ddb.describe_table().table_name(table).send().await {
+        bail!(explain(&e, resource, &endpoint(sdk)));
+    }
+    Ok(())
+}
+
+/// Fails with one line naming the queue (as `resource` describes it) and the fix when its
+/// attributes cannot be read.
+pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    if let Err(e) = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+    {
+        bail!(explain(&e, resource, &endpoint(sdk)));
+    }
+    Ok(())
+}
+
 /// Fails fast, naming the variable and the fix, when the processor's table or queues cannot be
 /// reached: `DescribeTable` and `GetQueueAttributes` before the first message is received.
 pub async fn check_processor_resources(
@@ -79,35 +105,24 @@ pub async fn check_processor_resources(
     queue_url: &str,
     dlq_url: &str,
 ) -> Result<()> {
-    let at = endpoint(sdk);
-    let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    if let Err(e) = ddb.describe_table().table_name(table).send().await {
-        bail!(explain(
-            &e,
-            &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
-            &at
-        ));
-    }
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    for (url, what) in [
-        (queue_url, "the payments queue"),
-        (dlq_url, "the dead-letter queue"),
-    ] {
-        let var = if what == "the payments queue" {
-            "PAYMENTS_QUEUE_URL"
-        } else {
-            "DEAD_LETTER_QUEUE_URL"
-        };
-        if let Err(e) = sqs
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-        {
-            bail!(explain(&e, &format!("{what} {url} ({var})"), &at));
-        }
-    }
+    check_table(
+        sdk,
+        table,
+        &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+    )
+    .await?;
+    check_queue(
+        sdk,
+        queue_url,
+        &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+    )
+    .await?;
+    check_queue(
+        sdk,
+        dlq_url,
+        &format!("the dead-letter queue {dlq_url} (DEAD_LETTER_QUEUE_URL)"),
+    )
+    .await?;
     Ok(())
 }
 

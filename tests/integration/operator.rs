@@ -57,6 +57,30 @@ async fn a_missing_table_or_queue_is_named_with_its_fix_before_anything_runs() {
         );
     }
     assert_eq!(t.depth().await, 1, "nothing was received");
+    // The other commands that name a table or a queue say the same.
+    let gone = format!(
+        "{}/000000000000/gone",
+        std::env::var("AWS_ENDPOINT_URL").unwrap()
+    );
+    for args in [
+        vec!["dlq", "list", "--dlq-url", gone.as_str()],
+        vec!["send", "--queue-url", gone.as_str(), "--generate", "1"],
+        vec!["outbox", "pending", "--table", "no-such-table"],
+        vec!["status", "p", "--table", "no-such-table"],
+    ] {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(&args)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("does not exist") && err.contains("payctl provision"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// A run in which every delivery failed exits non-zero with its summary (and `--json`);

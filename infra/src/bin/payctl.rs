@@ -554,6 +554,12 @@ async fn run(cli: Cli) -> Result<()> {
             generate,
             prefix,
         } => {
+            payment_infra::operate::check_queue(
+                &sdk,
+                &queue_url,
+                &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+            )
+            .await?;
             let bodies: Vec<String> = if let Some(b) = body {
                 vec![b]
             } else if let Some(f) = file {
@@ -718,6 +724,23 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Dlq { command } => {
             let sqs = aws_sdk_sqs::Client::new(&sdk);
+            let (DlqCommand::List { dlq_url, .. }
+            | DlqCommand::Show { dlq_url, .. }
+            | DlqCommand::Redrive { dlq_url, .. }) = &command;
+            payment_infra::operate::check_queue(
+                &sdk,
+                dlq_url,
+                &format!("the dead-letter queue {dlq_url} (DEAD_LETTER_QUEUE_URL)"),
+            )
+            .await?;
+            if let DlqCommand::Redrive { queue_url, .. } = &command {
+                payment_infra::operate::check_queue(
+                    &sdk,
+                    queue_url,
+                    &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+                )
+                .await?;
+            }
             match command {
                 DlqCommand::List { dlq_url, max } => {
                     let letters = payment_infra::dlq::list(&sqs, &dlq_url, max).await?;
@@ -792,6 +815,12 @@ async fn run(cli: Cli) -> Result<()> {
                 Duration::from_secs(10),
             )?;
             let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+            payment_infra::operate::check_table(
+                &sdk,
+                &table,
+                &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+            )
+            .await?;
             let store = payment_core::dynamo::DynamoStore::new(ddb.clone(), table.clone());
             let ids = match (payment_id, all_unknown) {
                 (Some(id), false) => vec![id],
@@ -884,6 +913,14 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Outbox { command } => {
             use payment_infra::republish;
+            let (OutboxCommand::Pending { table, .. } | OutboxCommand::Republish { table, .. }) =
+                &command;
+            payment_infra::operate::check_table(
+                &sdk,
+                table,
+                &format!("the payments table {table} (PAYMENTS_TABLE)"),
+            )
+            .await?;
             let ddb = aws_sdk_dynamodb::Client::new(&sdk);
             let before = |secs: u64| payment_core::processor::now_ms() - secs as i64 * 1000;
             match command {
@@ -1052,14 +1089,13 @@ async fn progress_of(
     Option<payment_core::idempotency::IdempotencyRecord>,
     Option<payment_core::idempotency::DeadLetterMark>,
 )> {
+    payment_infra::operate::check_table(
+        sdk,
+        table,
+        &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+    )
+    .await?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    if let Err(e) = ddb.describe_table().table_name(table).send().await {
-        bail!(payment_infra::operate::explain(
-            &e,
-            &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
-            &payment_infra::operate::endpoint(sdk)
-        ));
-    }
     Ok(payment_core::dynamo::DynamoStore::new(ddb, table)
         .progress(payment_id)
         .await?)
