@@ -147,21 +147,32 @@ pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<Str
         .context("the endpoint returned no QueueArn")
 }
 
-/// Messages visible + in flight + delayed.
-pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<i64> {
+/// Messages visible, in flight and delayed, as SQS approximates them.
+pub async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<[i64; 3]> {
+    let names = [
+        QueueAttributeName::ApproximateNumberOfMessages,
+        QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+    ];
     let out = sqs
         .get_queue_attributes()
         .queue_url(queue_url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .set_attribute_names(Some(names.to_vec()))
         .send()
         .await
         .context("reading the queue depth")?;
-    Ok(out
-        .attributes()
-        .map(|a| a.values().filter_map(|v| v.parse::<i64>().ok()).sum())
-        .unwrap_or(0))
+    let count = |k: &QueueAttributeName| {
+        out.attributes()
+            .and_then(|a| a.get(k))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    Ok([count(&names[0]), count(&names[1]), count(&names[2])])
+}
+
+/// Messages visible + in flight + delayed.
+pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<i64> {
+    Ok(queue_counts(sqs, queue_url).await?.iter().sum())
 }
 
 /// The Lambda SQS event record of a received message, as Lambda's event source builds it.

@@ -248,28 +248,9 @@ pub fn progress(
 }
 
 async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> String {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await;
-    match out {
-        Ok(o) => {
-            let get = |k: QueueAttributeName| {
-                o.attributes()
-                    .and_then(|a| a.get(&k))
-                    .cloned()
-                    .unwrap_or_else(|| "?".into())
-            };
-            format!(
-                "{} waiting, {} in flight, {} delayed",
-                get(QueueAttributeName::ApproximateNumberOfMessages),
-                get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-                get(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            )
+    match crate::esm::queue_counts(sqs, queue_url).await {
+        Ok([waiting, in_flight, delayed]) => {
+            format!("{waiting} waiting, {in_flight} in flight, {delayed} delayed")
         }
         Err(_) => "counts unavailable".into(),
     }
