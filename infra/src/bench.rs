@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use payment_core::idempotency::{ClaimRequest, IdempotencyStore};
-use payment_core::processor::now_ms;
 use serde_json::json;
+use sqs_once::record::{ClaimRequest, IdempotencyStore};
+use sqs_once::runner::now_ms;
 
 use crate::check::scan_records;
 use crate::demo::{config_for, function_environment};
@@ -287,7 +287,7 @@ async fn throughput(
 /// through the function's own adapters (the same requests on the wire), or for a duplicate the
 /// claim alone, which finds the record done.
 struct BareCalls {
-    store: payment_core::dynamo::DynamoStore,
+    store: sqs_once::DynamoStore,
     provider: payment_core::stripe::StripeClient,
 }
 
@@ -297,23 +297,23 @@ impl BareCalls {
         config: &payment_core::config::Config,
     ) -> Result<Self> {
         Ok(Self {
-            store: payment_core::dynamo::DynamoStore::new(
+            store: payment_core::payment_store(
                 aws_sdk_dynamodb::Client::new(sdk),
-                config.idempotency_table.clone(),
+                &config.idempotency_table,
             ),
             provider: payment_core::bootstrap::provider_from(config, sdk).await?,
         })
     }
 
     async fn pay(&self, body: &str) -> Result<()> {
-        use payment_core::idempotency::ClaimResult;
         use payment_core::provider::PaymentProvider;
+        use sqs_once::record::ClaimResult;
         let req = payment_core::domain::PaymentRequest::parse(body)?;
         let now = now_ms();
         let claim = self
             .store
             .claim(&ClaimRequest {
-                payment_id: req.payment_id.clone(),
+                key: req.payment_id.as_str().to_owned(),
                 payload_hash: req.payload_hash(),
                 owner: "bare".into(),
                 now_ms: now,
@@ -325,12 +325,12 @@ impl BareCalls {
             return Ok(());
         }
         let response = self.provider.create_payment(&req).await?;
-        let (outcome, dead_letter) = payment_core::processor::outcome_of(&req, &response);
+        let (outcome, dead_letter) = payment_core::charge::outcome_of(&req, &response);
         if let Some((code, why)) = dead_letter {
             bail!("{}: {code}: {why}", req.payment_id.as_str());
         }
         self.store
-            .complete(&req.payment_id, "bare", &outcome)
+            .complete(req.payment_id.as_str(), "bare", &outcome.to_outcome())
             .await?;
         Ok(())
     }
@@ -521,13 +521,13 @@ async fn calls_per_payment(
     let busy = format!("{name}-busy");
     let req =
         payment_core::domain::PaymentRequest::parse(&payment_body(&busy, 100, "pm_card_visa"))?;
-    let store = payment_core::dynamo::DynamoStore::new(
+    let store = payment_core::payment_store(
         aws_sdk_dynamodb::Client::new(sdk),
-        s.stack.function_var("IDEMPOTENCY_TABLE")?.to_owned(),
+        s.stack.function_var("IDEMPOTENCY_TABLE")?,
     );
     store
         .claim(&ClaimRequest {
-            payment_id: req.payment_id.clone(),
+            key: req.payment_id.as_str().to_owned(),
             payload_hash: req.payload_hash(),
             owner: "elsewhere".into(),
             now_ms: now_ms(),

@@ -158,7 +158,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     let mut arm = move || {
         let point = [
             "after_claim",
-            "after_charge",
+            "after_execute",
             "after_complete",
             "in_heartbeat",
         ][dice.usize(0..4)];

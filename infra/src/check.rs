@@ -5,8 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::dynamo::{is_record_item, record_from_item};
-use payment_core::idempotency::{IdempotencyRecord, RecordStatus};
+use sqs_once::record::{IdempotencyRecord, RecordStatus};
 
 use crate::load::{Expect, Planned};
 use crate::sim::Ledger;
@@ -96,9 +95,10 @@ pub async fn scan_records(
             .await
             .context("scanning the idempotency table")?;
         // The table also holds dead-letter marks beside the records.
-        for item in out.items().iter().filter(|i| is_record_item(i)) {
-            let r = record_from_item(item)?;
-            records.insert(r.payment_id.clone(), r);
+        let store = payment_core::payment_store(ddb.clone(), table);
+        for item in out.items().iter().filter(|i| store.is_record_item(i)) {
+            let r = store.record_from_item(item)?;
+            records.insert(r.key.clone(), r);
         }
         match out.last_evaluated_key() {
             Some(k) if !k.is_empty() => start = Some(k.clone()),
@@ -303,17 +303,9 @@ pub fn verify(
                 r.last_error
             )),
             Some(r) => {
-                let o = r
-                    .outcome
-                    .clone()
-                    .unwrap_or_else(|| payment_core::idempotency::Outcome {
-                        status: String::new(),
-                        provider_payment_id: None,
-                        decline_code: None,
-                        amount: 0,
-                        currency: String::new(),
-                        reason: None,
-                    });
+                let o = payment_core::PaymentOutcome::from_outcome(
+                    &r.outcome.clone().unwrap_or_default(),
+                );
                 match &p.expect {
                     Expect::Charged(status) => {
                         if charges != 1 {

@@ -17,9 +17,8 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, StreamSpecification, StreamViewType,
 };
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
-use payment_core::domain::PaymentId;
-use payment_core::dynamo::DynamoStore;
-use payment_core::idempotency::{ClaimRequest, ClaimResult, IdempotencyStore, StoreError};
+use sqs_once::record::{ClaimRequest, ClaimResult, IdempotencyStore, StoreError};
+use sqs_once::DynamoStore;
 
 /// The result of one check.
 #[derive(Debug, Clone)]
@@ -206,7 +205,12 @@ async fn conditional_claim(
 async fn atomic_conditional_update(sdk: &aws_config::SdkConfig, table: &str) -> Result<String> {
     // The processor's own claim write, by writers with a client (a connection pool) each.
     let stores: Vec<Arc<DynamoStore>> = (0..WRITERS)
-        .map(|_| Arc::new(DynamoStore::new(aws_sdk_dynamodb::Client::new(sdk), table)))
+        .map(|_| {
+            Arc::new(payment_core::payment_store(
+                aws_sdk_dynamodb::Client::new(sdk),
+                table,
+            ))
+        })
         .collect();
     let mut doubled = 0;
     let mut none = 0;
@@ -218,10 +222,9 @@ async fn atomic_conditional_update(sdk: &aws_config::SdkConfig, table: &str) -> 
         for (w, store) in stores.iter().enumerate() {
             let (store, barrier) = (store.clone(), barrier.clone());
             tasks.push(tokio::spawn(async move {
-                let now = payment_core::processor::now_ms();
+                let now = sqs_once::runner::now_ms();
                 let claim = ClaimRequest {
-                    payment_id: PaymentId::parse(&format!("race-{k}"))
-                        .map_err(|e| anyhow::anyhow!("{e}"))?,
+                    key: format!("race-{k}"),
                     payload_hash: "h".into(),
                     owner: format!("w{w}"),
                     now_ms: now,

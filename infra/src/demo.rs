@@ -271,7 +271,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     println!("provider calls:           {calls} (retries with the same key included)");
     println!(
         "local event source:       {} invocations, {} deliveries, {} timeouts; processor counted {} charged, {} duplicates, {} retried",
-        stats.invocations, stats.received, stats.timeouts, stats.summary.charged, stats.summary.duplicates, stats.summary.retried
+        stats.invocations, stats.received, stats.timeouts, stats.summary.done(payment_core::charge::labels::CHARGED), stats.summary.duplicates, stats.summary.retried
     );
     println!(
         "took:                     {:.1} s",

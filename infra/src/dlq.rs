@@ -15,8 +15,8 @@ use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue,
     MessageSystemAttributeName,
 };
-use payment_core::processor::now_ms;
-use payment_core::queue::attrs;
+use sqs_once::queue::attrs;
+use sqs_once::runner::now_ms;
 
 /// A dead letter, as an operator sees it.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ impl DeadLetterInfo {
             "age_seconds": self.age.as_secs(),
             "receive_count": self.receive_count,
             "receive_count_means": "times SQS has handed out this dead letter, listings included (each list or show receives it once); a message SQS moved by itself also counts its deliveries from the source queue",
-            "card_data_masked": self.attributes.get(attrs::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
+            "card_data_masked": self.attributes.get(payment_core::charge::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
             "attributes": self.attributes,
             "sqs_attributes": self.system_attributes,
             "body": self.body,

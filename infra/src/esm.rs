@@ -17,8 +17,8 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage, SqsM
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
-use payment_core::processor::now_ms;
 use payment_core::{BatchSummary, Processor};
+use sqs_once::runner::now_ms;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 

@@ -157,8 +157,8 @@ impl RunSummary {
         Self {
             invocations: stats.invocations,
             received: stats.received,
-            charged: stats.summary.charged,
-            declined: stats.summary.declined,
+            charged: stats.summary.done(payment_core::charge::labels::CHARGED),
+            declined: stats.summary.done(payment_core::charge::labels::DECLINED),
             duplicates: stats.summary.duplicates,
             retried: stats.summary.retried,
             dead_lettered: stats

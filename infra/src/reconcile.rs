@@ -12,12 +12,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use payment_core::domain::PaymentId;
-use payment_core::dynamo::DynamoStore;
-use payment_core::idempotency::{
-    IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus, StoreError,
-};
-use payment_core::processor::now_ms;
 use payment_core::provider::PaymentProvider;
+use payment_core::PaymentOutcome as Outcome;
+use sqs_once::record::{IdempotencyRecord, IdempotencyStore, RecordStatus, StoreError};
+use sqs_once::runner::now_ms;
+use sqs_once::DynamoStore;
 
 /// What reconcile did with one payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,12 +73,12 @@ pub async fn reconcile_one(
     let now = now_ms();
     match record.status {
         RecordStatus::Completed => {
-            return Ok(Action::AlreadyCompleted(
+            return Ok(Action::AlreadyCompleted(Outcome::from_outcome(
                 record
                     .outcome
-                    .clone()
+                    .as_ref()
                     .context("a COMPLETED record without an outcome")?,
-            ))
+            )))
         }
         RecordStatus::InProgress if record.lease_expires_at_ms >= now => {
             return Ok(Action::Held(record.lease_expires_at_ms))
@@ -120,13 +119,17 @@ pub async fn reconcile_one(
         currency: f.currency.clone().unwrap_or_default(),
         reason: (!f.is_charge()).then(|| format!("found at the provider as {}", f.status)),
     };
-    match store.settle(&id, &outcome, now).await {
+    match store.settle(id.as_str(), &outcome.to_outcome(), now).await {
         Ok(()) => Ok(Action::Settled(outcome)),
         // A processor claimed it between the read and the write: it will finish it.
         Err(StoreError::LeaseLost) => match store.get(payment_id).await? {
-            Some(r) if r.status == RecordStatus::Completed => Ok(Action::AlreadyCompleted(
-                r.outcome.context("a COMPLETED record without an outcome")?,
-            )),
+            Some(r) if r.status == RecordStatus::Completed => {
+                Ok(Action::AlreadyCompleted(Outcome::from_outcome(
+                    r.outcome
+                        .as_ref()
+                        .context("a COMPLETED record without an outcome")?,
+                )))
+            }
             Some(r) => Ok(Action::Held(
                 r.lease_expires_at_ms.max(r.not_before_ms.unwrap_or(0)),
             )),
@@ -196,7 +199,7 @@ pub async fn unsettled_ids(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Resul
         .await?
         .into_values()
         .filter(|r| needs_reconciling(r, now))
-        .map(|r| r.payment_id)
+        .map(|r| r.key)
         .collect();
     ids.sort();
     Ok(ids)

@@ -2,8 +2,9 @@
 //! operator reads it, with times in UTC and only the fields that mean something in the
 //! record's state.
 
-use payment_core::idempotency::{DeadLetterMark, IdempotencyRecord, RecordStatus};
+use payment_core::PaymentOutcome;
 use serde_json::{json, Value};
+use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
 use crate::operate::utc;
 
@@ -57,7 +58,8 @@ pub fn describe(
             "payment {id}: no record (never claimed, or the record expired after IDEMPOTENCY_TTL)"
         )),
         Some(r) => {
-            let what = match (&r.outcome, r.status) {
+            let outcome = r.outcome.as_ref().map(PaymentOutcome::from_outcome);
+            let what = match (&outcome, r.status) {
                 (Some(o), RecordStatus::Completed) => format!(
                     "{} ({} {} {}{})",
                     r.status.as_str(),
@@ -80,7 +82,7 @@ pub fn describe(
             if let Some(t) = r.completed_at_ms {
                 out.push(format!("  completed        {}", utc(t)));
             }
-            if let Some(o) = r.outcome.as_ref() {
+            if let Some(o) = outcome.as_ref() {
                 if let Some(code) = &o.decline_code {
                     out.push(format!("  decline code     {code}"));
                 }
@@ -182,24 +184,25 @@ pub fn history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use payment_core::domain::PaymentId;
-    use payment_core::idempotency::Outcome;
 
     fn record(status: RecordStatus) -> IdempotencyRecord {
         IdempotencyRecord {
-            payment_id: "p1".into(),
+            key: "p1".into(),
             status,
             payload_hash: "h".into(),
             lease_owner: Some("owner-1".into()),
             lease_expires_at_ms: 1_796_100_060_000,
             attempts: 2,
-            outcome: (status == RecordStatus::Completed).then(|| Outcome {
-                status: "succeeded".into(),
-                provider_payment_id: Some("pi_1".into()),
-                decline_code: None,
-                amount: 1999,
-                currency: "usd".into(),
-                reason: None,
+            outcome: (status == RecordStatus::Completed).then(|| {
+                PaymentOutcome {
+                    status: "succeeded".into(),
+                    provider_payment_id: Some("pi_1".into()),
+                    decline_code: None,
+                    amount: 1999,
+                    currency: "usd".into(),
+                    reason: None,
+                }
+                .to_outcome()
             }),
             expires_at_s: 1_797_900_000,
             first_attempt_at_ms: 1_796_100_000_000,
@@ -240,7 +243,7 @@ mod tests {
     #[test]
     fn no_record_but_a_dead_letter_says_so() {
         let mark = DeadLetterMark {
-            payment_id: PaymentId::parse("p1").unwrap(),
+            key: "p1".into(),
             payload_hash: "h".into(),
             error_code: "request_expired".into(),
             error_message: "too old".into(),

@@ -19,11 +19,11 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::clock::Clock;
+use crate::charge::{rejection_code, PaymentOutcome};
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
-use crate::idempotency::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 use crate::outbox::OutboxEntry;
-use crate::processor::rejection_code;
+use sqs_once::clock::Clock;
+use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
 /// Outbox entries live this long at most (the stream keeps records for 24 h; an entry is only
 /// needed until it is published, and must be gone before its payment row can expire).
@@ -397,11 +397,11 @@ pub fn status_of(
     };
     match (record, mark) {
         (Some(r), _) if r.status == RecordStatus::Completed => {
-            let Some(o) = &r.outcome else {
+            let Some(o) = r.outcome.as_ref().map(PaymentOutcome::from_outcome) else {
                 return view("processing");
             };
             if o.is_rejected() {
-                let (code, why) = rejection_code(o);
+                let (code, why) = rejection_code(&o);
                 return with_error("failed", code.to_owned(), why);
             }
             StatusView {
@@ -428,8 +428,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::clock::SystemClock;
-    use crate::idempotency::Outcome;
+    use sqs_once::clock::SystemClock;
+    use sqs_once::Outcome;
 
     /// Payment rows and outbox entries in maps, written together or not at all.
     #[derive(Default)]
@@ -634,7 +634,7 @@ mod tests {
 
     fn record(status: RecordStatus, hash: &str, outcome: Option<Outcome>) -> IdempotencyRecord {
         IdempotencyRecord {
-            payment_id: "p".into(),
+            key: "p".into(),
             status,
             payload_hash: hash.into(),
             lease_owner: None,
@@ -651,7 +651,7 @@ mod tests {
     }
 
     fn outcome(status: &str) -> Outcome {
-        Outcome {
+        PaymentOutcome {
             status: status.into(),
             provider_payment_id: Some("pi_1".into()),
             decline_code: (status == "declined").then(|| "insufficient_funds".into()),
@@ -659,6 +659,7 @@ mod tests {
             currency: "usd".into(),
             reason: (status == "rejected").then(|| "amount_too_small: no".into()),
         }
+        .to_outcome()
     }
 
     #[tokio::test]
@@ -712,7 +713,7 @@ mod tests {
         // A mark for this payment's parameters says dead_lettered, unless a claim is live or
         // the payment completed; a mark for other parameters is not this payment's.
         let mark = |h: &str| DeadLetterMark {
-            payment_id: PaymentId::parse("p").unwrap(),
+            key: "p".into(),
             payload_hash: h.into(),
             error_code: "retries_exhausted".into(),
             error_message: "gave up".into(),

@@ -7,11 +7,11 @@ use secrecy::SecretString;
 
 use crate::api::PaymentsApi;
 use crate::config::{ApiConfig, ApiKeySource, Config, RelayConfig};
-use crate::dynamo::DynamoStore;
+use sqs_once::SqsQueues;
+
+use crate::charge::{PaymentWork, Processor};
 use crate::outbox::Relay;
 use crate::payments_table::DynamoPayments;
-use crate::processor::Processor;
-use crate::queue::SqsQueues;
 use crate::stripe::StripeClient;
 
 /// Why the processor could not be built (fails the init).
@@ -92,14 +92,18 @@ pub async fn build_processor_with(
     sqs: aws_sdk_sqs::Client,
 ) -> Result<Arc<Processor>, InitError> {
     let provider = provider_from(config, sdk).await?;
-    let store = DynamoStore::new(dynamodb, config.idempotency_table.clone());
+    let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention);
+    let store = crate::payment_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
-    Ok(Arc::new(Processor::new(
-        Arc::new(store),
-        Arc::new(provider),
-        Arc::new(queues),
-        config.settings.clone(),
-    )))
+    Ok(Arc::new(
+        Processor::new(
+            Arc::new(work),
+            Arc::new(store),
+            Arc::new(queues),
+            config.settings.clone(),
+        )
+        .with_metrics(crate::charge::metric_names()),
+    ))
 }
 
 /// The provider client of a configuration, its API key read once.
@@ -137,7 +141,7 @@ pub fn build_api(config: &ApiConfig, dynamodb: aws_sdk_dynamodb::Client) -> Paym
         config.payments_table.clone(),
         config.idempotency_table.clone(),
     );
-    PaymentsApi::new(Arc::new(store), crate::clock::system(), config.retention)
+    PaymentsApi::new(Arc::new(store), sqs_once::clock::system(), config.retention)
 }
 
 /// Builds the outbox relay from the environment (`PAYMENTS_TABLE`, `PAYMENTS_QUEUE_URL`,

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 
-use crate::processor::{Settings, DEFAULT_TTL_SECONDS};
+use sqs_once::settings::{Settings, DEFAULT_TTL_SECONDS};
+
+/// How long Stripe remembers an idempotency key.
+pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Clock skew allowed between this host and the payment provider, in the key-retention margin.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
@@ -35,6 +38,9 @@ pub struct Config {
     pub api_key: ApiKeySource,
     /// `PAYMENT_API_TIMEOUT_SECONDS` (default 10): the provider client's timeout.
     pub provider_timeout: Duration,
+    /// `PROVIDER_KEY_RETENTION_SECONDS` (default 24 hours, Stripe's): how long the provider
+    /// remembers an idempotency key.
+    pub provider_key_retention: Duration,
     /// Protocol tunables (`IDEMPOTENCY_TTL_SECONDS` or `IDEMPOTENCY_TTL_DAYS`, `MAX_CONCURRENCY`, `LEASE_SECONDS`,
     /// `PROVIDER_MAX_ATTEMPTS`, `REDELIVERY_BASE_DELAY_SECONDS`, `REDELIVERY_MAX_DELAY_SECONDS`,
     /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`, `PROVIDER_KEY_RETENTION_SECONDS`,
@@ -101,9 +107,9 @@ impl Config {
                 2,
                 43_200,
             )?),
-            provider_attempts: number(
+            call_attempts: number(
                 "PROVIDER_MAX_ATTEMPTS",
-                defaults.provider_attempts as u64,
+                defaults.call_attempts as u64,
                 1,
                 20,
             )? as usize,
@@ -125,21 +131,15 @@ impl Config {
                 1,
                 43_200,
             )?),
-            provider_key_retention: Duration::from_secs(number(
-                "PROVIDER_KEY_RETENTION_SECONDS",
-                defaults.provider_key_retention.as_secs(),
-                1,
-                30 * 86_400,
-            )?),
             key_retention_margin: Duration::from_secs(number(
                 "PROVIDER_KEY_RETENTION_MARGIN_SECONDS",
                 defaults.key_retention_margin.as_secs(),
                 0,
                 86_400,
             )?),
-            provider_processing_allowance: Duration::from_secs(number(
+            processing_allowance: Duration::from_secs(number(
                 "PROVIDER_PROCESSING_ALLOWANCE_SECONDS",
-                defaults.provider_processing_allowance.as_secs(),
+                defaults.processing_allowance.as_secs(),
                 0,
                 300,
             )?),
@@ -165,7 +165,13 @@ impl Config {
         };
         let provider_timeout =
             Duration::from_secs(number("PAYMENT_API_TIMEOUT_SECONDS", 10, 1, 300)?);
-        let call_window = provider_timeout + settings.provider_processing_allowance;
+        let provider_key_retention = Duration::from_secs(number(
+            "PROVIDER_KEY_RETENTION_SECONDS",
+            DEFAULT_KEY_RETENTION.as_secs(),
+            1,
+            30 * 86_400,
+        )?);
+        let call_window = provider_timeout + settings.processing_allowance;
         if call_window >= settings.lease {
             return Err(err(
                 "LEASE_SECONDS",
@@ -195,6 +201,7 @@ impl Config {
             payment_api_url,
             api_key,
             provider_timeout,
+            provider_key_retention,
             settings,
         })
     }
@@ -392,7 +399,7 @@ mod tests {
         ]);
         let c = Config::from_lookup(env(&pairs)).unwrap();
         assert_eq!(c.settings.visibility_timeout, Duration::from_secs(30));
-        assert_eq!(c.settings.provider_key_retention, Duration::from_secs(600));
+        assert_eq!(c.provider_key_retention, Duration::from_secs(600));
         assert_eq!(c.settings.key_retention_margin, Duration::from_secs(120));
         assert_eq!(c.settings.heartbeat_interval(), Duration::from_secs(10));
         assert_eq!(c.settings.search_lag, Duration::from_secs(30));

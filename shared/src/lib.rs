@@ -1,45 +1,55 @@
-//! # payment-core: exactly-once payment processing for SQS-driven Rust Lambdas
+//! # payment-core: exactly-once payments on top of `sqs-once`
 //!
-//! SQS delivers at least once; this crate makes the *effect* of a payment message exactly
-//! once: claim the payment in an idempotency table with one conditional write, charge the
-//! provider with `Idempotency-Key: <payment_id>`, complete the record only while still holding
-//! the lease, and dead-letter what cannot be processed with a reason. See `docs/design.md`.
+//! SQS delivers at least once; [`sqs_once`] makes the *effect* of a message exactly once for
+//! any [`sqs_once::Work`]. This crate is the payment side: the validated payment request, a
+//! Stripe-wire provider client, the payment as a `Work` (claim the `payment_id`, charge with
+//! `Idempotency-Key: <payment_id>`, store what the provider said), refunds of those payments,
+//! the payments API with its outbox, and the environment contract of the functions. See
+//! `docs/design.md`.
 //!
 //! ## Layout
 //!
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
-//!   [`idempotency`] (record, store port, conflict decisions), [`provider`] (provider port).
-//! - Use cases: [`processor`] (one message and the batch around it), [`redelivery`] (delays and
-//!   the receive budget), [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
+//!   [`provider`] (provider port).
+//! - Works: [`charge`] (payments), [`refund`] (refunds of charged payments).
+//! - Use cases: [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
 //!   (relaying accepted payments to the queue).
-//! - Adapters: [`dynamo`] (idempotency table), [`payments_table`] (payments and outbox),
-//!   [`queue`] (SQS), [`stripe`] (provider HTTP),
-//!   [`memory`] (an in-memory store with the same conditions, for tests).
+//! - Adapters: [`stripe`] (provider HTTP), [`payments_table`] (payments and outbox),
+//!   [`refund_ledger`] (the refunded total on a payment's record).
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
 
 pub mod api;
 pub mod bootstrap;
-pub mod clock;
+pub mod charge;
 pub mod config;
 pub mod currency;
 pub mod domain;
-pub mod dynamo;
-pub mod idempotency;
-pub mod memory;
 pub mod outbox;
 pub mod payments_table;
-pub mod processor;
 pub mod provider;
-pub mod queue;
-pub mod redelivery;
 pub mod stripe;
 pub mod telemetry;
 
-pub use processor::{BatchSummary, Disposition, Processor, Settings};
+pub use charge::{PaymentOutcome, PaymentWork, Processor};
+pub use sqs_once::{BatchSummary, Disposition, Settings};
 
-/// A named crash point (`FAILPOINTS=after_charge=return` makes the process abort there, as a
-/// crash would). Compiled to nothing unless the `failpoints` feature is on and the build has
-/// debug assertions: the Lambda's release build never has it.
+/// Where the payment processor's records live in the idempotency table: `payment#<id>`, and
+/// its dead-letter marks at `dead_letter#<id>`.
+pub fn payment_keys() -> sqs_once::KeyLayout {
+    sqs_once::KeyLayout {
+        attribute: "pk".to_owned(),
+        record_prefix: "payment#".to_owned(),
+        mark_prefix: "dead_letter#".to_owned(),
+    }
+}
+
+/// The payment processor's records in the idempotency table `table`.
+pub fn payment_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
+    sqs_once::DynamoStore::new(client, table, payment_keys())
+}
+
+/// A named crash point of payment code (`api_after_transaction`, `relay_after_send`); see
+/// `sqs_once`'s own for the runner's (`after_claim`, `after_execute`, ...).
 #[macro_export]
 macro_rules! failpoint {
     ($name:literal) => {

@@ -15,7 +15,7 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use crate::queue::{attrs, string_attr};
+use sqs_once::queue::{attrs, string_attr};
 
 /// Key prefix of a payment row in the payments table: `payment#<id>`.
 pub const PAYMENT_PREFIX: &str = "payment#";
@@ -250,7 +250,7 @@ impl Relay {
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(
                 ":t",
-                AttributeValue::N(crate::processor::now_ms().to_string()),
+                AttributeValue::N(sqs_once::runner::now_ms().to_string()),
             )
             .expression_attribute_values(":m", AttributeValue::S(message_id.to_owned()))
             .send()

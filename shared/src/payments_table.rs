@@ -12,9 +12,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use aws_sdk_dynamodb::Client;
 
 use crate::api::{Creation, PaymentsStore, StoredPayment, Unavailable};
-use crate::dynamo::{get_n, get_s, n, s, DynamoStore};
-use crate::idempotency::{DeadLetterMark, IdempotencyRecord};
 use crate::outbox::{OutboxEntry, PAYMENT_KIND, PAYMENT_PREFIX};
+use sqs_once::dynamo::{get_n, get_s, n, s, DynamoStore};
+use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -78,7 +78,7 @@ impl DynamoPayments {
         idempotency_table: impl Into<String>,
     ) -> Self {
         Self {
-            records: DynamoStore::new(client.clone(), idempotency_table),
+            records: crate::payment_store(client.clone(), &idempotency_table.into()),
             client,
             table: table.into(),
         }
@@ -191,7 +191,7 @@ impl PaymentsStore for DynamoPayments {
         id: &str,
     ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable> {
         self.records
-            .progress(id)
+            .record_and_mark(id)
             .await
             .map_err(|e| Unavailable(e.to_string()))
     }

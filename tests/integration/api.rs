@@ -258,7 +258,7 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
     );
     let stats = t.drain(1).await;
     assert_charged_once(&t, &key).await;
-    assert_eq!(stats.summary.charged, 1);
+    assert_eq!(stats.summary.done("charged"), 1);
     assert_eq!(
         stats.summary.duplicates, 1,
         "the copy is absorbed by the record"

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use payment_core::domain::PaymentRequest;
-use payment_core::idempotency::{
+use sqs_once::record::{
     ClaimRequest, FailureNote, IdempotencyStore, Outcome, RecordStatus, StoreError,
 };
-use payment_core::processor::now_ms;
+use sqs_once::runner::now_ms;
 
 use crate::helpers::*;
 use crate::proxy::AnswerDroppingProxy;
@@ -23,7 +23,7 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
     let req = PaymentRequest::parse(&payment(&pid, 100, "pm_card_visa")).unwrap();
     let now = now_ms();
     let claim = |owner: &str, now: i64| ClaimRequest {
-        payment_id: req.payment_id.clone(),
+        key: req.payment_id.as_str().to_owned(),
         payload_hash: req.payload_hash(),
         owner: owner.into(),
         now_ms: now,
@@ -31,32 +31,27 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
         expires_at_s: now / 1000 + 86_400,
     };
     t.store.claim(&claim("owner", now)).await.unwrap();
-    let outcome = Outcome {
-        status: "succeeded".into(),
-        provider_payment_id: Some("pi_zombie".into()),
-        decline_code: None,
-        amount: 100,
-        currency: "usd".into(),
-        reason: None,
-    };
+    let outcome = Outcome::new("succeeded").with_text("provider_payment_id", "pi_zombie");
     let note = |unknown: bool| FailureNote {
         error: "zombie".into(),
         unknown_outcome: unknown,
         not_before_ms: None,
     };
     assert!(matches!(
-        t.store.complete(&req.payment_id, "zombie", &outcome).await,
-        Err(StoreError::LeaseLost)
-    ));
-    assert!(matches!(
         t.store
-            .fail(&req.payment_id, "zombie", now, &note(false))
+            .complete(req.payment_id.as_str(), "zombie", &outcome)
             .await,
         Err(StoreError::LeaseLost)
     ));
     assert!(matches!(
         t.store
-            .renew_lease(&req.payment_id, "zombie", now + 600_000)
+            .fail(req.payment_id.as_str(), "zombie", now, &note(false))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        t.store
+            .renew_lease(req.payment_id.as_str(), "zombie", now + 600_000)
             .await,
         Err(StoreError::LeaseLost)
     ));
@@ -70,7 +65,7 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
     // stays. not_before refuses claims until it passes.
     t.store
         .fail(
-            &req.payment_id,
+            req.payment_id.as_str(),
             "owner",
             now,
             &FailureNote {
@@ -82,11 +77,11 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
         .unwrap();
     assert!(matches!(
         t.store.claim(&claim("early", now + 1_000)).await,
-        Ok(payment_core::idempotency::ClaimResult::Conflict(_))
+        Ok(sqs_once::record::ClaimResult::Conflict(_))
     ));
     t.store.claim(&claim("later", now + 3_000)).await.unwrap();
     t.store
-        .fail(&req.payment_id, "later", now + 3_000, &note(false))
+        .fail(req.payment_id.as_str(), "later", now + 3_000, &note(false))
         .await
         .unwrap();
     let r = t.record(&pid).await.unwrap();
@@ -130,7 +125,7 @@ async fn a_lost_claim_answer_is_our_own_claim_not_busy() {
         response.batch_item_failures.is_empty(),
         "charged on this delivery"
     );
-    assert_eq!(summary.charged, 1);
+    assert_eq!(summary.done("charged"), 1);
     assert_charged_once(&t, &pid).await;
     assert_eq!(t.calls(&pid).await, 1);
     let r = t.record(&pid).await.unwrap();
@@ -218,7 +213,7 @@ async fn twenty_concurrent_copies_send_one_provider_request() {
         .expect("draining");
     assert_eq!(t.calls(&pid).await, 1, "one provider request in all");
     assert_charged_once(&t, &pid).await;
-    assert_eq!(stats.summary.charged + stats.summary.duplicates, 20);
+    assert_eq!(stats.summary.done("charged") + stats.summary.duplicates, 20);
     assert!(t.dead_letters().await.is_empty());
 }
 
@@ -281,7 +276,7 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
     );
     t.store
         .fail(
-            &req.payment_id,
+            req.payment_id.as_str(),
             "gone",
             now,
             &FailureNote {

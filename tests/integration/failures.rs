@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::processor::now_ms;
+use sqs_once::runner::now_ms;
 
 use crate::helpers::*;
 

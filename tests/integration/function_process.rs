@@ -70,7 +70,7 @@ async fn the_function_binary_behind_the_runtime_api() {
     assert_eq!(t.charges(&declined).await, 0);
     let r = t.record(&declined).await.unwrap();
     assert_eq!(
-        r.outcome.unwrap().decline_code.as_deref(),
+        r.outcome.unwrap().text("decline_code"),
         Some("generic_decline")
     );
     let dead = t.dead_letters().await;

@@ -13,14 +13,14 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use payment_core::config::Config;
-use payment_core::dynamo::DynamoStore;
-use payment_core::idempotency::{IdempotencyRecord, IdempotencyStore};
-use payment_core::processor::now_ms;
 use payment_core::Processor;
 use payment_infra::check::{drain_dlq, DeadLetterSeen};
 use payment_infra::esm::{self, EsmOptions};
 use payment_infra::sim::{Ledger, SimClient};
 use payment_infra::template::{provision, ProvisionOptions, Stack};
+use sqs_once::record::{IdempotencyRecord, IdempotencyStore};
+use sqs_once::runner::now_ms;
+use sqs_once::DynamoStore;
 
 /// Source queue visibility timeout in tests, seconds: short so redeliveries come quickly.
 pub const VISIBILITY: i32 = 4;
@@ -144,9 +144,9 @@ impl TestStack {
         let processor = payment_core::bootstrap::build_processor(&config, &sdk)
             .await
             .expect("building the processor");
-        let store = DynamoStore::new(
+        let store = payment_core::payment_store(
             aws_sdk_dynamodb::Client::new(&sdk),
-            config.idempotency_table.clone(),
+            &config.idempotency_table,
         );
         Self {
             sqs: aws_sdk_sqs::Client::new(&sdk),
@@ -307,8 +307,8 @@ impl TestStack {
         let req = payment_core::domain::PaymentRequest::parse(body).expect("a valid body");
         let now = now_ms();
         self.store
-            .claim(&payment_core::idempotency::ClaimRequest {
-                payment_id: req.payment_id.clone(),
+            .claim(&sqs_once::record::ClaimRequest {
+                key: req.payment_id.as_str().to_owned(),
                 payload_hash: req.payload_hash(),
                 owner: owner.into(),
                 now_ms: now,
@@ -336,7 +336,7 @@ impl TestStack {
         loop {
             match self.store.get(payment_id).await {
                 Ok(Some(record)) if record.attempts > 0 => return record,
-                Ok(_) | Err(payment_core::idempotency::StoreError::Malformed(_)) => {}
+                Ok(_) | Err(sqs_once::record::StoreError::Malformed(_)) => {}
                 Err(e) => panic!("reading the record: {e}"),
             }
             assert!(
@@ -417,7 +417,7 @@ pub async fn assert_charged_once(t: &TestStack, pid: &str) {
         .await
         .unwrap_or_else(|| panic!("{pid}: no record"));
     assert_eq!(r.status.as_str(), "COMPLETED", "{pid}: {r:?}");
-    let o = r.outcome.expect("outcome");
+    let o = payment_core::PaymentOutcome::from_outcome(&r.outcome.expect("outcome"));
     assert_eq!(o.status, "succeeded");
     assert_eq!(
         o.provider_payment_id.as_deref(),

@@ -328,7 +328,7 @@ async fn status_and_history_read_like_an_operator_needs() {
             "first_sent_at",
             aws_sdk_sqs::types::MessageAttributeValue::builder()
                 .data_type("String")
-                .string_value((payment_core::processor::now_ms() - 7_200_000).to_string())
+                .string_value((sqs_once::runner::now_ms() - 7_200_000).to_string())
                 .build()
                 .unwrap(),
         )

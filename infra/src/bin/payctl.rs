@@ -821,7 +821,7 @@ async fn run(cli: Cli) -> Result<()> {
                 &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
             )
             .await?;
-            let store = payment_core::dynamo::DynamoStore::new(ddb.clone(), table.clone());
+            let store = payment_core::payment_store(ddb.clone(), &table);
             let ids = match (payment_id, all_unknown) {
                 (Some(id), false) => vec![id],
                 _ => reconcile::unsettled_ids(&ddb, &table).await?,
@@ -838,7 +838,7 @@ async fn run(cli: Cli) -> Result<()> {
                 match reconcile::reconcile_one(&store, &provider, id, settings).await {
                     Ok(action) => println!(
                         "{}",
-                        reconcile::describe(id, &action, payment_core::processor::now_ms())
+                        reconcile::describe(id, &action, sqs_once::runner::now_ms())
                     ),
                     Err(e) => {
                         failed += 1;
@@ -922,7 +922,7 @@ async fn run(cli: Cli) -> Result<()> {
             )
             .await?;
             let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-            let before = |secs: u64| payment_core::processor::now_ms() - secs as i64 * 1000;
+            let before = |secs: u64| sqs_once::runner::now_ms() - secs as i64 * 1000;
             match command {
                 OutboxCommand::Pending { table, older_than } => {
                     let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
@@ -1086,8 +1086,8 @@ async fn progress_of(
     table: &str,
     payment_id: &str,
 ) -> Result<(
-    Option<payment_core::idempotency::IdempotencyRecord>,
-    Option<payment_core::idempotency::DeadLetterMark>,
+    Option<sqs_once::record::IdempotencyRecord>,
+    Option<sqs_once::record::DeadLetterMark>,
 )> {
     payment_infra::operate::check_table(
         sdk,
@@ -1096,7 +1096,7 @@ async fn progress_of(
     )
     .await?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    Ok(payment_core::dynamo::DynamoStore::new(ddb, table)
-        .progress(payment_id)
+    Ok(payment_core::payment_store(ddb, table)
+        .record_and_mark(payment_id)
         .await?)
 }

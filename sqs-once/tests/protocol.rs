@@ -1,7 +1,9 @@
-//! Protocol tests of the processor with in-memory ports: GIVEN a store state and a provider
-//! behaviour, WHEN a batch is handled, THEN the charges, records and batch response are what
-//! a payments engineer expects. Fast and deterministic; the same behaviours run against the
-//! real SDK and emulator in `tests/integration`.
+//! Protocol tests of the batch runner with in-memory ports and a toy [`Work`] (a "job" with an
+//! id and an amount, run against a scripted downstream): GIVEN a store state and a downstream
+//! behaviour, WHEN a batch is handled, THEN the calls, records and batch response are what
+//! someone who must not do a thing twice expects. Fast and deterministic; the same behaviours
+//! run against the real SDK and emulator in the repository's `tests/integration`, with
+//! payments.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,131 +12,187 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsMessage;
-use payment_core::clock::Clock;
-use payment_core::domain::PaymentRequest;
-use payment_core::idempotency::{
-    ClaimRequest, ClaimResult, DeadLetterMark, IdempotencyRecord, IdempotencyStore, RecordStatus,
-    StoreError,
+use sqs_once::clock::Clock;
+use sqs_once::memory::InMemoryStore;
+use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
+use sqs_once::record::{
+    ClaimRequest, ClaimResult, DeadLetterMark, IdempotencyRecord, IdempotencyStore, Outcome,
+    RecordStatus, StoreError,
 };
-use payment_core::memory::InMemoryStore;
-use payment_core::processor::now_ms;
-use payment_core::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
-use payment_core::queue::{DeadLetter, QueueError, QueueOps};
-use payment_core::{Processor, Settings};
+use sqs_once::runner::now_ms;
+use sqs_once::{AttemptContext, BatchRunner, CallError, Rejection, Settings, Verdict, Work};
 
-/// What the fake provider does for a payment id.
+/// A parsed job: `{"id": "...", "amount": n}`.
+#[derive(Debug, Clone)]
+struct Job {
+    id: String,
+    amount: i64,
+}
+
+impl Job {
+    fn parse(body: &str) -> Result<Job, Rejection> {
+        let v: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| Rejection::new("invalid_json", e.to_string()))?;
+        match (v["id"].as_str(), v["amount"].as_i64()) {
+            (Some(id), Some(amount)) if !id.is_empty() && amount > 0 => Ok(Job {
+                id: id.to_owned(),
+                amount,
+            }),
+            _ => Err(Rejection::new(
+                "invalid_job",
+                "a job needs an id and a positive amount",
+            )),
+        }
+    }
+    fn fingerprint(&self) -> String {
+        format!("{}:{}", self.id, self.amount)
+    }
+}
+
+/// How a scripted call fails.
+#[derive(Clone, Copy, Debug)]
+enum FailureKind {
+    /// Refused before acting (`429`): proves nothing happened.
+    RateLimited,
+    /// No answer in time: may have happened.
+    Timeout,
+    /// A `5xx`: may have happened.
+    ServerError,
+    /// Another request with the key is in flight downstream: may happen.
+    KeyInUse,
+}
+
+/// What the scripted downstream does for a job id.
 #[derive(Clone)]
 enum Behaviour {
-    Charge,
-    /// Answers after this long (tokio time), then charges.
+    Done,
+    /// Answers after this long (tokio time), then succeeds.
     Slow(Duration),
-    /// The charge is committed but the answer is lost (a timeout), every time.
+    /// The effect happens but the answer is lost (a timeout), every time.
     LostAnswer,
+    /// A definitive "no" that is acknowledged (a business outcome).
     Decline,
+    /// A failure of this kind, with a `Retry-After`.
     Fail(FailureKind, Option<Duration>),
-    /// A `500` replayed for the key (`Idempotent-Replayed: true`): retrying never changes it.
+    /// An error replayed for the key: retrying never changes it.
     Replayed500,
     Panic,
 }
 
+/// The toy work: its downstream is scripted per job id, and counts calls and lookups.
 #[derive(Default)]
-struct FakeProvider {
+struct Toy {
     behaviour: Mutex<HashMap<String, Behaviour>>,
     calls: Mutex<HashMap<String, u64>>,
     lookups: Mutex<HashMap<String, u64>>,
-    /// Charges the provider holds although the caller never heard of them (for lookups).
+    /// Effects the downstream holds although the caller never heard of them (for lookups).
     found: Mutex<HashMap<String, String>>,
     /// Status of what a lookup finds (default `succeeded`).
     found_status: Mutex<Option<String>>,
-    /// Lookups fail (the search endpoint is down).
+    /// Lookups fail (the downstream's search is down).
     lookup_fails: Mutex<bool>,
     timeout: Duration,
+    /// `None`: the downstream keeps keys as long as the records live.
+    key_retention: Mutex<Option<Duration>>,
 }
 
-impl FakeProvider {
+impl Toy {
     fn new(timeout: Duration) -> Self {
         Self {
             timeout,
+            key_retention: Mutex::new(Some(Duration::from_secs(24 * 3600))),
             ..Default::default()
         }
     }
-    fn set(&self, pid: &str, b: Behaviour) {
-        self.behaviour.lock().unwrap().insert(pid.to_owned(), b);
+    fn set(&self, id: &str, b: Behaviour) {
+        self.behaviour.lock().unwrap().insert(id.to_owned(), b);
     }
-    fn calls(&self, pid: &str) -> u64 {
-        self.calls.lock().unwrap().get(pid).copied().unwrap_or(0)
+    fn calls(&self, id: &str) -> u64 {
+        self.calls.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+    fn lookups(&self, id: &str) -> u64 {
+        self.lookups.lock().unwrap().get(id).copied().unwrap_or(0)
     }
 }
 
+fn done(id: &str) -> Outcome {
+    Outcome::new("succeeded").with_text("receipt", format!("r_{id}"))
+}
+
 #[async_trait]
-impl PaymentProvider for FakeProvider {
-    fn request_timeout(&self) -> Duration {
+impl Work for Toy {
+    type Request = Job;
+    fn parse(&self, body: &str) -> Result<Job, Rejection> {
+        Job::parse(body)
+    }
+    fn key(&self, job: &Job) -> String {
+        job.id.clone()
+    }
+    fn fingerprint(&self, job: &Job) -> String {
+        job.fingerprint()
+    }
+    fn call_timeout(&self) -> Duration {
         self.timeout
     }
-    async fn create_payment(&self, r: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
-        let pid = r.payment_id.as_str().to_owned();
-        *self.calls.lock().unwrap().entry(pid.clone()).or_default() += 1;
+    fn key_retention(&self) -> Option<Duration> {
+        *self.key_retention.lock().unwrap()
+    }
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        match outcome.status.as_str() {
+            "rejected" => Verdict::DeadLetter {
+                code: "downstream_rejected".into(),
+                reason: outcome.text("reason").unwrap_or("rejected").to_owned(),
+            },
+            "declined" => Verdict::Done("declined".into()),
+            _ => Verdict::Done("done".into()),
+        }
+    }
+    async fn execute(&self, job: &Job, _: &AttemptContext) -> Result<Outcome, CallError> {
+        let id = job.id.clone();
+        *self.calls.lock().unwrap().entry(id.clone()).or_default() += 1;
         let b = self
             .behaviour
             .lock()
             .unwrap()
-            .get(&pid)
+            .get(&id)
             .cloned()
-            .unwrap_or(Behaviour::Charge);
+            .unwrap_or(Behaviour::Done);
         match b {
             Behaviour::Slow(d) => {
                 tokio::time::sleep(d).await;
-                Ok(ProviderResponse::Charged {
-                    provider_payment_id: format!("pi_{pid}"),
-                    status: "succeeded".into(),
-                    replayed: false,
-                })
+                Ok(done(&id))
             }
             Behaviour::LostAnswer => {
                 self.found
                     .lock()
                     .unwrap()
-                    .insert(pid.clone(), format!("pi_{pid}"));
-                Err(ProviderError::new(FailureKind::Timeout, "timed out"))
+                    .insert(id.clone(), format!("r_{id}"));
+                Err(CallError::ambiguous("timed out"))
             }
-            Behaviour::Charge => Ok(ProviderResponse::Charged {
-                provider_payment_id: format!("pi_{pid}"),
-                status: "succeeded".into(),
-                replayed: false,
-            }),
-            Behaviour::Decline => Ok(ProviderResponse::Declined {
-                provider_payment_id: None,
-                decline_code: Some("generic_decline".into()),
-            }),
-            Behaviour::Fail(kind, retry_after) => Err(ProviderError {
-                kind,
-                message: format!("{kind:?}"),
+            Behaviour::Done => Ok(done(&id)),
+            Behaviour::Decline => Ok(Outcome::new("declined").with_text("why", "no funds")),
+            Behaviour::Fail(kind, retry_after) => Err(CallError {
+                ambiguous: !matches!(kind, FailureKind::RateLimited),
                 retry_after,
-                should_retry: None,
-                replayed: false,
+                ..CallError::transient(format!("{kind:?}"))
             }),
-            Behaviour::Replayed500 => Err(ProviderError {
-                kind: FailureKind::ServerError,
-                message: "replayed 500".into(),
-                retry_after: None,
-                should_retry: None,
+            Behaviour::Replayed500 => Err(CallError {
                 replayed: true,
+                retry_now: false,
+                ..CallError::ambiguous("replayed 500")
             }),
-            Behaviour::Panic => panic!("provider adapter bug for {pid}"),
+            Behaviour::Panic => panic!("downstream adapter bug for {id}"),
         }
     }
-    async fn find_payments(
-        &self,
-        id: &payment_core::domain::PaymentId,
-    ) -> Result<Vec<payment_core::provider::FoundPayment>, ProviderError> {
+    async fn lookup(&self, job: &Job) -> Result<Option<Outcome>, CallError> {
         *self
             .lookups
             .lock()
             .unwrap()
-            .entry(id.as_str().to_owned())
+            .entry(job.id.clone())
             .or_default() += 1;
         if *self.lookup_fails.lock().unwrap() {
-            return Err(ProviderError::new(FailureKind::ServerError, "search down"));
+            return Err(CallError::ambiguous("search down"));
         }
         let status = self
             .found_status
@@ -144,17 +202,12 @@ impl PaymentProvider for FakeProvider {
             .unwrap_or_else(|| "succeeded".into());
         let found = self.found.lock().unwrap();
         Ok(found
-            .get(id.as_str())
-            .map(|pi| payment_core::provider::FoundPayment {
-                provider_payment_id: pi.clone(),
-                status: status.clone(),
-                amount: Some(100),
-                currency: Some("usd".into()),
-            })
-            .into_iter()
-            .collect())
+            .get(&job.id)
+            .map(|r| Outcome::new(status.clone()).with_text("receipt", r.clone())))
     }
 }
+
+type Processor = BatchRunner<Toy>;
 
 #[derive(Default)]
 struct FakeQueues {
@@ -186,9 +239,9 @@ impl QueueOps for FakeQueues {
 }
 
 struct World {
-    clock: Arc<payment_core::clock::TokioClock>,
+    clock: Arc<sqs_once::clock::TokioClock>,
     store: Arc<InMemoryStore>,
-    provider: Arc<FakeProvider>,
+    provider: Arc<Toy>,
     queues: Arc<FakeQueues>,
     processor: Arc<Processor>,
 }
@@ -205,14 +258,13 @@ fn world_wrapped(
     wrap: impl FnOnce(Arc<InMemoryStore>) -> Arc<dyn IdempotencyStore>,
 ) -> World {
     let store = Arc::new(InMemoryStore::new());
-    let provider = Arc::new(FakeProvider::new(timeout));
+    let provider = Arc::new(Toy::new(timeout));
     let queues = Arc::new(FakeQueues::default());
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let clock = Arc::new(payment_core::clock::TokioClock::new());
+    let clock = Arc::new(sqs_once::clock::TokioClock::new());
     let processor = Arc::new(
         Processor::new(
-            wrap(store.clone()),
             provider.clone(),
+            wrap(store.clone()),
             queues.clone(),
             settings,
         )
@@ -230,17 +282,15 @@ fn world_wrapped(
 fn fast() -> Settings {
     Settings {
         lease: Duration::from_secs(10),
-        provider_retry_delay: Duration::from_millis(1),
-        // The tests that need it set the provider's processing allowance themselves.
-        provider_processing_allowance: Duration::ZERO,
+        call_retry_delay: Duration::from_millis(1),
+        // The tests that need it set the downstream's processing allowance themselves.
+        processing_allowance: Duration::ZERO,
         ..Settings::default()
     }
 }
 
-fn body(pid: &str, amount: i64) -> String {
-    format!(
-        r#"{{"payment_id":"{pid}","amount":{amount},"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}}"#
-    )
+fn body(id: &str, amount: i64) -> String {
+    format!(r#"{{"id":"{id}","amount":{amount}}}"#)
 }
 
 fn msg(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
@@ -248,7 +298,7 @@ fn msg(id: &str, body: &str, group: Option<&str>) -> SqsMessage {
         id,
         body,
         group,
-        payment_core::clock::TokioClock::new().now_ms(),
+        sqs_once::clock::TokioClock::new().now_ms(),
         1,
     )
 }
@@ -296,7 +346,7 @@ async fn a_panic_in_one_message_fails_only_that_message() {
     ];
     let (response, summary) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
     assert_eq!(failures(&response), vec!["m2"]);
-    assert_eq!(summary.charged, 2);
+    assert_eq!(summary.done("done"), 2);
     assert_eq!(w.provider.calls("ok1") + w.provider.calls("ok2"), 2);
 }
 
@@ -327,7 +377,7 @@ async fn no_provider_call_is_sent_unless_the_lease_outlasts_the_client_timeout()
     // the lease, so only the first call is sent.
     let settings = Settings {
         lease: Duration::from_secs(3),
-        provider_attempts: 5,
+        call_attempts: 5,
         ..fast()
     };
     let w = world(settings, Duration::from_secs(2));
@@ -394,7 +444,7 @@ async fn ambiguous_failures_mark_the_outcome_unknown_and_takeover_inherits_it() 
     );
     // A definitive answer settles it.
     tokio::time::advance(Duration::from_secs(2)).await;
-    w.provider.set("p1", Behaviour::Charge);
+    w.provider.set("p1", Behaviour::Done);
     w.processor
         .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
         .await;
@@ -414,7 +464,7 @@ async fn declines_are_recorded_once_and_never_retried() {
         .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
         .await;
     assert!(r.batch_item_failures.is_empty());
-    assert_eq!(s.declined, 1);
+    assert_eq!(s.done("declined"), 1);
     assert_eq!(w.provider.calls("p1"), 1);
     assert!(w.queues.dead.lock().unwrap().is_empty());
 }
@@ -422,10 +472,10 @@ async fn declines_are_recorded_once_and_never_retried() {
 #[tokio::test]
 async fn a_zombie_whose_lease_was_taken_over_cannot_complete() {
     let w = world(fast(), Duration::from_secs(1));
-    let req = PaymentRequest::parse(&body("p1", 100)).unwrap();
+    let req = Job::parse(&body("p1", 100)).unwrap();
     let claim = |owner: &str, now: i64| ClaimRequest {
-        payment_id: req.payment_id.clone(),
-        payload_hash: req.payload_hash(),
+        key: req.id.clone(),
+        payload_hash: req.fingerprint(),
         owner: owner.to_owned(),
         now_ms: now,
         lease_expires_at_ms: now + 1_000,
@@ -435,17 +485,10 @@ async fn a_zombie_whose_lease_was_taken_over_cannot_complete() {
     w.store.claim(&claim("zombie", t0)).await.unwrap();
     // The zombie's lease ends; a new attempt takes over.
     w.store.claim(&claim("new", t0 + 2_000)).await.unwrap();
-    let outcome = payment_core::idempotency::Outcome {
-        status: "succeeded".into(),
-        provider_payment_id: Some("pi".into()),
-        decline_code: None,
-        amount: 100,
-        currency: "usd".into(),
-        reason: None,
-    };
+    let outcome = done("p1");
     assert!(matches!(
-        w.store.complete(&req.payment_id, "zombie", &outcome).await,
-        Err(payment_core::idempotency::StoreError::LeaseLost)
+        w.store.complete(&req.id, "zombie", &outcome).await,
+        Err(sqs_once::record::StoreError::LeaseLost)
     ));
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!(
@@ -483,7 +526,7 @@ async fn bad_input_is_dead_lettered_then_deleted_and_never_charged() {
     let (r, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
     assert!(r.batch_item_failures.is_empty());
     assert_eq!(s.dead_lettered.get("invalid_json"), Some(&1));
-    assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1));
+    assert_eq!(s.dead_lettered.get("invalid_job"), Some(&1));
     assert_eq!(w.queues.deleted.load(Ordering::SeqCst), 2);
     let dead = w.queues.dead.lock().unwrap();
     assert_eq!(
@@ -645,7 +688,7 @@ async fn the_deadline_reports_unfinished_and_unstarted_messages_in_time() {
     let rec = w.store.get("slow").await.unwrap().unwrap();
     assert!(rec.lease_expires_at_ms <= deadline + 5_000);
     tokio::time::advance(Duration::from_secs(11)).await;
-    w.provider.set("slow", Behaviour::Charge);
+    w.provider.set("slow", Behaviour::Done);
     let (r, _) = w
         .processor
         .handle_batch(
@@ -714,7 +757,7 @@ async fn a_worker_paused_past_its_lease_does_not_send() {
     // timeout (2 s) left, so the retry is not sent although attempts remain.
     let settings = Settings {
         lease: Duration::from_secs(5),
-        provider_attempts: 5,
+        call_attempts: 5,
         visibility_timeout: Duration::from_secs(60),
         ..fast()
     };
@@ -740,14 +783,14 @@ async fn a_worker_paused_past_its_lease_does_not_send() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unknown_outcome_is_looked_up_before_the_provider_may_have_forgotten_the_key() {
-    // Key retention 60 s, margin 10 s. The first attempt's answer is lost (the charge was made).
+    // Key retention 60 s, margin 10 s. The first attempt's answer is lost (the effect happened).
     let settings = Settings {
-        provider_key_retention: Duration::from_secs(60),
         key_retention_margin: Duration::from_secs(10),
-        provider_attempts: 1,
+        call_attempts: 1,
         ..fast()
     };
     let w = world(settings, Duration::from_secs(2));
+    *w.provider.key_retention.lock().unwrap() = Some(Duration::from_secs(60));
     w.provider.set("p1", Behaviour::LostAnswer);
     let sent = w.clock.now_ms();
     w.processor
@@ -769,7 +812,7 @@ async fn an_unknown_outcome_is_looked_up_before_the_provider_may_have_forgotten_
     assert_eq!(w.provider.lookups.lock().unwrap().get("p1"), None);
     // Past retention - margin - timeout, no blind call: the lookup finds the charge.
     tokio::time::advance(Duration::from_secs(45)).await;
-    w.provider.set("p1", Behaviour::Charge);
+    w.provider.set("p1", Behaviour::Done);
     let calls = w.provider.calls("p1");
     let (r, _) = w
         .processor
@@ -783,10 +826,7 @@ async fn an_unknown_outcome_is_looked_up_before_the_provider_may_have_forgotten_
     assert_eq!(w.provider.lookups.lock().unwrap().get("p1"), Some(&1));
     let rec = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!(rec.status, RecordStatus::Completed);
-    assert_eq!(
-        rec.outcome.unwrap().provider_payment_id.as_deref(),
-        Some("pi_p1")
-    );
+    assert_eq!(rec.outcome.unwrap().text("receipt"), Some("r_p1"));
     assert!(!rec.unknown_outcome);
 }
 
@@ -796,15 +836,15 @@ async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
     w.processor
         .handle_batch(vec![msg("m1", &body("p1", 100), None)], now_ms() + 60_000)
         .await;
-    let req = PaymentRequest::parse(&body("p1", 100)).unwrap();
-    let note = payment_core::idempotency::FailureNote {
+    let req = Job::parse(&body("p1", 100)).unwrap();
+    let note = sqs_once::record::FailureNote {
         error: "late zombie".into(),
         unknown_outcome: false,
         not_before_ms: None,
     };
     assert!(w
         .store
-        .fail(&req.payment_id, "zombie", now_ms(), &note)
+        .fail(&req.id, "zombie", now_ms(), &note)
         .await
         .is_err());
     let rec = w.store.get("p1").await.unwrap().unwrap();
@@ -813,65 +853,6 @@ async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
         RecordStatus::Completed,
         "the completed record is untouched"
     );
-}
-
-/// A writer that keeps what the log subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
-async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
-    let captured = Captured::default();
-    let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_current_span(true)
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    // The real Stripe client, with a key, against an address where nothing listens.
-    let provider = Arc::new(
-        payment_core::stripe::StripeClient::new(
-            "http://127.0.0.1:9",
-            secrecy::SecretString::from("sk_live_must_never_be_logged"),
-            Duration::from_secs(1),
-        )
-        .unwrap(),
-    );
-    let store = Arc::new(InMemoryStore::new());
-    let processor = Arc::new(Processor::new(
-        store,
-        provider,
-        Arc::new(FakeQueues::default()),
-        fast(),
-    ));
-    let (r, _) = processor
-        .handle_batch(
-            vec![msg("m-log", &body("p-log", 100), None)],
-            now_ms() + 60_000,
-        )
-        .await;
-    assert_eq!(failures(&r), vec!["m-log"]);
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(!lines.is_empty(), "the failed calls were logged");
-    for line in &lines {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        assert_eq!(v["span"]["message_id"], "m-log", "{line}");
-        assert_eq!(v["span"]["payment_id"], "p-log", "{line}");
-    }
-    assert!(!text.contains("sk_live_must_never_be_logged"));
 }
 
 // ---- The exactly-once holes: receive budget, sticky mark, not_before, lost claim answers,
@@ -916,12 +897,7 @@ impl IdempotencyStore for ScriptedStore {
         }
         Ok(first)
     }
-    async fn complete(
-        &self,
-        id: &payment_core::domain::PaymentId,
-        owner: &str,
-        outcome: &payment_core::idempotency::Outcome,
-    ) -> Result<(), StoreError> {
+    async fn complete(&self, id: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
         if *self.completes_fail.lock().unwrap() {
             return Err(StoreError::Unavailable("table unreachable".into()));
         }
@@ -929,19 +905,14 @@ impl IdempotencyStore for ScriptedStore {
     }
     async fn fail(
         &self,
-        id: &payment_core::domain::PaymentId,
+        id: &str,
         owner: &str,
         now_ms: i64,
-        note: &payment_core::idempotency::FailureNote,
+        note: &sqs_once::record::FailureNote,
     ) -> Result<(), StoreError> {
         self.inner.fail(id, owner, now_ms, note).await
     }
-    async fn renew_lease(
-        &self,
-        id: &payment_core::domain::PaymentId,
-        owner: &str,
-        until_ms: i64,
-    ) -> Result<(), StoreError> {
+    async fn renew_lease(&self, id: &str, owner: &str, until_ms: i64) -> Result<(), StoreError> {
         self.inner.renew_lease(id, owner, until_ms).await
     }
     async fn get(&self, id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -950,12 +921,6 @@ impl IdempotencyStore for ScriptedStore {
 
     async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
         self.inner.mark_dead_lettered(mark).await
-    }
-}
-
-impl FakeProvider {
-    fn lookups(&self, pid: &str) -> u64 {
-        self.lookups.lock().unwrap().get(pid).copied().unwrap_or(0)
     }
 }
 
@@ -983,7 +948,7 @@ fn delivery(pid: &str, n: u32, first_ms: i64) -> SqsMessage {
     m
 }
 
-async fn deliver(w: &World, m: SqsMessage) -> (Vec<String>, payment_core::BatchSummary) {
+async fn deliver(w: &World, m: SqsMessage) -> (Vec<String>, sqs_once::BatchSummary) {
     let (r, s) = w
         .processor
         .handle_batch(vec![m], w.clock.now_ms() + 60_000)
@@ -993,11 +958,9 @@ async fn deliver(w: &World, m: SqsMessage) -> (Vec<String>, payment_core::BatchS
 
 fn record(pid: &str, status: RecordStatus, unknown: bool, now: i64) -> IdempotencyRecord {
     IdempotencyRecord {
-        payment_id: pid.into(),
+        key: pid.into(),
         status,
-        payload_hash: PaymentRequest::parse(&body(pid, 100))
-            .unwrap()
-            .payload_hash(),
+        payload_hash: Job::parse(&body(pid, 100)).unwrap().fingerprint(),
         lease_owner: Some("earlier".into()),
         lease_expires_at_ms: now,
         attempts: 1,
@@ -1054,12 +1017,12 @@ async fn a_provider_outage_as_long_as_the_horizon_dead_letters_nothing() {
     let mut n = 1;
     loop {
         if w.clock.now_ms() - first >= 3_600_000 {
-            w.provider.set("p1", Behaviour::Charge);
+            w.provider.set("p1", Behaviour::Done);
         }
         let (failed, s) = deliver(&w, delivery("p1", n, first)).await;
         assert!(w.queues.dead().is_empty(), "dead-lettered on receive {n}");
         if failed.is_empty() {
-            assert_eq!(s.charged, 1);
+            assert_eq!(s.done("done"), 1);
             break;
         }
         tokio::time::advance(Duration::from_secs(w.queues.last_delay() as u64)).await;
@@ -1101,7 +1064,7 @@ async fn a_dead_workers_payment_is_taken_over_after_one_lease_without_burning_th
     tokio::time::advance(Duration::from_secs(wait as u64)).await;
     let (failed, s) = deliver(&w, delivery("p1", 3, now)).await;
     assert!(failed.is_empty());
-    assert_eq!(s.charged, 1);
+    assert_eq!(s.done("done"), 1);
     assert!(w.queues.dead().is_empty());
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!((r.status, r.attempts), (RecordStatus::Completed, 2));
@@ -1133,24 +1096,24 @@ async fn a_fifo_message_blocked_on_its_last_receive_is_dead_lettered_with_the_re
 #[tokio::test]
 async fn the_unknown_outcome_mark_is_sticky_in_the_store() {
     let store = InMemoryStore::new();
-    let req = PaymentRequest::parse(&body("p1", 100)).unwrap();
+    let req = Job::parse(&body("p1", 100)).unwrap();
     let now = now_ms();
     store.insert(record("p1", RecordStatus::Failed, true, now - 10));
     let claim = ClaimRequest {
-        payment_id: req.payment_id.clone(),
-        payload_hash: req.payload_hash(),
+        key: req.id.clone(),
+        payload_hash: req.fingerprint(),
         owner: "me".into(),
         now_ms: now,
         lease_expires_at_ms: now + 10_000,
         expires_at_s: now / 1000 + 86_400,
     };
     store.claim(&claim).await.unwrap();
-    let note = payment_core::idempotency::FailureNote {
+    let note = sqs_once::record::FailureNote {
         error: "429".into(),
         unknown_outcome: false,
         not_before_ms: None,
     };
-    store.fail(&req.payment_id, "me", now, &note).await.unwrap();
+    store.fail(&req.id, "me", now, &note).await.unwrap();
     assert!(store.get("p1").await.unwrap().unwrap().unknown_outcome);
 }
 
@@ -1176,8 +1139,8 @@ async fn a_409_marks_the_outcome_unknown_and_a_retry_loop_of_409s_keeps_it() {
 #[tokio::test(start_paused = true)]
 async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
     let settings = Settings {
-        provider_processing_allowance: Duration::from_secs(3),
-        provider_attempts: 1,
+        processing_allowance: Duration::from_secs(3),
+        call_attempts: 1,
         ..fast()
     };
     let w = world(settings, Duration::from_secs(1));
@@ -1193,7 +1156,7 @@ async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
         nb >= sent + 4_000,
         "last send + 1 s timeout + 3 s allowance"
     );
-    w.provider.set("p1", Behaviour::Charge);
+    w.provider.set("p1", Behaviour::Done);
     tokio::time::advance(Duration::from_secs(2)).await;
     let (failed, _) = deliver(&w, delivery("p1", 2, sent)).await;
     assert_eq!(failed.len(), 1, "refused before not_before");
@@ -1211,7 +1174,7 @@ async fn no_claim_before_the_last_ambiguous_call_could_have_landed() {
     tokio::time::advance(Duration::from_secs(wait as u64)).await;
     let (failed, s) = deliver(&w, delivery("p1", 3, sent)).await;
     assert!(failed.is_empty());
-    assert_eq!(s.charged, 1);
+    assert_eq!(s.done("done"), 1);
 }
 
 #[tokio::test]
@@ -1244,20 +1207,20 @@ async fn a_lost_claim_answer_still_charges_once() {
     });
     let (failed, s) = deliver(&w, delivery("p1", 1, now_ms())).await;
     assert!(failed.is_empty(), "not Busy on its own lease");
-    assert_eq!((s.charged, w.provider.calls("p1")), (1, 1));
+    assert_eq!((s.done("done"), w.provider.calls("p1")), (1, 1));
 }
 
 /// A record left unknown long enough ago that the provider may have forgotten the key: every
 /// call must be preceded by a lookup (retention 60 s, margin 10 s, first attempt 100 s ago).
 fn forgotten_world() -> World {
     let settings = Settings {
-        provider_key_retention: Duration::from_secs(60),
         key_retention_margin: Duration::from_secs(10),
         search_lag: Duration::from_secs(30),
-        provider_attempts: 1,
+        call_attempts: 1,
         ..fast()
     };
     let w = world(settings, Duration::from_secs(1));
+    *w.provider.key_retention.lock().unwrap() = Some(Duration::from_secs(60));
     let now = w.clock.now_ms();
     let mut r = record("p1", RecordStatus::Failed, true, now - 100_000);
     r.not_before_ms = Some(now - 90_000);
@@ -1276,28 +1239,29 @@ async fn lookup_finds_the_charge_and_records_it_without_a_call() {
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
     assert_eq!(
-        (s.charged, w.provider.calls("p1"), w.provider.lookups("p1")),
+        (
+            s.done("done"),
+            w.provider.calls("p1"),
+            w.provider.lookups("p1")
+        ),
         (1, 0, 1)
     );
     let r = w.store.get("p1").await.unwrap().unwrap();
-    assert_eq!(
-        r.outcome.unwrap().provider_payment_id.as_deref(),
-        Some("pi_found")
-    );
+    assert_eq!(r.outcome.unwrap().text("receipt"), Some("pi_found"));
 }
 
 #[tokio::test(start_paused = true)]
-async fn lookup_finds_an_intent_that_did_not_charge_and_records_the_decline() {
+async fn lookup_finds_a_declined_effect_and_records_the_decline() {
     let w = forgotten_world();
     w.provider
         .found
         .lock()
         .unwrap()
         .insert("p1".into(), "pi_declined".into());
-    *w.provider.found_status.lock().unwrap() = Some("requires_payment_method".into());
+    *w.provider.found_status.lock().unwrap() = Some("declined".into());
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
-    assert_eq!((s.declined, w.provider.calls("p1")), (1, 0));
+    assert_eq!((s.done("declined"), w.provider.calls("p1")), (1, 0));
     let r = w.store.get("p1").await.unwrap().unwrap();
     assert_eq!(
         (r.status, r.outcome.unwrap().status.as_str()),
@@ -1311,7 +1275,11 @@ async fn lookup_finds_nothing_long_after_the_last_call_then_charges_once() {
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
     assert_eq!(
-        (s.charged, w.provider.calls("p1"), w.provider.lookups("p1")),
+        (
+            s.done("done"),
+            w.provider.calls("p1"),
+            w.provider.lookups("p1")
+        ),
         (1, 1, 1)
     );
     let r = w.store.get("p1").await.unwrap().unwrap();
@@ -1367,7 +1335,7 @@ async fn nothing_found_after_a_replayed_500_is_looked_up_again_after_the_search_
     assert_eq!(w.provider.lookups("p1"), 2);
     let dead = w.queues.dead();
     assert!(
-        dead[0].error_message.contains("payctl reconcile p1"),
+        dead[0].error_message.contains("settle the record of p1"),
         "{}",
         dead[0].error_message
     );
@@ -1385,14 +1353,7 @@ async fn an_expired_message_says_that_its_payment_has_a_record() {
     let w = world(settings, Duration::from_secs(1));
     let now = now_ms();
     let mut r = record("p1", RecordStatus::Completed, false, now - 7_200_000);
-    r.outcome = Some(payment_core::idempotency::Outcome {
-        status: "succeeded".into(),
-        provider_payment_id: Some("pi_1".into()),
-        decline_code: None,
-        amount: 100,
-        currency: "usd".into(),
-        reason: None,
-    });
+    r.outcome = Some(done("p1"));
     w.store.insert(r);
     // SentTimestamp is two hours old; a first_sent_at attribute claiming "now" cannot make it
     // younger.

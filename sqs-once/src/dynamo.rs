@@ -1,5 +1,10 @@
 //! The DynamoDB adapter of [`IdempotencyStore`].
 //!
+//! One table holds the records of any number of works, told apart by a key prefix
+//! ([`KeyLayout`]): a record's partition key is `<record_prefix><key>`, its dead-letter mark's
+//! `<mark_prefix><key>`. The table needs only a string partition key (its name is
+//! configurable) and, for retention, TTL on `expires_at`.
+//!
 //! Every write is conditional. The claim is a single `UpdateItem` (not `PutItem`, so that
 //! `attempts` counts and `first_attempt_at` / `expires_at` survive takeovers) with
 //! `ReturnValues = ALL_OLD` on success (what was taken over) and
@@ -15,19 +20,42 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use crate::clock::Clock;
-use crate::domain::PaymentId;
-use crate::idempotency::{
+use crate::record::{
     ClaimRequest, ClaimResult, DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore,
-    Outcome, RecordStatus, StoreError,
+    Outcome, RecordStatus, StoreError, Value,
 };
+
+/// Where a work's items live in the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLayout {
+    /// The table's partition key attribute (a string).
+    pub attribute: String,
+    /// Prefix of a record's partition key, e.g. `order#`.
+    pub record_prefix: String,
+    /// Prefix of a dead-letter mark's partition key, e.g. `order_dead_letter#`.
+    pub mark_prefix: String,
+}
+
+impl KeyLayout {
+    /// Partition key `pk`, records under `<name>#`, marks under `<name>_dead_letter#`.
+    pub fn named(name: &str) -> Self {
+        Self {
+            attribute: "pk".to_owned(),
+            record_prefix: format!("{name}#"),
+            mark_prefix: format!("{name}_dead_letter#"),
+        }
+    }
+}
 
 /// The idempotency table, through the official SDK client.
 #[derive(Clone, Debug)]
 pub struct DynamoStore {
     /// SDK client, built once per process.
     client: Client,
-    /// `IDEMPOTENCY_TABLE`.
+    /// The table's name.
     table: String,
+    /// The partition key's name and this work's prefixes.
+    layout: KeyLayout,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -35,31 +63,45 @@ type Item = HashMap<String, AttributeValue>;
 const OWNED_BY_ME: &str = "lease_owner = :me AND #s = :in_progress";
 
 impl DynamoStore {
-    /// Wraps a client and a table name.
-    pub fn new(client: Client, table: impl Into<String>) -> Self {
+    /// Wraps a client, a table name and the work's key layout. Makes no call.
+    pub fn new(client: Client, table: impl Into<String>, layout: KeyLayout) -> Self {
         Self {
             client,
             table: table.into(),
+            layout,
         }
     }
 
-    fn key(payment_id: &str) -> AttributeValue {
-        AttributeValue::S(format!("{RECORD_PREFIX}{payment_id}"))
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
-    fn mark_key(payment_id: &str) -> AttributeValue {
-        AttributeValue::S(format!("{MARK_PREFIX}{payment_id}"))
+    /// The key layout.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
     }
 
-    /// The payment's record and its dead-letter mark, in one consistent `BatchGetItem`.
-    pub async fn progress(
+    fn key(&self, key: &str) -> AttributeValue {
+        AttributeValue::S(format!("{}{key}", self.layout.record_prefix))
+    }
+
+    fn mark_key(&self, key: &str) -> AttributeValue {
+        AttributeValue::S(format!("{}{key}", self.layout.mark_prefix))
+    }
+
+    /// The key's record and its dead-letter mark, in one consistent `BatchGetItem`.
+    /// [`StoreError::Unavailable`] when the table cannot be read (or keeps keys unprocessed
+    /// after five tries); [`StoreError::Malformed`] for an item this version cannot read.
+    pub async fn record_and_mark(
         &self,
-        payment_id: &str,
+        key: &str,
     ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), StoreError> {
         let unavailable = |e: String| StoreError::Unavailable(e);
+        let pk = &self.layout.attribute;
         let mut keys = vec![
-            HashMap::from([("pk".to_owned(), Self::key(payment_id))]),
-            HashMap::from([("pk".to_owned(), Self::mark_key(payment_id))]),
+            HashMap::from([(pk.clone(), self.key(key))]),
+            HashMap::from([(pk.clone(), self.mark_key(key))]),
         ];
         let (mut record, mut mark) = (None, None);
         // Unprocessed keys (throttling) are asked again, a bounded number of times.
@@ -82,12 +124,10 @@ impl DynamoStore {
                 .into_iter()
                 .flatten()
             {
-                match get_s(item, "pk") {
-                    Some(pk) if pk.starts_with(RECORD_PREFIX) => {
-                        record = Some(record_from_item(item)?)
-                    }
-                    Some(pk) if pk.starts_with(MARK_PREFIX) => mark = Some(mark_from_item(item)?),
-                    _ => {}
+                if self.is_record_item(item) {
+                    record = Some(self.record_from_item(item)?);
+                } else if self.is_mark_item(item) {
+                    mark = Some(self.mark_from_item(item)?);
                 }
             }
             keys = out
@@ -100,7 +140,7 @@ impl DynamoStore {
             }
         }
         Err(unavailable(format!(
-            "the table kept {} key(s) of {payment_id} unprocessed",
+            "the table kept {} key(s) of {key} unprocessed",
             keys.len()
         )))
     }
@@ -109,7 +149,7 @@ impl DynamoStore {
     /// [`StoreError::LeaseLost`].
     async fn owned_update(
         &self,
-        payment_id: &PaymentId,
+        key: &str,
         owner: &str,
         update: &str,
         values: Vec<(&str, AttributeValue)>,
@@ -118,7 +158,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("pk", Self::key(payment_id.as_str()))
+            .key(&self.layout.attribute, self.key(key))
             .update_expression(update)
             .condition_expression(OWNED_BY_ME)
             .expression_attribute_names("#s", "status")
@@ -145,13 +185,13 @@ impl DynamoStore {
 }
 
 impl DynamoStore {
-    /// Records an outcome found at the provider for a record that no attempt holds (the
-    /// operator's `payctl reconcile`): only while it is `FAILED`, or `IN_PROGRESS` with an
-    /// expired lease, and past its `not_before`. Refused ([`StoreError::LeaseLost`]) when a
-    /// processor holds it or completed it meanwhile. Clears the unknown-outcome mark.
+    /// Records an outcome found downstream for a record that no attempt holds (an operator's
+    /// reconciliation): only while it is `FAILED`, or `IN_PROGRESS` with an expired lease, and
+    /// past its `not_before`. Refused ([`StoreError::LeaseLost`]) when an attempt holds it or
+    /// completed it meanwhile. Clears the unknown-outcome mark.
     pub async fn settle(
         &self,
-        payment_id: &PaymentId,
+        key: &str,
         outcome: &Outcome,
         now_ms: i64,
     ) -> Result<(), StoreError> {
@@ -159,7 +199,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("pk", Self::key(payment_id.as_str()))
+            .key(&self.layout.attribute, self.key(key))
             .update_expression(
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now \
                  REMOVE last_error, not_before, lease_owner",
@@ -190,110 +230,131 @@ impl DynamoStore {
 }
 
 /// A number attribute.
-pub(crate) fn n(v: i64) -> AttributeValue {
+pub fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
 /// A string attribute.
-pub(crate) fn s(v: &str) -> AttributeValue {
+pub fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_owned())
 }
 
-/// A string attribute of an item.
-pub(crate) fn get_s(item: &Item, k: &str) -> Option<String> {
+/// A string attribute of an item (`None` when absent or not a string).
+pub fn get_s(item: &Item, k: &str) -> Option<String> {
     item.get(k).and_then(|v| v.as_s().ok()).cloned()
 }
 
-/// A number attribute of an item.
-pub(crate) fn get_n(item: &Item, k: &str) -> Option<i64> {
+/// A number attribute of an item (`None` when absent, not a number or not an `i64`).
+pub fn get_n(item: &Item, k: &str) -> Option<i64> {
     item.get(k)
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())
 }
 
-/// The `outcome` map attribute.
+/// The `outcome` map attribute: `status` and every value.
 pub fn outcome_to_attr(o: &Outcome) -> AttributeValue {
-    let mut m = HashMap::new();
+    let mut m: Item = o
+        .fields
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Text(t) => s(t),
+                Value::Number(x) => n(*x),
+            };
+            (k.clone(), v)
+        })
+        .collect();
     m.insert("status".to_owned(), s(&o.status));
-    m.insert("amount".to_owned(), n(o.amount));
-    m.insert("currency".to_owned(), s(&o.currency));
-    if let Some(id) = &o.provider_payment_id {
-        m.insert("provider_payment_id".to_owned(), s(id));
-    }
-    if let Some(c) = &o.decline_code {
-        m.insert("decline_code".to_owned(), s(c));
-    }
-    if let Some(r) = &o.reason {
-        m.insert("reason".to_owned(), s(r));
-    }
     AttributeValue::M(m)
 }
 
-fn outcome_from_attr(v: &AttributeValue) -> Result<Outcome, StoreError> {
+/// Reads an `outcome` map attribute. [`StoreError::Malformed`] when it is not a map or has no
+/// `status`; values that are neither strings nor integers are skipped.
+pub fn outcome_from_attr(v: &AttributeValue) -> Result<Outcome, StoreError> {
     let m = v
         .as_m()
         .map_err(|_| StoreError::Malformed("outcome is not a map".into()))?;
-    Ok(Outcome {
-        status: get_s(m, "status")
-            .ok_or_else(|| StoreError::Malformed("outcome without status".into()))?,
-        provider_payment_id: get_s(m, "provider_payment_id"),
-        decline_code: get_s(m, "decline_code"),
-        amount: get_n(m, "amount").unwrap_or(0),
-        currency: get_s(m, "currency").unwrap_or_default(),
-        reason: get_s(m, "reason"),
-    })
+    let status =
+        get_s(m, "status").ok_or_else(|| StoreError::Malformed("outcome without status".into()))?;
+    let mut outcome = Outcome::new(status);
+    for (k, v) in m.iter().filter(|(k, _)| k.as_str() != "status") {
+        if let Ok(t) = v.as_s() {
+            outcome = outcome.with_text(k, t.clone());
+        } else if let Some(x) = v.as_n().ok().and_then(|x| x.parse().ok()) {
+            outcome = outcome.with_number(k, x);
+        }
+    }
+    Ok(outcome)
 }
 
-/// Reads a record from a raw item.
-/// Prefix of a record's key: `payment#<payment_id>`.
-pub const RECORD_PREFIX: &str = "payment#";
-/// Prefix of a dead-letter mark's key: `dead_letter#<payment_id>`.
-pub const MARK_PREFIX: &str = "dead_letter#";
+impl DynamoStore {
+    fn pk_of(&self, item: &Item) -> Option<String> {
+        get_s(item, &self.layout.attribute)
+    }
 
-/// Reads a dead-letter mark.
-pub fn mark_from_item(item: &Item) -> Result<DeadLetterMark, StoreError> {
-    let id = get_s(item, "payment_id")
-        .ok_or_else(|| StoreError::Malformed("mark without payment_id".into()))?;
-    Ok(DeadLetterMark {
-        payment_id: PaymentId::parse(&id).map_err(|e| StoreError::Malformed(e.to_string()))?,
-        payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
-        error_code: get_s(item, "error_code").unwrap_or_default(),
-        error_message: get_s(item, "error_message").unwrap_or_default(),
-        at_ms: get_n(item, "dead_lettered_at").unwrap_or(0),
-        expires_at_s: get_n(item, "expires_at").unwrap_or(0),
-    })
-}
+    /// True for an item that is one of this layout's records (a table may hold other works'
+    /// records and dead-letter marks too).
+    pub fn is_record_item(&self, item: &Item) -> bool {
+        self.pk_of(item)
+            .is_some_and(|pk| pk.starts_with(&self.layout.record_prefix))
+    }
 
-/// True for the key of an idempotency record (the table also holds dead-letter marks).
-pub fn is_record_item(item: &Item) -> bool {
-    get_s(item, "pk").is_some_and(|pk| pk.starts_with(RECORD_PREFIX))
-}
+    /// True for an item that is one of this layout's dead-letter marks.
+    pub fn is_mark_item(&self, item: &Item) -> bool {
+        self.pk_of(item)
+            .is_some_and(|pk| pk.starts_with(&self.layout.mark_prefix))
+    }
 
-/// Reads an idempotency record.
-pub fn record_from_item(item: &Item) -> Result<IdempotencyRecord, StoreError> {
-    let pk = get_s(item, "pk").ok_or_else(|| StoreError::Malformed("no pk".into()))?;
-    let status_s = get_s(item, "status").unwrap_or_default();
-    let status = RecordStatus::parse(&status_s)
-        .ok_or_else(|| StoreError::Malformed(format!("unknown status {status_s:?} on {pk}")))?;
-    Ok(IdempotencyRecord {
-        payment_id: pk.strip_prefix(RECORD_PREFIX).unwrap_or(&pk).to_owned(),
-        status,
-        payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
-        lease_owner: get_s(item, "lease_owner"),
-        lease_expires_at_ms: get_n(item, "lease_expires_at").unwrap_or(0),
-        attempts: get_n(item, "attempts").unwrap_or(0),
-        outcome: item.get("outcome").map(outcome_from_attr).transpose()?,
-        expires_at_s: get_n(item, "expires_at").unwrap_or(0),
-        first_attempt_at_ms: get_n(item, "first_attempt_at").unwrap_or(0),
-        unknown_outcome: item
-            .get("unknown_outcome")
-            .and_then(|v| v.as_bool().ok())
-            .copied()
-            .unwrap_or(false),
-        last_error: get_s(item, "last_error"),
-        completed_at_ms: get_n(item, "completed_at"),
-        not_before_ms: get_n(item, "not_before"),
-    })
+    /// Reads a dead-letter mark. [`StoreError::Malformed`] without its `key` attribute.
+    pub fn mark_from_item(&self, item: &Item) -> Result<DeadLetterMark, StoreError> {
+        let key = get_s(item, "key")
+            .or_else(|| {
+                self.pk_of(item)
+                    .and_then(|pk| pk.strip_prefix(&self.layout.mark_prefix).map(str::to_owned))
+            })
+            .ok_or_else(|| StoreError::Malformed("dead-letter mark without a key".into()))?;
+        Ok(DeadLetterMark {
+            key,
+            payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
+            error_code: get_s(item, "error_code").unwrap_or_default(),
+            error_message: get_s(item, "error_message").unwrap_or_default(),
+            at_ms: get_n(item, "dead_lettered_at").unwrap_or(0),
+            expires_at_s: get_n(item, "expires_at").unwrap_or(0),
+        })
+    }
+
+    /// Reads an idempotency record. [`StoreError::Malformed`] without a partition key, with a
+    /// status this version does not know, or with an unreadable outcome.
+    pub fn record_from_item(&self, item: &Item) -> Result<IdempotencyRecord, StoreError> {
+        let pk = self
+            .pk_of(item)
+            .ok_or_else(|| StoreError::Malformed("no partition key".into()))?;
+        let status_s = get_s(item, "status").unwrap_or_default();
+        let status = RecordStatus::parse(&status_s)
+            .ok_or_else(|| StoreError::Malformed(format!("unknown status {status_s:?} on {pk}")))?;
+        Ok(IdempotencyRecord {
+            key: pk
+                .strip_prefix(&self.layout.record_prefix)
+                .unwrap_or(&pk)
+                .to_owned(),
+            status,
+            payload_hash: get_s(item, "payload_hash").unwrap_or_default(),
+            lease_owner: get_s(item, "lease_owner"),
+            lease_expires_at_ms: get_n(item, "lease_expires_at").unwrap_or(0),
+            attempts: get_n(item, "attempts").unwrap_or(0),
+            outcome: item.get("outcome").map(outcome_from_attr).transpose()?,
+            expires_at_s: get_n(item, "expires_at").unwrap_or(0),
+            first_attempt_at_ms: get_n(item, "first_attempt_at").unwrap_or(0),
+            unknown_outcome: item
+                .get("unknown_outcome")
+                .and_then(|v| v.as_bool().ok())
+                .copied()
+                .unwrap_or(false),
+            last_error: get_s(item, "last_error"),
+            completed_at_ms: get_n(item, "completed_at"),
+            not_before_ms: get_n(item, "not_before"),
+        })
+    }
 }
 
 #[async_trait]
@@ -303,18 +364,19 @@ impl IdempotencyStore for DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("pk", Self::key(r.payment_id.as_str()))
+            .key(&self.layout.attribute, self.key(&r.key))
             .update_expression(
                 "SET #s = :in_progress, payload_hash = :h, lease_owner = :me, \
                  lease_expires_at = :lease, expires_at = if_not_exists(expires_at, :ttl), \
                  first_attempt_at = if_not_exists(first_attempt_at, :now) ADD attempts :one",
             )
             .condition_expression(
-                "attribute_not_exists(pk) OR (payload_hash = :h AND \
+                "attribute_not_exists(#pk) OR (payload_hash = :h AND \
                  ((#s = :in_progress AND lease_expires_at < :now) OR \
                   (#s = :failed AND (attribute_not_exists(not_before) OR not_before < :now))))",
             )
             .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#pk", &self.layout.attribute)
             .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
             .expression_attribute_values(":failed", s(RecordStatus::Failed.as_str()))
             .expression_attribute_values(":h", s(&r.payload_hash))
@@ -330,7 +392,7 @@ impl IdempotencyStore for DynamoStore {
         match result {
             Ok(out) => {
                 let previous = match out.attributes() {
-                    Some(old) if !old.is_empty() => Some(record_from_item(old)?),
+                    Some(old) if !old.is_empty() => Some(self.record_from_item(old)?),
                     _ => None,
                 };
                 Ok(ClaimResult::Claimed { previous })
@@ -339,9 +401,9 @@ impl IdempotencyStore for DynamoStore {
                 if let SdkError::ServiceError(se) = &e {
                     if let aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) = se.err() {
                         return match c.item() {
-                            Some(old) => Ok(ClaimResult::Conflict(record_from_item(old)?)),
+                            Some(old) => Ok(ClaimResult::Conflict(self.record_from_item(old)?)),
                             // An endpoint that ignores ReturnValuesOnConditionCheckFailure: read.
-                            None => match self.get(r.payment_id.as_str()).await? {
+                            None => match self.get(&r.key).await? {
                                 Some(rec) => Ok(ClaimResult::Conflict(rec)),
                                 None => Err(StoreError::Unavailable(
                                     "claim refused but no record found".into(),
@@ -355,14 +417,9 @@ impl IdempotencyStore for DynamoStore {
         }
     }
 
-    async fn complete(
-        &self,
-        payment_id: &PaymentId,
-        owner: &str,
-        outcome: &Outcome,
-    ) -> Result<(), StoreError> {
+    async fn complete(&self, key: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
         self.owned_update(
-            payment_id,
+            key,
             owner,
             "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t \
              REMOVE last_error, not_before",
@@ -378,7 +435,7 @@ impl IdempotencyStore for DynamoStore {
 
     async fn fail(
         &self,
-        payment_id: &PaymentId,
+        key: &str,
         owner: &str,
         now_ms: i64,
         note: &FailureNote,
@@ -399,17 +456,12 @@ impl IdempotencyStore for DynamoStore {
             update.push_str(", not_before = :nb");
             values.push((":nb", n(t)));
         }
-        self.owned_update(payment_id, owner, &update, values).await
+        self.owned_update(key, owner, &update, values).await
     }
 
-    async fn renew_lease(
-        &self,
-        payment_id: &PaymentId,
-        owner: &str,
-        until_ms: i64,
-    ) -> Result<(), StoreError> {
+    async fn renew_lease(&self, key: &str, owner: &str, until_ms: i64) -> Result<(), StoreError> {
         self.owned_update(
-            payment_id,
+            key,
             owner,
             "SET lease_expires_at = :lease",
             vec![(":lease", n(until_ms))],
@@ -421,12 +473,13 @@ impl IdempotencyStore for DynamoStore {
         self.client
             .update_item()
             .table_name(&self.table)
-            .key("pk", Self::mark_key(mark.payment_id.as_str()))
+            .key(&self.layout.attribute, self.mark_key(&mark.key))
             .update_expression(
-                "SET payment_id = :id, payload_hash = :h, error_code = :c, error_message = :m, \
+                "SET #key = :id, payload_hash = :h, error_code = :c, error_message = :m, \
                  dead_lettered_at = :t, expires_at = :ttl",
             )
-            .expression_attribute_values(":id", s(mark.payment_id.as_str()))
+            .expression_attribute_names("#key", "key")
+            .expression_attribute_values(":id", s(&mark.key))
             .expression_attribute_values(":h", s(&mark.payload_hash))
             .expression_attribute_values(":c", s(&mark.error_code))
             .expression_attribute_values(":m", s(&mark.error_message))
@@ -438,16 +491,16 @@ impl IdempotencyStore for DynamoStore {
         Ok(())
     }
 
-    async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn get(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("pk", Self::key(payment_id))
+            .key(&self.layout.attribute, self.key(key))
             .consistent_read(true)
             .send()
             .await
             .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
-        out.item().map(record_from_item).transpose()
+        out.item().map(|i| self.record_from_item(i)).transpose()
     }
 }

@@ -31,13 +31,13 @@ pub enum Redelivery {
     /// in a second or two.
     Soon,
     /// Not before this epoch ms (a live lease's end, a record's `not_before`, the time a lookup
-    /// can prove that no charge exists).
+    /// can prove that no effect exists).
     At(i64),
     /// Another attempt holds a live lease ending at this epoch ms. The first delivery looks
     /// again within [`BUSY_RECHECK`]; later ones wait for the lease's end, so a dead holder's
-    /// payment is taken over after at most one lease and its copies do not burn the budget.
+    /// key is taken over after at most one lease and its copies do not burn the budget.
     Busy(i64),
-    /// A transient failure (provider, store, queue): exponential backoff on the receive count,
+    /// A transient failure (downstream, store, queue): exponential backoff on the receive count,
     /// stretched to spread the receives left over the retry horizon.
     Backoff,
     /// A transient failure after a call that may still land: the backoff, but not before the
@@ -185,7 +185,7 @@ mod tests {
     }
 
     /// Replays an outage: every delivery fails transiently until `outage` has passed. Returns
-    /// the receive on which the payment went through, or `None` if the budget ran out first.
+    /// the receive on which the work went through, or `None` if the budget ran out first.
     fn survive(outage: Duration, max: u32, busy_first: u32) -> Option<u32> {
         let first = 1_000_000i64;
         let mut now = first;

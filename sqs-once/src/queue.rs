@@ -16,10 +16,10 @@ use aws_sdk_sqs::Client;
 pub struct DeadLetter {
     /// The source message body, byte for byte.
     pub body: String,
-    /// `invalid_json`, `invalid_payment`, `idempotency_key_reused`, `provider_rejected`,
-    /// `request_expired`, `outcome_unknown`, `retries_exhausted`.
+    /// Why: the work's own codes (its parse refusals and rejected outcomes) and this crate's
+    /// `idempotency_key_reused`, `request_expired`, `outcome_unknown`, `retries_exhausted`.
     pub error_code: String,
-    /// Human-readable reason (no secrets, no card data).
+    /// Human-readable reason (no secrets, no personal data).
     pub error_message: String,
     /// The source message's id, for tracing it back.
     pub source_message_id: String,
@@ -28,8 +28,9 @@ pub struct DeadLetter {
     pub first_sent_at_ms: Option<i64>,
     /// FIFO source: the message group, reused on a FIFO dead-letter queue.
     pub message_group_id: Option<String>,
-    /// The body held card numbers, masked to their first six and last four digits.
-    pub card_data_masked: bool,
+    /// More `String` message attributes the work adds (e.g. a note that the body was
+    /// redacted, see [`crate::Redaction`]).
+    pub extra_attributes: Vec<(String, String)>,
 }
 
 /// Errors of the queue port: all retryable (the message stays on the source queue).
@@ -67,8 +68,6 @@ pub mod attrs {
     pub const SOURCE_MESSAGE_ID: &str = "source_message_id";
     /// Epoch ms of the original's first send, kept across redrives.
     pub const FIRST_SENT_AT: &str = "first_sent_at";
-    /// `true` when card numbers in the body were masked (first six, last four digits kept).
-    pub const CARD_DATA_MASKED: &str = "card_data_masked";
 }
 
 /// SQS through the official SDK.
@@ -85,8 +84,8 @@ pub struct SqsQueues {
     max_receives: Mutex<HashMap<String, Option<u32>>>,
 }
 
-/// A `String` message attribute.
-pub(crate) fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
+/// A `String` message attribute (an error only for a value the SDK refuses to build).
+pub fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
     MessageAttributeValue::builder()
         .data_type("String")
         .string_value(v)
@@ -148,8 +147,8 @@ impl QueueOps for SqsQueues {
         if let Some(t) = l.first_sent_at_ms {
             req = req.message_attributes(attrs::FIRST_SENT_AT, string_attr(&t.to_string())?);
         }
-        if l.card_data_masked {
-            req = req.message_attributes(attrs::CARD_DATA_MASKED, string_attr("true")?);
+        for (name, value) in &l.extra_attributes {
+            req = req.message_attributes(name, string_attr(value)?);
         }
         if self.dlq_url.ends_with(".fifo") {
             req = req

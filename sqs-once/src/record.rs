@@ -1,14 +1,14 @@
-//! The idempotency record and the claim, charge, complete state machine (design.md).
+//! The idempotency record and the claim, execute, complete state machine.
 //!
-//! One record per payment. [`IdempotencyStore`] is the port; the DynamoDB adapter lives in
-//! [`crate::dynamo`]. What to do after a claim is decided here, by [`decide_conflict`], from
+//! One record per idempotency key. [`IdempotencyStore`] is the port; the DynamoDB adapter lives
+//! in [`crate::dynamo`], an in-memory one in [`crate::memory`]. What to do after a claim is decided here, by [`decide_conflict`], from
 //! the record that the failed conditional write returned (`ALL_OLD`), so a conflict costs one
 //! round trip and no read.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-
-use crate::domain::PaymentId;
 
 /// The record's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,41 +42,80 @@ impl RecordStatus {
     }
 }
 
-/// The stored result of a payment: what the provider said, in the record's `outcome` map.
+/// One value of an [`Outcome`]: stored as a DynamoDB string or number.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    /// A string (`S`).
+    Text(String),
+    /// An integer (`N`), e.g. an amount in minor units.
+    Number(i64),
+}
+
+/// The stored result of one unit of work: a status word and named values, kept in the
+/// record's `outcome` map. Duplicates are acknowledged with it, so it holds what a caller of
+/// the work needs to know afterwards (an id the downstream gave, an amount, a reason).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
-    /// The PaymentIntent's status (`succeeded`, `requires_action`, `processing`, ...), or
-    /// `declined` / `rejected`.
+    /// What happened, in one word (`succeeded`, `declined`, `rejected`, ...): the work decides
+    /// the words and what each one means (see [`crate::Work::disposition`]).
     pub status: String,
-    /// The provider's PaymentIntent id, when there is one.
-    pub provider_payment_id: Option<String>,
-    /// The card's decline code, for `declined`.
-    pub decline_code: Option<String>,
-    /// The amount charged or attempted, minor units.
-    pub amount: i64,
-    /// Lowercase ISO 4217 code.
-    pub currency: String,
-    /// For `rejected`: the provider's error code and message, so an operator sees why.
-    pub reason: Option<String>,
+    /// Everything else worth keeping, by name. `status` is not a valid name here.
+    pub fields: BTreeMap<String, Value>,
 }
 
 impl Outcome {
-    /// True for a decline: a business outcome, acknowledged and never retried.
-    pub fn is_declined(&self) -> bool {
-        self.status == "declined"
+    /// An outcome with this status and no values.
+    pub fn new(status: impl Into<String>) -> Self {
+        Self {
+            status: status.into(),
+            fields: BTreeMap::new(),
+        }
     }
 
-    /// True when the provider refused the request itself (the message is dead-lettered).
-    pub fn is_rejected(&self) -> bool {
-        self.status == "rejected"
+    /// Adds a string value.
+    pub fn with_text(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.fields
+            .insert(name.to_owned(), Value::Text(value.into()));
+        self
+    }
+
+    /// Adds a string value when there is one.
+    pub fn with_text_opt(self, name: &str, value: Option<impl Into<String>>) -> Self {
+        match value {
+            Some(v) => self.with_text(name, v),
+            None => self,
+        }
+    }
+
+    /// Adds a number value.
+    pub fn with_number(mut self, name: &str, value: i64) -> Self {
+        self.fields.insert(name.to_owned(), Value::Number(value));
+        self
+    }
+
+    /// A string value, if present and a string.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        match self.fields.get(name) {
+            Some(Value::Text(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A number value, if present and a number.
+    pub fn number(&self, name: &str) -> Option<i64> {
+        match self.fields.get(name) {
+            Some(Value::Number(v)) => Some(*v),
+            _ => None,
+        }
     }
 }
 
 /// One idempotency record, as read back from the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyRecord {
-    /// Whose record this is (`pk = payment#<payment_id>`).
-    pub payment_id: String,
+    /// The idempotency key (the item's key is the store's prefix followed by it).
+    pub key: String,
     /// Where the protocol stands.
     pub status: RecordStatus,
     /// SHA-256 of the canonical request that first claimed the key.
@@ -91,26 +130,26 @@ pub struct IdempotencyRecord {
     pub outcome: Option<Outcome>,
     /// DynamoDB TTL, epoch s.
     pub expires_at_s: i64,
-    /// Epoch ms of the first claim; bounds how long the provider may still remember the key.
+    /// Epoch ms of the first claim; bounds how long the downstream may still remember the key.
     pub first_attempt_at_ms: i64,
-    /// An earlier attempt may have charged without the record knowing (sticky until settled).
+    /// An earlier attempt's call may have taken effect without the record knowing (sticky until settled).
     pub unknown_outcome: bool,
     /// The last retryable error, for operators.
     pub last_error: Option<String>,
     /// Epoch ms of the completion (`completed_at`), for operators and latency measurements.
     pub completed_at_ms: Option<i64>,
     /// Epoch ms before which no claim may take a `FAILED` record over (`not_before`): the last
-    /// call whose answer was not definitive may still land at the provider until then (its
-    /// send + the client timeout + the provider's processing allowance). Kept across claims,
-    /// so a later attempt knows when a lookup can prove that no charge exists.
+    /// call whose answer was not definitive may still land downstream until then (its
+    /// send + the call timeout + the downstream's processing allowance). Kept across claims,
+    /// so a later attempt knows when a lookup can prove that no effect exists.
     pub not_before_ms: Option<i64>,
 }
 
 /// A fresh claim, written with one conditional write.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
-    /// The payment to claim.
-    pub payment_id: PaymentId,
+    /// The idempotency key to claim.
+    pub key: String,
     /// Hash of this message's canonical request.
     pub payload_hash: String,
     /// This attempt's random fencing token.
@@ -127,7 +166,7 @@ pub struct ClaimRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimResult {
     /// This attempt holds the lease. `previous` is the record it replaced (`None` when the
-    /// payment was new): an expired `IN_PROGRESS` or a `FAILED` record.
+    /// key was new): an expired `IN_PROGRESS` or a `FAILED` record.
     Claimed {
         /// The record taken over, as `ALL_OLD` returned it.
         previous: Option<IdempotencyRecord>,
@@ -141,12 +180,12 @@ pub enum ClaimResult {
 pub struct FailureNote {
     /// Human-readable last error (never a secret).
     pub error: String,
-    /// The provider may have charged (an answer that was not definitive), or an earlier attempt
+    /// The call may have taken effect (an answer that was not definitive), or an earlier attempt
     /// left the outcome unknown. `true` sets the record's mark; `false` leaves the stored mark
     /// as it is: only a completion clears it (the mark is sticky).
     pub unknown_outcome: bool,
     /// When set, the record refuses every claim until this epoch ms (`not_before`): a call of
-    /// this attempt may still land at the provider until then.
+    /// this attempt may still land downstream until then.
     pub not_before_ms: Option<i64>,
 }
 
@@ -164,14 +203,14 @@ pub enum StoreError {
     Malformed(String),
 }
 
-/// Written beside a payment's record when one of its messages is dead-lettered, so that the
-/// payment's status can say so (`GET /v1/payments/{id}`, `payctl status`). It carries the
-/// payload hash of the dead-lettered message: a reader shows it only for the payment with that
+/// Written beside a key's record when one of its messages is dead-lettered, so that a status
+/// query can say so. It carries the
+/// payload hash of the dead-lettered message: a reader shows it only for the request with that
 /// hash. Informative only: no claim reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterMark {
-    /// The payment whose message was dead-lettered.
-    pub payment_id: PaymentId,
+    /// The idempotency key whose message was dead-lettered.
+    pub key: String,
     /// Hash of the dead-lettered message's canonical request.
     pub payload_hash: String,
     /// The dead letter's `error_code`.
@@ -187,42 +226,32 @@ pub struct DeadLetterMark {
 /// The port over the idempotency table.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync {
-    /// Claims the payment with one conditional write (condition in design.md), returning the
+    /// Claims the key with one conditional write (the condition is in the crate docs), returning the
     /// old record on conflict in the same round trip.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimResult, StoreError>;
     /// Stores the terminal outcome, only while `owner` holds an `IN_PROGRESS` lease.
-    async fn complete(
-        &self,
-        payment_id: &PaymentId,
-        owner: &str,
-        outcome: &Outcome,
-    ) -> Result<(), StoreError>;
+    async fn complete(&self, key: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError>;
     /// Records a retryable failure and releases the lease, only while `owner` holds it. Never
     /// clears the unknown-outcome mark; sets `not_before` when the note carries one.
     async fn fail(
         &self,
-        payment_id: &PaymentId,
+        key: &str,
         owner: &str,
         now_ms: i64,
         note: &FailureNote,
     ) -> Result<(), StoreError>;
     /// Moves the lease end to `until_ms`, only while `owner` holds an `IN_PROGRESS` lease.
-    async fn renew_lease(
-        &self,
-        payment_id: &PaymentId,
-        owner: &str,
-        until_ms: i64,
-    ) -> Result<(), StoreError>;
-    /// Reads a record (operators' `status` command and tests; the hot path never reads).
-    async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError>;
-    /// Stores (or replaces) the payment's dead-letter mark. Never touches the record.
+    async fn renew_lease(&self, key: &str, owner: &str, until_ms: i64) -> Result<(), StoreError>;
+    /// Reads a record (status queries, expired messages and tests; the hot path never reads).
+    async fn get(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError>;
+    /// Stores (or replaces) the key's dead-letter mark. Never touches the record.
     async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError>;
 }
 
 /// What to do with a message whose claim met an existing record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConflictDecision {
-    /// Completed with the same payload: acknowledge, charge nothing.
+    /// Completed with the same payload: acknowledge, execute nothing.
     Duplicate(Outcome),
     /// The key was used for another payload: terminal, to the DLQ.
     KeyReused,
@@ -231,7 +260,7 @@ pub enum ConflictDecision {
         /// When the other attempt's lease ends.
         lease_expires_at_ms: i64,
     },
-    /// A `FAILED` record whose last ambiguous call may still land at the provider: no claim
+    /// A `FAILED` record whose last ambiguous call may still land downstream: no claim
     /// before `not_before_ms`.
     NotYet {
         /// When the record may be claimed.
@@ -281,7 +310,7 @@ pub fn decide_conflict(
 }
 
 /// Whether the attempt that just claimed inherits an unknown outcome from the record it took
-/// over: an expired `IN_PROGRESS` (its owner may have charged and died) or a `FAILED` record
+/// over: an expired `IN_PROGRESS` (its owner may have executed and died) or a `FAILED` record
 /// still marked unknown.
 pub fn inherits_unknown_outcome(previous: Option<&IdempotencyRecord>) -> bool {
     match previous {
@@ -300,20 +329,14 @@ mod tests {
 
     fn record(status: RecordStatus, hash: &str, lease: i64) -> IdempotencyRecord {
         IdempotencyRecord {
-            payment_id: "pay_1".into(),
+            key: "k_1".into(),
             status,
             payload_hash: hash.into(),
             lease_owner: Some("owner".into()),
             lease_expires_at_ms: lease,
             attempts: 1,
-            outcome: (status == RecordStatus::Completed).then(|| Outcome {
-                status: "succeeded".into(),
-                provider_payment_id: Some("pi_1".into()),
-                decline_code: None,
-                amount: 100,
-                currency: "usd".into(),
-                reason: None,
-            }),
+            outcome: (status == RecordStatus::Completed)
+                .then(|| Outcome::new("succeeded").with_text("receipt", "r_1")),
             expires_at_s: 0,
             first_attempt_at_ms: 0,
             unknown_outcome: false,
@@ -328,7 +351,7 @@ mod tests {
         let r = record(RecordStatus::Completed, "h", 0);
         assert!(matches!(
             decide_conflict(&r, "h", "me", 10),
-            ConflictDecision::Duplicate(o) if o.provider_payment_id.as_deref() == Some("pi_1")
+            ConflictDecision::Duplicate(o) if o.text("receipt") == Some("r_1")
         ));
     }
 

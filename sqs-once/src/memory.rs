@@ -7,8 +7,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use crate::domain::PaymentId;
-use crate::idempotency::{
+use crate::record::{
     ClaimRequest, ClaimResult, DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore,
     Outcome, RecordStatus, StoreError,
 };
@@ -16,13 +15,13 @@ use crate::idempotency::{
 /// Records in a map behind a mutex; every operation is atomic like a conditional write.
 #[derive(Debug, Default)]
 pub struct InMemoryStore {
-    /// Records by payment id.
+    /// Records by key.
     records: Mutex<HashMap<String, IdempotencyRecord>>,
     /// Store calls made (claims, completions, failures, renewals, reads), to assert costs.
     calls: AtomicU64,
     /// Lease renewals made (heartbeats).
     renewals: AtomicU64,
-    /// Dead-letter marks by payment id.
+    /// Dead-letter marks by key.
     marks: Mutex<HashMap<String, DeadLetterMark>>,
 }
 
@@ -45,7 +44,7 @@ impl InMemoryStore {
     /// Puts a record as is (to set up a scenario).
     pub fn insert(&self, record: IdempotencyRecord) {
         if let Ok(mut m) = self.records.lock() {
-            m.insert(record.payment_id.clone(), record);
+            m.insert(record.key.clone(), record);
         }
     }
 
@@ -63,10 +62,10 @@ impl InMemoryStore {
 
     fn owned<'m>(
         m: &'m mut HashMap<String, IdempotencyRecord>,
-        id: &PaymentId,
+        id: &str,
         owner: &str,
     ) -> Result<&'m mut IdempotencyRecord, StoreError> {
-        match m.get_mut(id.as_str()) {
+        match m.get_mut(id) {
             Some(r)
                 if r.status == RecordStatus::InProgress
                     && r.lease_owner.as_deref() == Some(owner) =>
@@ -82,7 +81,7 @@ impl InMemoryStore {
 impl IdempotencyStore for InMemoryStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimResult, StoreError> {
         self.with(|m| {
-            let key = req.payment_id.as_str().to_owned();
+            let key = req.key.clone();
             let previous = m.get(&key).cloned();
             if let Some(r) = &previous {
                 let takeover = r.payload_hash == req.payload_hash
@@ -95,7 +94,7 @@ impl IdempotencyStore for InMemoryStore {
                 }
             }
             let base = previous.clone().unwrap_or(IdempotencyRecord {
-                payment_id: key.clone(),
+                key: key.clone(),
                 status: RecordStatus::InProgress,
                 payload_hash: req.payload_hash.clone(),
                 lease_owner: None,
@@ -123,12 +122,7 @@ impl IdempotencyStore for InMemoryStore {
         })
     }
 
-    async fn complete(
-        &self,
-        id: &PaymentId,
-        owner: &str,
-        outcome: &Outcome,
-    ) -> Result<(), StoreError> {
+    async fn complete(&self, id: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
         self.with(|m| {
             let r = Self::owned(m, id, owner)?;
             r.status = RecordStatus::Completed;
@@ -141,7 +135,7 @@ impl IdempotencyStore for InMemoryStore {
 
     async fn fail(
         &self,
-        id: &PaymentId,
+        id: &str,
         owner: &str,
         now_ms: i64,
         note: &FailureNote,
@@ -160,12 +154,7 @@ impl IdempotencyStore for InMemoryStore {
         })
     }
 
-    async fn renew_lease(
-        &self,
-        id: &PaymentId,
-        owner: &str,
-        until_ms: i64,
-    ) -> Result<(), StoreError> {
+    async fn renew_lease(&self, id: &str, owner: &str, until_ms: i64) -> Result<(), StoreError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.with(|m| {
             Self::owned(m, id, owner)?.lease_expires_at_ms = until_ms;
@@ -173,8 +162,8 @@ impl IdempotencyStore for InMemoryStore {
         })
     }
 
-    async fn get(&self, payment_id: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
-        self.with(|m| Ok(m.get(payment_id).cloned()))
+    async fn get(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.with(|m| Ok(m.get(key).cloned()))
     }
 
     async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
@@ -182,17 +171,14 @@ impl IdempotencyStore for InMemoryStore {
         self.marks
             .lock()
             .map_err(|_| StoreError::Unavailable("store mutex poisoned".into()))?
-            .insert(mark.payment_id.as_str().to_owned(), mark.clone());
+            .insert(mark.key.clone(), mark.clone());
         Ok(())
     }
 }
 
 impl InMemoryStore {
-    /// The payment's dead-letter mark, if one was written.
-    pub fn dead_letter_mark(&self, payment_id: &str) -> Option<DeadLetterMark> {
-        self.marks
-            .lock()
-            .ok()
-            .and_then(|m| m.get(payment_id).cloned())
+    /// The key's dead-letter mark, if one was written.
+    pub fn dead_letter_mark(&self, key: &str) -> Option<DeadLetterMark> {
+        self.marks.lock().ok().and_then(|m| m.get(key).cloned())
     }
 }

@@ -1,0 +1,297 @@
+//! The payment as a [`Work`] of the generic runner: parse a payment message, claim its
+//! `payment_id`, charge it with `Idempotency-Key: <payment_id>`, store what the provider said.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sqs_once::{AttemptContext, CallError, Outcome, Redaction, Rejection, Verdict, Work};
+use tracing::{error, info};
+
+use crate::domain::{mask_card_numbers, PaymentRequest};
+use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
+
+/// The batch runner over payments: the payment-processor Lambda's whole handler.
+pub type Processor = sqs_once::BatchRunner<PaymentWork>;
+
+/// Labels of a payment's outcomes in the batch summary and its metrics.
+pub mod labels {
+    /// Charged (or found charged): `succeeded`, `processing`, `requires_action`.
+    pub const CHARGED: &str = "charged";
+    /// Declined by the provider: recorded and acknowledged.
+    pub const DECLINED: &str = "declined";
+}
+
+/// The stored result of a payment: what the provider said, in the record's `outcome` map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentOutcome {
+    /// The PaymentIntent's status (`succeeded`, `requires_action`, `processing`, ...), or
+    /// `declined` / `rejected`.
+    pub status: String,
+    /// The provider's PaymentIntent id, when there is one.
+    pub provider_payment_id: Option<String>,
+    /// The card's decline code, for `declined`.
+    pub decline_code: Option<String>,
+    /// The amount charged or attempted, minor units.
+    pub amount: i64,
+    /// Lowercase ISO 4217 code.
+    pub currency: String,
+    /// For `rejected`: the provider's error code and message, so an operator sees why.
+    pub reason: Option<String>,
+}
+
+impl PaymentOutcome {
+    /// True for a decline: a business outcome, acknowledged and never retried.
+    pub fn is_declined(&self) -> bool {
+        self.status == "declined"
+    }
+
+    /// True when the provider refused the request itself (the message is dead-lettered).
+    pub fn is_rejected(&self) -> bool {
+        self.status == "rejected"
+    }
+
+    /// True when the payment moved money or may still do so without the customer.
+    pub fn is_charge(&self) -> bool {
+        matches!(
+            self.status.as_str(),
+            "succeeded" | "processing" | "requires_capture" | "requires_action"
+        )
+    }
+
+    /// The generic record's outcome map.
+    pub fn to_outcome(&self) -> Outcome {
+        Outcome::new(&self.status)
+            .with_text_opt("provider_payment_id", self.provider_payment_id.clone())
+            .with_text_opt("decline_code", self.decline_code.clone())
+            .with_number("amount", self.amount)
+            .with_text("currency", &self.currency)
+            .with_text_opt("reason", self.reason.clone())
+    }
+
+    /// Reads a record's outcome map (absent values are empty).
+    pub fn from_outcome(o: &Outcome) -> Self {
+        Self {
+            status: o.status.clone(),
+            provider_payment_id: o.text("provider_payment_id").map(str::to_owned),
+            decline_code: o.text("decline_code").map(str::to_owned),
+            amount: o.number("amount").unwrap_or(0),
+            currency: o.text("currency").unwrap_or_default().to_owned(),
+            reason: o.text("reason").map(str::to_owned),
+        }
+    }
+}
+
+impl From<ProviderError> for CallError {
+    fn from(e: ProviderError) -> Self {
+        CallError {
+            message: e.to_string(),
+            ambiguous: e.is_ambiguous(),
+            retry_now: e.retry_now(),
+            retry_after: e.retry_after,
+            // Only a replayed 5xx needs a lookup; a replayed 409 or 429 still resolves.
+            replayed: e.replayed && e.kind == FailureKind::ServerError,
+            misconfigured: e.kind == FailureKind::Misconfigured,
+        }
+    }
+}
+
+/// Charging payments through a [`PaymentProvider`].
+pub struct PaymentWork {
+    /// The provider client.
+    provider: Arc<dyn PaymentProvider>,
+    /// How long the provider remembers an idempotency key.
+    key_retention: Duration,
+}
+
+impl PaymentWork {
+    /// The work over a provider that remembers keys for `key_retention`.
+    pub fn new(provider: Arc<dyn PaymentProvider>, key_retention: Duration) -> Self {
+        Self {
+            provider,
+            key_retention,
+        }
+    }
+}
+
+#[async_trait]
+impl Work for PaymentWork {
+    type Request = PaymentRequest;
+
+    fn parse(&self, body: &str) -> Result<PaymentRequest, Rejection> {
+        PaymentRequest::parse(body).map_err(|e| Rejection::new(e.code(), e.to_string()))
+    }
+
+    fn key(&self, request: &PaymentRequest) -> String {
+        request.payment_id.as_str().to_owned()
+    }
+
+    fn fingerprint(&self, request: &PaymentRequest) -> String {
+        request.payload_hash()
+    }
+
+    async fn execute(
+        &self,
+        request: &PaymentRequest,
+        _attempt: &AttemptContext,
+    ) -> Result<Outcome, CallError> {
+        let response = self.provider.create_payment(request).await?;
+        Ok(outcome_of(request, &response).0.to_outcome())
+    }
+
+    /// The provider's payments for the payment_id (`metadata['payment_id']`): a charge wins;
+    /// else an intent that did not charge is a decline; nothing found is `None`.
+    async fn lookup(&self, request: &PaymentRequest) -> Result<Option<Outcome>, CallError> {
+        let found = self.provider.find_payments(&request.payment_id).await?;
+        let charges: Vec<_> = found.iter().filter(|f| f.is_charge()).collect();
+        if charges.len() > 1 {
+            error!(
+                count = charges.len(),
+                "the provider holds more than one charge for this payment id"
+            );
+        }
+        let response = if let Some(c) = charges.first() {
+            info!(provider_payment_id = %c.provider_payment_id, "lookup found the charge");
+            ProviderResponse::Charged {
+                provider_payment_id: c.provider_payment_id.clone(),
+                status: c.status.clone(),
+                replayed: true,
+            }
+        } else if let Some(d) = found.first() {
+            info!(provider_payment_id = %d.provider_payment_id, status = %d.status, "lookup found a payment that did not charge");
+            ProviderResponse::Declined {
+                provider_payment_id: Some(d.provider_payment_id.clone()),
+                decline_code: None,
+            }
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(outcome_of(request, &response).0.to_outcome()))
+    }
+
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        let o = PaymentOutcome::from_outcome(outcome);
+        if o.is_rejected() {
+            let (code, reason) = rejection_code(&o);
+            Verdict::DeadLetter {
+                code: code.to_owned(),
+                reason,
+            }
+        } else if o.is_declined() {
+            Verdict::Done(labels::DECLINED.to_owned())
+        } else {
+            Verdict::Done(labels::CHARGED.to_owned())
+        }
+    }
+
+    fn call_timeout(&self) -> Duration {
+        self.provider.request_timeout()
+    }
+
+    fn key_retention(&self) -> Option<Duration> {
+        Some(self.key_retention)
+    }
+
+    /// A body that can never be processed keeps no card number at rest (14 days in the DLQ).
+    fn redact(&self, body: &str) -> Option<Redaction> {
+        mask_card_numbers(body).map(|body| Redaction {
+            body,
+            attribute: CARD_DATA_MASKED.to_owned(),
+        })
+    }
+
+    fn settle_hint(&self, key: &str) -> String {
+        format!("run `payctl reconcile {key}` to settle the record from the provider")
+    }
+}
+
+/// The dead-letter attribute that says card numbers in the body were masked (first six, last
+/// four digits kept).
+pub const CARD_DATA_MASKED: &str = "card_data_masked";
+
+/// The EMF metric names of the payment processor (namespace `PaymentProcessor`).
+pub fn metric_names() -> sqs_once::metrics::MetricNames {
+    sqs_once::metrics::MetricNames {
+        namespace: "PaymentProcessor".into(),
+        service: "payment-processor".into(),
+        labels: vec![
+            (labels::CHARGED.into(), "Charged".into()),
+            (labels::DECLINED.into(), "Declined".into()),
+        ],
+        latency: "ProviderLatency".into(),
+    }
+}
+
+/// The record's outcome for a definitive answer, and the DLQ code where the message must go.
+pub fn outcome_of(
+    request: &PaymentRequest,
+    response: &ProviderResponse,
+) -> (PaymentOutcome, Option<(&'static str, String)>) {
+    let base = |status: &str| PaymentOutcome {
+        status: status.to_owned(),
+        provider_payment_id: None,
+        decline_code: None,
+        amount: request.money.amount,
+        currency: request.money.currency.clone(),
+        reason: None,
+    };
+    match response {
+        ProviderResponse::Charged {
+            provider_payment_id,
+            status,
+            ..
+        } => (
+            PaymentOutcome {
+                provider_payment_id: Some(provider_payment_id.clone()),
+                ..base(status)
+            },
+            None,
+        ),
+        ProviderResponse::Declined {
+            provider_payment_id,
+            decline_code,
+        } => (
+            PaymentOutcome {
+                provider_payment_id: provider_payment_id.clone(),
+                decline_code: decline_code.clone(),
+                ..base("declined")
+            },
+            None,
+        ),
+        ProviderResponse::Rejected { code, message } => {
+            let o = PaymentOutcome {
+                reason: Some(format!("{code}: {message}")),
+                ..base("rejected")
+            };
+            let (c, why) = rejection_code(&o);
+            (o, Some((c, why)))
+        }
+        ProviderResponse::KeyReused { message } => {
+            let o = PaymentOutcome {
+                reason: Some(format!("{IDEMPOTENCY_ERROR}: {message}")),
+                ..base("rejected")
+            };
+            let (c, why) = rejection_code(&o);
+            (o, Some((c, why)))
+        }
+    }
+}
+
+const IDEMPOTENCY_ERROR: &str = "idempotency_error";
+
+/// The DLQ code and reason of a `rejected` outcome.
+pub fn rejection_code(o: &PaymentOutcome) -> (&'static str, String) {
+    let reason = o
+        .reason
+        .clone()
+        .unwrap_or_else(|| "rejected by the provider".into());
+    if reason.starts_with(IDEMPOTENCY_ERROR) {
+        (
+            "idempotency_key_reused",
+            format!("the provider holds this payment_id for other parameters: {reason}"),
+        )
+    } else {
+        ("provider_rejected", reason)
+    }
+}

@@ -1,0 +1,270 @@
+//! The payment as a `sqs_once::Work`: what the provider's answers become (labels, dead letters
+//! with their codes), what a refused body keeps at rest, and what the logs never say. The
+//! protocol itself (leases, fencing, unknown outcomes, redelivery) is tested once, generically,
+//! in `sqs-once/tests/protocol.rs`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_lambda_events::event::sqs::SqsMessage;
+use payment_core::domain::{PaymentId, PaymentRequest};
+use payment_core::provider::{
+    FailureKind, FoundPayment, PaymentProvider, ProviderError, ProviderResponse,
+};
+use payment_core::{PaymentOutcome, PaymentWork, Processor};
+use sqs_once::memory::InMemoryStore;
+use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
+use sqs_once::record::IdempotencyStore;
+use sqs_once::runner::now_ms;
+use sqs_once::{CallError, Settings, Work};
+
+/// A provider that answers every payment the same way.
+struct Answering(Result<ProviderResponse, ProviderError>);
+
+#[async_trait]
+impl PaymentProvider for Answering {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    async fn create_payment(&self, _: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
+        self.0.clone()
+    }
+    async fn find_payments(&self, _: &PaymentId) -> Result<Vec<FoundPayment>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+#[derive(Default)]
+struct Queues(Mutex<Vec<DeadLetter>>);
+
+#[async_trait]
+impl QueueOps for Queues {
+    async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
+        self.0.lock().unwrap().push(l.clone());
+        Ok(())
+    }
+    async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
+        Ok(None)
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        lease: Duration::from_secs(10),
+        call_retry_delay: Duration::from_millis(1),
+        processing_allowance: Duration::ZERO,
+        ..Settings::default()
+    }
+}
+
+fn processor(
+    provider: Arc<dyn PaymentProvider>,
+) -> (Arc<Processor>, Arc<InMemoryStore>, Arc<Queues>) {
+    // A global subscriber beside the log test's thread-local one: with none, a callsite first
+    // reached by another test thread is cached as never enabled.
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let store = Arc::new(InMemoryStore::new());
+    let queues = Arc::new(Queues::default());
+    let work = PaymentWork::new(provider, Duration::from_secs(86_400));
+    let p = Processor::new(Arc::new(work), store.clone(), queues.clone(), settings());
+    (Arc::new(p), store, queues)
+}
+
+fn body(pid: &str) -> String {
+    format!(
+        r#"{{"payment_id":"{pid}","amount":1999,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}}"#
+    )
+}
+
+fn msg(id: &str, body: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("rh-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:payments".into());
+    m.attributes
+        .insert("SentTimestamp".into(), now_ms().to_string());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "1".into());
+    m
+}
+
+#[tokio::test]
+async fn a_charge_and_a_decline_are_counted_under_their_labels_with_the_provider_s_ids() {
+    let (p, store, _) = processor(Arc::new(Answering(Ok(ProviderResponse::Charged {
+        provider_payment_id: "pi_1".into(),
+        status: "succeeded".into(),
+        replayed: false,
+    }))));
+    let (_, s) = p
+        .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.done("charged"), 1);
+    let o = PaymentOutcome::from_outcome(&store.get("p1").await.unwrap().unwrap().outcome.unwrap());
+    assert_eq!(
+        (
+            o.status.as_str(),
+            o.provider_payment_id.as_deref(),
+            o.amount,
+            o.currency.as_str()
+        ),
+        ("succeeded", Some("pi_1"), 1999, "usd")
+    );
+
+    let (p, store, queues) = processor(Arc::new(Answering(Ok(ProviderResponse::Declined {
+        provider_payment_id: Some("pi_2".into()),
+        decline_code: Some("insufficient_funds".into()),
+    }))));
+    let (_, s) = p
+        .handle_batch(vec![msg("m2", &body("p2"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.done("declined"), 1);
+    assert!(
+        queues.0.lock().unwrap().is_empty(),
+        "a decline is not dead-lettered"
+    );
+    let o = PaymentOutcome::from_outcome(&store.get("p2").await.unwrap().unwrap().outcome.unwrap());
+    assert_eq!(o.decline_code.as_deref(), Some("insufficient_funds"));
+}
+
+#[tokio::test]
+async fn a_rejected_payment_is_dead_lettered_with_the_provider_s_reason_every_time() {
+    let (p, _, queues) = processor(Arc::new(Answering(Ok(ProviderResponse::Rejected {
+        code: "amount_too_small".into(),
+        message: "Amount must be at least 50 cents".into(),
+    }))));
+    let (_, s) = p
+        .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("provider_rejected"), Some(&1));
+    // A duplicate of it (the first dead-lettering may have been lost) goes the same way.
+    let (_, s) = p
+        .handle_batch(vec![msg("m2", &body("p1"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("provider_rejected"), Some(&1));
+    let dead = queues.0.lock().unwrap().clone();
+    assert_eq!(dead.len(), 2);
+    assert!(dead[1].error_message.contains("amount_too_small"));
+
+    let (p, _, _) = processor(Arc::new(Answering(Ok(ProviderResponse::KeyReused {
+        message: "Keys for idempotent requests can only be used with the same parameters".into(),
+    }))));
+    let (_, s) = p
+        .handle_batch(vec![msg("m3", &body("p3"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("idempotency_key_reused"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_refused_body_is_dead_lettered_with_its_card_number_masked() {
+    let (p, _, queues) = processor(Arc::new(Answering(Err(ProviderError::new(
+        FailureKind::Timeout,
+        "never called",
+    )))));
+    let bad = r#"{"payment_id":"p1","amount":-5,"card":"4242424242424242"}"#;
+    let (_, s) = p
+        .handle_batch(vec![msg("m1", bad)], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1));
+    let dead = queues.0.lock().unwrap();
+    assert!(
+        !dead[0].body.contains("4242424242424242"),
+        "{}",
+        dead[0].body
+    );
+    assert!(
+        dead[0].body.contains("424242******4242"),
+        "{}",
+        dead[0].body
+    );
+    assert_eq!(
+        dead[0].extra_attributes,
+        vec![("card_data_masked".to_owned(), "true".to_owned())]
+    );
+}
+
+#[test]
+fn only_a_replayed_5xx_asks_for_a_lookup() {
+    let replayed = |kind| ProviderError {
+        replayed: true,
+        ..ProviderError::new(kind, "x")
+    };
+    let e = CallError::from(replayed(FailureKind::ServerError));
+    assert!(e.replayed && e.ambiguous && !e.retry_now);
+    let e = CallError::from(replayed(FailureKind::KeyInUse));
+    assert!(!e.replayed && e.ambiguous);
+    let e = CallError::from(ProviderError::new(FailureKind::RateLimited, "429"));
+    assert!(!e.ambiguous && e.retry_now);
+    let e = CallError::from(ProviderError::new(FailureKind::Misconfigured, "401"));
+    assert!(e.misconfigured && !e.retry_now && !e.ambiguous);
+}
+
+#[test]
+fn the_payment_id_is_the_key_and_the_hash_its_fingerprint() {
+    let work = PaymentWork::new(
+        Arc::new(Answering(Err(ProviderError::new(FailureKind::Timeout, "")))),
+        Duration::from_secs(86_400),
+    );
+    let a = work.parse(&body("p1")).unwrap();
+    let b = work.parse(&body("p1").replace("1999", "2000")).unwrap();
+    assert_eq!(work.key(&a), "p1");
+    assert_ne!(work.fingerprint(&a), work.fingerprint(&b));
+    assert_eq!(work.key_retention(), Some(Duration::from_secs(86_400)));
+}
+
+/// A writer that keeps what the log subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_current_span(true)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // The real Stripe client, with a key, against an address where nothing listens.
+    let provider = Arc::new(
+        payment_core::stripe::StripeClient::new(
+            "http://127.0.0.1:9",
+            secrecy::SecretString::from("sk_live_must_never_be_logged"),
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+    );
+    let (p, _, _) = processor(provider);
+    let (r, _) = p
+        .handle_batch(vec![msg("m-log", &body("p-log"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(r.batch_item_failures.len(), 1);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "the failed calls were logged");
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["span"]["message_id"], "m-log", "{line}");
+        assert_eq!(v["span"]["key"], "p-log", "{line}");
+    }
+    assert!(!text.contains("sk_live_must_never_be_logged"));
+}

@@ -1,0 +1,413 @@
+//! One message: parse, claim, execute, complete (or dead-letter, or come back later).
+//!
+//! The calls themselves, with the heartbeat that keeps the lease and the message, are in
+//! `call.rs`.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Mutex;
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use tracing::{info, warn};
+
+use crate::call::CallFailure;
+use crate::queue::DeadLetter;
+use crate::record::{
+    decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
+    DeadLetterMark, FailureNote, IdempotencyRecord, RecordStatus, StoreError,
+};
+use crate::redelivery::Redelivery;
+use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
+use crate::settings::CLOCK_SKEW_MS;
+use crate::work::{AttemptContext, Redaction, Verdict, Work};
+
+/// Where the message stands after the claim.
+enum Claimed {
+    /// We hold the lease.
+    Owner(Attempt),
+    /// Nothing to execute: the disposition is known.
+    Done(Disposition),
+}
+
+/// The end of one message's work before the batch reports it.
+pub(crate) enum Step {
+    /// Finished: acknowledged or dead-lettered.
+    Done(Disposition),
+    /// Must come back, for this reason, not before the delay [`Redelivery`] decides.
+    Again(String, Redelivery),
+}
+
+/// One attempt's hold on the record.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    /// What the work sees of it (fencing token, lease end, first claim).
+    pub(crate) context: AttemptContext,
+    /// The latest time a call of an earlier attempt may still land downstream (its
+    /// `not_before`, or the end of the expired lease taken over).
+    pub(crate) landing_ms: Option<i64>,
+}
+
+impl<W: Work> BatchRunner<W> {
+    /// Processes one message; one that must come back is handed back with its delay.
+    pub async fn process(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> Disposition {
+        match self.decide(msg, deadline_ms, latencies).await {
+            Step::Done(d) => {
+                info!(disposition = ?d, "message done");
+                d
+            }
+            Step::Again(reason, when) => self.give_back(msg, reason, when).await,
+        }
+    }
+
+    async fn decide(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> Step {
+        let body = msg.body.clone().unwrap_or_default();
+        let request = match self.work.parse(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                let redaction = self.work.redact(&body);
+                return Step::Done(
+                    self.dead_letter(msg, &body, &e.code, &e.message, None, redaction)
+                        .await,
+                );
+            }
+        };
+        let key = self.work.key(&request);
+        tracing::Span::current().record("key", key.as_str());
+        let now = self.clock.now_ms();
+        if let Some(sent) = first_sent_at_ms(msg) {
+            if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
+                let why = self.expired_reason(&key, now - sent).await;
+                return Step::Done(
+                    self.dead_letter(msg, &body, "request_expired", &why, Some(&request), None)
+                        .await,
+                );
+            }
+        }
+
+        let attempt = match self
+            .claim(msg, &body, &request, &key, now, deadline_ms)
+            .await
+        {
+            Ok(Claimed::Owner(attempt)) => attempt,
+            Ok(Claimed::Done(d)) => return Step::Done(d),
+            Err(again) => return again,
+        };
+        crate::failpoint!("after_claim");
+
+        // The calls and the heartbeat run together; a lost lease stops the calls.
+        let executed = tokio::select! {
+            r = self.execute(&request, &key, &attempt, deadline_ms, latencies) => r,
+            lost = self.heartbeat(msg, &key, &attempt, deadline_ms) => Err(lost),
+        };
+        let owner = &attempt.context.owner;
+        match executed {
+            Ok(outcome) => {
+                crate::failpoint!("after_execute");
+                match self.store.complete(&key, owner, &outcome).await {
+                    Ok(()) => {}
+                    Err(StoreError::LeaseLost) => {
+                        return Step::Again(
+                            "lease lost before completion; another attempt owns the key".into(),
+                            Redelivery::Soon,
+                        )
+                    }
+                    Err(e) => {
+                        // The lease is still ours until it ends; the next delivery takes the
+                        // record over as an unknown outcome and gets the downstream's replay.
+                        return Step::Again(
+                            format!("completing the record failed: {e}"),
+                            Redelivery::Backoff,
+                        );
+                    }
+                }
+                crate::failpoint!("after_complete");
+                Step::Done(match self.work.verdict(&outcome) {
+                    Verdict::DeadLetter { code, reason } => {
+                        self.dead_letter(msg, &body, &code, &reason, Some(&request), None)
+                            .await
+                    }
+                    Verdict::Done(label) => Disposition::Done(label),
+                })
+            }
+            Err(CallFailure::LeaseLost) => Step::Again(
+                "lease lost while working; another attempt owns the key".into(),
+                Redelivery::Soon,
+            ),
+            Err(CallFailure::Transient {
+                message,
+                unknown,
+                not_before,
+                retry_at,
+            }) => {
+                self.record_failure(&key, owner, &message, unknown, not_before)
+                    .await;
+                let when = match (retry_at, not_before) {
+                    (Some(t), _) => Redelivery::At(t),
+                    (None, Some(t)) => Redelivery::BackoffAfter(t),
+                    (None, None) => Redelivery::Backoff,
+                };
+                Step::Again(message, when)
+            }
+            Err(CallFailure::OutcomeUnknown {
+                message,
+                not_before,
+            }) => {
+                self.record_failure(&key, owner, &message, true, not_before)
+                    .await;
+                Step::Done(
+                    self.dead_letter(
+                        msg,
+                        &body,
+                        "outcome_unknown",
+                        &message,
+                        Some(&request),
+                        None,
+                    )
+                    .await,
+                )
+            }
+        }
+    }
+
+    /// The `request_expired` reason: how old the message is, and whether the key has a record
+    /// (then it says what the record holds: an effect may exist).
+    async fn expired_reason(&self, key: &str, age_ms: i64) -> String {
+        let head = format!(
+            "first sent {} s ago, longer than the record retention of {} s: this message is not processed",
+            age_ms / 1000,
+            self.settings.record_ttl.as_secs()
+        );
+        match self.store.get(key).await {
+            Ok(Some(r)) => format!(
+                "{head}; {key} has a record (status {}{}): look at it before sending it again",
+                r.status.as_str(),
+                r.outcome
+                    .as_ref()
+                    .map(|o| format!(", outcome {}", o.status))
+                    .unwrap_or_default(),
+            ),
+            Ok(None) => format!(
+                "{head}; no record exists for {key} (a record older than the retention has expired)"
+            ),
+            Err(e) => format!("{head}; whether a record exists could not be read: {e}"),
+        }
+    }
+
+    async fn record_failure(
+        &self,
+        key: &str,
+        owner: &str,
+        error: &str,
+        unknown: bool,
+        not_before: Option<i64>,
+    ) {
+        let note = FailureNote {
+            error: error.to_owned(),
+            unknown_outcome: unknown,
+            not_before_ms: not_before,
+        };
+        if let Err(se) = self
+            .store
+            .fail(key, owner, self.clock.now_ms(), &note)
+            .await
+        {
+            warn!(error = %se, "could not record the failure; the lease will expire instead");
+        }
+    }
+
+    /// Claims the record; returns the lease, the disposition the conflict decides, or when
+    /// the message must come back.
+    async fn claim(
+        &self,
+        msg: &SqsMessage,
+        body: &str,
+        request: &W::Request,
+        key: &str,
+        now: i64,
+        deadline_ms: i64,
+    ) -> Result<Claimed, Step> {
+        let lease_end_ms = self.lease_end(now, deadline_ms);
+        if lease_end_ms - now <= self.call_window_ms() {
+            return Err(Step::Again(
+                "too little time left in this invocation to execute".into(),
+                Redelivery::Soon,
+            ));
+        }
+        let hash = self.work.fingerprint(request);
+        let owner = uuid::Uuid::new_v4().to_string();
+        let claim = ClaimRequest {
+            key: key.to_owned(),
+            payload_hash: hash.clone(),
+            owner: owner.clone(),
+            now_ms: now,
+            lease_expires_at_ms: lease_end_ms,
+            expires_at_s: (now + ms(self.settings.record_ttl)) / 1000,
+        };
+        let attempt = |unknown: bool, first: Option<i64>, landing: Option<i64>| Attempt {
+            context: AttemptContext {
+                owner: owner.clone(),
+                first_attempt_at_ms: first.filter(|t| *t > 0).unwrap_or(now),
+                inherited_unknown: unknown,
+                lease_end_ms: AtomicI64::new(lease_end_ms),
+                deadline_ms,
+            },
+            landing_ms: landing,
+        };
+        let existing = match self.store.claim(&claim).await {
+            Ok(ClaimResult::Claimed { previous }) => {
+                let unknown = inherits_unknown_outcome(previous.as_ref());
+                if let Some(p) = &previous {
+                    info!(
+                        previous_status = p.status.as_str(),
+                        attempts = p.attempts + 1,
+                        unknown_outcome = unknown,
+                        "took over the record"
+                    );
+                }
+                return Ok(Claimed::Owner(attempt(
+                    unknown,
+                    previous.as_ref().map(|p| p.first_attempt_at_ms),
+                    previous.as_ref().and_then(last_landing),
+                )));
+            }
+            Ok(ClaimResult::Conflict(existing)) => existing,
+            Err(e) => {
+                return Err(Step::Again(
+                    format!("claim failed: {e}"),
+                    Redelivery::Backoff,
+                ))
+            }
+        };
+        match decide_conflict(&existing, &hash, &owner, now) {
+            ConflictDecision::OwnClaim => {
+                // Our first write was applied and its answer lost; what it replaced is unknown,
+                // so an earlier attempt may have executed: until now, calls of an expired lease
+                // could still be landing.
+                warn!("the claim's answer was lost and its retry refused by our own lease: claimed, outcome unknown");
+                Ok(Claimed::Owner(attempt(
+                    true,
+                    Some(existing.first_attempt_at_ms),
+                    Some(existing.not_before_ms.unwrap_or(now).max(now)),
+                )))
+            }
+            ConflictDecision::Duplicate(outcome) => match self.work.verdict(&outcome) {
+                // A duplicate of a request the downstream refused must still end in the DLQ:
+                // the first copy's dead-lettering may not have happened.
+                Verdict::DeadLetter { code, reason } => Ok(Claimed::Done(
+                    self.dead_letter(msg, body, &code, &reason, Some(request), None)
+                        .await,
+                )),
+                Verdict::Done(_) => Ok(Claimed::Done(Disposition::Duplicate)),
+            },
+            ConflictDecision::KeyReused => {
+                let why = format!(
+                    "{key} was already used for a different request (status {}); this one is never executed",
+                    existing.status.as_str()
+                );
+                Ok(Claimed::Done(
+                    // No mark: the key names another request.
+                    self.dead_letter(msg, body, "idempotency_key_reused", &why, None, None)
+                        .await,
+                ))
+            }
+            ConflictDecision::Busy {
+                lease_expires_at_ms,
+            } => Err(Step::Again(
+                "another attempt holds the lease".into(),
+                Redelivery::Busy(lease_expires_at_ms),
+            )),
+            ConflictDecision::NotYet { not_before_ms } => Err(Step::Again(
+                "an earlier call may still land downstream (not_before)".into(),
+                Redelivery::At(not_before_ms),
+            )),
+            ConflictDecision::Retry => Err(Step::Again(
+                "record changed during the claim".into(),
+                Redelivery::Soon,
+            )),
+        }
+    }
+
+    /// Where a lease taken or renewed at `now` ends: never past the deadline plus the margin,
+    /// so a timed-out attempt's record can be taken over by the next delivery.
+    pub(crate) fn lease_end(&self, now: i64, deadline_ms: i64) -> i64 {
+        (now + ms(self.settings.lease)).min(deadline_ms + ms(self.settings.deadline_margin))
+    }
+
+    /// Sends the message to the DLQ with its reason, marks the key dead-lettered when the
+    /// message is a valid request that its key does not name another request for
+    /// (`request`), and deletes it from the source queue, in that order.
+    pub(crate) async fn dead_letter(
+        &self,
+        msg: &SqsMessage,
+        body: &str,
+        code: &str,
+        why: &str,
+        request: Option<&W::Request>,
+        redaction: Option<Redaction>,
+    ) -> Disposition {
+        let (body, extra_attributes) = match redaction {
+            Some(r) => (r.body, vec![(r.attribute, "true".to_owned())]),
+            None => (body.to_owned(), Vec::new()),
+        };
+        let letter = DeadLetter {
+            body,
+            error_code: code.to_owned(),
+            error_message: why.to_owned(),
+            source_message_id: msg.message_id.clone().unwrap_or_default(),
+            first_sent_at_ms: first_sent_at_ms(msg),
+            message_group_id: msg.attributes.get("MessageGroupId").cloned(),
+            extra_attributes,
+        };
+        if let Err(e) = self.queues.dead_letter(&letter).await {
+            // Nothing is lost: the message stays on the source queue and comes back.
+            let reason = format!("dead-lettering failed: {e}");
+            let budget = self.budget_of(msg).await;
+            self.hide(msg, &reason, Redelivery::Backoff, &budget).await;
+            return Disposition::Retry(reason);
+        }
+        warn!(error_code = code, reason = why, "message dead-lettered");
+        if let Some(request) = request {
+            let now = self.clock.now_ms();
+            let mark = DeadLetterMark {
+                key: self.work.key(request),
+                payload_hash: self.work.fingerprint(request),
+                error_code: code.to_owned(),
+                error_message: why.chars().take(1_000).collect(),
+                at_ms: now,
+                expires_at_s: (now + ms(self.settings.record_ttl)) / 1000,
+            };
+            if let Err(e) = self.store.mark_dead_lettered(&mark).await {
+                // The dead letter holds everything; only the key's status says less.
+                warn!(error = %e, "could not mark the key dead-lettered");
+            }
+        }
+        if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+            if let Err(e) = self.queues.delete(arn, rh).await {
+                // Reported as a success, so the event source mapping deletes it instead.
+                warn!(error = %e, "could not delete the dead-lettered message");
+            }
+        }
+        Disposition::DeadLettered(code.to_owned())
+    }
+}
+
+/// The latest time a call of the attempt that left `previous` may still land downstream: its
+/// `not_before`, or the end of an `IN_PROGRESS` lease (calls are sent only while the lease
+/// outlasts the call timeout plus the processing allowance).
+fn last_landing(previous: &IdempotencyRecord) -> Option<i64> {
+    let lease =
+        (previous.status == RecordStatus::InProgress).then_some(previous.lease_expires_at_ms);
+    match (previous.not_before_ms, lease) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}

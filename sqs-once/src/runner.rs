@@ -1,0 +1,469 @@
+//! The batch runner: one SQS batch in, the messages that must come back out.
+//!
+//! [`BatchRunner::handle_batch`] is the whole Lambda handler minus the runtime: it takes the
+//! SQS records and the invocation deadline and returns the `SqsBatchResponse` listing exactly
+//! the messages that must come back. Each message runs in its own task, so a panic in one is a
+//! batch item failure for that message only. Messages of one FIFO `MessageGroupId` run one
+//! after another; after a failure the rest of the group is returned unprocessed. What happens
+//! to one message (claim, execute, complete) is in `attempt.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
+use tokio::sync::Semaphore;
+use tracing::{error, warn, Instrument};
+
+use crate::clock::Clock;
+use crate::queue::{attrs, QueueOps};
+use crate::record::IdempotencyStore;
+use crate::redelivery::{delay_for, BackoffPolicy, Budget, Redelivery};
+use crate::settings::Settings;
+use crate::work::Work;
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Executed (or its outcome found) by this delivery and acknowledged, under the label
+    /// [`Work::verdict`] gave its outcome.
+    Done(String),
+    /// A duplicate of a completed key: acknowledged without executing.
+    Duplicate,
+    /// Sent to the DLQ with this code, then deleted from the source queue.
+    DeadLettered(String),
+    /// Must come back: reported as a batch item failure.
+    Retry(String),
+}
+
+/// Counts of one batch, for metrics and logs.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct BatchSummary {
+    /// Messages executed and acknowledged, by label.
+    pub done: BTreeMap<String, u32>,
+    /// Duplicates suppressed.
+    pub duplicates: u32,
+    /// Messages dead-lettered, by code.
+    pub dead_lettered: HashMap<String, u32>,
+    /// Messages handed back to the queue.
+    pub retried: u32,
+    /// Messages that must come back but carry no `messageId` to report them by: the
+    /// invocation must fail as a whole so that the batch comes back (never an empty id).
+    pub unreportable: u32,
+    /// Duration of every call of [`Work::execute`], milliseconds.
+    pub call_latencies_ms: Vec<f64>,
+}
+
+impl BatchSummary {
+    /// Messages done under this label.
+    pub fn done(&self, label: &str) -> u32 {
+        self.done.get(label).copied().unwrap_or(0)
+    }
+
+    /// Messages dead-lettered, whatever the code.
+    pub fn dead_lettered_total(&self) -> u32 {
+        self.dead_lettered.values().sum()
+    }
+
+    /// Adds another batch's counts to these.
+    pub fn merge(&mut self, other: &BatchSummary) {
+        for (k, v) in &other.done {
+            *self.done.entry(k.clone()).or_default() += v;
+        }
+        self.duplicates += other.duplicates;
+        self.retried += other.retried;
+        self.unreportable += other.unreportable;
+        for (k, v) in &other.dead_lettered {
+            *self.dead_lettered.entry(k.clone()).or_default() += v;
+        }
+        self.call_latencies_ms
+            .extend_from_slice(&other.call_latencies_ms);
+    }
+}
+
+/// The runner with its work and ports. Build once per process, share across invocations.
+pub struct BatchRunner<W: Work> {
+    /// What is done once per key.
+    pub(crate) work: Arc<W>,
+    /// Idempotency records.
+    pub(crate) store: Arc<dyn IdempotencyStore>,
+    /// Source queue and DLQ operations.
+    pub(crate) queues: Arc<dyn QueueOps>,
+    /// Protocol tunables.
+    pub(crate) settings: Settings,
+    /// Leases, deadlines and ages are read from it.
+    pub(crate) clock: Arc<dyn Clock>,
+    /// What [`BatchRunner::handle_event`] prints as EMF metrics (`None`: no metrics).
+    pub(crate) metrics: Option<crate::metrics::MetricNames>,
+}
+
+/// Epoch ms on this host's clock.
+pub fn now_ms() -> i64 {
+    crate::clock::SystemClock.now_ms()
+}
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl<W: Work> BatchRunner<W> {
+    /// Assembles the runner from its work and ports. Makes no call.
+    pub fn new(
+        work: Arc<W>,
+        store: Arc<dyn IdempotencyStore>,
+        queues: Arc<dyn QueueOps>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            work,
+            store,
+            queues,
+            settings,
+            clock: crate::clock::system(),
+            metrics: None,
+        }
+    }
+
+    /// Prints the batch's metrics as EMF lines from [`BatchRunner::handle_event`].
+    pub fn with_metrics(mut self, names: crate::metrics::MetricNames) -> Self {
+        self.metrics = Some(names);
+        self
+    }
+
+    /// Replaces the clock (tests drive time with tokio's paused clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The tunables in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The work.
+    pub fn work(&self) -> &W {
+        &self.work
+    }
+
+    /// Processes a batch and returns the messages that must come back, with the batch's
+    /// counts. `deadline_ms` is the invocation deadline (epoch ms). Never fails as a whole;
+    /// when a message that must come back has no `messageId`, [`BatchSummary::unreportable`]
+    /// says so and the caller fails the invocation instead of reporting an empty id.
+    pub async fn handle_batch(
+        self: &Arc<Self>,
+        records: Vec<SqsMessage>,
+        deadline_ms: i64,
+    ) -> (SqsBatchResponse, BatchSummary) {
+        // Groups keep FIFO order; a standard queue's messages are each their own group.
+        let mut groups: Vec<Vec<Arc<SqsMessage>>> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for r in records {
+            let r = Arc::new(r);
+            match r.attributes.get("MessageGroupId").cloned() {
+                Some(g) => match index.get(&g) {
+                    Some(&i) => groups[i].push(r),
+                    None => {
+                        index.insert(g, groups.len());
+                        groups.push(vec![r]);
+                    }
+                },
+                None => groups.push(vec![r]),
+            }
+        }
+        let permits = Arc::new(Semaphore::new(self.settings.max_concurrency.max(1)));
+        // Everything unfinished is reported this early, so the response beats the deadline.
+        let cutoff = tokio::time::Instant::now()
+            + Duration::from_millis(
+                (deadline_ms - ms(self.settings.deadline_safety) - self.clock.now_ms()).max(0)
+                    as u64,
+            );
+        let mut tasks = Vec::with_capacity(groups.len());
+        for group in groups {
+            let ids: Vec<Option<String>> = group.iter().map(|m| m.message_id.clone()).collect();
+            let this = Arc::clone(self);
+            let permits = Arc::clone(&permits);
+            let task = tokio::spawn(async move {
+                let mut out = Vec::with_capacity(group.len());
+                let mut blocked = false;
+                for msg in group {
+                    if blocked {
+                        let d = this
+                            .give_back(
+                                &msg,
+                                "an earlier message of its FIFO group failed".into(),
+                                Redelivery::Soon,
+                            )
+                            .await;
+                        out.push((d, Vec::new()));
+                        continue;
+                    }
+                    let (d, latencies) =
+                        this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
+                    blocked = matches!(d, Disposition::Retry(_));
+                    out.push((d, latencies));
+                }
+                out
+            });
+            tasks.push((ids, task));
+        }
+        let mut response = SqsBatchResponse::default();
+        let mut summary = BatchSummary::default();
+        // Dropping the batch (an event-source mapping that gave up on it) stops its work.
+        let _guards: Vec<AbortOnDrop> = tasks
+            .iter()
+            .map(|(_, t)| AbortOnDrop(t.abort_handle()))
+            .collect();
+        for (ids, t) in tasks {
+            // A group's task only ends without results if the runtime cancelled it: nothing
+            // of the group is known to be finished, so all of it comes back.
+            let results = t.await.unwrap_or_else(|e| {
+                error!(error = %e, "a message group's task ended without results; its messages will be redelivered");
+                ids.iter()
+                    .map(|_| (Disposition::Retry("the group's task was cancelled".into()), Vec::new()))
+                    .collect()
+            });
+            for (id, (d, latencies)) in ids.into_iter().zip(results) {
+                summary.call_latencies_ms.extend(latencies);
+                match d {
+                    Disposition::Done(label) => *summary.done.entry(label).or_default() += 1,
+                    Disposition::Duplicate => summary.duplicates += 1,
+                    Disposition::DeadLettered(code) => {
+                        *summary.dead_lettered.entry(code).or_default() += 1
+                    }
+                    Disposition::Retry(_) => {
+                        summary.retried += 1;
+                        match id.filter(|i| !i.is_empty()) {
+                            Some(id) => response.add_failure(id),
+                            None => summary.unreportable += 1,
+                        }
+                    }
+                }
+            }
+        }
+        (response, summary)
+    }
+
+    /// Runs one message in its own task so that a panic stays inside it; starts it only with
+    /// time enough to execute, and stops it at the cutoff.
+    async fn run_isolated(
+        self: &Arc<Self>,
+        msg: &Arc<SqsMessage>,
+        deadline_ms: i64,
+        cutoff: tokio::time::Instant,
+        permits: &Arc<Semaphore>,
+    ) -> (Disposition, Vec<f64>) {
+        let not_started = || "not started: the invocation deadline is near".to_owned();
+        let Ok(Ok(_permit)) =
+            tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
+        else {
+            return (
+                self.give_back(msg, not_started(), Redelivery::Soon).await,
+                Vec::new(),
+            );
+        };
+        let needed = self.work.call_timeout() + self.settings.deadline_safety;
+        if self.clock.now_ms() + ms(needed) >= deadline_ms {
+            return (
+                self.give_back(msg, not_started(), Redelivery::Soon).await,
+                Vec::new(),
+            );
+        }
+        let message_id = msg.message_id.clone().unwrap_or_default();
+        // The span carries the message's identity on every line logged inside it. At the
+        // highest level, so it is enabled whatever RUST_LOG lets through: a warning logged
+        // with RUST_LOG=warn still names its message_id and idempotency key.
+        let span = tracing::error_span!(
+            "message",
+            message_id = %message_id,
+            key = tracing::field::Empty
+        );
+        let this = Arc::clone(self);
+        let task_msg = Arc::clone(msg);
+        let mut task = tokio::spawn(
+            async move {
+                let latencies = Mutex::new(Vec::new());
+                let d = this.process(&task_msg, deadline_ms, &latencies).await;
+                (d, latencies.into_inner().unwrap_or_default())
+            }
+            .instrument(span.clone()),
+        );
+        let _guard = AbortOnDrop(task.abort_handle());
+        let (reason, when) = match tokio::time::timeout_at(cutoff, &mut task).await {
+            Ok(Ok(done)) => return done,
+            Err(_) => {
+                // Stopped where it stood, as a timeout would: its lease ends by the deadline
+                // plus the margin and the next delivery takes over.
+                task.abort();
+                let _g = span.enter();
+                warn!("unfinished at the invocation deadline; the message will be redelivered");
+                (
+                    "unfinished at the invocation deadline".to_owned(),
+                    Redelivery::At(deadline_ms + ms(self.settings.deadline_margin)),
+                )
+            }
+            Ok(Err(e)) => {
+                let _g = span.enter();
+                error!(error = %e, "message handler panicked; the message will be redelivered");
+                ("handler panicked".to_owned(), Redelivery::Backoff)
+            }
+        };
+        (
+            self.give_back(msg, reason, when).instrument(span).await,
+            Vec::new(),
+        )
+    }
+
+    /// Hands a message back to the queue with the delay `when` decides, or, on the last
+    /// receive its budget allows, dead-letters it as `retries_exhausted` with the reason, so
+    /// that SQS never moves a message without one.
+    pub(crate) async fn give_back(
+        &self,
+        msg: &SqsMessage,
+        reason: String,
+        when: Redelivery,
+    ) -> Disposition {
+        let budget = self.budget_of(msg).await;
+        if budget.exhausted() {
+            let why = format!(
+                "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
+                budget.receive_count,
+                budget.max_receive_count.unwrap_or_default()
+            );
+            let body = msg.body.clone().unwrap_or_default();
+            let request = self.work.parse(&body).ok();
+            return self
+                .dead_letter(
+                    msg,
+                    &body,
+                    "retries_exhausted",
+                    &why,
+                    request.as_ref(),
+                    None,
+                )
+                .await;
+        }
+        self.hide(msg, &reason, when, &budget).await;
+        Disposition::Retry(reason)
+    }
+
+    /// Keeps a message that comes back hidden for the delay `when` decides.
+    pub(crate) async fn hide(
+        &self,
+        msg: &SqsMessage,
+        reason: &str,
+        when: Redelivery,
+        budget: &Budget,
+    ) {
+        let delay = delay_for(when, budget, &self.backoff_policy(), self.clock.now_ms());
+        warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
+        if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
+            // Whole seconds, rounded up: a message never comes back earlier than decided.
+            let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;
+            if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
+                warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+            }
+        }
+    }
+
+    /// The delivery's receive budget: its receive count and its queue's `maxReceiveCount` (the
+    /// redrive policy, read once per queue; `QUEUE_MAX_RECEIVE_COUNT` when it cannot be read).
+    pub(crate) async fn budget_of(&self, msg: &SqsMessage) -> Budget {
+        let max_receive_count = match msg.event_source_arn.as_deref() {
+            Some(arn) => match self.queues.max_receive_count(arn).await {
+                Ok(max) => max,
+                Err(e) => {
+                    warn!(error = %e, "could not read the queue's redrive policy; using QUEUE_MAX_RECEIVE_COUNT");
+                    self.settings.max_receive_count
+                }
+            },
+            None => self.settings.max_receive_count,
+        };
+        Budget::of(msg, max_receive_count)
+    }
+
+    fn backoff_policy(&self) -> BackoffPolicy {
+        BackoffPolicy {
+            base: self.settings.redelivery_base_delay,
+            max: self.settings.redelivery_max_delay,
+            horizon: self.settings.retry_horizon,
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped, so work never outlives the batch that started it.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Seconds to extend a message's visibility by, so that its total stays within SQS's 12 hours
+/// from receipt; zero when nothing is left.
+pub fn visibility_extension(visibility: Duration, held_for: Duration) -> Duration {
+    const CAP: Duration = Duration::from_secs(12 * 3600);
+    visibility.min(CAP.saturating_sub(held_for + Duration::from_secs(1)))
+}
+
+/// Epoch ms of the first send: the earlier of the `first_sent_at` attribute (a redriven dead
+/// letter carries its original's) and SQS's `SentTimestamp`. A producer can make a message
+/// look older, never younger than SQS saw it.
+pub(crate) fn first_sent_at_ms(msg: &SqsMessage) -> Option<i64> {
+    let carried = msg
+        .message_attributes
+        .get(attrs::FIRST_SENT_AT)
+        .and_then(|a| a.string_value.as_deref())
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    let sent = msg
+        .attributes
+        .get("SentTimestamp")
+        .and_then(|v| v.parse::<i64>().ok());
+    match (carried, sent) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visibility_extensions_stay_within_twelve_hours_of_receipt() {
+        let v = Duration::from_secs(390);
+        assert_eq!(visibility_extension(v, Duration::from_secs(60)), v);
+        let held = Duration::from_secs(12 * 3600 - 100);
+        assert_eq!(visibility_extension(v, held), Duration::from_secs(99));
+        assert!(visibility_extension(v, Duration::from_secs(12 * 3600)).is_zero());
+    }
+
+    #[test]
+    fn a_message_is_as_old_as_its_earliest_send() {
+        let mut m = SqsMessage::default();
+        m.attributes.insert("SentTimestamp".into(), "5000".into());
+        assert_eq!(first_sent_at_ms(&m), Some(5000));
+        let carried = |v: &str| {
+            let mut a = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+            a.string_value = Some(v.into());
+            a.data_type = Some("String".into());
+            a
+        };
+        m.message_attributes
+            .insert(attrs::FIRST_SENT_AT.into(), carried("1000"));
+        assert_eq!(
+            first_sent_at_ms(&m),
+            Some(1000),
+            "a redriven original is older"
+        );
+        m.message_attributes
+            .insert(attrs::FIRST_SENT_AT.into(), carried("9000"));
+        assert_eq!(
+            first_sent_at_ms(&m),
+            Some(5000),
+            "a producer cannot make a message younger than SQS saw it"
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! The runner's tunables.
+
+use std::time::Duration;
+
+/// Tunables of the protocol. Defaults suit the SAM template; tests shorten the times.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a claim holds the record before another attempt may take it over.
+    pub lease: Duration,
+    /// Record retention: also the oldest message that is executed (an older one is
+    /// dead-lettered as `request_expired`, since its record may have expired).
+    pub record_ttl: Duration,
+    /// Messages processed at once per batch.
+    pub max_concurrency: usize,
+    /// Calls of [`crate::Work::execute`] per delivery before the message is handed back.
+    pub call_attempts: usize,
+    /// First delay between calls within one delivery (exponential, with jitter).
+    pub call_retry_delay: Duration,
+    /// Visibility delay after the first failed delivery; doubles per `ApproximateReceiveCount`.
+    pub redelivery_base_delay: Duration,
+    /// Cap of the redelivery delay.
+    pub redelivery_max_delay: Duration,
+    /// Leases end at most this long after the invocation deadline, so a timed-out attempt's
+    /// record can be taken over by the next delivery.
+    pub deadline_margin: Duration,
+    /// The source queue's visibility timeout: what a heartbeat extends a message's visibility
+    /// by, and a third of it is the beat.
+    pub visibility_timeout: Duration,
+    /// Unfinished messages are reported this long before the invocation deadline, so the
+    /// response reaches Lambda in time.
+    pub deadline_safety: Duration,
+    /// Slack subtracted from [`crate::Work::key_retention`]: at least the longest attempt
+    /// (lease + call timeout + processing allowance) plus clock skew.
+    pub key_retention_margin: Duration,
+    /// How long the downstream may still act on a call after the client gave up on it. A
+    /// call is sent only while the lease outlasts the call timeout plus this, and a `FAILED`
+    /// record after an ambiguous call refuses claims until its last send plus both
+    /// (`not_before`).
+    pub processing_allowance: Duration,
+    /// How long the downstream's lookup may lag behind its effects: a lookup that finds
+    /// nothing proves no effect only this long after the last call could have landed.
+    pub search_lag: Duration,
+    /// Transient failures this long never exhaust a message's receive budget: the
+    /// redelivery delays spread the receives left over it.
+    pub retry_horizon: Duration,
+    /// The source queue's `maxReceiveCount` when its redrive policy cannot be read; the
+    /// queue's own policy wins when it can be.
+    pub max_receive_count: Option<u32>,
+}
+
+impl Settings {
+    /// One heartbeat schedule for the lease and the visibility: a third of the shorter.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lease.min(self.visibility_timeout) / 3).max(Duration::from_millis(100))
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            record_ttl: Duration::from_secs(DEFAULT_TTL_SECONDS),
+            max_concurrency: 10,
+            call_attempts: 3,
+            call_retry_delay: Duration::from_millis(200),
+            redelivery_base_delay: Duration::from_secs(10),
+            redelivery_max_delay: Duration::from_secs(900),
+            deadline_margin: Duration::from_secs(5),
+            visibility_timeout: Duration::from_secs(390),
+            deadline_safety: Duration::from_millis(500),
+            key_retention_margin: Duration::from_secs(300),
+            processing_allowance: Duration::from_secs(5),
+            search_lag: Duration::from_secs(60),
+            retry_horizon: Duration::from_secs(3600),
+            max_receive_count: None,
+        }
+    }
+}
+
+/// Default record retention: SQS's default message retention (4 days) + a 14-day dead-letter
+/// queue + 3 days of margin.
+pub const DEFAULT_TTL_SECONDS: u64 = 21 * 24 * 3600;
+/// Clock skew allowed between SQS's `SentTimestamp` and this host, epoch ms.
+pub(crate) const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;

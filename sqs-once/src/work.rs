@@ -1,0 +1,203 @@
+//! What a user of this crate writes: a [`Work`], the one thing to do exactly once per
+//! idempotency key, and the answers it gives the runner.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::record::Outcome;
+
+/// Why a message body is refused before anything is claimed: it goes to the dead-letter queue
+/// with this code and message, and is never retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The dead letter's `error_code` (`invalid_json`, `invalid_order`, ...).
+    pub code: String,
+    /// The dead letter's `error_message`: what is wrong, for the person who sent it.
+    pub message: String,
+}
+
+impl Rejection {
+    /// A rejection with this code and message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A copy of a body that must not be kept as it is (it holds personal or card data), for a
+/// dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redaction {
+    /// The body to keep instead.
+    pub body: String,
+    /// A `String` message attribute set to `true` on the dead letter, so an operator knows
+    /// the body was changed (`card_data_masked`, ...).
+    pub attribute: String,
+}
+
+/// What a stored outcome means for the message that produced it, and for every duplicate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Acknowledge, and count it under this label (the batch summary and its metrics).
+    Done(String),
+    /// The downstream refused the request as sent: dead-letter with this code and reason.
+    /// Duplicates are dead-lettered too, since the first copy's dead-lettering may not have
+    /// happened.
+    DeadLetter {
+        /// The dead letter's `error_code`.
+        code: String,
+        /// The dead letter's `error_message`.
+        reason: String,
+    },
+}
+
+/// A call that ended without a definitive answer. Every one is retried with the same key,
+/// within this delivery when [`CallError::retry_now`] says so, else on a later delivery.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CallError {
+    /// What went wrong; logged and stored as the record's `last_error` (never a secret).
+    pub message: String,
+    /// The answer does not prove that the call had no effect (a timeout, a dropped
+    /// connection, a `5xx`): the record is marked as having an unknown outcome, and no claim
+    /// is allowed until the call can no longer land ([`crate::Settings::processing_allowance`]).
+    pub ambiguous: bool,
+    /// Retrying within this delivery may help (`false` for a misconfiguration, or when the
+    /// downstream said not to).
+    pub retry_now: bool,
+    /// The downstream asked to wait this long (`Retry-After`).
+    pub retry_after: Option<Duration>,
+    /// The downstream replays a stored error for this key: retrying will never change it,
+    /// only a [`Work::lookup`] can tell what happened.
+    pub replayed: bool,
+    /// The call was refused because of this process's configuration (a wrong credential or
+    /// URL): logged at error level.
+    pub misconfigured: bool,
+}
+
+impl CallError {
+    /// A failure that proves the call had no effect (a refused connection, a `429`).
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            ambiguous: false,
+            retry_now: true,
+            retry_after: None,
+            replayed: false,
+            misconfigured: false,
+        }
+    }
+
+    /// A failure that may hide an effect (a timeout, a `5xx`).
+    pub fn ambiguous(message: impl Into<String>) -> Self {
+        Self {
+            ambiguous: true,
+            ..Self::transient(message)
+        }
+    }
+}
+
+/// What the runner tells [`Work::execute`] about the attempt it runs in.
+#[derive(Debug)]
+pub struct AttemptContext {
+    /// The fencing token of this attempt's claim.
+    pub owner: String,
+    /// The key's first claim, epoch ms: the downstream remembers the key at least until this
+    /// plus [`Work::key_retention`].
+    pub first_attempt_at_ms: i64,
+    /// An earlier attempt's call may have taken effect (the record was marked, or an expired
+    /// lease was taken over).
+    pub inherited_unknown: bool,
+    /// Where the lease ends now, epoch ms (the heartbeat moves it).
+    pub(crate) lease_end_ms: AtomicI64,
+    /// The invocation's deadline, epoch ms.
+    pub deadline_ms: i64,
+}
+
+impl AttemptContext {
+    /// Where the lease ends now, epoch ms. A call must end before it: the runner sends a call
+    /// only while the lease outlasts [`Work::call_timeout`] plus the processing allowance.
+    pub fn lease_end_ms(&self) -> i64 {
+        self.lease_end_ms.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_lease_end(&self, ms: i64) {
+        self.lease_end_ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+/// One kind of work done exactly once per idempotency key: parse a message body, name its key
+/// and fingerprint, and execute it against a downstream that takes an idempotency key.
+///
+/// The runner claims the key before [`Work::execute`] and completes the record with its
+/// [`Outcome`] while it still holds the lease, so `execute` runs again only when an earlier
+/// attempt ended without a stored outcome (a crash, a timeout, a [`CallError`]). It must then
+/// send the same idempotency key downstream, so the downstream replays instead of acting twice.
+#[async_trait]
+pub trait Work: Send + Sync + 'static {
+    /// A parsed, validated message.
+    type Request: Send + Sync + 'static;
+
+    /// Parses a body. A [`Rejection`] dead-letters the message before anything is claimed.
+    fn parse(&self, body: &str) -> Result<Self::Request, Rejection>;
+
+    /// The idempotency key: one record, and one downstream effect, per key.
+    fn key(&self, request: &Self::Request) -> String;
+
+    /// A fingerprint of the request's meaning (a hash of its canonical form): a second
+    /// message with the same key and another fingerprint is dead-lettered as
+    /// `idempotency_key_reused`, never executed.
+    fn fingerprint(&self, request: &Self::Request) -> String;
+
+    /// Does the work once: one call downstream with the idempotency key. `Ok` is definitive
+    /// and stored; a [`CallError`] is retried with the same key.
+    async fn execute(
+        &self,
+        request: &Self::Request,
+        attempt: &AttemptContext,
+    ) -> Result<Outcome, CallError>;
+
+    /// Asks the downstream what it holds for this key, to settle an outcome that no answer
+    /// told: `Ok(Some)` is stored as the outcome, `Ok(None)` says nothing exists (trusted only
+    /// once [`crate::Settings::search_lag`] has passed since the last call could land). The
+    /// default has no lookup: an outcome stays unknown until a retry with the key answers.
+    async fn lookup(&self, request: &Self::Request) -> Result<Option<Outcome>, CallError> {
+        let _ = request;
+        Err(CallError {
+            retry_now: false,
+            ..CallError::transient("this work has no lookup")
+        })
+    }
+
+    /// What a stored outcome means for its message: acknowledged under a label, or
+    /// dead-lettered. The default acknowledges every outcome under its status.
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        Verdict::Done(outcome.status.clone())
+    }
+
+    /// The longest a call may take (the client's timeout).
+    fn call_timeout(&self) -> Duration;
+
+    /// How long the downstream remembers an idempotency key (`None`: as long as the record
+    /// lives). After it, an outcome left unknown is looked up before any new call.
+    fn key_retention(&self) -> Option<Duration> {
+        None
+    }
+
+    /// A redacted copy of a body refused by [`Work::parse`], when the original must not rest
+    /// in the dead-letter queue. The default keeps bodies as they are.
+    fn redact(&self, body: &str) -> Option<Redaction> {
+        let _ = body;
+        None
+    }
+
+    /// What an operator should do about an outcome that no lookup can settle, appended to
+    /// the `outcome_unknown` dead letter's reason.
+    fn settle_hint(&self, key: &str) -> String {
+        format!("settle the record of {key} by hand from the downstream's books")
+    }
+}
