@@ -17,16 +17,26 @@ API (Stripe's wire format):
         pm_card_threeDSecureRequired -> 200 requires_action
         pm_card_invalid -> 400 invalid_request_error / resource_missing
 
+  POST /v1/refunds                    form body (payment_intent, amount?, reason?, metadata[...]),
+                                      Idempotency-Key, the same idempotency semantics
+      - payment_intent unknown -> 400 resource_missing; not succeeded -> 400 charge_not_refundable
+      - amount (default: what is left) above what is left -> 400 amount_too_large;
+        nothing left -> 400 charge_already_refunded; else 200 refund (status succeeded)
+  GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
+
 Control API (not Stripe's):
   GET /v1/payment_intents/search?query=metadata['payment_id']:'P'
       every intent booked for payment P (charges and declined intents), Stripe's search shape
 
   GET    /_sim/health
-  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "calls": {P: n}}
-         booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent)
+  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "calls": {P: n},
+                                  "refunds": {R: [refund...]}, "refund_calls": {R: n}}
+         booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent); refunds
+         per refund: R is metadata[refund_id] (the Idempotency-Key when absent)
   POST   /_sim/faults            {"rules": [rule...]} appends rules; a rule is
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
-         prefix matches the payment (metadata[payment_id], else the Idempotency-Key)
+         prefix matches the payment (metadata[payment_id], else the Idempotency-Key), or for a
+         refund its refund id (metadata[refund_id], else the Idempotency-Key)
          F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
             | cached_500 (commit, then answer 500 and replay that 500 for the key, as Stripe does
               once execution began) | forget_after (the key is forgotten latency_ms after its
@@ -58,6 +68,9 @@ STATE = {
     "declines": {},  # key -> [error]
     "calls": {},  # key -> number of POSTs received
     "intents": {},  # payment -> every intent created (for search)
+    "refunds": {},  # refund id -> [refund]
+    "refund_calls": {},  # refund id -> number of POSTs received
+    "intent_refunds": {},  # intent id -> [refund] (for the list, and what is left to refund)
     "rules": [],
     "hits": {},  # (rule index, key) -> times hit
 }
@@ -103,6 +116,46 @@ def error_body(kind, message, code=None, decline_code=None, intent=None):
     if intent:
         err["payment_intent"] = intent
     return json.dumps({"error": err})
+
+
+def find_intent(intent_id):
+    """The intent with this id, across every payment (under LOCK)."""
+    for intents in STATE["intents"].values():
+        for intent in intents:
+            if intent["id"] == intent_id:
+                return intent
+    return None
+
+
+def execute_refund(form, refund_key):
+    """Runs a refund; returns (status, body) and books the ledger (under LOCK)."""
+    intent_id = form.get("payment_intent", "")
+    intent = find_intent(intent_id)
+    if intent is None:
+        return 400, error_body("invalid_request_error", f"No such payment_intent: '{intent_id}'", code="resource_missing")
+    if intent.get("status") != "succeeded":
+        return 400, error_body("invalid_request_error", f"PaymentIntent {intent_id} has no successful charge to refund.", code="charge_not_refundable")
+    refunds = STATE["intent_refunds"].setdefault(intent_id, [])
+    left = intent["amount"] - sum(r["amount"] for r in refunds)
+    if left <= 0:
+        return 400, error_body("invalid_request_error", f"Charge for {intent_id} has already been refunded.", code="charge_already_refunded")
+    amount = int(form.get("amount") or left)
+    if amount > left:
+        return 400, error_body("invalid_request_error", f"Refund amount ({amount}) is greater than unrefunded amount on charge ({left})", code="amount_too_large")
+    refund = {
+        "id": "re_" + hashlib.sha256(f"{refund_key}:{time.time_ns()}".encode()).hexdigest()[:24],
+        "object": "refund",
+        "amount": amount,
+        "currency": intent["currency"],
+        "payment_intent": intent_id,
+        "reason": form.get("reason"),
+        "status": "succeeded",
+        "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
+        "created": int(time.time()),
+    }
+    refunds.append(refund)
+    STATE["refunds"].setdefault(refund_key, []).append(refund)
+    return 200, json.dumps(refund)
 
 
 def execute(form, key):
@@ -169,10 +222,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, '{"ok": true}')
         if url.path == "/v1/payment_intents/search":
             return self.search(dict(parse_qsl(url.query)))
+        if url.path == "/v1/refunds":
+            return self.list_refunds(dict(parse_qsl(url.query)))
         if url.path == "/_sim/ledger":
             q = dict(parse_qsl(url.query))
             with LOCK:
-                snap = {n: STATE[n] for n in ("charges", "declines", "calls")}
+                snap = {n: STATE[n] for n in ("charges", "declines", "calls", "refunds", "refund_calls")}
                 if "key" in q:
                     snap = {n: {q["key"]: v[q["key"]]} if q["key"] in v else {} for n, v in snap.items()}
                 return self.reply(200, json.dumps(snap))
@@ -205,12 +260,14 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_sim/reset":
             self.body()
             with LOCK:
-                for n in ("keys", "charges", "declines", "calls", "hits", "intents"):
+                for n in ("keys", "charges", "declines", "calls", "hits", "intents", "refunds", "refund_calls", "intent_refunds"):
                     STATE[n] = {}
                 STATE["rules"] = []
             return self.reply(200, '{"ok": true}')
         if path == "/v1/payment_intents":
-            return self.create_intent()
+            return self.idempotent_post("metadata[payment_id]", "calls", execute)
+        if path == "/v1/refunds":
+            return self.idempotent_post("metadata[refund_id]", "refund_calls", execute_refund)
         self.body()
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
@@ -229,7 +286,23 @@ class Handler(BaseHTTPRequestHandler):
             data = list(STATE["intents"].get(m.group(1), []))
         return self.reply(200, json.dumps({"object": "search_result", "data": data, "has_more": False, "url": "/v1/payment_intents/search"}))
 
-    def create_intent(self):
+    def list_refunds(self, q):
+        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
+            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
+        intent_id = q.get("payment_intent", "")
+        with LOCK:
+            data = list(STATE["intent_refunds"].get(intent_id, []))
+            # An outage ("down") for one of these refunds takes the list down too.
+            down = any(r.get("fault") == "down" and r.get("times") != 0
+                       and any(x["metadata"].get("refund_id", "").startswith(r.get("prefix", "")) for x in data)
+                       for r in STATE["rules"])
+            if down or any(r.get("fault") == "down" and r.get("times") != 0 and r.get("prefix", "") == "" for r in STATE["rules"]):
+                return self.reply(503, error_body("api_error", "Service unavailable"))
+        return self.reply(200, json.dumps({"object": "list", "data": data, "has_more": False, "url": "/v1/refunds"}))
+
+    def idempotent_post(self, book_field, calls_field, run):
+        """Stripe's idempotency around `run(form, book_key)`: the books and the fault rules are
+        keyed by the form's `book_field` (the Idempotency-Key when absent)."""
         raw = self.body()
         if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
             return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
@@ -239,12 +312,14 @@ class Handler(BaseHTTPRequestHandler):
         if not key:
             # The processor always sends one; without it a retry could charge twice.
             return self.reply(400, error_body("invalid_request_error", "Idempotency-Key header is required by this simulator"))
-        h = params_hash(pairs)
+        # Stripe compares a key's requests by endpoint and parameters.
+        h = params_hash(pairs + [("__path__", urlsplit(self.path).path)])
         # The books are kept per payment (metadata[payment_id]), not per key, so that a client
-        # that sends another key for the same payment shows up as a double charge.
-        payment = form.get("metadata[payment_id]") or key
+        # that sends another key for the same payment shows up as a double charge (the same for
+        # refunds, by metadata[refund_id]).
+        payment = form.get(book_field) or key
         with LOCK:
-            STATE["calls"][payment] = STATE["calls"].get(payment, 0) + 1
+            STATE[calls_field][payment] = STATE[calls_field].get(payment, 0) + 1
             rule = pick_fault(payment)
             fault = rule.get("fault") if rule else None
             if fault == "down":
@@ -269,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
         if fault == "latency":
             time.sleep(rule.get("latency_ms", 1000) / 1000)
         with LOCK:
-            status, body = execute(form, payment)
+            status, body = run(form, payment)
             # The answer is stored before it is sent: a replay returns it even if this
             # connection drops or this answer is replaced by a 500 below.
             STATE["keys"][key].update(state="done", status=status, body=body)

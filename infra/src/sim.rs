@@ -18,9 +18,26 @@ pub struct Charge {
     pub status: String,
 }
 
+/// One refund as the simulator booked it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Refund {
+    /// The refund's id (`re_...`).
+    pub id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// The PaymentIntent refunded.
+    pub payment_intent: String,
+}
+
 /// The simulator's books.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Ledger {
+    /// Refunds per refund id: more than one is a double refund.
+    #[serde(default)]
+    pub refunds: HashMap<String, Vec<Refund>>,
+    /// `POST /v1/refunds` calls per refund id.
+    #[serde(default)]
+    pub refund_calls: HashMap<String, u64>,
     /// Charges per idempotency key: more than one is a double charge.
     pub charges: HashMap<String, Vec<Charge>>,
     /// Declines per key.

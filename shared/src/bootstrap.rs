@@ -106,6 +106,48 @@ pub async fn build_processor_with(
     ))
 }
 
+/// Builds the refund processor with the DynamoDB, SQS and Stripe adapters: the same
+/// configuration as the payment processor's (its `DEAD_LETTER_QUEUE_URL` is the refunds' DLQ).
+pub async fn build_refund_processor(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+    let provider = provider_from(config, sdk).await?;
+    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+    let ledger =
+        crate::refund_ledger::DynamoRefundLedger::new(dynamodb.clone(), &config.idempotency_table);
+    let work = crate::refund::RefundWork::new(
+        Arc::new(provider),
+        Arc::new(ledger),
+        config.provider_key_retention,
+    );
+    let store = sqs_once::DynamoStore::new(
+        dynamodb,
+        config.idempotency_table.clone(),
+        crate::refund::refund_keys(),
+    );
+    let queues = SqsQueues::new(
+        aws_sdk_sqs::Client::new(sdk),
+        config.dead_letter_queue_url.clone(),
+    );
+    Ok(Arc::new(
+        crate::refund::RefundProcessor::new(
+            Arc::new(work),
+            Arc::new(store),
+            Arc::new(queues),
+            config.settings.clone(),
+        )
+        .with_metrics(crate::refund::metric_names()),
+    ))
+}
+
+/// Reads the environment and builds the refund processor: the refund function's whole init.
+pub async fn refund_processor_from_env() -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+    let config = Config::from_env()?;
+    let sdk = sdk_config().await;
+    build_refund_processor(&config, &sdk).await
+}
+
 /// The provider client of a configuration, its API key read once.
 pub async fn provider_from(
     config: &Config,

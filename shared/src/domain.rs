@@ -63,6 +63,27 @@ impl InputError {
     }
 }
 
+/// Checks an id that is an idempotency key (`payment_id`, `refund_id`): 1 to 255 characters of
+/// `A-Z a-z 0-9 _ - : .`, the error naming `field`.
+pub fn check_id(field: &str, value: &str) -> Result<(), InputError> {
+    if value.is_empty() || value.len() > MAX_ID_LEN {
+        return Err(invalid(
+            field,
+            format!("{field} must be 1 to {MAX_ID_LEN} characters"),
+        ));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':' | b'.'))
+    {
+        return Err(invalid(
+            field,
+            format!("{field} may contain only A-Z a-z 0-9 _ - : ."),
+        ));
+    }
+    Ok(())
+}
+
 /// The idempotency key end to end: 1 to 255 characters of `A-Z a-z 0-9 _ - : .`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
@@ -71,21 +92,7 @@ pub struct PaymentId(String);
 impl PaymentId {
     /// Parses a payment id, naming the rule it breaks.
     pub fn parse(value: &str) -> Result<Self, InputError> {
-        if value.is_empty() || value.len() > MAX_ID_LEN {
-            return Err(invalid(
-                "payment_id",
-                format!("payment_id must be 1 to {MAX_ID_LEN} characters"),
-            ));
-        }
-        if !value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':' | b'.'))
-        {
-            return Err(invalid(
-                "payment_id",
-                "payment_id may contain only A-Z a-z 0-9 _ - : .",
-            ));
-        }
+        check_id("payment_id", value)?;
         Ok(Self(value.to_owned()))
     }
 

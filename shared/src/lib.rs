@@ -27,7 +27,10 @@ pub mod domain;
 pub mod outbox;
 pub mod payments_table;
 pub mod provider;
+pub mod refund;
+pub mod refund_ledger;
 pub mod stripe;
+pub mod stripe_refund;
 pub mod telemetry;
 
 pub use charge::{PaymentOutcome, PaymentWork, Processor};

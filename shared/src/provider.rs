@@ -168,3 +168,70 @@ pub trait PaymentProvider: Send + Sync {
         payment_id: &crate::domain::PaymentId,
     ) -> Result<Vec<FoundPayment>, ProviderError>;
 }
+
+/// A refund to ask the provider for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundCall {
+    /// The refund's id: the `Idempotency-Key` and `metadata[refund_id]`.
+    pub refund_id: String,
+    /// The payment refunded (`metadata[payment_id]`).
+    pub payment_id: String,
+    /// The PaymentIntent the payment's charge is.
+    pub payment_intent: String,
+    /// Minor units, never more than what is left of the charge (the ledger reserved it).
+    pub amount: i64,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    pub reason: Option<String>,
+}
+
+/// A definitive answer to a refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundResponse {
+    /// `200`: the refund exists (`succeeded`, `pending`, `requires_action`, or `failed` /
+    /// `canceled` when the provider could not move the money).
+    Refunded {
+        /// The refund's id (`re_...`).
+        provider_refund_id: String,
+        /// Its status as the provider reported it.
+        status: String,
+    },
+    /// `400` (other than key reuse) or `402`: refused as sent, with the provider's code.
+    Rejected {
+        /// `charge_already_refunded`, `amount_too_large`, `charge_not_refundable`, ...
+        code: String,
+        /// The provider's message.
+        message: String,
+    },
+    /// `400` with `idempotency_error`: the provider holds this refund id for other parameters.
+    KeyReused {
+        /// The provider's message.
+        message: String,
+    },
+}
+
+/// A refund the provider holds for a PaymentIntent, as a lookup finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRefund {
+    /// The refund's id.
+    pub provider_refund_id: String,
+    /// Its status.
+    pub status: String,
+    /// Minor units.
+    pub amount: i64,
+    /// The refund id it was created for (`metadata[refund_id]`), when it carries one.
+    pub refund_id: Option<String>,
+}
+
+/// The port over the provider's refunds.
+#[async_trait]
+pub trait RefundProvider: Send + Sync {
+    /// The longest a call may take.
+    fn request_timeout(&self) -> Duration;
+
+    /// Creates a refund with `Idempotency-Key: <refund_id>`, so that every retry and takeover
+    /// gets the same refund back.
+    async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError>;
+
+    /// Every refund of a PaymentIntent, to settle an outcome that no answer told.
+    async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError>;
+}

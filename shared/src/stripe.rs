@@ -21,11 +21,11 @@ use crate::provider::{
 /// Stripe-style HTTP client.
 pub struct StripeClient {
     /// Shared connection pool.
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     /// Base URL without a trailing slash, e.g. `https://api.stripe.com`.
-    base_url: String,
+    pub(crate) base_url: String,
     /// The secret key, sent as a bearer token.
-    api_key: SecretString,
+    pub(crate) api_key: SecretString,
     /// Per-call timeout (connect + send + read).
     timeout: Duration,
 }
@@ -100,6 +100,72 @@ impl StripeClient {
         })
     }
 
+    /// `POST {path}` with a form body and an `Idempotency-Key`: the answer's status, headers
+    /// and body, or a [`ProviderError`] when no answer came (classified for its ambiguity).
+    pub(crate) async fn post_form(
+        &self,
+        path: &str,
+        idempotency_key: &str,
+        form: &[(String, String)],
+    ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        let url = format!("{}{path}", self.base_url);
+        let sent = self
+            .http
+            .post(&url)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Idempotency-Key", idempotency_key)
+            .form(form)
+            .send()
+            .await;
+        let response = sent.map_err(|e| {
+            ProviderError::new(
+                classify_send_error(&e),
+                format!("request to {url} failed: {}", e.without_url()),
+            )
+        })?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.text().await.map_err(|e| {
+            ProviderError::new(
+                classify_send_error(&e),
+                format!("reading the answer failed: {}", e.without_url()),
+            )
+        })?;
+        Ok((status, headers, body))
+    }
+
+    /// `GET {path}?{query}`: the answer's status, headers and body, or a [`ProviderError`]
+    /// when no answer came.
+    pub(crate) async fn get(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        let url = format!("{}{path}", self.base_url);
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(self.api_key.expose_secret())
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| {
+                ProviderError::new(
+                    classify_send_error(&e),
+                    format!("lookup at {url} failed: {}", e.without_url()),
+                )
+            })?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.text().await.map_err(|e| {
+            ProviderError::new(
+                classify_send_error(&e),
+                format!("reading the lookup answer failed: {}", e.without_url()),
+            )
+        })?;
+        Ok((status, headers, body))
+    }
+
     /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields.
     pub fn form_fields(request: &PaymentRequest) -> Vec<(String, String)> {
         let mut form = vec![
@@ -127,7 +193,7 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn classify_send_error(e: &reqwest::Error) -> FailureKind {
+pub(crate) fn classify_send_error(e: &reqwest::Error) -> FailureKind {
     if e.is_timeout() {
         FailureKind::Timeout
     } else if e.is_connect() {
@@ -138,7 +204,7 @@ fn classify_send_error(e: &reqwest::Error) -> FailureKind {
 }
 
 /// Maps one HTTP answer to the contract's outcome classes.
-fn interpret(
+pub(crate) fn interpret(
     status: StatusCode,
     headers: &HeaderMap,
     body: &str,
@@ -258,32 +324,13 @@ impl PaymentProvider for StripeClient {
         &self,
         request: &PaymentRequest,
     ) -> Result<ProviderResponse, ProviderError> {
-        let url = format!("{}/v1/payment_intents", self.base_url);
-        let sent = self
-            .http
-            .post(&url)
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Idempotency-Key", request.payment_id.as_str())
-            .form(&Self::form_fields(request))
-            .send()
-            .await;
-        let response = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(ProviderError::new(
-                    classify_send_error(&e),
-                    format!("request to {url} failed: {}", e.without_url()),
-                ))
-            }
-        };
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.text().await.map_err(|e| {
-            ProviderError::new(
-                classify_send_error(&e),
-                format!("reading the answer failed: {}", e.without_url()),
+        let (status, headers, body) = self
+            .post_form(
+                "/v1/payment_intents",
+                request.payment_id.as_str(),
+                &Self::form_fields(request),
             )
-        })?;
+            .await?;
         interpret(status, &headers, &body)
     }
 
@@ -291,30 +338,14 @@ impl PaymentProvider for StripeClient {
         &self,
         payment_id: &PaymentId,
     ) -> Result<Vec<FoundPayment>, ProviderError> {
-        let url = format!("{}/v1/payment_intents/search", self.base_url);
         // Payment ids are [A-Za-z0-9_:.-], so they need no escaping inside the quotes.
         let query = format!("metadata['payment_id']:'{}'", payment_id.as_str());
-        let response = self
-            .http
-            .get(&url)
-            .bearer_auth(self.api_key.expose_secret())
-            .query(&[("query", query.as_str()), ("limit", "100")])
-            .send()
-            .await
-            .map_err(|e| {
-                ProviderError::new(
-                    classify_send_error(&e),
-                    format!("lookup at {url} failed: {}", e.without_url()),
-                )
-            })?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.text().await.map_err(|e| {
-            ProviderError::new(
-                classify_send_error(&e),
-                format!("reading the lookup answer failed: {}", e.without_url()),
+        let (status, headers, body) = self
+            .get(
+                "/v1/payment_intents/search",
+                &[("query", query.as_str()), ("limit", "100")],
             )
-        })?;
+            .await?;
         interpret_search(status, &headers, &body)
     }
 }

@@ -1,9 +1,14 @@
 //! The idempotency record and the claim, execute, complete state machine.
 //!
 //! One record per idempotency key. [`IdempotencyStore`] is the port; the DynamoDB adapter lives
-//! in [`crate::dynamo`], an in-memory one in [`crate::memory`]. What to do after a claim is decided here, by [`decide_conflict`], from
-//! the record that the failed conditional write returned (`ALL_OLD`), so a conflict costs one
-//! round trip and no read.
+//! in [`crate::dynamo`], an in-memory one in [`crate::memory`]. What to do after a claim is
+//! decided here, by [`decide_conflict`], from the record that the failed conditional write
+//! returned (`ALL_OLD`), so a conflict costs one round trip and no read.
+//!
+//! A claim succeeds, in one conditional write, when no record exists, or when the record has
+//! the same fingerprint and is either `IN_PROGRESS` with a lease that ended, or `FAILED` and
+//! past its `not_before`. Completions, failures and renewals are conditional on the claimant's
+//! fencing token and `IN_PROGRESS`, so an attempt that lost its lease changes nothing.
 
 use std::collections::BTreeMap;
 
@@ -58,7 +63,7 @@ pub enum Value {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
     /// What happened, in one word (`succeeded`, `declined`, `rejected`, ...): the work decides
-    /// the words and what each one means (see [`crate::Work::disposition`]).
+    /// the words and what each one means (see [`crate::Work::verdict`]).
     pub status: String,
     /// Everything else worth keeping, by name. `status` is not a valid name here.
     pub fields: BTreeMap<String, Value>,
@@ -224,10 +229,15 @@ pub struct DeadLetterMark {
 }
 
 /// The port over the idempotency table.
+///
+/// Failure behaviour, for every method: [`StoreError::LeaseLost`] when a write conditional on
+/// the lease finds another owner (or no `IN_PROGRESS` record), [`StoreError::Unavailable`]
+/// for anything the caller may retry (throttling, the network), [`StoreError::Malformed`]
+/// for an item this version cannot read. No method panics.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync {
-    /// Claims the key with one conditional write (the condition is in the crate docs), returning the
-    /// old record on conflict in the same round trip.
+    /// Claims the key with one conditional write (the condition is in this module's docs),
+    /// returning the old record on conflict in the same round trip.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimResult, StoreError>;
     /// Stores the terminal outcome, only while `owner` holds an `IN_PROGRESS` lease.
     async fn complete(&self, key: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError>;

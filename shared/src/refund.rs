@@ -1,0 +1,355 @@
+//! Refunds of payments this system charged, as a second [`Work`] of the same runner.
+//!
+//! A message `{"refund_id", "payment_id", "amount"?, "reason"?}` asks to refund (part of) a
+//! payment. The refund's record is `refund#<refund_id>`; the provider gets
+//! `POST /v1/refunds` with `Idempotency-Key: <refund_id>`. Before the call the amount is
+//! reserved on the payment's record ([`crate::refund_ledger`]), so all refunds of a payment
+//! together never exceed its charge. Without an amount, what is left of the charge is
+//! refunded (fixed at the reservation, so a retry refunds the same).
+//!
+//! Only a payment whose record is `COMPLETED` with a `succeeded` outcome is refunded. A payment
+//! still being charged (no record yet, `IN_PROGRESS`, `FAILED`) makes the refund come back
+//! later, until its receive budget ends (`retries_exhausted`); a payment that was not charged
+//! is `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
+//! dead-lettered and never redriven (their records are complete).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqs_once::{AttemptContext, CallError, KeyLayout, Outcome, Rejection, Verdict, Work};
+
+use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
+use crate::provider::{RefundCall, RefundProvider, RefundResponse};
+use crate::refund_ledger::{RefundLedger, RefundablePayment, Reservation};
+
+/// The batch runner over refunds: the refund-processor Lambda's whole handler.
+pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
+
+/// The label of a refund done, in the batch summary and its metrics.
+pub const REFUNDED: &str = "refunded";
+
+/// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
+/// `refund_dead_letter#<id>`.
+pub fn refund_keys() -> KeyLayout {
+    KeyLayout::named("refund")
+}
+
+/// Reasons Stripe accepts for a refund.
+pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
+
+/// A validated refund message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefundRequest {
+    /// The refund's id: its idempotency key end to end.
+    pub refund_id: String,
+    /// The payment to refund.
+    pub payment_id: String,
+    /// Minor units; `None`: what is left of the charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount: Option<i64>,
+    /// One of [`REASONS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl RefundRequest {
+    /// Parses and validates a body: `invalid_json`, or `invalid_refund` naming the field.
+    pub fn parse(body: &str) -> Result<Self, Rejection> {
+        let invalid = |m: String| Rejection::new("invalid_refund", m);
+        if body.len() > MAX_BODY_BYTES {
+            return Err(invalid(format!(
+                "the body is larger than {MAX_BODY_BYTES} bytes"
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| Rejection::new("invalid_json", format!("body is not valid JSON: {e}")))?;
+        let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        for (field, id) in [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)] {
+            check_id(field, id).map_err(|e| invalid(e.to_string()))?;
+        }
+        if let Some(a) = r.amount {
+            if !(1..=MAX_AMOUNT).contains(&a) {
+                return Err(invalid(format!(
+                    "amount must be 1 to {MAX_AMOUNT} minor units, got {a}"
+                )));
+            }
+        }
+        if let Some(reason) = &r.reason {
+            if !REASONS.contains(&reason.as_str()) {
+                return Err(invalid(format!(
+                    "reason must be one of {}, got {reason:?}",
+                    REASONS.join(", ")
+                )));
+            }
+        }
+        Ok(r)
+    }
+
+    /// The message body of this refund.
+    pub fn to_message_body(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// SHA-256 (hex) of the canonical request: the same refund id for another refund is key
+    /// reuse, never a second refund.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(Sha256::digest(self.to_message_body().as_bytes()))
+    }
+}
+
+/// Refunding through a [`RefundProvider`], with the totals in a [`RefundLedger`].
+pub struct RefundWork {
+    /// The provider client.
+    provider: Arc<dyn RefundProvider>,
+    /// The refunded totals on the payments' records.
+    ledger: Arc<dyn RefundLedger>,
+    /// How long the provider remembers an idempotency key.
+    key_retention: Duration,
+}
+
+/// Reservations tried before the message comes back (each lost race reads the payment again).
+const RESERVE_TRIES: usize = 8;
+
+fn rejected(code: &str, reason: String) -> Outcome {
+    Outcome::new("rejected")
+        .with_text("code", code)
+        .with_text("reason", reason)
+}
+
+/// The payment's charge is not finished yet: the refund comes back later.
+fn not_yet(payment_id: &str, why: &str) -> CallError {
+    CallError {
+        retry_now: false,
+        ..CallError::transient(format!(
+            "payment {payment_id} {why}: a refund waits for its charge to complete"
+        ))
+    }
+}
+
+fn store_error(e: sqs_once::record::StoreError) -> CallError {
+    CallError::transient(format!(
+        "reading or reserving the refunded total failed: {e}"
+    ))
+}
+
+impl RefundWork {
+    /// The work over a provider that remembers keys for `key_retention`.
+    pub fn new(
+        provider: Arc<dyn RefundProvider>,
+        ledger: Arc<dyn RefundLedger>,
+        key_retention: Duration,
+    ) -> Self {
+        Self {
+            provider,
+            ledger,
+            key_retention,
+        }
+    }
+
+    /// The payment, if it is charged: `Ok(Err(outcome))` when it can never be refunded.
+    async fn charged(
+        &self,
+        r: &RefundRequest,
+    ) -> Result<Result<(RefundablePayment, String, String, i64), Outcome>, CallError> {
+        let pid = &r.payment_id;
+        let Some(p) = self.ledger.payment(pid).await.map_err(store_error)? else {
+            return Err(not_yet(pid, "has no record yet"));
+        };
+        if p.status != sqs_once::record::RecordStatus::Completed {
+            return Err(not_yet(pid, &format!("is {}", p.status.as_str())));
+        }
+        let o = p.outcome.clone().unwrap_or_else(|| crate::PaymentOutcome {
+            status: "unknown".into(),
+            provider_payment_id: None,
+            decline_code: None,
+            amount: 0,
+            currency: String::new(),
+            reason: None,
+        });
+        match (o.status.as_str(), o.provider_payment_id) {
+            ("succeeded", Some(intent)) => Ok(Ok((p, intent, o.currency, o.amount))),
+            (status, _) => Ok(Err(rejected(
+                "payment_not_refundable",
+                format!(
+                    "payment {pid} was not charged (its outcome is {status}): nothing to refund"
+                ),
+            ))),
+        }
+    }
+
+    /// Reserves the refund's amount (or finds it reserved by an earlier attempt).
+    async fn reserve(
+        &self,
+        r: &RefundRequest,
+        mut p: RefundablePayment,
+        charged: i64,
+    ) -> Result<Result<i64, Outcome>, CallError> {
+        for _ in 0..RESERVE_TRIES {
+            if let Some(a) = p.refunds.get(&r.refund_id) {
+                return Ok(Ok(*a));
+            }
+            let amount = r.amount.unwrap_or(charged - p.refunded);
+            if amount <= 0 || p.refunded + amount > charged {
+                return Ok(Err(rejected(
+                    "refund_exceeds_charge",
+                    format!(
+                        "a refund of {} on payment {} exceeds what is left: {} of {charged} refunded",
+                        r.amount.map_or("the rest".to_owned(), |a| a.to_string()),
+                        r.payment_id,
+                        p.refunded
+                    ),
+                )));
+            }
+            let reservation = self
+                .ledger
+                .reserve(&r.payment_id, &r.refund_id, amount, &p)
+                .await
+                .map_err(store_error)?;
+            if reservation == Reservation::Reserved {
+                return Ok(Ok(amount));
+            }
+            p = match self
+                .ledger
+                .payment(&r.payment_id)
+                .await
+                .map_err(store_error)?
+            {
+                Some(p) => p,
+                None => return Err(not_yet(&r.payment_id, "has no record any more")),
+            };
+        }
+        Err(CallError::transient(format!(
+            "the refunds of payment {} kept changing during {RESERVE_TRIES} reservations",
+            r.payment_id
+        )))
+    }
+}
+
+#[async_trait]
+impl Work for RefundWork {
+    type Request = RefundRequest;
+
+    fn parse(&self, body: &str) -> Result<RefundRequest, Rejection> {
+        RefundRequest::parse(body)
+    }
+
+    fn key(&self, r: &RefundRequest) -> String {
+        r.refund_id.clone()
+    }
+
+    fn fingerprint(&self, r: &RefundRequest) -> String {
+        r.fingerprint()
+    }
+
+    async fn execute(&self, r: &RefundRequest, _: &AttemptContext) -> Result<Outcome, CallError> {
+        let (payment, intent, currency, charged) = match self.charged(r).await? {
+            Ok(found) => found,
+            Err(refused) => return Ok(refused),
+        };
+        let amount = match self.reserve(r, payment, charged).await? {
+            Ok(a) => a,
+            Err(refused) => return Ok(refused),
+        };
+        let call = RefundCall {
+            refund_id: r.refund_id.clone(),
+            payment_id: r.payment_id.clone(),
+            payment_intent: intent,
+            amount,
+            reason: r.reason.clone(),
+        };
+        let refused = match self.provider.create_refund(&call).await? {
+            RefundResponse::Refunded {
+                provider_refund_id,
+                status,
+            } if !matches!(status.as_str(), "failed" | "canceled") => {
+                return Ok(Outcome::new(status)
+                    .with_text("provider_refund_id", provider_refund_id)
+                    .with_text("payment_id", &r.payment_id)
+                    .with_number("amount", amount)
+                    .with_text("currency", currency));
+            }
+            RefundResponse::Refunded { status, .. } => rejected(
+                "refund_failed",
+                format!("the provider created the refund as {status}: no money moved"),
+            ),
+            RefundResponse::Rejected { code, message } => {
+                rejected("provider_rejected", format!("{code}: {message}"))
+            }
+            // Another refund holds this id at the provider: its reservation stays.
+            RefundResponse::KeyReused { message } => {
+                return Ok(rejected(
+                    "idempotency_key_reused",
+                    format!(
+                        "the provider holds refund_id {} for other parameters: {message}",
+                        r.refund_id
+                    ),
+                ))
+            }
+        };
+        // Nothing was refunded: give the amount back to the payment.
+        self.ledger
+            .release(&r.payment_id, &r.refund_id, amount)
+            .await
+            .map_err(store_error)?;
+        Ok(refused)
+    }
+
+    /// The refunds of the payment's charge at the provider, by `metadata[refund_id]`.
+    async fn lookup(&self, r: &RefundRequest) -> Result<Option<Outcome>, CallError> {
+        let (_, intent, currency, _) = match self.charged(r).await? {
+            Ok(found) => found,
+            Err(_) => return Ok(None),
+        };
+        let found = self.provider.find_refunds(&intent).await?;
+        Ok(found
+            .into_iter()
+            .find(|f| f.refund_id.as_deref() == Some(r.refund_id.as_str()))
+            .map(|f| {
+                Outcome::new(f.status)
+                    .with_text("provider_refund_id", f.provider_refund_id)
+                    .with_text("payment_id", &r.payment_id)
+                    .with_number("amount", f.amount)
+                    .with_text("currency", currency)
+            }))
+    }
+
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        if outcome.status == "rejected" {
+            Verdict::DeadLetter {
+                code: outcome
+                    .text("code")
+                    .unwrap_or("provider_rejected")
+                    .to_owned(),
+                reason: outcome.text("reason").unwrap_or("refused").to_owned(),
+            }
+        } else {
+            Verdict::Done(REFUNDED.to_owned())
+        }
+    }
+
+    fn call_timeout(&self) -> Duration {
+        self.provider.request_timeout()
+    }
+
+    fn key_retention(&self) -> Option<Duration> {
+        Some(self.key_retention)
+    }
+
+    fn settle_hint(&self, key: &str) -> String {
+        format!("find refund {key} at the provider (GET /v1/refunds?payment_intent=..., metadata[refund_id]) and settle its record refund#{key} by hand")
+    }
+}
+
+/// The EMF metric names of the refund processor (namespace `RefundProcessor`).
+pub fn metric_names() -> sqs_once::metrics::MetricNames {
+    sqs_once::metrics::MetricNames {
+        namespace: "RefundProcessor".into(),
+        service: "refund-processor".into(),
+        labels: vec![(REFUNDED.into(), "Refunded".into())],
+        latency: "ProviderLatency".into(),
+    }
+}

@@ -1,0 +1,300 @@
+//! What has been refunded of a payment, kept on the payment's own idempotency record, so that
+//! refunds never add up to more than the charge however many run at once.
+//!
+//! A refund first *reserves* its amount with one conditional write on the payment's record:
+//! `refunds.<refund_id> = amount` and `refunded_amount = seen + amount`, only while the record
+//! is `COMPLETED` with a `succeeded` outcome, the refund id is not there yet, the total is
+//! still the one read, and the new total is within `outcome.amount`. Two refunds that read the
+//! same total cannot both write: the second finds the total changed, reads again and is
+//! refused if nothing is left. A refund the provider refuses *releases* its reservation. The
+//! reservation outlives a crash: a retry of the same refund finds it and sends the same amount.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::Client;
+use sqs_once::dynamo::{get_n, n, s, DynamoStore};
+use sqs_once::record::{RecordStatus, StoreError};
+
+use crate::charge::PaymentOutcome;
+
+/// A payment as refunds see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundablePayment {
+    /// The payment's record status: only `COMPLETED` payments are refunded.
+    pub status: RecordStatus,
+    /// What the provider said about the charge.
+    pub outcome: Option<PaymentOutcome>,
+    /// The total reserved by refunds so far, minor units.
+    pub refunded: i64,
+    /// Reservations by refund id.
+    pub refunds: BTreeMap<String, i64>,
+    /// The record carries the refund attributes (a first refund creates them).
+    pub has_refunds: bool,
+}
+
+/// What a reservation found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// The amount is reserved for the refund.
+    Reserved,
+    /// The payment changed since it was read (another refund, or it is no longer refundable
+    /// within the total): read it again.
+    Changed,
+}
+
+/// The port over the refunded totals.
+///
+/// Failure behaviour: [`StoreError::Unavailable`] for anything that may be retried,
+/// [`StoreError::Malformed`] for a record this version cannot read.
+#[async_trait]
+pub trait RefundLedger: Send + Sync {
+    /// The payment's record with its refunds (a consistent read), `None` without a record.
+    async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError>;
+
+    /// Reserves `amount` for `refund_id` on the payment as it was `seen`.
+    async fn reserve(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        seen: &RefundablePayment,
+    ) -> Result<Reservation, StoreError>;
+
+    /// Gives back `amount` reserved for `refund_id`; nothing when it is not reserved.
+    async fn release(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+    ) -> Result<(), StoreError>;
+}
+
+/// The ledger on the idempotency table, through the official SDK client.
+#[derive(Debug, Clone)]
+pub struct DynamoRefundLedger {
+    /// The payment records' store (for its key layout and record reader).
+    records: DynamoStore,
+    /// The SDK client.
+    client: Client,
+}
+
+impl DynamoRefundLedger {
+    /// The ledger of the payments in the idempotency table `table`.
+    pub fn new(client: Client, table: &str) -> Self {
+        Self {
+            records: crate::payment_store(client.clone(), table),
+            client,
+        }
+    }
+
+    fn key(&self, payment_id: &str) -> (String, AttributeValue) {
+        let layout = self.records.layout();
+        (
+            layout.attribute.clone(),
+            s(&format!("{}{payment_id}", layout.record_prefix)),
+        )
+    }
+}
+
+fn unavailable<E: std::error::Error + 'static, R>(e: SdkError<E, R>) -> StoreError
+where
+    R: std::fmt::Debug,
+{
+    StoreError::Unavailable(DisplayErrorContext(&e).to_string())
+}
+
+#[async_trait]
+impl RefundLedger for DynamoRefundLedger {
+    async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError> {
+        let (k, v) = self.key(payment_id);
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.records.table())
+            .key(k, v)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let record = self.records.record_from_item(item)?;
+        let refunds: BTreeMap<String, i64> = item
+            .get("refunds")
+            .and_then(|v| v.as_m().ok())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_n().ok()?.parse().ok().map(|a| (k.clone(), a)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(RefundablePayment {
+            status: record.status,
+            outcome: record.outcome.as_ref().map(PaymentOutcome::from_outcome),
+            refunded: get_n(item, "refunded_amount").unwrap_or(0),
+            has_refunds: item.contains_key("refunds"),
+            refunds,
+        }))
+    }
+
+    async fn reserve(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        seen: &RefundablePayment,
+    ) -> Result<Reservation, StoreError> {
+        let (k, v) = self.key(payment_id);
+        let total = seen.refunded + amount;
+        let refundable = "#s = :completed AND outcome.#st = :succeeded AND :total <= outcome.#amt";
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(self.records.table())
+            .key(k, v)
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#st", "status")
+            .expression_attribute_names("#amt", "amount")
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":succeeded", s("succeeded"))
+            .expression_attribute_values(":total", n(total));
+        req = if seen.has_refunds {
+            req.update_expression("SET refunds.#rid = :amount, refunded_amount = :total")
+                .condition_expression(format!(
+                    "{refundable} AND attribute_not_exists(refunds.#rid) AND refunded_amount = :seen"
+                ))
+                .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_values(":amount", n(amount))
+                .expression_attribute_values(":seen", n(seen.refunded))
+        } else {
+            req.update_expression("SET refunds = :first, refunded_amount = :total")
+                .condition_expression(format!(
+                    "{refundable} AND attribute_not_exists(refunds) AND attribute_not_exists(refunded_amount)"
+                ))
+                .expression_attribute_values(
+                    ":first",
+                    AttributeValue::M(HashMap::from([(refund_id.to_owned(), n(amount))])),
+                )
+        };
+        match req.send().await {
+            Ok(_) => Ok(Reservation::Reserved),
+            Err(SdkError::ServiceError(se)) if se.err().is_conditional_check_failed_exception() => {
+                Ok(Reservation::Changed)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn release(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+    ) -> Result<(), StoreError> {
+        let (k, v) = self.key(payment_id);
+        let result = self
+            .client
+            .update_item()
+            .table_name(self.records.table())
+            .key(k, v)
+            .update_expression(
+                "SET refunded_amount = refunded_amount - :amount REMOVE refunds.#rid",
+            )
+            .condition_expression("refunds.#rid = :amount")
+            .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_values(":amount", n(amount))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Not reserved (released before, or never): nothing to give back.
+            Err(SdkError::ServiceError(se)) if se.err().is_conditional_check_failed_exception() => {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+}
+
+/// The ledger in memory, with the same conditions (tests).
+#[derive(Debug, Default)]
+pub struct InMemoryRefundLedger {
+    /// Payments by id.
+    payments: Mutex<HashMap<String, RefundablePayment>>,
+}
+
+impl InMemoryRefundLedger {
+    /// Puts a payment as is.
+    pub fn insert(&self, payment_id: &str, payment: RefundablePayment) {
+        if let Ok(mut m) = self.payments.lock() {
+            m.insert(payment_id.to_owned(), payment);
+        }
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<String, RefundablePayment>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut m = self
+            .payments
+            .lock()
+            .map_err(|_| StoreError::Unavailable("ledger mutex poisoned".into()))?;
+        Ok(f(&mut m))
+    }
+}
+
+#[async_trait]
+impl RefundLedger for InMemoryRefundLedger {
+    async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError> {
+        self.with(|m| m.get(payment_id).cloned())
+    }
+
+    async fn reserve(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        seen: &RefundablePayment,
+    ) -> Result<Reservation, StoreError> {
+        self.with(|m| {
+            let Some(p) = m.get_mut(payment_id) else {
+                return Reservation::Changed;
+            };
+            let charged = p
+                .outcome
+                .as_ref()
+                .filter(|o| o.status == "succeeded")
+                .map(|o| o.amount);
+            let total = seen.refunded + amount;
+            let fits = p.status == RecordStatus::Completed && charged.is_some_and(|c| total <= c);
+            if !fits || p.refunds.contains_key(refund_id) || p.refunded != seen.refunded {
+                return Reservation::Changed;
+            }
+            p.refunds.insert(refund_id.to_owned(), amount);
+            p.refunded = total;
+            p.has_refunds = true;
+            Reservation::Reserved
+        })
+    }
+
+    async fn release(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+    ) -> Result<(), StoreError> {
+        self.with(|m| {
+            if let Some(p) = m.get_mut(payment_id) {
+                if p.refunds.get(refund_id) == Some(&amount) {
+                    p.refunds.remove(refund_id);
+                    p.refunded -= amount;
+                }
+            }
+        })
+    }
+}

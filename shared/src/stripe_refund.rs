@@ -1,0 +1,182 @@
+//! Refunds in Stripe's wire format: `POST /v1/refunds` (form encoded, `Idempotency-Key`) and
+//! `GET /v1/refunds?payment_intent=...`, on the same client as the payments.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+use crate::provider::{
+    FailureKind, FoundRefund, ProviderError, ProviderResponse, RefundCall, RefundProvider,
+    RefundResponse,
+};
+use crate::stripe::{interpret, StripeClient};
+
+#[derive(Deserialize)]
+struct RefundBody {
+    id: String,
+    status: String,
+    #[serde(default)]
+    amount: i64,
+    #[serde(default)]
+    metadata: std::collections::HashMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct RefundList {
+    data: Vec<RefundBody>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+impl StripeClient {
+    /// The form body of a refund.
+    pub fn refund_fields(call: &RefundCall) -> Vec<(String, String)> {
+        let mut form = vec![
+            ("payment_intent".to_owned(), call.payment_intent.clone()),
+            ("amount".to_owned(), call.amount.to_string()),
+            ("metadata[refund_id]".to_owned(), call.refund_id.clone()),
+            ("metadata[payment_id]".to_owned(), call.payment_id.clone()),
+        ];
+        if let Some(r) = &call.reason {
+            form.push(("reason".to_owned(), r.clone()));
+        }
+        form
+    }
+}
+
+/// Maps a refund answer: the shapes are a payment's (an object with `id` and `status`, or
+/// Stripe's error body), so the payment's classification applies.
+fn interpret_refund(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+) -> Result<RefundResponse, ProviderError> {
+    Ok(match interpret(status, headers, body)? {
+        ProviderResponse::Charged {
+            provider_payment_id,
+            status,
+            ..
+        } => RefundResponse::Refunded {
+            provider_refund_id: provider_payment_id,
+            status,
+        },
+        ProviderResponse::Declined { decline_code, .. } => RefundResponse::Rejected {
+            code: decline_code.unwrap_or_else(|| "refund_declined".to_owned()),
+            message: "the provider declined the refund".to_owned(),
+        },
+        ProviderResponse::Rejected { code, message } => RefundResponse::Rejected { code, message },
+        ProviderResponse::KeyReused { message } => RefundResponse::KeyReused { message },
+    })
+}
+
+fn interpret_list(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+) -> Result<Vec<FoundRefund>, ProviderError> {
+    if !status.is_success() {
+        interpret(status, headers, body)?;
+        return Err(ProviderError::new(
+            FailureKind::Misconfigured,
+            format!("refund lookup refused with HTTP {status}"),
+        ));
+    }
+    let list: RefundList = serde_json::from_str(body).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Network,
+            format!("unreadable refund lookup answer: {e}"),
+        )
+    })?;
+    if list.has_more {
+        // More than 100 refunds of one charge is not a state this processor creates.
+        return Err(ProviderError::new(
+            FailureKind::Misconfigured,
+            "refund lookup returned more than 100 refunds for one payment",
+        ));
+    }
+    Ok(list
+        .data
+        .into_iter()
+        .map(|r| FoundRefund {
+            refund_id: r.metadata.get("refund_id").cloned(),
+            provider_refund_id: r.id,
+            status: r.status,
+            amount: r.amount,
+        })
+        .collect())
+}
+
+#[async_trait]
+impl RefundProvider for StripeClient {
+    fn request_timeout(&self) -> Duration {
+        crate::provider::PaymentProvider::request_timeout(self)
+    }
+
+    async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
+        let (status, headers, body) = self
+            .post_form("/v1/refunds", &call.refund_id, &Self::refund_fields(call))
+            .await?;
+        interpret_refund(status, &headers, &body)
+    }
+
+    async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError> {
+        let (status, headers, body) = self
+            .get(
+                "/v1/refunds",
+                &[("payment_intent", payment_intent), ("limit", "100")],
+            )
+            .await?;
+        interpret_list(status, &headers, &body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refund_answers_map_to_the_refund_contract() {
+        let h = HeaderMap::new();
+        assert_eq!(
+            interpret_refund(
+                StatusCode::OK,
+                &h,
+                r#"{"id":"re_1","object":"refund","status":"succeeded","amount":5}"#
+            )
+            .unwrap(),
+            RefundResponse::Refunded {
+                provider_refund_id: "re_1".into(),
+                status: "succeeded".into()
+            }
+        );
+        assert_eq!(
+            interpret_refund(
+                StatusCode::BAD_REQUEST,
+                &h,
+                r#"{"error":{"type":"invalid_request_error","code":"amount_too_large","message":"too much"}}"#
+            )
+            .unwrap(),
+            RefundResponse::Rejected {
+                code: "amount_too_large".into(),
+                message: "too much".into()
+            }
+        );
+        let e = interpret_refund(StatusCode::BAD_GATEWAY, &h, "").unwrap_err();
+        assert!(e.is_ambiguous());
+    }
+
+    #[test]
+    fn a_listed_refund_names_its_refund_id() {
+        let found = interpret_list(
+            StatusCode::OK,
+            &HeaderMap::new(),
+            r#"{"object":"list","data":[{"id":"re_1","status":"succeeded","amount":7,"metadata":{"refund_id":"rf-1"}}],"has_more":false}"#,
+        )
+        .unwrap();
+        assert_eq!(found[0].refund_id.as_deref(), Some("rf-1"));
+        assert_eq!(found[0].amount, 7);
+    }
+}

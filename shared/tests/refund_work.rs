@@ -1,0 +1,311 @@
+//! Refunds as a `sqs_once::Work`: never beyond the charge, whatever runs at once; only charged
+//! payments; a refused refund gives its amount back; one provider refund per refund id.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_lambda_events::event::sqs::SqsMessage;
+use payment_core::provider::{
+    FoundRefund, ProviderError, RefundCall, RefundProvider, RefundResponse,
+};
+use payment_core::refund::{RefundProcessor, RefundWork};
+use payment_core::refund_ledger::{InMemoryRefundLedger, RefundLedger, RefundablePayment};
+use payment_core::PaymentOutcome;
+use sqs_once::memory::InMemoryStore;
+use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
+use sqs_once::record::RecordStatus;
+use sqs_once::runner::now_ms;
+use sqs_once::Settings;
+
+/// A provider that refunds what it is asked, after a pause (so refunds overlap), or refuses.
+#[derive(Default)]
+struct Provider {
+    calls: Mutex<Vec<RefundCall>>,
+    refuse: Mutex<Option<String>>,
+}
+
+#[async_trait]
+impl RefundProvider for Provider {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
+        self.calls.lock().unwrap().push(call.clone());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(match self.refuse.lock().unwrap().clone() {
+            Some(code) => RefundResponse::Rejected {
+                code,
+                message: "refused".into(),
+            },
+            None => RefundResponse::Refunded {
+                provider_refund_id: format!("re_{}", call.refund_id),
+                status: "succeeded".into(),
+            },
+        })
+    }
+    async fn find_refunds(&self, _: &str) -> Result<Vec<FoundRefund>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The in-memory ledger behind a yield before each operation, so that concurrent refunds all
+/// read the payment before any of them reserves (the race a conditional write must win).
+struct Yielding(Arc<InMemoryRefundLedger>);
+
+#[async_trait]
+impl RefundLedger for Yielding {
+    async fn payment(
+        &self,
+        pid: &str,
+    ) -> Result<Option<RefundablePayment>, sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.payment(pid).await
+    }
+    async fn reserve(
+        &self,
+        pid: &str,
+        rid: &str,
+        amount: i64,
+        seen: &RefundablePayment,
+    ) -> Result<payment_core::refund_ledger::Reservation, sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.reserve(pid, rid, amount, seen).await
+    }
+    async fn release(
+        &self,
+        pid: &str,
+        rid: &str,
+        amount: i64,
+    ) -> Result<(), sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.release(pid, rid, amount).await
+    }
+}
+
+#[derive(Default)]
+struct Queues(Mutex<Vec<DeadLetter>>);
+
+#[async_trait]
+impl QueueOps for Queues {
+    async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
+        self.0.lock().unwrap().push(l.clone());
+        Ok(())
+    }
+    async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
+        Ok(())
+    }
+    async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
+        Ok(None)
+    }
+}
+
+struct World {
+    ledger: Arc<InMemoryRefundLedger>,
+    provider: Arc<Provider>,
+    queues: Arc<Queues>,
+    processor: Arc<RefundProcessor>,
+}
+
+fn world() -> World {
+    let ledger = Arc::new(InMemoryRefundLedger::default());
+    let provider = Arc::new(Provider::default());
+    let queues = Arc::new(Queues::default());
+    let work = RefundWork::new(
+        provider.clone(),
+        Arc::new(Yielding(ledger.clone())),
+        Duration::from_secs(86_400),
+    );
+    let settings = Settings {
+        lease: Duration::from_secs(10),
+        call_retry_delay: Duration::from_millis(1),
+        processing_allowance: Duration::ZERO,
+        ..Settings::default()
+    };
+    let processor = Arc::new(RefundProcessor::new(
+        Arc::new(work),
+        Arc::new(InMemoryStore::new()),
+        queues.clone(),
+        settings,
+    ));
+    World {
+        ledger,
+        provider,
+        queues,
+        processor,
+    }
+}
+
+fn charged(w: &World, pid: &str, status: RecordStatus, outcome: &str, amount: i64) {
+    w.ledger.insert(
+        pid,
+        RefundablePayment {
+            status,
+            outcome: Some(PaymentOutcome {
+                status: outcome.into(),
+                provider_payment_id: Some(format!("pi_{pid}")),
+                decline_code: None,
+                amount,
+                currency: "usd".into(),
+                reason: None,
+            }),
+            refunded: 0,
+            refunds: BTreeMap::new(),
+            has_refunds: false,
+        },
+    );
+}
+
+fn msg(id: &str, body: &str) -> SqsMessage {
+    let mut m = SqsMessage::default();
+    m.message_id = Some(id.to_owned());
+    m.receipt_handle = Some(format!("rh-{id}"));
+    m.body = Some(body.to_owned());
+    m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:refunds".into());
+    m.attributes
+        .insert("SentTimestamp".into(), now_ms().to_string());
+    m.attributes
+        .insert("ApproximateReceiveCount".into(), "1".into());
+    m
+}
+
+fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
+    match amount {
+        Some(a) => format!(r#"{{"refund_id":"{rid}","payment_id":"{pid}","amount":{a}}}"#),
+        None => format!(r#"{{"refund_id":"{rid}","payment_id":"{pid}"}}"#),
+    }
+}
+
+#[tokio::test]
+async fn concurrent_refunds_never_add_up_to_more_than_the_charge() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let batch: Vec<_> = (0..10)
+        .map(|i| msg(&format!("m{i}"), &refund(&format!("r{i}"), "p1", Some(30))))
+        .collect();
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(s.done("refunded"), 3, "{s:?}");
+    assert_eq!(s.dead_lettered.get("refund_exceeds_charge"), Some(&7));
+    let calls = w.provider.calls.lock().unwrap().clone();
+    assert_eq!(calls.iter().map(|c| c.amount).sum::<i64>(), 90);
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!((p.refunded, p.refunds.len()), (90, 3));
+    let dead = w.queues.0.lock().unwrap().clone();
+    assert!(
+        dead[0].error_message.contains("90 of 100"),
+        "{}",
+        dead[0].error_message
+    );
+}
+
+#[tokio::test]
+async fn without_an_amount_the_rest_is_refunded_once_and_a_duplicate_calls_nothing() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "p1", Some(40)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("refunded"), 1);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m2", &refund("r2", "p1", None))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("refunded"), 1);
+    assert_eq!(w.provider.calls.lock().unwrap()[1].amount, 60, "the rest");
+    // The same refund again is a duplicate; a third refund finds nothing left.
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![
+                msg("m3", &refund("r2", "p1", None)),
+                msg("m4", &refund("r3", "p1", None)),
+            ],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.duplicates, 1);
+    assert_eq!(s.dead_lettered.get("refund_exceeds_charge"), Some(&1));
+    assert_eq!(w.provider.calls.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() {
+    let w = world();
+    charged(&w, "declined", RecordStatus::Completed, "declined", 100);
+    charged(&w, "charging", RecordStatus::InProgress, "succeeded", 100);
+    let batch = vec![
+        msg("m1", &refund("r1", "declined", None)),
+        msg("m2", &refund("r2", "charging", None)),
+        msg("m3", &refund("r3", "unknown-payment", None)),
+    ];
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert_eq!(s.dead_lettered.get("payment_not_refundable"), Some(&1));
+    let mut back: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    back.sort();
+    assert_eq!(back, vec!["m2", "m3"], "they wait for their charges");
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_refund_the_provider_refuses_gives_its_amount_back() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    *w.provider.refuse.lock().unwrap() = Some("charge_disputed".into());
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "p1", Some(70)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.dead_lettered.get("provider_rejected"), Some(&1));
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!((p.refunded, p.refunds.len()), (0, 0));
+    // So a later refund of the whole charge still fits.
+    *w.provider.refuse.lock().unwrap() = None;
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m2", &refund("r2", "p1", None))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("refunded"), 1);
+    assert_eq!(w.provider.calls.lock().unwrap()[1].amount, 100);
+}
+
+#[test]
+fn refund_messages_are_validated_naming_the_field() {
+    use payment_core::refund::RefundRequest;
+    let code = |b: &str| RefundRequest::parse(b).unwrap_err().code;
+    assert_eq!(code("{nope"), "invalid_json");
+    assert_eq!(code(r#"{"refund_id":"r1"}"#), "invalid_refund");
+    let e = RefundRequest::parse(r#"{"refund_id":"r 1","payment_id":"p1"}"#).unwrap_err();
+    assert!(e.message.contains("refund_id"), "{}", e.message);
+    let e = RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","amount":0}"#).unwrap_err();
+    assert!(e.message.contains("amount"), "{}", e.message);
+    let e = RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","reason":"bored"}"#)
+        .unwrap_err();
+    assert!(e.message.contains("reason"), "{}", e.message);
+    let e = RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","card":"x"}"#).unwrap_err();
+    assert!(e.message.contains("card"), "{}", e.message);
+    let a = RefundRequest::parse(r#"{"payment_id":"p1","refund_id":"r1","amount":5}"#).unwrap();
+    let b = RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","amount":6}"#).unwrap();
+    assert_ne!(a.fingerprint(), b.fingerprint());
+}
