@@ -46,6 +46,16 @@ pub fn config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result
     Ok(function_environment(stack, overrides)?.0)
 }
 
+/// The refund processor's configuration: [`config_for`] with the refund function's own
+/// dead-letter queue.
+pub fn refund_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
+    let mut config = config_for(stack, overrides)?;
+    config.dead_letter_queue_url = stack
+        .var_of(crate::template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
+        .to_owned();
+    Ok(config)
+}
+
 /// The configuration of [`config_for`] and the environment variables it was read from: exactly
 /// what a `bootstrap` process needs to be given to run with the same configuration.
 pub fn function_environment(
@@ -78,18 +88,26 @@ async fn drain(
     stack: &Stack,
     pollers: usize,
 ) -> Result<EsmStats> {
+    drain_source(processor.clone(), sqs, &stack.event_source, pollers).await
+}
+
+/// Drains one SQS event source with the local event-source mapping.
+pub async fn drain_source(
+    function: impl Into<esm::Function>,
+    sqs: &aws_sdk_sqs::Client,
+    source: &crate::template::EventSource,
+    pollers: usize,
+) -> Result<EsmStats> {
     esm::run(
-        processor.clone(),
+        function,
         sqs.clone(),
         EsmOptions {
-            queue_url: stack.event_source.queue_url.clone(),
-            batch_size: stack.event_source.batch_size,
+            queue_url: source.queue_url.clone(),
+            batch_size: source.batch_size,
             batching_window: Duration::from_millis(200),
             visibility_timeout: None,
-            function_timeout: Duration::from_secs(
-                stack.event_source.function_timeout_seconds as u64,
-            ),
-            report_batch_item_failures: stack.event_source.report_batch_item_failures,
+            function_timeout: Duration::from_secs(source.function_timeout_seconds as u64),
+            report_batch_item_failures: source.report_batch_item_failures,
             pollers,
             until_empty: true,
             max_duration: Duration::from_secs(900),

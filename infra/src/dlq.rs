@@ -209,9 +209,13 @@ pub async fn list(
 }
 
 /// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
-pub const KNOWN_CODES: [&str; 8] = [
+pub const KNOWN_CODES: [&str; 12] = [
     "invalid_json",
     "invalid_payment",
+    "invalid_refund",
+    "payment_not_refundable",
+    "refund_exceeds_charge",
+    "refund_failed",
     "idempotency_key_reused",
     "provider_rejected",
     "request_expired",
@@ -222,7 +226,11 @@ pub const KNOWN_CODES: [&str; 8] = [
 
 /// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
 /// again (or, for a reused key, never belong to the payment their id names).
-pub const NEVER_REDRIVEN: [(&str, &str); 5] = [
+pub const NEVER_REDRIVEN: [(&str, &str); 9] = [
+    ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
+    ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
+    ("refund_exceeds_charge", "the refund's record holds that nothing was left to refund; send a new refund_id for a smaller amount"),
+    ("refund_failed", "the provider created the refund as failed; the refund's record holds it, a redrive is dead-lettered again"),
     ("invalid_json", "the body can never be processed; the producer sends a corrected payment"),
     ("invalid_payment", "the body can never be processed (card numbers in it are masked); the producer sends a corrected payment"),
     ("idempotency_key_reused", "its payment_id names another payment; this body is never charged under it"),

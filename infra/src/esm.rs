@@ -17,32 +17,57 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage, SqsM
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
-use payment_core::{BatchSummary, Processor};
 use sqs_once::runner::now_ms;
+use sqs_once::{BatchRunner, BatchSummary, Work};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::runtime_api::RuntimeApi;
 
+/// A batch handler in this process: any `sqs_once::BatchRunner` (payments, refunds).
+#[async_trait::async_trait]
+pub trait InProcessHandler: Send + Sync {
+    /// Handles one batch before `deadline_ms`.
+    async fn handle(
+        &self,
+        records: Vec<SqsMessage>,
+        deadline_ms: i64,
+    ) -> (SqsBatchResponse, BatchSummary);
+}
+
+/// A runner shared by the pollers.
+struct Runner<W: Work>(Arc<BatchRunner<W>>);
+
+#[async_trait::async_trait]
+impl<W: Work> InProcessHandler for Runner<W> {
+    async fn handle(
+        &self,
+        records: Vec<SqsMessage>,
+        deadline_ms: i64,
+    ) -> (SqsBatchResponse, BatchSummary) {
+        self.0.handle_batch(records, deadline_ms).await
+    }
+}
+
 /// What the mapping invokes.
 #[derive(Clone)]
 pub enum Function {
-    /// The processor's handler in this process, shared by all pollers.
-    InProcess(Arc<Processor>),
+    /// A runner's handler in this process, shared by all pollers.
+    InProcess(Arc<dyn InProcessHandler>),
     /// Function processes, one per poller (an execution environment runs one invocation at a
     /// time), reached through their Runtime APIs.
     Processes(Vec<Arc<RuntimeApi>>),
 }
 
-impl From<Arc<Processor>> for Function {
-    fn from(p: Arc<Processor>) -> Self {
-        Function::InProcess(p)
+impl<W: Work> From<Arc<BatchRunner<W>>> for Function {
+    fn from(p: Arc<BatchRunner<W>>) -> Self {
+        Function::InProcess(Arc::new(Runner(p)))
     }
 }
 
 /// One poller's function.
 enum Target {
-    InProcess(Arc<Processor>),
+    InProcess(Arc<dyn InProcessHandler>),
     Process(Arc<RuntimeApi>),
 }
 
@@ -56,7 +81,7 @@ impl Target {
     async fn call(&self, records: Vec<SqsMessage>, deadline_ms: i64) -> Result<Answer> {
         match self {
             Target::InProcess(p) => {
-                let (response, summary) = p.handle_batch(records, deadline_ms).await;
+                let (response, summary) = p.handle(records, deadline_ms).await;
                 if summary.unreportable > 0 {
                     // As the function does: the whole batch comes back.
                     return Ok(Answer::FunctionError(format!(

@@ -137,6 +137,8 @@ pub struct RunSummary {
     pub charged: u32,
     /// Payments declined (recorded, final).
     pub declined: u32,
+    /// Refunds made (a refund run).
+    pub refunded: u32,
     /// Copies of finished payments acknowledged without a charge.
     pub duplicates: u32,
     /// Deliveries handed back to come again later.
@@ -159,6 +161,7 @@ impl RunSummary {
             received: stats.received,
             charged: stats.summary.done(payment_core::charge::labels::CHARGED),
             declined: stats.summary.done(payment_core::charge::labels::DECLINED),
+            refunded: stats.summary.done(payment_core::refund::REFUNDED),
             duplicates: stats.summary.duplicates,
             retried: stats.summary.retried,
             dead_lettered: stats
@@ -180,7 +183,7 @@ impl RunSummary {
     /// out, or a whole batch failed (a wrong table or queue, provider down, a bad key).
     pub fn all_failed(&self) -> bool {
         let for_content = |code: &str| crate::dlq::never_redriven(code).is_some();
-        let handled = (self.charged + self.declined + self.duplicates) as u64
+        let handled = (self.charged + self.declined + self.refunded + self.duplicates) as u64
             + self
                 .dead_lettered
                 .iter()
@@ -215,10 +218,15 @@ impl RunSummary {
             )
         };
         format!(
-            "{}{} deliveries in {} batches: {} charged, {} declined, {} duplicates, {} retried later, {} dead-lettered{codes}; {} timeouts, {} failed batches",
+            "{}{} deliveries in {} batches: {}{} charged, {} declined, {} duplicates, {} retried later, {} dead-lettered{codes}; {} timeouts, {} failed batches",
             if self.interrupted { "interrupted: " } else { "" },
             self.received,
             self.invocations,
+            if self.refunded > 0 {
+                format!("{} refunded, ", self.refunded)
+            } else {
+                String::new()
+            },
             self.charged,
             self.declined,
             self.duplicates,

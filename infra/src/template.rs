@@ -103,6 +103,9 @@ pub struct Stack {
     pub function_env: BTreeMap<String, String>,
     /// The function's SQS event source.
     pub event_source: EventSource,
+    /// Every SQS-triggered function's event source by logical id (the processor's is also
+    /// [`Stack::event_source`]).
+    pub event_sources: BTreeMap<String, EventSource>,
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
     /// What provisioning did to each resource: `created`, `exists` or `updated`, by name.
@@ -277,8 +280,14 @@ fn local_name(stack: &str, logical: &str, fifo: bool) -> String {
     name
 }
 
-/// Creates the template's queues and tables on the endpoint of `sdk` and resolves the
-/// processor function's environment and event source.
+/// The payment processor's logical id in the template.
+pub const PROCESSOR: &str = "PaymentProcessorFunction";
+
+/// The refund processor's logical id in the template.
+pub const REFUND_PROCESSOR: &str = "RefundProcessorFunction";
+
+/// Creates the template's queues and tables on the endpoint of `sdk` and resolves every
+/// function's environment and every SQS event source (the payment processor's first).
 pub async fn provision(
     sdk: &aws_config::SdkConfig,
     template_path: &Path,
@@ -326,6 +335,7 @@ pub async fn provision(
         tables: BTreeMap::new(),
         function_env: BTreeMap::new(),
         function_envs: BTreeMap::new(),
+        event_sources: BTreeMap::new(),
         report: Vec::new(),
         event_source: EventSource {
             queue_url: String::new(),
@@ -657,7 +667,7 @@ pub async fn provision(
         let timeout = r
             .int(get(&props, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
             .unwrap_or(3);
-        stack.event_source = EventSource {
+        let source = EventSource {
             queue_url,
             queue_arn,
             batch_size: r.int(get(&ep, "BatchSize"))?.unwrap_or(10) as i32,
@@ -672,17 +682,28 @@ pub async fn provision(
                         .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
                 }),
         };
-        stack.function_env = env;
         // The function must know the visibility it heartbeats with: follow a local override.
-        if let Some(vt) = opts.visibility_timeout {
+        if let (Some(vt), Some(logical)) = (opts.visibility_timeout, logical.as_str()) {
             if let Some(v) = stack
-                .function_env
-                .get_mut("QUEUE_VISIBILITY_TIMEOUT_SECONDS")
+                .function_envs
+                .get_mut(logical)
+                .and_then(|e| e.get_mut("QUEUE_VISIBILITY_TIMEOUT_SECONDS"))
             {
                 *v = vt.to_string();
             }
         }
-        processor_found = true;
+        let logical = logical.as_str().unwrap_or_default().to_owned();
+        // The payment processor's is the stack's main one; else the first.
+        if !processor_found || logical == PROCESSOR {
+            stack.event_source = source.clone();
+            stack.function_env = stack
+                .function_envs
+                .get(&logical)
+                .cloned()
+                .unwrap_or_default();
+            processor_found = true;
+        }
+        stack.event_sources.insert(logical, source);
     }
     if processor_found {
         return Ok(stack);

@@ -14,6 +14,7 @@ mod helpers;
 mod operations;
 mod operator;
 mod proxy;
+mod refunds;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use payment_core::config::Config;
 use payment_infra::{demo, esm, load, template};
 
@@ -24,6 +24,25 @@ struct Cli {
     profile: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The processors `payctl run` can run.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WorkKind {
+    /// The payment processor (charges).
+    Payments,
+    /// The refund processor.
+    Refunds,
+}
+
+impl WorkKind {
+    /// The queue and dead-letter queue variables of this processor.
+    fn vars(self) -> (&'static str, &'static str) {
+        match self {
+            WorkKind::Payments => ("PAYMENTS_QUEUE_URL", "DEAD_LETTER_QUEUE_URL"),
+            WorkKind::Refunds => ("REFUNDS_QUEUE_URL", "REFUNDS_DEAD_LETTER_QUEUE_URL"),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -76,12 +95,40 @@ enum Command {
         #[arg(long, default_value = "pay")]
         prefix: String,
     },
-    /// Poll a queue like Lambda's SQS trigger and run the processor (configured from the
+    /// Send refunds of charged payments: one JSON body, or one refund built from the options.
+    SendRefund {
+        /// The refunds queue (the stack's RefundsQueueUrl output).
+        #[arg(long, env = "REFUNDS_QUEUE_URL")]
+        queue_url: String,
+        /// One message body: {"refund_id", "payment_id", "amount"?, "reason"?}.
+        #[arg(long, conflicts_with_all = ["payment_id", "refund_id", "amount", "reason"])]
+        body: Option<String>,
+        /// The payment to refund.
+        #[arg(long, requires = "refund_id")]
+        payment_id: Option<String>,
+        /// The refund's id: its idempotency key (send it again to retry the same refund).
+        #[arg(long)]
+        refund_id: Option<String>,
+        /// Minor units (default: what is left of the charge).
+        #[arg(long)]
+        amount: Option<i64>,
+        /// duplicate, fraudulent or requested_by_customer.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Poll a queue like Lambda's SQS trigger and run a processor (configured from the
     /// function's environment variables) on each batch.
     Run {
-        /// The payments queue (the stack's PaymentsQueueUrl output).
-        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
-        queue_url: String,
+        /// What to process: payments (default) or refunds.
+        #[arg(long, value_enum, default_value_t = WorkKind::Payments)]
+        work: WorkKind,
+        /// The source queue (default: PAYMENTS_QUEUE_URL, or REFUNDS_QUEUE_URL with --work refunds).
+        #[arg(long)]
+        queue_url: Option<String>,
+        /// The dead-letter queue (default: DEAD_LETTER_QUEUE_URL, or REFUNDS_DEAD_LETTER_QUEUE_URL
+        /// with --work refunds).
+        #[arg(long)]
+        dead_letter_queue_url: Option<String>,
         /// Messages per invocation (Lambda's SQS trigger takes up to 10 per receive).
         #[arg(long, default_value_t = 10)]
         batch_size: i32,
@@ -543,6 +590,15 @@ async fn run(cli: Cli) -> Result<()> {
                 stack.event_source.queue_url.clone(),
             ));
             vars.push(("PAYMENTS_TABLE".into(), stack.payments_table()?.to_owned()));
+            if let Some(refunds) = stack.event_sources.get(template::REFUND_PROCESSOR) {
+                vars.push(("REFUNDS_QUEUE_URL".into(), refunds.queue_url.clone()));
+                vars.push((
+                    "REFUNDS_DEAD_LETTER_QUEUE_URL".into(),
+                    stack
+                        .var_of(template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
+                        .to_owned(),
+                ));
+            }
             for (k, v) in vars {
                 println!("export {k}='{}'", v.replace('\'', "'\\''"));
             }
@@ -594,8 +650,42 @@ async fn run(cli: Cli) -> Result<()> {
             let ids = load::send_all(&sqs, &queue_url, &bodies).await?;
             println!("sent {} messages", ids.len());
         }
-        Command::Run {
+        Command::SendRefund {
             queue_url,
+            body,
+            payment_id,
+            refund_id,
+            amount,
+            reason,
+        } => {
+            let body = match (body, payment_id, refund_id) {
+                (Some(b), _, _) => b,
+                (None, Some(payment_id), Some(refund_id)) => payment_core::refund::RefundRequest {
+                    refund_id,
+                    payment_id,
+                    amount,
+                    reason,
+                }
+                .to_message_body(),
+                _ => bail!("give --body, or --payment-id with --refund-id"),
+            };
+            // A refund the processor would refuse is refused here, with the same reason.
+            payment_core::refund::RefundRequest::parse(&body)
+                .map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
+            payment_infra::operate::check_queue(
+                &sdk,
+                &queue_url,
+                &format!("the refunds queue {queue_url} (REFUNDS_QUEUE_URL)"),
+            )
+            .await?;
+            let sqs = aws_sdk_sqs::Client::new(&sdk);
+            let ids = load::send_all(&sqs, &queue_url, &[body]).await?;
+            println!("sent {} refund message(s)", ids.len());
+        }
+        Command::Run {
+            work,
+            queue_url,
+            dead_letter_queue_url,
             batch_size,
             batching_window,
             visibility_timeout,
@@ -608,7 +698,17 @@ async fn run(cli: Cli) -> Result<()> {
         } => {
             use payment_infra::operate::{self, RunSummary};
             use std::io::IsTerminal;
-            let config = Config::from_env()?;
+            let (queue_var, dlq_var) = work.vars();
+            let from_env = |given: Option<String>, var: &str| {
+                given
+                    .or_else(|| std::env::var(var).ok())
+                    .with_context(|| format!("give the queue with its option or set {var}"))
+            };
+            let queue_url = from_env(queue_url, queue_var)?;
+            let mut config = Config::from_env()?;
+            if dead_letter_queue_url.is_some() || work == WorkKind::Refunds {
+                config.dead_letter_queue_url = from_env(dead_letter_queue_url, dlq_var)?;
+            }
             operate::check_processor_resources(
                 &sdk,
                 &config.idempotency_table,
@@ -616,7 +716,14 @@ async fn run(cli: Cli) -> Result<()> {
                 &config.dead_letter_queue_url,
             )
             .await?;
-            let processor = payment_core::bootstrap::build_processor(&config, &sdk).await?;
+            let processor: esm::Function = match work {
+                WorkKind::Payments => payment_core::bootstrap::build_processor(&config, &sdk)
+                    .await?
+                    .into(),
+                WorkKind::Refunds => payment_core::bootstrap::build_refund_processor(&config, &sdk)
+                    .await?
+                    .into(),
+            };
             let sqs = aws_sdk_sqs::Client::new(&sdk);
             let stats = std::sync::Arc::new(tokio::sync::Mutex::new(esm::EsmStats::default()));
             let _progress = (progress || std::io::stderr().is_terminal()).then(|| {

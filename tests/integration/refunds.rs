@@ -1,0 +1,170 @@
+//! Refunds on the real SDK and the local stack: the refund processor of `template.yaml`, its
+//! queue and dead-letter queue, the payment's record in the idempotency table, the simulator's
+//! refunds as the ground truth.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use payment_core::refund::RefundProcessor;
+use payment_infra::check::drain_dlq;
+use payment_infra::template::REFUND_PROCESSOR;
+
+use crate::helpers::*;
+
+/// The refund side of a test stack.
+struct Refunds {
+    processor: Arc<RefundProcessor>,
+    queue_url: String,
+    dlq_url: String,
+}
+
+async fn refunds(t: &TestStack) -> Refunds {
+    let config = payment_infra::demo::refund_config_for(&t.stack, &fast_settings())
+        .expect("the refund function's configuration");
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    Refunds {
+        processor: payment_core::bootstrap::build_refund_processor(&config, &sdk)
+            .await
+            .expect("building the refund processor"),
+        queue_url: t.stack.event_sources[REFUND_PROCESSOR].queue_url.clone(),
+        dlq_url: config.dead_letter_queue_url,
+    }
+}
+
+fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
+    payment_core::refund::RefundRequest {
+        refund_id: rid.into(),
+        payment_id: pid.into(),
+        amount,
+        reason: Some("requested_by_customer".into()),
+    }
+    .to_message_body()
+}
+
+impl Refunds {
+    async fn drain(&self, t: &TestStack, pollers: usize) -> payment_infra::esm::EsmStats {
+        payment_infra::demo::drain_source(
+            self.processor.clone(),
+            &t.sqs,
+            &t.stack.event_sources[REFUND_PROCESSOR],
+            pollers,
+        )
+        .await
+        .expect("draining the refunds queue")
+    }
+
+    async fn dead_codes(&self, t: &TestStack) -> BTreeMap<String, usize> {
+        let mut codes = BTreeMap::new();
+        for d in drain_dlq(&t.sqs, &self.dlq_url).await.expect("refund DLQ") {
+            *codes.entry(d.error_code.clone()).or_default() += 1;
+        }
+        codes
+    }
+}
+
+/// The refunded total on the payment's record.
+async fn refunded_total(t: &TestStack, pid: &str) -> i64 {
+    let ddb = aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await);
+    let item = ddb
+        .get_item()
+        .table_name(&t.config.idempotency_table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("payment#{pid}")),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("reading the payment's record");
+    item.item()
+        .and_then(|i| i.get("refunded_amount"))
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_refunds_of_one_payment_never_exceed_its_charge() {
+    let t = TestStack::new("refund-race").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 1000, "pm_card_visa")).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &pid).await;
+    let r = refunds(&t).await;
+    // Twelve refunds of 300 race for a charge of 1000, each sent twice.
+    let mut bodies = Vec::new();
+    for i in 0..12 {
+        let body = refund(&format!("{pid}-r{i:02}"), &pid, Some(300));
+        bodies.push(body.clone());
+        bodies.push(body);
+    }
+    payment_infra::load::send_all(&t.sqs, &r.queue_url, &bodies)
+        .await
+        .expect("sending refunds");
+    let stats = r.drain(&t, 4).await;
+    assert_eq!(stats.summary.done("refunded"), 3, "{:?}", stats.summary);
+    assert_eq!(
+        stats.summary.duplicates, 3,
+        "the copies of the three refunds"
+    );
+    // Both copies of each refused refund are dead-lettered (the record holds the refusal).
+    let codes = r.dead_codes(&t).await;
+    assert_eq!(codes.get("refund_exceeds_charge"), Some(&18), "{codes:?}");
+    // The provider's books: three refunds of 300, one per refund id, 900 in all.
+    let mut booked = 0;
+    for i in 0..12 {
+        let rid = format!("{pid}-r{i:02}");
+        let ledger = t.ledger(&rid).await;
+        let n = ledger.refunds.get(&rid).map(Vec::len).unwrap_or(0);
+        assert!(n <= 1, "{rid} refunded {n} times");
+        booked += ledger
+            .refunds
+            .get(&rid)
+            .into_iter()
+            .flatten()
+            .map(|r| r.amount)
+            .sum::<i64>();
+    }
+    assert_eq!(booked, 900);
+    assert_eq!(refunded_total(&t, &pid).await, 900);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_charged_payment_is_refunded_and_the_rest_is_the_default() {
+    let t = TestStack::new("refund-rules").await;
+    let (paid, declined) = (t.pid("paid"), t.pid("declined"));
+    t.send(&payment(&paid, 500, "pm_card_visa")).await;
+    t.send(&payment(&declined, 500, "pm_card_chargeDeclined"))
+        .await;
+    t.drain(1).await;
+    let r = refunds(&t).await;
+    let sends = [
+        refund(&format!("{paid}-part"), &paid, Some(120)),
+        refund(&format!("{declined}-r"), &declined, None),
+        refund("not json", &paid, None).replace('{', "["),
+    ];
+    payment_infra::load::send_all(&t.sqs, &r.queue_url, &sends)
+        .await
+        .expect("sending refunds");
+    r.drain(&t, 1).await;
+    // Without an amount, what is left of the charge.
+    payment_infra::load::send_all(
+        &t.sqs,
+        &r.queue_url,
+        &[refund(&format!("{paid}-rest"), &paid, None)],
+    )
+    .await
+    .expect("sending the rest");
+    let stats = r.drain(&t, 1).await;
+    assert_eq!(stats.summary.done("refunded"), 1);
+    let rest = t.ledger(&format!("{paid}-rest")).await;
+    assert_eq!(rest.refunds[&format!("{paid}-rest")][0].amount, 380);
+    assert_eq!(refunded_total(&t, &paid).await, 500);
+    let codes = r.dead_codes(&t).await;
+    assert_eq!(codes.get("payment_not_refundable"), Some(&1), "{codes:?}");
+    assert_eq!(codes.get("invalid_json"), Some(&1), "{codes:?}");
+    assert_eq!(
+        t.ledger(&format!("{declined}-r")).await.refund_calls.len(),
+        0
+    );
+}
