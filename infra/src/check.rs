@@ -78,11 +78,20 @@ pub async fn drain_dlq(sqs: &aws_sdk_sqs::Client, dlq_url: &str) -> Result<Vec<D
     Ok(out)
 }
 
-/// Every record of the table.
+/// Every payment record of the table.
 pub async fn scan_records(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<HashMap<String, IdempotencyRecord>> {
+    scan_records_of(ddb, &payment_core::payment_store(ddb.clone(), table)).await
+}
+
+/// Every record of one work in the store's table (by its key layout), by key.
+pub async fn scan_records_of(
+    ddb: &aws_sdk_dynamodb::Client,
+    store: &sqs_once::DynamoStore,
+) -> Result<HashMap<String, IdempotencyRecord>> {
+    let table = store.table();
     let mut records = HashMap::new();
     let mut start: Option<HashMap<String, AttributeValue>> = None;
     loop {
@@ -94,8 +103,7 @@ pub async fn scan_records(
             .send()
             .await
             .context("scanning the idempotency table")?;
-        // The table also holds dead-letter marks beside the records.
-        let store = payment_core::payment_store(ddb.clone(), table);
+        // The table also holds dead-letter marks, and other works' records.
         for item in out.items().iter().filter(|i| store.is_record_item(i)) {
             let r = store.record_from_item(item)?;
             records.insert(r.key.clone(), r);

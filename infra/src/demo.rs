@@ -262,6 +262,37 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     let ledger = sim.ledger().await?;
     let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
     let calls = ledger.calls_under(&run_id);
+
+    // Refunds of what was charged: whole, partial, racing for the same charge, and of payments
+    // that were not charged; each message sent twice, through the refund processor.
+    let refund_config = refund_config_for(&stack, &overrides)?;
+    let refunder = payment_core::bootstrap::build_refund_processor(&refund_config, sdk).await?;
+    let refunds = crate::refund_check::plan(&run_id, &records, opts.payments / 10);
+    let source = &stack.event_sources[crate::template::REFUND_PROCESSOR];
+    let bodies: Vec<String> = refunds
+        .iter()
+        .flat_map(|r| [r.body.clone(), r.body.clone()])
+        .collect();
+    send_all(&sqs, &source.queue_url, &bodies).await?;
+    println!(
+        "refunds: sent {} messages ({} refunds, each twice) to {}; draining with {} pollers",
+        bodies.len(),
+        refunds.len(),
+        source.queue_url,
+        opts.pollers
+    );
+    let refund_stats = drain_source(refunder, &sqs, source, opts.pollers).await?;
+    let refund_verdict = crate::refund_check::observe(
+        sdk,
+        &refund_config.idempotency_table,
+        &refund_config.dead_letter_queue_url,
+        &sim.ledger().await?,
+        &refunds,
+    )
+    .await?;
+    verdict
+        .violations
+        .extend(refund_verdict.violations.iter().cloned());
     if let Some(run) = &api_run {
         verdict.violations.extend(run.violations.iter().cloned());
     }
@@ -287,6 +318,13 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     }
     verdict.print_counts(sent.len());
     println!("provider calls:           {calls} (retries with the same key included)");
+    refund_verdict.print(bodies.len());
+    println!(
+        "refund processor:         {} refunded, {} duplicates, {} retried",
+        refund_stats.summary.done(payment_core::refund::REFUNDED),
+        refund_stats.summary.duplicates,
+        refund_stats.summary.retried
+    );
     println!(
         "local event source:       {} invocations, {} deliveries, {} timeouts; processor counted {} charged, {} duplicates, {} retried",
         stats.invocations, stats.received, stats.timeouts, stats.summary.done(payment_core::charge::labels::CHARGED), stats.summary.duplicates, stats.summary.retried
@@ -296,7 +334,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
         started.elapsed().as_secs_f64()
     );
     if verdict.violations.is_empty() {
-        println!("RESULT: OK: every payment charged at most once, nothing lost");
+        println!("RESULT: OK: every payment charged at most once, every refund made at most once and within its charge, nothing lost");
     } else {
         println!("RESULT: FAILED: {} violations", verdict.violations.len());
         verdict.print_violations(50);

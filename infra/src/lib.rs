@@ -20,6 +20,7 @@ pub mod load;
 pub mod local_api;
 pub mod operate;
 pub mod reconcile;
+pub mod refund_check;
 pub mod republish;
 pub mod runtime_api;
 pub mod sim;

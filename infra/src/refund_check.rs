@@ -1,0 +1,258 @@
+//! Refunds in the demo, the chaos checker and `make e2e-sam`: a plan of refunds of a run's
+//! payments (whole, partial, racing for the same charge, of payments that were not charged),
+//! and the check of what came of them against the provider's books, the payments' records and
+//! the refunds' dead-letter queue.
+//!
+//! What must hold: no refund id is refunded twice; the refunds of a payment never add up to
+//! more than its charge; the refunded total on the payment's record covers every refund the
+//! provider made for it (so the limit can never be passed later); every refund message ends
+//! as a completed record or a dead letter; a payment that was not charged is never refunded.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Result;
+use payment_core::refund::{refund_keys, RefundRequest};
+use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::PaymentOutcome;
+use sqs_once::record::{IdempotencyRecord, RecordStatus};
+
+use crate::check::{drain_dlq, scan_records_of, DeadLetterSeen};
+use crate::sim::Ledger;
+
+/// What a planned refund must come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundExpect {
+    /// Refunded once, of this amount.
+    Refunded(i64),
+    /// Races with another refund of its payment for more than is left: exactly one of the
+    /// two is refunded, the other dead-lettered as `refund_exceeds_charge`.
+    Raced,
+    /// Its payment was not charged: `payment_not_refundable`, nothing refunded.
+    NotRefundable,
+}
+
+/// One planned refund.
+#[derive(Debug, Clone)]
+pub struct PlannedRefund {
+    /// The message body.
+    pub body: String,
+    /// Its refund id.
+    pub refund_id: String,
+    /// The payment it refunds.
+    pub payment_id: String,
+    /// What it must come to.
+    pub expect: RefundExpect,
+}
+
+/// Refunds of the payments whose records are `records` (a run's, by payment id), at most
+/// `max_payments` charged ones: a whole refund, two partial ones that fit, or two that race
+/// for more than the charge, in turn; and up to three of payments that were not charged.
+pub fn plan(
+    prefix: &str,
+    records: &HashMap<String, IdempotencyRecord>,
+    max_payments: usize,
+) -> Vec<PlannedRefund> {
+    let mut ids: Vec<&String> = records.keys().filter(|k| k.starts_with(prefix)).collect();
+    ids.sort();
+    let mut out = Vec::new();
+    let refund = |pid: &str, n: usize, amount: Option<i64>, expect| {
+        let refund_id = format!("{pid}-refund-{n}");
+        PlannedRefund {
+            body: RefundRequest {
+                refund_id: refund_id.clone(),
+                payment_id: pid.to_owned(),
+                amount,
+                reason: Some("requested_by_customer".into()),
+            }
+            .to_message_body(),
+            refund_id,
+            payment_id: pid.to_owned(),
+            expect,
+        }
+    };
+    let (mut charged, mut uncharged) = (0, 0);
+    for pid in ids {
+        let r = &records[pid];
+        let o = r.outcome.as_ref().map(PaymentOutcome::from_outcome);
+        match o {
+            Some(o) if r.status == RecordStatus::Completed && o.status == "succeeded" => {
+                if charged >= max_payments || o.amount < 5 {
+                    continue;
+                }
+                match charged % 3 {
+                    0 => out.push(refund(pid, 0, None, RefundExpect::Refunded(o.amount))),
+                    1 => {
+                        let part = o.amount * 2 / 5;
+                        out.push(refund(pid, 0, Some(part), RefundExpect::Refunded(part)));
+                        out.push(refund(pid, 1, Some(part), RefundExpect::Refunded(part)));
+                    }
+                    _ => {
+                        let most = o.amount * 3 / 5;
+                        out.push(refund(pid, 0, Some(most), RefundExpect::Raced));
+                        out.push(refund(pid, 1, Some(most), RefundExpect::Raced));
+                    }
+                }
+                charged += 1;
+            }
+            Some(_) if r.status == RecordStatus::Completed && uncharged < 3 => {
+                out.push(refund(pid, 0, None, RefundExpect::NotRefundable));
+                uncharged += 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What came of the refunds.
+#[derive(Debug, Default)]
+pub struct RefundVerdict {
+    /// Refunds the provider made for the planned refund ids.
+    pub refunded: usize,
+    /// Their total, minor units.
+    pub amount: i64,
+    /// Dead letters by code.
+    pub dead_lettered: BTreeMap<String, usize>,
+    /// Everything that went wrong.
+    pub violations: Vec<String>,
+}
+
+impl RefundVerdict {
+    /// The counts, for a run's summary.
+    pub fn print(&self, sent: usize) {
+        println!(
+            "refund messages sent:     {sent} ({} refunds issued, {} minor units; dead-lettered {:?})",
+            self.refunded, self.amount, self.dead_lettered
+        );
+    }
+}
+
+/// Reads the refunds' outcome (the provider's books, the refund records, the payments'
+/// refunded totals, the refund DLQ, drained) and checks it against the plan.
+pub async fn observe(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    dlq_url: &str,
+    ledger: &Ledger,
+    plans: &[PlannedRefund],
+) -> Result<RefundVerdict> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let store = sqs_once::DynamoStore::new(ddb.clone(), table, refund_keys());
+    let records = scan_records_of(&ddb, &store).await?;
+    let payments = DynamoRefundLedger::new(ddb, table);
+    let mut totals = HashMap::new();
+    for p in plans {
+        if !totals.contains_key(&p.payment_id) {
+            let payment = payments.payment(&p.payment_id).await?;
+            totals.insert(p.payment_id.clone(), payment);
+        }
+    }
+    let dlq = drain_dlq(&aws_sdk_sqs::Client::new(sdk), dlq_url).await?;
+    Ok(verify(plans, ledger, &records, &totals, &dlq))
+}
+
+/// The check itself (see the module's docs).
+pub fn verify(
+    plans: &[PlannedRefund],
+    ledger: &Ledger,
+    records: &HashMap<String, IdempotencyRecord>,
+    payments: &HashMap<String, Option<payment_core::refund_ledger::RefundablePayment>>,
+    dlq: &[DeadLetterSeen],
+) -> RefundVerdict {
+    let mut v = RefundVerdict::default();
+    let mut dead: HashMap<String, Vec<String>> = HashMap::new();
+    for d in dlq {
+        if let Ok(r) = RefundRequest::parse(&d.body) {
+            dead.entry(r.refund_id)
+                .or_default()
+                .push(d.error_code.clone());
+        }
+        *v.dead_lettered.entry(d.error_code.clone()).or_default() += 1;
+    }
+    let mut refunded_per_payment: BTreeMap<&str, (i64, usize)> = BTreeMap::new();
+    let mut raced: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for p in plans {
+        let booked = ledger
+            .refunds
+            .get(&p.refund_id)
+            .cloned()
+            .unwrap_or_default();
+        if booked.len() > 1 {
+            v.violations.push(format!(
+                "refund {} was refunded {} times by the provider",
+                p.refund_id,
+                booked.len()
+            ));
+        }
+        let amount: i64 = booked.iter().map(|r| r.amount).sum();
+        v.refunded += booked.len();
+        v.amount += amount;
+        let e = refunded_per_payment.entry(&p.payment_id).or_default();
+        e.0 += amount;
+        e.1 += booked.len();
+        let completed = records
+            .get(&p.refund_id)
+            .is_some_and(|r| r.status == RecordStatus::Completed);
+        let codes = dead.get(&p.refund_id).cloned().unwrap_or_default();
+        if !completed && codes.is_empty() {
+            v.violations.push(format!(
+                "refund {} is lost: no completed record and no dead letter",
+                p.refund_id
+            ));
+        }
+        match &p.expect {
+            RefundExpect::Refunded(a) => {
+                if booked.len() != 1 || amount != *a {
+                    v.violations.push(format!(
+                        "refund {} should be one refund of {a}, the provider booked {amount} in {}",
+                        p.refund_id,
+                        booked.len()
+                    ));
+                }
+            }
+            RefundExpect::NotRefundable => {
+                if !booked.is_empty() || !codes.iter().any(|c| c == "payment_not_refundable") {
+                    v.violations.push(format!(
+                        "refund {} of an uncharged payment: {} refunds, dead letters {codes:?}",
+                        p.refund_id,
+                        booked.len()
+                    ));
+                }
+            }
+            RefundExpect::Raced => {
+                let r = raced.entry(&p.payment_id).or_default();
+                r.0 += booked.len();
+                r.1 += usize::from(codes.iter().any(|c| c == "refund_exceeds_charge"));
+            }
+        }
+    }
+    for (pid, (won, refused)) in raced {
+        if won != 1 || refused != 1 {
+            v.violations.push(format!(
+                "two refunds raced for payment {pid}: {won} refunded and {refused} refused, not one each"
+            ));
+        }
+    }
+    for (pid, (amount, count)) in refunded_per_payment {
+        let Some(Some(p)) = payments.get(pid) else {
+            if count > 0 {
+                v.violations
+                    .push(format!("payment {pid} has refunds but no record"));
+            }
+            continue;
+        };
+        let charged = p.outcome.as_ref().map(|o| o.amount).unwrap_or(0);
+        if amount > charged {
+            v.violations.push(format!(
+                "payment {pid} was refunded {amount}, more than its charge of {charged}"
+            ));
+        }
+        if p.refunded < amount {
+            v.violations.push(format!(
+                "payment {pid}'s record counts {} refunded, less than the provider's {amount}",
+                p.refunded
+            ));
+        }
+    }
+    v
+}
