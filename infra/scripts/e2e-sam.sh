@@ -31,7 +31,8 @@ declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
 check() {
   "$ROOT/target/debug/payctl" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
-    --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" "$@"
+    --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" \
+    --refunds-queue-url "${out[RefundsQueueUrl]}" --refunds-dlq-url "${out[RefundsDeadLetterQueueUrl]}" "$@"
 }
 # The emulator serves a deployed HTTP API under its LocalStack-compatible path (the API's own
 # {id}.execute-api.localhost host name needs a resolver that knows *.localhost).

@@ -32,6 +32,9 @@ pub struct E2eOptions {
     /// The deployed payments API: the load goes through it (and the outbox, the stream and
     /// the relay) instead of straight into the queue.
     pub api_url: Option<String>,
+    /// The deployed refunds queue and its dead-letter queue: refunds of what was charged are
+    /// sent there and checked too.
+    pub refunds: Option<(String, String)>,
 }
 
 async fn wait_drained(
@@ -135,6 +138,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
     let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &opts.table).await?;
     let ledger = sim.ledger().await?;
     let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
+    refunds_phase(sdk, opts, &records, &mut verdict, started).await?;
     let flaky_calls = ledger.calls_for(&flaky);
     let flaky_attempts = records.get(&flaky).map(|r| r.attempts).unwrap_or(0);
     if flaky_attempts < 2 || flaky_calls < 4 {
@@ -206,6 +210,7 @@ async fn through_api(
     let ledger = sim.ledger().await?;
     let mut verdict = verify(&run.sent, &ledger, &records, &dlq, depth);
     verdict.violations.extend(run.violations.clone());
+    refunds_phase(sdk, opts, &records, &mut verdict, started).await?;
     let (statuses, wrong) = final_statuses(&client, &run.sent).await?;
     verdict.violations.extend(wrong);
     let flaky_attempts = records.get(flaky).map(|r| r.attempts).unwrap_or(0);
@@ -231,6 +236,43 @@ async fn through_api(
 }
 
 /// Prints how long the run took and its result line.
+/// Refunds of the run's payments through the deployed refund processor: sent twice each,
+/// waited for, and checked ([`crate::refund_check`]).
+async fn refunds_phase(
+    sdk: &aws_config::SdkConfig,
+    opts: &E2eOptions,
+    records: &std::collections::HashMap<String, sqs_once::record::IdempotencyRecord>,
+    verdict: &mut Verdict,
+    started: Instant,
+) -> Result<()> {
+    let Some((queue_url, dlq_url)) = &opts.refunds else {
+        return Ok(());
+    };
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let plans = crate::refund_check::plan(&opts.prefix, records, 9);
+    let bodies: Vec<String> = plans
+        .iter()
+        .flat_map(|r| [r.body.clone(), r.body.clone()])
+        .collect();
+    send_all(&sqs, queue_url, &bodies).await?;
+    println!(
+        "refunds: sent {} messages ({} refunds, each twice) to the deployed refunds queue",
+        bodies.len(),
+        plans.len()
+    );
+    wait_drained(&sqs, queue_url, started, opts.max_duration).await?;
+    let ledger = SimClient::new(&opts.sim_url).ledger().await?;
+    let r = crate::refund_check::observe(sdk, &opts.table, dlq_url, &ledger, &plans).await?;
+    r.print(bodies.len());
+    if r.refunded == 0 {
+        verdict
+            .violations
+            .push("the deployed refund processor refunded nothing".into());
+    }
+    verdict.violations.extend(r.violations);
+    Ok(())
+}
+
 fn conclude(verdict: Verdict, started: Instant) -> Result<Verdict> {
     println!(
         "took:                   {:.1} s",

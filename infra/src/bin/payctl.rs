@@ -178,6 +178,13 @@ enum Command {
         /// The deployed payments API: send the load through it (default: straight to the queue).
         #[arg(long)]
         api_url: Option<String>,
+        /// The deployed refunds queue (the stack's RefundsQueueUrl output): refunds of what was
+        /// charged are sent there and checked too.
+        #[arg(long, requires = "refunds_dlq_url")]
+        refunds_queue_url: Option<String>,
+        /// The refunds' dead-letter queue (the stack's RefundsDeadLetterQueueUrl output).
+        #[arg(long, requires = "refunds_queue_url")]
+        refunds_dlq_url: Option<String>,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
@@ -777,6 +784,8 @@ async fn run(cli: Cli) -> Result<()> {
             sim_url,
             prefix,
             api_url,
+            refunds_queue_url,
+            refunds_dlq_url,
             max_seconds,
         } => {
             let verdict = payment_infra::e2e::run(
@@ -789,6 +798,7 @@ async fn run(cli: Cli) -> Result<()> {
                     prefix,
                     max_duration: Duration::from_secs(max_seconds),
                     api_url,
+                    refunds: refunds_queue_url.zip(refunds_dlq_url),
                 },
             )
             .await?;
