@@ -62,35 +62,95 @@ pub struct ChaosReport {
 const VISIBILITY_SECONDS: i32 = 6;
 const KEY_RETENTION_SECONDS: u64 = 30;
 
-fn spawn_instance(
-    exe: &PathBuf,
-    queue_url: &str,
-    env: &BTreeMap<String, String>,
-    failpoints: &str,
-    log: &std::fs::File,
-) -> Result<Child> {
-    Command::new(exe)
-        .args([
-            "run",
-            "--queue-url",
-            queue_url,
-            "--function-timeout",
-            "30",
-            "--batching-window",
-            "0.2",
-        ])
-        .envs(env)
-        .env("FAILPOINTS", failpoints)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.try_clone()?)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a processor instance")
+/// Processor processes of one queue, each with one armed failpoint, restarted when they crash.
+struct Fleet {
+    /// The `payctl` binary.
+    exe: PathBuf,
+    /// Its `run` arguments (the work and its queues).
+    args: Vec<String>,
+    /// The function's environment.
+    env: BTreeMap<String, String>,
+    /// Where the processes' stderr goes.
+    log: std::fs::File,
+    /// The running processes.
+    children: Vec<Child>,
+    /// Crashes so far (each restarted).
+    crashes: u64,
 }
 
-/// Runs the chaos scenario and prints what it checked.
+impl Fleet {
+    fn spawn(&self, failpoints: &str) -> Result<Child> {
+        Command::new(&self.exe)
+            .arg("run")
+            .args(&self.args)
+            .args(["--function-timeout", "30", "--batching-window", "0.2"])
+            .envs(&self.env)
+            .env("FAILPOINTS", failpoints)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(self.log.try_clone()?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a processor instance")
+    }
+
+    fn start(&mut self, n: usize, arm: &mut impl FnMut() -> String) -> Result<()> {
+        for _ in 0..n.max(1) {
+            let child = self.spawn(&arm())?;
+            self.children.push(child);
+        }
+        Ok(())
+    }
+
+    /// Restarts the processes that crashed; a process that exited on its own is an error.
+    fn supervise(&mut self, arm: &mut impl FnMut() -> String) -> Result<()> {
+        for i in 0..self.children.len() {
+            if let Some(status) = self.children[i].try_wait()? {
+                if status.success() {
+                    bail!("a processor instance exited on its own: see .local/run/*.log");
+                }
+                self.crashes += 1;
+                self.children[i] = self.spawn(&arm())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the queue is drained (nothing visible, in flight or delayed, twice in a
+    /// row), restarting crashed processes meanwhile.
+    async fn drain(
+        &mut self,
+        sqs: &aws_sdk_sqs::Client,
+        queue_url: &str,
+        arm: &mut impl FnMut() -> String,
+        deadline: (Instant, Duration, u64),
+    ) -> Result<()> {
+        let (started, max, seed) = deadline;
+        let mut empty = 0;
+        while empty < 2 {
+            if started.elapsed() > max {
+                bail!("not drained within {max:?} (seed {seed})");
+            }
+            self.supervise(arm)?;
+            empty = if queue_depth(sqs, queue_url).await? == 0 {
+                empty + 1
+            } else {
+                0
+            };
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        for c in self.children.iter_mut() {
+            c.kill().await.ok();
+        }
+        self.children.clear();
+    }
+}
+
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
     let run_id = unique_stack_name(&format!("chaos{}-", opts.seed));
@@ -173,31 +233,23 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     let pct = opts.crash_rate * 100.0;
     println!("chaos {run_id}: seed {}, {} payments, {} instances, a crash every ~{:.0} failpoint passes per process, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, 100.0 / pct.max(1e-9), r * 100.0);
 
-    let exe = opts.exe.clone();
     std::fs::create_dir_all(".local/run").ok();
     let log = std::fs::File::create(format!(".local/run/{run_id}.log"))
         .context("creating the instances' log")?;
-    let mut children = Vec::new();
-    for _ in 0..opts.instances.max(1) {
-        children.push(spawn_instance(&exe, &queue_url, &env, &arm(), &log)?);
-    }
+    let mut fleet = Fleet {
+        exe: opts.exe.clone(),
+        args: vec!["--queue-url".into(), queue_url.clone()],
+        env: env.clone(),
+        log,
+        children: Vec::new(),
+        crashes: 0,
+    };
+    fleet.start(opts.instances, &mut arm)?;
+    let deadline = (started, opts.max_duration, opts.seed);
 
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let (first, second) = mixed_load(&run_id, opts.payments, opts.seed);
     let mut sent: Vec<Sent> = Vec::new();
-    let mut crashes = 0u64;
-    let mut supervise = |children: &mut Vec<Child>| -> Result<()> {
-        for c in children.iter_mut() {
-            if let Some(status) = c.try_wait()? {
-                if status.success() {
-                    bail!("a processor instance exited on its own: see .local/run/{run_id}.log");
-                }
-                crashes += 1;
-                *c = spawn_instance(&exe, &queue_url, &env, &arm(), &log)?;
-            }
-        }
-        Ok(())
-    };
     for (wave, load) in [(1, &first), (2, &second)] {
         println!(
             "wave {wave}: {} messages ({})",
@@ -206,7 +258,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         );
         for chunk in load.chunks(100) {
             while queue_depth(&sqs, &queue_url).await? > opts.max_depth {
-                supervise(&mut children)?;
+                fleet.supervise(&mut arm)?;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             let bodies: Vec<String> = chunk.iter().map(|p| p.body.clone()).collect();
@@ -221,40 +273,57 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
                         message_id,
                     }),
             );
-            supervise(&mut children)?;
+            fleet.supervise(&mut arm)?;
         }
-        // Drained: nothing visible, in flight or delayed, twice in a row.
-        let mut empty = 0;
-        while empty < 2 {
-            if started.elapsed() > opts.max_duration {
-                bail!(
-                    "not drained within {:?} (seed {})",
-                    opts.max_duration,
-                    opts.seed
-                );
-            }
-            supervise(&mut children)?;
-            empty = if queue_depth(&sqs, &queue_url).await? == 0 {
-                empty + 1
-            } else {
-                0
-            };
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        fleet.drain(&sqs, &queue_url, &mut arm, deadline).await?;
     }
-    for c in children.iter_mut() {
-        c.kill().await.ok();
-    }
+    fleet.stop().await;
 
     let depth = queue_depth(&sqs, &queue_url).await?;
     let dlq = drain_dlq(&sqs, &dlq_url).await?;
     let records = scan_records(&aws_sdk_dynamodb::Client::new(sdk), &table).await?;
     let ledger = sim.ledger().await?;
-    let verdict = verify(&sent, &ledger, &records, &dlq, depth);
+    let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
+
+    // Refunds of what was charged, by refund processes that crash the same way: whole,
+    // partial and racing refunds, each message twice.
+    let refunds_source = &stack.event_sources[crate::template::REFUND_PROCESSOR];
+    let refund_dlq = stack
+        .var_of(crate::template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
+        .to_owned();
+    let plans = crate::refund_check::plan(&run_id, &records, opts.payments / 10);
+    let bodies: Vec<String> = plans
+        .iter()
+        .flat_map(|r| [r.body.clone(), r.body.clone()])
+        .collect();
+    println!(
+        "refunds: {} messages ({} refunds, each twice)",
+        bodies.len(),
+        plans.len()
+    );
+    fleet.args = vec![
+        "--work".into(),
+        "refunds".into(),
+        "--queue-url".into(),
+        refunds_source.queue_url.clone(),
+        "--dead-letter-queue-url".into(),
+        refund_dlq.clone(),
+    ];
+    fleet.start(opts.instances, &mut arm)?;
+    send_all(&sqs, &refunds_source.queue_url, &bodies).await?;
+    fleet
+        .drain(&sqs, &refunds_source.queue_url, &mut arm, deadline)
+        .await?;
+    fleet.stop().await;
+    let refunds =
+        crate::refund_check::observe(sdk, &table, &refund_dlq, &sim.ledger().await?, &plans)
+            .await?;
+    refunds.print(bodies.len());
+    verdict.violations.extend(refunds.violations);
     sim.clear_faults_for(&run_id).await.ok();
     let report = ChaosReport {
         verdict,
-        crashes,
+        crashes: fleet.crashes,
         sent: sent.len(),
         elapsed: started.elapsed(),
     };
@@ -270,7 +339,7 @@ fn print_report(r: &ChaosReport, seed: u64) {
     println!("processes crashed:        {} (each restarted)", r.crashes);
     println!("took:                     {:.1} s", r.elapsed.as_secs_f64());
     if v.violations.is_empty() {
-        println!("CHAOS OK (seed {seed}): every valid payment charged exactly once and recorded, nothing lost, nothing left in progress");
+        println!("CHAOS OK (seed {seed}): every valid payment charged exactly once and recorded, every refund made at most once and within its charge, nothing lost, nothing left in progress");
     } else {
         println!(
             "CHAOS FAILED (seed {seed}, replay with --seed {seed}): {} violations",
