@@ -6,6 +6,15 @@ trap stop_started EXIT
 ensure_venv
 bash "$ROOT/infra/scripts/check-template.sh"
 cargo build --quiet --workspace --all-targets
+# The generic crate as a crate of its own: it packages (metadata, README, licenses, no path
+# dependency) and the packaged copy builds; its docs build with warnings as errors; it builds
+# with the toolchain of its stated MSRV.
+cargo package --quiet -p sqs-once --allow-dirty
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet -p sqs-once --no-deps
+msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$ROOT/sqs-once/Cargo.toml")
+[[ "$msrv" =~ ^[0-9]+\.[0-9]+$ ]] && msrv="$msrv.0" # rustup names toolchains major.minor.patch
+rustup run "$msrv" cargo check --quiet -p sqs-once --all-targets \
+  || { echo "sqs-once does not build with its stated MSRV $msrv (rustup toolchain install $msrv)" >&2; exit 1; }
 start_aws_endpoint
 start_simulator
 cd "$ROOT"
@@ -33,6 +42,6 @@ PAYCTL_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-star
 # Its results say when, at which commit, on what machine and emulator, with how many payments.
 grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
   || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }
-# The template checks, the package check, the e2e run and the bench smoke run count as four
-# more passed checks.
-summary 4
+# The crate checks, the template checks, the package check, the e2e run and the bench smoke
+# run count as five more passed checks.
+summary 5

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// The record's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecordStatus {
-    /// An attempt holds the lease and may be charging now.
+    /// An attempt holds the lease and may be executing now.
     InProgress,
     /// A terminal outcome is stored; duplicates are acknowledged with it.
     Completed,
