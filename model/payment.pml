@@ -2,6 +2,7 @@
  * payment.pml -- SPIN model of the consumer protocol in shared/design.md:
  * claim (conditional write) -> charge (Idempotency-Key = payment_id) -> complete (fenced),
  * with the "look up before re-charging" rule for unknown outcomes.
+ * (One file of ~570 lines: SPIN models are a single Promela file by convention.)
  *
  * One payment P.  Messages: m0, m1 carry P with payload A (a duplicate send);
  * m2 (NM=3) carries P with a different payload B (key reuse).

@@ -8,6 +8,9 @@
 //! `VmHWM`): the function's own, without the poller, the emulator or the simulator. AWS calls
 //! per payment are counted on the wire by an SDK interceptor around the same processor code run in-process
 //! (every attempt, retries included); provider calls by the simulator's ledger.
+//!
+//! Why one file of ~920 lines: one benchmark run, its measurements and its report, in the
+//! order the run makes them; the parts share the run's state and only the run uses them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

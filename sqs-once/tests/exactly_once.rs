@@ -233,7 +233,7 @@ async fn a_lost_claim_answer_whose_retry_meets_our_own_lease_is_claimed_with_an_
 }
 
 #[tokio::test]
-async fn a_lost_claim_answer_still_effects_once() {
+async fn a_lost_claim_answer_still_executes_once() {
     let w = world_wrapped(fast(), Duration::from_secs(1), |s| {
         let scripted = ScriptedStore::new(s);
         *scripted.lose_claim_answer.lock().unwrap() = true;
@@ -285,7 +285,7 @@ async fn lookup_finds_a_declined_effect_and_records_the_decline() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn lookup_finds_nothing_long_after_the_last_call_then_effects_once() {
+async fn lookup_finds_nothing_long_after_the_last_call_then_executes_once() {
     let w = forgotten_world();
     let (failed, s) = deliver(&w, delivery("p1", 1, w.clock.now_ms())).await;
     assert!(failed.is_empty());
