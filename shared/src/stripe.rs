@@ -117,21 +117,7 @@ impl StripeClient {
             .form(form)
             .send()
             .await;
-        let response = sent.map_err(|e| {
-            ProviderError::new(
-                classify_send_error(&e),
-                format!("request to {url} failed: {}", e.without_url()),
-            )
-        })?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.text().await.map_err(|e| {
-            ProviderError::new(
-                classify_send_error(&e),
-                format!("reading the answer failed: {}", e.without_url()),
-            )
-        })?;
-        Ok((status, headers, body))
+        answer_of(sent, &url).await
     }
 
     /// `GET {path}?{query}`: the answer's status, headers and body, or a [`ProviderError`]
@@ -142,28 +128,14 @@ impl StripeClient {
         query: &[(&str, &str)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
         let url = format!("{}{path}", self.base_url);
-        let response = self
+        let sent = self
             .http
             .get(&url)
             .bearer_auth(self.api_key.expose_secret())
             .query(query)
             .send()
-            .await
-            .map_err(|e| {
-                ProviderError::new(
-                    classify_send_error(&e),
-                    format!("lookup at {url} failed: {}", e.without_url()),
-                )
-            })?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.text().await.map_err(|e| {
-            ProviderError::new(
-                classify_send_error(&e),
-                format!("reading the lookup answer failed: {}", e.without_url()),
-            )
-        })?;
-        Ok((status, headers, body))
+            .await;
+        answer_of(sent, &url).await
     }
 
     /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields.
@@ -187,6 +159,59 @@ impl StripeClient {
         ));
         form
     }
+}
+
+/// The status, headers and body of a sent request, or a [`ProviderError`] classified by how
+/// the exchange failed.
+async fn answer_of(
+    sent: Result<reqwest::Response, reqwest::Error>,
+    url: &str,
+) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+    let failed = |e: reqwest::Error, what: &str| {
+        ProviderError::new(
+            classify_send_error(&e),
+            format!("{what} failed: {}", e.without_url()),
+        )
+    };
+    let response = sent.map_err(|e| failed(e, &format!("request to {url}")))?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .text()
+        .await
+        .map_err(|e| failed(e, "reading the answer"))?;
+    Ok((status, headers, body))
+}
+
+/// A listing's body (a search, a list of refunds): a refusal is classified as an answer is;
+/// an unreadable body is a network failure (retried); more than one page is not a state this
+/// processor creates.
+pub(crate) fn listing<T: serde::de::DeserializeOwned>(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+    has_more: impl Fn(&T) -> bool,
+) -> Result<T, ProviderError> {
+    if !status.is_success() {
+        interpret(status, headers, body)?;
+        return Err(ProviderError::new(
+            FailureKind::Misconfigured,
+            format!("lookup refused with HTTP {status}"),
+        ));
+    }
+    let found: T = serde_json::from_str(body).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Network,
+            format!("unreadable lookup answer: {e}"),
+        )
+    })?;
+    if has_more(&found) {
+        return Err(ProviderError::new(
+            FailureKind::Misconfigured,
+            "lookup returned more than 100 results for one id",
+        ));
+    }
+    Ok(found)
 }
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -280,28 +305,7 @@ fn interpret_search(
     headers: &HeaderMap,
     body: &str,
 ) -> Result<Vec<FoundPayment>, ProviderError> {
-    if !status.is_success() {
-        return match interpret(status, headers, body) {
-            Err(e) => Err(e),
-            Ok(_) => Err(ProviderError::new(
-                FailureKind::Misconfigured,
-                format!("lookup refused with HTTP {status}"),
-            )),
-        };
-    }
-    let found: SearchBody = serde_json::from_str(body).map_err(|e| {
-        ProviderError::new(
-            FailureKind::Network,
-            format!("unreadable lookup answer: {e}"),
-        )
-    })?;
-    if found.has_more {
-        // More than 100 intents for one payment id is not a state this processor creates.
-        return Err(ProviderError::new(
-            FailureKind::Misconfigured,
-            "lookup returned more than 100 payments for one payment id",
-        ));
-    }
+    let found: SearchBody = listing(status, headers, body, |f: &SearchBody| f.has_more)?;
     Ok(found
         .data
         .into_iter()

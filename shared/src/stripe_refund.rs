@@ -9,10 +9,9 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::provider::{
-    FailureKind, FoundRefund, ProviderError, ProviderResponse, RefundCall, RefundProvider,
-    RefundResponse,
+    FoundRefund, ProviderError, ProviderResponse, RefundCall, RefundProvider, RefundResponse,
 };
-use crate::stripe::{interpret, StripeClient};
+use crate::stripe::{interpret, listing, StripeClient};
 
 #[derive(Deserialize)]
 struct RefundBody {
@@ -77,26 +76,7 @@ fn interpret_list(
     headers: &HeaderMap,
     body: &str,
 ) -> Result<Vec<FoundRefund>, ProviderError> {
-    if !status.is_success() {
-        interpret(status, headers, body)?;
-        return Err(ProviderError::new(
-            FailureKind::Misconfigured,
-            format!("refund lookup refused with HTTP {status}"),
-        ));
-    }
-    let list: RefundList = serde_json::from_str(body).map_err(|e| {
-        ProviderError::new(
-            FailureKind::Network,
-            format!("unreadable refund lookup answer: {e}"),
-        )
-    })?;
-    if list.has_more {
-        // More than 100 refunds of one charge is not a state this processor creates.
-        return Err(ProviderError::new(
-            FailureKind::Misconfigured,
-            "refund lookup returned more than 100 refunds for one payment",
-        ));
-    }
+    let list: RefundList = listing(status, headers, body, |l: &RefundList| l.has_more)?;
     Ok(list
         .data
         .into_iter()

@@ -3,18 +3,20 @@
 //! protocol itself (leases, fencing, unknown outcomes, redelivery) is tested once, generically,
 //! in `sqs-once/tests/protocol.rs`.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsMessage;
+use common::Queues;
 use payment_core::domain::{PaymentId, PaymentRequest};
 use payment_core::provider::{
     FailureKind, FoundPayment, PaymentProvider, ProviderError, ProviderResponse,
 };
 use payment_core::{PaymentOutcome, PaymentWork, Processor};
 use sqs_once::memory::InMemoryStore;
-use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
 use sqs_once::record::IdempotencyStore;
 use sqs_once::runner::now_ms;
 use sqs_once::{CallError, Settings, Work};
@@ -32,26 +34,6 @@ impl PaymentProvider for Answering {
     }
     async fn find_payments(&self, _: &PaymentId) -> Result<Vec<FoundPayment>, ProviderError> {
         Ok(Vec::new())
-    }
-}
-
-#[derive(Default)]
-struct Queues(Mutex<Vec<DeadLetter>>);
-
-#[async_trait]
-impl QueueOps for Queues {
-    async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(l.clone());
-        Ok(())
-    }
-    async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
-        Ok(())
-    }
-    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
-        Ok(())
-    }
-    async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
-        Ok(None)
     }
 }
 
@@ -84,16 +66,7 @@ fn body(pid: &str) -> String {
 }
 
 fn msg(id: &str, body: &str) -> SqsMessage {
-    let mut m = SqsMessage::default();
-    m.message_id = Some(id.to_owned());
-    m.receipt_handle = Some(format!("rh-{id}"));
-    m.body = Some(body.to_owned());
-    m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:payments".into());
-    m.attributes
-        .insert("SentTimestamp".into(), now_ms().to_string());
-    m.attributes
-        .insert("ApproximateReceiveCount".into(), "1".into());
-    m
+    common::msg("payments", id, body)
 }
 
 #[tokio::test]

@@ -2,11 +2,14 @@
 //! payments; a refused refund gives its amount back; one provider refund per refund id.
 
 use std::collections::BTreeMap;
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsMessage;
+use common::Queues;
 use payment_core::provider::{
     FoundRefund, ProviderError, RefundCall, RefundProvider, RefundResponse,
 };
@@ -14,7 +17,6 @@ use payment_core::refund::{RefundProcessor, RefundWork};
 use payment_core::refund_ledger::{InMemoryRefundLedger, RefundLedger, RefundablePayment};
 use payment_core::PaymentOutcome;
 use sqs_once::memory::InMemoryStore;
-use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
 use sqs_once::record::RecordStatus;
 use sqs_once::runner::now_ms;
 use sqs_once::Settings;
@@ -84,26 +86,6 @@ impl RefundLedger for Yielding {
     }
 }
 
-#[derive(Default)]
-struct Queues(Mutex<Vec<DeadLetter>>);
-
-#[async_trait]
-impl QueueOps for Queues {
-    async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
-        self.0.lock().unwrap().push(l.clone());
-        Ok(())
-    }
-    async fn delete(&self, _: &str, _: &str) -> Result<(), QueueError> {
-        Ok(())
-    }
-    async fn change_visibility(&self, _: &str, _: &str, _: i32) -> Result<(), QueueError> {
-        Ok(())
-    }
-    async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
-        Ok(None)
-    }
-}
-
 struct World {
     ledger: Arc<InMemoryRefundLedger>,
     provider: Arc<Provider>,
@@ -161,16 +143,7 @@ fn charged(w: &World, pid: &str, status: RecordStatus, outcome: &str, amount: i6
 }
 
 fn msg(id: &str, body: &str) -> SqsMessage {
-    let mut m = SqsMessage::default();
-    m.message_id = Some(id.to_owned());
-    m.receipt_handle = Some(format!("rh-{id}"));
-    m.body = Some(body.to_owned());
-    m.event_source_arn = Some("arn:aws:sqs:us-east-1:000000000000:refunds".into());
-    m.attributes
-        .insert("SentTimestamp".into(), now_ms().to_string());
-    m.attributes
-        .insert("ApproximateReceiveCount".into(), "1".into());
-    m
+    common::msg("refunds", id, body)
 }
 
 fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
