@@ -72,6 +72,8 @@ struct Fleet {
     env: BTreeMap<String, String>,
     /// Where the processes' stderr goes.
     log: std::fs::File,
+    /// Its path, for messages.
+    log_path: String,
     /// The running processes.
     children: Vec<Child>,
     /// Crashes so far (each restarted).
@@ -108,7 +110,10 @@ impl Fleet {
         for i in 0..self.children.len() {
             if let Some(status) = self.children[i].try_wait()? {
                 if status.success() {
-                    bail!("a processor instance exited on its own: see .local/run/*.log");
+                    bail!(
+                        "a processor instance exited on its own: see {}",
+                        self.log_path
+                    );
                 }
                 self.crashes += 1;
                 self.children[i] = self.spawn(&arm())?;
@@ -234,13 +239,14 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     println!("chaos {run_id}: seed {}, {} payments, {} instances, a crash every ~{:.0} failpoint passes per process, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, 100.0 / pct.max(1e-9), r * 100.0);
 
     std::fs::create_dir_all(".local/run").ok();
-    let log = std::fs::File::create(format!(".local/run/{run_id}.log"))
-        .context("creating the instances' log")?;
+    let log_path = format!(".local/run/{run_id}.log");
+    let log = std::fs::File::create(&log_path).context("creating the instances' log")?;
     let mut fleet = Fleet {
         exe: opts.exe.clone(),
         args: vec!["--queue-url".into(), queue_url.clone()],
         env: env.clone(),
         log,
+        log_path,
         children: Vec::new(),
         crashes: 0,
     };
