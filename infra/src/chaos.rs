@@ -298,10 +298,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         .var_of(crate::template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
         .to_owned();
     let plans = crate::refund_check::plan(&run_id, &records, opts.payments / 10);
-    let bodies: Vec<String> = plans
-        .iter()
-        .flat_map(|r| [r.body.clone(), r.body.clone()])
-        .collect();
+    let bodies = crate::refund_check::bodies(&plans);
     println!(
         "refunds: {} messages ({} refunds, each twice)",
         bodies.len(),

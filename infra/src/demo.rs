@@ -269,10 +269,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     let refunder = payment_core::bootstrap::build_refund_processor(&refund_config, sdk).await?;
     let refunds = crate::refund_check::plan(&run_id, &records, opts.payments / 10);
     let source = &stack.event_sources[crate::template::REFUND_PROCESSOR];
-    let bodies: Vec<String> = refunds
-        .iter()
-        .flat_map(|r| [r.body.clone(), r.body.clone()])
-        .collect();
+    let bodies = crate::refund_check::bodies(&refunds);
     send_all(&sqs, &source.queue_url, &bodies).await?;
     println!(
         "refunds: sent {} messages ({} refunds, each twice) to {}; draining with {} pollers",

@@ -250,10 +250,7 @@ async fn refunds_phase(
     };
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let plans = crate::refund_check::plan(&opts.prefix, records, 9);
-    let bodies: Vec<String> = plans
-        .iter()
-        .flat_map(|r| [r.body.clone(), r.body.clone()])
-        .collect();
+    let bodies = crate::refund_check::bodies(&plans);
     send_all(&sqs, queue_url, &bodies).await?;
     println!(
         "refunds: sent {} messages ({} refunds, each twice) to the deployed refunds queue",

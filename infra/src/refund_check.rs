@@ -104,6 +104,14 @@ pub fn plan(
     out
 }
 
+/// The message bodies of `plans`, each twice (a producer's retry), in plan order.
+pub fn bodies(plans: &[PlannedRefund]) -> Vec<String> {
+    plans
+        .iter()
+        .flat_map(|r| [r.body.clone(), r.body.clone()])
+        .collect()
+}
+
 /// What came of the refunds.
 #[derive(Debug, Default)]
 pub struct RefundVerdict {

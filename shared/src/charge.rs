@@ -171,17 +171,16 @@ impl Work for PaymentWork {
     }
 
     fn verdict(&self, outcome: &Outcome) -> Verdict {
-        let o = PaymentOutcome::from_outcome(outcome);
-        if o.is_rejected() {
-            let (code, reason) = rejection_code(&o);
-            Verdict::DeadLetter {
-                code: code.to_owned(),
-                reason,
+        match outcome.status.as_str() {
+            "rejected" => {
+                let (code, reason) = rejection_code(&PaymentOutcome::from_outcome(outcome));
+                Verdict::DeadLetter {
+                    code: code.to_owned(),
+                    reason,
+                }
             }
-        } else if o.is_declined() {
-            Verdict::Done(labels::DECLINED.to_owned())
-        } else {
-            Verdict::Done(labels::CHARGED.to_owned())
+            "declined" => Verdict::Done(labels::DECLINED.to_owned()),
+            _ => Verdict::Done(labels::CHARGED.to_owned()),
         }
     }
 

@@ -162,20 +162,20 @@ impl RefundWork {
         if p.status != sqs_once::record::RecordStatus::Completed {
             return Err(not_yet(pid, &format!("is {}", p.status.as_str())));
         }
-        let o = p.outcome.clone().unwrap_or_else(|| crate::PaymentOutcome {
-            status: "unknown".into(),
-            provider_payment_id: None,
-            decline_code: None,
-            amount: 0,
-            currency: String::new(),
-            reason: None,
+        let charge = p.outcome.as_ref().and_then(|o| {
+            let intent = o
+                .provider_payment_id
+                .clone()
+                .filter(|_| o.status == "succeeded")?;
+            Some((intent, o.currency.clone(), o.amount))
         });
-        match (o.status.as_str(), o.provider_payment_id) {
-            ("succeeded", Some(intent)) => Ok(Ok((p, intent, o.currency, o.amount))),
-            (status, _) => Ok(Err(rejected(
+        match charge {
+            Some((intent, currency, amount)) => Ok(Ok((p, intent, currency, amount))),
+            None => Ok(Err(rejected(
                 "payment_not_refundable",
                 format!(
-                    "payment {pid} was not charged (its outcome is {status}): nothing to refund"
+                    "payment {pid} was not charged (its outcome is {}): nothing to refund",
+                    p.outcome.as_ref().map_or("missing", |o| o.status.as_str())
                 ),
             ))),
         }

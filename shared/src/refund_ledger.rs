@@ -92,10 +92,9 @@ impl DynamoRefundLedger {
     }
 
     fn key(&self, payment_id: &str) -> (String, AttributeValue) {
-        let layout = self.records.layout();
         (
-            layout.attribute.clone(),
-            s(&format!("{}{payment_id}", layout.record_prefix)),
+            self.records.layout().attribute.clone(),
+            self.records.record_key(payment_id),
         )
     }
 }

@@ -38,10 +38,3 @@ fn init_with(timed: bool) {
         builder.without_time().try_init()
     };
 }
-
-/// The EMF documents of a payment batch: `Charged`, `Declined`, `DuplicatesSuppressed`,
-/// `DeadLettered`, `Retried` and `ProviderLatency` in the `PaymentProcessor` namespace, then
-/// `DeadLettered` by reason (see [`sqs_once::metrics::emf_lines`]).
-pub fn emf_lines(summary: &sqs_once::BatchSummary, timestamp_ms: i64) -> Vec<String> {
-    sqs_once::metrics::emf_lines(summary, &crate::charge::metric_names(), timestamp_ms)
-}

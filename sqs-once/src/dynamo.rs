@@ -82,7 +82,9 @@ impl DynamoStore {
         &self.layout
     }
 
-    fn key(&self, key: &str) -> AttributeValue {
+    /// The partition key value of `key`'s record (`<record_prefix><key>`), under the layout's
+    /// attribute name, for other writes to the same item.
+    pub fn record_key(&self, key: &str) -> AttributeValue {
         AttributeValue::S(format!("{}{key}", self.layout.record_prefix))
     }
 
@@ -100,7 +102,7 @@ impl DynamoStore {
         let unavailable = |e: String| StoreError::Unavailable(e);
         let pk = &self.layout.attribute;
         let mut keys = vec![
-            HashMap::from([(pk.clone(), self.key(key))]),
+            HashMap::from([(pk.clone(), self.record_key(key))]),
             HashMap::from([(pk.clone(), self.mark_key(key))]),
         ];
         let (mut record, mut mark) = (None, None);
@@ -158,7 +160,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key(&self.layout.attribute, self.key(key))
+            .key(&self.layout.attribute, self.record_key(key))
             .update_expression(update)
             .condition_expression(OWNED_BY_ME)
             .expression_attribute_names("#s", "status")
@@ -199,7 +201,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key(&self.layout.attribute, self.key(key))
+            .key(&self.layout.attribute, self.record_key(key))
             .update_expression(
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now \
                  REMOVE last_error, not_before, lease_owner",
@@ -364,7 +366,7 @@ impl IdempotencyStore for DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .key(&self.layout.attribute, self.key(&r.key))
+            .key(&self.layout.attribute, self.record_key(&r.key))
             .update_expression(
                 "SET #s = :in_progress, payload_hash = :h, lease_owner = :me, \
                  lease_expires_at = :lease, expires_at = if_not_exists(expires_at, :ttl), \
@@ -496,7 +498,7 @@ impl IdempotencyStore for DynamoStore {
             .client
             .get_item()
             .table_name(&self.table)
-            .key(&self.layout.attribute, self.key(key))
+            .key(&self.layout.attribute, self.record_key(key))
             .consistent_read(true)
             .send()
             .await
