@@ -154,6 +154,12 @@ async fn route(
             .header("content-type", "application/json")
             .header("lambda-runtime-aws-request-id", &inv.request_id)
             .header("lambda-runtime-deadline-ms", inv.deadline_ms.to_string())
+            // Lambda sends it with every event; AWS's Python runtime interface client
+            // (awslambdaric 4.2) crashes without it.
+            .header(
+                "lambda-runtime-trace-id",
+                format!("Root=1-{:08x}-{:024x}", inv.deadline_ms / 1000, 0),
+            )
             .header(
                 "lambda-runtime-invoked-function-arn",
                 format!("arn:aws:lambda:us-east-1:000000000000:function:{FUNCTION_NAME}"),
