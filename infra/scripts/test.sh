@@ -48,6 +48,15 @@ PAYCTL_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-star
 # Its results say when, at which commit, on what machine and emulator, with how many payments.
 grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
   || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }
+# ... and the peer path: the comparison with the Powertools peer, the concurrent-duplicate case
+# (each charged once) and the cost table, in the Markdown and the PNG.
+for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \
+  "^\| \*\*total\*\* \| [0-9.]+ \| [0-9.]+ \|$"; do
+  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+    || { echo "bench results lack the peer comparison ($line)" >&2; exit 1; }
+done
+[ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
+  || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
 # The crate checks, the template checks, the package check, the e2e run and the bench smoke
 # run count as five more passed checks.
 summary 5

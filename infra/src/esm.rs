@@ -145,6 +145,11 @@ pub struct EsmStats {
     pub function_errors: u64,
     /// The handler's own counts, summed.
     pub summary: BatchSummary,
+    /// Billed duration of the invocations, ms: each invocation's time from invoke to answer,
+    /// rounded up to the millisecond as Lambda bills it.
+    pub billed_ms: u64,
+    /// When each deleted message was deleted (ms since the epoch): its acknowledgement.
+    pub acked_at_ms: Vec<i64>,
 }
 
 impl EsmStats {
@@ -156,6 +161,8 @@ impl EsmStats {
         self.deleted += other.deleted;
         self.function_errors += other.function_errors;
         self.summary.merge(&other.summary);
+        self.billed_ms += other.billed_ms;
+        self.acked_at_ms.extend_from_slice(&other.acked_at_ms);
     }
 }
 
@@ -365,11 +372,14 @@ async fn invoke(
     let records: Vec<SqsMessage> = batch.iter().map(|m| to_record(m, arn, region)).collect();
     let deadline_ms = now_ms() + opts.function_timeout.as_millis() as i64;
     let n = records.len() as u64;
+    let invoked = Instant::now();
     let result =
         tokio::time::timeout(opts.function_timeout, target.call(records, deadline_ms)).await;
+    let billed = invoked.elapsed().as_micros().div_ceil(1000) as u64;
     let mut s = stats.lock().await;
     s.invocations += 1;
     s.received += n;
+    s.billed_ms += billed;
     let response = match result {
         Err(_) => {
             s.timeouts += 1;
@@ -423,8 +433,11 @@ async fn invoke(
             .send()
             .await
             .context("deleting processed messages")?;
-        let ok = out.successful().len() as u64;
-        stats.lock().await.deleted += ok;
+        let ok = out.successful().len();
+        let at = now_ms();
+        let mut s = stats.lock().await;
+        s.deleted += ok as u64;
+        s.acked_at_ms.extend(std::iter::repeat_n(at, ok));
     }
     info!(messages = n, failures = failed.len(), "invocation done");
     Ok(())

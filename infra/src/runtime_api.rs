@@ -219,6 +219,8 @@ pub fn lambda_environment(address: &str) -> Vec<(String, String)> {
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
         ("AWS_LAMBDA_LOG_STREAM_NAME", "local"),
         ("AWS_LAMBDA_LOG_GROUP_NAME", "local"),
+        // Lambda's own PATH: a bootstrap script finds its tools.
+        ("PATH", "/usr/local/bin:/usr/bin/:/bin:/opt/bin"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -290,6 +290,28 @@ pub const PROCESSOR: &str = "PaymentProcessorFunction";
 /// The refund processor's logical id in the template.
 pub const REFUND_PROCESSOR: &str = "RefundProcessorFunction";
 
+/// A function's memory size in MB as the template gives it (its own `MemorySize`, else the
+/// `Globals`', else Lambda's default of 128).
+pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(template_path)
+        .with_context(|| format!("reading {}", template_path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let own = get(&doc, "Resources")
+        .and_then(|r| get(r, function))
+        .with_context(|| format!("the template has no {function}"))
+        .map(|f| get(f, "Properties").and_then(|p| get(p, "MemorySize")))?;
+    let global = get(&doc, "Globals")
+        .and_then(|g| get(g, "Function"))
+        .and_then(|f| get(f, "MemorySize"));
+    match own.or(global) {
+        None => Ok(128),
+        Some(v) => v
+            .as_u64()
+            .with_context(|| format!("{function}'s MemorySize is not a number of MB")),
+    }
+}
+
 /// Creates the template's queues and tables on the endpoint of `sdk` and resolves every
 /// function's environment and every SQS event source (the payment processor's first).
 pub async fn provision(

@@ -219,6 +219,20 @@ enum Command {
         /// Where the function processes' logs go.
         #[arg(long, default_value = ".local/run")]
         logs: PathBuf,
+        /// The Powertools peer's bootstrap (infra/peer/bootstrap): the runs alternate with it
+        /// and the results compare the two.
+        #[arg(long, requires = "peer_python")]
+        peer_bootstrap: Option<PathBuf>,
+        /// The Python of the peer's virtualenv.
+        #[arg(long, requires = "peer_bootstrap")]
+        peer_python: Option<PathBuf>,
+        /// The peer's name and versions, named in the results.
+        #[arg(
+            long,
+            env = "BENCH_PEER",
+            default_value = "Powertools for AWS Lambda (Python)"
+        )]
+        peer_description: String,
     },
     /// The dead-letter queue: list, redrive.
     Dlq {
@@ -819,6 +833,9 @@ async fn run(cli: Cli) -> Result<()> {
             emulator,
             out,
             logs,
+            peer_bootstrap,
+            peer_python,
+            peer_description,
         } => {
             let bootstraps = bootstraps
                 .iter()
@@ -839,6 +856,13 @@ async fn run(cli: Cli) -> Result<()> {
                     emulator,
                     out_dir: out,
                     log_dir: logs,
+                    peer: peer_bootstrap.zip(peer_python).map(|(bootstrap, python)| {
+                        payment_infra::compare::PeerOptions {
+                            bootstrap,
+                            python,
+                            description: peer_description,
+                        }
+                    }),
                 },
             )
             .await?;

@@ -1,0 +1,662 @@
+//! The benchmark's peer and what it is compared on: the Powertools for AWS Lambda (Python)
+//! processor in `infra/peer/`, run behind the same local Runtime API as the `bootstrap`; the
+//! ledger check both must pass; DynamoDB item sizes; the cost of a million payments from the
+//! measured usage and the prices in [`crate::prices`]; the ratios, as a table and as bars.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{json, Value};
+
+use crate::prices;
+use crate::sim::SimClient;
+
+/// Which function a run drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    /// This project's release `bootstrap`.
+    This,
+    /// The Powertools peer.
+    Peer,
+}
+
+impl Contender {
+    /// Its name in the results: `this` or `peer`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Contender::This => "this",
+            Contender::Peer => "peer",
+        }
+    }
+}
+
+/// Where the peer is.
+#[derive(Debug, Clone)]
+pub struct PeerOptions {
+    /// Its `bootstrap` (`infra/peer/bootstrap`, which runs `awslambdaric`).
+    pub bootstrap: PathBuf,
+    /// The Python interpreter of its virtualenv (pinned `aws-lambda-powertools`).
+    pub python: PathBuf,
+    /// Its name and versions, for the results.
+    pub description: String,
+}
+
+/// The peer's environment, from the processor's: the same table, provider, key and timeout.
+pub fn peer_environment(
+    peer: &PeerOptions,
+    this_env: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::from([("PEER_PYTHON".to_owned(), peer.python.display().to_string())]);
+    for k in [
+        "IDEMPOTENCY_TABLE",
+        "PAYMENT_API_URL",
+        "PAYMENT_API_KEY",
+        "PAYMENT_API_TIMEOUT_SECONDS",
+    ] {
+        let v = this_env.get(k).with_context(|| {
+            format!("the peer needs {k} from the processor's environment (the API key as PAYMENT_API_KEY, not a secret)")
+        })?;
+        env.insert(k.to_owned(), v.clone());
+    }
+    Ok(env)
+}
+
+/// Every id in `ids` was charged exactly once by the provider.
+pub async fn charged_once(sim: &SimClient, ids: &[String], who: Contender) -> Result<()> {
+    let ledger = sim.ledger().await?;
+    let wrong: Vec<String> = ids
+        .iter()
+        .filter_map(|id| {
+            let n = ledger.charges.get(id).map(Vec::len).unwrap_or(0);
+            (n != 1).then(|| format!("{id} charged {n} times"))
+        })
+        .collect();
+    if !wrong.is_empty() {
+        bail!(
+            "{}: {} of {} payments not charged exactly once: {}",
+            who.label(),
+            wrong.len(),
+            ids.len(),
+            wrong[..wrong.len().min(5)].join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The size DynamoDB bills for an attribute value (names count where they appear).
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        // About one byte per two significant digits, plus one.
+        AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| k.len() + value_size(v))
+                .sum::<usize>()
+        }
+        AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
+        AttributeValue::Ss(ss) => ss.iter().map(String::len).sum(),
+        AttributeValue::Ns(ns) => ns.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+        AttributeValue::Bs(bs) => bs.iter().map(|b| b.as_ref().len()).sum(),
+        _ => 0,
+    }
+}
+
+/// The largest item in `table`, bytes as DynamoDB counts them (0 for an empty table).
+pub async fn largest_item(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<usize> {
+    let mut largest = 0;
+    let mut pages = ddb.scan().table_name(table).into_paginator().send();
+    while let Some(page) = pages.next().await {
+        let page = page.with_context(|| format!("scanning {table}"))?;
+        for item in page.items() {
+            let size = item.iter().map(|(k, v)| k.len() + value_size(v)).sum();
+            largest = largest.max(size);
+        }
+    }
+    Ok(largest)
+}
+
+/// DynamoDB operations that write (billed in write units) and that read.
+fn is_write(op: &str) -> bool {
+    ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
+        .iter()
+        .any(|w| op.ends_with(&format!(".{w}")))
+}
+fn is_read(op: &str) -> bool {
+    ["GetItem", "Query", "Scan", "BatchGetItem"]
+        .iter()
+        .any(|r| op.ends_with(&format!(".{r}")))
+}
+
+/// One contender's wire counts per payment from a counted run: DynamoDB writes, reads and
+/// calls, SQS calls of the function itself, and everything else.
+pub fn wire_per_payment(
+    counts: &BTreeMap<String, crate::wire_count::OpCount>,
+    payments: usize,
+) -> Value {
+    let n = payments.max(1) as f64;
+    let sum = |f: &dyn Fn(&str) -> bool| {
+        counts
+            .iter()
+            .filter(|(op, _)| f(op))
+            .map(|(_, c)| c.calls)
+            .sum::<u64>() as f64
+            / n
+    };
+    json!({
+        "dynamodb_calls": sum(&|op| op.starts_with("DynamoDB")),
+        "dynamodb_writes": sum(&|op| op.starts_with("DynamoDB") && is_write(op)),
+        "dynamodb_reads": sum(&|op| op.starts_with("DynamoDB") && is_read(op)),
+        "function_sqs_calls": sum(&|op| op.starts_with("AmazonSQS")),
+        "other_calls": sum(&|op| !op.starts_with("DynamoDB") && !op.starts_with("AmazonSQS")),
+        "by_operation": counts.iter().map(|(op, c)| (op.clone(), json!(c.calls))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// What a million payments cost on AWS with what one contender used per payment:
+/// `run` is its best one-batch throughput run (billed duration, invocations, log bytes) and
+/// `counted` its counted run (`wire` per payment, `largest_item_bytes`, SQS requests).
+pub fn cost_per_million(run: &Value, counted: &Value, memory_mb: u64) -> Value {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let payments = f(&run["payments"]).max(1.0);
+    let billed_ms = f(&run["billed_ms"]) / payments;
+    let invocations = f(&run["invocations"]) / payments;
+    let log_bytes = f(&counted["log_bytes"]) / f(&counted["payments"]).max(1.0)
+        + invocations * prices::LAMBDA_PLATFORM_LOG_BYTES_PER_INVOCATION;
+    let item = f(&counted["largest_item_bytes"]);
+    let write_units = f(&counted["wire"]["dynamodb_writes"]) * (item / 1024.0).ceil().max(1.0);
+    let read_units = f(&counted["wire"]["dynamodb_reads"]) * (item / 4096.0).ceil().max(1.0);
+    let sqs = f(&counted["sqs_requests_per_payment"]);
+    let million = 1e6;
+    let compute = million * billed_ms / 1000.0 * memory_mb as f64 / 1024.0
+        * prices::LAMBDA_ARM64_PER_GB_SECOND;
+    let requests = invocations * prices::LAMBDA_PER_MILLION_REQUESTS;
+    let dynamodb = write_units * prices::DYNAMODB_PER_MILLION_WRITE_UNITS
+        + read_units * prices::DYNAMODB_PER_MILLION_READ_UNITS;
+    let sqs_cost = sqs * prices::SQS_PER_MILLION_REQUESTS;
+    let logs = million * log_bytes / 1e9 * prices::CLOUDWATCH_LOGS_PER_GB;
+    json!({
+        "usage_per_payment": {
+            "billed_ms": billed_ms,
+            "invocations": invocations,
+            "dynamodb_write_units": write_units,
+            "dynamodb_read_units": read_units,
+            "sqs_requests": sqs,
+            "log_bytes": log_bytes,
+        },
+        "usd": {
+            "lambda_compute": compute,
+            "lambda_requests": requests,
+            "dynamodb": dynamodb,
+            "sqs": sqs_cost,
+            "cloudwatch_logs": logs,
+            "total": compute + requests + dynamodb + sqs_cost + logs,
+        },
+        "memory_mb": memory_mb,
+    })
+}
+
+/// The comparison's Markdown: the ratios, the concurrent-duplicate case and the cost table.
+pub fn markdown(r: &Value) -> String {
+    let c = &r["comparison"];
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let mut s =
+        String::from("\n### Against the Powertools peer (same run, same stack, same backlog)\n\n");
+    s.push_str(&format!(
+        "The peer: {}. Each measure is the better of two runs (this, peer, this, peer).\n\n",
+        c["peer"].as_str().unwrap_or("?")
+    ));
+    s.push_str("| measure | this project | Powertools peer | ratio (how many times better this is) |\n|---|---|---|---|\n");
+    for row in c["rows"].as_array().into_iter().flatten() {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.1}× |\n",
+            row["measure"].as_str().unwrap_or(""),
+            row["this_text"].as_str().unwrap_or(""),
+            row["peer_text"].as_str().unwrap_or(""),
+            f(&row["ratio"])
+        ));
+    }
+    s.push_str("\nCPU goals: ");
+    let goals: Vec<String> = c["goals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            format!(
+                "{} {} ({})",
+                g["goal"].as_str().unwrap_or(""),
+                if g["met"].as_bool().unwrap_or(false) {
+                    "met"
+                } else {
+                    "NOT met"
+                },
+                g["measured"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    s.push_str(&goals.join("; "));
+    s.push_str(".\n\n");
+    let d = &c["concurrent_duplicate"];
+    s.push_str("Two copies of one payment in two concurrent batches, the provider answering in 2 s:\n\n| | until both copies are acknowledged | provider calls | charges |\n|---|---|---|---|\n");
+    for who in ["this", "peer"] {
+        s.push_str(&format!(
+            "| {who} | {:.1} s | {} | {} |\n",
+            f(&d[who]["seconds_until_both_acknowledged"]),
+            d[who]["provider_calls"],
+            d[who]["charges"]
+        ));
+    }
+    let cost = &c["cost_per_million_payments"];
+    s.push_str(&format!(
+        "\nCost of a million payments on AWS ({}; Lambda arm64 at the template's {} MB, billed duration and calls as measured here):\n\n",
+        prices::AS_OF,
+        cost["this"]["memory_mb"]
+    ));
+    s.push_str("| USD per million payments | this project | Powertools peer |\n|---|---|---|\n");
+    for (key, label) in [
+        ("lambda_compute", "Lambda compute (GB-seconds)"),
+        ("lambda_requests", "Lambda requests"),
+        ("dynamodb", "DynamoDB on demand (write + read units)"),
+        ("sqs", "SQS requests"),
+        ("cloudwatch_logs", "CloudWatch Logs ingestion"),
+        ("total", "**total**"),
+    ] {
+        s.push_str(&format!(
+            "| {label} | {:.2} | {:.2} |\n",
+            f(&cost["this"]["usd"][key]),
+            f(&cost["peer"]["usd"][key])
+        ));
+    }
+    s.push_str("\n| usage per payment | this project | Powertools peer |\n|---|---|---|\n");
+    for (key, label, digits) in [
+        ("billed_ms", "billed duration, ms", 2),
+        ("invocations", "invocations", 3),
+        ("dynamodb_write_units", "DynamoDB write units", 2),
+        ("dynamodb_read_units", "DynamoDB read units", 2),
+        (
+            "sqs_requests",
+            "SQS requests (send, receive, delete, the function's own)",
+            2,
+        ),
+        (
+            "log_bytes",
+            "log bytes (the function's output + Lambda's own lines)",
+            0,
+        ),
+    ] {
+        s.push_str(&format!(
+            "| {label} | {:.digits$} | {:.digits$} |\n",
+            f(&cost["this"]["usage_per_payment"][key]),
+            f(&cost["peer"]["usage_per_payment"][key]),
+        ));
+    }
+    s
+}
+
+/// Registers DejaVu Sans as the charts' font.
+fn register_font() -> Result<()> {
+    use plotters::prelude::FontStyle;
+    let font_bytes = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").context(
+        "reading DejaVuSans.ttf (Debian package fonts-dejavu-core) for the chart's text",
+    )?;
+    let _ = plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font_bytes.into_boxed_slice()),
+    );
+    Ok(())
+}
+
+/// One PNG: the latency histogram of this project's one-batch run on the left, and on the
+/// right, when the peer ran, a bar per ratio (how many times better this project is than the
+/// peer, log scale; 1 is a tie).
+pub fn chart(latencies: &[f64], ratios: &[(String, f64)], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    register_font()?;
+    let width = if ratios.is_empty() { 900 } else { 1800 };
+    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = if ratios.is_empty() {
+        (root.clone(), None)
+    } else {
+        let (l, r) = root.split_horizontally(900);
+        (l, Some(r))
+    };
+    let max = latencies.iter().cloned().fold(1.0, f64::max);
+    let buckets = 40usize;
+    let bucket = max / buckets as f64;
+    let mut counts = vec![0u32; buckets];
+    for l in latencies {
+        counts[((l / bucket) as usize).min(buckets - 1)] += 1;
+    }
+    let top = counts.iter().copied().max().unwrap_or(1);
+    let mut chart = ChartBuilder::on(&left)
+        .caption(
+            "Latency per payment, send to acknowledged (ms), 1 batch",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..max, 0u32..top + top / 10 + 1)?;
+    chart
+        .configure_mesh()
+        .x_desc("milliseconds")
+        .y_desc("payments")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    chart.draw_series(counts.iter().enumerate().map(|(i, c)| {
+        let x0 = i as f64 * bucket;
+        Rectangle::new([(x0, 0), (x0 + bucket, *c)], BLUE.mix(0.6).filled())
+    }))?;
+    if let Some(right) = right {
+        let top = ratios.iter().map(|(_, r)| *r).fold(10.0, f64::max) * 2.0;
+        let bottom = ratios.iter().map(|(_, r)| *r).fold(0.5, f64::min) / 1.5;
+        let mut bars = ChartBuilder::on(&right)
+            .caption(
+                "How many times better than the Powertools peer (log scale, 1 = tie)",
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(170)
+            .build_cartesian_2d(
+                (bottom..top).log_scale(),
+                (0..ratios.len()).into_segmented(),
+            )?;
+        let names: Vec<String> = ratios.iter().map(|(n, _)| n.clone()).collect();
+        bars.configure_mesh()
+            .disable_y_mesh()
+            .label_style(("sans-serif", 15))
+            .y_labels(ratios.len())
+            .y_label_formatter(&|y| match y {
+                SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .x_label_formatter(&|x| format!("{x}×"))
+            .draw()?;
+        bars.draw_series(
+            Histogram::horizontal(&bars)
+                .margin(8)
+                .baseline(1.0)
+                .style_func(|_, r| {
+                    if *r >= 1.0 {
+                        GREEN.mix(0.7).filled()
+                    } else {
+                        RED.mix(0.7).filled()
+                    }
+                })
+                .data(
+                    ratios
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (_, r))| (i, r.max(bottom))),
+                ),
+        )?;
+        bars.draw_series(ratios.iter().enumerate().map(|(i, (_, r))| {
+            Text::new(
+                format!("{r:.1}×"),
+                (r.max(1.0) * 1.08, SegmentValue::CenterOf(i)),
+                ("sans-serif", 15),
+            )
+        }))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// What the benchmark measured of both contenders, for [`comparison`].
+pub struct Measured<'a> {
+    /// The peer's name and versions.
+    pub peer: String,
+    /// The multi-batch concurrency.
+    pub pollers: usize,
+    /// Each contender's better run by (`this` | `peer`, concurrent batches).
+    pub best: &'a BTreeMap<(&'static str, usize), Value>,
+    /// Each contender's counted run.
+    pub counted: &'a BTreeMap<&'static str, Value>,
+    /// Each contender's concurrent-duplicate case.
+    pub duplicate: &'a BTreeMap<&'static str, Value>,
+    /// Median cold start, ms: (this, peer).
+    pub cold_ms: (f64, f64),
+    /// The same calls alone, CPU ms per payment: (1 batch, `pollers` batches).
+    pub floor_ms: (f64, f64),
+    /// The function's memory size in the template.
+    pub memory_mb: u64,
+}
+
+/// The comparison: a row per measure with both values and the ratio (how many times better
+/// this project is), the CPU goals, the concurrent-duplicate case and the cost table.
+pub fn comparison(m: &Measured) -> Value {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let mut rows = Vec::new();
+    let mut row = |measure: String,
+                   short: String,
+                   this: f64,
+                   peer: f64,
+                   higher_is_better: bool,
+                   text: &dyn Fn(f64) -> String| {
+        let ratio = if higher_is_better {
+            this / peer.max(1e-9)
+        } else {
+            peer / this.max(1e-9)
+        };
+        rows.push(json!({
+            "measure": measure, "short": short, "this": this, "peer": peer,
+            "this_text": text(this), "peer_text": text(peer), "ratio": ratio,
+        }));
+    };
+    let cpu = |v: &Value| f(&v["cpu_ms_per_1000_payments"]) / 1000.0;
+    let mut goals = Vec::new();
+    for (p, floor) in [(1, m.floor_ms.0), (m.pollers, m.floor_ms.1)] {
+        let (this, peer) = (&m.best[&("this", p)], &m.best[&("peer", p)]);
+        row(
+            format!("payments/s, {p} concurrent batch(es)"),
+            format!("payments/s ({p})"),
+            f(&this["payments_per_second"]),
+            f(&peer["payments_per_second"]),
+            true,
+            &|v| format!("{v:.0}"),
+        );
+        row(
+            format!("function CPU per payment, {p} batch(es)"),
+            format!("CPU/payment ({p})"),
+            cpu(this),
+            cpu(peer),
+            false,
+            &|v| format!("{v:.3} ms"),
+        );
+        goals.push(json!({
+            "goal": format!("≤ 1.1× the same calls alone at {p} batch(es)"),
+            "met": cpu(this) <= 1.1 * floor,
+            "measured": format!("{:.3} / {floor:.3} ms = {:.2}×", cpu(this), cpu(this) / floor.max(1e-9)),
+        }));
+        goals.push(json!({
+            "goal": format!("≥ 10× less CPU than the peer at {p} batch(es)"),
+            "met": cpu(peer) >= 10.0 * cpu(this),
+            "measured": format!("{:.1}×", cpu(peer) / cpu(this).max(1e-9)),
+        }));
+    }
+    let rss = |who: &str| {
+        [1, m.pollers]
+            .iter()
+            .map(|p| f(&m.best[&(who, *p)]["peak_rss_kib"]))
+            .fold(0.0, f64::max)
+            / 1024.0
+    };
+    row(
+        "peak RSS of a function process".into(),
+        "peak RSS".into(),
+        rss("this"),
+        rss("peer"),
+        false,
+        &|v| format!("{v:.1} MiB"),
+    );
+    row(
+        "DynamoDB calls per payment (on the wire, 10 % duplicates)".into(),
+        "DynamoDB calls".into(),
+        f(&m.counted["this"]["wire"]["dynamodb_calls"]),
+        f(&m.counted["peer"]["wire"]["dynamodb_calls"]),
+        false,
+        &|v| format!("{v:.2}"),
+    );
+    row(
+        "cold start to first Runtime API request (median)".into(),
+        "cold start".into(),
+        m.cold_ms.0,
+        m.cold_ms.1,
+        false,
+        &|v| format!("{v:.1} ms"),
+    );
+    row(
+        "concurrent duplicate: until both copies are acknowledged".into(),
+        "duplicate acked".into(),
+        f(&m.duplicate["this"]["seconds_until_both_acknowledged"]),
+        f(&m.duplicate["peer"]["seconds_until_both_acknowledged"]),
+        false,
+        &|v| format!("{v:.1} s"),
+    );
+    let cost =
+        |who: &'static str| cost_per_million(&m.best[&(who, 1)], &m.counted[who], m.memory_mb);
+    let (this_cost, peer_cost) = (cost("this"), cost("peer"));
+    row(
+        "cost of a million payments on AWS".into(),
+        "cost / million".into(),
+        f(&this_cost["usd"]["total"]),
+        f(&peer_cost["usd"]["total"]),
+        false,
+        &|v| format!("${v:.2}"),
+    );
+    json!({
+        "peer": m.peer,
+        "rows": rows,
+        "goals": goals,
+        "concurrent_duplicate": m.duplicate,
+        "cost_per_million_payments": {"this": this_cost, "peer": peer_cost, "prices": prices::AS_OF},
+        "counted_runs": m.counted.iter().map(|(k, v)| {
+            let mut v = v.clone();
+            v.as_object_mut().map(|o| o.remove("latencies_ms"));
+            (k.to_string(), v)
+        }).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// The comparison's ratios for the chart: (short name, how many times better this is).
+pub fn ratios(comparison: &Value) -> Vec<(String, f64)> {
+    comparison["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["short"].as_str().unwrap_or("").to_owned(),
+                r["ratio"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_million_payments_cost_what_the_prices_say() {
+        // 1,000 payments in 125 invocations billed 4,000 ms in all; a counted run with 2.1
+        // writes and 0.5 strongly consistent reads per payment on items under 1 KB, 0.4 SQS
+        // requests and 100 bytes of output per payment.
+        let run = json!({"payments": 1000, "billed_ms": 4000, "invocations": 125});
+        let counted = json!({
+            "payments": 1000, "log_bytes": 100_000, "largest_item_bytes": 700,
+            "sqs_requests_per_payment": 0.4,
+            "wire": {"dynamodb_writes": 2.1, "dynamodb_reads": 0.5},
+        });
+        let c = cost_per_million(&run, &counted, 256);
+        let usd = |k: &str| c["usd"][k].as_f64().unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // 4 ms × 1e6 = 4,000 s at 0.25 GB = 1,000 GB-s.
+        assert!(close(
+            usd("lambda_compute"),
+            1000.0 * prices::LAMBDA_ARM64_PER_GB_SECOND
+        ));
+        assert!(close(
+            usd("lambda_requests"),
+            0.125 * prices::LAMBDA_PER_MILLION_REQUESTS
+        ));
+        assert!(close(
+            usd("dynamodb"),
+            2.1 * prices::DYNAMODB_PER_MILLION_WRITE_UNITS
+                + 0.5 * prices::DYNAMODB_PER_MILLION_READ_UNITS
+        ));
+        assert!(close(usd("sqs"), 0.4 * prices::SQS_PER_MILLION_REQUESTS));
+        let log_bytes = 100.0 + 0.125 * prices::LAMBDA_PLATFORM_LOG_BYTES_PER_INVOCATION;
+        assert!(close(
+            usd("cloudwatch_logs"),
+            log_bytes / 1000.0 * prices::CLOUDWATCH_LOGS_PER_GB
+        ));
+        let parts: f64 = [
+            "lambda_compute",
+            "lambda_requests",
+            "dynamodb",
+            "sqs",
+            "cloudwatch_logs",
+        ]
+        .iter()
+        .map(|k| usd(k))
+        .sum();
+        assert!(close(usd("total"), parts));
+    }
+
+    #[test]
+    fn items_over_a_kilobyte_cost_more_write_units() {
+        let run = json!({"payments": 1, "billed_ms": 0, "invocations": 0});
+        let counted = |bytes: u64| {
+            json!({"payments": 1, "log_bytes": 0, "largest_item_bytes": bytes,
+                   "sqs_requests_per_payment": 0, "wire": {"dynamodb_writes": 2.0, "dynamodb_reads": 0.0}})
+        };
+        let units = |bytes| {
+            cost_per_million(&run, &counted(bytes), 256)["usage_per_payment"]
+                ["dynamodb_write_units"]
+                .as_f64()
+                .unwrap()
+        };
+        assert_eq!(units(1024), 2.0);
+        assert_eq!(units(1025), 4.0);
+    }
+
+    #[test]
+    fn item_sizes_count_names_and_values() {
+        let m = AttributeValue::M([("amount".to_owned(), AttributeValue::N("1000".into()))].into());
+        // "pk" + "pay_1"; "outcome" + map overhead 3 + "amount" + 1000 (2 digit pairs + 1).
+        assert_eq!(2 + value_size(&AttributeValue::S("pay_1".into())), 7);
+        assert_eq!("outcome".len() + value_size(&m), 7 + 3 + 6 + 3);
+    }
+
+    #[test]
+    fn the_chart_has_the_comparison_panel_beside_the_histogram() {
+        let dir = std::env::temp_dir().join(format!("chart-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let width = |path: &Path| {
+            let png = std::fs::read(path).unwrap();
+            assert_eq!(&png[1..4], b"PNG");
+            u32::from_be_bytes(png[16..20].try_into().unwrap())
+        };
+        let latencies: Vec<f64> = (0..100).map(|i| i as f64 * 3.0).collect();
+        let alone = dir.join("alone.png");
+        chart(&latencies, &[], &alone).unwrap();
+        assert_eq!(width(&alone), 900);
+        let both = dir.join("both.png");
+        let ratios = vec![
+            ("CPU/payment (1)".to_owned(), 25.0),
+            ("cost / million".to_owned(), 0.9),
+        ];
+        chart(&latencies, &ratios, &both).unwrap();
+        assert_eq!(width(&both), 1800);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
