@@ -8,10 +8,14 @@
 //! process. The OS accounts those processes apart (CPU time from `wait4`, peak RSS from
 //! `VmHWM`): the function's own, without the poller, the emulator or the simulator. AWS calls
 //! per payment are counted on the wire by an SDK interceptor around the same processor code run in-process
-//! (every attempt, retries included); provider calls by the simulator's ledger.
+//! (every attempt, retries included); provider calls by the simulator's ledger. The comparison
+//! with the peer counts both function processes' calls through a relay
+//! ([`crate::wire_count`]), so that a Python process is counted like the `bootstrap`.
 //!
-//! Why one file of ~920 lines: one benchmark run, its measurements and its report, in the
-//! order the run makes them; the parts share the run's state and only the run uses them.
+//! Why one file of ~1,150 lines: one benchmark run, its measurements and its report, in the
+//! order the run makes them; the parts share the run's state and only the run uses them. The
+//! peer's environment, the cost model, the comparison's report and the chart are in
+//! [`crate::compare`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
