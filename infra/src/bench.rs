@@ -262,17 +262,7 @@ async fn throughput(
             .interceptor(queue_calls.clone())
             .build(),
     );
-    std::fs::create_dir_all(&opts.log_dir)?;
-    let mut functions = Vec::with_capacity(pollers);
-    let mut logs = Vec::with_capacity(pollers);
-    for i in 0..pollers {
-        let path = opts
-            .log_dir
-            .join(format!("bench-{name}-{}-{i}.log", who.label()));
-        let log = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
-        functions.push(FunctionProcess::spawn(&program, &env, log).await?);
-        logs.push(path);
-    }
+    let (functions, logs) = spawn_functions(opts, &name, who, &program, &env, pollers).await?;
     let n = opts.payments;
     let bodies = backlog(&name, n);
     let sent_at = now_ms();
@@ -300,18 +290,15 @@ async fn throughput(
             opts.log_dir.display()
         );
     }
-    if stats.acked_at_ms.len() != bodies.len() {
+    if stats.deleted() != bodies.len() as u64 {
         bail!(
             "{}: {} of {} messages were acknowledged",
             who.label(),
-            stats.acked_at_ms.len(),
+            stats.deleted(),
             bodies.len()
         );
     }
-    let sim = SimClient::new(
-        env.get("PAYMENT_API_URL")
-            .context("the function has no PAYMENT_API_URL")?,
-    );
+    let sim = simulator_of(&env)?;
     let ids: Vec<String> = (0..n).map(|i| payment_id(&name, i)).collect();
     compare::charged_once(&sim, &ids, who).await?;
     let mut latencies: Vec<f64> = stats
@@ -373,6 +360,37 @@ async fn throughput(
     Ok(result)
 }
 
+/// `count` processes of a contender's function, each writing its output to a log file of its
+/// own under the log directory; returns them and their log files.
+async fn spawn_functions(
+    opts: &BenchOptions,
+    name: &str,
+    who: Contender,
+    program: &Path,
+    env: &BTreeMap<String, String>,
+    count: usize,
+) -> Result<(Vec<FunctionProcess>, Vec<PathBuf>)> {
+    std::fs::create_dir_all(&opts.log_dir)?;
+    let (mut functions, mut logs) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for i in 0..count {
+        let path = opts
+            .log_dir
+            .join(format!("bench-{name}-{}-{i}.log", who.label()));
+        let log = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
+        functions.push(FunctionProcess::spawn(program, env, log).await?);
+        logs.push(path);
+    }
+    Ok((functions, logs))
+}
+
+/// The provider simulator a function's environment points at.
+fn simulator_of(env: &BTreeMap<String, String>) -> Result<SimClient> {
+    Ok(SimClient::new(
+        env.get("PAYMENT_API_URL")
+            .context("the function has no PAYMENT_API_URL")?,
+    ))
+}
+
 /// Two copies of one payment in two concurrent batches (one function process each), the
 /// provider answering in 2 s: how long until both copies are acknowledged, and how many
 /// provider calls and charges the payment got.
@@ -383,21 +401,11 @@ async fn concurrent_duplicate(
 ) -> Result<serde_json::Value> {
     let (name, stack) = bench_stack(sdk, opts, &format!("benchdup{}", who.label())).await?;
     let (program, env) = opts.function_under_test(who, &stack)?;
-    let sim = SimClient::new(
-        env.get("PAYMENT_API_URL")
-            .context("the function has no PAYMENT_API_URL")?,
-    );
+    let sim = simulator_of(&env)?;
     let pid = format!("{name}-dup");
     sim.add_faults(json!([{"prefix": pid, "fault": "latency", "latency_ms": 2000}]))
         .await?;
-    let mut functions = Vec::new();
-    for i in 0..2 {
-        let path = opts
-            .log_dir
-            .join(format!("bench-{name}-{}-{i}.log", who.label()));
-        let log = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
-        functions.push(FunctionProcess::spawn(&program, &env, log).await?);
-    }
+    let (functions, _) = spawn_functions(opts, &name, who, &program, &env, 2).await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let body = payment_body(&pid, 1000, "pm_card_visa");
     let sent_at = now_ms();
@@ -418,16 +426,14 @@ async fn concurrent_duplicate(
     sim.clear_faults_for(&pid).await?;
     let stats = stats?;
     let ledger = sim.ledger_for(&pid).await?;
-    let Some(last) = stats.acked_at_ms.iter().copied().max() else {
-        bail!("{}: neither copy was acknowledged", who.label());
-    };
-    if stats.acked_at_ms.len() != 2 {
+    if stats.deleted() != 2 {
         bail!(
             "{}: {} of 2 copies acknowledged",
             who.label(),
-            stats.acked_at_ms.len()
+            stats.deleted()
         );
     }
+    let last = stats.acked_at_ms.iter().copied().max().unwrap_or(sent_at);
     teardown(sdk, &stack).await?;
     Ok(json!({
         "seconds_until_both_acknowledged": (last - sent_at) as f64 / 1000.0,

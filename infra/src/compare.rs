@@ -121,16 +121,19 @@ pub async fn largest_item(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result
     Ok(largest)
 }
 
-/// DynamoDB operations that write (billed in write units) and that read.
+/// DynamoDB operations that write (billed in write units) and that read, by the operation's
+/// name after the target's prefix (`DynamoDB_20120810.PutItem`).
 fn is_write(op: &str) -> bool {
-    ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
-        .iter()
-        .any(|w| op.ends_with(&format!(".{w}")))
+    matches!(
+        op.rsplit('.').next(),
+        Some("PutItem" | "UpdateItem" | "DeleteItem" | "BatchWriteItem")
+    )
 }
 fn is_read(op: &str) -> bool {
-    ["GetItem", "Query", "Scan", "BatchGetItem"]
-        .iter()
-        .any(|r| op.ends_with(&format!(".{r}")))
+    matches!(
+        op.rsplit('.').next(),
+        Some("GetItem" | "Query" | "Scan" | "BatchGetItem")
+    )
 }
 
 /// One contender's wire counts per payment from a counted run: DynamoDB writes, reads and

@@ -139,8 +139,6 @@ pub struct EsmStats {
     pub timeouts: u64,
     /// Messages received (deliveries, not distinct messages).
     pub received: u64,
-    /// Messages deleted after a successful invocation.
-    pub deleted: u64,
     /// Invocations that ended in a function error (their whole batch comes back).
     pub function_errors: u64,
     /// The handler's own counts, summed.
@@ -153,12 +151,16 @@ pub struct EsmStats {
 }
 
 impl EsmStats {
+    /// Messages deleted after a successful invocation.
+    pub fn deleted(&self) -> u64 {
+        self.acked_at_ms.len() as u64
+    }
+
     /// Adds another run's totals to these.
     pub fn merge(&mut self, other: &EsmStats) {
         self.invocations += other.invocations;
         self.timeouts += other.timeouts;
         self.received += other.received;
-        self.deleted += other.deleted;
         self.function_errors += other.function_errors;
         self.summary.merge(&other.summary);
         self.billed_ms += other.billed_ms;
@@ -436,7 +438,6 @@ async fn invoke(
         let ok = out.successful().len();
         let at = now_ms();
         let mut s = stats.lock().await;
-        s.deleted += ok as u64;
         s.acked_at_ms.extend(std::iter::repeat_n(at, ok));
     }
     info!(messages = n, failures = failed.len(), "invocation done");

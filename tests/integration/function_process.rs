@@ -64,7 +64,7 @@ async fn the_function_binary_behind_the_runtime_api() {
     assert!(stats.received >= 6, "five messages, the failed one twice");
     // Five messages end: four deleted by the mapping, the dead letter by the processor (the
     // mapping's own delete of it may or may not count, depending on the endpoint).
-    assert!(stats.deleted >= 4, "deleted {}", stats.deleted);
+    assert!(stats.deleted() >= 4, "deleted {}", stats.deleted());
     assert_charged_once(&t, &paid).await;
     assert_charged_once(&t, &flaky).await;
     assert_eq!(t.charges(&declined).await, 0);
