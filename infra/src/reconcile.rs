@@ -90,13 +90,21 @@ pub async fn reconcile_one(
     }
     let id = PaymentId::parse(payment_id)
         .map_err(|e| anyhow::anyhow!("{payment_id} is not a payment id: {e}"))?;
+    // The record keeps no customer, so reconcile searches (which may lag: see
+    // `proof_from_ms`); the processors themselves list the customer's intents.
+    let query = payment_core::provider::PaymentQuery {
+        payment_id: id.clone(),
+        customer: None,
+        created_from_s: None,
+    };
     let found = provider
-        .find_payments(&id)
+        .find_payments(&query)
         .await
         .with_context(|| format!("looking {payment_id} up at the provider"))?;
     let pick = found
         .iter()
         .find(|f| f.is_charge())
+        .or_else(|| found.iter().find(|f| f.is_pending()))
         .or_else(|| found.first());
     let Some(f) = pick else {
         let landing = record.not_before_ms.unwrap_or(record.lease_expires_at_ms);
@@ -107,8 +115,9 @@ pub async fn reconcile_one(
                 + settings.key_retention.as_millis() as i64,
         });
     };
+    let kept = f.is_charge() || f.is_pending();
     let outcome = Outcome {
-        status: if f.is_charge() {
+        status: if kept {
             f.status.clone()
         } else {
             "declined".into()
@@ -117,7 +126,7 @@ pub async fn reconcile_one(
         decline_code: None,
         amount: f.amount.unwrap_or_default(),
         currency: f.currency.clone().unwrap_or_default(),
-        reason: (!f.is_charge()).then(|| format!("found at the provider as {}", f.status)),
+        reason: (!kept).then(|| format!("found at the provider as {}", f.status)),
     };
     match store.settle(id.as_str(), &outcome.to_outcome(), now).await {
         Ok(()) => Ok(Action::Settled(outcome)),

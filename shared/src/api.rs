@@ -338,6 +338,7 @@ impl PaymentsApi {
             ("decline_code", view.decline_code),
             ("error_code", view.error_code),
             ("error_message", view.error_message),
+            ("next_action", view.next_action),
         ];
         for (k, v) in extra {
             if let Some(v) = v {
@@ -374,6 +375,8 @@ pub struct StatusView {
     pub error_code: Option<String>,
     /// The dead letter's reason.
     pub error_message: Option<String>,
+    /// What the merchant must do (for `requires_action`: bring the customer on-session).
+    pub next_action: Option<String>,
 }
 
 /// The status of a payment from its processor record and dead-letter mark. A terminal outcome
@@ -410,6 +413,8 @@ pub fn status_of(
             StatusView {
                 provider_payment_id: o.provider_payment_id.clone(),
                 decline_code: o.decline_code.clone(),
+                next_action: (o.label() == Some(crate::charge::labels::REQUIRES_ACTION))
+                    .then(|| crate::charge::requires_action_hint(o.provider_payment_id.as_deref())),
                 ..view(&o.status)
             }
         }
@@ -703,7 +708,14 @@ mod tests {
             &hash,
             Some(outcome("requires_action")),
         )));
-        assert_eq!(status(get(&api, "p").await), "requires_action");
+        let answer = json_of(&get(&api, "p").await);
+        assert_eq!(answer["status"], "requires_action");
+        assert!(
+            answer["next_action"]
+                .as_str()
+                .is_some_and(|a| a.contains("on-session")),
+            "{answer}"
+        );
         set(Some(record(
             RecordStatus::Completed,
             &hash,

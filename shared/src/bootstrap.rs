@@ -154,8 +154,13 @@ pub async fn provider_from(
     sdk: &aws_config::SdkConfig,
 ) -> Result<StripeClient, InitError> {
     let key = resolve_api_key(&config.api_key, sdk).await?;
-    StripeClient::new(&config.payment_api_url, key, config.provider_timeout)
-        .map_err(|e| InitError::Http(e.to_string()))
+    StripeClient::new(
+        &config.payment_api_url,
+        key,
+        &config.stripe_api_version,
+        config.provider_timeout,
+    )
+    .map_err(|e| InitError::Http(e.to_string()))
 }
 
 /// Reads the environment and builds the processor: the function's whole init.

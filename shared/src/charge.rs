@@ -17,10 +17,23 @@ pub type Processor = sqs_once::BatchRunner<PaymentWork>;
 
 /// Labels of a payment's outcomes in the batch summary and its metrics.
 pub mod labels {
-    /// Charged (or found charged): `succeeded`, `processing`, `requires_action`.
+    /// Charged (or found charged): the PaymentIntent `succeeded` (or `requires_capture`).
     pub const CHARGED: &str = "charged";
     /// Declined by the provider: recorded and acknowledged.
     pub const DECLINED: &str = "declined";
+    /// The card needs the customer (off-session `authentication_required`, or an intent in
+    /// `requires_action`): nothing charged; the merchant must bring the customer on-session.
+    pub const REQUIRES_ACTION: &str = "requires_action";
+    /// The PaymentIntent is `processing`: the provider settles it later; nothing charged yet.
+    pub const PROCESSING: &str = "processing";
+}
+
+/// What the merchant must do about a payment recorded as `requires_action`.
+pub fn requires_action_hint(provider_payment_id: Option<&str>) -> String {
+    format!(
+        "the card needs the customer to authenticate, which an off-session charge cannot do; nothing was charged: bring the customer back on-session to confirm PaymentIntent {} (with its client_secret, e.g. stripe.confirmCardPayment / handleNextAction), or send a new payment with another payment method",
+        provider_payment_id.unwrap_or("(not named by the provider)")
+    )
 }
 
 /// The stored result of a payment: what the provider said, in the record's `outcome` map.
@@ -52,12 +65,25 @@ impl PaymentOutcome {
         self.status == "rejected"
     }
 
-    /// True when the payment moved money or may still do so without the customer.
+    /// True when the payment moved money: the PaymentIntent `succeeded` (or is authorised,
+    /// `requires_capture`). `processing` and `requires_action` are not charges.
     pub fn is_charge(&self) -> bool {
-        matches!(
-            self.status.as_str(),
-            "succeeded" | "processing" | "requires_capture" | "requires_action"
-        )
+        crate::provider::is_charged_status(&self.status)
+    }
+
+    /// The batch label of this outcome (`charged`, `declined`, `requires_action`,
+    /// `processing`); `None` for a rejection, which is dead-lettered.
+    pub fn label(&self) -> Option<&'static str> {
+        match self.status.as_str() {
+            "rejected" => None,
+            "declined" => Some(labels::DECLINED),
+            "processing" => Some(labels::PROCESSING),
+            "requires_action" | "requires_confirmation" => Some(labels::REQUIRES_ACTION),
+            s if crate::provider::is_charged_status(s) => Some(labels::CHARGED),
+            // Any other status the provider may answer (`requires_payment_method`,
+            // `canceled`) moved no money: recorded as it is and counted with the declines.
+            _ => Some(labels::DECLINED),
+        }
     }
 
     /// The generic record's outcome map.
@@ -140,10 +166,23 @@ impl Work for PaymentWork {
         Ok(outcome_of(request, &response).0.to_outcome())
     }
 
-    /// The provider's payments for the payment_id (`metadata['payment_id']`): a charge wins;
-    /// else an intent that did not charge is a decline; nothing found is `None`.
-    async fn lookup(&self, request: &PaymentRequest) -> Result<Option<Outcome>, CallError> {
-        let found = self.provider.find_payments(&request.payment_id).await?;
+    /// The provider's PaymentIntents for the payment_id (`metadata[payment_id]`), listed from
+    /// the customer's since the first attempt (less the clock skew allowed): a charge wins,
+    /// then an intent still alive (`processing`, `requires_action`), else an intent that did
+    /// not charge is a decline; nothing found is `None`.
+    async fn lookup(
+        &self,
+        request: &PaymentRequest,
+        attempt: &AttemptContext,
+    ) -> Result<Option<Outcome>, CallError> {
+        let query = crate::provider::PaymentQuery {
+            payment_id: request.payment_id.clone(),
+            customer: Some(request.customer_id.clone()),
+            created_from_s: Some(
+                attempt.first_attempt_at_ms / 1000 - crate::config::MAX_CLOCK_SKEW.as_secs() as i64,
+            ),
+        };
+        let found = self.provider.find_payments(&query).await?;
         let charges: Vec<_> = found.iter().filter(|f| f.is_charge()).collect();
         if charges.len() > 1 {
             error!(
@@ -151,8 +190,9 @@ impl Work for PaymentWork {
                 "the provider holds more than one charge for this payment id"
             );
         }
-        let response = if let Some(c) = charges.first() {
-            info!(provider_payment_id = %c.provider_payment_id, "lookup found the charge");
+        let alive = found.iter().find(|f| f.is_pending());
+        let response = if let Some(c) = charges.first().copied().or(alive) {
+            info!(provider_payment_id = %c.provider_payment_id, status = %c.status, "lookup found the payment's intent");
             ProviderResponse::Charged {
                 provider_payment_id: c.provider_payment_id.clone(),
                 status: c.status.clone(),
@@ -170,17 +210,22 @@ impl Work for PaymentWork {
         Ok(Some(outcome_of(request, &response).0.to_outcome()))
     }
 
+    /// A customer's list is consistent: what it does not show was not created.
+    fn lookup_is_consistent(&self) -> bool {
+        true
+    }
+
     fn verdict(&self, outcome: &Outcome) -> Verdict {
-        match outcome.status.as_str() {
-            "rejected" => {
-                let (code, reason) = rejection_code(&PaymentOutcome::from_outcome(outcome));
+        let o = PaymentOutcome::from_outcome(outcome);
+        match o.label() {
+            Some(label) => Verdict::Done(label.to_owned()),
+            None => {
+                let (code, reason) = rejection_code(&o);
                 Verdict::DeadLetter {
                     code: code.to_owned(),
                     reason,
                 }
             }
-            "declined" => Verdict::Done(labels::DECLINED.to_owned()),
-            _ => Verdict::Done(labels::CHARGED.to_owned()),
         }
     }
 
@@ -217,6 +262,8 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
         labels: vec![
             (labels::CHARGED.into(), "Charged".into()),
             (labels::DECLINED.into(), "Declined".into()),
+            (labels::REQUIRES_ACTION.into(), "RequiresAction".into()),
+            (labels::PROCESSING.into(), "Processing".into()),
         ],
         latency: "ProviderLatency".into(),
     }
@@ -243,6 +290,8 @@ pub fn outcome_of(
         } => (
             PaymentOutcome {
                 provider_payment_id: Some(provider_payment_id.clone()),
+                reason: (status == "requires_action")
+                    .then(|| requires_action_hint(Some(provider_payment_id))),
                 ..base(status)
             },
             None,
@@ -255,6 +304,17 @@ pub fn outcome_of(
                 provider_payment_id: provider_payment_id.clone(),
                 decline_code: decline_code.clone(),
                 ..base("declined")
+            },
+            None,
+        ),
+        ProviderResponse::NeedsAuthentication {
+            provider_payment_id,
+        } => (
+            PaymentOutcome {
+                provider_payment_id: provider_payment_id.clone(),
+                decline_code: Some("authentication_required".to_owned()),
+                reason: Some(requires_action_hint(provider_payment_id.as_deref())),
+                ..base("requires_action")
             },
             None,
         ),

@@ -36,6 +36,9 @@ pub struct Config {
     pub payment_api_url: String,
     /// The provider key's source.
     pub api_key: ApiKeySource,
+    /// `STRIPE_API_VERSION` (default [`crate::stripe::DEFAULT_API_VERSION`]): the
+    /// `Stripe-Version` header of every provider request.
+    pub stripe_api_version: String,
     /// `PAYMENT_API_TIMEOUT_SECONDS` (default 10): the provider client's timeout.
     pub provider_timeout: Duration,
     /// `PROVIDER_KEY_RETENTION_SECONDS` (default 24 hours, Stripe's): how long the provider
@@ -96,6 +99,7 @@ impl Config {
                 ))
             }
         };
+        let stripe_api_version = stripe_api_version(&get)?;
         let defaults = Settings::default();
         let settings = Settings {
             record_ttl: record_ttl(&get)?,
@@ -200,10 +204,32 @@ impl Config {
             dead_letter_queue_url: required("DEAD_LETTER_QUEUE_URL")?,
             payment_api_url,
             api_key,
+            stripe_api_version,
             provider_timeout,
             provider_key_retention,
             settings,
         })
+    }
+}
+
+/// `STRIPE_API_VERSION`, or the pinned default; a malformed version is refused.
+pub fn stripe_api_version(get: &impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    match get("STRIPE_API_VERSION") {
+        Some(v) if !v.trim().is_empty() => {
+            let v = v.trim();
+            if crate::stripe::is_api_version(v) {
+                Ok(v.to_owned())
+            } else {
+                Err(err(
+                    "STRIPE_API_VERSION",
+                    format!(
+                        "must be a Stripe API version such as {} (YYYY-MM-DD[.name]), got {v:?}",
+                        crate::stripe::DEFAULT_API_VERSION
+                    ),
+                ))
+            }
+        }
+        _ => Ok(crate::stripe::DEFAULT_API_VERSION.to_owned()),
     }
 }
 
@@ -362,6 +388,22 @@ mod tests {
             Config::from_lookup(env(&pairs)).unwrap_err().var,
             "PAYMENT_API_KEY_SECRET_ARN"
         );
+    }
+
+    #[test]
+    fn the_stripe_version_is_pinned_and_a_malformed_one_refused() {
+        let c = Config::from_lookup(env(BASE)).unwrap();
+        assert_eq!(c.stripe_api_version, crate::stripe::DEFAULT_API_VERSION);
+        let mut pairs = BASE.to_vec();
+        pairs.push(("STRIPE_API_VERSION", "2023-08-16"));
+        assert_eq!(
+            Config::from_lookup(env(&pairs)).unwrap().stripe_api_version,
+            "2023-08-16"
+        );
+        pairs.push(("STRIPE_API_VERSION", "latest"));
+        let e = Config::from_lookup(env(&pairs)).unwrap_err();
+        assert_eq!(e.var, "STRIPE_API_VERSION");
+        assert!(e.to_string().contains("YYYY-MM-DD"), "{e}");
     }
 
     #[test]

@@ -19,17 +19,19 @@ use crate::currency::is_known_currency;
 /// Largest body the processor accepts; larger bodies are `invalid_payment` (SQS allows 256 KiB,
 /// a valid payment with maximal metadata is well under this).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// Smallest and largest amount in minor units (Stripe's limit for most currencies).
-pub const MIN_AMOUNT: i64 = 1;
-/// See [`MIN_AMOUNT`].
-pub const MAX_AMOUNT: i64 = 99_999_999;
+/// Largest amount in minor units, for every currency (Stripe's eight digits); the smallest
+/// depends on the currency ([`crate::stripe_limits`]).
+pub use crate::stripe_limits::MAX_AMOUNT;
+use crate::stripe_limits::{
+    check_amount, MAX_DESCRIPTION_LEN, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
+};
 const MAX_ID_LEN: usize = 255;
-const MAX_DESCRIPTION_LEN: usize = 1_000;
 /// Stripe accepts at most 50 metadata keys and the processor adds `metadata[payment_id]`, so a
 /// message may carry 49.
-const MAX_METADATA_KEYS: usize = 49;
-const MAX_METADATA_KEY_LEN: usize = 40;
-const MAX_METADATA_VALUE_LEN: usize = 500;
+const MAX_METADATA_KEYS: usize = crate::stripe_limits::MAX_METADATA_KEYS - 1;
+/// The prefix of the refunds' idempotency keys at the provider (`refund:<refund_id>`): Stripe's
+/// keys are account-wide, so no payment id may begin with it.
+pub const REFUND_KEY_PREFIX: &str = "refund:";
 
 /// Why a message body cannot be processed. Always terminal: the message goes to the DLQ.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +98,12 @@ impl PaymentId {
     /// Parses a payment id, naming the rule it breaks.
     pub fn parse(value: &str) -> Result<Self, InputError> {
         check_id("payment_id", value)?;
+        if value.starts_with(REFUND_KEY_PREFIX) {
+            return Err(invalid(
+                "payment_id",
+                format!("payment_id may not begin with {REFUND_KEY_PREFIX:?}: the provider's idempotency keys of refunds begin so"),
+            ));
+        }
         Ok(Self(value.to_owned()))
     }
 
@@ -114,7 +122,8 @@ impl fmt::Display for PaymentId {
 /// An amount of money: integer minor units and a lowercase ISO 4217 code. Never a float.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Money {
-    /// Minor units (cents for `usd`), within [`MIN_AMOUNT`]..=[`MAX_AMOUNT`].
+    /// Minor units (cents for `usd`), within Stripe's limits for the currency
+    /// ([`crate::stripe_limits::check_amount`]).
     pub amount: i64,
     /// Lowercase ISO 4217 code from the project's list.
     pub currency: String,
@@ -215,14 +224,6 @@ impl PaymentRequest {
 
     fn validate(raw: RawPayment) -> Result<Self, InputError> {
         let payment_id = PaymentId::parse(&raw.payment_id)?;
-        if !(MIN_AMOUNT..=MAX_AMOUNT).contains(&raw.amount) {
-            return Err(invalid(
-                "amount",
-                format!(
-                    "amount must be an integer of minor units from {MIN_AMOUNT} to {MAX_AMOUNT}"
-                ),
-            ));
-        }
         let currency = raw.currency.to_ascii_lowercase();
         if !is_known_currency(&currency) {
             return Err(invalid(
@@ -233,6 +234,7 @@ impl PaymentRequest {
                 ),
             ));
         }
+        check_amount(raw.amount, &currency).map_err(|m| invalid("amount", m))?;
         check_len("customer_id", &raw.customer_id, 1, MAX_ID_LEN)?;
         check_len("payment_method", &raw.payment_method, 1, MAX_ID_LEN)?;
         if looks_like_card_number(&raw.payment_method) {
@@ -256,7 +258,15 @@ impl PaymentRequest {
         }
         for (k, v) in &metadata {
             check_len_of("metadata", "metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
-            check_len_of("metadata", "metadata value", v, 0, MAX_METADATA_VALUE_LEN)?;
+            check_len_of("metadata", "metadata value", v, 1, MAX_METADATA_VALUE_LEN).map_err(
+                |e| match v.is_empty() {
+                    true => invalid(
+                        "metadata",
+                        format!("metadata value of {k:?} is empty: Stripe would unset the key instead of storing it; leave the key out"),
+                    ),
+                    false => e,
+                },
+            )?;
             if k.contains(['[', ']']) {
                 return Err(invalid(
                     "metadata",
@@ -517,6 +527,11 @@ mod tests {
             serde_json::json!({"payment_id": "pay 1"}),
             serde_json::json!({"payment_id": "x".repeat(256)}),
             serde_json::json!({"amount": 0}),
+            serde_json::json!({"amount": 30}),
+            serde_json::json!({"amount": 49, "currency": "jpy"}),
+            serde_json::json!({"amount": 1005, "currency": "kwd"}),
+            serde_json::json!({"metadata": {"k": ""}}),
+            serde_json::json!({"payment_id": "refund:rf-1"}),
             serde_json::json!({"amount": -5}),
             serde_json::json!({"amount": 100_000_000}),
             serde_json::json!({"amount": 19.99}),
@@ -591,6 +606,21 @@ mod tests {
         assert_eq!(
             field_of(serde_json::json!({"customer_id": ""})).as_deref(),
             Some("customer_id")
+        );
+        let e = PaymentRequest::parse(&body(serde_json::json!({"amount": 30}))).unwrap_err();
+        assert_eq!(e.field(), Some("amount"));
+        assert!(
+            e.to_string().contains("at least 50 minor units of usd"),
+            "{e}"
+        );
+        let e = PaymentRequest::parse(&body(serde_json::json!({"metadata": {"note": ""}})))
+            .unwrap_err();
+        assert_eq!(e.field(), Some("metadata"));
+        assert!(e.to_string().contains("unset"), "{e}");
+        assert!(
+            PaymentRequest::parse(&body(serde_json::json!({"amount": 50, "currency": "jpy"})))
+                .is_ok(),
+            "¥50 is Stripe's minimum"
         );
         let p = PaymentRequest::parse(&body(serde_json::json!({}))).unwrap();
         let again = PaymentRequest::parse(&p.to_message_body()).unwrap();

@@ -10,7 +10,7 @@
 //! ## Layout
 //!
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
-//!   [`provider`] (provider port).
+//!   [`provider`] (provider port), [`stripe_limits`] (what Stripe accepts, with its sources).
 //! - Works: [`charge`] (payments), [`refund`] (refunds of charged payments).
 //! - Use cases: [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
 //!   (relaying accepted payments to the queue).
@@ -30,6 +30,7 @@ pub mod provider;
 pub mod refund;
 pub mod refund_ledger;
 pub mod stripe;
+pub mod stripe_limits;
 pub mod stripe_refund;
 pub mod telemetry;
 

@@ -13,7 +13,8 @@ use crate::domain::PaymentRequest;
 /// A definitive answer from the provider. Each is recorded as the payment's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderResponse {
-    /// `200`: a PaymentIntent exists for the key (`succeeded`, `processing`, `requires_action`).
+    /// `200`: a PaymentIntent exists for the key. Only `succeeded` (or `requires_capture`)
+    /// moved money; `processing` is settled later; `requires_action` needs the customer.
     Charged {
         /// The PaymentIntent id.
         provider_payment_id: String,
@@ -28,6 +29,13 @@ pub enum ProviderResponse {
         provider_payment_id: Option<String>,
         /// The card's decline code (`insufficient_funds`, ...).
         decline_code: Option<String>,
+    },
+    /// `402` with `card_error` code `authentication_required`: the card needs the customer to
+    /// authenticate, which an off-session charge cannot do. Nothing was charged; the merchant
+    /// must bring the customer back on-session to confirm this PaymentIntent.
+    NeedsAuthentication {
+        /// The PaymentIntent waiting for the customer, when the provider names it.
+        provider_payment_id: Option<String>,
     },
     /// `400` other than key reuse: this payment is refused as sent.
     Rejected {
@@ -130,6 +138,9 @@ pub struct FoundPayment {
     /// Its status (`succeeded`, `processing`, `requires_action`, `requires_payment_method`
     /// after a decline, `canceled`).
     pub status: String,
+    /// Its `metadata[payment_id]`, when it carries one (a listing by customer holds other
+    /// payments too).
+    pub payment_id: Option<String>,
     /// Its amount in minor units, when the provider says (for an operator's settlement).
     pub amount: Option<i64>,
     /// Its lowercase currency, when the provider says.
@@ -137,14 +148,39 @@ pub struct FoundPayment {
 }
 
 impl FoundPayment {
-    /// True when the intent moved money or may still do so without the customer: it counts as
-    /// the payment's charge.
+    /// True when the intent moved money (`succeeded`, or authorised for capture): only that
+    /// counts as the payment's charge.
     pub fn is_charge(&self) -> bool {
+        is_charged_status(&self.status)
+    }
+
+    /// True when the intent is still alive without money moved: `processing` (settled later by
+    /// the provider) or waiting for the customer (`requires_action`, `requires_confirmation`).
+    pub fn is_pending(&self) -> bool {
         matches!(
             self.status.as_str(),
-            "succeeded" | "processing" | "requires_capture" | "requires_action"
+            "processing" | "requires_action" | "requires_confirmation"
         )
     }
+}
+
+/// True for the PaymentIntent statuses that mean the money moved: `succeeded`, and
+/// `requires_capture` (authorised; the project does not capture manually today).
+pub fn is_charged_status(status: &str) -> bool {
+    matches!(status, "succeeded" | "requires_capture")
+}
+
+/// What a lookup of a payment at the provider knows about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentQuery {
+    /// The payment (`metadata[payment_id]` of its PaymentIntent).
+    pub payment_id: crate::domain::PaymentId,
+    /// The customer charged, when known: the lookup lists that customer's PaymentIntents (a
+    /// consistent read); without it the lookup can only search (which may lag).
+    pub customer: Option<String>,
+    /// No PaymentIntent of the payment was created before this epoch second (its first
+    /// attempt, less the clock skew allowed): the listing starts there.
+    pub created_from_s: Option<i64>,
 }
 
 /// The port over the payment provider.
@@ -161,18 +197,19 @@ pub trait PaymentProvider: Send + Sync {
         request: &PaymentRequest,
     ) -> Result<ProviderResponse, ProviderError>;
 
-    /// Looks up every payment the provider holds for this payment id (by
-    /// `metadata['payment_id']`), to settle an outcome that no answer told us.
-    async fn find_payments(
-        &self,
-        payment_id: &crate::domain::PaymentId,
-    ) -> Result<Vec<FoundPayment>, ProviderError>;
+    /// Looks up every PaymentIntent the provider holds for this payment id (by
+    /// `metadata[payment_id]`), to settle an outcome that no answer told us: the customer's
+    /// list since `created_from_s` when the customer is known (consistent), else a search
+    /// (which may lag its writes: finding nothing proves nothing until the search lag passed).
+    async fn find_payments(&self, query: &PaymentQuery)
+        -> Result<Vec<FoundPayment>, ProviderError>;
 }
 
 /// A refund to ask the provider for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefundCall {
-    /// The refund's id: the `Idempotency-Key` and `metadata[refund_id]`.
+    /// The refund's id: `metadata[refund_id]`, and the `Idempotency-Key` as
+    /// `refund:<refund_id>` ([`crate::domain::REFUND_KEY_PREFIX`]).
     pub refund_id: String,
     /// The payment refunded (`metadata[payment_id]`).
     pub payment_id: String,
@@ -228,8 +265,9 @@ pub trait RefundProvider: Send + Sync {
     /// The longest a call may take.
     fn request_timeout(&self) -> Duration;
 
-    /// Creates a refund with `Idempotency-Key: <refund_id>`, so that every retry and takeover
-    /// gets the same refund back.
+    /// Creates a refund with `Idempotency-Key: refund:<refund_id>`, so that every retry and
+    /// takeover gets the same refund back, and no refund id can collide with a payment id at
+    /// the provider (its keys are account-wide).
     async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError>;
 
     /// Every refund of a PaymentIntent, to settle an outcome that no answer told.

@@ -2,7 +2,7 @@
 //!
 //! A message `{"refund_id", "payment_id", "amount"?, "reason"?}` asks to refund (part of) a
 //! payment. The refund's record is `refund#<refund_id>`; the provider gets
-//! `POST /v1/refunds` with `Idempotency-Key: <refund_id>`. Before the call the amount is
+//! `POST /v1/refunds` with `Idempotency-Key: refund:<refund_id>`. Before the call the amount is
 //! reserved on the payment's record ([`crate::refund_ledger`]), so all refunds of a payment
 //! together never exceed its charge. Without an amount, what is left of the charge is
 //! refunded (fixed at the reservation, so a retry refunds the same).
@@ -279,16 +279,16 @@ impl Work for RefundWork {
             RefundResponse::Rejected { code, message } => {
                 rejected("provider_rejected", format!("{code}: {message}"))
             }
-            // Another refund holds this id at the provider: its reservation stays.
-            RefundResponse::KeyReused { message } => {
-                return Ok(rejected(
-                    "idempotency_key_reused",
-                    format!(
-                        "the provider holds refund_id {} for other parameters: {message}",
-                        r.refund_id
-                    ),
-                ))
-            }
+            // The provider refused the key (used on another endpoint, or with other
+            // parameters) before acting on it: nothing was refunded by this request.
+            RefundResponse::KeyReused { message } => rejected(
+                "idempotency_key_reused",
+                format!(
+                    "the provider refused the key {} of refund_id {}: {message}",
+                    crate::stripe_refund::refund_key(&r.refund_id),
+                    r.refund_id
+                ),
+            ),
         };
         // Nothing was refunded: give the amount back to the payment.
         self.ledger
@@ -299,7 +299,11 @@ impl Work for RefundWork {
     }
 
     /// The refunds of the payment's charge at the provider, by `metadata[refund_id]`.
-    async fn lookup(&self, r: &RefundRequest) -> Result<Option<Outcome>, CallError> {
+    async fn lookup(
+        &self,
+        r: &RefundRequest,
+        _: &AttemptContext,
+    ) -> Result<Option<Outcome>, CallError> {
         let (_, intent, currency, _) = match self.charged(r).await? {
             Ok(found) => found,
             Err(_) => return Ok(None),
@@ -315,6 +319,11 @@ impl Work for RefundWork {
                     .with_number("amount", f.amount)
                     .with_text("currency", currency)
             }))
+    }
+
+    /// The refunds of a PaymentIntent are a list: consistent.
+    fn lookup_is_consistent(&self) -> bool {
+        true
     }
 
     fn verdict(&self, outcome: &Outcome) -> Verdict {

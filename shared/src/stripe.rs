@@ -1,7 +1,12 @@
 //! The provider adapter for Stripe's wire format (`POST /v1/payment_intents`, form encoded).
 //!
-//! It works against Stripe's test mode and against the project's simulator. It maps HTTP
-//! answers to [`ProviderResponse`] / [`ProviderError`] as the issue's contract fixes them.
+//! It works against Stripe (test or live mode) and against the project's simulator. Every
+//! request carries `Stripe-Version` (the pinned [`DEFAULT_API_VERSION`] unless configured), so
+//! what a request means does not depend on the account's default version. A payment is created
+//! and confirmed **off-session** (`confirm=true&off_session=true`): the customer is not in a
+//! checkout flow, so no `return_url` is needed, and a card that needs the customer answers
+//! `402 authentication_required` instead of waiting in `requires_action` for nobody.
+//! It maps HTTP answers to [`ProviderResponse`] / [`ProviderError`].
 //! The API key is a [`SecretString`]: it is only exposed to build the `Authorization` header and
 //! never appears in a log line or an error.
 
@@ -13,10 +18,38 @@ use reqwest::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::{PaymentId, PaymentRequest};
+use crate::domain::PaymentRequest;
 use crate::provider::{
-    FailureKind, FoundPayment, PaymentProvider, ProviderError, ProviderResponse,
+    FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
 };
+
+/// The Stripe API version the project is built and tested against: the one the official
+/// `stripe` Python package 16.1.0 pins (`stripe/_api_version.py`). `STRIPE_API_VERSION`
+/// overrides it; the contract test (`make test`) checks this constant against the package.
+pub const DEFAULT_API_VERSION: &str = "2026-10-28.endive";
+
+/// True for a well-formed Stripe API version: `YYYY-MM-DD`, optionally `.name`
+/// (`2026-10-28.endive`, `2023-08-16`).
+pub fn is_api_version(v: &str) -> bool {
+    let (date, name) = v.split_once('.').unwrap_or((v, "a"));
+    let parts: Vec<&str> = date.split('-').collect();
+    let num = |p: &str, len: usize, range: std::ops::RangeInclusive<u32>| {
+        p.len() == len
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u32>().is_ok_and(|n| range.contains(&n))
+    };
+    parts.len() == 3
+        && num(parts[0], 4, 2011..=2099)
+        && num(parts[1], 2, 1..=12)
+        && num(parts[2], 2, 1..=31)
+        && !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_lowercase())
+}
+
+/// Pages of a customer's PaymentIntents read by one lookup (100 each): a lookup covers the
+/// customer's intents since the payment's first attempt, which are few unless the customer is
+/// charged thousands of times a day.
+const MAX_LOOKUP_PAGES: usize = 20;
 
 /// Stripe-style HTTP client.
 pub struct StripeClient {
@@ -26,6 +59,8 @@ pub struct StripeClient {
     pub(crate) base_url: String,
     /// The secret key, sent as a bearer token.
     pub(crate) api_key: SecretString,
+    /// `Stripe-Version` of every request.
+    api_version: String,
     /// Per-call timeout (connect + send + read).
     timeout: Duration,
 }
@@ -34,6 +69,7 @@ impl std::fmt::Debug for StripeClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StripeClient")
             .field("base_url", &self.base_url)
+            .field("api_version", &self.api_version)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -47,6 +83,20 @@ struct IntentBody {
     amount: Option<i64>,
     #[serde(default)]
     currency: Option<String>,
+    #[serde(default)]
+    metadata: std::collections::HashMap<String, String>,
+}
+
+impl IntentBody {
+    fn found(self) -> FoundPayment {
+        FoundPayment {
+            payment_id: self.metadata.get("payment_id").cloned(),
+            provider_payment_id: self.id,
+            status: self.status,
+            amount: self.amount,
+            currency: self.currency,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -81,10 +131,12 @@ struct IntentRef {
 }
 
 impl StripeClient {
-    /// Builds a client. Fails only when the TLS stack cannot be initialised.
+    /// Builds a client that sends `Stripe-Version: api_version` (check it with
+    /// [`is_api_version`] first). Fails only when the TLS stack cannot be initialised.
     pub fn new(
         base_url: &str,
         api_key: SecretString,
+        api_version: &str,
         timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
@@ -96,6 +148,7 @@ impl StripeClient {
             http,
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
+            api_version: api_version.to_owned(),
             timeout,
         })
     }
@@ -113,6 +166,7 @@ impl StripeClient {
             .http
             .post(&url)
             .bearer_auth(self.api_key.expose_secret())
+            .header("Stripe-Version", &self.api_version)
             .header("Idempotency-Key", idempotency_key)
             .form(form)
             .send()
@@ -132,13 +186,20 @@ impl StripeClient {
             .http
             .get(&url)
             .bearer_auth(self.api_key.expose_secret())
+            .header("Stripe-Version", &self.api_version)
             .query(query)
             .send()
             .await;
         answer_of(sent, &url).await
     }
 
-    /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields.
+    /// The `Stripe-Version` this client sends.
+    pub fn api_version(&self) -> &str {
+        &self.api_version
+    }
+
+    /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields:
+    /// confirmed off-session, since the customer is not present when a queue is worked.
     pub fn form_fields(request: &PaymentRequest) -> Vec<(String, String)> {
         let mut form = vec![
             ("amount".to_owned(), request.money.amount.to_string()),
@@ -146,6 +207,7 @@ impl StripeClient {
             ("customer".to_owned(), request.customer_id.clone()),
             ("payment_method".to_owned(), request.payment_method.clone()),
             ("confirm".to_owned(), "true".to_owned()),
+            ("off_session".to_owned(), "true".to_owned()),
         ];
         if let Some(d) = &request.description {
             form.push(("description".to_owned(), d.clone()));
@@ -268,6 +330,13 @@ pub(crate) fn interpret(
         .clone()
         .unwrap_or_else(|| format!("HTTP {status}"));
     match status.as_u16() {
+        402 if detail.code.as_deref() == Some("authentication_required")
+            || detail.decline_code.as_deref() == Some("authentication_required") =>
+        {
+            Ok(ProviderResponse::NeedsAuthentication {
+                provider_payment_id: detail.payment_intent.map(|p| p.id),
+            })
+        }
         402 => Ok(ProviderResponse::Declined {
             provider_payment_id: detail.payment_intent.map(|p| p.id),
             decline_code: detail.decline_code.or(detail.code),
@@ -306,16 +375,68 @@ fn interpret_search(
     body: &str,
 ) -> Result<Vec<FoundPayment>, ProviderError> {
     let found: SearchBody = listing(status, headers, body, |f: &SearchBody| f.has_more)?;
-    Ok(found
+    Ok(found.data.into_iter().map(IntentBody::found).collect())
+}
+
+/// One page of a customer's PaymentIntents: those of the payment, and where the next page
+/// starts (`None` on the last).
+fn interpret_list_page(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+    payment_id: &str,
+) -> Result<(Vec<FoundPayment>, Option<String>), ProviderError> {
+    let page: SearchBody = listing(status, headers, body, |_: &SearchBody| false)?;
+    let next = if page.has_more {
+        page.data.last().map(|i| i.id.clone())
+    } else {
+        None
+    };
+    let mine = page
         .data
         .into_iter()
-        .map(|i| FoundPayment {
-            provider_payment_id: i.id,
-            status: i.status,
-            amount: i.amount,
-            currency: i.currency,
-        })
-        .collect())
+        .map(IntentBody::found)
+        .filter(|f| f.payment_id.as_deref() == Some(payment_id))
+        .collect();
+    Ok((mine, next))
+}
+
+impl StripeClient {
+    /// `GET /v1/payment_intents?customer=…&created[gte]=…`, every page, keeping the
+    /// payment's intents: a list is consistent, unlike search.
+    async fn list_payments(
+        &self,
+        payment_id: &str,
+        customer: &str,
+        created_from_s: Option<i64>,
+    ) -> Result<Vec<FoundPayment>, ProviderError> {
+        let from = created_from_s.map(|t| t.to_string());
+        let mut found = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_LOOKUP_PAGES {
+            let mut query = vec![("customer", customer), ("limit", "100")];
+            if let Some(f) = &from {
+                query.push(("created[gte]", f.as_str()));
+            }
+            if let Some(a) = &after {
+                query.push(("starting_after", a.as_str()));
+            }
+            let (status, headers, body) = self.get("/v1/payment_intents", &query).await?;
+            let (mine, next) = interpret_list_page(status, &headers, &body, payment_id)?;
+            found.extend(mine);
+            match next {
+                Some(n) => after = Some(n),
+                None => return Ok(found),
+            }
+        }
+        Err(ProviderError::new(
+            FailureKind::Network,
+            format!(
+                "customer {customer} has more than {} PaymentIntents since the payment's first attempt: the lookup stopped",
+                MAX_LOOKUP_PAGES * 100
+            ),
+        ))
+    }
 }
 
 #[async_trait]
@@ -338,12 +459,14 @@ impl PaymentProvider for StripeClient {
         interpret(status, &headers, &body)
     }
 
-    async fn find_payments(
-        &self,
-        payment_id: &PaymentId,
-    ) -> Result<Vec<FoundPayment>, ProviderError> {
+    async fn find_payments(&self, q: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
+        if let Some(customer) = &q.customer {
+            return self
+                .list_payments(q.payment_id.as_str(), customer, q.created_from_s)
+                .await;
+        }
         // Payment ids are [A-Za-z0-9_:.-], so they need no escaping inside the quotes.
-        let query = format!("metadata['payment_id']:'{}'", payment_id.as_str());
+        let query = format!("metadata['payment_id']:'{}'", q.payment_id.as_str());
         let (status, headers, body) = self
             .get(
                 "/v1/payment_intents/search",
@@ -379,6 +502,39 @@ mod tests {
                 provider_payment_id: "pi_1".into(),
                 status: "requires_action".into(),
                 replayed: true
+            }
+        );
+    }
+
+    #[test]
+    fn api_versions_are_checked_for_their_form() {
+        for ok in [DEFAULT_API_VERSION, "2023-08-16", "2024-06-20"] {
+            assert!(is_api_version(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "latest",
+            "2024-13-01",
+            "2024-6-20",
+            "2024-06-20.",
+            "2024-06-20.Acacia",
+            "2024-06-20; beta=v1",
+        ] {
+            assert!(!is_api_version(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_off_session_card_that_needs_the_customer_is_not_a_decline() {
+        let r = interpret(
+            StatusCode::PAYMENT_REQUIRED,
+            &h(&[]),
+            r#"{"error":{"type":"card_error","code":"authentication_required","decline_code":"authentication_required","payment_intent":{"id":"pi_9","status":"requires_payment_method"}}}"#,
+        );
+        assert_eq!(
+            r.unwrap(),
+            ProviderResponse::NeedsAuthentication {
+                provider_payment_id: Some("pi_9".into())
             }
         );
     }
@@ -468,6 +624,20 @@ mod tests {
         .unwrap();
         assert_eq!(found.len(), 1);
         assert!(found[0].is_charge());
+        let (mine, next) = interpret_list_page(
+            StatusCode::OK,
+            &h(&[]),
+            r#"{"object":"list","data":[{"id":"pi_3","status":"succeeded","metadata":{"payment_id":"other"}},{"id":"pi_2","status":"processing","metadata":{"payment_id":"p1"}}],"has_more":true}"#,
+            "p1",
+        )
+        .unwrap();
+        assert_eq!(mine.len(), 1, "only the payment's own intents");
+        assert!(!mine[0].is_charge() && mine[0].is_pending());
+        assert_eq!(
+            next.as_deref(),
+            Some("pi_2"),
+            "the next page starts after the last"
+        );
         let e = interpret_search(StatusCode::TOO_MANY_REQUESTS, &h(&[]), "{}").unwrap_err();
         assert_eq!(e.kind, FailureKind::RateLimited);
     }
@@ -475,12 +645,13 @@ mod tests {
     #[test]
     fn form_carries_the_payment_id_in_metadata() {
         let p = PaymentRequest::parse(
-            r#"{"payment_id":"pay_1","amount":5,"currency":"USD","customer_id":"c","payment_method":"pm","metadata":{"a":"b"}}"#,
+            r#"{"payment_id":"pay_1","amount":500,"currency":"USD","customer_id":"c","payment_method":"pm","metadata":{"a":"b"}}"#,
         )
         .unwrap();
         let f = StripeClient::form_fields(&p);
         assert!(f.contains(&("currency".into(), "usd".into())));
         assert!(f.contains(&("confirm".into(), "true".into())));
+        assert!(f.contains(&("off_session".into(), "true".into())));
         assert!(f.contains(&("metadata[a]".into(), "b".into())));
         assert!(f.contains(&("metadata[payment_id]".into(), "pay_1".into())));
     }
@@ -490,6 +661,7 @@ mod tests {
         let c = StripeClient::new(
             "http://x",
             SecretString::from("sk_test_secret"),
+            DEFAULT_API_VERSION,
             Duration::from_secs(1),
         )
         .unwrap();

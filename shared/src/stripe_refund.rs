@@ -1,5 +1,7 @@
-//! Refunds in Stripe's wire format: `POST /v1/refunds` (form encoded, `Idempotency-Key`) and
-//! `GET /v1/refunds?payment_intent=...`, on the same client as the payments.
+//! Refunds in Stripe's wire format: `POST /v1/refunds` (form encoded, `Idempotency-Key:
+//! refund:<refund_id>`) and `GET /v1/refunds?payment_intent=...`, on the same client as the
+//! payments. The key is namespaced because Stripe's idempotency keys are account-wide: a bare
+//! refund id equal to some payment id would be refused as a key used on another endpoint.
 
 use std::time::Duration;
 
@@ -28,6 +30,12 @@ struct RefundList {
     data: Vec<RefundBody>,
     #[serde(default)]
     has_more: bool,
+}
+
+/// The refund's `Idempotency-Key` at the provider: `refund:<refund_id>`, stable for the life
+/// of the refund (every retry and takeover sends the same).
+pub fn refund_key(refund_id: &str) -> String {
+    format!("{}{refund_id}", crate::domain::REFUND_KEY_PREFIX)
 }
 
 impl StripeClient {
@@ -61,6 +69,10 @@ fn interpret_refund(
         } => RefundResponse::Refunded {
             provider_refund_id: provider_payment_id,
             status,
+        },
+        ProviderResponse::NeedsAuthentication { .. } => RefundResponse::Rejected {
+            code: "authentication_required".to_owned(),
+            message: "the provider asked for the customer's authentication on a refund".to_owned(),
         },
         ProviderResponse::Declined { decline_code, .. } => RefundResponse::Rejected {
             code: decline_code.unwrap_or_else(|| "refund_declined".to_owned()),
@@ -97,7 +109,11 @@ impl RefundProvider for StripeClient {
 
     async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
         let (status, headers, body) = self
-            .post_form("/v1/refunds", &call.refund_id, &Self::refund_fields(call))
+            .post_form(
+                "/v1/refunds",
+                &refund_key(&call.refund_id),
+                &Self::refund_fields(call),
+            )
             .await?;
         interpret_refund(status, &headers, &body)
     }
@@ -146,6 +162,12 @@ mod tests {
         );
         let e = interpret_refund(StatusCode::BAD_GATEWAY, &h, "").unwrap_err();
         assert!(e.is_ambiguous());
+    }
+
+    #[test]
+    fn refund_keys_cannot_be_payment_ids() {
+        assert_eq!(refund_key("rf-1"), "refund:rf-1");
+        assert!(crate::domain::PaymentId::parse(&refund_key("rf-1")).is_err());
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsMessage;
 use common::Queues;
-use payment_core::domain::{PaymentId, PaymentRequest};
+use payment_core::domain::PaymentRequest;
 use payment_core::provider::{
-    FailureKind, FoundPayment, PaymentProvider, ProviderError, ProviderResponse,
+    FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
 };
 use payment_core::{PaymentOutcome, PaymentWork, Processor};
 use sqs_once::memory::InMemoryStore;
@@ -32,8 +32,32 @@ impl PaymentProvider for Answering {
     async fn create_payment(&self, _: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
         self.0.clone()
     }
-    async fn find_payments(&self, _: &PaymentId) -> Result<Vec<FoundPayment>, ProviderError> {
+    async fn find_payments(&self, _: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
         Ok(Vec::new())
+    }
+}
+
+/// A provider whose answers are all lost (timeouts) and whose lookups find what it holds,
+/// remembering each lookup's query.
+struct Forgetful {
+    holds: Vec<FoundPayment>,
+    queries: Mutex<Vec<PaymentQuery>>,
+}
+
+#[async_trait]
+impl PaymentProvider for Forgetful {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    async fn create_payment(&self, _: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
+        Err(ProviderError {
+            replayed: true,
+            ..ProviderError::new(FailureKind::ServerError, "replayed 500")
+        })
+    }
+    async fn find_payments(&self, q: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
+        self.queries.lock().unwrap().push(q.clone());
+        Ok(self.holds.clone())
     }
 }
 
@@ -105,6 +129,89 @@ async fn a_charge_and_a_decline_are_counted_under_their_labels_with_the_provider
     );
     let o = PaymentOutcome::from_outcome(&store.get("p2").await.unwrap().unwrap().outcome.unwrap());
     assert_eq!(o.decline_code.as_deref(), Some("insufficient_funds"));
+}
+
+#[tokio::test]
+async fn a_card_that_needs_the_customer_is_recorded_as_requires_action_never_as_charged() {
+    for answer in [
+        ProviderResponse::NeedsAuthentication {
+            provider_payment_id: Some("pi_3ds".into()),
+        },
+        ProviderResponse::Charged {
+            provider_payment_id: "pi_3ds".into(),
+            status: "requires_action".into(),
+            replayed: false,
+        },
+    ] {
+        let (p, store, queues) = processor(Arc::new(Answering(Ok(answer))));
+        let (failed, s) = p
+            .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+            .await;
+        assert!(failed.batch_item_failures.is_empty());
+        assert_eq!((s.done("charged"), s.done("requires_action")), (0, 1));
+        assert!(queues.0.lock().unwrap().is_empty());
+        let o =
+            PaymentOutcome::from_outcome(&store.get("p1").await.unwrap().unwrap().outcome.unwrap());
+        assert_eq!(o.status, "requires_action");
+        assert!(!o.is_charge());
+        assert_eq!(o.provider_payment_id.as_deref(), Some("pi_3ds"));
+        assert!(o.reason.unwrap().contains("on-session"));
+    }
+    let (p, _, _) = processor(Arc::new(Answering(Ok(ProviderResponse::Charged {
+        provider_payment_id: "pi_ach".into(),
+        status: "processing".into(),
+        replayed: false,
+    }))));
+    let (_, s) = p
+        .handle_batch(vec![msg("m2", &body("p2"))], now_ms() + 60_000)
+        .await;
+    assert_eq!((s.done("charged"), s.done("processing")), (0, 1));
+}
+
+#[tokio::test]
+async fn a_lookup_lists_the_customer_s_intents_since_the_first_attempt() {
+    let found = |id: &str, pid: &str, status: &str| FoundPayment {
+        provider_payment_id: id.into(),
+        status: status.into(),
+        payment_id: Some(pid.into()),
+        amount: Some(1999),
+        currency: Some("usd".into()),
+    };
+    let provider = Arc::new(Forgetful {
+        holds: vec![found("pi_2", "p1", "processing")],
+        queries: Mutex::new(Vec::new()),
+    });
+    let (p, store, _) = processor(provider.clone());
+    let first = now_ms() - 5_000;
+    // An earlier attempt's answer was lost: the record is marked unknown, and the provider
+    // now replays a 500 for the key, so only the lookup can tell.
+    store.insert(sqs_once::record::IdempotencyRecord {
+        key: "p1".into(),
+        status: sqs_once::record::RecordStatus::Failed,
+        payload_hash: PaymentRequest::parse(&body("p1")).unwrap().payload_hash(),
+        lease_owner: None,
+        lease_expires_at_ms: first,
+        attempts: 1,
+        outcome: None,
+        expires_at_s: now_ms() / 1000 + 86_400,
+        first_attempt_at_ms: first,
+        unknown_outcome: true,
+        last_error: None,
+        completed_at_ms: None,
+        not_before_ms: Some(first),
+    });
+    let (failed, s) = p
+        .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+        .await;
+    assert!(failed.batch_item_failures.is_empty());
+    assert_eq!(
+        s.done("processing"),
+        1,
+        "the intent found is recorded as it is"
+    );
+    let q = provider.queries.lock().unwrap()[0].clone();
+    assert_eq!(q.customer.as_deref(), Some("cus_1"));
+    assert_eq!(q.created_from_s, Some(first / 1000 - 60));
 }
 
 #[tokio::test]
@@ -222,6 +329,7 @@ async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
         payment_core::stripe::StripeClient::new(
             "http://127.0.0.1:9",
             secrecy::SecretString::from("sk_live_must_never_be_logged"),
+            payment_core::stripe::DEFAULT_API_VERSION,
             Duration::from_secs(1),
         )
         .unwrap(),

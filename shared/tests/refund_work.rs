@@ -37,6 +37,9 @@ impl RefundProvider for Provider {
         self.calls.lock().unwrap().push(call.clone());
         tokio::time::sleep(Duration::from_millis(5)).await;
         Ok(match self.refuse.lock().unwrap().clone() {
+            Some(code) if code == "idempotency_error" => RefundResponse::KeyReused {
+                message: "Keys for idempotent requests can only be used for the same endpoint they were first used for".into(),
+            },
             Some(code) => RefundResponse::Rejected {
                 code,
                 message: "refused".into(),
@@ -261,6 +264,34 @@ async fn a_refund_the_provider_refuses_gives_its_amount_back() {
         .await;
     assert_eq!(s.done("refunded"), 1);
     assert_eq!(w.provider.calls.lock().unwrap()[1].amount, 100);
+}
+
+#[tokio::test]
+async fn a_refund_whose_key_the_provider_refuses_gives_its_amount_back_with_the_provider_s_words() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    *w.provider.refuse.lock().unwrap() = Some("idempotency_error".into());
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "p1", Some(70)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.dead_lettered.get("idempotency_key_reused"), Some(&1));
+    let dead = w.queues.dead();
+    assert!(
+        dead[0].error_message.contains("refund:r1")
+            && dead[0].error_message.contains("same endpoint"),
+        "{}",
+        dead[0].error_message
+    );
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (p.refunded, p.refunds.len()),
+        (0, 0),
+        "nothing was refunded: the ledger says so"
+    );
 }
 
 #[test]

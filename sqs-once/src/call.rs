@@ -144,7 +144,7 @@ impl<W: Work> BatchRunner<W> {
             if must_look && self.clock.now_ms() + window >= forget_at {
                 // The downstream may have forgotten the key by the time this call lands: a
                 // blind call could act a second time. Look first.
-                match self.settle(request, landing).await {
+                match self.settle(request, &attempt.context, landing).await {
                     Lookup::Found(found) => return Ok(found),
                     Lookup::Nothing => {
                         info!("lookup proved no effect for the unknown outcome; calling");
@@ -185,12 +185,16 @@ impl<W: Work> BatchRunner<W> {
                     }
                     if e.replayed {
                         // Retrying the key replays the same error: only a lookup can tell.
-                        return match self.settle(request, landing).await {
+                        return match self.settle(request, &attempt.context, landing).await {
                             Lookup::Found(found) => Ok(found),
                             Lookup::Nothing => Err(CallFailure::OutcomeUnknown {
                                 message: format!(
-                                    "the downstream replays an error for {key} ({e}) and its lookup, made {} s or more after the last call could land, shows nothing for it; nothing is executed automatically: {}",
-                                    self.settings.search_lag.as_secs(),
+                                    "the downstream replays an error for {key} ({e}) and its lookup, made {} after the last call could land, shows nothing for it; nothing is executed automatically: {}",
+                                    if self.work.lookup_is_consistent() {
+                                        "at once (a consistent listing)".to_owned()
+                                    } else {
+                                        format!("{} s or more", self.settings.search_lag.as_secs())
+                                    },
                                     self.work.settle_hint(key)
                                 ),
                                 not_before: landing,
@@ -220,15 +224,25 @@ impl<W: Work> BatchRunner<W> {
     /// Looks the key up downstream. What it finds settles the outcome; finding nothing proves
     /// no effect only once the lookup has had [`crate::Settings::search_lag`] to catch up with
     /// the last call that could have landed (`landing`).
-    async fn settle(&self, request: &W::Request, landing: Option<i64>) -> Lookup {
-        match self.work.lookup(request).await {
+    async fn settle(
+        &self,
+        request: &W::Request,
+        context: &crate::AttemptContext,
+        landing: Option<i64>,
+    ) -> Lookup {
+        match self.work.lookup(request, context).await {
             Err(e) => Lookup::Failed(format!("lookup of an unknown outcome failed: {e}")),
             Ok(Some(found)) => {
                 info!(status = %found.status, "lookup settled the unknown outcome");
                 Lookup::Found(found)
             }
             Ok(None) => {
-                let proof_at = landing.map_or(i64::MIN, |t| t + ms(self.settings.search_lag));
+                let lag = if self.work.lookup_is_consistent() {
+                    0
+                } else {
+                    ms(self.settings.search_lag)
+                };
+                let proof_at = landing.map_or(i64::MIN, |t| t + lag);
                 if self.clock.now_ms() < proof_at {
                     info!(
                         look_again_in_s = (proof_at - self.clock.now_ms()) / 1000,

@@ -163,14 +163,28 @@ pub trait Work: Send + Sync + 'static {
 
     /// Asks the downstream what it holds for this key, to settle an outcome that no answer
     /// told: `Ok(Some)` is stored as the outcome, `Ok(None)` says nothing exists (trusted only
-    /// once [`crate::Settings::search_lag`] has passed since the last call could land). The
-    /// default has no lookup: an outcome stays unknown until a retry with the key answers.
-    async fn lookup(&self, request: &Self::Request) -> Result<Option<Outcome>, CallError> {
-        let _ = request;
+    /// once the last call could have landed, plus [`crate::Settings::search_lag`] unless
+    /// [`Work::lookup_is_consistent`]). The attempt says since when the key has been used
+    /// (`first_attempt_at_ms`), which bounds what a listing must cover. The default has no
+    /// lookup: an outcome stays unknown until a retry with the key answers.
+    async fn lookup(
+        &self,
+        request: &Self::Request,
+        attempt: &AttemptContext,
+    ) -> Result<Option<Outcome>, CallError> {
+        let _ = (request, attempt);
         Err(CallError {
             retry_now: false,
             ..CallError::transient("this work has no lookup")
         })
+    }
+
+    /// True when [`Work::lookup`] reads a consistent view (a list that shows every write as
+    /// soon as it is acknowledged), so that finding nothing is proof at once; `false` (the
+    /// default) for an index that may lag its writes (a search), whose "nothing" is trusted
+    /// only [`crate::Settings::search_lag`] after the last call could land.
+    fn lookup_is_consistent(&self) -> bool {
+        false
     }
 
     /// What a stored outcome means for its message: acknowledged under a label, or

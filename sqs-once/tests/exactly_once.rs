@@ -454,3 +454,33 @@ async fn every_failure_path_sets_a_redelivery_delay() {
         vis[2]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_consistent_lookup_that_finds_nothing_after_a_replayed_500_is_proof_at_once() {
+    let settings = Settings {
+        search_lag: Duration::from_secs(60),
+        ..fast()
+    };
+    let w = world(settings, Duration::from_secs(1));
+    w.downstream
+        .consistent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    w.downstream.set("p1", Behaviour::Replayed500);
+    let now = w.clock.now_ms();
+    let mut r = record("p1", RecordStatus::Failed, true, now - 2_000);
+    r.not_before_ms = Some(now - 1_000);
+    w.store.insert(r);
+    // The same case as above, but a list shows every write at once: no wait for a lag.
+    let (failed, s) = deliver(&w, delivery("p1", 1, now)).await;
+    assert!(failed.is_empty());
+    assert_eq!(s.dead_lettered.get("outcome_unknown"), Some(&1));
+    assert_eq!(w.downstream.lookups("p1"), 1);
+    let dead = w.queues.dead();
+    assert!(
+        dead[0]
+            .error_message
+            .contains("at once (a consistent listing)"),
+        "{}",
+        dead[0].error_message
+    );
+}

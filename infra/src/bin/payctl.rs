@@ -273,6 +273,9 @@ enum Command {
         /// How far the provider's search may lag its charges, seconds.
         #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
         search_lag_seconds: u64,
+        /// The Stripe-Version header of the lookups.
+        #[arg(long, env = "STRIPE_API_VERSION", default_value = payment_core::stripe::DEFAULT_API_VERSION)]
+        stripe_api_version: String,
     },
     /// Create a payment through the payments API (POST /v1/payments, SigV4-signed). Prints the
     /// API's answer; safe to run again with the same --idempotency-key.
@@ -942,8 +945,12 @@ async fn run(cli: Cli) -> Result<()> {
             payment_api_key_secret_arn,
             key_retention_seconds,
             search_lag_seconds,
+            stripe_api_version,
         } => {
             use payment_infra::reconcile;
+            if !payment_core::stripe::is_api_version(&stripe_api_version) {
+                bail!("--stripe-api-version must be a Stripe API version such as {} (YYYY-MM-DD[.name]), got {stripe_api_version:?}", payment_core::stripe::DEFAULT_API_VERSION);
+            }
             let source = match (payment_api_key_secret_arn, std::env::var("PAYMENT_API_KEY")) {
                 (Some(arn), _) if !arn.trim().is_empty() => {
                     payment_core::config::ApiKeySource::SecretArn(arn)
@@ -957,6 +964,7 @@ async fn run(cli: Cli) -> Result<()> {
             let provider = payment_core::stripe::StripeClient::new(
                 &payment_api_url,
                 key,
+                &stripe_api_version,
                 Duration::from_secs(10),
             )?;
             let ddb = aws_sdk_dynamodb::Client::new(&sdk);

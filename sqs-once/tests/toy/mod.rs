@@ -88,6 +88,8 @@ pub struct Toy {
     pub found_status: Mutex<Option<String>>,
     /// Lookups fail (the downstream's search is down).
     pub lookup_fails: Mutex<bool>,
+    /// The lookup is a consistent listing, not a search that may lag.
+    pub consistent: std::sync::atomic::AtomicBool,
     pub timeout: Duration,
     /// `None`: the downstream keeps keys as long as the records live.
     pub key_retention: Mutex<Option<Duration>>,
@@ -181,7 +183,14 @@ impl Work for Toy {
             Behaviour::Panic => panic!("downstream adapter bug for {id}"),
         }
     }
-    async fn lookup(&self, job: &Job) -> Result<Option<Outcome>, CallError> {
+    fn lookup_is_consistent(&self) -> bool {
+        self.consistent.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    async fn lookup(
+        &self,
+        job: &Job,
+        _attempt: &AttemptContext,
+    ) -> Result<Option<Outcome>, CallError> {
         *self
             .lookups
             .lock()
