@@ -2,20 +2,43 @@
 """A Stripe-compatible payment provider simulator with fault injection.
 
 It speaks the subset of Stripe's API that the processor uses, with Stripe's idempotency
-semantics, and keeps a ledger of every charge per idempotency key so that tests and the demo
-can check "charged exactly once" against the provider's own books, never the processor's.
+semantics and what a current account refuses, and keeps a ledger of every charge per payment so
+that tests and the demo can check "charged exactly once" against the provider's own books,
+never the processor's. Where it and Stripe's documentation disagree, it is wrong.
+
+Every /v1 request is answered as the account's API version answers it: the request's
+`Stripe-Version`, else the account's default (--account-api-version, default the version the
+project pins). A malformed version is refused with 400, as Stripe refuses it.
 
 API (Stripe's wire format):
   POST /v1/payment_intents            form body, Authorization: Bearer <key>, Idempotency-Key
       - same key, same parameters: the stored answer again, with Idempotent-Replayed: true
-      - same key, other parameters: 400 idempotency_error
+      - same key, other parameters: 400 idempotency_error; the key used on another endpoint:
+        400 idempotency_error naming both endpoints (Stripe's keys are account-wide)
       - same key while the first request runs: 409
+      - on versions >= 2023-08-16, confirm=true needs off_session=true, a return_url, or
+        automatic_payment_methods[allow_redirects]=never (or payment_method_types): else 400
+        with Stripe's message ("A `return_url` must be specified ..."); older versions keep the
+        old default (no automatic payment methods)
+      - amount below Stripe's minimum for the currency (USD 0.50, ...): 400 amount_too_small;
+        above 99999999: 400 amount_too_large; a three-decimal currency not ending in 0: 400
+      - metadata: more than 50 keys, a key over 40 characters or with [ ], a value over 500:
+        400 parameter_invalid; an empty value unsets the key (it is not stored)
       - payment_method decides the result (Stripe's test methods):
         pm_card_visa (and any other pm_*) -> 200 succeeded
-        pm_card_chargeDeclined -> 402 card_declined / generic_decline
-        pm_card_chargeDeclinedInsufficientFunds -> 402 insufficient_funds
-        pm_card_threeDSecureRequired -> 200 requires_action
+        pm_card_chargeDeclined -> 402 card_declined / generic_decline; ...InsufficientFunds,
+          ...LostCard, ...StolenCard, ...Fraudulent, ...VelocityLimitExceeded -> card_declined
+          with that decline code; ...ExpiredCard, ...IncorrectCvc, ...ProcessingError -> 402
+          with code expired_card / incorrect_cvc / processing_error
+        pm_card_authenticationRequired, pm_card_threeDSecure2Required,
+        pm_card_threeDSecureRequired -> off-session: 402 card_error authentication_required
+          (the intent stays requires_payment_method); on-session: 200 requires_action
         pm_card_invalid -> 400 invalid_request_error / resource_missing
+  GET  /v1/payment_intents            customer, created[gte|gt|lte|lt], limit, starting_after:
+                                      the customer's intents, newest first (Stripe's list)
+  GET  /v1/payment_intents/search     query=metadata['payment_id']:'P' (Stripe's search shape)
+  GET  /v1/payment_intents/PI         one intent
+  POST /v1/customers                  creates a customer (for payctl smoke)
 
   POST /v1/refunds                    form body (payment_intent, amount?, reason?, metadata[...]),
                                       Idempotency-Key, the same idempotency semantics
@@ -25,14 +48,12 @@ API (Stripe's wire format):
   GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
 
 Control API (not Stripe's):
-  GET /v1/payment_intents/search?query=metadata['payment_id']:'P'
-      every intent booked for payment P (charges and declined intents), Stripe's search shape
-
   GET    /_sim/health
-  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "calls": {P: n},
-                                  "refunds": {R: [refund...]}, "refund_calls": {R: n}}
-         booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent); refunds
-         per refund: R is metadata[refund_id] (the Idempotency-Key when absent)
+  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "actions": {...},
+                                  "calls": {P: n}, "refunds": {R: [refund...]}, "refund_calls": {R: n}}
+         booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent); charges
+         are succeeded intents only; actions are intents waiting for the customer; refunds per
+         refund: R is metadata[refund_id] (the Idempotency-Key when absent)
   POST   /_sim/faults            {"rules": [rule...]} appends rules; a rule is
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
          prefix matches the payment (metadata[payment_id], else the Idempotency-Key), or for a
@@ -45,8 +66,13 @@ Control API (not Stripe's):
   DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
   POST   /_sim/reset             clears ledger, keys and rules
 
+A request refused by validation (amount, metadata, the return_url rule) saves no result for its
+key, as at Stripe: the same key may then be used with corrected parameters.
+
 Run: simulator.py --port 0 --port-file FILE [--api-key sk_test_local] [--seed N]
-                  [--key-retention-seconds 86400]
+                  [--key-retention-seconds 86400] [--account-api-version V] [--record FILE]
+--record appends every /v1 request (method, path, query, body, Stripe-Version, Idempotency-Key)
+as a JSON line: the contract test checks them against Stripe's own parameter definitions.
 """
 
 import argparse
@@ -71,11 +97,125 @@ STATE = {
     "refunds": {},  # refund id -> [refund]
     "refund_calls": {},  # refund id -> number of POSTs received
     "intent_refunds": {},  # intent id -> [refund] (for the list, and what is left to refund)
+    "actions": {},  # key -> [intent waiting for the customer]
+    "customers": {},  # customer id -> customer
+    "all_intents": [],  # every intent in creation order (for the list by customer)
     "rules": [],
     "hits": {},  # (rule index, key) -> times hit
 }
-CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "key_retention_ms": 86_400_000}
+CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "key_retention_ms": 86_400_000,
+          "account_version": "2026-10-28.endive", "record": None}
 SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
+API_VERSION = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(\.[a-z]+)?$")
+# From this version on, a PaymentIntent accepts the Dashboard's payment methods by default, so a
+# confirmation needs a return_url unless it is off-session or refuses redirects (changelog).
+AUTOMATIC_PAYMENT_METHODS_SINCE = "2023-08-16"
+RETURN_URL_MESSAGE = (
+    "A `return_url` must be specified because this Payment Intent is configured to automatically "
+    "accept the payment methods enabled in the Dashboard, some of which may require a full page "
+    "redirect to succeed. If you do not want to accept redirect-based payment methods, set "
+    "`automatic_payment_methods[enabled]` to `true` and `automatic_payment_methods[allow_redirects]` "
+    "to `never` when creating Setup Intents and Payment Intents.")
+# Stripe's minimum charge per settlement currency, minor units (docs.stripe.com/currencies).
+MINIMUMS = {"aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50, "czk": 1500, "dkk": 250,
+            "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50, "jpy": 50, "mxn": 1000, "myr": 200,
+            "nok": 300, "nzd": 50, "pln": 200, "ron": 200, "sek": 300, "sgd": 50, "thb": 1000, "usd": 50}
+ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
+                "xaf", "xof", "xpf"}
+THREE_DECIMAL = {"bhd", "jod", "kwd", "omr", "tnd"}
+# Stripe's test payment methods that decline: (code, decline_code).
+DECLINES = {
+    "pm_card_chargeDeclined": ("card_declined", "generic_decline"),
+    "pm_card_chargeDeclinedInsufficientFunds": ("card_declined", "insufficient_funds"),
+    "pm_card_chargeDeclinedLostCard": ("card_declined", "lost_card"),
+    "pm_card_chargeDeclinedStolenCard": ("card_declined", "stolen_card"),
+    "pm_card_chargeDeclinedFraudulent": ("card_declined", "fraudulent"),
+    "pm_card_chargeDeclinedVelocityLimitExceeded": ("card_declined", "card_velocity_exceeded"),
+    "pm_card_chargeDeclinedExpiredCard": ("expired_card", "expired_card"),
+    "pm_card_chargeDeclinedIncorrectCvc": ("incorrect_cvc", "incorrect_cvc"),
+    "pm_card_chargeDeclinedProcessingError": ("processing_error", "processing_error"),
+}
+NEEDS_AUTHENTICATION = {"pm_card_authenticationRequired", "pm_card_threeDSecure2Required", "pm_card_threeDSecureRequired"}
+
+
+def version_of(headers):
+    """The request's API version (the account's default without a header), or None if malformed."""
+    v = headers.get("Stripe-Version") or CONFIG["account_version"]
+    return v if API_VERSION.match(v.strip()) else None
+
+
+def at_least(version, since):
+    return version[:10] >= since
+
+
+def display(amount, currency):
+    if currency in ZERO_DECIMAL:
+        return f"{amount} {currency}"
+    d = 3 if currency in THREE_DECIMAL else 2
+    return f"{amount / 10 ** d:.{d}f} {currency}"
+
+
+def invalid(message, param=None, code="parameter_invalid"):
+    err = {"type": "invalid_request_error", "message": message, "code": code}
+    if param:
+        err["param"] = param
+    return 400, json.dumps({"error": err})
+
+
+def check_payment_intent(form, version):
+    """What a current account refuses in a PaymentIntent creation: (status, body) or None."""
+    currency = (form.get("currency") or "").lower()
+    try:
+        amount = int(form.get("amount", ""))
+    except ValueError:
+        return invalid("Invalid integer: " + form.get("amount", ""), "amount", "parameter_invalid_integer")
+    least = MINIMUMS.get(currency, 10 if currency in THREE_DECIMAL else 1)
+    if amount < least:
+        return invalid(f"Amount must be at least {display(least, currency)}", "amount", "amount_too_small")
+    if amount > 99_999_999:
+        return invalid(f"Amount must be no more than {display(99_999_999, currency)}", "amount", "amount_too_large")
+    if currency in THREE_DECIMAL and amount % 10:
+        return invalid(f"Invalid amount: amounts in {currency.upper()} must be divisible by 10", "amount", "invalid_amount")
+    refused = check_metadata(form)
+    if refused:
+        return refused
+    description = form.get("description")
+    if description is not None and len(description) > 1000:
+        return invalid("Invalid string: description must be at most 1000 characters", "description")
+    if form.get("confirm") == "true" and at_least(version, AUTOMATIC_PAYMENT_METHODS_SINCE):
+        off_session = form.get("off_session") in ("true", "one_off", "recurring")
+        no_redirects = form.get("automatic_payment_methods[allow_redirects]") == "never"
+        listed = any(k.startswith("payment_method_types[") for k in form)
+        if not (off_session or form.get("return_url") or no_redirects or listed):
+            return 400, json.dumps({"error": {"type": "invalid_request_error", "message": RETURN_URL_MESSAGE}})
+    return None
+
+
+def check_metadata(form):
+    keys = [k[9:-1] for k in form if k.startswith("metadata[") and k.endswith("]")]
+    if len(keys) > 50:
+        return invalid("You can have at most 50 keys in metadata.", "metadata")
+    for k in keys:
+        if not k or "[" in k or "]" in k:
+            return invalid(f"Invalid metadata key: {k!r}", f"metadata[{k}]")
+        if len(k) > 40:
+            return invalid("Metadata keys can have up to 40 characters.", f"metadata[{k}]")
+        if len(form[f"metadata[{k}]"]) > 500:
+            return invalid("Metadata values can have up to 500 characters.", f"metadata[{k}]")
+    return None
+
+
+def metadata_of(form):
+    """The metadata Stripe stores: an empty value unsets its key."""
+    return {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[") and k.endswith("]") and v != ""}
+
+
+def record(entry):
+    """Appends one /v1 request to the --record file."""
+    if CONFIG["record"]:
+        with LOCK:
+            with open(CONFIG["record"], "a") as f:
+                f.write(json.dumps(entry) + "\n")
 
 
 def params_hash(pairs):
@@ -127,7 +267,7 @@ def find_intent(intent_id):
     return None
 
 
-def execute_refund(form, refund_key):
+def execute_refund(form, refund_key, version):
     """Runs a refund; returns (status, body) and books the ledger (under LOCK)."""
     intent_id = form.get("payment_intent", "")
     intent = find_intent(intent_id)
@@ -150,7 +290,7 @@ def execute_refund(form, refund_key):
         "payment_intent": intent_id,
         "reason": form.get("reason"),
         "status": "succeeded",
-        "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
+        "metadata": metadata_of(form),
         "created": int(time.time()),
     }
     refunds.append(refund)
@@ -158,9 +298,13 @@ def execute_refund(form, refund_key):
     return 200, json.dumps(refund)
 
 
-def execute(form, key):
+def execute(form, key, version):
     """Runs the payment; returns (status, body) and books the ledger (under LOCK)."""
+    refused = check_payment_intent(form, version)
+    if refused:
+        return refused + (False,)
     pm = form.get("payment_method", "")
+    off_session = form.get("off_session") in ("true", "one_off", "recurring")
     intent_id = "pi_" + hashlib.sha256(f"{key}:{time.time_ns()}".encode()).hexdigest()[:24]
     intent = {
         "id": intent_id,
@@ -168,21 +312,50 @@ def execute(form, key):
         "amount": int(form.get("amount", "0")),
         "currency": form.get("currency"),
         "customer": form.get("customer"),
-        "metadata": {k[9:-1]: v for k, v in form.items() if k.startswith("metadata[")},
+        "metadata": metadata_of(form),
         "created": int(time.time()),
+        "livemode": False,
     }
     if pm == "pm_card_invalid":
         return 400, error_body("invalid_request_error", "No such PaymentMethod: 'pm_card_invalid'", code="resource_missing")
-    if pm in ("pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds"):
-        decline = "insufficient_funds" if pm.endswith("InsufficientFunds") else "generic_decline"
-        intent["status"] = "requires_payment_method"
-        STATE["declines"].setdefault(key, []).append({"decline_code": decline, "intent": intent_id})
+
+    def book(status):
+        intent["status"] = status
         STATE["intents"].setdefault(key, []).append(intent)
-        return 402, error_body("card_error", "Your card was declined.", code="card_declined", decline_code=decline, intent={"id": intent_id})
-    intent["status"] = "requires_action" if pm == "pm_card_threeDSecureRequired" else "succeeded"
+        STATE["all_intents"].append(intent)
+
+    if pm in DECLINES:
+        code, decline = DECLINES[pm]
+        book("requires_payment_method")
+        STATE["declines"].setdefault(key, []).append({"decline_code": decline, "intent": intent_id})
+        return 402, error_body("card_error", "Your card was declined.", code=code, decline_code=decline,
+                               intent={"id": intent_id, "object": "payment_intent", "status": "requires_payment_method"})
+    if pm in NEEDS_AUTHENTICATION and off_session:
+        # Off-session, nobody can authenticate: Stripe fails the confirmation.
+        book("requires_payment_method")
+        STATE["declines"].setdefault(key, []).append({"decline_code": "authentication_required", "intent": intent_id})
+        return 402, error_body("card_error", "Your card was declined. This transaction requires authentication.",
+                               code="authentication_required", decline_code="authentication_required",
+                               intent={"id": intent_id, "object": "payment_intent", "status": "requires_payment_method"})
+    if pm in NEEDS_AUTHENTICATION:
+        book("requires_action")
+        STATE["actions"].setdefault(key, []).append(intent)
+        return 200, json.dumps(intent)
+    book("succeeded")
     STATE["charges"].setdefault(key, []).append(intent)
-    STATE["intents"].setdefault(key, []).append(intent)
     return 200, json.dumps(intent)
+
+
+def create_customer(form, key, version):
+    """Creates a customer (under LOCK)."""
+    refused = check_metadata(form)
+    if refused:
+        return refused + (False,)
+    cid = "cus_" + hashlib.sha256(f"{key}:{time.time_ns()}".encode()).hexdigest()[:14]
+    customer = {"id": cid, "object": "customer", "email": form.get("email"), "description": form.get("description"),
+                "metadata": metadata_of(form), "created": int(time.time()), "livemode": False}
+    STATE["customers"][cid] = customer
+    return 200, json.dumps(customer)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -216,18 +389,48 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(n).decode() if n else ""
 
     # --- control API -------------------------------------------------------------------------
+    def stripe_request(self, raw):
+        """Records a /v1 request and checks its API version: the version, or None when this
+        request was answered (refused) already."""
+        url = urlsplit(self.path)
+        record({"method": self.command, "path": url.path, "query": url.query, "body": raw,
+                "stripe_version": self.headers.get("Stripe-Version"),
+                "idempotency_key": self.headers.get("Idempotency-Key"),
+                "content_type": self.headers.get("Content-Type")})
+        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
+            self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
+            return None
+        version = version_of(self.headers)
+        if version is None:
+            self.reply(400, error_body("invalid_request_error",
+                                       f"Invalid Stripe API version: {self.headers.get('Stripe-Version')}",
+                                       code="api_version_invalid"))
+            return None
+        return version
+
     def do_GET(self):
         url = urlsplit(self.path)
         if url.path == "/_sim/health":
             return self.reply(200, '{"ok": true}')
+        if url.path.startswith("/v1/") and self.stripe_request("") is None:
+            return None
         if url.path == "/v1/payment_intents/search":
             return self.search(dict(parse_qsl(url.query)))
+        if url.path == "/v1/payment_intents":
+            return self.list_intents(dict(parse_qsl(url.query)))
+        if url.path.startswith("/v1/payment_intents/"):
+            intent_id = url.path.rsplit("/", 1)[1]
+            with LOCK:
+                intent = find_intent(intent_id)
+            if intent is None:
+                return self.reply(404, error_body("invalid_request_error", f"No such payment_intent: '{intent_id}'", code="resource_missing"))
+            return self.reply(200, json.dumps(intent))
         if url.path == "/v1/refunds":
             return self.list_refunds(dict(parse_qsl(url.query)))
         if url.path == "/_sim/ledger":
             q = dict(parse_qsl(url.query))
             with LOCK:
-                snap = {n: STATE[n] for n in ("charges", "declines", "calls", "refunds", "refund_calls")}
+                snap = {n: STATE[n] for n in ("charges", "declines", "actions", "calls", "refunds", "refund_calls")}
                 if "key" in q:
                     snap = {n: {q["key"]: v[q["key"]]} if q["key"] in v else {} for n, v in snap.items()}
                 return self.reply(200, json.dumps(snap))
@@ -260,21 +463,53 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_sim/reset":
             self.body()
             with LOCK:
-                for n in ("keys", "charges", "declines", "calls", "hits", "intents", "refunds", "refund_calls", "intent_refunds"):
+                for n in ("keys", "charges", "declines", "calls", "hits", "intents", "refunds", "refund_calls",
+                          "intent_refunds", "actions", "customers"):
                     STATE[n] = {}
                 STATE["rules"] = []
+                STATE["all_intents"] = []
             return self.reply(200, '{"ok": true}')
+        raw = self.body()
+        if not path.startswith("/v1/"):
+            return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
+        version = self.stripe_request(raw)
+        if version is None:
+            return None
         if path == "/v1/payment_intents":
-            return self.idempotent_post("metadata[payment_id]", "calls", execute)
+            return self.idempotent_post(raw, version, "metadata[payment_id]", "calls", execute)
         if path == "/v1/refunds":
-            return self.idempotent_post("metadata[refund_id]", "refund_calls", execute_refund)
-        self.body()
+            return self.idempotent_post(raw, version, "metadata[refund_id]", "refund_calls", execute_refund)
+        if path == "/v1/customers":
+            return self.idempotent_post(raw, version, None, None, create_customer)
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
     # --- Stripe API --------------------------------------------------------------------------
+    def list_intents(self, q):
+        """The customer's PaymentIntents, newest first, with Stripe's cursor pagination."""
+        try:
+            limit = int(q.get("limit", "10"))
+            bounds = {op: int(q[f"created[{op}]"]) for op in ("gte", "gt", "lte", "lt") if f"created[{op}]" in q}
+        except ValueError:
+            return self.reply(*invalid("Invalid integer", "limit", "parameter_invalid_integer"))
+        if not 1 <= limit <= 100:
+            return self.reply(*invalid("Limit must be between 1 and 100", "limit"))
+        tests = {"gte": lambda c, b: c >= b, "gt": lambda c, b: c > b, "lte": lambda c, b: c <= b, "lt": lambda c, b: c < b}
+        with LOCK:
+            if any(r.get("fault") == "down" and r.get("times") != 0 and r.get("prefix", "") == "" for r in STATE["rules"]):
+                return self.reply(503, error_body("api_error", "Service unavailable"))
+            data = [i for i in reversed(STATE["all_intents"])
+                    if ("customer" not in q or i.get("customer") == q["customer"])
+                    and all(tests[op](i["created"], b) for op, b in bounds.items())]
+        after = q.get("starting_after")
+        if after:
+            ids = [i["id"] for i in data]
+            if after not in ids:
+                return self.reply(400, error_body("invalid_request_error", f"No such payment_intent: '{after}'", code="resource_missing"))
+            data = data[ids.index(after) + 1:]
+        page = data[:limit]
+        return self.reply(200, json.dumps({"object": "list", "data": page, "has_more": len(data) > limit, "url": "/v1/payment_intents"}))
+
     def search(self, q):
-        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
-            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
         m = SEARCH_QUERY.match(q.get("query", ""))
         if not m:
             return self.reply(400, error_body("invalid_request_error", "This simulator searches metadata['payment_id'] only"))
@@ -287,8 +522,6 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(200, json.dumps({"object": "search_result", "data": data, "has_more": False, "url": "/v1/payment_intents/search"}))
 
     def list_refunds(self, q):
-        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
-            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
         intent_id = q.get("payment_intent", "")
         with LOCK:
             data = list(STATE["intent_refunds"].get(intent_id, []))
@@ -300,26 +533,25 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(503, error_body("api_error", "Service unavailable"))
         return self.reply(200, json.dumps({"object": "list", "data": data, "has_more": False, "url": "/v1/refunds"}))
 
-    def idempotent_post(self, book_field, calls_field, run):
-        """Stripe's idempotency around `run(form, book_key)`: the books and the fault rules are
-        keyed by the form's `book_field` (the Idempotency-Key when absent)."""
-        raw = self.body()
-        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
-            return self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
+    def idempotent_post(self, raw, version, book_field, calls_field, run):
+        """Stripe's idempotency around `run(form, book_key, version)`: the books and the fault
+        rules are keyed by the form's `book_field` (the Idempotency-Key when absent)."""
+        path = urlsplit(self.path).path
         pairs = parse_qsl(raw, keep_blank_values=True)
         form = dict(pairs)
         key = self.headers.get("Idempotency-Key")
         if not key:
             # The processor always sends one; without it a retry could charge twice.
             return self.reply(400, error_body("invalid_request_error", "Idempotency-Key header is required by this simulator"))
-        # Stripe compares a key's requests by endpoint and parameters.
-        h = params_hash(pairs + [("__path__", urlsplit(self.path).path)])
+        # Stripe compares a key's requests by endpoint and parameters (the version is not one).
+        h = params_hash(pairs)
         # The books are kept per payment (metadata[payment_id]), not per key, so that a client
         # that sends another key for the same payment shows up as a double charge (the same for
         # refunds, by metadata[refund_id]).
-        payment = form.get(book_field) or key
+        payment = (form.get(book_field) if book_field else None) or key
         with LOCK:
-            STATE[calls_field][payment] = STATE[calls_field].get(payment, 0) + 1
+            if calls_field:
+                STATE[calls_field][payment] = STATE[calls_field].get(payment, 0) + 1
             rule = pick_fault(payment)
             fault = rule.get("fault") if rule else None
             if fault == "down":
@@ -331,6 +563,12 @@ class Handler(BaseHTTPRequestHandler):
                 del STATE["keys"][key]  # forgotten, as Stripe forgets keys after 24 hours
                 entry = None
             if entry is not None:
+                if entry["path"] != path:
+                    return self.reply(400, error_body(
+                        "idempotency_error",
+                        f"Keys for idempotent requests can only be used for the same endpoint they were first used for "
+                        f"('{entry['path']}' vs '{path}'). Try using a key other than '{key}' if you meant to execute a "
+                        f"different request."))
                 if entry["params"] != h:
                     return self.reply(400, error_body(
                         "idempotency_error",
@@ -340,11 +578,15 @@ class Handler(BaseHTTPRequestHandler):
                         "idempotency_error", "There is currently another in-progress request using this Idempotent Key."),
                         {"Stripe-Should-Retry": "true"})
                 return self.reply(entry["status"], entry["body"], {"Idempotent-Replayed": "true"})
-            STATE["keys"][key] = {"params": h, "state": "in_flight", "created_ms": time.time() * 1000}
+            STATE["keys"][key] = {"params": h, "path": path, "state": "in_flight", "created_ms": time.time() * 1000}
         if fault == "latency":
             time.sleep(rule.get("latency_ms", 1000) / 1000)
         with LOCK:
-            status, body = run(form, payment)
+            status, body, *executed = run(form, payment, version)
+            if executed == [False]:
+                # Refused by validation before execution: Stripe saves no result for the key.
+                del STATE["keys"][key]
+                return self.reply(status, body)
             # The answer is stored before it is sent: a replay returns it even if this
             # connection drops or this answer is replaced by a 500 below.
             STATE["keys"][key].update(state="done", status=status, body=body)
@@ -381,7 +623,14 @@ def main():
     ap.add_argument("--api-key", default="sk_test_local")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault dice")
     ap.add_argument("--key-retention-seconds", type=float, default=86400, help="how long idempotency keys are remembered")
+    ap.add_argument("--account-api-version", default=CONFIG["account_version"],
+                    help="the account's default API version, for requests without Stripe-Version")
+    ap.add_argument("--record", help="append every /v1 request to this file, one JSON line each")
     args = ap.parse_args()
+    if not API_VERSION.match(args.account_api_version):
+        ap.error(f"--account-api-version {args.account_api_version!r} is not a Stripe API version")
+    CONFIG["account_version"] = args.account_api_version
+    CONFIG["record"] = args.record
     CONFIG["api_key"] = args.api_key
     CONFIG["rng"] = random.Random(args.seed)
     CONFIG["key_retention_ms"] = args.key_retention_seconds * 1000

@@ -29,10 +29,15 @@ ensure_tool_venv() { # name requirements-file probe-module
     python3 -m venv "$venv"
   fi
   if ! "$venv/bin/python" -c "import $3" 2>/dev/null || ! cmp -s "$2" "$venv/.requirements"; then
-    log "installing $(tr '\n' ' ' < "$2")into $venv"
+    log "installing $(grep -v '^#' "$2" | tr '\n' ' ')into $venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$2"
     cp "$2" "$venv/.requirements"
   fi
+}
+
+# The official stripe package: the authority of the contract test.
+ensure_contract_tools() {
+  ensure_tool_venv stripe "$ROOT/infra/contract/requirements.txt" stripe
 }
 
 ensure_deploy_tools() {
@@ -121,8 +126,11 @@ start_simulator() {
   local portfile="$RUN_DIR/sim.port.$$"
   rm -f "$portfile"
   export PAYMENT_API_KEY="${PAYMENT_API_KEY:-sk_test_local}"
+  local record=()
+  # SIM_RECORD=FILE: every request the simulator receives is appended there (the contract test).
+  if [ -n "${SIM_RECORD:-}" ]; then record=(--record "$SIM_RECORD"); fi
   "$VENV/bin/python" "$ROOT/infra/provider-sim/simulator.py" --port 0 --port-file "$portfile" \
-    --api-key "$PAYMENT_API_KEY" --seed "${SIM_SEED:-0}" >"$RUN_DIR/simulator.log" 2>&1 &
+    --api-key "$PAYMENT_API_KEY" --seed "${SIM_SEED:-0}" "${record[@]}" >"$RUN_DIR/simulator.log" 2>&1 &
   STARTED_PIDS+=($!)
   local deadline=$((SECONDS + 30))
   until [ -s "$portfile" ]; do

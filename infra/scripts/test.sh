@@ -21,10 +21,17 @@ else
   rustup run "$msrv" cargo check --quiet -p sqs-once --all-targets \
     || { echo "sqs-once does not build with its stated MSRV $msrv (rustup toolchain install $msrv)" >&2; exit 1; }
 fi
+# The provider simulator refuses what a current Stripe account refuses, as Stripe refuses it;
+# the contract checker refuses what Stripe's definitions refuse (each bad case on its own).
+ensure_contract_tools
+"$VENV/bin/python" "$ROOT/infra/provider-sim/test_simulator.py"
+"$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" --self-test
 start_aws_endpoint
+mkdir -p "$RUN_DIR"
+export SIM_RECORD="$RUN_DIR/provider-requests.jsonl"
+rm -f "$SIM_RECORD"
 start_simulator
 cd "$ROOT"
-mkdir -p "$RUN_DIR"
 # One closing line over every test binary (plus the script checks that passed).
 summary() {
   awk -v extra="$1" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p += $i; if ($(i+1) ~ /^failed;?/) f += $i; if ($(i+1) ~ /^ignored;?/) s += $i } }
@@ -36,9 +43,16 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" -eq 0 ] || { summary 0; exit "$status"; }
 if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the cargo tests only
-  summary 1
+  summary 3
   exit 0
 fi
+# The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
+# in the contract test too).
+STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
+# The contract test: every request the processors sent in the run above, checked against the
+# official stripe package's parameter definitions and pinned version.
+"$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
+  --rust-source "$ROOT/shared/src/stripe.rs"
 stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
 bash "$ROOT/infra/scripts/package.sh" arm64
@@ -57,6 +71,7 @@ for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 
 done
 [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
   || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
-# The crate checks, the template checks, the package check, the e2e run and the bench smoke
-# run count as five more passed checks.
-summary 5
+# The crate checks, the template checks, the simulator's and the checker's self-tests, the
+# smoke run, the contract test, the package check, the e2e run and the bench smoke run count as
+# nine more passed checks.
+summary 9

@@ -172,6 +172,7 @@ impl ApiRun {
 fn expected_status(expect: &Expect) -> Option<&'static str> {
     match expect {
         Expect::Charged(s) => Some(s),
+        Expect::RequiresAction => Some("requires_action"),
         Expect::Declined => Some("declined"),
         Expect::ProviderRejected => Some("failed"),
         _ => None,

@@ -124,6 +124,8 @@ pub struct Verdict {
     pub double_charged: usize,
     /// Declines recorded.
     pub declined: usize,
+    /// Payments recorded as `requires_action` (the card needs the customer), none charged.
+    pub requires_action: usize,
     /// Valid copies beyond the first of each payment: each suppressed, not charged.
     pub duplicates_suppressed: usize,
     /// DLQ messages by code.
@@ -154,6 +156,7 @@ impl Verdict {
         println!("payments charged once:    {}", self.charged);
         println!("double charges:           {}", self.double_charged);
         println!("declined (recorded):      {}", self.declined);
+        println!("requires_action:          {} (the customer must authenticate; nothing charged)", self.requires_action);
         println!("duplicates suppressed:    {}", self.duplicates_suppressed);
         for (code, n) in &self.dead_lettered {
             println!("dead-lettered {code:<24} {n}");
@@ -331,6 +334,19 @@ pub fn verify(
                                 "payment {id}: record says {}/{:?}, provider booked {booked:?}",
                                 o.status, o.provider_payment_id
                             ));
+                        }
+                    }
+                    Expect::RequiresAction => {
+                        if charges != 0
+                            || o.status != "requires_action"
+                            || o.provider_payment_id.is_none()
+                        {
+                            bad(format!(
+                                "payment {id} should wait for the customer (requires_action with its PaymentIntent): record {}/{:?}, {charges} charges",
+                                o.status, o.provider_payment_id
+                            ));
+                        } else {
+                            v.requires_action += 1;
                         }
                     }
                     Expect::Declined => {

@@ -26,6 +26,7 @@ pub mod refund_check;
 pub mod republish;
 pub mod runtime_api;
 pub mod sim;
+pub mod smoke;
 pub mod status;
 pub mod stream;
 pub mod template;

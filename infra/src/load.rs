@@ -10,8 +10,11 @@ use serde_json::json;
 /// What a message should end as, by the message contract and the simulator's test cards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expect {
-    /// Charged once, record `COMPLETED` with status `succeeded` (or `requires_action`).
+    /// Charged once, record `COMPLETED` with this status (`succeeded`).
     Charged(&'static str),
+    /// The card needs the customer (off-session `authentication_required`): record
+    /// `COMPLETED` as `requires_action` with its PaymentIntent, nothing charged.
+    RequiresAction,
     /// Declined, recorded, not dead-lettered.
     Declined,
     /// Rejected by the provider: recorded, in the DLQ as `provider_rejected`.
@@ -35,13 +38,24 @@ pub struct Planned {
     pub kind: &'static str,
 }
 
-/// A valid payment body.
+/// A valid payment body in usd.
 pub fn payment_body(payment_id: &str, amount: i64, payment_method: &str) -> String {
+    payment_body_in(payment_id, amount, "usd", payment_method)
+}
+
+/// A valid payment body: metadata with characters a form encoding must escape (`&`, `=`, `+`,
+/// `%`, `#`, brackets in a value, non-ASCII), which must reach the provider unchanged.
+pub fn payment_body_in(
+    payment_id: &str,
+    amount: i64,
+    currency: &str,
+    payment_method: &str,
+) -> String {
     json!({
-        "payment_id": payment_id, "amount": amount, "currency": "usd",
+        "payment_id": payment_id, "amount": amount, "currency": currency,
         "customer_id": "cus_local", "payment_method": payment_method,
         "description": format!("Order for {payment_id}"),
-        "metadata": {"order_id": payment_id}
+        "metadata": {"order_id": payment_id, "note": "café & crème = 100% + ü [x] #1"}
     })
     .to_string()
 }
@@ -74,7 +88,7 @@ pub fn malformed_bodies(id: &str) -> Vec<(String, &'static str)> {
 }
 
 /// A mixed load in two waves. The first: unique payments (mostly charged, some declined, some
-/// needing 3-D Secure, some refused by the provider), concurrent copies, malformed bodies. The
+/// needing the customer's authentication, some refused by the provider; usd and jpy), concurrent copies, malformed bodies. The
 /// second, sent after the first drained: duplicates of completed payments and key reuse with
 /// another amount. `size` is the number of unique payments.
 pub fn mixed_load(prefix: &str, size: usize, seed: u64) -> (Vec<Planned>, Vec<Planned>) {
@@ -88,15 +102,15 @@ pub fn mixed_load(prefix: &str, size: usize, seed: u64) -> (Vec<Planned>, Vec<Pl
         let (pm, expect) = match roll {
             0..=9 => ("pm_card_chargeDeclined", Expect::Declined),
             10..=14 => ("pm_card_chargeDeclinedInsufficientFunds", Expect::Declined),
-            15..=17 => (
-                "pm_card_threeDSecureRequired",
-                Expect::Charged("requires_action"),
-            ),
+            15 => ("pm_card_threeDSecureRequired", Expect::RequiresAction),
+            16..=17 => ("pm_card_authenticationRequired", Expect::RequiresAction),
             18..=19 => ("pm_card_invalid", Expect::ProviderRejected),
             _ => ("pm_card_visa", Expect::Charged("succeeded")),
         };
+        // One in ten in a zero-decimal currency (whole yen, Stripe's minimum ¥50).
+        let currency = if rng.u32(0..10) == 0 { "jpy" } else { "usd" };
         let p = Planned {
-            body: payment_body(&id, rng.i64(100..500_000), pm),
+            body: payment_body_in(&id, rng.i64(100..500_000), currency, pm),
             payment_id: Some(id),
             expect,
             kind: "unique",

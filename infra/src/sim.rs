@@ -14,7 +14,7 @@ pub struct Charge {
     pub id: String,
     /// Minor units.
     pub amount: i64,
-    /// `succeeded` or `requires_action`.
+    /// `succeeded`: the simulator books only what moved money as a charge.
     pub status: String,
 }
 
@@ -40,8 +40,11 @@ pub struct Ledger {
     pub refund_calls: HashMap<String, u64>,
     /// Charges per idempotency key: more than one is a double charge.
     pub charges: HashMap<String, Vec<Charge>>,
-    /// Declines per key.
+    /// Declines per key (`authentication_required` off-session among them).
     pub declines: HashMap<String, Vec<Value>>,
+    /// PaymentIntents waiting for the customer (`requires_action`, on-session only), per key.
+    #[serde(default)]
+    pub actions: HashMap<String, Vec<Charge>>,
     /// `POST /v1/payment_intents` calls per key.
     pub calls: HashMap<String, u64>,
 }

@@ -86,7 +86,12 @@ pub fn describe(
                 if let Some(code) = &o.decline_code {
                     out.push(format!("  decline code     {code}"));
                 }
-                if let Some(reason) = &o.reason {
+                if o.label() == Some(payment_core::charge::labels::REQUIRES_ACTION) {
+                    out.push(format!(
+                        "  merchant must    {}",
+                        payment_core::charge::requires_action_hint(o.provider_payment_id.as_deref())
+                    ));
+                } else if let Some(reason) = &o.reason {
                     out.push(format!("  provider said    {reason}"));
                 }
             }
@@ -238,6 +243,27 @@ mod tests {
         let h = history(Some(&r), None);
         assert_eq!(h.first().map(|e| e.1.as_str()), Some("first claimed"));
         assert_eq!(h.last().map(|e| e.1.as_str()), Some("completed: succeeded"));
+    }
+
+    #[test]
+    fn a_payment_that_needs_the_customer_says_what_the_merchant_must_do() {
+        let mut r = record(RecordStatus::Completed);
+        r.outcome = Some(
+            PaymentOutcome {
+                status: "requires_action".into(),
+                provider_payment_id: Some("pi_3ds".into()),
+                decline_code: Some("authentication_required".into()),
+                amount: 1999,
+                currency: "usd".into(),
+                reason: None,
+            }
+            .to_outcome(),
+        );
+        let text = describe("p1", Some(&r), None).join("\n");
+        assert!(
+            text.contains("merchant must") && text.contains("on-session to confirm PaymentIntent pi_3ds"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -198,6 +198,54 @@ impl StripeClient {
         &self.api_version
     }
 
+    /// `POST /v1/customers` with an `Idempotency-Key`: the new customer's id (`payctl smoke`
+    /// charges a customer of its own).
+    pub async fn create_customer(
+        &self,
+        idempotency_key: &str,
+        description: &str,
+    ) -> Result<String, ProviderError> {
+        let form = [("description".to_owned(), description.to_owned())];
+        let (status, headers, body) = self
+            .post_form("/v1/customers", idempotency_key, &form)
+            .await?;
+        #[derive(Deserialize)]
+        struct Created {
+            id: String,
+        }
+        if !status.is_success() {
+            let refused = interpret(status, &headers, &body)?;
+            return Err(ProviderError::new(
+                FailureKind::Unexpected,
+                format!("creating a customer was refused: {refused:?}"),
+            ));
+        }
+        serde_json::from_str::<Created>(&body)
+            .map(|c| c.id)
+            .map_err(|e| {
+                ProviderError::new(FailureKind::Network, format!("unreadable customer: {e}"))
+            })
+    }
+
+    /// `GET /v1/payment_intents/{id}`: one PaymentIntent as the provider holds it now.
+    pub async fn retrieve_payment(&self, id: &str) -> Result<FoundPayment, ProviderError> {
+        let (status, headers, body) = self
+            .get(&format!("/v1/payment_intents/{id}"), &[])
+            .await?;
+        if !status.is_success() {
+            interpret(status, &headers, &body)?;
+            return Err(ProviderError::new(
+                FailureKind::Misconfigured,
+                format!("retrieving {id} was refused with HTTP {status}"),
+            ));
+        }
+        serde_json::from_str::<IntentBody>(&body)
+            .map(IntentBody::found)
+            .map_err(|e| {
+                ProviderError::new(FailureKind::Network, format!("unreadable intent: {e}"))
+            })
+    }
+
     /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields:
     /// confirmed off-session, since the customer is not present when a queue is worked.
     pub fn form_fields(request: &PaymentRequest) -> Vec<(String, String)> {
@@ -478,7 +526,7 @@ impl PaymentProvider for StripeClient {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -654,6 +702,54 @@ mod tests {
         assert!(f.contains(&("off_session".into(), "true".into())));
         assert!(f.contains(&("metadata[a]".into(), "b".into())));
         assert!(f.contains(&("metadata[payment_id]".into(), "pay_1".into())));
+    }
+
+    /// Stripe's published example of an API object (`tests/fixtures/stripe`).
+    pub(crate) fn fixture(name: &str) -> serde_json::Value {
+        use std::io::Read;
+        let gz: &[u8] = include_bytes!("../tests/fixtures/stripe/fixtures3.json.gz");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(gz)
+            .read_to_string(&mut text)
+            .unwrap();
+        let all: serde_json::Value = serde_json::from_str(&text).unwrap();
+        all["resources"][name].clone()
+    }
+
+    #[test]
+    fn stripe_s_own_payment_intent_parses_and_only_succeeded_is_a_charge() {
+        let pi = fixture("payment_intent");
+        assert_eq!(pi["object"], "payment_intent");
+        let id = pi["id"].as_str().unwrap().to_owned();
+        for status in ["succeeded", "processing", "requires_action", "requires_payment_method"] {
+            let mut answer = pi.clone();
+            answer["status"] = status.into();
+            let r = interpret(StatusCode::OK, &h(&[]), &answer.to_string()).unwrap();
+            assert_eq!(
+                r,
+                ProviderResponse::Charged {
+                    provider_payment_id: id.clone(),
+                    status: status.into(),
+                    replayed: false
+                }
+            );
+            let request = PaymentRequest::parse(
+                r#"{"payment_id":"p1","amount":1099,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}"#,
+            )
+            .unwrap();
+            let (o, dead) = crate::charge::outcome_of(&request, &r);
+            assert!(dead.is_none());
+            assert_eq!(o.is_charge(), status == "succeeded", "{status}");
+        }
+        // In a list, as GET /v1/payment_intents answers: found by its metadata[payment_id].
+        let mut mine = pi.clone();
+        mine["metadata"] = serde_json::json!({"payment_id": "p1"});
+        let list = serde_json::json!({"object": "list", "url": "/v1/payment_intents", "has_more": false, "data": [pi, mine]});
+        let (found, next) =
+            interpret_list_page(StatusCode::OK, &h(&[]), &list.to_string(), "p1").unwrap();
+        assert_eq!((found.len(), next), (1, None));
+        assert_eq!(found[0].amount, Some(1099));
+        assert_eq!(found[0].currency.as_deref(), Some("usd"));
     }
 
     #[test]

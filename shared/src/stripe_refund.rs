@@ -171,6 +171,26 @@ mod tests {
     }
 
     #[test]
+    fn stripe_s_own_refund_parses() {
+        let re = crate::stripe::tests::fixture("refund");
+        assert_eq!(re["object"], "refund");
+        let r = interpret_refund(StatusCode::OK, &HeaderMap::new(), &re.to_string()).unwrap();
+        assert_eq!(
+            r,
+            RefundResponse::Refunded {
+                provider_refund_id: re["id"].as_str().unwrap().into(),
+                status: "succeeded".into()
+            }
+        );
+        let mut mine = re.clone();
+        mine["metadata"] = serde_json::json!({"refund_id": "rf-1", "payment_id": "p1"});
+        let list = serde_json::json!({"object": "list", "url": "/v1/refunds", "has_more": false, "data": [mine]});
+        let found = interpret_list(StatusCode::OK, &HeaderMap::new(), &list.to_string()).unwrap();
+        assert_eq!(found[0].refund_id.as_deref(), Some("rf-1"));
+        assert_eq!(found[0].amount, re["amount"].as_i64().unwrap());
+    }
+
+    #[test]
     fn a_listed_refund_names_its_refund_id() {
         let found = interpret_list(
             StatusCode::OK,

@@ -302,6 +302,22 @@ enum Command {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Check the provider account with the processors' own client: a customer, three charges
+    /// with one key (one PaymentIntent), a refund, all read back. Test-mode keys only.
+    Smoke {
+        /// The environment variable that holds the test-mode secret key (sk_test_...).
+        #[arg(long, default_value = "STRIPE_TEST_KEY")]
+        stripe_key_env: String,
+        /// The provider's base URL.
+        #[arg(long, env = "PAYMENT_API_URL", default_value = "https://api.stripe.com")]
+        payment_api_url: String,
+        /// The Stripe-Version header of every request.
+        #[arg(long, env = "STRIPE_API_VERSION", default_value = payment_core::stripe::DEFAULT_API_VERSION)]
+        stripe_api_version: String,
+        /// Names the run's customer, payment and refund (default: smoke-<epoch ms>).
+        #[arg(long)]
+        run_id: Option<String>,
+    },
     /// Read a payment through the payments API (GET /v1/payments/{id}).
     Get {
         /// The payment's id (its Idempotency-Key).
@@ -1024,6 +1040,22 @@ async fn run(cli: Cli) -> Result<()> {
             let client = payment_infra::client::ApiClient::new(&api_url, &sdk)?;
             let answer = client.create(&key, &body.to_string()).await?;
             print_answer(&answer, Some(&key))?;
+        }
+        Command::Smoke {
+            stripe_key_env,
+            payment_api_url,
+            stripe_api_version,
+            run_id,
+        } => {
+            let key = match std::env::var(&stripe_key_env) {
+                Ok(k) if !k.trim().is_empty() => secrecy::SecretString::from(k.trim().to_owned()),
+                _ => bail!("set {stripe_key_env} to a Stripe test-mode secret key (sk_test_...), or name another variable with --stripe-key-env"),
+            };
+            let client =
+                payment_infra::smoke::client(&payment_api_url, key, &stripe_api_version)?;
+            let run_id =
+                run_id.unwrap_or_else(|| format!("smoke-{}", sqs_once::runner::now_ms()));
+            payment_infra::smoke::run(&client, &run_id).await?;
         }
         Command::Get {
             payment_id,
