@@ -326,12 +326,17 @@ def execute(form, key, version):
 
     if pm in DECLINES:
         code, decline = DECLINES[pm]
+        intent["last_payment_error"] = {"type": "card_error", "code": code, "decline_code": decline,
+                                        "message": "Your card was declined."}
         book("requires_payment_method")
         STATE["declines"].setdefault(key, []).append({"decline_code": decline, "intent": intent_id})
         return 402, error_body("card_error", "Your card was declined.", code=code, decline_code=decline,
                                intent={"id": intent_id, "object": "payment_intent", "status": "requires_payment_method"})
     if pm in NEEDS_AUTHENTICATION and off_session:
         # Off-session, nobody can authenticate: Stripe fails the confirmation.
+        intent["last_payment_error"] = {"type": "card_error", "code": "authentication_required",
+                                        "decline_code": "authentication_required",
+                                        "message": "Your card was declined. This transaction requires authentication."}
         book("requires_payment_method")
         STATE["declines"].setdefault(key, []).append({"decline_code": "authentication_required", "intent": intent_id})
         return 402, error_body("card_error", "Your card was declined. This transaction requires authentication.",

@@ -156,7 +156,10 @@ impl Verdict {
         println!("payments charged once:    {}", self.charged);
         println!("double charges:           {}", self.double_charged);
         println!("declined (recorded):      {}", self.declined);
-        println!("requires_action:          {} (the customer must authenticate; nothing charged)", self.requires_action);
+        println!(
+            "requires_action:          {} (the customer must authenticate; nothing charged)",
+            self.requires_action
+        );
         println!("duplicates suppressed:    {}", self.duplicates_suppressed);
         for (code, n) in &self.dead_lettered {
             println!("dead-lettered {code:<24} {n}");

@@ -115,19 +115,12 @@ pub async fn reconcile_one(
                 + settings.key_retention.as_millis() as i64,
         });
     };
-    let kept = f.is_charge() || f.is_pending();
-    let outcome = Outcome {
-        status: if kept {
-            f.status.clone()
-        } else {
-            "declined".into()
-        },
-        provider_payment_id: Some(f.provider_payment_id.clone()),
-        decline_code: None,
-        amount: f.amount.unwrap_or_default(),
-        currency: f.currency.clone().unwrap_or_default(),
-        reason: (!kept).then(|| format!("found at the provider as {}", f.status)),
-    };
+    // What the intent stands for, recorded as if its answer had been heard (the amount and
+    // currency are the provider's: reconcile has no request).
+    let mut outcome = payment_core::charge::outcome_of_found(f);
+    if outcome.is_declined() {
+        outcome.reason = Some(format!("found at the provider as {}", f.status));
+    }
     match store.settle(id.as_str(), &outcome.to_outcome(), now).await {
         Ok(()) => Ok(Action::Settled(outcome)),
         // A processor claimed it between the read and the write: it will finish it.

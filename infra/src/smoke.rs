@@ -65,9 +65,18 @@ pub async fn run(client: &StripeClient, run_id: &str) -> Result<()> {
                 status,
                 replayed,
             } => {
-                println!("  charge {n}/3      {provider_payment_id} {status}{}", if replayed { " (replayed)" } else { "" });
-                ensure!(status == "succeeded", "charge {n} answered {status}, not succeeded");
-                ensure!(replayed == (n > 1), "charge {n}: Idempotent-Replayed was {replayed}");
+                println!(
+                    "  charge {n}/3      {provider_payment_id} {status}{}",
+                    if replayed { " (replayed)" } else { "" }
+                );
+                ensure!(
+                    status == "succeeded",
+                    "charge {n} answered {status}, not succeeded"
+                );
+                ensure!(
+                    replayed == (n > 1),
+                    "charge {n}: Idempotent-Replayed was {replayed}"
+                );
                 intents.push(provider_payment_id);
             }
             other => bail!("charge {n} of 3 was not charged: {other:?}"),

@@ -89,7 +89,9 @@ pub fn describe(
                 if o.label() == Some(payment_core::charge::labels::REQUIRES_ACTION) {
                     out.push(format!(
                         "  merchant must    {}",
-                        payment_core::charge::requires_action_hint(o.provider_payment_id.as_deref())
+                        payment_core::charge::requires_action_hint(
+                            o.provider_payment_id.as_deref()
+                        )
                     ));
                 } else if let Some(reason) = &o.reason {
                     out.push(format!("  provider said    {reason}"));
@@ -261,7 +263,8 @@ mod tests {
         );
         let text = describe("p1", Some(&r), None).join("\n");
         assert!(
-            text.contains("merchant must") && text.contains("on-session to confirm PaymentIntent pi_3ds"),
+            text.contains("merchant must")
+                && text.contains("on-session to confirm PaymentIntent pi_3ds"),
             "{text}"
         );
     }

@@ -168,8 +168,10 @@ impl Work for PaymentWork {
 
     /// The provider's PaymentIntents for the payment_id (`metadata[payment_id]`), listed from
     /// the customer's since the first attempt (less the clock skew allowed): a charge wins,
-    /// then an intent still alive (`processing`, `requires_action`), else an intent that did
-    /// not charge is a decline; nothing found is `None`.
+    /// then an intent still alive (`processing`, `requires_action`), else an intent whose
+    /// confirmation failed: `requires_action` when it failed for want of the customer
+    /// (`last_payment_error` `authentication_required`), else a decline with its code; nothing
+    /// found is `None`.
     async fn lookup(
         &self,
         request: &PaymentRequest,
@@ -191,22 +193,11 @@ impl Work for PaymentWork {
             );
         }
         let alive = found.iter().find(|f| f.is_pending());
-        let response = if let Some(c) = charges.first().copied().or(alive) {
-            info!(provider_payment_id = %c.provider_payment_id, status = %c.status, "lookup found the payment's intent");
-            ProviderResponse::Charged {
-                provider_payment_id: c.provider_payment_id.clone(),
-                status: c.status.clone(),
-                replayed: true,
-            }
-        } else if let Some(d) = found.first() {
-            info!(provider_payment_id = %d.provider_payment_id, status = %d.status, "lookup found a payment that did not charge");
-            ProviderResponse::Declined {
-                provider_payment_id: Some(d.provider_payment_id.clone()),
-                decline_code: None,
-            }
-        } else {
+        let Some(f) = charges.first().copied().or(alive).or(found.first()) else {
             return Ok(None);
         };
+        info!(provider_payment_id = %f.provider_payment_id, status = %f.status, "lookup found the payment's intent");
+        let response = f.as_response();
         Ok(Some(outcome_of(request, &response).0.to_outcome()))
     }
 
@@ -274,12 +265,31 @@ pub fn outcome_of(
     request: &PaymentRequest,
     response: &ProviderResponse,
 ) -> (PaymentOutcome, Option<(&'static str, String)>) {
+    outcome_for(request.money.amount, &request.money.currency, response)
+}
+
+/// The outcome an intent found at the provider stands for (`payctl reconcile`, which has no
+/// request): its own amount and currency.
+pub fn outcome_of_found(found: &crate::provider::FoundPayment) -> PaymentOutcome {
+    outcome_for(
+        found.amount.unwrap_or_default(),
+        found.currency.as_deref().unwrap_or_default(),
+        &found.as_response(),
+    )
+    .0
+}
+
+fn outcome_for(
+    amount: i64,
+    currency: &str,
+    response: &ProviderResponse,
+) -> (PaymentOutcome, Option<(&'static str, String)>) {
     let base = |status: &str| PaymentOutcome {
         status: status.to_owned(),
         provider_payment_id: None,
         decline_code: None,
-        amount: request.money.amount,
-        currency: request.money.currency.clone(),
+        amount,
+        currency: currency.to_owned(),
         reason: None,
     };
     match response {

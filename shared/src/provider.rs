@@ -145,6 +145,10 @@ pub struct FoundPayment {
     pub amount: Option<i64>,
     /// Its lowercase currency, when the provider says.
     pub currency: Option<String>,
+    /// Why its last confirmation failed (`last_payment_error`: the decline code, else the
+    /// error code), when it did: `authentication_required` tells a card that needs the
+    /// customer from a decline.
+    pub failure_code: Option<String>,
 }
 
 impl FoundPayment {
@@ -161,6 +165,30 @@ impl FoundPayment {
             self.status.as_str(),
             "processing" | "requires_action" | "requires_confirmation"
         )
+    }
+}
+
+impl FoundPayment {
+    /// The answer this intent stands for, as if its creation had been heard: a charge or an
+    /// intent still alive as it is; one whose confirmation failed for want of the customer as
+    /// [`ProviderResponse::NeedsAuthentication`]; else a decline with its code.
+    pub fn as_response(&self) -> ProviderResponse {
+        if self.is_charge() || self.is_pending() {
+            return ProviderResponse::Charged {
+                provider_payment_id: self.provider_payment_id.clone(),
+                status: self.status.clone(),
+                replayed: true,
+            };
+        }
+        if self.failure_code.as_deref() == Some("authentication_required") {
+            return ProviderResponse::NeedsAuthentication {
+                provider_payment_id: Some(self.provider_payment_id.clone()),
+            };
+        }
+        ProviderResponse::Declined {
+            provider_payment_id: Some(self.provider_payment_id.clone()),
+            decline_code: self.failure_code.clone(),
+        }
     }
 }
 

@@ -85,11 +85,16 @@ struct IntentBody {
     currency: Option<String>,
     #[serde(default)]
     metadata: std::collections::HashMap<String, String>,
+    #[serde(default)]
+    last_payment_error: Option<ErrorDetail>,
 }
 
 impl IntentBody {
     fn found(self) -> FoundPayment {
         FoundPayment {
+            failure_code: self
+                .last_payment_error
+                .and_then(|e| e.decline_code.or(e.code)),
             payment_id: self.metadata.get("payment_id").cloned(),
             provider_payment_id: self.id,
             status: self.status,
@@ -229,9 +234,7 @@ impl StripeClient {
 
     /// `GET /v1/payment_intents/{id}`: one PaymentIntent as the provider holds it now.
     pub async fn retrieve_payment(&self, id: &str) -> Result<FoundPayment, ProviderError> {
-        let (status, headers, body) = self
-            .get(&format!("/v1/payment_intents/{id}"), &[])
-            .await?;
+        let (status, headers, body) = self.get(&format!("/v1/payment_intents/{id}"), &[]).await?;
         if !status.is_success() {
             interpret(status, &headers, &body)?;
             return Err(ProviderError::new(
@@ -721,7 +724,12 @@ pub(crate) mod tests {
         let pi = fixture("payment_intent");
         assert_eq!(pi["object"], "payment_intent");
         let id = pi["id"].as_str().unwrap().to_owned();
-        for status in ["succeeded", "processing", "requires_action", "requires_payment_method"] {
+        for status in [
+            "succeeded",
+            "processing",
+            "requires_action",
+            "requires_payment_method",
+        ] {
             let mut answer = pi.clone();
             answer["status"] = status.into();
             let r = interpret(StatusCode::OK, &h(&[]), &answer.to_string()).unwrap();

@@ -170,48 +170,68 @@ async fn a_card_that_needs_the_customer_is_recorded_as_requires_action_never_as_
 
 #[tokio::test]
 async fn a_lookup_lists_the_customer_s_intents_since_the_first_attempt() {
-    let found = |id: &str, pid: &str, status: &str| FoundPayment {
-        provider_payment_id: id.into(),
+    let found = |status: &str, failure: Option<&str>| FoundPayment {
+        provider_payment_id: "pi_2".into(),
         status: status.into(),
-        payment_id: Some(pid.into()),
+        payment_id: Some("p1".into()),
         amount: Some(1999),
         currency: Some("usd".into()),
+        failure_code: failure.map(str::to_owned),
     };
-    let provider = Arc::new(Forgetful {
-        holds: vec![found("pi_2", "p1", "processing")],
-        queries: Mutex::new(Vec::new()),
-    });
-    let (p, store, _) = processor(provider.clone());
-    let first = now_ms() - 5_000;
-    // An earlier attempt's answer was lost: the record is marked unknown, and the provider
-    // now replays a 500 for the key, so only the lookup can tell.
-    store.insert(sqs_once::record::IdempotencyRecord {
-        key: "p1".into(),
-        status: sqs_once::record::RecordStatus::Failed,
-        payload_hash: PaymentRequest::parse(&body("p1")).unwrap().payload_hash(),
-        lease_owner: None,
-        lease_expires_at_ms: first,
-        attempts: 1,
-        outcome: None,
-        expires_at_s: now_ms() / 1000 + 86_400,
-        first_attempt_at_ms: first,
-        unknown_outcome: true,
-        last_error: None,
-        completed_at_ms: None,
-        not_before_ms: Some(first),
-    });
-    let (failed, s) = p
-        .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
-        .await;
-    assert!(failed.batch_item_failures.is_empty());
-    assert_eq!(
-        s.done("processing"),
-        1,
-        "the intent found is recorded as it is"
-    );
-    let q = provider.queries.lock().unwrap()[0].clone();
-    assert_eq!(q.customer.as_deref(), Some("cus_1"));
-    assert_eq!(q.created_from_s, Some(first / 1000 - 60));
+    // What the intent found stands for: as it is when alive; a failed confirmation by its
+    // last_payment_error (a card that needs the customer is not a decline).
+    for (held, label, status) in [
+        (found("processing", None), "processing", "processing"),
+        (found("succeeded", None), "charged", "succeeded"),
+        (
+            found("requires_payment_method", Some("authentication_required")),
+            "requires_action",
+            "requires_action",
+        ),
+        (
+            found("requires_payment_method", Some("insufficient_funds")),
+            "declined",
+            "declined",
+        ),
+    ] {
+        let provider = Arc::new(Forgetful {
+            holds: vec![held],
+            queries: Mutex::new(Vec::new()),
+        });
+        let (p, store, _) = processor(provider.clone());
+        let first = now_ms() - 5_000;
+        // An earlier attempt's answer was lost: the record is marked unknown, and the provider
+        // now replays a 500 for the key, so only the lookup can tell.
+        store.insert(sqs_once::record::IdempotencyRecord {
+            key: "p1".into(),
+            status: sqs_once::record::RecordStatus::Failed,
+            payload_hash: PaymentRequest::parse(&body("p1")).unwrap().payload_hash(),
+            lease_owner: None,
+            lease_expires_at_ms: first,
+            attempts: 1,
+            outcome: None,
+            expires_at_s: now_ms() / 1000 + 86_400,
+            first_attempt_at_ms: first,
+            unknown_outcome: true,
+            last_error: None,
+            completed_at_ms: None,
+            not_before_ms: Some(first),
+        });
+        let (failed, s) = p
+            .handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+            .await;
+        assert!(failed.batch_item_failures.is_empty());
+        assert_eq!(s.done(label), 1, "{status}");
+        let o =
+            PaymentOutcome::from_outcome(&store.get("p1").await.unwrap().unwrap().outcome.unwrap());
+        assert_eq!(
+            (o.status.as_str(), o.provider_payment_id.as_deref()),
+            (status, Some("pi_2"))
+        );
+        let q = provider.queries.lock().unwrap()[0].clone();
+        assert_eq!(q.customer.as_deref(), Some("cus_1"));
+        assert_eq!(q.created_from_s, Some(first / 1000 - 60));
+    }
 }
 
 #[tokio::test]

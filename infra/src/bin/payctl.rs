@@ -309,7 +309,11 @@ enum Command {
         #[arg(long, default_value = "STRIPE_TEST_KEY")]
         stripe_key_env: String,
         /// The provider's base URL.
-        #[arg(long, env = "PAYMENT_API_URL", default_value = "https://api.stripe.com")]
+        #[arg(
+            long,
+            env = "PAYMENT_API_URL",
+            default_value = "https://api.stripe.com"
+        )]
         payment_api_url: String,
         /// The Stripe-Version header of every request.
         #[arg(long, env = "STRIPE_API_VERSION", default_value = payment_core::stripe::DEFAULT_API_VERSION)]
@@ -1051,10 +1055,8 @@ async fn run(cli: Cli) -> Result<()> {
                 Ok(k) if !k.trim().is_empty() => secrecy::SecretString::from(k.trim().to_owned()),
                 _ => bail!("set {stripe_key_env} to a Stripe test-mode secret key (sk_test_...), or name another variable with --stripe-key-env"),
             };
-            let client =
-                payment_infra::smoke::client(&payment_api_url, key, &stripe_api_version)?;
-            let run_id =
-                run_id.unwrap_or_else(|| format!("smoke-{}", sqs_once::runner::now_ms()));
+            let client = payment_infra::smoke::client(&payment_api_url, key, &stripe_api_version)?;
+            let run_id = run_id.unwrap_or_else(|| format!("smoke-{}", sqs_once::runner::now_ms()));
             payment_infra::smoke::run(&client, &run_id).await?;
         }
         Command::Get {
