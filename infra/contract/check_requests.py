@@ -23,7 +23,8 @@ and over the whole run, that the traffic covered what it must (`--require`): pay
 list lookups by customer, refunds and their lists, retries with one key, a zero-decimal
 currency, metadata with characters a form encoding must escape.
 
-Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe.rs] [--require ...]
+Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe.rs]
+                         [--rust-limits shared/src/stripe_limits.rs] [--require ...]
        check_requests.py --self-test   (the checker refuses what it must: today's old form, ...)
 """
 
@@ -54,8 +55,9 @@ ENDPOINTS = [
 ]
 OPTIONS = set(RequestOptions.__annotations__)
 
-# Stripe's limits (docs.stripe.com/currencies, docs.stripe.com/api/metadata), kept here apart
-# from the project's own table so that a drift in either shows.
+# Stripe's limits (docs.stripe.com/currencies, docs.stripe.com/api/metadata, read 2026-12-01),
+# kept here apart from the project's own table; --rust-limits compares the two, so a drift in
+# either shows.
 MINIMUMS = {"aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50, "czk": 1500, "dkk": 250,
             "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50, "jpy": 50, "mxn": 1000, "myr": 200,
             "nok": 300, "nzd": 50, "pln": 200, "ron": 200, "sek": 300, "sgd": 50, "thb": 1000, "usd": 50}
@@ -286,6 +288,15 @@ def check(records, pinned, rust_version):
     return violations, stats
 
 
+def rust_limits(path):
+    """The project's own table of Stripe's limits (shared/src/stripe_limits.rs), to compare."""
+    text = open(path).read()
+    block = lambda name: text[text.index(f"pub const {name}"):].split("];", 1)[0]
+    minimums = {c: int(n.replace("_", "")) for c, n in re.findall(r'\("([a-z]{3})", ([0-9_]+)\)', block("MINIMUMS"))}
+    return minimums, set(re.findall(r'"([a-z]{3})"', block("ZERO_DECIMAL"))), set(
+        re.findall(r'"([a-z]{3})"', block("THREE_DECIMAL")))
+
+
 def rust_default(path):
     m = re.search(r'pub const DEFAULT_API_VERSION: &str = "([^"]+)";', open(path).read())
     return m.group(1) if m else "(not found)"
@@ -346,6 +357,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recorded", nargs="?")
     ap.add_argument("--rust-source", help="shared/src/stripe.rs, whose DEFAULT_API_VERSION must be the package's")
+    ap.add_argument("--rust-limits", help="shared/src/stripe_limits.rs, whose table must be this checker's")
     ap.add_argument("--require", default=",".join(REQUIREMENTS), help="what the traffic must cover")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
@@ -357,6 +369,12 @@ def main():
     records = [json.loads(line) for line in open(args.recorded) if line.strip()]
     rust = rust_default(args.rust_source) if args.rust_source else None
     violations, stats = check(records, pinned, rust)
+    if args.rust_limits:
+        ours = rust_limits(args.rust_limits)
+        for what, mine, theirs in zip(("minimums", "zero-decimal currencies", "three-decimal currencies"),
+                                      (MINIMUMS, ZERO_DECIMAL, THREE_DECIMAL), ours):
+            if mine != theirs:
+                violations.append(f"the project's {what} in {args.rust_limits} differ from Stripe's: {theirs} vs {mine}")
     for need in [n for n in args.require.split(",") if n]:
         if not REQUIREMENTS[need](stats):
             violations.append(f"the recorded traffic never covered {need}")

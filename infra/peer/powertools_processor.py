@@ -28,6 +28,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 API_URL = os.environ["PAYMENT_API_URL"].rstrip("/")
 API_KEY = os.environ["PAYMENT_API_KEY"]
 TIMEOUT = float(os.environ.get("PAYMENT_API_TIMEOUT_SECONDS", "10"))
+STRIPE_VERSION = os.environ["STRIPE_API_VERSION"]
 
 processor = BatchProcessor(event_type=EventType.SQS)
 persistence = DynamoDBPersistenceLayer(table_name=os.environ["IDEMPOTENCY_TABLE"], key_attr="pk")
@@ -42,12 +43,15 @@ def charge(payment: dict) -> dict:
         "customer": payment["customer_id"],
         "payment_method": payment["payment_method"],
         "confirm": "true",
+        # What a current Stripe account needs from a queue processor, as this project sends it.
+        "off_session": "true",
         "metadata[payment_id]": payment["payment_id"],
     }
     request = urllib.request.Request(
         f"{API_URL}/v1/payment_intents",
         data=urllib.parse.urlencode(form).encode(),
-        headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": payment["payment_id"]},
+        headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": payment["payment_id"],
+                 "Stripe-Version": STRIPE_VERSION},
         method="POST",
     )
     try:

@@ -280,6 +280,9 @@ def execute_refund(form, refund_key, version):
     if left <= 0:
         return 400, error_body("invalid_request_error", f"Charge for {intent_id} has already been refunded.", code="charge_already_refunded")
     amount = int(form.get("amount") or left)
+    if intent["currency"] in THREE_DECIMAL and amount % 10:
+        return invalid(f"Invalid amount: amounts in {intent['currency'].upper()} must be divisible by 10",
+                       "amount", "invalid_amount") + (False,)
     if amount > left:
         return 400, error_body("invalid_request_error", f"Refund amount ({amount}) is greater than unrefunded amount on charge ({left})", code="amount_too_large")
     refund = {

@@ -117,6 +117,13 @@ class Simulator(unittest.TestCase):
         self.assertIn("same endpoint", err["error"]["message"])
         self.assertEqual(self.call("POST", "/v1/refunds", {"payment_intent": body["id"]}, "refund:shared-key")[0], 200)
 
+    def test_a_three_decimal_refund_must_end_in_zero(self):
+        _, intent = self.pay("kwd-refund", amount="10000", currency="kwd")
+        status, body = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"], "amount": "1005"}, "refund:kwd-1")
+        self.assertEqual((status, body["error"]["code"]), (400, "invalid_amount"))
+        status, _ = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"], "amount": "1000"}, "refund:kwd-1")
+        self.assertEqual(status, 200, "a refused validation saves no result for the key")
+
     def test_cards_that_need_the_customer_fail_off_session_and_wait_on_session(self):
         for pm in ("pm_card_authenticationRequired", "pm_card_threeDSecure2Required", "pm_card_threeDSecureRequired"):
             status, body = self.pay("auth-" + pm, payment_method=pm)

@@ -52,7 +52,7 @@ STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
 # The contract test: every request the processors sent in the run above, checked against the
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
-  --rust-source "$ROOT/shared/src/stripe.rs"
+  --rust-source "$ROOT/shared/src/stripe.rs" --rust-limits "$ROOT/shared/src/stripe_limits.rs"
 stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
 bash "$ROOT/infra/scripts/package.sh" arm64

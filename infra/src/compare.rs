@@ -54,6 +54,7 @@ pub fn peer_environment(
         "PAYMENT_API_URL",
         "PAYMENT_API_KEY",
         "PAYMENT_API_TIMEOUT_SECONDS",
+        "STRIPE_API_VERSION",
     ] {
         let v = this_env.get(k).with_context(|| {
             format!("the peer needs {k} from the processor's environment (the API key as PAYMENT_API_KEY, not a secret)")

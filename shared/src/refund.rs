@@ -250,6 +250,11 @@ impl Work for RefundWork {
             Ok(found) => found,
             Err(refused) => return Ok(refused),
         };
+        if let Some(a) = r.amount {
+            if let Err(why) = crate::stripe_limits::check_refund_amount(a, &currency) {
+                return Ok(rejected("invalid_refund", why));
+            }
+        }
         let amount = match self.reserve(r, payment, charged).await? {
             Ok(a) => a,
             Err(refused) => return Ok(refused),

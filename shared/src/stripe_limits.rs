@@ -126,6 +126,17 @@ pub fn check_amount(amount: i64, currency: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a refund's amount for its currency: Stripe sets no minimum on a refund, but a
+/// three-decimal currency's amount must end in 0 there too.
+pub fn check_refund_amount(amount: i64, currency: &str) -> Result<(), String> {
+    if decimals(currency) == 3 && amount % 10 != 0 {
+        return Err(format!(
+            "a refund of the three-decimal currency {currency} must end in 0 (Stripe rounds to the nearest ten), got {amount}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +170,11 @@ mod tests {
         assert!(check_amount(5, "bhd").is_err());
         assert!(check_amount(MAX_AMOUNT, "usd").is_ok());
         assert!(check_amount(MAX_AMOUNT + 1, "usd").is_err());
+        assert!(
+            check_refund_amount(5, "usd").is_ok(),
+            "no minimum on a refund"
+        );
+        assert!(check_refund_amount(15, "kwd").is_err());
         assert_eq!(display(1_234, "kwd"), "1.234 kwd");
         assert_eq!(display(17_500, "huf"), "175.00 huf");
     }

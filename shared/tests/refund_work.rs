@@ -294,6 +294,40 @@ async fn a_refund_whose_key_the_provider_refuses_gives_its_amount_back_with_the_
     );
 }
 
+#[tokio::test]
+async fn a_three_decimal_refund_off_stripe_s_grid_is_refused_before_any_reservation() {
+    let w = world();
+    w.ledger.insert(
+        "p1",
+        RefundablePayment {
+            status: RecordStatus::Completed,
+            outcome: Some(PaymentOutcome {
+                status: "succeeded".into(),
+                provider_payment_id: Some("pi_p1".into()),
+                decline_code: None,
+                amount: 10_000,
+                currency: "kwd".into(),
+                reason: None,
+            }),
+            refunded: 0,
+            refunds: BTreeMap::new(),
+            has_refunds: false,
+        },
+    );
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "p1", Some(1_005)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.dead_lettered.get("invalid_refund"), Some(&1));
+    assert!(w.queues.dead()[0].error_message.contains("must end in 0"));
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(p.refunded, 0);
+}
+
 #[test]
 fn refund_messages_are_validated_naming_the_field() {
     use payment_core::refund::RefundRequest;
