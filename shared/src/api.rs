@@ -593,6 +593,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn what_stripe_would_refuse_is_parameter_invalid_naming_the_field_and_the_limit() {
+        let (api, tables) = api();
+        let cases = [
+            (BODY.replace("1999", "30"), "amount", "0.50 usd"),
+            (
+                BODY.replace("1999", "49").replace("\"usd\"", "\"jpy\""),
+                "amount",
+                "50 jpy",
+            ),
+            (
+                BODY.replace("1999", "1005").replace("\"usd\"", "\"kwd\""),
+                "amount",
+                "end in 0",
+            ),
+            (BODY.replace("\"1234\"}", "\"\"}"), "metadata", "unset"),
+        ];
+        for (body, field, limit) in cases {
+            let r = post(&api, Some("k3"), &body).await;
+            assert_eq!(r.status, 400, "{body}");
+            let e = &json_of(&r)["error"];
+            assert_eq!(
+                (e["code"].as_str(), e["param"].as_str()),
+                (Some("parameter_invalid"), Some(field)),
+                "{}",
+                r.body
+            );
+            assert!(
+                e["message"].as_str().is_some_and(|m| m.contains(limit)),
+                "{}",
+                r.body
+            );
+        }
+        assert!(tables.outbox.lock().unwrap().is_empty(), "nothing queued");
+        let refund_key = post(&api, Some("refund:r1"), BODY).await;
+        assert_eq!(json_of(&refund_key)["error"]["param"], "Idempotency-Key");
+    }
+
+    #[tokio::test]
     async fn key_and_envelope_errors() {
         let (api, _) = api();
         let missing = post(&api, None, BODY).await;
