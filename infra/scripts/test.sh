@@ -53,6 +53,7 @@ STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
   --rust-source "$ROOT/shared/src/stripe.rs" --rust-limits "$ROOT/shared/src/stripe_limits.rs"
+unset SIM_RECORD # the simulators of the runs below keep no record
 stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
 bash "$ROOT/infra/scripts/package.sh" arm64
