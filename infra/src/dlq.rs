@@ -264,12 +264,74 @@ pub fn check_filter(error_code: Option<&str>, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// The queue whose redrive policy names the dead-letter queue `dlq_url`: the only place its
+/// messages can be processed (a refund sent to the payments queue would be refused as an
+/// invalid payment and never redriven again: lost). A `given` queue is checked against its own
+/// redrive policy; without one, SQS is asked (`ListDeadLetterSourceQueues`) and exactly one
+/// source must answer.
+pub async fn home_queue(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    given: Option<&str>,
+) -> Result<String> {
+    let dlq_arn = crate::esm::queue_arn(sqs, dlq_url).await?;
+    if let Some(queue_url) = given {
+        let policy = sqs
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .with_context(|| format!("reading the redrive policy of {queue_url}"))?
+            .attributes()
+            .and_then(|a| {
+                a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+                    .cloned()
+            });
+        let target = policy
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+            .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+        return match target {
+            Some(t) if t == dlq_arn => Ok(queue_url.to_owned()),
+            Some(t) => anyhow::bail!(
+                "{queue_url} does not dead-letter to {dlq_url} (its redrive policy names {t}): its processor would refuse these messages, and they would be lost; pass the queue whose redrive policy names this DLQ (the refunds' DLQ goes back to REFUNDS_QUEUE_URL), or leave --queue-url out"
+            ),
+            None => anyhow::bail!(
+                "{queue_url} has no redrive policy, so {dlq_url} is not its dead-letter queue: pass the queue whose redrive policy names this DLQ, or leave --queue-url out"
+            ),
+        };
+    }
+    let sources = sqs
+        .list_dead_letter_source_queues()
+        .queue_url(dlq_url)
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "this endpoint cannot say which queue dead-letters to {dlq_url} (ListDeadLetterSourceQueues: {}): pass --queue-url, which is checked against its redrive policy",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            )
+        })?
+        .queue_urls()
+        .to_vec();
+    match sources.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => anyhow::bail!("no queue dead-letters to {dlq_url}: nothing to redrive to"),
+        many => anyhow::bail!(
+            "several queues dead-letter to {dlq_url} ({}): pass --queue-url to choose",
+            many.join(", ")
+        ),
+    }
+}
+
 /// What to redrive.
 #[derive(Debug, Clone)]
 pub struct RedriveOptions {
     /// The dead-letter queue.
     pub dlq_url: String,
-    /// Where the messages go back to.
+    /// Where the messages go back to: a queue whose redrive policy names the DLQ
+    /// ([`home_queue`] finds or checks it).
     pub queue_url: String,
     /// Only dead letters with this `error_code` (`max_receives` for those SQS moved).
     pub error_code: Option<String>,
@@ -290,9 +352,11 @@ pub struct RedriveReport {
     pub kept: std::collections::BTreeMap<String, u64>,
 }
 
-/// Moves dead letters back to the source queue.
+/// Moves dead letters back to the source queue. Refuses a queue that does not dead-letter to
+/// the DLQ ([`home_queue`]): its processor could not process them.
 pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
     check_filter(opts.error_code.as_deref(), opts.force)?;
+    home_queue(sqs, &opts.dlq_url, Some(&opts.queue_url)).await?;
     // The move task moves everything: only when nothing is to stay behind.
     if opts.error_code.is_none() && opts.max.is_none() && opts.force {
         let (source, destination) = (

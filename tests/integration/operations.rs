@@ -204,3 +204,88 @@ async fn dlq_list_and_show_give_the_whole_dead_letter() {
     assert!(!ok);
     assert!(err.contains("no dead letter with message id"), "{err}");
 }
+
+/// A redrive goes home: the refunds' dead letters go back to the refunds queue, never to the
+/// payments queue, where the payment processor would refuse them as invalid payments and they
+/// would be lost. A queue is accepted only when its redrive policy names the DLQ; without one
+/// given, the source is asked of SQS, or the operator is told to name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_goes_back_to_the_queue_that_dead_letters_to_the_dlq() {
+    let t = TestStack::new("redrive-home").await;
+    let q = |id: &str| t.stack.queues[id].clone();
+    let (payments, refunds, refunds_dlq) = (
+        q("PaymentsQueue"),
+        q("RefundsQueue"),
+        q("RefundsDeadLetterQueue"),
+    );
+    let refund = r#"{"refund_id":"rf-home","payment_id":"p-home","amount":100}"#;
+    t.sqs
+        .send_message()
+        .queue_url(&refunds_dlq)
+        .message_body(refund)
+        .send()
+        .await
+        .unwrap();
+    let to = |queue_url: &str| RedriveOptions {
+        dlq_url: refunds_dlq.clone(),
+        queue_url: queue_url.to_owned(),
+        error_code: None,
+        max: None,
+        force: false,
+    };
+    let wrong = dlq::redrive(&t.sqs, &to(&payments)).await.unwrap_err();
+    assert!(
+        wrong.to_string().contains("does not dead-letter to"),
+        "{wrong}"
+    );
+    let cli = std::process::Command::new(root().join("target/debug/payctl"))
+        .args([
+            "dlq",
+            "redrive",
+            "--dlq-url",
+            &refunds_dlq,
+            "--queue-url",
+            &payments,
+        ])
+        .output()
+        .expect("running payctl dlq redrive");
+    assert!(!cli.status.success(), "the CLI refuses the wrong queue");
+    assert!(
+        String::from_utf8_lossy(&cli.stderr).contains("REFUNDS_QUEUE_URL"),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(
+        dlq::list(&t.sqs, &refunds_dlq, 10).await.unwrap().len(),
+        1,
+        "nothing moved"
+    );
+    // Without --queue-url: the one source SQS names, or a plain request to name it.
+    match dlq::home_queue(&t.sqs, &refunds_dlq, None).await {
+        Ok(home) => assert_eq!(home, refunds),
+        Err(e) => assert!(e.to_string().contains("pass --queue-url"), "{e}"),
+    }
+    let moved = dlq::redrive(&t.sqs, &to(&refunds)).await.unwrap();
+    assert_eq!(moved.moved, 1);
+    let back = t
+        .sqs
+        .receive_message()
+        .queue_url(&refunds)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(back.messages()[0].body(), Some(refund));
+    let none = t
+        .sqs
+        .receive_message()
+        .queue_url(&payments)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        none.messages().is_empty(),
+        "nothing reached the payments queue"
+    );
+}

@@ -495,9 +495,10 @@ enum DlqCommand {
         /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
         dlq_url: String,
-        /// The payments queue (the stack's PaymentsQueueUrl output).
-        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
-        queue_url: String,
+        /// The queue to move them back to (default: the one queue whose redrive policy names
+        /// this DLQ, asked of SQS); refused unless its redrive policy names this DLQ.
+        #[arg(long)]
+        queue_url: Option<String>,
         /// Only this error_code (max_receives: moved by SQS after maxReceiveCount).
         #[arg(long)]
         error_code: Option<String>,
@@ -901,11 +902,15 @@ async fn run(cli: Cli) -> Result<()> {
                 &format!("the dead-letter queue {dlq_url} (DEAD_LETTER_QUEUE_URL)"),
             )
             .await?;
-            if let DlqCommand::Redrive { queue_url, .. } = &command {
+            if let DlqCommand::Redrive {
+                queue_url: Some(queue_url),
+                ..
+            } = &command
+            {
                 payment_infra::operate::check_queue(
                     &sdk,
                     queue_url,
-                    &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+                    &format!("the source queue {queue_url} (--queue-url)"),
                 )
                 .await?;
             }
@@ -931,6 +936,10 @@ async fn run(cli: Cli) -> Result<()> {
                     max,
                     force,
                 } => {
+                    let queue_url =
+                        payment_infra::dlq::home_queue(&sqs, &dlq_url, queue_url.as_deref())
+                            .await?;
+                    println!("redriving {dlq_url} to {queue_url}");
                     let report = payment_infra::dlq::redrive(
                         &sqs,
                         &payment_infra::dlq::RedriveOptions {
@@ -943,6 +952,9 @@ async fn run(cli: Cli) -> Result<()> {
                     )
                     .await?;
                     println!("moved {} messages back ({})", report.moved, report.method);
+                    if report.method == "StartMessageMoveTask" {
+                        println!("SQS's move task sets a new SentTimestamp: a message SQS moved by itself (max_receives) has no first_sent_at, so its age starts again; the processor's own dead letters keep their first_sent_at");
+                    }
                     for (code, n) in &report.kept {
                         println!(
                             "kept {n} {code} in the DLQ: {} (--force moves them)",
