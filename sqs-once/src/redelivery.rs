@@ -9,9 +9,14 @@
 //! `maxReceiveCount` is then only the safety net for crashes (a process killed while it held
 //! the message on its last receive).
 //!
-//! Transient failures are spread over the retry horizon ([`Budget::spread`]): the receives left
-//! divide the time left until the horizon, so an outage as long as the horizon never exhausts
-//! the budget, whatever the queue's `maxReceiveCount` (≥ 2) and visibility timeout.
+//! Transient failures follow a geometric schedule over the retry horizon ([`schedule`]): the
+//! first wait is the base delay (seconds: one blip costs seconds), each later one `r` times the
+//! one before, with `r` chosen so that the waits between a message's `maxReceiveCount`
+//! deliveries add up to the horizon. Each delivery scales what is left of the schedule to the
+//! time actually left ([`geometric_delay`]), so busy looks, slow attempts and jitter never
+//! push the last delivery past the horizon nor pull it before: an outage as long as the horizon
+//! never exhausts the budget, whatever the queue's `maxReceiveCount` (≥ 3) and visibility
+//! timeout, as long as the waits fit under SQS's 12-hour cap.
 
 use std::time::Duration;
 
@@ -37,8 +42,8 @@ pub enum Redelivery {
     /// again within [`BUSY_RECHECK`]; later ones wait for the lease's end, so a dead holder's
     /// key is taken over after at most one lease and its copies do not burn the budget.
     Busy(i64),
-    /// A transient failure (downstream, store, queue): exponential backoff on the receive count,
-    /// stretched to spread the receives left over the retry horizon.
+    /// A transient failure (downstream, store, queue): the geometric schedule over the retry
+    /// horizon ([`geometric_delay`]).
     Backoff,
     /// A transient failure after a call that may still land: the backoff, but not before the
     /// record's `not_before` (epoch ms), so the next delivery is not refused for it.
@@ -77,30 +82,98 @@ impl Budget {
             .is_some_and(|max| self.receive_count >= max)
     }
 
-    /// The least delay that spreads the receives left over what is left of `horizon` since the
-    /// first receipt: `(horizon - elapsed) / receives left`. Zero without a redrive policy.
-    pub fn spread(&self, horizon: Duration, now_ms: i64) -> Duration {
-        let Some(max) = self.max_receive_count else {
-            return Duration::ZERO;
-        };
-        let left = max.saturating_sub(self.receive_count);
-        if left == 0 {
-            return Duration::ZERO;
-        }
-        let elapsed = self
-            .first_received_at_ms
+    /// Time since the first receipt (zero when SQS did not say).
+    fn elapsed(&self, now_ms: i64) -> Duration {
+        self.first_received_at_ms
             .map(|t| Duration::from_millis((now_ms - t).max(0) as u64))
-            .unwrap_or_default();
-        horizon.saturating_sub(elapsed) / left
+            .unwrap_or_default()
     }
+}
+
+/// The planned waits between the `deliveries` of a message that fails every time: `first`,
+/// `first·r`, `first·r²`, … (each under SQS's 12-hour cap, [`MAX_DELAY`]), with the ratio
+/// `r ≥ 1` found so that they add up to `horizon`. `deliveries − 1` waits; none for fewer than
+/// two deliveries. When `first` alone is longer than the horizon allows, the waits are even.
+/// When even waits of 12 hours cannot reach the horizon, every wait after the first is 12 hours
+/// (the configuration should refuse such a horizon).
+pub fn schedule(first: Duration, deliveries: u32, horizon: Duration) -> Vec<Duration> {
+    let waits = deliveries.saturating_sub(1) as usize;
+    if waits == 0 {
+        return Vec::new();
+    }
+    let (first_s, horizon_s, cap) = (
+        first.as_secs_f64(),
+        horizon.as_secs_f64(),
+        MAX_DELAY.as_secs_f64(),
+    );
+    let plan = |r: f64| -> Vec<f64> {
+        let mut w = first_s.min(cap);
+        (0..waits)
+            .map(|_| {
+                let this = w;
+                w = (w * r).min(cap);
+                this
+            })
+            .collect()
+    };
+    let total = |r: f64| plan(r).iter().sum::<f64>();
+    let to_durations = |v: Vec<f64>| v.into_iter().map(Duration::from_secs_f64).collect();
+    if first_s <= 0.0 || total(1.0) >= horizon_s {
+        // The horizon is too short for `first` at every wait: even waits fill it.
+        return to_durations(vec![horizon_s / waits as f64; waits]);
+    }
+    // The total grows with r (strictly until every wait is capped): bisection finds it.
+    let (mut lo, mut hi) = (1.0f64, 2.0f64);
+    while total(hi) < horizon_s && hi < 1e9 {
+        lo = hi;
+        hi *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = (lo + hi) / 2.0;
+        if total(mid) < horizon_s {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    to_durations(plan(hi))
+}
+
+/// The wait after a transient failure on `budget`'s delivery, by the geometric [`schedule`]:
+/// this delivery's planned wait, scaled by the time actually left until the horizon over the
+/// planned waits still to come, so the last delivery lands at the horizon whatever happened
+/// before. Jittered down by up to a fifth, but for the last wait, which lands on the horizon.
+pub fn geometric_delay(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Option<Duration> {
+    let max = budget.max_receive_count?;
+    if policy.horizon.is_zero() || budget.receive_count >= max {
+        return None;
+    }
+    let plan = schedule(policy.base, max, policy.horizon);
+    let i = (budget.receive_count as usize).saturating_sub(1);
+    let planned = plan.get(i)?.as_secs_f64();
+    let still: f64 = plan[i..].iter().map(Duration::as_secs_f64).sum();
+    let left = policy
+        .horizon
+        .saturating_sub(budget.elapsed(now_ms))
+        .as_secs_f64();
+    let mut wait = if still > 0.0 {
+        planned * left / still
+    } else {
+        0.0
+    };
+    if i + 1 < plan.len() {
+        wait *= 0.8 + 0.2 * fastrand::f64();
+    }
+    Some(Duration::from_secs_f64(wait.min(MAX_DELAY.as_secs_f64())))
 }
 
 /// Backoff tunables, from [`crate::Settings`].
 #[derive(Debug, Clone, Copy)]
 pub struct BackoffPolicy {
-    /// Delay after the first failed delivery; doubles per receive.
+    /// The first wait after a transient failure: the geometric schedule's first term (and
+    /// the base of the doubling when the queue has no budget or the horizon is zero).
     pub base: Duration,
-    /// Cap of the exponential part.
+    /// Cap of the doubling (used only without a budget or a horizon).
     pub max: Duration,
     /// The retry horizon: transient failures this long never exhaust the budget.
     pub horizon: Duration,
@@ -115,9 +188,11 @@ pub fn redelivery_delay(receive_count: u32, base: Duration, max: Duration) -> Du
     half + half.mul_f64(fastrand::f64())
 }
 
+/// The geometric schedule when the queue has a budget and the horizon is set; else the
+/// doubling from the base, capped.
 fn backoff(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
-    redelivery_delay(budget.receive_count, policy.base, policy.max)
-        .max(budget.spread(policy.horizon, now_ms))
+    geometric_delay(budget, policy, now_ms)
+        .unwrap_or_else(|| redelivery_delay(budget.receive_count, policy.base, policy.max))
 }
 
 /// The delay for a message handed back for `why`, at `now_ms`, within SQS's 12-hour cap.
@@ -156,10 +231,58 @@ mod tests {
     }
 
     const POLICY: BackoffPolicy = BackoffPolicy {
-        base: Duration::from_secs(10),
+        base: Duration::from_secs(3),
         max: Duration::from_secs(900),
         horizon: Duration::from_secs(3600),
     };
+
+    #[test]
+    fn the_schedule_starts_within_seconds_grows_geometrically_and_fills_the_horizon() {
+        let first = Duration::from_secs(3);
+        for max in 3..=20u32 {
+            for horizon_s in [60u64, 600, 3_600, 86_400, 4 * 86_400] {
+                let horizon = Duration::from_secs(horizon_s);
+                let plan = schedule(first, max, horizon);
+                assert_eq!(plan.len(), max as usize - 1);
+                let total: f64 = plan.iter().map(Duration::as_secs_f64).sum();
+                let reachable = 3.0 + (max as f64 - 2.0) * MAX_DELAY.as_secs_f64();
+                let want = (horizon_s as f64).min(reachable);
+                assert!(
+                    (total - want).abs() <= want * 1e-6 + 1e-3,
+                    "max {max}, horizon {horizon_s}: waits add up to {total}"
+                );
+                if first.as_secs_f64() * (max as f64 - 1.0) < horizon_s as f64 {
+                    assert!(
+                        plan[0] <= first,
+                        "the first wait is the base: {:?}",
+                        plan[0]
+                    );
+                }
+                assert!(
+                    plan.windows(2).all(|w| w[1] >= w[0]),
+                    "never shrinks: {plan:?}"
+                );
+                assert!(plan.iter().all(|w| *w <= MAX_DELAY));
+            }
+        }
+        // The arithmetic of the README: 10 deliveries over an hour from 3 s.
+        let plan = schedule(first, 10, Duration::from_secs(3_600));
+        let r = plan[1].as_secs_f64() / plan[0].as_secs_f64();
+        assert!((2.1..2.3).contains(&r), "ratio {r}");
+        assert!(plan[8] > Duration::from_secs(1_800), "{plan:?}");
+        assert!(schedule(first, 1, Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn one_transient_failure_comes_back_within_the_base_delay() {
+        for max in [3, 5, 10, 20] {
+            let d = delay_for(Redelivery::Backoff, &budget(1, Some(max), 0), &POLICY, 0);
+            assert!(
+                d <= Duration::from_secs(3) && d >= Duration::from_millis(2_400),
+                "{d:?}"
+            );
+        }
+    }
 
     #[test]
     fn redelivery_delay_grows_and_is_capped() {
@@ -210,7 +333,7 @@ mod tests {
 
     #[test]
     fn an_outage_as_long_as_the_horizon_exhausts_no_budget_of_three_or_more() {
-        for max in [3, 4, 5, 10, 20] {
+        for max in 3..=20 {
             assert!(
                 survive(Duration::from_secs(3600), max, 0).is_some(),
                 "maxReceiveCount {max}"
@@ -219,6 +342,33 @@ mod tests {
                 survive(Duration::from_secs(3600), max, 1).is_some(),
                 "maxReceiveCount {max} after a busy look"
             );
+        }
+    }
+
+    #[test]
+    fn the_last_delivery_lands_at_the_horizon_not_before_nor_after() {
+        for max in 3..=20u32 {
+            // Busy looks take deliveries of their own; one backoff wait at least is left.
+            for busy_first in (0..=2).filter(|b| b + 2 <= max) {
+                let first = 1_000_000i64;
+                let mut now = first;
+                for n in 1..max {
+                    let why = if n <= busy_first {
+                        Redelivery::Busy(first + 60_000)
+                    } else {
+                        Redelivery::Backoff
+                    };
+                    // Each attempt itself takes a few seconds.
+                    now += 2_000;
+                    now += delay_for(why, &budget(n, Some(max), first), &POLICY, now).as_millis()
+                        as i64;
+                }
+                let at = (now - first) as f64 / 1000.0;
+                assert!(
+                    (3_599.0..=3_601.0).contains(&at),
+                    "max {max}, {busy_first} busy looks: delivery {max} at {at} s"
+                );
+            }
         }
     }
 

@@ -16,9 +16,11 @@ pub struct Settings {
     pub call_attempts: usize,
     /// First delay between calls within one delivery (exponential, with jitter).
     pub call_retry_delay: Duration,
-    /// Visibility delay after the first failed delivery; doubles per `ApproximateReceiveCount`.
+    /// Visibility delay after the first failed delivery: the first term of the geometric
+    /// schedule over [`Settings::retry_horizon`] ([`crate::redelivery::schedule`]); without a
+    /// receive budget or a horizon, the base of a doubling per `ApproximateReceiveCount`.
     pub redelivery_base_delay: Duration,
-    /// Cap of the redelivery delay.
+    /// Cap of the doubling (only without a receive budget or a horizon).
     pub redelivery_max_delay: Duration,
     /// Leases end at most this long after the invocation deadline, so a timed-out attempt's
     /// record can be taken over by the next delivery.
@@ -41,7 +43,7 @@ pub struct Settings {
     /// nothing proves no effect only this long after the last call could have landed.
     pub search_lag: Duration,
     /// Transient failures this long never exhaust a message's receive budget: the
-    /// redelivery delays spread the receives left over it.
+    /// the geometric redelivery schedule lands the last receive at it.
     pub retry_horizon: Duration,
     /// The source queue's `maxReceiveCount` when its redrive policy cannot be read; the
     /// queue's own policy wins when it can be.
@@ -63,7 +65,7 @@ impl Default for Settings {
             max_concurrency: 10,
             call_attempts: 3,
             call_retry_delay: Duration::from_millis(200),
-            redelivery_base_delay: Duration::from_secs(10),
+            redelivery_base_delay: Duration::from_secs(3),
             redelivery_max_delay: Duration::from_secs(900),
             deadline_margin: Duration::from_secs(5),
             visibility_timeout: Duration::from_secs(390),
