@@ -101,11 +101,7 @@ pub async fn reconcile_one(
         .find_payments(&query)
         .await
         .with_context(|| format!("looking {payment_id} up at the provider"))?;
-    let pick = found
-        .iter()
-        .find(|f| f.is_charge())
-        .or_else(|| found.iter().find(|f| f.is_pending()))
-        .or_else(|| found.first());
+    let pick = payment_core::provider::FoundPayment::pick(&found);
     let Some(f) = pick else {
         let landing = record.not_before_ms.unwrap_or(record.lease_expires_at_ms);
         let proof_from = landing + settings.search_lag.as_millis() as i64;

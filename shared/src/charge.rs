@@ -185,15 +185,14 @@ impl Work for PaymentWork {
             ),
         };
         let found = self.provider.find_payments(&query).await?;
-        let charges: Vec<_> = found.iter().filter(|f| f.is_charge()).collect();
-        if charges.len() > 1 {
+        let charges = found.iter().filter(|f| f.is_charge()).count();
+        if charges > 1 {
             error!(
-                count = charges.len(),
+                count = charges,
                 "the provider holds more than one charge for this payment id"
             );
         }
-        let alive = found.iter().find(|f| f.is_pending());
-        let Some(f) = charges.first().copied().or(alive).or(found.first()) else {
+        let Some(f) = crate::provider::FoundPayment::pick(&found) else {
             return Ok(None);
         };
         info!(provider_payment_id = %f.provider_payment_id, status = %f.status, "lookup found the payment's intent");

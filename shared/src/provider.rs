@@ -166,9 +166,17 @@ impl FoundPayment {
             "processing" | "requires_action" | "requires_confirmation"
         )
     }
-}
 
-impl FoundPayment {
+    /// The intent that stands for the payment among those a lookup found: a charge, else an
+    /// intent still alive, else the first (one that did not charge).
+    pub fn pick(found: &[FoundPayment]) -> Option<&FoundPayment> {
+        found
+            .iter()
+            .find(|f| f.is_charge())
+            .or_else(|| found.iter().find(|f| f.is_pending()))
+            .or_else(|| found.first())
+    }
+
     /// The answer this intent stands for, as if its creation had been heard: a charge or an
     /// intent still alive as it is; one whose confirmation failed for want of the customer as
     /// [`ProviderResponse::NeedsAuthentication`]; else a decline with its code.

@@ -235,18 +235,7 @@ impl StripeClient {
     /// `GET /v1/payment_intents/{id}`: one PaymentIntent as the provider holds it now.
     pub async fn retrieve_payment(&self, id: &str) -> Result<FoundPayment, ProviderError> {
         let (status, headers, body) = self.get(&format!("/v1/payment_intents/{id}"), &[]).await?;
-        if !status.is_success() {
-            interpret(status, &headers, &body)?;
-            return Err(ProviderError::new(
-                FailureKind::Misconfigured,
-                format!("retrieving {id} was refused with HTTP {status}"),
-            ));
-        }
-        serde_json::from_str::<IntentBody>(&body)
-            .map(IntentBody::found)
-            .map_err(|e| {
-                ProviderError::new(FailureKind::Network, format!("unreadable intent: {e}"))
-            })
+        listing(status, &headers, &body, |_: &IntentBody| false).map(IntentBody::found)
     }
 
     /// The form body of a create-and-confirm call, in Stripe's encoding of nested fields:
@@ -296,7 +285,7 @@ async fn answer_of(
     Ok((status, headers, body))
 }
 
-/// A listing's body (a search, a list of refunds): a refusal is classified as an answer is;
+/// A read's body (a search, a list, one object): a refusal is classified as an answer is;
 /// an unreadable body is a network failure (retried); more than one page is not a state this
 /// processor creates.
 pub(crate) fn listing<T: serde::de::DeserializeOwned>(

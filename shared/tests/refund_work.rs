@@ -126,6 +126,17 @@ fn world() -> World {
 }
 
 fn charged(w: &World, pid: &str, status: RecordStatus, outcome: &str, amount: i64) {
+    charged_in(w, pid, status, outcome, amount, "usd");
+}
+
+fn charged_in(
+    w: &World,
+    pid: &str,
+    status: RecordStatus,
+    outcome: &str,
+    amount: i64,
+    currency: &str,
+) {
     w.ledger.insert(
         pid,
         RefundablePayment {
@@ -135,7 +146,7 @@ fn charged(w: &World, pid: &str, status: RecordStatus, outcome: &str, amount: i6
                 provider_payment_id: Some(format!("pi_{pid}")),
                 decline_code: None,
                 amount,
-                currency: "usd".into(),
+                currency: currency.into(),
                 reason: None,
             }),
             refunded: 0,
@@ -297,22 +308,13 @@ async fn a_refund_whose_key_the_provider_refuses_gives_its_amount_back_with_the_
 #[tokio::test]
 async fn a_three_decimal_refund_off_stripe_s_grid_is_refused_before_any_reservation() {
     let w = world();
-    w.ledger.insert(
+    charged_in(
+        &w,
         "p1",
-        RefundablePayment {
-            status: RecordStatus::Completed,
-            outcome: Some(PaymentOutcome {
-                status: "succeeded".into(),
-                provider_payment_id: Some("pi_p1".into()),
-                decline_code: None,
-                amount: 10_000,
-                currency: "kwd".into(),
-                reason: None,
-            }),
-            refunded: 0,
-            refunds: BTreeMap::new(),
-            has_refunds: false,
-        },
+        RecordStatus::Completed,
+        "succeeded",
+        10_000,
+        "kwd",
     );
     let (_, s) = w
         .processor

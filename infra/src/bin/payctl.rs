@@ -936,9 +936,11 @@ async fn run(cli: Cli) -> Result<()> {
                     max,
                     force,
                 } => {
-                    let queue_url =
-                        payment_infra::dlq::home_queue(&sqs, &dlq_url, queue_url.as_deref())
-                            .await?;
+                    // A given queue is checked by the redrive itself; without one, ask SQS.
+                    let queue_url = match queue_url {
+                        Some(q) => q,
+                        None => payment_infra::dlq::home_queue(&sqs, &dlq_url, None).await?,
+                    };
                     println!("redriving {dlq_url} to {queue_url}");
                     let report = payment_infra::dlq::redrive(
                         &sqs,
