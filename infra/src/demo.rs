@@ -53,6 +53,13 @@ pub fn refund_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) ->
     config.dead_letter_queue_url = stack
         .var_of(crate::template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
         .to_owned();
+    if config.source_queue_url.is_some() {
+        config.source_queue_url = Some(
+            stack
+                .var_of(crate::template::REFUND_PROCESSOR, "SOURCE_QUEUE_URL")?
+                .to_owned(),
+        );
+    }
     Ok(config)
 }
 
@@ -62,7 +69,11 @@ pub fn function_environment(
     stack: &Stack,
     overrides: &BTreeMap<String, String>,
 ) -> Result<(Config, BTreeMap<String, String>)> {
-    let resource_vars = ["IDEMPOTENCY_TABLE", "DEAD_LETTER_QUEUE_URL"];
+    let resource_vars = [
+        "IDEMPOTENCY_TABLE",
+        "DEAD_LETTER_QUEUE_URL",
+        "SOURCE_QUEUE_URL",
+    ];
     let read = std::cell::RefCell::new(BTreeMap::new());
     let config = Config::from_lookup(|k| {
         let v = if let Some(v) = overrides.get(k) {

@@ -26,6 +26,26 @@ pub enum InitError {
     /// The HTTP client could not be built.
     #[error("building the provider client failed: {0}")]
     Http(String),
+    /// `SOURCE_QUEUE_URL` could not be read, or its limits do not fit the settings.
+    #[error("SOURCE_QUEUE_URL: {0}")]
+    SourceQueue(String),
+}
+
+/// Reads the source queue's limits (when `SOURCE_QUEUE_URL` is set) and refuses settings
+/// whose retry horizon would outlive the queue's retention; the limits stay cached for the
+/// queue's messages.
+async fn check_source_queue(config: &Config, queues: &SqsQueues) -> Result<(), InitError> {
+    let Some(url) = &config.source_queue_url else {
+        return Ok(());
+    };
+    let (_, limits) = queues
+        .limits_of_url(url)
+        .await
+        .map_err(|e| InitError::SourceQueue(e.to_string()))?;
+    config
+        .settings
+        .check_queue(&limits)
+        .map_err(|e| InitError::SourceQueue(e.to_string()))
 }
 
 /// Loads the SDK configuration from the standard chain (region, credentials, endpoint).
@@ -95,6 +115,7 @@ pub async fn build_processor_with(
     let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention);
     let store = crate::payment_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
+    check_source_queue(config, &queues).await?;
     Ok(Arc::new(
         Processor::new(
             Arc::new(work),
@@ -130,6 +151,7 @@ pub async fn build_refund_processor(
         aws_sdk_sqs::Client::new(sdk),
         config.dead_letter_queue_url.clone(),
     );
+    check_source_queue(config, &queues).await?;
     Ok(Arc::new(
         crate::refund::RefundProcessor::new(
             Arc::new(work),

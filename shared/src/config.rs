@@ -48,8 +48,13 @@ pub struct Config {
     /// `PROVIDER_MAX_ATTEMPTS`, `REDELIVERY_BASE_DELAY_SECONDS`, `REDELIVERY_MAX_DELAY_SECONDS`,
     /// `QUEUE_VISIBILITY_TIMEOUT_SECONDS`, `PROVIDER_KEY_RETENTION_SECONDS`,
     /// `PROVIDER_KEY_RETENTION_MARGIN_SECONDS`, `PROVIDER_PROCESSING_ALLOWANCE_SECONDS`,
-    /// `PROVIDER_SEARCH_LAG_SECONDS`, `RETRY_HORIZON_SECONDS`, `QUEUE_MAX_RECEIVE_COUNT`).
+    /// `PROVIDER_SEARCH_LAG_SECONDS`, `RETRY_HORIZON_SECONDS`, `QUEUE_MAX_RECEIVE_COUNT`,
+    /// `RETENTION_MARGIN_SECONDS`, default the visibility timeout).
     pub settings: Settings,
+    /// `SOURCE_QUEUE_URL` (optional): the queue the function's event source mapping reads.
+    /// When set, the init reads its redrive policy and retention and refuses a retry horizon
+    /// that does not end the retention margin before the retention.
+    pub source_queue_url: Option<String>,
 }
 
 /// A configuration problem, naming the variable.
@@ -167,6 +172,17 @@ impl Config {
             },
             ..defaults
         };
+        // What one delivery can take before it hands the message back or dead-letters it is
+        // under the visibility timeout (the template's is 6x the function's timeout).
+        let settings = Settings {
+            retention_margin: Duration::from_secs(number(
+                "RETENTION_MARGIN_SECONDS",
+                settings.visibility_timeout.as_secs(),
+                1,
+                86_400,
+            )?),
+            ..settings
+        };
         let provider_timeout =
             Duration::from_secs(number("PAYMENT_API_TIMEOUT_SECONDS", 10, 1, 300)?);
         let provider_key_retention = Duration::from_secs(number(
@@ -208,6 +224,7 @@ impl Config {
             provider_timeout,
             provider_key_retention,
             settings,
+            source_queue_url: get("SOURCE_QUEUE_URL").filter(|v| !v.trim().is_empty()),
         })
     }
 }

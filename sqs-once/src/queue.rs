@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_sqs::error::DisplayErrorContext;
@@ -56,6 +57,26 @@ pub trait QueueOps: Send + Sync {
     /// redrive policy, so SQS never moves its messages). An error means it cannot be told; the
     /// processor then uses `QUEUE_MAX_RECEIVE_COUNT`.
     async fn max_receive_count(&self, source_arn: &str) -> Result<Option<u32>, QueueError>;
+    /// What the processor must know of the source queue to hand a message back: its
+    /// `maxReceiveCount` and its `MessageRetentionPeriod`. The default knows no retention
+    /// (only the receive budget then bounds the retries); [`SqsQueues`] reads both in one
+    /// `GetQueueAttributes`, once per queue.
+    async fn limits(&self, source_arn: &str) -> Result<QueueLimits, QueueError> {
+        Ok(QueueLimits {
+            max_receive_count: self.max_receive_count(source_arn).await?,
+            retention: None,
+        })
+    }
+}
+
+/// What a source queue allows a message that comes back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// `maxReceiveCount` of the redrive policy (`None`: no redrive policy).
+    pub max_receive_count: Option<u32>,
+    /// `MessageRetentionPeriod`: SQS deletes a message this long after it was sent to the
+    /// queue (its `SentTimestamp`), in flight or not, with no dead letter (`None`: not known).
+    pub retention: Option<Duration>,
 }
 
 /// Message attribute names on dead letters.
@@ -79,9 +100,9 @@ pub struct SqsQueues {
     dlq_url: String,
     /// eventSourceARN -> queue URL, looked up once per queue.
     urls: Mutex<HashMap<String, String>>,
-    /// eventSourceARN -> `maxReceiveCount`, read once per queue (only when a message must come
-    /// back, so the hot path makes no call for it).
-    max_receives: Mutex<HashMap<String, Option<u32>>>,
+    /// eventSourceARN -> `maxReceiveCount` and retention, read once per queue (only when a
+    /// message must come back, so the hot path makes no call for it).
+    limits: Mutex<HashMap<String, QueueLimits>>,
 }
 
 /// A `String` message attribute (an error only for a value the SDK refuses to build).
@@ -100,7 +121,7 @@ impl SqsQueues {
             client,
             dlq_url: dlq_url.into(),
             urls: Mutex::new(HashMap::new()),
-            max_receives: Mutex::new(HashMap::new()),
+            limits: Mutex::new(HashMap::new()),
         }
     }
 
@@ -200,38 +221,75 @@ impl QueueOps for SqsQueues {
     }
 
     async fn max_receive_count(&self, source_arn: &str) -> Result<Option<u32>, QueueError> {
-        if let Some(n) = self
-            .max_receives
+        Ok(self.limits(source_arn).await?.max_receive_count)
+    }
+
+    async fn limits(&self, source_arn: &str) -> Result<QueueLimits, QueueError> {
+        if let Some(l) = self
+            .limits
             .lock()
             .ok()
             .and_then(|m| m.get(source_arn).copied())
         {
-            return Ok(n);
+            return Ok(l);
         }
         let url = self.url_for_arn(source_arn).await?;
+        let (_, limits) = self.read_limits(&url).await?;
+        if let Ok(mut m) = self.limits.lock() {
+            m.insert(source_arn.to_owned(), limits);
+        }
+        Ok(limits)
+    }
+}
+
+impl SqsQueues {
+    /// Reads a queue's ARN and [`QueueLimits`] by its URL (one `GetQueueAttributes`) and keeps
+    /// them for the messages of that queue: the init check of a processor that knows its
+    /// source queue.
+    pub async fn limits_of_url(&self, url: &str) -> Result<(String, QueueLimits), QueueError> {
+        let (arn, limits) = self.read_limits(url).await?;
+        let arn = arn.ok_or_else(|| QueueError(format!("{url} has no QueueArn attribute")))?;
+        if let Ok(mut m) = self.urls.lock() {
+            m.insert(arn.clone(), url.to_owned());
+        }
+        if let Ok(mut m) = self.limits.lock() {
+            m.insert(arn.clone(), limits);
+        }
+        Ok((arn, limits))
+    }
+
+    async fn read_limits(&self, url: &str) -> Result<(Option<String>, QueueLimits), QueueError> {
         let out = self
             .client
             .get_queue_attributes()
             .queue_url(url)
             .attribute_names(QueueAttributeName::RedrivePolicy)
+            .attribute_names(QueueAttributeName::MessageRetentionPeriod)
+            .attribute_names(QueueAttributeName::QueueArn)
             .send()
             .await
             .map_err(|e| QueueError(DisplayErrorContext(&e).to_string()))?;
-        let n = match out
-            .attributes()
-            .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
-        {
+        let attrs = out.attributes();
+        let get = |k: QueueAttributeName| attrs.and_then(|a| a.get(&k)).cloned();
+        let max_receive_count = match get(QueueAttributeName::RedrivePolicy) {
             None => None,
-            Some(policy) => Some(parse_max_receive_count(policy).ok_or_else(|| {
-                QueueError(format!(
-                    "unreadable RedrivePolicy on {source_arn}: {policy}"
-                ))
+            Some(policy) => Some(parse_max_receive_count(&policy).ok_or_else(|| {
+                QueueError(format!("unreadable RedrivePolicy on {url}: {policy}"))
             })?),
         };
-        if let Ok(mut m) = self.max_receives.lock() {
-            m.insert(source_arn.to_owned(), n);
-        }
-        Ok(n)
+        let retention = match get(QueueAttributeName::MessageRetentionPeriod) {
+            None => None,
+            Some(v) => Some(Duration::from_secs(v.trim().parse::<u64>().map_err(
+                |_| QueueError(format!("unreadable MessageRetentionPeriod on {url}: {v}")),
+            )?)),
+        };
+        Ok((
+            get(QueueAttributeName::QueueArn),
+            QueueLimits {
+                max_receive_count,
+                retention,
+            },
+        ))
     }
 }
 

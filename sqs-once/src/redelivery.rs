@@ -22,8 +22,14 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
 
+use crate::queue::QueueLimits;
+
 /// SQS keeps a message hidden at most 12 hours from its receipt; the delay stays under it.
 pub const MAX_DELAY: Duration = Duration::from_secs(12 * 3600 - 60);
+
+/// The shortest wait of a message handed back: a delivery that cannot come back at least this
+/// long before the retention bound is dead-lettered instead.
+pub const MIN_DELAY: Duration = Duration::from_secs(1);
 
 /// The first look at a live lease comes back at most this soon: most holders finish in
 /// milliseconds and a look costs one conditional write.
@@ -59,19 +65,38 @@ pub struct Budget {
     pub max_receive_count: Option<u32>,
     /// Epoch ms of the message's first receipt (`ApproximateFirstReceiveTimestamp`).
     pub first_received_at_ms: Option<i64>,
+    /// Epoch ms by which a delivery must come back to finish (or dead-letter the message)
+    /// before SQS deletes it by the queue's retention: `SentTimestamp` + retention − margin.
+    /// `None` when the retention or the send time is not known.
+    pub last_delivery_by_ms: Option<i64>,
 }
 
 impl Budget {
-    /// The budget of a delivery from its SQS attributes and the queue's `maxReceiveCount`.
-    pub fn of(msg: &SqsMessage, max_receive_count: Option<u32>) -> Self {
+    /// The budget of a delivery from its SQS attributes and its queue's limits; `margin` is
+    /// how long before the queue's retention ends the last delivery must come back.
+    pub fn of(msg: &SqsMessage, limits: QueueLimits, margin: Duration) -> Self {
         let attr = |k: &str| msg.attributes.get(k).and_then(|v| v.parse::<i64>().ok());
+        // Retention counts from this queue's send (a redriven copy is a new message), not
+        // from the carried `first_sent_at`.
+        let last_delivery_by_ms = match (limits.retention, attr("SentTimestamp")) {
+            (Some(retention), Some(sent)) => Some(
+                sent.saturating_add(
+                    retention
+                        .saturating_sub(margin)
+                        .as_millis()
+                        .min(i64::MAX as u128) as i64,
+                ),
+            ),
+            _ => None,
+        };
         Self {
             receive_count: attr("ApproximateReceiveCount")
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(1)
                 .max(1),
-            max_receive_count,
+            max_receive_count: limits.max_receive_count,
             first_received_at_ms: attr("ApproximateFirstReceiveTimestamp"),
+            last_delivery_by_ms,
         }
     }
 
@@ -82,11 +107,25 @@ impl Budget {
             .is_some_and(|max| self.receive_count >= max)
     }
 
+    /// True when no delivery could come back at `now_ms` or later and still finish before the
+    /// queue's retention deletes the message ([`Budget::last_delivery_by_ms`]): the processor
+    /// dead-letters it with a reason now, since SQS would drop it without one.
+    pub fn out_of_retention(&self, now_ms: i64) -> bool {
+        self.last_delivery_by_ms
+            .is_some_and(|by| now_ms + MIN_DELAY.as_millis() as i64 > by)
+    }
+
     /// Time since the first receipt (zero when SQS did not say).
     fn elapsed(&self, now_ms: i64) -> Duration {
         self.first_received_at_ms
             .map(|t| Duration::from_millis((now_ms - t).max(0) as u64))
             .unwrap_or_default()
+    }
+
+    /// Time left until [`Budget::last_delivery_by_ms`] (`None`: no bound known).
+    fn retention_left(&self, now_ms: i64) -> Option<Duration> {
+        self.last_delivery_by_ms
+            .map(|by| Duration::from_millis((by - now_ms).max(0) as u64))
     }
 }
 
@@ -152,10 +191,13 @@ pub fn geometric_delay(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> 
     let i = (budget.receive_count as usize).saturating_sub(1);
     let planned = plan.get(i)?.as_secs_f64();
     let still: f64 = plan[i..].iter().map(Duration::as_secs_f64).sum();
-    let left = policy
-        .horizon
-        .saturating_sub(budget.elapsed(now_ms))
-        .as_secs_f64();
+    // The horizon, or the queue's retention when it ends first (a backlog before the first
+    // receive, a horizon as long as the retention): the last delivery lands at the earlier.
+    let mut left = policy.horizon.saturating_sub(budget.elapsed(now_ms));
+    if let Some(r) = budget.retention_left(now_ms) {
+        left = left.min(r);
+    }
+    let left = left.as_secs_f64();
     let mut wait = if still > 0.0 {
         planned * left / still
     } else {
@@ -195,7 +237,8 @@ fn backoff(budget: &Budget, policy: &BackoffPolicy, now_ms: i64) -> Duration {
         .unwrap_or_else(|| redelivery_delay(budget.receive_count, policy.base, policy.max))
 }
 
-/// The delay for a message handed back for `why`, at `now_ms`, within SQS's 12-hour cap.
+/// The delay for a message handed back for `why`, at `now_ms`, within SQS's 12-hour cap and
+/// never past the queue's retention bound ([`Budget::last_delivery_by_ms`]).
 pub fn delay_for(
     why: Redelivery,
     budget: &Budget,
@@ -215,7 +258,11 @@ pub fn delay_for(
             backoff(budget, policy, now_ms).max(until(t) + Duration::from_secs(1))
         }
     };
-    d.min(MAX_DELAY)
+    let d = d.min(MAX_DELAY);
+    match budget.retention_left(now_ms) {
+        Some(left) => d.min(left),
+        None => d,
+    }
 }
 
 #[cfg(test)]
@@ -227,6 +274,7 @@ mod tests {
             receive_count: n,
             max_receive_count: max,
             first_received_at_ms: Some(first),
+            last_delivery_by_ms: None,
         }
     }
 
@@ -370,6 +418,91 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_budget_reads_the_retention_from_this_queues_send() {
+        let mut m = SqsMessage::default();
+        m.attributes
+            .insert("SentTimestamp".into(), "1000000".into());
+        m.attributes
+            .insert("ApproximateReceiveCount".into(), "2".into());
+        let limits = QueueLimits {
+            max_receive_count: Some(5),
+            retention: Some(Duration::from_secs(60)),
+        };
+        let b = Budget::of(&m, limits, Duration::from_secs(15));
+        assert_eq!(b.last_delivery_by_ms, Some(1_000_000 + 45_000));
+        assert!(!b.out_of_retention(1_000_000 + 44_000));
+        assert!(b.out_of_retention(1_000_000 + 44_500), "no second left");
+        let unknown = Budget::of(&m, QueueLimits::default(), Duration::from_secs(15));
+        assert_eq!(unknown.last_delivery_by_ms, None);
+        assert!(!unknown.out_of_retention(i64::MAX / 2));
+    }
+
+    /// Replays an endless outage on a queue whose retention ends before the horizon: a
+    /// backlog held the message before its first receive. Returns the times of the deliveries
+    /// and when the message was dead-lettered (`None`: handed back past the budget).
+    fn replay_to_retention(
+        backlog: Duration,
+        retention: Duration,
+        margin: Duration,
+        max: u32,
+    ) -> (Vec<i64>, Option<i64>) {
+        let sent = 1_000_000i64;
+        let first = sent + backlog.as_millis() as i64;
+        let mut now = first;
+        let mut deliveries = Vec::new();
+        for n in 1..=max {
+            deliveries.push(now);
+            let b = Budget {
+                receive_count: n,
+                max_receive_count: Some(max),
+                first_received_at_ms: Some(first),
+                last_delivery_by_ms: Some(sent + (retention - margin).as_millis() as i64),
+            };
+            now += 2_000; // the attempt
+            if b.exhausted() || b.out_of_retention(now) {
+                return (deliveries, Some(now));
+            }
+            now += delay_for(Redelivery::Backoff, &b, &POLICY, now).as_millis() as i64;
+        }
+        (deliveries, None)
+    }
+
+    #[test]
+    fn a_message_is_dead_lettered_before_its_queue_would_delete_it() {
+        let (retention, margin) = (Duration::from_secs(3_600), Duration::from_secs(390));
+        let sent = 1_000_000i64;
+        let deleted_at = sent + retention.as_millis() as i64;
+        for max in [3, 5, 10, 20] {
+            // Half the retention spent in a backlog; the one-hour horizon would end after it.
+            for backlog_s in [0u64, 600, 1_800, 3_000] {
+                let (deliveries, dead_at) =
+                    replay_to_retention(Duration::from_secs(backlog_s), retention, margin, max);
+                let dead_at = dead_at.expect("dead-lettered, never handed back past the budget");
+                assert!(
+                    dead_at < deleted_at,
+                    "max {max}, backlog {backlog_s} s: dead-lettered at {dead_at}, SQS deletes at {deleted_at}"
+                );
+                assert!(
+                    deliveries
+                        .iter()
+                        .all(|t| *t <= sent + (retention - margin).as_millis() as i64),
+                    "max {max}, backlog {backlog_s} s: a delivery after the margin: {deliveries:?}"
+                );
+            }
+        }
+        // A 60-second retention with a 15-second margin: the deliveries before 45 s, then the
+        // dead letter.
+        let (deliveries, dead_at) = replay_to_retention(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(15),
+            10,
+        );
+        assert!(deliveries.len() >= 2, "{deliveries:?}");
+        assert!(dead_at.unwrap() < sent + 60_000);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, warn, Instrument};
 
 use crate::clock::Clock;
-use crate::queue::{attrs, QueueOps};
+use crate::queue::{attrs, QueueLimits, QueueOps};
 use crate::record::IdempotencyStore;
 use crate::redelivery::{delay_for, BackoffPolicy, Budget, Redelivery};
 use crate::settings::Settings;
@@ -181,7 +181,7 @@ impl<W: Work> BatchRunner<W> {
             );
         let mut tasks = Vec::with_capacity(groups.len());
         for group in groups {
-            let ids: Vec<Option<String>> = group.iter().map(|m| m.message_id.clone()).collect();
+            let msgs: Vec<Arc<SqsMessage>> = group.clone();
             let this = Arc::clone(self);
             let permits = Arc::clone(&permits);
             let task = tokio::spawn(async move {
@@ -206,7 +206,7 @@ impl<W: Work> BatchRunner<W> {
                 }
                 out
             });
-            tasks.push((ids, task));
+            tasks.push((msgs, task));
         }
         let mut response = SqsBatchResponse::default();
         let mut summary = BatchSummary::default();
@@ -215,16 +215,31 @@ impl<W: Work> BatchRunner<W> {
             .iter()
             .map(|(_, t)| AbortOnDrop(t.abort_handle()))
             .collect();
-        for (ids, t) in tasks {
-            // A group's task only ends without results if the runtime cancelled it: nothing
-            // of the group is known to be finished, so all of it comes back.
-            let results = t.await.unwrap_or_else(|e| {
-                error!(error = %e, "a message group's task ended without results; its messages will be redelivered");
-                ids.iter()
-                    .map(|_| (Disposition::Retry("the group's task was cancelled".into()), Vec::new()))
-                    .collect()
-            });
-            for (id, (d, latencies)) in ids.into_iter().zip(results) {
+        for (msgs, t) in tasks {
+            // A group's task only ends without results if it panicked outside a message's own
+            // task or the runtime cancelled it: nothing of the group is known to be finished,
+            // so all of it comes back, through the same delay and receive budget as any
+            // failure (a duplicate of what did finish is absorbed by its record).
+            let results = match t.await {
+                Ok(results) => results,
+                Err(e) => {
+                    error!(error = %e, "a message group's task ended without results; its messages will be redelivered");
+                    let mut out = Vec::with_capacity(msgs.len());
+                    for msg in &msgs {
+                        let d = self
+                            .give_back(
+                                msg,
+                                "the message group's task ended without results".into(),
+                                Redelivery::Backoff,
+                            )
+                            .await;
+                        out.push((d, Vec::new()));
+                    }
+                    out
+                }
+            };
+            let ids = msgs.iter().map(|m| m.message_id.clone());
+            for (id, (d, latencies)) in ids.zip(results) {
                 summary.call_latencies_ms.extend(latencies);
                 match d {
                     Disposition::Done(label) => *summary.done.entry(label).or_default() += 1,
@@ -325,12 +340,23 @@ impl<W: Work> BatchRunner<W> {
         when: Redelivery,
     ) -> Disposition {
         let budget = self.budget_of(msg).await;
-        if budget.exhausted() {
-            let why = format!(
+        let why = if budget.exhausted() {
+            Some(format!(
                 "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
                 budget.receive_count,
                 budget.max_receive_count.unwrap_or_default()
-            );
+            ))
+        } else if budget.out_of_retention(self.clock.now_ms()) {
+            Some(format!(
+                "gave up on delivery {}: the queue's retention deletes the message before another \
+                 delivery could come back and finish (retention margin {} s): {reason}",
+                budget.receive_count,
+                self.settings.retention_margin.as_secs()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
             let body = msg.body.clone().unwrap_or_default();
             let request = self.work.parse(&body).ok();
             return self
@@ -367,20 +393,25 @@ impl<W: Work> BatchRunner<W> {
         }
     }
 
-    /// The delivery's receive budget: its receive count and its queue's `maxReceiveCount` (the
-    /// redrive policy, read once per queue; `QUEUE_MAX_RECEIVE_COUNT` when it cannot be read).
+    /// The delivery's receive budget: its receive count, its queue's `maxReceiveCount` (the
+    /// redrive policy; `QUEUE_MAX_RECEIVE_COUNT` when it cannot be read) and the end of the
+    /// queue's retention, read once per queue.
     pub(crate) async fn budget_of(&self, msg: &SqsMessage) -> Budget {
-        let max_receive_count = match msg.event_source_arn.as_deref() {
-            Some(arn) => match self.queues.max_receive_count(arn).await {
-                Ok(max) => max,
+        let fallback = QueueLimits {
+            max_receive_count: self.settings.max_receive_count,
+            retention: None,
+        };
+        let limits = match msg.event_source_arn.as_deref() {
+            Some(arn) => match self.queues.limits(arn).await {
+                Ok(limits) => limits,
                 Err(e) => {
-                    warn!(error = %e, "could not read the queue's redrive policy; using QUEUE_MAX_RECEIVE_COUNT");
-                    self.settings.max_receive_count
+                    warn!(error = %e, "could not read the queue's redrive policy and retention; using QUEUE_MAX_RECEIVE_COUNT");
+                    fallback
                 }
             },
-            None => self.settings.max_receive_count,
+            None => fallback,
         };
-        Budget::of(msg, max_receive_count)
+        Budget::of(msg, limits, self.settings.retention_margin)
     }
 
     fn backoff_policy(&self) -> BackoffPolicy {

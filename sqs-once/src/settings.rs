@@ -48,6 +48,40 @@ pub struct Settings {
     /// The source queue's `maxReceiveCount` when its redrive policy cannot be read; the
     /// queue's own policy wins when it can be.
     pub max_receive_count: Option<u32>,
+    /// How long before the queue's `MessageRetentionPeriod` ends (counted from the message's
+    /// `SentTimestamp`) its last delivery must come back: at least what one delivery can take
+    /// (the function's timeout), so that it can still dead-letter the message with a reason
+    /// before SQS deletes it without one.
+    pub retention_margin: Duration,
+}
+
+/// A source queue whose limits the settings do not fit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct QueueMismatch(pub String);
+
+impl Settings {
+    /// Refuses a source queue whose retention ends before the retry horizon plus the retention
+    /// margin: its messages would be deleted by SQS, with no dead letter, while transient
+    /// failures still had time to heal. (At run time the processor dead-letters a message
+    /// before its queue's retention whatever the settings; this check makes the configuration
+    /// say so at init instead of cutting every long outage short.)
+    pub fn check_queue(&self, limits: &crate::queue::QueueLimits) -> Result<(), QueueMismatch> {
+        if let Some(retention) = limits.retention {
+            if self.retry_horizon + self.retention_margin > retention {
+                return Err(QueueMismatch(format!(
+                    "the retry horizon ({} s) plus the retention margin ({} s) does not end \
+                     before the queue's MessageRetentionPeriod ({} s): lower \
+                     RETRY_HORIZON_SECONDS to at most {} s or raise the queue's retention",
+                    self.retry_horizon.as_secs(),
+                    self.retention_margin.as_secs(),
+                    retention.as_secs(),
+                    retention.saturating_sub(self.retention_margin).as_secs()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Settings {
@@ -75,6 +109,7 @@ impl Default for Settings {
             search_lag: Duration::from_secs(60),
             retry_horizon: Duration::from_secs(3600),
             max_receive_count: None,
+            retention_margin: Duration::from_secs(390),
         }
     }
 }
@@ -84,3 +119,34 @@ impl Default for Settings {
 pub const DEFAULT_TTL_SECONDS: u64 = 21 * 24 * 3600;
 /// Clock skew allowed between SQS's `SentTimestamp` and this host, epoch ms.
 pub(crate) const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::QueueLimits;
+
+    #[test]
+    fn a_horizon_that_outlives_the_queues_retention_is_refused() {
+        let settings = Settings {
+            retry_horizon: Duration::from_secs(345_600),
+            retention_margin: Duration::from_secs(390),
+            ..Settings::default()
+        };
+        let four_days = QueueLimits {
+            max_receive_count: Some(10),
+            retention: Some(Duration::from_secs(345_600)),
+        };
+        let e = settings.check_queue(&four_days).unwrap_err();
+        assert!(e.0.contains("at most 345210 s"), "{e}");
+        let fits = Settings {
+            retry_horizon: Duration::from_secs(259_200),
+            ..settings.clone()
+        };
+        assert_eq!(fits.check_queue(&four_days), Ok(()));
+        assert_eq!(
+            settings.check_queue(&QueueLimits::default()),
+            Ok(()),
+            "no retention known: nothing to refuse"
+        );
+    }
+}

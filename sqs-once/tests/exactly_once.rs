@@ -484,3 +484,33 @@ async fn a_consistent_lookup_that_finds_nothing_after_a_replayed_500_is_proof_at
         dead[0].error_message
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_whose_every_message_comes_back_is_a_partial_batch_response_not_an_error() {
+    let w = world(fast(), Duration::from_secs(1));
+    *w.queues.max_receives.lock().unwrap() = Some(5);
+    for id in ["a", "b"] {
+        w.downstream
+            .set(id, Behaviour::Fail(FailureKind::RateLimited, None));
+    }
+    let now = w.clock.now_ms();
+    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
+    event.records = vec![
+        msg_at("m1", &body("a", 100), None, now, 1),
+        msg_at("m2", &body("b", 100), None, now, 1),
+    ];
+    let mut context = lambda_runtime::Context::default();
+    context.deadline = (now + 60_000) as u64;
+    let response = w
+        .processor
+        .handle_event(lambda_runtime::LambdaEvent::new(event, context))
+        .await
+        .expect("a partial batch response: an invocation error would trip the Errors alarm");
+    assert_eq!(failures(&response), vec!["m1", "m2"]);
+    let delays = w.queues.visibility.lock().unwrap().clone();
+    assert_eq!(delays.len(), 2, "each message got its redelivery delay");
+    assert!(
+        delays.iter().all(|(_, s)| (1..=3).contains(s)),
+        "{delays:?}"
+    );
+}

@@ -222,3 +222,89 @@ async fn key_reuse_against_an_in_progress_record_is_dead_lettered() {
         (mid.as_str(), "idempotency_key_reused")
     );
 }
+
+/// A queue whose retention ends before the retry horizon (a user's own queue, 60 seconds):
+/// a payment that keeps failing transiently is dead-lettered with a reason before SQS would
+/// delete it without one, however long the horizon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_dead_lettered_with_a_reason_before_its_queues_retention_deletes_it() {
+    let t = TestStack::with_env(
+        "retention",
+        env(&[
+            ("RETRY_HORIZON_SECONDS", "3600"),
+            ("REDELIVERY_BASE_DELAY_SECONDS", "3"),
+            ("RETENTION_MARGIN_SECONDS", "15"),
+        ]),
+    )
+    .await;
+    t.sqs
+        .set_queue_attributes()
+        .queue_url(t.queue_url())
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::MessageRetentionPeriod,
+            "60",
+        )
+        .send()
+        .await
+        .expect("a 60-second retention");
+    // The template's functions name their source queue: such a horizon is refused at init.
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    assert!(t.config.source_queue_url.is_some());
+    let refused = payment_core::bootstrap::build_processor(&t.config, &sdk).await;
+    let e = refused
+        .err()
+        .expect("a horizon beyond the retention refused at init");
+    assert!(e.to_string().contains("RETRY_HORIZON_SECONDS"), "{e}");
+    // A queue wired without SOURCE_QUEUE_URL: the processor still dead-letters in time.
+    let mut config = t.config.clone();
+    config.source_queue_url = None;
+    let mut t = t;
+    t.processor = payment_core::bootstrap::build_processor(&config, &sdk)
+        .await
+        .expect("the processor");
+    let pid = t.pid("p1");
+    t.fault(&pid, "down", None, 0).await;
+    let sent = now_ms();
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    t.drain(1).await;
+    let out = t
+        .sqs
+        .receive_message()
+        .queue_url(&t.config.dead_letter_queue_url)
+        .message_attribute_names("All")
+        .message_system_attribute_names(
+            aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp,
+        )
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .expect("receive from the DLQ");
+    let dead = out.messages();
+    assert_eq!(dead.len(), 1, "dead-lettered, not deleted by retention");
+    let attr = |k: &str| {
+        dead[0]
+            .message_attributes()
+            .and_then(|a| a.get(k))
+            .and_then(|v| v.string_value())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(attr("error_code"), "retries_exhausted");
+    assert!(
+        attr("error_message").contains("retention"),
+        "{}",
+        attr("error_message")
+    );
+    let dead_at: i64 = dead[0]
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp))
+        .and_then(|v| v.parse().ok())
+        .expect("the dead letter's send time");
+    assert!(
+        dead_at < sent + 60_000,
+        "dead-lettered {} ms after the send, after the retention",
+        dead_at - sent
+    );
+    assert!(t.calls(&pid).await > 3, "retried while retention allowed");
+    assert_eq!(t.charges(&pid).await, 0);
+}
