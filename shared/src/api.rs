@@ -137,15 +137,20 @@ fn invalid(code: &str, param: Option<&str>, message: &str) -> ApiResponse {
     error(400, "invalid_request_error", code, param, message)
 }
 
-fn unavailable(e: &Unavailable) -> ApiResponse {
+/// A store call failed or its answer was lost: the 5xx says only what is known. A creation's
+/// write may have committed (a lost answer of a transaction that succeeded), so it never says
+/// that nothing was stored or charged; a read says nothing of the payment at all.
+fn unavailable(e: &Unavailable, creating: bool) -> ApiResponse {
     warn!(error = %e, "payments table unavailable");
-    error(
-        500,
-        "api_error",
-        "storage_unavailable",
-        None,
-        "The payment could not be stored or read right now; nothing was charged. Retry with the same Idempotency-Key.",
-    )
+    let message = if creating {
+        "The payment's outcome is not known yet: it may or may not have been stored. Retry with \
+         the same Idempotency-Key and the same parameters: the retry answers with the stored \
+         payment if there is one, and creates it once if there is none."
+    } else {
+        "The payment could not be read right now; this says nothing about its status. Retry the \
+         request."
+    };
+    error(500, "api_error", "storage_unavailable", None, message)
 }
 
 impl PaymentsApi {
@@ -298,7 +303,7 @@ impl PaymentsApi {
                     "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to create a different payment."
                 ),
             ),
-            Err(e) => unavailable(&e),
+            Err(e) => unavailable(&e, true),
         }
     }
 
@@ -319,11 +324,11 @@ impl PaymentsApi {
         let payment = match self.store.payment(id).await {
             Ok(Some(p)) => p,
             Ok(None) => return missing(),
-            Err(e) => return unavailable(&e),
+            Err(e) => return unavailable(&e, false),
         };
         let (record, mark) = match self.store.progress(id).await {
             Ok(p) => p,
-            Err(e) => return unavailable(&e),
+            Err(e) => return unavailable(&e, false),
         };
         let view = status_of(&payment, record.as_ref(), mark.as_ref());
         let mut object = payment_object(
@@ -480,6 +485,9 @@ mod tests {
             &self,
             id: &str,
         ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Unavailable("table down".into()));
+            }
             Ok((
                 self.records.lock().unwrap().get(id).cloned(),
                 self.marks.lock().unwrap().get(id).cloned(),
@@ -674,8 +682,20 @@ mod tests {
         let r = post(&api, Some("k4"), BODY).await;
         assert_eq!(r.status, 500);
         assert_eq!(json_of(&r)["error"]["type"], "api_error");
+        // The write may have committed with its answer lost: the text says only that.
+        let said = json_of(&r)["error"]["message"].as_str().unwrap().to_owned();
+        assert!(said.contains("not known yet"), "{said}");
+        assert!(said.contains("same Idempotency-Key"), "{said}");
+        assert!(!said.contains("nothing was charged"), "{said}");
         tables.down.store(false, Ordering::SeqCst);
         assert_eq!(post(&api, Some("k4"), BODY).await.status, 202);
+        // A failed read of a stored payment says nothing about its status.
+        tables.down.store(true, Ordering::SeqCst);
+        let r = api.handle("GET", "/v1/payments/k4", |_| None, b"").await;
+        assert_eq!(r.status, 500);
+        let said = json_of(&r)["error"]["message"].as_str().unwrap().to_owned();
+        assert!(said.contains("says nothing about its status"), "{said}");
+        assert!(!said.contains("charged"), "{said}");
     }
 
     fn record(status: RecordStatus, hash: &str, outcome: Option<Outcome>) -> IdempotencyRecord {
