@@ -286,7 +286,7 @@ impl PaymentsApi {
                     body: payment.response_body,
                 }
             }
-            Ok(Creation::Exists(existing)) if existing.request_hash == payment.request_hash => {
+            Ok(Creation::Exists(existing)) if request.has_payload_hash(&existing.request_hash) => {
                 info!(payment_id = %key, "idempotent replay");
                 ApiResponse {
                     status: existing.response_status,
@@ -384,6 +384,16 @@ pub struct StatusView {
     pub next_action: Option<String>,
 }
 
+/// Whether a processor record's digest and a payment row's are of one request. Equal digests
+/// are; a digest stored before versioned digests (no `version:` prefix) beside a versioned
+/// one cannot be compared without the request, so they are taken as one: only payments in
+/// flight across that upgrade have such a pair, and without it their GET would read
+/// `pending` forever.
+fn same_digest(a: &str, b: &str) -> bool {
+    let unversioned = |h: &str| h.len() == 64 && h.bytes().all(|c| c.is_ascii_hexdigit());
+    a == b || (unversioned(a) && b.contains(':')) || (unversioned(b) && a.contains(':'))
+}
+
 /// The status of a payment from its processor record and dead-letter mark. A terminal outcome
 /// wins (a provider's refusal is `failed`, with the code its dead letter carries); a live claim
 /// is `processing` (a redriven message is being worked on); a mark for this payment's
@@ -394,9 +404,9 @@ pub fn status_of(
     record: Option<&IdempotencyRecord>,
     mark: Option<&DeadLetterMark>,
 ) -> StatusView {
-    let ours = |r: &&IdempotencyRecord| r.payload_hash == payment.request_hash;
-    let record = record.filter(ours);
-    let mark = mark.filter(|m| m.payload_hash == payment.request_hash);
+    let ours = |h: &str| same_digest(h, &payment.request_hash);
+    let record = record.filter(|r| ours(&r.payload_hash));
+    let mark = mark.filter(|m| ours(&m.payload_hash));
     let view = |status: &str| StatusView {
         status: status.to_owned(),
         ..StatusView::default()

@@ -157,6 +157,10 @@ impl Work for PaymentWork {
         request.payload_hash()
     }
 
+    fn same_request(&self, request: &PaymentRequest, stored: &str) -> bool {
+        request.has_payload_hash(stored)
+    }
+
     async fn execute(
         &self,
         request: &PaymentRequest,

@@ -293,15 +293,40 @@ impl PaymentRequest {
         })
     }
 
-    /// SHA-256 (hex) of the canonical request: the same payment id with another payload has
-    /// another hash and is a conflict, never a charge. Key order and currency case in the body do
-    /// not change it.
+    /// The canonical, versioned digest of what the payment means ([`sqs_once::Fingerprint`],
+    /// `payment/v1:<sha-256>`): the same payment id with another payload has another digest
+    /// and is a conflict, never a charge. Key order, currency case and the code's serde shape
+    /// do not change it; an absent optional field adds nothing.
     pub fn payload_hash(&self) -> String {
-        // Serializing a struct of plain fields and a BTreeMap cannot fail.
+        let mut f = sqs_once::Fingerprint::new(PAYMENT_FINGERPRINT_VERSION)
+            .field("payment_id", self.payment_id.as_str())
+            .field("amount", self.money.amount)
+            .field("currency", &self.money.currency)
+            .field("customer_id", &self.customer_id)
+            .field("payment_method", &self.payment_method)
+            .optional("description", self.description.as_deref());
+        for (k, v) in &self.metadata {
+            f = f.field(&format!("metadata[{k}]"), v);
+        }
+        f.finish()
+    }
+
+    /// Whether a stored digest is this payment's: the current form, or the form before
+    /// versioned digests (SHA-256 of the serialized struct), which records and payment rows
+    /// written by earlier versions carry.
+    pub fn has_payload_hash(&self, stored: &str) -> bool {
+        stored == self.payload_hash() || stored == self.unversioned_payload_hash()
+    }
+
+    /// The digest of versions before `payment/v1`, accepted for what they stored.
+    fn unversioned_payload_hash(&self) -> String {
         let canonical = serde_json::to_vec(self).unwrap_or_default();
         hex::encode(Sha256::digest(&canonical))
     }
 }
+
+/// The version of [`PaymentRequest::payload_hash`]: what it hashes never changes under it.
+pub const PAYMENT_FINGERPRINT_VERSION: &str = "payment/v1";
 
 fn invalid(field: &str, msg: impl Into<String>) -> InputError {
     InputError::InvalidPayment {
@@ -669,4 +694,33 @@ mod tests {
         assert_eq!(a.payload_hash(), b.payload_hash());
         assert_ne!(a.payload_hash(), c.payload_hash());
     }
+
+    #[test]
+    fn the_fingerprint_is_versioned_pinned_and_blind_to_the_code_s_shape() {
+        let a = PaymentRequest::parse(&body(serde_json::json!({}))).unwrap();
+        // Pinned: a change of what payment/v1 hashes fails here, and needs a new version
+        // that accepts this one (has_payload_hash), or every message in flight is key reuse.
+        assert_eq!(a.payload_hash(), PINNED_V1);
+        // An optional field the request does not carry adds nothing: a version that adds a
+        // field (absent from old messages) keeps every existing fingerprint.
+        let without =
+            PaymentRequest::parse(&body(serde_json::json!({"description": null}))).unwrap();
+        let mut f = sqs_once::Fingerprint::new(PAYMENT_FINGERPRINT_VERSION)
+            .field("payment_id", "pay_7Hq2")
+            .field("amount", 1999)
+            .field("currency", "usd")
+            .field("customer_id", "cus_42")
+            .field("payment_method", "pm_card_visa")
+            .optional("description", None::<&str>)
+            .optional("statement_descriptor", None::<&str>);
+        f = f.field("metadata[order_id]", "1234");
+        assert_eq!(without.payload_hash(), f.finish());
+        assert_ne!(without.payload_hash(), a.payload_hash());
+        // What earlier versions stored is still this payment, and only this one.
+        assert!(a.has_payload_hash(&a.unversioned_payload_hash()));
+        assert!(!without.has_payload_hash(&a.unversioned_payload_hash()));
+    }
+
+    const PINNED_V1: &str =
+        "payment/v1:b394b721bdbbd4d9d3d681ba0bffc65dae6058074268bc552561ec9ed0f8321b";
 }

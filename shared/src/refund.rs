@@ -94,10 +94,23 @@ impl RefundRequest {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// SHA-256 (hex) of the canonical request: the same refund id for another refund is key
-    /// reuse, never a second refund.
+    /// The canonical, versioned digest of the refund (`refund/v1:<sha-256>`, see
+    /// [`sqs_once::Fingerprint`]): the same refund id for another refund is key reuse, never a
+    /// second refund.
     pub fn fingerprint(&self) -> String {
-        hex::encode(Sha256::digest(self.to_message_body().as_bytes()))
+        sqs_once::Fingerprint::new("refund/v1")
+            .field("refund_id", &self.refund_id)
+            .field("payment_id", &self.payment_id)
+            .optional("amount", self.amount)
+            .optional("reason", self.reason.as_deref())
+            .finish()
+    }
+
+    /// Whether a stored digest is this refund's: the current form or the one of versions
+    /// before `refund/v1` (SHA-256 of the serialized body).
+    pub fn has_fingerprint(&self, stored: &str) -> bool {
+        stored == self.fingerprint()
+            || stored == hex::encode(Sha256::digest(self.to_message_body().as_bytes()))
     }
 }
 
@@ -243,6 +256,10 @@ impl Work for RefundWork {
 
     fn fingerprint(&self, r: &RefundRequest) -> String {
         r.fingerprint()
+    }
+
+    fn same_request(&self, r: &RefundRequest, stored: &str) -> bool {
+        r.has_fingerprint(stored)
     }
 
     async fn execute(&self, r: &RefundRequest, _: &AttemptContext) -> Result<Outcome, CallError> {

@@ -242,9 +242,9 @@ impl<W: Work> BatchRunner<W> {
                 Redelivery::Soon,
             ));
         }
-        let hash = self.work.fingerprint(request);
+        let mut hash = self.work.fingerprint(request);
         let owner = uuid::Uuid::new_v4().to_string();
-        let claim = ClaimRequest {
+        let mut claim = ClaimRequest {
             key: key.to_owned(),
             payload_hash: hash.clone(),
             owner: owner.clone(),
@@ -262,30 +262,43 @@ impl<W: Work> BatchRunner<W> {
             },
             landing_ms: landing,
         };
-        let existing = match self.store.claim(&claim).await {
-            Ok(ClaimResult::Claimed { previous }) => {
-                let unknown = inherits_unknown_outcome(previous.as_ref());
-                if let Some(p) = &previous {
-                    info!(
-                        previous_status = p.status.as_str(),
-                        attempts = p.attempts + 1,
-                        unknown_outcome = unknown,
-                        "took over the record"
-                    );
+        let existing = loop {
+            let existing = match self.store.claim(&claim).await {
+                Ok(ClaimResult::Claimed { previous }) => {
+                    let unknown = inherits_unknown_outcome(previous.as_ref());
+                    if let Some(p) = &previous {
+                        info!(
+                            previous_status = p.status.as_str(),
+                            attempts = p.attempts + 1,
+                            unknown_outcome = unknown,
+                            "took over the record"
+                        );
+                    }
+                    return Ok(Claimed::Owner(attempt(
+                        unknown,
+                        previous.as_ref().map(|p| p.first_attempt_at_ms),
+                        previous.as_ref().and_then(last_landing),
+                    )));
                 }
-                return Ok(Claimed::Owner(attempt(
-                    unknown,
-                    previous.as_ref().map(|p| p.first_attempt_at_ms),
-                    previous.as_ref().and_then(last_landing),
-                )));
+                Ok(ClaimResult::Conflict(existing)) => existing,
+                Err(e) => {
+                    return Err(Step::Again(
+                        format!("claim failed: {e}"),
+                        Redelivery::Backoff,
+                    ))
+                }
+            };
+            // A record written by an earlier version of the work, with the fingerprint of
+            // that version: the same request, claimed again under the stored form (once).
+            if existing.payload_hash != hash
+                && claim.payload_hash == self.work.fingerprint(request)
+                && self.work.same_request(request, &existing.payload_hash)
+            {
+                hash = existing.payload_hash.clone();
+                claim.payload_hash = hash.clone();
+                continue;
             }
-            Ok(ClaimResult::Conflict(existing)) => existing,
-            Err(e) => {
-                return Err(Step::Again(
-                    format!("claim failed: {e}"),
-                    Redelivery::Backoff,
-                ))
-            }
+            break existing;
         };
         match decide_conflict(&existing, &hash, &owner, now) {
             ConflictDecision::OwnClaim => {

@@ -3,7 +3,8 @@
 //!
 //! ## Layout
 //!
-//! - What you write: [`work`] (the [`Work`] trait and the answers it gives).
+//! - What you write: [`work`] (the [`Work`] trait and the answers it gives), with
+//!   [`fingerprint`] for its canonical request digest.
 //! - The protocol: [`record`] (the idempotency record, the store port, conflict decisions),
 //!   [`redelivery`] (delays and the receive budget), [`settings`].
 //! - The runner: [`runner`] (the batch), one message's claim and completion and its calls
@@ -24,6 +25,7 @@ mod attempt;
 mod call;
 pub mod clock;
 pub mod dynamo;
+pub mod fingerprint;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod memory;
@@ -36,6 +38,7 @@ pub mod settings;
 pub mod work;
 
 pub use dynamo::{DynamoStore, KeyLayout};
+pub use fingerprint::Fingerprint;
 pub use queue::{QueueOps, SqsQueues};
 pub use record::{IdempotencyStore, Outcome, Value};
 pub use runner::{BatchRunner, BatchSummary, Disposition};

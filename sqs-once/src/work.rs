@@ -148,10 +148,19 @@ pub trait Work: Send + Sync + 'static {
     /// The idempotency key: one record, and one downstream effect, per key.
     fn key(&self, request: &Self::Request) -> String;
 
-    /// A fingerprint of the request's meaning (a hash of its canonical form): a second
-    /// message with the same key and another fingerprint is dead-lettered as
-    /// `idempotency_key_reused`, never executed.
+    /// A fingerprint of the request's meaning (a hash of its canonical form, e.g. a
+    /// [`crate::Fingerprint`]): a second message with the same key and another fingerprint is
+    /// dead-lettered as `idempotency_key_reused`, never executed.
     fn fingerprint(&self, request: &Self::Request) -> String;
+
+    /// Whether a fingerprint stored by this or an earlier version of the work is the same
+    /// request as `request`. The default accepts only [`Work::fingerprint`]; a work that
+    /// changed its fingerprint accepts the earlier form too, so that the messages and records
+    /// in flight across the deploy stay the same request instead of "key reuse" (the claim is
+    /// then made with the stored form, which the record keeps).
+    fn same_request(&self, request: &Self::Request, stored: &str) -> bool {
+        stored == self.fingerprint(request)
+    }
 
     /// Does the work once: one call downstream with the idempotency key. `Ok` is definitive
     /// and stored; a [`CallError`] is retried with the same key.

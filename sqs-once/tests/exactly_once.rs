@@ -514,3 +514,28 @@ async fn a_batch_whose_every_message_comes_back_is_a_partial_batch_response_not_
         "{delays:?}"
     );
 }
+
+/// A record written before the work changed its fingerprint (the toy's earlier form is
+/// `old-<fingerprint>`): the same request, not key reuse; claimed under the stored form.
+#[tokio::test(start_paused = true)]
+async fn a_record_with_an_earlier_fingerprint_of_the_same_request_is_not_key_reuse() {
+    let w = world(fast(), Duration::from_secs(1));
+    let now = w.clock.now_ms();
+    let job = Job::parse(&body("p1", 100)).unwrap();
+    let mut r = record("p1", RecordStatus::Failed, false, now - 10);
+    r.payload_hash = format!("old-{}", job.fingerprint());
+    w.store.insert(r);
+    let (failed, s) = deliver(&w, delivery("p1", 2, now)).await;
+    assert!(failed.is_empty() && s.dead_lettered.is_empty(), "{s:?}");
+    assert_eq!(w.downstream.calls("p1"), 1, "executed once");
+    let done = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(done.status, RecordStatus::Completed);
+    assert_eq!(done.payload_hash, format!("old-{}", job.fingerprint()));
+    // Another request's earlier form is still key reuse.
+    let mut other = record("p2", RecordStatus::Failed, false, now - 10);
+    other.payload_hash = "old-p2:999".into();
+    w.store.insert(other);
+    deliver(&w, delivery("p2", 2, now)).await;
+    assert_eq!(w.queues.dead()[0].error_code, "idempotency_key_reused");
+    assert_eq!(w.downstream.calls("p2"), 0);
+}

@@ -130,6 +130,10 @@ impl Work for Toy {
     fn fingerprint(&self, job: &Job) -> String {
         job.fingerprint()
     }
+    /// The toy's "earlier version" wrote `old-<fingerprint>`.
+    fn same_request(&self, job: &Job, stored: &str) -> bool {
+        stored == job.fingerprint() || stored == format!("old-{}", job.fingerprint())
+    }
     fn call_timeout(&self) -> Duration {
         self.timeout
     }
