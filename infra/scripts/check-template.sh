@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Offline checks of template.yaml: cfn-lint, sam validate --lint, the SAM-transformed template
-# linted again, and checkov on both (skips are justified beside them in the template).
+# linted again and checked for least privilege, and checkov on both (skips are justified beside them in the template).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 ensure_deploy_tools
@@ -16,6 +16,9 @@ log "sam validate --lint"
 log "SAM transform, then cfn-lint on the result"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed.json"
 "$ROOT/.venv-sam/bin/cfn-lint" "$out/transformed.json"
+log "least privilege on the transformed template (what SAM adds included)"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/least_privilege.py --self-test
+"$ROOT/.venv-sam/bin/python" infra/template-checks/least_privilege.py "$out/transformed.json"
 for t in template.yaml "$out/transformed.json"; do
   log "checkov $t"
   "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact

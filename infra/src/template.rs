@@ -648,8 +648,29 @@ pub async fn provision(
         stack.tables.insert(logical.to_owned(), name);
     }
 
-    // Every function's environment; the processor's SQS event source.
+    // Every function's environment; the processor's SQS event source: a SAM `Events` entry of
+    // type SQS, or an `AWS::Lambda::EventSourceMapping` whose source is a queue of the template.
     let globals = get(&doc, "Globals").and_then(|g| get(g, "Function"));
+    let mut mappings: BTreeMap<String, Value> = BTreeMap::new();
+    for (_, res) in resources {
+        if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Lambda::EventSourceMapping") {
+            continue;
+        }
+        let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
+        let function = get(&props, "FunctionName")
+            .and_then(intrinsic)
+            .filter(|(f, _)| f == "Ref")
+            .and_then(|(_, arg)| arg.as_str().map(str::to_owned));
+        let source = get(&props, "EventSourceArn")
+            .map(|v| r.resolve(v))
+            .transpose()?
+            .flatten();
+        if let (Some(function), Some(source)) = (function, source) {
+            if stack.queue_arns.values().any(|a| *a == source) {
+                mappings.insert(function, props);
+            }
+        }
+    }
     let mut processor_found = false;
     for (logical, res) in resources {
         if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Serverless::Function") {
@@ -668,17 +689,20 @@ pub async fn provision(
         if let Some(logical) = logical.as_str() {
             stack.function_envs.insert(logical.to_owned(), env.clone());
         }
-        let Some(event) = get(&props, "Events")
+        let sam_event = get(&props, "Events")
             .and_then(|e| e.as_mapping())
             .and_then(|m| {
                 m.values()
                     .find(|e| get(e, "Type").and_then(|t| t.as_str()) == Some("SQS"))
             })
+            .map(|event| get(event, "Properties").cloned().unwrap_or(Value::Null));
+        let Some(ep) =
+            sam_event.or_else(|| logical.as_str().and_then(|l| mappings.get(l)).cloned())
         else {
             continue;
         };
-        let ep = get(event, "Properties").cloned().unwrap_or(Value::Null);
         let queue_arn = get(&ep, "Queue")
+            .or_else(|| get(&ep, "EventSourceArn"))
             .map(|v| r.resolve(v))
             .transpose()?
             .flatten()
@@ -734,7 +758,7 @@ pub async fn provision(
     if processor_found {
         return Ok(stack);
     }
-    bail!("the template has no AWS::Serverless::Function with an SQS event")
+    bail!("the template has no AWS::Serverless::Function with an SQS event or event source mapping")
 }
 
 /// Creates a queue, or finds it and brings its attributes to what the template says: `created`,
