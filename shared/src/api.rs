@@ -117,6 +117,21 @@ pub const MAX_REQUEST_BYTES: usize = MAX_BODY_BYTES;
 /// The header carrying the idempotency key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// How long a payment row (and its stored answer) lives, from the API's write: as long as any
+/// processor record of its key can. The record's TTL runs from its first claim, which comes at
+/// most the record retention after the first send (an older message is refused
+/// `request_expired`, less the 5 minutes of clock skew allowed), and the first send follows the
+/// row's write; a day of margin covers the skew and the relay's delay. So while a record of
+/// the key exists, its row does too, and another request under the key is refused at the API
+/// (`400 idempotency_error`) instead of being accepted and then refused by the processor.
+pub fn row_lifetime(record_retention: Duration) -> Duration {
+    record_retention * 2 + Duration::from_secs(86_400)
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
 /// The API over its store.
 pub struct PaymentsApi {
     store: Arc<dyn PaymentsStore>,
@@ -267,7 +282,7 @@ impl PaymentsApi {
             request_hash: request.payload_hash(),
             response_status: 202,
             response_body: object.to_string(),
-            expires_at_s: (now + self.retention.as_millis() as i64) / 1000,
+            expires_at_s: (now + ms(row_lifetime(self.retention))) / 1000,
         };
         let entry = OutboxEntry {
             payment_id: key.clone(),
@@ -434,6 +449,10 @@ pub fn status_of(
             }
         }
         (Some(r), _) if r.status == RecordStatus::InProgress => view("processing"),
+        // The processor refused this request: its key names another one. Never charged.
+        (_, Some(m)) if m.error_code == sqs_once::record::KEY_REUSED => {
+            with_error("failed", m.error_code.clone(), m.error_message.clone())
+        }
         (_, Some(m)) => with_error(
             "dead_lettered",
             m.error_code.clone(),
@@ -827,5 +846,63 @@ mod tests {
         // Percent-encoded ids are decoded.
         assert_eq!(post(&api, Some("ord:1"), BODY).await.status, 202);
         assert_eq!(get(&api, "ord%3A1").await.status, 200);
+    }
+
+    #[tokio::test]
+    async fn a_payment_row_outlives_every_processor_record_of_its_key() {
+        let (api, tables) = api();
+        let before = SystemClock.now_ms() / 1000;
+        assert_eq!(post(&api, Some("long"), BODY).await.status, 202);
+        let row = tables.payments.lock().unwrap()["long"].clone();
+        // The latest first claim: a message sent at the row's write, claimed just before it
+        // would be refused as request_expired (retention + the clock skew allowed); its record
+        // lives the retention from then.
+        let retention = 86_400i64;
+        let record_gone_by = before + retention + 300 + retention;
+        assert!(
+            row.expires_at_s > record_gone_by,
+            "row expires at {}, a record of its key may live until {record_gone_by}",
+            row.expires_at_s
+        );
+        // While the row lives, other parameters under the key are refused at the API.
+        let other = BODY.replace("1999", "2999");
+        let r = post(&api, Some("long"), &other).await;
+        assert_eq!(r.status, 400);
+        assert_eq!(json_of(&r)["error"]["type"], "idempotency_error");
+    }
+
+    #[tokio::test]
+    async fn a_request_the_processor_refused_as_key_reuse_reads_failed() {
+        let (api, tables) = api();
+        assert_eq!(post(&api, Some("k"), BODY).await.status, 202);
+        let hash = tables.payments.lock().unwrap()["k"].request_hash.clone();
+        // The key's record belongs to another request (a raw message sent before the POST).
+        tables.records.lock().unwrap().insert(
+            "k".into(),
+            record(
+                RecordStatus::Completed,
+                "payment/v1:other",
+                Some(outcome("succeeded")),
+            ),
+        );
+        assert_eq!(
+            json_of(&get(&api, "k").await)["status"],
+            "pending",
+            "not this payment's record"
+        );
+        tables.marks.lock().unwrap().insert(
+            "k".into(),
+            DeadLetterMark {
+                key: "k".into(),
+                payload_hash: hash,
+                error_code: sqs_once::record::KEY_REUSED.into(),
+                error_message: "k was already used for a different request".into(),
+                at_ms: 1,
+                expires_at_s: 0,
+            },
+        );
+        let r = json_of(&get(&api, "k").await);
+        assert_eq!(r["status"], "failed");
+        assert_eq!(r["error_code"], "idempotency_key_reused");
     }
 }

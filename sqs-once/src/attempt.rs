@@ -13,7 +13,7 @@ use crate::call::CallFailure;
 use crate::queue::DeadLetter;
 use crate::record::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
-    DeadLetterMark, FailureNote, IdempotencyRecord, RecordStatus, StoreError,
+    DeadLetterMark, FailureNote, IdempotencyRecord, RecordStatus, StoreError, KEY_REUSED,
 };
 use crate::redelivery::Redelivery;
 use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
@@ -327,8 +327,9 @@ impl<W: Work> BatchRunner<W> {
                     existing.status.as_str()
                 );
                 Ok(Claimed::Done(
-                    // No mark: the key names another request.
-                    self.dead_letter(msg, body, "idempotency_key_reused", &why, None, None)
+                    // Marked with this request's fingerprint (so that whoever tracks this
+                    // request learns it was refused), yielding to the key's own marks.
+                    self.dead_letter(msg, body, KEY_REUSED, &why, Some(request), None)
                         .await,
                 ))
             }
@@ -355,9 +356,10 @@ impl<W: Work> BatchRunner<W> {
         (now + ms(self.settings.lease)).min(deadline_ms + ms(self.settings.deadline_margin))
     }
 
-    /// Sends the message to the DLQ with its reason, marks the key dead-lettered when the
-    /// message is a valid request that its key does not name another request for
-    /// (`request`), and deletes it from the source queue, in that order.
+    /// Sends the message to the DLQ with its reason, marks the key dead-lettered with the
+    /// request's fingerprint when the message is a valid request (`request`; a key-reuse mark
+    /// yields to the key's own, see [`crate::record::KEY_REUSED`]), and deletes it from the
+    /// source queue, in that order.
     pub(crate) async fn dead_letter(
         &self,
         msg: &SqsMessage,

@@ -472,14 +472,22 @@ impl IdempotencyStore for DynamoStore {
     }
 
     async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
-        self.client
+        let mut update = self
+            .client
             .update_item()
             .table_name(&self.table)
             .key(&self.layout.attribute, self.mark_key(&mark.key))
             .update_expression(
                 "SET #key = :id, payload_hash = :h, error_code = :c, error_message = :m, \
                  dead_lettered_at = :t, expires_at = :ttl",
-            )
+            );
+        if mark.yields() {
+            // Never over the mark of the key's own request.
+            update = update
+                .condition_expression("attribute_not_exists(#key) OR error_code = :c")
+                .expression_attribute_names("#key", "key");
+        }
+        let result = update
             .expression_attribute_names("#key", "key")
             .expression_attribute_values(":id", s(&mark.key))
             .expression_attribute_values(":h", s(&mark.payload_hash))
@@ -488,9 +496,16 @@ impl IdempotencyStore for DynamoStore {
             .expression_attribute_values(":t", n(mark.at_ms))
             .expression_attribute_values(":ttl", n(mark.expires_at_s))
             .send()
-            .await
-            .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
-        Ok(())
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(se))
+                if mark.yields() && se.err().is_conditional_check_failed_exception() =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Unavailable(DisplayErrorContext(&e).to_string())),
+        }
     }
 
     async fn get(&self, key: &str) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -168,10 +168,14 @@ impl IdempotencyStore for InMemoryStore {
 
     async fn mark_dead_lettered(&self, mark: &DeadLetterMark) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.marks
+        let mut marks = self
+            .marks
             .lock()
-            .map_err(|_| StoreError::Unavailable("store mutex poisoned".into()))?
-            .insert(mark.key.clone(), mark.clone());
+            .map_err(|_| StoreError::Unavailable("store mutex poisoned".into()))?;
+        if mark.yields() && marks.get(&mark.key).is_some_and(|m| !m.yields()) {
+            return Ok(());
+        }
+        marks.insert(mark.key.clone(), mark.clone());
         Ok(())
     }
 }

@@ -228,6 +228,19 @@ pub struct DeadLetterMark {
     pub expires_at_s: i64,
 }
 
+/// The `error_code` of a message refused because its key names another request. Its mark is
+/// the refused request's (its own fingerprint), and yields to any mark of the key's own
+/// request: it is written only where no mark of another code is.
+pub const KEY_REUSED: &str = "idempotency_key_reused";
+
+impl DeadLetterMark {
+    /// Whether this mark is for a request that its key does not name ([`KEY_REUSED`]): it
+    /// never replaces a mark of another code.
+    pub fn yields(&self) -> bool {
+        self.error_code == KEY_REUSED
+    }
+}
+
 /// The port over the idempotency table.
 ///
 /// Failure behaviour, for every method: [`StoreError::LeaseLost`] when a write conditional on

@@ -539,3 +539,48 @@ async fn a_record_with_an_earlier_fingerprint_of_the_same_request_is_not_key_reu
     assert_eq!(w.queues.dead()[0].error_code, "idempotency_key_reused");
     assert_eq!(w.downstream.calls("p2"), 0);
 }
+
+/// A message whose key names another request is dead-lettered with a mark of its own
+/// fingerprint (whoever tracks that request learns it was refused); the mark never replaces a
+/// mark of the key's own request.
+#[tokio::test(start_paused = true)]
+async fn a_key_reuse_mark_is_the_refused_request_s_and_yields_to_the_key_s_own() {
+    let w = world(fast(), Duration::from_secs(1));
+    let now = w.clock.now_ms();
+    deliver(&w, msg_at("m1", &body("p1", 100), None, now, 1)).await;
+    assert_eq!(w.downstream.calls("p1"), 1);
+    deliver(&w, msg_at("m2", &body("p1", 999), None, now, 1)).await;
+    let mark = w.store.dead_letter_mark("p1").expect("a mark");
+    assert_eq!(mark.error_code, "idempotency_key_reused");
+    assert_eq!(
+        mark.payload_hash,
+        Job::parse(&body("p1", 999)).unwrap().fingerprint()
+    );
+    // The key's own request was dead-lettered: a later reuse leaves its mark alone.
+    let own = Job::parse(&body("p2", 100)).unwrap();
+    let mut r = record("p2", RecordStatus::Failed, false, now - 10);
+    r.payload_hash = own.fingerprint();
+    w.store.insert(r);
+    w.store
+        .mark_dead_lettered(&sqs_once::record::DeadLetterMark {
+            key: "p2".into(),
+            payload_hash: own.fingerprint(),
+            error_code: "retries_exhausted".into(),
+            error_message: "gave up".into(),
+            at_ms: now,
+            expires_at_s: now / 1000 + 3600,
+        })
+        .await
+        .unwrap();
+    deliver(&w, msg_at("m3", &body("p2", 999), None, now, 1)).await;
+    assert_eq!(
+        w.queues.dead().last().unwrap().error_code,
+        "idempotency_key_reused"
+    );
+    let kept = w.store.dead_letter_mark("p2").unwrap();
+    assert_eq!(
+        (kept.error_code.as_str(), kept.payload_hash),
+        ("retries_exhausted", own.fingerprint())
+    );
+    assert_eq!(w.downstream.calls("p2"), 0);
+}

@@ -313,3 +313,47 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
     assert_eq!(t.record(&never).await.unwrap().status, RecordStatus::Failed);
     assert_eq!(t.charges(&never).await, 0);
 }
+
+/// On the real table: a key-reuse mark is written where no mark is, and never over the mark of
+/// the key's own request (a conditional write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reuse_mark_never_replaces_the_key_s_own_mark_on_the_real_table() {
+    let t = TestStack::new("reusemark").await;
+    let mark = |key: &str, code: &str, hash: &str| sqs_once::record::DeadLetterMark {
+        key: key.to_owned(),
+        payload_hash: hash.to_owned(),
+        error_code: code.to_owned(),
+        error_message: format!("{code} for {hash}"),
+        at_ms: now_ms(),
+        expires_at_s: now_ms() / 1000 + 3600,
+    };
+    let (fresh, owned) = (t.pid("fresh"), t.pid("owned"));
+    t.store
+        .mark_dead_lettered(&mark(&fresh, "idempotency_key_reused", "other"))
+        .await
+        .unwrap();
+    t.store
+        .mark_dead_lettered(&mark(&owned, "retries_exhausted", "own"))
+        .await
+        .unwrap();
+    t.store
+        .mark_dead_lettered(&mark(&owned, "idempotency_key_reused", "other"))
+        .await
+        .expect("a refused yield is not an error");
+    let read = |key: String| {
+        let store = &t.store;
+        async move {
+            let (_, mark) = store.record_and_mark(&key).await.unwrap();
+            let m = mark.expect("a mark");
+            (m.error_code, m.payload_hash)
+        }
+    };
+    assert_eq!(
+        read(fresh).await,
+        ("idempotency_key_reused".to_owned(), "other".to_owned())
+    );
+    assert_eq!(
+        read(owned).await,
+        ("retries_exhausted".to_owned(), "own".to_owned())
+    );
+}
