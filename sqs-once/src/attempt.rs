@@ -239,7 +239,7 @@ impl<W: Work> BatchRunner<W> {
         if lease_end_ms - now <= self.call_window_ms() {
             return Err(Step::Again(
                 "too little time left in this invocation to execute".into(),
-                Redelivery::Soon,
+                Redelivery::NotAttempted,
             ));
         }
         let mut hash = self.work.fingerprint(request);

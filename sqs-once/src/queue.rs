@@ -67,6 +67,37 @@ pub trait QueueOps: Send + Sync {
             retention: None,
         })
     }
+    /// Sends a fresh copy of a message that was never attempted to its own source queue (a
+    /// new receive budget; its age travels in `first_sent_at`); returns only once the queue
+    /// accepted it. The default cannot, and the runner dead-letters the message instead.
+    async fn requeue(&self, copy: &Requeue) -> Result<(), QueueError> {
+        Err(QueueError(format!(
+            "this queue port cannot requeue (message {})",
+            copy.source_message_id
+        )))
+    }
+}
+
+/// A fresh copy of a message that was handed back on its last receive without ever being
+/// attempted (a FIFO follower blocked behind a failure, a message not started before the
+/// invocation deadline): sent again so that SQS does not move it, unexplained, once its
+/// receive budget ends.
+#[derive(Debug, Clone)]
+pub struct Requeue {
+    /// The source queue's ARN (the copy goes back to it).
+    pub source_arn: String,
+    /// The body, byte for byte.
+    pub body: String,
+    /// The source message's id.
+    pub source_message_id: String,
+    /// `String` message attributes of the copy: the original's, `first_sent_at` and the
+    /// number of times the message was requeued.
+    pub attributes: Vec<(String, String)>,
+    /// FIFO: the message group (the copy joins the end of its group).
+    pub message_group_id: Option<String>,
+    /// FIFO: a deduplication id of its own, so the copy is not dropped as the original's
+    /// duplicate.
+    pub deduplication_id: Option<String>,
 }
 
 /// What a source queue allows a message that comes back.
@@ -89,6 +120,8 @@ pub mod attrs {
     pub const SOURCE_MESSAGE_ID: &str = "source_message_id";
     /// Epoch ms of the original's first send, kept across redrives.
     pub const FIRST_SENT_AT: &str = "first_sent_at";
+    /// How often a message was requeued without an attempt ([`super::Requeue`]).
+    pub const REQUEUED: &str = "requeued";
 }
 
 /// SQS through the official SDK.
@@ -222,6 +255,28 @@ impl QueueOps for SqsQueues {
 
     async fn max_receive_count(&self, source_arn: &str) -> Result<Option<u32>, QueueError> {
         Ok(self.limits(source_arn).await?.max_receive_count)
+    }
+
+    async fn requeue(&self, copy: &Requeue) -> Result<(), QueueError> {
+        let url = self.url_for_arn(&copy.source_arn).await?;
+        let mut req = self
+            .client
+            .send_message()
+            .queue_url(url)
+            .message_body(&copy.body);
+        for (name, value) in &copy.attributes {
+            req = req.message_attributes(name, string_attr(value)?);
+        }
+        if let Some(g) = &copy.message_group_id {
+            req = req.message_group_id(g);
+        }
+        if let Some(d) = &copy.deduplication_id {
+            req = req.message_deduplication_id(d);
+        }
+        req.send()
+            .await
+            .map(|_| ())
+            .map_err(|e| QueueError(DisplayErrorContext(&e).to_string()))
     }
 
     async fn limits(&self, source_arn: &str) -> Result<QueueLimits, QueueError> {

@@ -41,6 +41,10 @@ pub enum Redelivery {
     /// A lost race (the record changed under the claim, the lease was taken over): look again
     /// in a second or two.
     Soon,
+    /// Never attempted in this delivery (a FIFO follower behind a failure, not started before
+    /// the invocation deadline): in a second or two, like [`Redelivery::Soon`]; on the last
+    /// receive the message is requeued as a fresh copy instead of being dead-lettered.
+    NotAttempted,
     /// Not before this epoch ms (a live lease's end, a record's `not_before`, the time a lookup
     /// can prove that no effect exists).
     At(i64),
@@ -247,7 +251,7 @@ pub fn delay_for(
 ) -> Duration {
     let until = |t: i64| Duration::from_millis((t - now_ms).max(0) as u64);
     let d = match why {
-        Redelivery::Soon => Duration::from_secs(2),
+        Redelivery::Soon | Redelivery::NotAttempted => Duration::from_secs(2),
         Redelivery::At(t) => until(t) + Duration::from_secs(1),
         Redelivery::Busy(lease_end) if budget.receive_count <= 1 => {
             until(lease_end).min(BUSY_RECHECK) + Duration::from_secs(1)

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, warn, Instrument};
 
 use crate::clock::Clock;
-use crate::queue::{attrs, QueueLimits, QueueOps};
+use crate::queue::{attrs, QueueLimits, QueueOps, Requeue};
 use crate::record::IdempotencyStore;
 use crate::redelivery::{delay_for, BackoffPolicy, Budget, Redelivery};
 use crate::settings::Settings;
@@ -34,6 +34,9 @@ pub enum Disposition {
     DeadLettered(String),
     /// Must come back: reported as a batch item failure.
     Retry(String),
+    /// Never attempted and on its last receive: sent again as a fresh copy and deleted
+    /// (counted with the messages handed back; not a batch item failure).
+    Requeued(String),
 }
 
 /// Counts of one batch, for metrics and logs.
@@ -193,7 +196,7 @@ impl<W: Work> BatchRunner<W> {
                             .give_back(
                                 &msg,
                                 "an earlier message of its FIFO group failed".into(),
-                                Redelivery::Soon,
+                                Redelivery::NotAttempted,
                             )
                             .await;
                         out.push((d, Vec::new()));
@@ -201,7 +204,8 @@ impl<W: Work> BatchRunner<W> {
                     }
                     let (d, latencies) =
                         this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
-                    blocked = matches!(d, Disposition::Retry(_));
+                    // A requeued message goes to the end of its group: what follows it waits too.
+                    blocked = matches!(d, Disposition::Retry(_) | Disposition::Requeued(_));
                     out.push((d, latencies));
                 }
                 out
@@ -247,6 +251,7 @@ impl<W: Work> BatchRunner<W> {
                     Disposition::DeadLettered(code) => {
                         *summary.dead_lettered.entry(code).or_default() += 1
                     }
+                    Disposition::Requeued(_) => summary.retried += 1,
                     Disposition::Retry(_) => {
                         summary.retried += 1;
                         match id.filter(|i| !i.is_empty()) {
@@ -274,14 +279,16 @@ impl<W: Work> BatchRunner<W> {
             tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
         else {
             return (
-                self.give_back(msg, not_started(), Redelivery::Soon).await,
+                self.give_back(msg, not_started(), Redelivery::NotAttempted)
+                    .await,
                 Vec::new(),
             );
         };
         let needed = self.work.call_timeout() + self.settings.deadline_safety;
         if self.clock.now_ms() + ms(needed) >= deadline_ms {
             return (
-                self.give_back(msg, not_started(), Redelivery::Soon).await,
+                self.give_back(msg, not_started(), Redelivery::NotAttempted)
+                    .await,
                 Vec::new(),
             );
         }
@@ -357,6 +364,11 @@ impl<W: Work> BatchRunner<W> {
             None
         };
         if let Some(why) = why {
+            if when == Redelivery::NotAttempted && budget.exhausted() {
+                if let Some(d) = self.requeue(msg, &budget, &reason).await {
+                    return d;
+                }
+            }
             let body = msg.body.clone().unwrap_or_default();
             let request = self.work.parse(&body).ok();
             return self
@@ -372,6 +384,72 @@ impl<W: Work> BatchRunner<W> {
         }
         self.hide(msg, &reason, when, &budget).await;
         Disposition::Retry(reason)
+    }
+
+    /// Sends a fresh copy of a message that was never attempted and is on its last receive,
+    /// then deletes it: only attempts spend the budget. `None` when it cannot (no queue port
+    /// support, requeued as often as the queue allows receives, the send failed): the caller
+    /// dead-letters it then, with the reason.
+    async fn requeue(
+        &self,
+        msg: &SqsMessage,
+        budget: &Budget,
+        reason: &str,
+    ) -> Option<Disposition> {
+        let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) else {
+            return None;
+        };
+        let requeued: u32 = msg
+            .message_attributes
+            .get(attrs::REQUEUED)
+            .and_then(|a| a.string_value.as_deref())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        // Never attempted in a whole budget of deliveries, that many times: something keeps
+        // every invocation from reaching it (a batch larger than an invocation can finish).
+        if requeued >= budget.max_receive_count.unwrap_or(0) {
+            return None;
+        }
+        let mut attributes: Vec<(String, String)> = msg
+            .message_attributes
+            .iter()
+            .filter(|(k, _)| k.as_str() != attrs::REQUEUED && k.as_str() != attrs::FIRST_SENT_AT)
+            // The producer's `String` attributes (a copy sends them as `String`).
+            .filter(|(_, v)| v.data_type.as_deref().unwrap_or("String") == "String")
+            .filter_map(|(k, v)| Some((k.clone(), v.string_value.clone()?)))
+            .take(8) // SQS allows 10 attributes; two are ours
+            .collect();
+        if let Some(t) = first_sent_at_ms(msg) {
+            attributes.push((attrs::FIRST_SENT_AT.to_owned(), t.to_string()));
+        }
+        attributes.push((attrs::REQUEUED.to_owned(), (requeued + 1).to_string()));
+        let message_id = msg.message_id.clone().unwrap_or_default();
+        let group = msg.attributes.get("MessageGroupId").cloned();
+        let copy = Requeue {
+            source_arn: arn.clone(),
+            body: msg.body.clone().unwrap_or_default(),
+            source_message_id: message_id.clone(),
+            attributes,
+            deduplication_id: group
+                .as_ref()
+                .map(|_| format!("{message_id}-requeued-{}", requeued + 1)),
+            message_group_id: group,
+        };
+        if let Err(e) = self.queues.requeue(&copy).await {
+            warn!(error = %e, "could not requeue a message that was never attempted");
+            return None;
+        }
+        if let Err(e) = self.queues.delete(arn, rh).await {
+            // Reported as a success, so the event source mapping deletes it instead; should
+            // it come back anyway, its record absorbs the copy.
+            warn!(error = %e, "could not delete the requeued message");
+        }
+        warn!(
+            reason = %reason,
+            requeued = requeued + 1,
+            "never attempted on its last receive: requeued as a fresh copy"
+        );
+        Some(Disposition::Requeued(reason.to_owned()))
     }
 
     /// Keeps a message that comes back hidden for the delay `when` decides.

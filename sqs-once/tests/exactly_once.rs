@@ -100,27 +100,82 @@ async fn a_dead_workers_job_is_taken_over_after_one_lease_without_burning_the_bu
     assert_eq!((r.status, r.attempts), (RecordStatus::Completed, 2));
 }
 
+/// A FIFO follower blocked behind a failure on its own last receive was never attempted: it is
+/// requeued as a fresh copy at the end of its group (its age carried), never dead-lettered as
+/// `retries_exhausted`, and never executed out of order.
 #[tokio::test]
-async fn a_fifo_message_blocked_on_its_last_receive_is_dead_lettered_with_the_reason() {
+async fn a_fifo_message_blocked_on_its_last_receive_is_requeued_not_dead_lettered() {
     let w = world(fast(), Duration::from_secs(1));
     *w.queues.max_receives.lock().unwrap() = Some(2);
     w.downstream
         .set("a", Behaviour::Fail(FailureKind::RateLimited, None));
     let now = now_ms();
     let first = msg_at("m1", &body("a", 100), Some("g"), now, 1);
-    let second = msg_at("m2", &body("b", 100), Some("g"), now, 2);
-    let (r, _) = w
+    let second = msg_at("m2", &body("b", 100), Some("g"), now - 5_000, 2);
+    let (r, s) = w
         .processor
         .handle_batch(vec![first, second], now + 60_000)
         .await;
-    assert_eq!(failures(&r), vec!["m1"]);
+    assert_eq!(failures(&r), vec!["m1"], "the requeued copy replaces m2");
+    assert!(
+        w.queues.dead().is_empty(),
+        "nothing dead-lettered unexplained"
+    );
+    assert_eq!(s.retried, 2);
+    let copies = w.queues.requeued.lock().unwrap().clone();
+    assert_eq!(copies.len(), 1);
+    let copy = &copies[0];
+    assert_eq!(copy.body, body("b", 100));
+    assert_eq!(copy.message_group_id.as_deref(), Some("g"));
+    assert_eq!(copy.deduplication_id.as_deref(), Some("m2-requeued-1"));
+    let attr = |k: &str| {
+        copy.attributes
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(attr("first_sent_at"), Some((now - 5_000).to_string()));
+    assert_eq!(attr("requeued"), Some("1".into()));
+    assert_eq!(
+        w.queues.deleted.load(Ordering::SeqCst),
+        1,
+        "the original deleted"
+    );
+    assert_eq!(w.downstream.calls("b"), 0, "never processed out of order");
+}
+
+/// A message not started before the invocation deadline on its last receive is requeued; one
+/// that was never attempted in as many requeues as the queue allows receives is dead-lettered,
+/// saying so.
+#[tokio::test]
+async fn a_message_never_started_is_requeued_until_a_whole_budget_of_requeues() {
+    let w = world(fast(), Duration::from_secs(1));
+    *w.queues.max_receives.lock().unwrap() = Some(3);
+    let now = now_ms();
+    // The deadline has (nearly) passed: nothing can start.
+    let (r, _) = w
+        .processor
+        .handle_batch(vec![msg_at("m1", &body("a", 100), None, now, 3)], now + 100)
+        .await;
+    assert!(failures(&r).is_empty());
+    assert!(w.queues.dead().is_empty());
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1);
+    let mut tired = msg_at("m2", &body("b", 100), None, now, 3);
+    let mut a = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+    a.string_value = Some("3".into());
+    a.data_type = Some("String".into());
+    tired.message_attributes.insert("requeued".into(), a);
+    w.processor.handle_batch(vec![tired], now + 100).await;
     let dead = w.queues.dead();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].error_code, "retries_exhausted");
-    assert!(dead[0]
-        .error_message
-        .contains("earlier message of its FIFO group"));
-    assert_eq!(w.downstream.calls("b"), 0, "never processed out of order");
+    assert!(
+        dead[0].error_message.contains("not started"),
+        "{}",
+        dead[0].error_message
+    );
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1, "no second copy");
+    assert_eq!(w.downstream.calls("a") + w.downstream.calls("b"), 0);
 }
 
 #[tokio::test]

@@ -308,3 +308,52 @@ async fn a_message_is_dead_lettered_with_a_reason_before_its_queues_retention_de
     assert!(t.calls(&pid).await > 3, "retried while retention allowed");
     assert_eq!(t.charges(&pid).await, 0);
 }
+
+/// Only attempts spend the receive budget. On their last receive (`maxReceiveCount` 1), a
+/// FIFO group that an invocation could not start before its deadline is requeued, head and
+/// follower as fresh copies in their order, not dead-lettered; then each is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_never_attempted_on_their_last_receive_are_requeued_in_order_then_charged() {
+    let t = TestStack::build("requeue", fast_settings(), true, 1).await;
+    let (a1, a2) = (t.pid("a1"), t.pid("a2"));
+    for pid in [&a1, &a2] {
+        t.send_in_group(&payment(pid, 100, "pm_card_visa"), "A")
+            .await;
+    }
+    let records = t.receive_records(2).await;
+    assert_eq!(records.len(), 2);
+    // An invocation whose deadline is already near: nothing can start.
+    let (response, summary) = t.processor.handle_batch(records, now_ms() + 50).await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "copies replace them"
+    );
+    assert_eq!(summary.retried, 2);
+    assert!(
+        t.dead_letters().await.is_empty(),
+        "nothing dead-lettered unattempted"
+    );
+    assert_eq!(t.calls(&a1).await + t.calls(&a2).await, 0);
+    let copies = t.receive_records(2).await;
+    let order: Vec<String> = copies
+        .iter()
+        .map(|m| {
+            let body: serde_json::Value =
+                serde_json::from_str(m.body.as_deref().unwrap_or_default()).unwrap();
+            body["payment_id"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        order,
+        vec![a1.clone(), a2.clone()],
+        "their group's order kept"
+    );
+    assert!(copies
+        .iter()
+        .all(|m| m.message_attributes.contains_key("first_sent_at")));
+    let response = t.invoke(copies).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_charged_once(&t, &a1).await;
+    assert_charged_once(&t, &a2).await;
+    assert!(t.dead_letters().await.is_empty());
+}

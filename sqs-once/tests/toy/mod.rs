@@ -11,7 +11,7 @@ pub use async_trait::async_trait;
 pub use aws_lambda_events::event::sqs::SqsMessage;
 pub use sqs_once::clock::Clock;
 pub use sqs_once::memory::InMemoryStore;
-pub use sqs_once::queue::{DeadLetter, QueueError, QueueOps};
+pub use sqs_once::queue::{DeadLetter, QueueError, QueueOps, Requeue};
 pub use sqs_once::record::{
     ClaimRequest, ClaimResult, DeadLetterMark, IdempotencyRecord, IdempotencyStore, Outcome,
     RecordStatus, StoreError,
@@ -227,6 +227,8 @@ pub struct FakeQueues {
     pub visibility: Mutex<Vec<(String, i32)>>,
     /// The source queue's `maxReceiveCount` (`None`: no redrive policy).
     pub max_receives: Mutex<Option<u32>>,
+    /// Fresh copies of messages requeued without an attempt.
+    pub requeued: Mutex<Vec<Requeue>>,
 }
 
 #[async_trait]
@@ -245,6 +247,10 @@ impl QueueOps for FakeQueues {
     }
     async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
         Ok(*self.max_receives.lock().unwrap())
+    }
+    async fn requeue(&self, copy: &Requeue) -> Result<(), QueueError> {
+        self.requeued.lock().unwrap().push(copy.clone());
+        Ok(())
     }
 }
 
