@@ -63,6 +63,13 @@ PAYCTL_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-star
 # Its results say when, at which commit, on what machine and emulator, with how many payments.
 grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
   || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }
+# ... the retry rows: one transient failure charged once with no dead letter, an outage as long as
+# the horizon dead-letters nothing;
+for line in "^\| one transient provider failure .*\| [0-9.]+ s, [0-9]+ deliveries, 1 charge, 0 dead letters" \
+  "^\| an outage as long as the retry horizon .*\| 0 \([0-9]+ deliveries, 1 charge"; do
+  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+    || { echo "bench results lack the retry rows ($line)" >&2; exit 1; }
+done
 # ... and the peer path: the comparison with the Powertools peer, the concurrent-duplicate case
 # (each charged once) and the cost table, in the Markdown and the PNG.
 for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \

@@ -834,8 +834,11 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         .filter_map(|t| t["peak_rss_kib"].as_i64())
         .max()
         .unwrap_or(0);
+    let retries =
+        crate::retries::measure(sdk, &opts.template, opts.host_bootstrap()?, &opts.log_dir).await?;
     let mut result = json!({
         "run": run_facts(opts),
+        "retries": retries,
         "payments": opts.payments,
         "throughput": [one, many],
         "stack_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},
@@ -1135,6 +1138,7 @@ fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             b.as_f64().unwrap_or(0.0) / 1048576.0
         ));
     }
+    s.push_str(&crate::retries::markdown(&r["retries"]));
     if r.get("comparison").is_some() {
         s.push_str(&compare::markdown(r));
     }

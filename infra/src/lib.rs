@@ -24,6 +24,7 @@ pub mod prices;
 pub mod reconcile;
 pub mod refund_check;
 pub mod republish;
+pub mod retries;
 pub mod runtime_api;
 pub mod sim;
 pub mod smoke;
