@@ -2,6 +2,7 @@
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
+CHAOS_AWS_FAULTS ?= 0.1
 
 ## The local end-to-end run: installs what it needs, starts ministack (or uses AWS_ENDPOINT_URL) and the provider simulator.
 ## Payments go through the payments API; ARGS=--direct sends raw messages into the queue.
@@ -13,9 +14,10 @@ demo:
 test:
 	bash infra/scripts/test.sh
 
-## The chaos checker: processes crashing at random failpoints against a faulty provider.
+## The chaos checker: processes crashing at random failpoints against a faulty provider, their
+## AWS calls throttled, refused, stalled and answers lost (CHAOS_AWS_FAULTS of the calls).
 chaos:
-	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED)
+	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED) --aws-faults $(CHAOS_AWS_FAULTS)
 
 ## Offline template checks: cfn-lint, sam validate --lint, the transformed template, checkov.
 check-template:

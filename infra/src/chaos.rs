@@ -36,6 +36,9 @@ pub struct ChaosOptions {
     pub crash_rate: f64,
     /// Probability of each provider fault per call.
     pub fault_rate: f64,
+    /// Probability of an AWS fault (throttled, `500`, stalled, answer lost) per AWS call of
+    /// the processor processes, through [`crate::aws_faults::FaultProxy`]; 0: none.
+    pub aws_fault_rate: f64,
     /// Most messages queued at once (the emulator slows down with depth).
     pub max_depth: i64,
     /// Give up after this long.
@@ -206,6 +209,17 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         std::env::var("PAYMENT_API_KEY").unwrap_or_else(|_| "sk_test_local".into()),
     );
 
+    // The processes reach AWS through the fault proxy; the checks below do not.
+    let proxy = if opts.aws_fault_rate > 0.0 {
+        let upstream = std::env::var("AWS_ENDPOINT_URL")
+            .context("AWS faults need the local endpoint in AWS_ENDPOINT_URL")?;
+        let proxy =
+            crate::aws_faults::FaultProxy::start(&upstream, opts.aws_fault_rate, opts.seed).await?;
+        env.insert("AWS_ENDPOINT_URL".into(), proxy.url.clone());
+        Some(proxy)
+    } else {
+        None
+    };
     let r = opts.fault_rate;
     sim.add_faults(json!([
         {"prefix": run_id, "fault": "forget_after", "latency_ms": KEY_RETENTION_SECONDS * 1000},
@@ -236,7 +250,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         format!("{point}={passes}*off->return")
     };
     let pct = opts.crash_rate * 100.0;
-    println!("chaos {run_id}: seed {}, {} payments, {} instances, a crash every ~{:.0} failpoint passes per process, provider faults {:.0}% each", opts.seed, opts.payments, opts.instances, 100.0 / pct.max(1e-9), r * 100.0);
+    println!("chaos {run_id}: seed {}, {} payments, {} instances, a crash every ~{:.0} failpoint passes per process, provider faults {:.0}% each, AWS faults {:.0}% of calls", opts.seed, opts.payments, opts.instances, 100.0 / pct.max(1e-9), r * 100.0, opts.aws_fault_rate * 100.0);
 
     std::fs::create_dir_all(".local/run").ok();
     let log_path = format!(".local/run/{run_id}.log");
@@ -324,6 +338,14 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     refunds.print(bodies.len());
     verdict.violations.extend(refunds.violations);
     sim.clear_faults_for(&run_id).await.ok();
+    if let Some(proxy) = &proxy {
+        println!("{}", proxy.counts.summary());
+        if proxy.counts.total() == 0 {
+            verdict
+                .violations
+                .push("AWS faults were asked for and none was injected".into());
+        }
+    }
     let report = ChaosReport {
         verdict,
         crashes: fleet.crashes,

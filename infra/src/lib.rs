@@ -7,6 +7,7 @@
 //! outside, and [`demo`] ties them together. The `payctl` binary is the CLI over all of it.
 
 pub mod api_load;
+pub mod aws_faults;
 pub mod bench;
 pub mod chaos;
 pub mod check;

@@ -1,6 +1,7 @@
 //! The chaos checker's smaller run: 300 payments, three processor processes crashing at random
-//! failpoints, provider faults on. It checks itself from the ledger, the table and the DLQ and
-//! exits non-zero on any violation.
+//! failpoints, provider faults on, and a tenth of the processes' AWS calls throttled, refused,
+//! stalled or applied with the answer lost. It checks itself from the ledger, the table and
+//! the DLQ and exits non-zero on any violation.
 
 use crate::helpers::root;
 
@@ -20,6 +21,8 @@ async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
             "300",
             "--seed",
             "7",
+            "--aws-faults",
+            "0.1",
             "--max-seconds",
             "600",
         ])
@@ -34,4 +37,8 @@ async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
     );
     assert!(stdout.contains("double charges:           0"), "{stdout}");
     assert!(stdout.contains("CHAOS OK (seed 7)"), "{stdout}");
+    assert!(
+        stdout.contains("AWS calls through the fault proxy"),
+        "the AWS faults were injected: {stdout}"
+    );
 }

@@ -15,6 +15,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use payment_infra::aws_faults;
 
 /// What the proxy forwards to and which answer it drops.
 struct Rule {
@@ -115,11 +116,6 @@ async fn forward(
         .await
         .map_err(std::io::Error::other)?
         .to_bytes();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
     let is_match = parts
         .headers
         .get("x-amz-target")
@@ -127,29 +123,13 @@ async fn forward(
         && String::from_utf8_lossy(&body).contains(&rule.needle);
     if is_match && rule.refusing.load(Ordering::SeqCst) {
         rule.matching.fetch_add(1, Ordering::SeqCst);
-        let mut refused = Response::new(Full::new(Bytes::from_static(
-            br#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"refused by the test's proxy"}"#,
-        )));
-        *refused.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
-        refused.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("application/x-amz-json-1.0"),
-        );
-        return Ok(refused);
+        return Ok(aws_faults::error_response(
+            hyper::StatusCode::INTERNAL_SERVER_ERROR,
+            "com.amazonaws.dynamodb.v20120810#InternalServerError",
+            "refused by the test's proxy",
+        ));
     }
-    let mut out = rule
-        .http
-        .request(parts.method.clone(), format!("{}{path}", rule.upstream));
-    for (k, v) in &parts.headers {
-        if k != hyper::header::HOST && k != hyper::header::CONTENT_LENGTH {
-            out = out.header(k, v);
-        }
-    }
-    let answer = out
-        .body(body.clone())
-        .send()
-        .await
-        .map_err(std::io::Error::other)?;
+    let answer = aws_faults::forward(&rule.http, &rule.upstream, &parts, body).await?;
     if is_match {
         rule.matching.fetch_add(1, Ordering::SeqCst);
         if rule
@@ -161,15 +141,5 @@ async fn forward(
             return Err(std::io::Error::other("answer dropped on purpose"));
         }
     }
-    let status = answer.status();
-    let headers = answer.headers().clone();
-    let bytes = answer.bytes().await.map_err(std::io::Error::other)?;
-    let mut response = Response::new(Full::new(bytes));
-    *response.status_mut() = status;
-    for (k, v) in &headers {
-        if k != hyper::header::CONTENT_LENGTH && k != hyper::header::TRANSFER_ENCODING {
-            response.headers_mut().insert(k, v.clone());
-        }
-    }
-    Ok(response)
+    aws_faults::relay(answer).await
 }

@@ -394,6 +394,10 @@ enum Command {
         /// Probability of each provider fault per call.
         #[arg(long, default_value_t = 0.05)]
         fault_rate: f64,
+        /// Probability of an AWS fault per AWS call of the processors (throttled, 500,
+        /// stalled, answer lost after the call took effect), through a fault proxy.
+        #[arg(long, default_value_t = 0.0)]
+        aws_faults: f64,
         /// Most messages queued at once.
         #[arg(long, default_value_t = 300)]
         max_depth: i64,
@@ -1197,6 +1201,7 @@ async fn run(cli: Cli) -> Result<()> {
             instances,
             crash_rate,
             fault_rate,
+            aws_faults,
             max_depth,
             max_seconds,
         } => {
@@ -1209,6 +1214,7 @@ async fn run(cli: Cli) -> Result<()> {
                     instances,
                     crash_rate,
                     fault_rate,
+                    aws_fault_rate: aws_faults,
                     max_depth,
                     max_duration: Duration::from_secs(max_seconds),
                     exe: std::env::current_exe().context("locating payctl")?,
