@@ -200,6 +200,7 @@ impl RefundWork {
         r: &RefundRequest,
         mut p: RefundablePayment,
         charged: i64,
+        owner: &str,
     ) -> Result<Result<i64, Outcome>, CallError> {
         for _ in 0..RESERVE_TRIES {
             if let Some(a) = p.refunds.get(&r.refund_id) {
@@ -219,7 +220,7 @@ impl RefundWork {
             }
             let reservation = self
                 .ledger
-                .reserve(&r.payment_id, &r.refund_id, amount, &p)
+                .reserve(&r.payment_id, &r.refund_id, amount, &p, owner)
                 .await
                 .map_err(store_error)?;
             if reservation == Reservation::Reserved {
@@ -262,7 +263,11 @@ impl Work for RefundWork {
         r.has_fingerprint(stored)
     }
 
-    async fn execute(&self, r: &RefundRequest, _: &AttemptContext) -> Result<Outcome, CallError> {
+    async fn execute(
+        &self,
+        r: &RefundRequest,
+        attempt: &AttemptContext,
+    ) -> Result<Outcome, CallError> {
         let (payment, intent, currency, charged) = match self.charged(r).await? {
             Ok(found) => found,
             Err(refused) => return Ok(refused),
@@ -272,7 +277,7 @@ impl Work for RefundWork {
                 return Ok(rejected("invalid_refund", why));
             }
         }
-        let amount = match self.reserve(r, payment, charged).await? {
+        let amount = match self.reserve(r, payment, charged, &attempt.owner).await? {
             Ok(a) => a,
             Err(refused) => return Ok(refused),
         };
@@ -314,7 +319,7 @@ impl Work for RefundWork {
         };
         // Nothing was refunded: give the amount back to the payment.
         self.ledger
-            .release(&r.payment_id, &r.refund_id, amount)
+            .release(&r.payment_id, &r.refund_id, amount, &attempt.owner)
             .await
             .map_err(store_error)?;
         Ok(refused)

@@ -8,13 +8,19 @@
 //! same total cannot both write: the second finds the total changed, reads again and is
 //! refused if nothing is left. A refund the provider refuses *releases* its reservation. The
 //! reservation outlives a crash: a retry of the same refund finds it and sends the same amount.
+//!
+//! Both writes are fenced by the refund's own lease: each runs in one `TransactWriteItems` with
+//! a check that the refund's record is `IN_PROGRESS` under the attempt's fencing token, so an
+//! attempt whose lease was taken over (a zombie) can neither reserve nor release: no
+//! reservation is ever changed by an attempt that no longer holds its refund.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
 use aws_sdk_dynamodb::Client;
 use sqs_once::dynamo::{get_n, n, s, DynamoStore};
 use sqs_once::record::{RecordStatus, StoreError};
@@ -55,21 +61,27 @@ pub trait RefundLedger: Send + Sync {
     /// The payment's record with its refunds (a consistent read), `None` without a record.
     async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError>;
 
-    /// Reserves `amount` for `refund_id` on the payment as it was `seen`.
+    /// Reserves `amount` for `refund_id` on the payment as it was `seen`, only while the
+    /// refund's own record is `IN_PROGRESS` under `owner`'s lease (its fencing token):
+    /// [`StoreError::LeaseLost`] otherwise, and nothing is written.
     async fn reserve(
         &self,
         payment_id: &str,
         refund_id: &str,
         amount: i64,
         seen: &RefundablePayment,
+        owner: &str,
     ) -> Result<Reservation, StoreError>;
 
-    /// Gives back `amount` reserved for `refund_id`; nothing when it is not reserved.
+    /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), only
+    /// while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
+    /// never release what the new owner reserved ([`StoreError::LeaseLost`]).
     async fn release(
         &self,
         payment_id: &str,
         refund_id: &str,
         amount: i64,
+        owner: &str,
     ) -> Result<(), StoreError>;
 }
 
@@ -78,6 +90,8 @@ pub trait RefundLedger: Send + Sync {
 pub struct DynamoRefundLedger {
     /// The payment records' store (for its key layout and record reader).
     records: DynamoStore,
+    /// The refund records' store (for the key of the record whose lease fences each write).
+    refund_records: DynamoStore,
     /// The SDK client.
     client: Client,
 }
@@ -87,7 +101,65 @@ impl DynamoRefundLedger {
     pub fn new(client: Client, table: &str) -> Self {
         Self {
             records: crate::payment_store(client.clone(), table),
+            refund_records: DynamoStore::new(
+                client.clone(),
+                table.to_owned(),
+                crate::refund::refund_keys(),
+            ),
             client,
+        }
+    }
+
+    /// Runs `update` on the payment's record in one transaction with a check that the
+    /// refund's record is `IN_PROGRESS` under `owner`'s lease.
+    async fn fenced(
+        &self,
+        refund_id: &str,
+        owner: &str,
+        update: Update,
+    ) -> Result<Fenced, StoreError> {
+        let check = ConditionCheck::builder()
+            .table_name(self.records.table())
+            .key(
+                self.refund_records.layout().attribute.clone(),
+                self.refund_records.record_key(refund_id),
+            )
+            .condition_expression("lease_owner = :me AND #s = :in_progress")
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_values(":me", s(owner))
+            .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().condition_check(check).build())
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Fenced::Applied),
+            Err(SdkError::ServiceError(se)) => match se.err() {
+                TransactWriteItemsError::TransactionCanceledException(c) => {
+                    let code = |i: usize| {
+                        c.cancellation_reasons()
+                            .get(i)
+                            .and_then(|r| r.code())
+                            .unwrap_or("None")
+                    };
+                    match (code(0), code(1)) {
+                        ("ConditionalCheckFailed", _) => Ok(Fenced::LeaseLost),
+                        (_, "ConditionalCheckFailed") => Ok(Fenced::Refused),
+                        (a, b) => Err(StoreError::Unavailable(format!(
+                            "the refund's ledger transaction was cancelled ({a}, {b})"
+                        ))),
+                    }
+                }
+                _ => Err(StoreError::Unavailable(
+                    DisplayErrorContext(&SdkError::ServiceError(se)).to_string(),
+                )),
+            },
+            Err(e) => Err(unavailable(e)),
         }
     }
 
@@ -147,13 +219,12 @@ impl RefundLedger for DynamoRefundLedger {
         refund_id: &str,
         amount: i64,
         seen: &RefundablePayment,
+        owner: &str,
     ) -> Result<Reservation, StoreError> {
         let (k, v) = self.key(payment_id);
         let total = seen.refunded + amount;
         let refundable = "#s = :completed AND outcome.#st = :succeeded AND :total <= outcome.#amt";
-        let mut req = self
-            .client
-            .update_item()
+        let mut req = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
             .expression_attribute_names("#s", "status")
@@ -180,12 +251,13 @@ impl RefundLedger for DynamoRefundLedger {
                     AttributeValue::M(HashMap::from([(refund_id.to_owned(), n(amount))])),
                 )
         };
-        match req.send().await {
-            Ok(_) => Ok(Reservation::Reserved),
-            Err(SdkError::ServiceError(se)) if se.err().is_conditional_check_failed_exception() => {
-                Ok(Reservation::Changed)
-            }
-            Err(e) => Err(unavailable(e)),
+        let update = req
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        match self.fenced(refund_id, owner, update).await? {
+            Fenced::Applied => Ok(Reservation::Reserved),
+            Fenced::Refused => Ok(Reservation::Changed),
+            Fenced::LeaseLost => Err(StoreError::LeaseLost),
         }
     }
 
@@ -194,11 +266,10 @@ impl RefundLedger for DynamoRefundLedger {
         payment_id: &str,
         refund_id: &str,
         amount: i64,
+        owner: &str,
     ) -> Result<(), StoreError> {
         let (k, v) = self.key(payment_id);
-        let result = self
-            .client
-            .update_item()
+        let update = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
             .update_expression(
@@ -207,17 +278,24 @@ impl RefundLedger for DynamoRefundLedger {
             .condition_expression("refunds.#rid = :amount")
             .expression_attribute_names("#rid", refund_id)
             .expression_attribute_values(":amount", n(amount))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        match self.fenced(refund_id, owner, update).await? {
             // Not reserved (released before, or never): nothing to give back.
-            Err(SdkError::ServiceError(se)) if se.err().is_conditional_check_failed_exception() => {
-                Ok(())
-            }
-            Err(e) => Err(unavailable(e)),
+            Fenced::Applied | Fenced::Refused => Ok(()),
+            Fenced::LeaseLost => Err(StoreError::LeaseLost),
         }
     }
+}
+
+/// What a fenced ledger write did.
+enum Fenced {
+    /// Written.
+    Applied,
+    /// The refund's record is not `IN_PROGRESS` under this owner: nothing written.
+    LeaseLost,
+    /// The payment's record refused the write's own condition: nothing written.
+    Refused,
 }
 
 /// The ledger in memory, with the same conditions (tests).
@@ -253,12 +331,14 @@ impl RefundLedger for InMemoryRefundLedger {
         self.with(|m| m.get(payment_id).cloned())
     }
 
+    /// The in-memory ledger keeps no refund records: it fences nothing (`owner` is unused).
     async fn reserve(
         &self,
         payment_id: &str,
         refund_id: &str,
         amount: i64,
         seen: &RefundablePayment,
+        _owner: &str,
     ) -> Result<Reservation, StoreError> {
         self.with(|m| {
             let Some(p) = m.get_mut(payment_id) else {
@@ -286,6 +366,7 @@ impl RefundLedger for InMemoryRefundLedger {
         payment_id: &str,
         refund_id: &str,
         amount: i64,
+        _owner: &str,
     ) -> Result<(), StoreError> {
         self.with(|m| {
             if let Some(p) = m.get_mut(payment_id) {

@@ -74,18 +74,20 @@ impl RefundLedger for Yielding {
         rid: &str,
         amount: i64,
         seen: &RefundablePayment,
+        owner: &str,
     ) -> Result<payment_core::refund_ledger::Reservation, sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
-        self.0.reserve(pid, rid, amount, seen).await
+        self.0.reserve(pid, rid, amount, seen, owner).await
     }
     async fn release(
         &self,
         pid: &str,
         rid: &str,
         amount: i64,
+        owner: &str,
     ) -> Result<(), sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
-        self.0.release(pid, rid, amount).await
+        self.0.release(pid, rid, amount, owner).await
     }
 }
 

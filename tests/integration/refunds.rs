@@ -168,3 +168,66 @@ async fn only_a_charged_payment_is_refunded_and_the_rest_is_the_default() {
         0
     );
 }
+
+/// On the real table: reservations and releases are fenced by the refund's own lease. An
+/// attempt whose lease was taken over can neither reserve nor release; the owner can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
+    use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger, Reservation};
+    use sqs_once::record::{ClaimRequest, IdempotencyStore, StoreError};
+
+    let t = TestStack::new("refund-fence").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 1000, "pm_card_visa")).await;
+    t.drain(1).await;
+    assert_charged_once(&t, &pid).await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    let ledger = DynamoRefundLedger::new(ddb.clone(), &t.config.idempotency_table);
+    let refunds = sqs_once::DynamoStore::new(
+        ddb,
+        t.config.idempotency_table.clone(),
+        payment_core::refund::refund_keys(),
+    );
+    let rid = format!("{pid}-r1");
+    let now = sqs_once::runner::now_ms();
+    let claim = |owner: &str, lease_ms: i64| ClaimRequest {
+        key: rid.clone(),
+        payload_hash: "refund/v1:h".into(),
+        owner: owner.to_owned(),
+        now_ms: sqs_once::runner::now_ms(),
+        lease_expires_at_ms: now + lease_ms,
+        expires_at_s: now / 1000 + 3600,
+    };
+    // The zombie's lease has ended and the new owner took the refund over.
+    refunds.claim(&claim("zombie", -1)).await.unwrap();
+    refunds.claim(&claim("owner", 60_000)).await.unwrap();
+    let seen = ledger.payment(&pid).await.unwrap().unwrap();
+    assert!(matches!(
+        ledger.reserve(&pid, &rid, 400, &seen, "zombie").await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(
+        refunded_total(&t, &pid).await,
+        0,
+        "the zombie reserved nothing"
+    );
+    assert_eq!(
+        ledger
+            .reserve(&pid, &rid, 400, &seen, "owner")
+            .await
+            .unwrap(),
+        Reservation::Reserved
+    );
+    assert!(matches!(
+        ledger.release(&pid, &rid, 400, "zombie").await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(
+        refunded_total(&t, &pid).await,
+        400,
+        "the owner's reservation stands"
+    );
+    ledger.release(&pid, &rid, 400, "owner").await.unwrap();
+    assert_eq!(refunded_total(&t, &pid).await, 0);
+}
