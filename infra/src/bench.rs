@@ -489,8 +489,12 @@ impl BareCalls {
         if let Some((code, why)) = dead_letter {
             bail!("{}: {code}: {why}", req.payment_id.as_str());
         }
+        // The same write as the processor's: a charge's record kept for the refund window.
+        let outcome = outcome.to_outcome();
+        let keep = (outcome.status == "succeeded")
+            .then(|| now / 1000 + payment_core::charge::DEFAULT_REFUND_WINDOW.as_secs() as i64);
         self.store
-            .complete(req.payment_id.as_str(), "bare", &outcome.to_outcome())
+            .complete(req.payment_id.as_str(), "bare", &outcome, keep)
             .await?;
         Ok(())
     }

@@ -112,7 +112,8 @@ pub async fn build_processor_with(
     sqs: aws_sdk_sqs::Client,
 ) -> Result<Arc<Processor>, InitError> {
     let provider = provider_from(config, sdk).await?;
-    let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention);
+    let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention)
+        .with_refund_window(config.refund_window);
     let store = crate::payment_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
     check_source_queue(config, &queues).await?;

@@ -129,15 +129,31 @@ pub struct PaymentWork {
     provider: Arc<dyn PaymentProvider>,
     /// How long the provider remembers an idempotency key.
     key_retention: Duration,
+    /// How long after a charge refunds are accepted: the charge's record, which holds its
+    /// refund ledger, is kept that long (`REFUND_WINDOW_DAYS`).
+    refund_window: Duration,
 }
 
+/// Refunds accepted for a year after the charge by default: Stripe documents no fixed window
+/// for refunding a card charge (a late refund the bank cannot take ends `failed`), and a year
+/// covers the windows that card acquirers commonly allow.
+pub const DEFAULT_REFUND_WINDOW: Duration = Duration::from_secs(365 * 86_400);
+
 impl PaymentWork {
-    /// The work over a provider that remembers keys for `key_retention`.
+    /// The work over a provider that remembers keys for `key_retention`, keeping charged
+    /// payments' records for [`DEFAULT_REFUND_WINDOW`].
     pub fn new(provider: Arc<dyn PaymentProvider>, key_retention: Duration) -> Self {
         Self {
             provider,
             key_retention,
+            refund_window: DEFAULT_REFUND_WINDOW,
         }
+    }
+
+    /// Keeps a charged payment's record (and its refund ledger) this long after the charge.
+    pub fn with_refund_window(mut self, window: Duration) -> Self {
+        self.refund_window = window;
+        self
     }
 }
 
@@ -159,6 +175,12 @@ impl Work for PaymentWork {
 
     fn same_request(&self, request: &PaymentRequest, stored: &str) -> bool {
         request.has_payload_hash(stored)
+    }
+
+    /// A charge's record holds its refund ledger: it is kept for the refund window, so that a
+    /// refund late in it still finds the charge and what was refunded of it.
+    fn retention_after(&self, outcome: &Outcome) -> Option<Duration> {
+        (PaymentOutcome::from_outcome(outcome).status == "succeeded").then_some(self.refund_window)
     }
 
     async fn execute(

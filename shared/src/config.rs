@@ -51,6 +51,10 @@ pub struct Config {
     /// `PROVIDER_SEARCH_LAG_SECONDS`, `RETRY_HORIZON_SECONDS`, `QUEUE_MAX_RECEIVE_COUNT`,
     /// `RETENTION_MARGIN_SECONDS`, default the visibility timeout).
     pub settings: Settings,
+    /// `REFUND_WINDOW_DAYS` (default 365, [`crate::charge::DEFAULT_REFUND_WINDOW`]): how long
+    /// after a charge refunds are accepted; the charge's record, which holds its refund
+    /// ledger, is kept that long (never less than the record retention).
+    pub refund_window: Duration,
     /// `SOURCE_QUEUE_URL` (optional): the queue the function's event source mapping reads.
     /// When set, the init reads its redrive policy and retention and refuses a retry horizon
     /// that does not end the retention margin before the retention.
@@ -225,6 +229,14 @@ impl Config {
             provider_key_retention,
             settings,
             source_queue_url: get("SOURCE_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            refund_window: Duration::from_secs(
+                number(
+                    "REFUND_WINDOW_DAYS",
+                    crate::charge::DEFAULT_REFUND_WINDOW.as_secs() / 86_400,
+                    1,
+                    3_650,
+                )? * 86_400,
+            ),
         })
     }
 }

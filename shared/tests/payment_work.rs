@@ -369,3 +369,38 @@ async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
     }
     assert!(!text.contains("sk_live_must_never_be_logged"));
 }
+
+/// A charge's record holds its refund ledger: it is kept for the refund window from the
+/// charge, not the record retention from the claim; a decline keeps the record retention.
+#[tokio::test]
+async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
+    let day = 86_400i64;
+    for (response, kept_days) in [
+        (
+            ProviderResponse::Charged {
+                provider_payment_id: "pi_1".into(),
+                status: "succeeded".into(),
+                replayed: false,
+            },
+            365,
+        ),
+        (
+            ProviderResponse::Declined {
+                provider_payment_id: Some("pi_2".into()),
+                decline_code: Some("insufficient_funds".into()),
+            },
+            settings().record_ttl.as_secs() as i64 / day,
+        ),
+    ] {
+        let (p, store, _) = processor(Arc::new(Answering(Ok(response))));
+        let before = now_ms() / 1000;
+        p.handle_batch(vec![msg("m1", &body("p1"))], now_ms() + 60_000)
+            .await;
+        let expires = store.get("p1").await.unwrap().unwrap().expires_at_s;
+        let kept = (expires - before) as f64 / day as f64;
+        assert!(
+            (kept - kept_days as f64).abs() < 0.01,
+            "kept {kept:.3} days, want {kept_days}"
+        );
+    }
+}

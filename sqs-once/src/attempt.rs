@@ -112,7 +112,12 @@ impl<W: Work> BatchRunner<W> {
         match executed {
             Ok(outcome) => {
                 crate::failpoint!("after_execute");
-                match self.store.complete(&key, owner, &outcome).await {
+                // Kept longer than the record retention when the work asks, never shorter.
+                let keep_until = self
+                    .work
+                    .retention_after(&outcome)
+                    .map(|d| (self.clock.now_ms() + ms(d.max(self.settings.record_ttl))) / 1000);
+                match self.store.complete(&key, owner, &outcome, keep_until).await {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         return Step::Again(

@@ -419,20 +419,31 @@ impl IdempotencyStore for DynamoStore {
         }
     }
 
-    async fn complete(&self, key: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
-        self.owned_update(
-            key,
-            owner,
-            "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t \
-             REMOVE last_error, not_before",
-            vec![
-                (":completed", s(RecordStatus::Completed.as_str())),
-                (":o", outcome_to_attr(outcome)),
-                (":f", AttributeValue::Bool(false)),
-                (":t", n(crate::clock::SystemClock.now_ms())),
-            ],
-        )
-        .await
+    async fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        outcome: &Outcome,
+        expires_at_s: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let mut values = vec![
+            (":completed", s(RecordStatus::Completed.as_str())),
+            (":o", outcome_to_attr(outcome)),
+            (":f", AttributeValue::Bool(false)),
+            (":t", n(crate::clock::SystemClock.now_ms())),
+        ];
+        let update = match expires_at_s {
+            Some(ttl) => {
+                values.push((":ttl", n(ttl)));
+                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t, \
+                 expires_at = :ttl REMOVE last_error, not_before"
+            }
+            None => {
+                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t \
+                 REMOVE last_error, not_before"
+            }
+        };
+        self.owned_update(key, owner, update, values).await
     }
 
     async fn fail(

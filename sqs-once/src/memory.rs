@@ -122,9 +122,18 @@ impl IdempotencyStore for InMemoryStore {
         })
     }
 
-    async fn complete(&self, id: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &str,
+        owner: &str,
+        outcome: &Outcome,
+        expires_at_s: Option<i64>,
+    ) -> Result<(), StoreError> {
         self.with(|m| {
             let r = Self::owned(m, id, owner)?;
+            if let Some(t) = expires_at_s {
+                r.expires_at_s = t;
+            }
             r.status = RecordStatus::Completed;
             r.outcome = Some(outcome.clone());
             r.unknown_outcome = false;

@@ -252,8 +252,16 @@ pub trait IdempotencyStore: Send + Sync {
     /// Claims the key with one conditional write (the condition is in this module's docs),
     /// returning the old record on conflict in the same round trip.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimResult, StoreError>;
-    /// Stores the terminal outcome, only while `owner` holds an `IN_PROGRESS` lease.
-    async fn complete(&self, key: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError>;
+    /// Stores the terminal outcome, only while `owner` holds an `IN_PROGRESS` lease; with
+    /// `expires_at_s`, the record's TTL becomes that epoch second (the runner passes one only
+    /// later than the claim's, see [`crate::Work::retention_after`]).
+    async fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        outcome: &Outcome,
+        expires_at_s: Option<i64>,
+    ) -> Result<(), StoreError>;
     /// Records a retryable failure and releases the lease, only while `owner` holds it. Never
     /// clears the unknown-outcome mark; sets `not_before` when the note carries one.
     async fn fail(

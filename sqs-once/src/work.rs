@@ -205,6 +205,14 @@ pub trait Work: Send + Sync + 'static {
     /// The longest a call may take (the client's timeout).
     fn call_timeout(&self) -> Duration;
 
+    /// How long a record completed with `outcome` must be kept from its completion, when that
+    /// is longer than the record retention (`None`, the default: the record retention from
+    /// the first claim). A payment keeps the record that holds its refund ledger for as long as
+    /// refunds are accepted.
+    fn retention_after(&self, _outcome: &Outcome) -> Option<Duration> {
+        None
+    }
+
     /// How long the downstream remembers an idempotency key (`None`: as long as the record
     /// lives). After it, an outcome left unknown is looked up before any new call.
     fn key_retention(&self) -> Option<Duration> {

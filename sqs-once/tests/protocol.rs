@@ -159,7 +159,7 @@ async fn a_zombie_whose_lease_was_taken_over_cannot_complete() {
     w.store.claim(&claim("new", t0 + 2_000)).await.unwrap();
     let outcome = done("p1");
     assert!(matches!(
-        w.store.complete(&req.id, "zombie", &outcome).await,
+        w.store.complete(&req.id, "zombie", &outcome, None).await,
         Err(sqs_once::record::StoreError::LeaseLost)
     ));
     let r = w.store.get("p1").await.unwrap().unwrap();

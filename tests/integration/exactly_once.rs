@@ -39,7 +39,7 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
     };
     assert!(matches!(
         t.store
-            .complete(req.payment_id.as_str(), "zombie", &outcome)
+            .complete(req.payment_id.as_str(), "zombie", &outcome, None)
             .await,
         Err(StoreError::LeaseLost)
     ));

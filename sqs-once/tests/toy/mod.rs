@@ -390,11 +390,17 @@ impl IdempotencyStore for ScriptedStore {
         }
         Ok(first)
     }
-    async fn complete(&self, id: &str, owner: &str, outcome: &Outcome) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &str,
+        owner: &str,
+        outcome: &Outcome,
+        keep: Option<i64>,
+    ) -> Result<(), StoreError> {
         if *self.completes_fail.lock().unwrap() {
             return Err(StoreError::Unavailable("table unreachable".into()));
         }
-        self.inner.complete(id, owner, outcome).await
+        self.inner.complete(id, owner, outcome, keep).await
     }
     async fn fail(
         &self,
