@@ -4,9 +4,13 @@
 //! the refunds' dead-letter queue.
 //!
 //! What must hold: no refund id is refunded twice; the refunds of a payment never add up to
-//! more than its charge; the refunded total on the payment's record covers every refund the
-//! provider made for it (so the limit can never be passed later); every refund message ends
-//! as a completed record or a dead letter; a payment that was not charged is never refunded.
+//! more than its charge; the payment's ledger is the provider's books: its refunded total is
+//! the sum of its reservations, and each reservation is a refund the provider made, of that
+//! amount, unless the refund's outcome is unsettled (dead-lettered `outcome_unknown` or
+//! `retries_exhausted`, for a person) — so no reservation is left that no refund holds, and
+//! the total covers every refund the provider made (the limit can never be passed later);
+//! every refund message ends as a completed record or a dead letter; a payment that was not
+//! charged is never refunded.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -121,6 +125,10 @@ pub struct RefundVerdict {
     pub amount: i64,
     /// Dead letters by code.
     pub dead_lettered: BTreeMap<String, usize>,
+    /// Reservations of refunds whose outcome is unsettled (dead-lettered `outcome_unknown` or
+    /// `retries_exhausted`): they may differ from the provider's books until a person settles
+    /// them.
+    pub unsettled: usize,
     /// Everything that went wrong.
     pub violations: Vec<String>,
 }
@@ -131,6 +139,10 @@ impl RefundVerdict {
         println!(
             "refund messages sent:     {sent} ({} refunds issued, {} minor units; dead-lettered {:?})",
             self.refunded, self.amount, self.dead_lettered
+        );
+        println!(
+            "refund ledger:            every reservation is a refund the provider made, of its amount, but {} unsettled",
+            self.unsettled
         );
     }
 }
@@ -255,6 +267,38 @@ pub fn verify(
                 "payment {pid} was refunded {amount}, more than its charge of {charged}"
             ));
         }
+        // The ledger is the provider's books: each reservation is a refund the provider made
+        // (of that amount), or one whose outcome is still unsettled (dead-lettered
+        // outcome_unknown / retries_exhausted, for a person: it may have happened).
+        let reserved: i64 = p.refunds.values().sum();
+        if reserved != p.refunded {
+            v.violations.push(format!(
+                "payment {pid}'s refunded_amount {} is not the sum of its reservations {reserved}",
+                p.refunded
+            ));
+        }
+        for (rid, held) in &p.refunds {
+            let made: i64 = ledger
+                .refunds
+                .get(rid)
+                .into_iter()
+                .flatten()
+                .map(|r| r.amount)
+                .sum();
+            let unsettled = dead.get(rid).is_some_and(|codes| {
+                codes
+                    .iter()
+                    .any(|c| c == "outcome_unknown" || c == "retries_exhausted")
+            });
+            if made != *held && !unsettled {
+                v.violations.push(format!(
+                    "payment {pid} holds a reservation of {held} for refund {rid}, which the provider refunded {made}: a reservation no refund holds"
+                ));
+            }
+            if unsettled {
+                v.unsettled += 1;
+            }
+        }
         if p.refunded < amount {
             v.violations.push(format!(
                 "payment {pid}'s record counts {} refunded, less than the provider's {amount}",
@@ -263,4 +307,108 @@ pub fn verify(
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use payment_core::refund_ledger::RefundablePayment;
+    use payment_core::PaymentOutcome;
+
+    fn charged(refunds: &[(&str, i64)]) -> RefundablePayment {
+        RefundablePayment {
+            status: RecordStatus::Completed,
+            outcome: Some(PaymentOutcome {
+                status: "succeeded".into(),
+                provider_payment_id: Some("pi_1".into()),
+                decline_code: None,
+                amount: 1000,
+                currency: "usd".into(),
+                reason: None,
+            }),
+            refunded: refunds.iter().map(|(_, a)| a).sum(),
+            refunds: refunds.iter().map(|(r, a)| (r.to_string(), *a)).collect(),
+            has_refunds: !refunds.is_empty(),
+        }
+    }
+
+    fn booked(rid: &str, amount: i64) -> (String, Vec<crate::sim::Refund>) {
+        (
+            rid.to_owned(),
+            vec![crate::sim::Refund {
+                id: format!("re_{rid}"),
+                amount,
+                payment_intent: "pi_1".into(),
+            }],
+        )
+    }
+
+    #[test]
+    fn a_reservation_that_no_refund_holds_is_a_violation_unless_unsettled() {
+        let plan = |rid: &str| PlannedRefund {
+            body: String::new(),
+            refund_id: rid.into(),
+            payment_id: "p1".into(),
+            expect: RefundExpect::Refunded(300),
+        };
+        let plans = [plan("r1"), plan("r2")];
+        let ledger = Ledger {
+            refunds: [booked("r1", 300), booked("r2", 300)].into_iter().collect(),
+            ..Default::default()
+        };
+        let done = |rid: &str| {
+            (
+                rid.to_owned(),
+                IdempotencyRecord {
+                    key: rid.into(),
+                    status: RecordStatus::Completed,
+                    payload_hash: String::new(),
+                    lease_owner: None,
+                    lease_expires_at_ms: 0,
+                    attempts: 1,
+                    outcome: None,
+                    expires_at_s: 0,
+                    first_attempt_at_ms: 0,
+                    unknown_outcome: false,
+                    last_error: None,
+                    completed_at_ms: None,
+                    not_before_ms: None,
+                },
+            )
+        };
+        let records: HashMap<_, _> = [done("r1"), done("r2")].into_iter().collect();
+        let check = |p: RefundablePayment, dlq: &[DeadLetterSeen]| {
+            let payments = HashMap::from([("p1".to_owned(), Some(p))]);
+            verify(&plans, &ledger, &records, &payments, dlq).violations
+        };
+        assert!(check(charged(&[("r1", 300), ("r2", 300)]), &[]).is_empty());
+        // A third reservation that the provider never refunded: the ledger drifted.
+        let drift = check(charged(&[("r1", 300), ("r2", 300), ("r3", 200)]), &[]);
+        assert_eq!(drift.len(), 1, "{drift:?}");
+        assert!(
+            drift[0].contains("a reservation no refund holds"),
+            "{drift:?}"
+        );
+        // ... unless r3 is dead-lettered unsettled, for a person.
+        let unknown = DeadLetterSeen {
+            error_code: "outcome_unknown".into(),
+            source_message_id: "m3".into(),
+            body: RefundRequest {
+                refund_id: "r3".into(),
+                payment_id: "p1".into(),
+                amount: Some(200),
+                reason: None,
+            }
+            .to_message_body(),
+        };
+        assert!(check(
+            charged(&[("r1", 300), ("r2", 300), ("r3", 200)]),
+            &[unknown]
+        )
+        .is_empty());
+        // A total that is not its reservations' sum.
+        let mut off = charged(&[("r1", 300), ("r2", 300)]);
+        off.refunded = 500;
+        assert!(!check(off, &[]).is_empty());
+    }
 }
