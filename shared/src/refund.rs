@@ -325,27 +325,48 @@ impl Work for RefundWork {
         Ok(refused)
     }
 
-    /// The refunds of the payment's charge at the provider, by `metadata[refund_id]`.
+    /// The refunds of the payment's charge at the provider, by `metadata[refund_id]`. A refund
+    /// found `failed` or `canceled` moved no money: the reservation this refund holds is given
+    /// back (fenced by this attempt's lease) and the refusal recorded, so no reservation is
+    /// left that no refund holds.
     async fn lookup(
         &self,
         r: &RefundRequest,
-        _: &AttemptContext,
+        attempt: &AttemptContext,
     ) -> Result<Option<Outcome>, CallError> {
-        let (_, intent, currency, _) = match self.charged(r).await? {
+        let (payment, intent, currency, _) = match self.charged(r).await? {
             Ok(found) => found,
             Err(_) => return Ok(None),
         };
         let found = self.provider.find_refunds(&intent).await?;
-        Ok(found
+        let Some(f) = found
             .into_iter()
             .find(|f| f.refund_id.as_deref() == Some(r.refund_id.as_str()))
-            .map(|f| {
-                Outcome::new(f.status)
-                    .with_text("provider_refund_id", f.provider_refund_id)
-                    .with_text("payment_id", &r.payment_id)
-                    .with_number("amount", f.amount)
-                    .with_text("currency", currency)
-            }))
+        else {
+            return Ok(None);
+        };
+        if matches!(f.status.as_str(), "failed" | "canceled") {
+            if let Some(held) = payment.refunds.get(&r.refund_id) {
+                self.ledger
+                    .release(&r.payment_id, &r.refund_id, *held, &attempt.owner)
+                    .await
+                    .map_err(store_error)?;
+            }
+            return Ok(Some(rejected(
+                "refund_failed",
+                format!(
+                    "the provider holds refund {} as {}: no money moved",
+                    f.provider_refund_id, f.status
+                ),
+            )));
+        }
+        Ok(Some(
+            Outcome::new(f.status)
+                .with_text("provider_refund_id", f.provider_refund_id)
+                .with_text("payment_id", &r.payment_id)
+                .with_number("amount", f.amount)
+                .with_text("currency", currency),
+        ))
     }
 
     /// The refunds of a PaymentIntent are a list: consistent.

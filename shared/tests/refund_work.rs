@@ -26,6 +26,8 @@ use sqs_once::Settings;
 struct Provider {
     calls: Mutex<Vec<RefundCall>>,
     refuse: Mutex<Option<String>>,
+    /// What a lookup of the charge's refunds finds.
+    found: Mutex<Vec<FoundRefund>>,
 }
 
 #[async_trait]
@@ -51,7 +53,7 @@ impl RefundProvider for Provider {
         })
     }
     async fn find_refunds(&self, _: &str) -> Result<Vec<FoundRefund>, ProviderError> {
-        Ok(Vec::new())
+        Ok(self.found.lock().unwrap().clone())
     }
 }
 
@@ -96,6 +98,7 @@ struct World {
     provider: Arc<Provider>,
     queues: Arc<Queues>,
     processor: Arc<RefundProcessor>,
+    store: Arc<InMemoryStore>,
 }
 
 fn world() -> World {
@@ -113,9 +116,10 @@ fn world() -> World {
         processing_allowance: Duration::ZERO,
         ..Settings::default()
     };
+    let store = Arc::new(InMemoryStore::new());
     let processor = Arc::new(RefundProcessor::new(
         Arc::new(work),
-        Arc::new(InMemoryStore::new()),
+        store.clone(),
         queues.clone(),
         settings,
     ));
@@ -124,6 +128,7 @@ fn world() -> World {
         provider,
         queues,
         processor,
+        store,
     }
 }
 
@@ -350,4 +355,58 @@ fn refund_messages_are_validated_naming_the_field() {
     let a = RefundRequest::parse(r#"{"payment_id":"p1","refund_id":"r1","amount":5}"#).unwrap();
     let b = RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","amount":6}"#).unwrap();
     assert_ne!(a.fingerprint(), b.fingerprint());
+}
+
+/// A refund whose attempt died after the provider created it `failed` (a crash before the
+/// release), taken over after the provider forgot the key: the lookup finds it failed, gives the reservation back and records
+/// the refusal; nothing is refunded, and the amount can be refunded again.
+#[tokio::test]
+async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let seen = w.ledger.payment("p1").await.unwrap().unwrap();
+    w.ledger
+        .reserve("p1", "r1", 40, &seen, "dead")
+        .await
+        .unwrap();
+    let now = now_ms();
+    w.store.insert(sqs_once::record::IdempotencyRecord {
+        key: "r1".into(),
+        status: RecordStatus::InProgress,
+        payload_hash: payment_core::refund::RefundRequest::parse(&refund("r1", "p1", Some(40)))
+            .unwrap()
+            .fingerprint(),
+        lease_owner: Some("dead".into()),
+        lease_expires_at_ms: now - 60_000,
+        attempts: 1,
+        outcome: None,
+        expires_at_s: now / 1000 + 3600,
+        // Longer ago than the provider remembers keys: the takeover looks the refund up.
+        first_attempt_at_ms: now - 2 * 86_400_000,
+        unknown_outcome: false,
+        last_error: None,
+        completed_at_ms: None,
+        not_before_ms: None,
+    });
+    w.provider.found.lock().unwrap().push(FoundRefund {
+        provider_refund_id: "re_1".into(),
+        status: "failed".into(),
+        amount: 40,
+        refund_id: Some("r1".into()),
+    });
+    let (_, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &refund("r1", "p1", Some(40)))], now + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("refund_failed"), Some(&1), "{s:?}");
+    assert!(
+        w.provider.calls.lock().unwrap().is_empty(),
+        "no second refund"
+    );
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (p.refunded, p.refunds.len()),
+        (0, 0),
+        "the reservation given back"
+    );
 }
