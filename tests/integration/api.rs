@@ -512,3 +512,88 @@ async fn payctl_pay_and_get_sign_their_requests() {
     assert!(!ok);
     assert!(err.contains("400"), "{err}");
 }
+
+/// The whole path under AWS faults: the API, the relay and the processor reach DynamoDB and SQS
+/// through a proxy that throttles, answers `500`, stalls and loses answers of calls that took
+/// effect (a fifth of all calls). A client retries a `5xx` with the same key, as the README
+/// says. Every payment is charged exactly once and reads back `succeeded`; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_payment_once() {
+    let t = TestStack::new("aws-faults").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let proxy =
+        payment_infra::aws_faults::FaultProxy::start(&required_env("AWS_ENDPOINT_URL"), 0.2, 5)
+            .await
+            .expect("the fault proxy");
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&sdk)
+            .endpoint_url(&proxy.url)
+            .build(),
+    );
+    let server = serve(&t, ddb.clone()).await;
+    let c = client(server.url()).await;
+    let rc = relay_config(&t);
+    let relay = payment_core::outbox::Relay::new(
+        sqs.clone(),
+        rc.queue_url.clone(),
+        rc.group_by,
+        ddb.clone(),
+        rc.payments_table.clone(),
+    );
+    let mapping = stream::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
+        .await
+        .expect("relaying the outbox stream");
+    let keys: Vec<String> = (0..20).map(|i| t.pid(&format!("p{i:02}"))).collect();
+    for key in &keys {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match c.create(key, BODY).await {
+                Ok(a) if a.status == 202 => break,
+                Ok(a) if a.status >= 500 => {}
+                Ok(a) => panic!("POST {key}: {} {}", a.status, a.body),
+                Err(_) => {}
+            }
+            assert!(tries < 20, "POST {key} never accepted");
+        }
+    }
+    relayed(&mapping, keys.len() as u64).await;
+    let mut config = t.config.clone();
+    config.source_queue_url = None;
+    let processor = payment_core::bootstrap::build_processor_with(&config, &sdk, ddb, sqs)
+        .await
+        .expect("the processor");
+    payment_infra::esm::run(processor, t.sqs.clone(), t.esm_options(2))
+        .await
+        .expect("draining the queue");
+    for key in &keys {
+        assert_charged_once(&t, key).await;
+    }
+    assert!(t.dead_letters().await.is_empty());
+    for key in &keys {
+        let mut status = String::new();
+        for _ in 0..20 {
+            if let Ok(a) = c.get(key).await {
+                if a.status == 200 {
+                    status = a.json().unwrap()["status"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned();
+                    break;
+                }
+            }
+        }
+        assert_eq!(status, "succeeded", "{key}");
+    }
+    println!("{}", proxy.counts.summary());
+    assert!(
+        proxy.counts.total() > 10,
+        "faults were injected: {}",
+        proxy.counts.summary()
+    );
+}

@@ -25,7 +25,7 @@ use sqs_once::DynamoStore;
 /// Source queue visibility timeout in tests, seconds: short so redeliveries come quickly.
 pub const VISIBILITY: i32 = 4;
 
-fn required_env(name: &str) -> String {
+pub fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the suite with `make test`, which starts the local AWS endpoint and the provider simulator")
     })
