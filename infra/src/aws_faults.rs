@@ -95,19 +95,8 @@ impl FaultProxy {
             dice: Mutex::new(fastrand::Rng::with_seed(seed)),
             counts: counts.clone(),
         });
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let plan = plan.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let plan = plan.clone();
-                        async move { strike(req, &plan).await }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let task = serve(listener, plan, |req, plan| async move {
+            strike(req, &plan).await
         });
         Ok(Self { url, counts, task })
     }
@@ -124,12 +113,7 @@ async fn strike(
     plan: &Plan,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
     plan.counts.calls.fetch_add(1, Ordering::Relaxed);
-    let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(std::io::Error::other)?
-        .to_bytes();
+    let (parts, body) = read(req).await?;
     let target = parts
         .headers
         .get("x-amz-target")
@@ -170,6 +154,44 @@ async fn strike(
         return Err(std::io::Error::other("answer lost on purpose"));
     }
     relay(answer).await
+}
+
+/// Serves HTTP/1 on `listener`, each request answered by `handle` with the shared `state`; an
+/// `Err` closes the connection unanswered (a lost answer). Stops when the task is aborted.
+pub fn serve<S, F, Fut>(
+    listener: tokio::net::TcpListener,
+    state: Arc<S>,
+    handle: F,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Request<Incoming>, Arc<S>) -> Fut + Send + Sync + Copy + 'static,
+    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, std::io::Error>> + Send,
+{
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| handle(req, state.clone()));
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
+/// A request's parts and its whole body.
+pub async fn read(
+    req: Request<Incoming>,
+) -> Result<(hyper::http::request::Parts, Bytes), std::io::Error> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    Ok((parts, body))
 }
 
 /// Sends a request's parts and body to `upstream`, as they came.

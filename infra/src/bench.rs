@@ -217,7 +217,8 @@ async fn instrumented_stack(stack: Stack, sdk: &aws_config::SdkConfig) -> Result
     })
 }
 
-fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
+/// The local event-source mapping of a benchmark run: batches of 10 as soon as they are there.
+pub(crate) fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
     EsmOptions {
         queue_url: stack.event_source.queue_url.clone(),
         batch_size: 10,

@@ -99,15 +99,8 @@ async fn one_payment(
         Function::Processes(vec![function.api()]),
         sqs.clone(),
         EsmOptions {
-            queue_url: stack.event_source.queue_url.clone(),
-            batch_size: 10,
-            batching_window: Duration::ZERO,
-            visibility_timeout: None,
-            function_timeout: Duration::from_secs(60),
-            report_batch_item_failures: true,
-            pollers: 1,
-            until_empty: true,
             max_duration: Duration::from_secs(180),
+            ..crate::bench::esm_opts(&stack, 1)
         },
     )
     .await;

@@ -9,12 +9,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use payment_infra::aws_faults;
 
 /// What the proxy forwards to and which answer it drops.
@@ -63,20 +60,8 @@ impl AnswerDroppingProxy {
             matching: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
         });
-        let shared = rule.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let rule = shared.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let rule = rule.clone();
-                        async move { forward(req, &rule).await }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let task = aws_faults::serve(listener, rule.clone(), |req, rule| async move {
+            forward(req, &rule).await
         });
         Self { url, rule, task }
     }
@@ -110,12 +95,7 @@ async fn forward(
     req: Request<Incoming>,
     rule: &Rule,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(std::io::Error::other)?
-        .to_bytes();
+    let (parts, body) = aws_faults::read(req).await?;
     let is_match = parts
         .headers
         .get("x-amz-target")
