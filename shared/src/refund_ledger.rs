@@ -150,6 +150,11 @@ impl DynamoRefundLedger {
                     match (code(0), code(1)) {
                         ("ConditionalCheckFailed", _) => Ok(Fenced::LeaseLost),
                         (_, "ConditionalCheckFailed") => Ok(Fenced::Refused),
+                        // Another write of the payment's record was in flight (a racing
+                        // refund): nothing was written; read again and retry.
+                        (a, b) if a == "TransactionConflict" || b == "TransactionConflict" => {
+                            Ok(Fenced::Conflict)
+                        }
                         (a, b) => Err(StoreError::Unavailable(format!(
                             "the refund's ledger transaction was cancelled ({a}, {b})"
                         ))),
@@ -256,7 +261,8 @@ impl RefundLedger for DynamoRefundLedger {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         match self.fenced(refund_id, owner, update).await? {
             Fenced::Applied => Ok(Reservation::Reserved),
-            Fenced::Refused => Ok(Reservation::Changed),
+            // The caller reads the payment again and retries (a bounded number of times).
+            Fenced::Refused | Fenced::Conflict => Ok(Reservation::Changed),
             Fenced::LeaseLost => Err(StoreError::LeaseLost),
         }
     }
@@ -280,11 +286,18 @@ impl RefundLedger for DynamoRefundLedger {
             .expression_attribute_values(":amount", n(amount))
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        match self.fenced(refund_id, owner, update).await? {
-            // Not reserved (released before, or never): nothing to give back.
-            Fenced::Applied | Fenced::Refused => Ok(()),
-            Fenced::LeaseLost => Err(StoreError::LeaseLost),
+        for wait_ms in [0, 20, 50, 100, 200] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            match self.fenced(refund_id, owner, update.clone()).await? {
+                // Not reserved (released before, or never): nothing to give back.
+                Fenced::Applied | Fenced::Refused => return Ok(()),
+                Fenced::LeaseLost => return Err(StoreError::LeaseLost),
+                Fenced::Conflict => continue,
+            }
         }
+        Err(StoreError::Unavailable(
+            "releasing the refund's reservation kept conflicting with other writes".into(),
+        ))
     }
 }
 
@@ -296,6 +309,8 @@ enum Fenced {
     LeaseLost,
     /// The payment's record refused the write's own condition: nothing written.
     Refused,
+    /// Another write of the payment's record was in flight: nothing written, try again.
+    Conflict,
 }
 
 /// The ledger in memory, with the same conditions (tests).
