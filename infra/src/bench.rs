@@ -147,7 +147,7 @@ impl BenchOptions {
 }
 
 /// The function's settings in every benchmark run: a lease well beyond the provider timeout.
-fn bench_overrides() -> BTreeMap<String, String> {
+pub(crate) fn bench_overrides() -> BTreeMap<String, String> {
     [
         ("LEASE_SECONDS", "20"),
         ("PAYMENT_API_TIMEOUT_SECONDS", "5"),

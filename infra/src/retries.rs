@@ -29,15 +29,10 @@ pub const OUTAGE_HORIZON: Duration = Duration::from_secs(30);
 /// How long the provider is down in the scaled outage: all of the horizon but its end.
 pub const OUTAGE: Duration = Duration::from_secs(26);
 
-/// The function settings of both runs beside the template's own: the benchmark's lease.
+/// The function settings of both runs beside the template's own: the benchmark's, and the
+/// horizon when one is given.
 fn overrides(horizon: Option<Duration>) -> std::collections::BTreeMap<String, String> {
-    let mut o: std::collections::BTreeMap<String, String> = [
-        ("LEASE_SECONDS", "20"),
-        ("PAYMENT_API_TIMEOUT_SECONDS", "5"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
+    let mut o = crate::bench::bench_overrides();
     if let Some(h) = horizon {
         o.insert("RETRY_HORIZON_SECONDS".into(), h.as_secs().to_string());
     }

@@ -494,9 +494,7 @@ impl IdempotencyStore for DynamoStore {
             );
         if mark.yields() {
             // Never over the mark of the key's own request.
-            update = update
-                .condition_expression("attribute_not_exists(#key) OR error_code = :c")
-                .expression_attribute_names("#key", "key");
+            update = update.condition_expression("attribute_not_exists(#key) OR error_code = :c");
         }
         let result = update
             .expression_attribute_names("#key", "key")
