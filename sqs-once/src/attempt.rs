@@ -1,7 +1,8 @@
 //! One message: parse, claim, execute, complete (or dead-letter, or come back later).
 //!
 //! The calls themselves, with the heartbeat that keeps the lease and the message, are in
-//! `call.rs`.
+//! `call.rs`, with the [`Attempt`] they act for (one floor down: `call.rs` never reaches back
+//! here).
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Mutex;
@@ -9,7 +10,7 @@ use std::sync::Mutex;
 use aws_lambda_events::event::sqs::SqsMessage;
 use tracing::{info, warn};
 
-use crate::call::CallFailure;
+use crate::call::{Attempt, CallFailure};
 use crate::queue::DeadLetter;
 use crate::record::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
@@ -34,16 +35,6 @@ pub(crate) enum Step {
     Done(Disposition),
     /// Must come back, for this reason, not before the delay [`Redelivery`] decides.
     Again(String, Redelivery),
-}
-
-/// One attempt's hold on the record.
-#[derive(Debug)]
-pub(crate) struct Attempt {
-    /// What the work sees of it (fencing token, lease end, first claim).
-    pub(crate) context: AttemptContext,
-    /// The latest time a call of an earlier attempt may still land downstream (its
-    /// `not_before`, or the end of the expired lease taken over).
-    pub(crate) landing_ms: Option<i64>,
 }
 
 impl<W: Work> BatchRunner<W> {

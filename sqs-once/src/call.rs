@@ -13,10 +13,19 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tracing::{error, info, warn};
 
-use crate::attempt::Attempt;
 use crate::record::{Outcome, StoreError};
 use crate::runner::{ms, visibility_extension, BatchRunner};
-use crate::work::{CallError, Work};
+use crate::work::{AttemptContext, CallError, Work};
+
+/// One attempt's hold on the record.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    /// What the work sees of it (fencing token, lease end, first claim).
+    pub(crate) context: AttemptContext,
+    /// The latest time a call of an earlier attempt may still land downstream (its
+    /// `not_before`, or the end of the expired lease taken over).
+    pub(crate) landing_ms: Option<i64>,
+}
 
 impl<W: Work> BatchRunner<W> {
     /// The time a call needs inside the lease: the call timeout plus the downstream's
@@ -227,7 +236,7 @@ impl<W: Work> BatchRunner<W> {
     async fn settle(
         &self,
         request: &W::Request,
-        context: &crate::AttemptContext,
+        context: &AttemptContext,
         landing: Option<i64>,
     ) -> Lookup {
         match self.work.lookup(request, context).await {

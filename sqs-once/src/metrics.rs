@@ -1,7 +1,52 @@
 //! CloudWatch Embedded Metric Format (EMF) documents for a batch: print each line to stdout
 //! in a Lambda and CloudWatch turns it into metrics, with no API call.
 
-use crate::runner::BatchSummary;
+use std::collections::{BTreeMap, HashMap};
+
+/// Counts of one batch, for metrics and logs.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct BatchSummary {
+    /// Messages executed and acknowledged, by label.
+    pub done: BTreeMap<String, u32>,
+    /// Duplicates suppressed.
+    pub duplicates: u32,
+    /// Messages dead-lettered, by code.
+    pub dead_lettered: HashMap<String, u32>,
+    /// Messages handed back to the queue.
+    pub retried: u32,
+    /// Messages that must come back but carry no `messageId` to report them by: the
+    /// invocation must fail as a whole so that the batch comes back (never an empty id).
+    pub unreportable: u32,
+    /// Duration of every call of [`Work::execute`], milliseconds.
+    pub call_latencies_ms: Vec<f64>,
+}
+
+impl BatchSummary {
+    /// Messages done under this label.
+    pub fn done(&self, label: &str) -> u32 {
+        self.done.get(label).copied().unwrap_or(0)
+    }
+
+    /// Messages dead-lettered, whatever the code.
+    pub fn dead_lettered_total(&self) -> u32 {
+        self.dead_lettered.values().sum()
+    }
+
+    /// Adds another batch's counts to these.
+    pub fn merge(&mut self, other: &BatchSummary) {
+        for (k, v) in &other.done {
+            *self.done.entry(k.clone()).or_default() += v;
+        }
+        self.duplicates += other.duplicates;
+        self.retried += other.retried;
+        self.unreportable += other.unreportable;
+        for (k, v) in &other.dead_lettered {
+            *self.dead_lettered.entry(k.clone()).or_default() += v;
+        }
+        self.call_latencies_ms
+            .extend_from_slice(&other.call_latencies_ms);
+    }
+}
 
 /// Names of a batch's metrics.
 #[derive(Debug, Clone)]

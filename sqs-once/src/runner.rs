@@ -7,7 +7,7 @@
 //! after another; after a failure the rest of the group is returned unprocessed. What happens
 //! to one message (claim, execute, complete) is in `attempt.rs`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, warn, Instrument};
 
 use crate::clock::Clock;
+pub use crate::metrics::BatchSummary;
 use crate::queue::{attrs, QueueLimits, QueueOps, Requeue};
 use crate::record::IdempotencyStore;
 use crate::redelivery::{delay_for, BackoffPolicy, Budget, Redelivery};
@@ -37,51 +38,6 @@ pub enum Disposition {
     /// Never attempted and on its last receive: sent again as a fresh copy and deleted
     /// (counted with the messages handed back; not a batch item failure).
     Requeued(String),
-}
-
-/// Counts of one batch, for metrics and logs.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct BatchSummary {
-    /// Messages executed and acknowledged, by label.
-    pub done: BTreeMap<String, u32>,
-    /// Duplicates suppressed.
-    pub duplicates: u32,
-    /// Messages dead-lettered, by code.
-    pub dead_lettered: HashMap<String, u32>,
-    /// Messages handed back to the queue.
-    pub retried: u32,
-    /// Messages that must come back but carry no `messageId` to report them by: the
-    /// invocation must fail as a whole so that the batch comes back (never an empty id).
-    pub unreportable: u32,
-    /// Duration of every call of [`Work::execute`], milliseconds.
-    pub call_latencies_ms: Vec<f64>,
-}
-
-impl BatchSummary {
-    /// Messages done under this label.
-    pub fn done(&self, label: &str) -> u32 {
-        self.done.get(label).copied().unwrap_or(0)
-    }
-
-    /// Messages dead-lettered, whatever the code.
-    pub fn dead_lettered_total(&self) -> u32 {
-        self.dead_lettered.values().sum()
-    }
-
-    /// Adds another batch's counts to these.
-    pub fn merge(&mut self, other: &BatchSummary) {
-        for (k, v) in &other.done {
-            *self.done.entry(k.clone()).or_default() += v;
-        }
-        self.duplicates += other.duplicates;
-        self.retried += other.retried;
-        self.unreportable += other.unreportable;
-        for (k, v) in &other.dead_lettered {
-            *self.dead_lettered.entry(k.clone()).or_default() += v;
-        }
-        self.call_latencies_ms
-            .extend_from_slice(&other.call_latencies_ms);
-    }
 }
 
 /// The runner with its work and ports. Build once per process, share across invocations.

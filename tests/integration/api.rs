@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use lambda_local::http::LocalHttp as LocalApi;
+use lambda_local::stream::StreamMapping;
+use payctl::client::{Answer, ApiClient};
 use payment_core::api::PaymentsApi;
 use payment_core::config::{ApiConfig, RelayConfig};
-use payment_infra::client::{Answer, ApiClient};
-use payment_infra::local_api::LocalApi;
-use payment_infra::stream::{self, StreamMapping};
 
 use crate::helpers::*;
 use crate::proxy::AnswerDroppingProxy;
@@ -41,7 +41,7 @@ fn relay_config(t: &TestStack) -> RelayConfig {
 
 async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalApi {
     let api: PaymentsApi = payment_core::bootstrap::build_api(&api_config(t), ddb);
-    LocalApi::start(Arc::new(api), "127.0.0.1:0")
+    payctl::api::serve(Arc::new(api), "127.0.0.1:0")
         .await
         .expect("serving the API")
 }
@@ -49,7 +49,7 @@ async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalApi {
 async fn relay(t: &TestStack) -> StreamMapping {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let relay = payment_core::bootstrap::build_relay(&relay_config(t), &sdk);
-    stream::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
+    payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
         .await
         .expect("relaying the outbox stream")
 }
@@ -81,7 +81,7 @@ async fn served_through(t: &TestStack, proxy: &AnswerDroppingProxy) -> (LocalApi
 }
 
 /// Relays the outbox until `n` messages are on the queue, then drains it.
-async fn relay_and_drain(t: &TestStack, n: u64) -> payment_infra::esm::EsmStats {
+async fn relay_and_drain(t: &TestStack, n: u64) -> lambda_local::esm::EsmStats {
     let mapping = relay(t).await;
     relayed(&mapping, n).await;
     t.drain(1).await
@@ -92,7 +92,7 @@ async fn relayed(mapping: &StreamMapping, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while mapping
         .stats
-        .relayed
+        .handled
         .load(std::sync::atomic::Ordering::Relaxed)
         < n
     {
@@ -521,10 +521,9 @@ async fn payctl_pay_and_get_sign_their_requests() {
 async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_payment_once() {
     let t = TestStack::new("aws-faults").await;
     let sdk = payment_core::bootstrap::sdk_config().await;
-    let proxy =
-        payment_infra::aws_faults::FaultProxy::start(&required_env("AWS_ENDPOINT_URL"), 0.2, 5)
-            .await
-            .expect("the fault proxy");
+    let proxy = proving::aws_faults::FaultProxy::start(&required_env("AWS_ENDPOINT_URL"), 0.2, 5)
+        .await
+        .expect("the fault proxy");
     let ddb = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&sdk)
             .endpoint_url(&proxy.url)
@@ -545,7 +544,7 @@ async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_paymen
         ddb.clone(),
         rc.payments_table.clone(),
     );
-    let mapping = stream::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
+    let mapping = payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
         .await
         .expect("relaying the outbox stream");
     let keys: Vec<String> = (0..20).map(|i| t.pid(&format!("p{i:02}"))).collect();
@@ -568,7 +567,7 @@ async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_paymen
     let processor = payment_core::bootstrap::build_processor_with(&config, &sdk, ddb, sqs)
         .await
         .expect("the processor");
-    payment_infra::esm::run(processor, t.sqs.clone(), t.esm_options(2))
+    lambda_local::esm::run(processor, t.sqs.clone(), t.esm_options(2))
         .await
         .expect("draining the queue");
     for key in &keys {

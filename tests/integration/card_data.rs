@@ -128,8 +128,7 @@ async fn a_card_number_is_kept_nowhere() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let sdk = payment_core::bootstrap::sdk_config().await;
-    let client =
-        payment_infra::client::ApiClient::new(&format!("http://127.0.0.1:{port}"), &sdk).unwrap();
+    let client = payctl::client::ApiClient::new(&format!("http://127.0.0.1:{port}"), &sdk).unwrap();
     let api_body = serde_json::json!({
         "amount": 100, "currency": "usd", "customer_id": "cus_card",
         "payment_method": PAN, "description": format!("card {PAN_DIGITS}"),

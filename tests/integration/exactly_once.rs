@@ -208,7 +208,7 @@ async fn twenty_concurrent_copies_send_one_provider_request() {
     t.send_copies(&payment(&pid, 700, "pm_card_visa"), 20).await;
     let mut options = t.esm_options(4);
     options.batch_size = 5;
-    let stats = payment_infra::esm::run(t.processor.clone(), t.sqs.clone(), options)
+    let stats = lambda_local::esm::run(t.processor.clone(), t.sqs.clone(), options)
         .await
         .expect("draining");
     assert_eq!(t.calls(&pid).await, 1, "one provider request in all");
@@ -223,7 +223,7 @@ async fn twenty_concurrent_copies_send_one_provider_request() {
 /// record a processor holds is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_settles_from_the_provider_and_never_charges() {
-    use payment_infra::reconcile::{self, Action, ReconcileSettings};
+    use payctl::reconcile::{self, Action, ReconcileSettings};
     let t = TestStack::with_env("reconcile", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
     let sdk = payment_core::bootstrap::sdk_config().await;
     let provider = payment_core::bootstrap::provider_from(&t.config, &sdk)

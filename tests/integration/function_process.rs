@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use payment_infra::demo::function_environment;
-use payment_infra::esm::{self, Function};
-use payment_infra::runtime_api::FunctionProcess;
+use lambda_local::esm::{self, Function};
+use lambda_local::runtime_api::FunctionProcess;
+use proving::demo::function_environment;
 
 use crate::helpers::*;
 

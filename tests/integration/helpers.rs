@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use aws_sdk_sqs::types::MessageSystemAttributeName;
+use lambda_local::esm::{self, EsmOptions};
+use payctl::template::{provision, ProvisionOptions, Stack};
 use payment_core::config::Config;
 use payment_core::Processor;
-use payment_infra::check::{drain_dlq, DeadLetterSeen};
-use payment_infra::esm::{self, EsmOptions};
-use payment_infra::sim::{Ledger, SimClient};
-use payment_infra::template::{provision, ProvisionOptions, Stack};
+use proving::check::{drain_dlq, DeadLetterSeen};
+use proving::sim::{Ledger, SimClient};
 use sqs_once::record::{IdempotencyRecord, IdempotencyStore};
 use sqs_once::runner::now_ms;
 use sqs_once::DynamoStore;
@@ -139,7 +139,7 @@ impl TestStack {
         )
         .await
         .expect("provisioning from template.yaml");
-        let config = payment_infra::demo::config_for(&stack, &env).expect("function configuration");
+        let config = proving::demo::config_for(&stack, &env).expect("function configuration");
         assert_eq!(config.payment_api_url, sim_url);
         let processor = payment_core::bootstrap::build_processor(&config, &sdk)
             .await
@@ -186,7 +186,7 @@ impl TestStack {
     /// Sends `n` copies of a body; returns their message ids.
     pub async fn send_copies(&self, body: &str, n: usize) -> Vec<String> {
         let bodies = vec![body.to_owned(); n];
-        payment_infra::load::send_all(&self.sqs, self.queue_url(), &bodies)
+        proving::load::send_all(&self.sqs, self.queue_url(), &bodies)
             .await
             .expect("send copies")
     }
@@ -399,7 +399,7 @@ impl TestStack {
 
 /// A valid payment body.
 pub fn payment(payment_id: &str, amount: i64, payment_method: &str) -> String {
-    payment_infra::load::payment_body(payment_id, amount, payment_method)
+    proving::load::payment_body(payment_id, amount, payment_method)
 }
 
 /// Asserts the payment ended `COMPLETED` with exactly one charge that the record names.

@@ -204,7 +204,7 @@ async fn t07_provider_down_then_recovered() {
 async fn t08_malformed_bodies_are_dead_lettered_with_their_code() {
     let t = TestStack::new("malformed").await;
     let prefix = t.pid("bad");
-    let cases = payment_infra::load::malformed_bodies(&prefix);
+    let cases = proving::load::malformed_bodies(&prefix);
     let mut expected = std::collections::HashMap::new();
     for (body, code) in &cases {
         expected.insert(t.send(body).await, *code);

@@ -1,6 +1,6 @@
 //! Operating the stack: the dead-letter queue after a fix.
 
-use payment_infra::dlq::{self, RedriveOptions};
+use payctl::dlq::{self, RedriveOptions};
 
 use crate::helpers::*;
 

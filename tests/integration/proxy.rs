@@ -12,7 +12,7 @@ use std::sync::Arc;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
-use payment_infra::aws_faults;
+use proving::aws_faults;
 
 /// What the proxy forwards to and which answer it drops.
 struct Rule {

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use payctl::template::REFUND_PROCESSOR;
 use payment_core::refund::RefundProcessor;
-use payment_infra::check::drain_dlq;
-use payment_infra::template::REFUND_PROCESSOR;
+use proving::check::drain_dlq;
 
 use crate::helpers::*;
 
@@ -19,7 +19,7 @@ struct Refunds {
 }
 
 async fn refunds(t: &TestStack) -> Refunds {
-    let config = payment_infra::demo::refund_config_for(&t.stack, &fast_settings())
+    let config = proving::demo::refund_config_for(&t.stack, &fast_settings())
         .expect("the refund function's configuration");
     let sdk = payment_core::bootstrap::sdk_config().await;
     Refunds {
@@ -42,8 +42,8 @@ fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
 }
 
 impl Refunds {
-    async fn drain(&self, t: &TestStack, pollers: usize) -> payment_infra::esm::EsmStats {
-        payment_infra::demo::drain_source(
+    async fn drain(&self, t: &TestStack, pollers: usize) -> lambda_local::esm::EsmStats {
+        proving::demo::drain_source(
             self.processor.clone(),
             &t.sqs,
             &t.stack.event_sources[REFUND_PROCESSOR],
@@ -98,7 +98,7 @@ async fn concurrent_refunds_of_one_payment_never_exceed_its_charge() {
         bodies.push(body.clone());
         bodies.push(body);
     }
-    payment_infra::load::send_all(&t.sqs, &r.queue_url, &bodies)
+    proving::load::send_all(&t.sqs, &r.queue_url, &bodies)
         .await
         .expect("sending refunds");
     let stats = r.drain(&t, 4).await;
@@ -143,12 +143,12 @@ async fn only_a_charged_payment_is_refunded_and_the_rest_is_the_default() {
         refund(&format!("{declined}-r"), &declined, None),
         refund("not json", &paid, None).replace('{', "["),
     ];
-    payment_infra::load::send_all(&t.sqs, &r.queue_url, &sends)
+    proving::load::send_all(&t.sqs, &r.queue_url, &sends)
         .await
         .expect("sending refunds");
     r.drain(&t, 1).await;
     // Without an amount, what is left of the charge.
-    payment_infra::load::send_all(
+    proving::load::send_all(
         &t.sqs,
         &r.queue_url,
         &[refund(&format!("{paid}-rest"), &paid, None)],

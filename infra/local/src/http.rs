@@ -1,0 +1,145 @@
+//! An HTTP API served locally: the same handler a Lambda behind API Gateway runs, behind a
+//! plain HTTP/1 server on loopback, standing in for API Gateway when no emulator runs the
+//! deployed HTTP API (`make demo`, the tests, `payctl api serve`).
+//!
+//! Like an `AWS_IAM` route on the emulators, a request without a SigV4 `Authorization` header
+//! is refused with `403`; the signature itself is verified by API Gateway only. A body over the
+//! handler's limit reaches it as one byte more than the limit, so that it answers `413` itself.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use anyhow::Result;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+/// One request as a Lambda proxy integration sees it.
+pub struct HttpRequest<'a> {
+    /// `GET`, `POST`, ...
+    pub method: &'a str,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The headers, by lower-case name.
+    pub headers: &'a hyper::HeaderMap,
+    /// The body (at most the handler's limit plus one byte).
+    pub body: &'a [u8],
+}
+
+impl HttpRequest<'_> {
+    /// A header's value, when it is text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+}
+
+/// What the handler answers; served as `application/json` unless its headers say otherwise.
+pub struct HttpAnswer {
+    /// The status code.
+    pub status: u16,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: String,
+}
+
+/// The function behind the API.
+#[async_trait::async_trait]
+pub trait HttpHandler: Send + Sync + 'static {
+    /// The largest body it accepts, bytes.
+    fn max_body_bytes(&self) -> usize;
+    /// Answers one request.
+    async fn handle(&self, request: HttpRequest<'_>) -> HttpAnswer;
+}
+
+/// A running local API; stops when dropped.
+pub struct LocalHttp {
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LocalHttp {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn answer(
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::builder()
+        .status(status)
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        r = r.header(k, v);
+    }
+    r.body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+async fn route(
+    api: Arc<dyn HttpHandler>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    if !parts.headers.contains_key("authorization") {
+        return Ok(answer(403, Vec::new(), r#"{"message":"Forbidden"}"#.into()));
+    }
+    // Reading stops one byte over the limit: the API answers 413 before parsing.
+    let limit = api.max_body_bytes();
+    let bytes = match Limited::new(body, limit + 1).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => vec![0u8; limit + 1].into(),
+        Err(e) => {
+            let message = format!(r#"{{"message":"the request body could not be read: {e}"}}"#);
+            return Ok(answer(400, Vec::new(), message));
+        }
+    };
+    let a = api
+        .handle(HttpRequest {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            headers: &parts.headers,
+            body: &bytes,
+        })
+        .await;
+    Ok(answer(a.status, a.headers, a.body))
+}
+
+impl LocalHttp {
+    /// Serves `api` on `address` (`127.0.0.1:0` for an ephemeral port).
+    pub async fn start(api: Arc<dyn HttpHandler>, address: &str) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let server = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let api = api.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| route(api.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Self { url, server })
+    }
+
+    /// The base URL (`http://127.0.0.1:PORT`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Serves until the task is cancelled (for `payctl api serve`).
+    pub async fn wait(mut self) -> Result<()> {
+        (&mut self.server).await?;
+        Ok(())
+    }
+}

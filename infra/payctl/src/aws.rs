@@ -1,0 +1,131 @@
+//! Reaching the stack's resources: where the SDK's calls go, what an SDK error means for the
+//! resource an operator named (one line with the fix, instead of an SDK error dump), and the
+//! start-up checks of the commands that need a table or a queue.
+
+use anyhow::{bail, Result};
+use aws_sdk_sqs::types::QueueAttributeName;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+
+/// Where the SDK sends its calls, for messages: `AWS_ENDPOINT_URL`, or AWS and the region.
+pub fn endpoint(sdk: &aws_config::SdkConfig) -> String {
+    std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| {
+        format!(
+            "AWS ({})",
+            sdk.region()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "no region set".into())
+        )
+    })
+}
+
+/// One line for an SDK error about `resource`: what is wrong and what to do, never the SDK's
+/// debug dump.
+pub fn explain<E, R>(e: &SdkError<E, R>, resource: &str, endpoint: &str) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let message = e.message().unwrap_or_default();
+    match e.code() {
+        Some("ResourceNotFoundException")
+        | Some("AWS.SimpleQueueService.NonExistentQueue")
+        | Some("QueueDoesNotExist") => format!(
+            "{resource} does not exist at {endpoint}: create it (payctl provision locally, sam deploy on AWS) or fix the name"
+        ),
+        Some(
+            code @ ("AccessDeniedException" | "AccessDenied" | "UnrecognizedClientException"
+            | "InvalidClientTokenId" | "ExpiredTokenException"),
+        ) => format!(
+            "{resource}: access refused by {endpoint} ({code}: {message}): check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID) and their IAM policy"
+        ),
+        Some(code) => format!("{resource}: {code} from {endpoint}: {message}"),
+        None => {
+            let chain = aws_sdk_sqs::error::DisplayErrorContext(e).to_string();
+            let lower = chain.to_lowercase();
+            if lower.contains("credential") || lower.contains("imds") {
+                format!(
+                    "{resource}: no AWS credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE; for a local emulator also AWS_ENDPOINT_URL (the local scripts write all of them to .local/env)"
+                )
+            } else if lower.contains("connection refused")
+                || lower.contains("dns error")
+                || lower.contains("timed out")
+                || lower.contains("timeout")
+            {
+                format!(
+                    "{resource}: {endpoint} does not answer: is the emulator running, and is AWS_ENDPOINT_URL right?"
+                )
+            } else {
+                format!("{resource}: the call to {endpoint} failed: {e}")
+            }
+        }
+    }
+}
+
+/// Fails with one line naming the table (as `resource` describes it) and the fix when it
+/// cannot be described.
+pub async fn check_table(sdk: &aws_config::SdkConfig, table: &str, resource: &str) -> Result<()> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    if let Err(e) = ddb.describe_table().table_name(table).send().await {
+        bail!(explain(&e, resource, &endpoint(sdk)));
+    }
+    Ok(())
+}
+
+/// Fails with one line naming the queue (as `resource` describes it) and the fix when its
+/// attributes cannot be read.
+pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    if let Err(e) = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+    {
+        bail!(explain(&e, resource, &endpoint(sdk)));
+    }
+    Ok(())
+}
+
+/// Fails fast, naming the variable and the fix, when the processor's table or queues cannot be
+/// reached: `DescribeTable` and `GetQueueAttributes` before the first message is received.
+pub async fn check_processor_resources(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    queue_url: &str,
+    dlq_url: &str,
+) -> Result<()> {
+    check_table(
+        sdk,
+        table,
+        &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+    )
+    .await?;
+    check_queue(
+        sdk,
+        queue_url,
+        &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+    )
+    .await?;
+    check_queue(
+        sdk,
+        dlq_url,
+        &format!("the dead-letter queue {dlq_url} (DEAD_LETTER_QUEUE_URL)"),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The SDK configuration of a command: the default chain (environment, `AWS_ENDPOINT_URL`,
+/// profile files), with `--region` and `--profile` when given.
+pub async fn sdk_config(region: Option<String>, profile: Option<String>) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    if let Some(profile) = profile {
+        loader = loader.profile_name(profile);
+    }
+    loader.load().await
+}

@@ -1,0 +1,139 @@
+//! The payments API: create and read payments through it, or serve it locally.
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand)]
+pub enum ApiCommand {
+    /// Serve POST/GET /v1/payments on a local address until stopped.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        address: String,
+        /// The payments table (the stack's PaymentsTableName output).
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        /// The processor's idempotency table, read for GET's status.
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        idempotency_table: String,
+    },
+}
+
+/// Prints an API answer (the body, pretty) and fails on an error status.
+fn print_answer(answer: &payctl::client::Answer, key: Option<&str>) -> Result<()> {
+    let body = answer.json()?;
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    if answer.replayed {
+        eprintln!("(replayed: the API already held this Idempotency-Key; nothing new was created)");
+    }
+    if answer.status >= 400 {
+        let retry = match (answer.status >= 500, key) {
+            (true, Some(k)) => format!("; retry with --idempotency-key {k}"),
+            _ => String::new(),
+        };
+        bail!("the API answered {}{retry}", answer.status);
+    }
+    Ok(())
+}
+
+/// `payctl pay`.
+#[derive(Args)]
+pub struct PayArgs {
+    /// The API's base URL (the stack's PaymentsApiUrl output).
+    #[arg(long, env = "PAYMENTS_API_URL")]
+    pub api_url: String,
+    /// Minor units (1999 is 19.99 USD).
+    #[arg(long)]
+    pub amount: i64,
+    /// ISO 4217 code.
+    #[arg(long)]
+    pub currency: String,
+    /// The provider's customer id.
+    #[arg(long)]
+    pub customer: String,
+    /// A provider payment method id (never a card number).
+    #[arg(long, default_value = "pm_card_visa")]
+    pub payment_method: String,
+    /// Free text shown on the provider's dashboard.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// The payment's id end to end; a random one when not given (printed).
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Runs `payctl pay`.
+pub async fn pay(args: PayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let PayArgs {
+        api_url,
+        amount,
+        currency,
+        customer,
+        payment_method,
+        description,
+        idempotency_key,
+    } = args;
+    let key = idempotency_key.unwrap_or_else(|| format!("pay_{}", uuid::Uuid::new_v4().simple()));
+    let mut body = serde_json::json!({
+        "amount": amount, "currency": currency, "customer_id": customer,
+        "payment_method": payment_method,
+    });
+    if let Some(d) = description {
+        body["description"] = d.into();
+    }
+    let client = payctl::client::ApiClient::new(&api_url, sdk)?;
+    let answer = client.create(&key, &body.to_string()).await?;
+    print_answer(&answer, Some(&key))?;
+    Ok(())
+}
+
+/// `payctl get`.
+#[derive(Args)]
+pub struct GetArgs {
+    /// The payment's id (its Idempotency-Key).
+    pub payment_id: String,
+    /// The payments API's base URL (the stack's PaymentsApiUrl output).
+    #[arg(long, env = "PAYMENTS_API_URL")]
+    pub api_url: String,
+}
+
+/// Runs `payctl get`.
+pub async fn get(args: GetArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let GetArgs {
+        payment_id,
+        api_url,
+    } = args;
+    let client = payctl::client::ApiClient::new(&api_url, sdk)?;
+    let answer = client.get(&payment_id).await?;
+    print_answer(&answer, None)?;
+    Ok(())
+}
+
+/// `payctl api`.
+#[derive(Args)]
+pub struct ApiArgs {
+    #[command(subcommand)]
+    pub command: ApiCommand,
+}
+
+/// Runs `payctl api`.
+pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let ApiArgs {
+        command:
+            ApiCommand::Serve {
+                address,
+                table,
+                idempotency_table,
+            },
+    } = args;
+    let config = payment_core::config::ApiConfig::from_lookup(|k| match k {
+        "PAYMENTS_TABLE" => Some(table.clone()),
+        "IDEMPOTENCY_TABLE" => Some(idempotency_table.clone()),
+        other => std::env::var(other).ok(),
+    })?;
+    let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
+    let server = payctl::api::serve(std::sync::Arc::new(api), &address).await?;
+    eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
+    server.wait().await?;
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! The outbox: relay it locally, list and republish what the relay gave up on.
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand)]
+pub enum OutboxCommand {
+    /// List unpublished outbox entries older than --older-than seconds.
+    Pending {
+        /// The payments table (the stack's PaymentsTableName output).
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        /// Leave younger entries to the live relay.
+        #[arg(long, default_value_t = 60)]
+        older_than: u64,
+    },
+    /// Send unpublished outbox entries older than --older-than seconds to the payments queue
+    /// and mark them published (safe to repeat: the processor absorbs copies).
+    Republish {
+        /// The payments table (the stack's PaymentsTableName output).
+        #[arg(long, env = "PAYMENTS_TABLE")]
+        table: String,
+        /// The payments queue (the stack's PaymentsQueueUrl output).
+        #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+        queue_url: String,
+        /// On a FIFO queue: message groups per customer or per payment.
+        #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
+        group_by: String,
+        /// Leave entries younger than this many seconds to the live relay.
+        #[arg(long, default_value_t = 60)]
+        older_than: u64,
+    },
+}
+
+/// `payctl relay`.
+#[derive(Args)]
+pub struct RelayArgs {
+    /// The payments table (the stack's PaymentsTableName output).
+    #[arg(long, env = "PAYMENTS_TABLE")]
+    pub table: String,
+    /// The payments queue (the stack's PaymentsQueueUrl output).
+    #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+    pub queue_url: String,
+    /// On a FIFO queue: message groups per customer or per payment.
+    #[arg(long, env = "FIFO_GROUP_BY", default_value = "customer")]
+    pub group_by: String,
+}
+
+/// Runs `payctl relay`.
+pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let RelayArgs {
+        table,
+        queue_url,
+        group_by,
+    } = args;
+    let relay = std::sync::Arc::new(payctl::relay::relay_for(
+        &table, &queue_url, &group_by, sdk,
+    )?);
+    let _mapping = payctl::relay::start(sdk, &table, relay).await?;
+    eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+/// `payctl outbox`.
+#[derive(Args)]
+pub struct OutboxArgs {
+    #[command(subcommand)]
+    pub command: OutboxCommand,
+}
+
+/// Runs `payctl outbox`.
+pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let OutboxArgs { command } = args;
+    use payctl::republish;
+    let (OutboxCommand::Pending { table, .. } | OutboxCommand::Republish { table, .. }) = &command;
+    payctl::aws::check_table(
+        sdk,
+        table,
+        &format!("the payments table {table} (PAYMENTS_TABLE)"),
+    )
+    .await?;
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let before = |secs: u64| sqs_once::runner::now_ms() - secs as i64 * 1000;
+    match command {
+        OutboxCommand::Pending { table, older_than } => {
+            let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+            for e in &entries {
+                println!(
+                    "{}\tcreated_at {}\tcustomer {}",
+                    e.payment_id, e.created_at, e.customer_id
+                );
+            }
+            println!(
+                "{} unpublished outbox entries older than {older_than} s in {table}",
+                entries.len()
+            );
+        }
+        OutboxCommand::Republish {
+            table,
+            queue_url,
+            group_by,
+            older_than,
+        } => {
+            let relay = payctl::relay::relay_for(&table, &queue_url, &group_by, sdk)?;
+            let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+            let report = republish::republish(&relay, &entries).await;
+            println!(
+                "republished {} of {} unpublished outbox entries to {queue_url} ({} marked published)",
+                report.sent,
+                entries.len(),
+                report.marked
+            );
+            if !report.errors.is_empty() {
+                bail!("republishing stopped: {}", report.errors.join("; "));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Running a processor on a queue as Lambda's SQS trigger would.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use lambda_local::esm;
+use payment_core::config::Config;
+use std::time::Duration;
+
+/// The processors `payctl run` can run.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkKind {
+    /// The payment processor (charges).
+    Payments,
+    /// The refund processor.
+    Refunds,
+}
+
+impl WorkKind {
+    /// The queue and dead-letter queue variables of this processor.
+    fn vars(self) -> (&'static str, &'static str) {
+        match self {
+            WorkKind::Payments => ("PAYMENTS_QUEUE_URL", "DEAD_LETTER_QUEUE_URL"),
+            WorkKind::Refunds => ("REFUNDS_QUEUE_URL", "REFUNDS_DEAD_LETTER_QUEUE_URL"),
+        }
+    }
+}
+
+/// `payctl run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// What to process: payments (default) or refunds.
+    #[arg(long, value_enum, default_value_t = WorkKind::Payments)]
+    pub work: WorkKind,
+    /// The source queue (default: PAYMENTS_QUEUE_URL, or REFUNDS_QUEUE_URL with --work refunds).
+    #[arg(long)]
+    pub queue_url: Option<String>,
+    /// The dead-letter queue (default: DEAD_LETTER_QUEUE_URL, or REFUNDS_DEAD_LETTER_QUEUE_URL
+    /// with --work refunds).
+    #[arg(long)]
+    pub dead_letter_queue_url: Option<String>,
+    /// Messages per invocation (Lambda's SQS trigger takes up to 10 per receive).
+    #[arg(long, default_value_t = 10)]
+    pub batch_size: i32,
+    /// Batching window, seconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub batching_window: f64,
+    /// Visibility timeout of received messages, seconds (default: the queue's).
+    #[arg(long)]
+    pub visibility_timeout: Option<i32>,
+    /// Function timeout, seconds: each invocation's deadline.
+    #[arg(long, default_value_t = 60)]
+    pub function_timeout: u64,
+    /// Concurrent pollers, each running one batch at a time.
+    #[arg(long, default_value_t = 1)]
+    pub pollers: usize,
+    /// Stop once the queue is drained.
+    #[arg(long)]
+    pub until_empty: bool,
+    /// Fail if not drained within this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub max_seconds: u64,
+    /// Print a progress line every few seconds (the default on a terminal).
+    #[arg(long)]
+    pub progress: bool,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `payctl run`.
+pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let RunArgs {
+        work,
+        queue_url,
+        dead_letter_queue_url,
+        batch_size,
+        batching_window,
+        visibility_timeout,
+        function_timeout,
+        pollers,
+        until_empty,
+        max_seconds,
+        progress,
+        json,
+    } = args;
+    use payctl::run::RunSummary;
+    use std::io::IsTerminal;
+    let (queue_var, dlq_var) = work.vars();
+    let from_env = |given: Option<String>, var: &str| {
+        given
+            .or_else(|| std::env::var(var).ok())
+            .with_context(|| format!("give the queue with its option or set {var}"))
+    };
+    let queue_url = from_env(queue_url, queue_var)?;
+    let mut config = Config::from_env()?;
+    if dead_letter_queue_url.is_some() || work == WorkKind::Refunds {
+        config.dead_letter_queue_url = from_env(dead_letter_queue_url, dlq_var)?;
+    }
+    payctl::aws::check_processor_resources(
+        sdk,
+        &config.idempotency_table,
+        &queue_url,
+        &config.dead_letter_queue_url,
+    )
+    .await?;
+    let processor: esm::Function = match work {
+        WorkKind::Payments => payment_core::bootstrap::build_processor(&config, sdk)
+            .await?
+            .into(),
+        WorkKind::Refunds => payment_core::bootstrap::build_refund_processor(&config, sdk)
+            .await?
+            .into(),
+    };
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let stats = std::sync::Arc::new(tokio::sync::Mutex::new(esm::EsmStats::default()));
+    let _progress = (progress || std::io::stderr().is_terminal()).then(|| {
+        payctl::run::progress(
+            stats.clone(),
+            sqs.clone(),
+            queue_url.clone(),
+            Duration::from_secs(5),
+        )
+    });
+    let run = esm::run_observed(
+        processor,
+        sqs,
+        esm::EsmOptions {
+            queue_url,
+            batch_size,
+            batching_window: Duration::from_secs_f64(batching_window.max(0.0)),
+            visibility_timeout,
+            function_timeout: Duration::from_secs(function_timeout),
+            report_batch_item_failures: true,
+            pollers,
+            until_empty,
+            max_duration: Duration::from_secs(max_seconds),
+        },
+        stats.clone(),
+    );
+    let (ended, interrupted) = tokio::select! {
+        r = run => (r, false),
+        _ = tokio::signal::ctrl_c() => (Ok(()), true),
+    };
+    let summary = RunSummary::of(&*stats.lock().await, interrupted);
+    if json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
+    eprintln!("{}", summary.line());
+    ended?;
+    if interrupted {
+        std::process::exit(130);
+    }
+    if summary.all_failed() {
+        bail!(
+            "nothing succeeded and {} deliveries failed: the log lines above say why",
+            summary.received
+        );
+    }
+    Ok(())
+}

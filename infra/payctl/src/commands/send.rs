@@ -1,0 +1,135 @@
+//! Putting payments and refunds on their queues.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::BufRead;
+use std::path::PathBuf;
+
+/// `payctl send`.
+#[derive(Args)]
+pub struct SendArgs {
+    /// The payments queue (the stack's PaymentsQueueUrl output).
+    #[arg(long, env = "PAYMENTS_QUEUE_URL")]
+    pub queue_url: String,
+    /// One message body.
+    #[arg(long, conflicts_with_all = ["file", "generate"])]
+    pub body: Option<String>,
+    /// A file with one body per line.
+    #[arg(long, conflicts_with = "generate")]
+    pub file: Option<PathBuf>,
+    /// Generate this many valid payments.
+    #[arg(long)]
+    pub generate: Option<usize>,
+    /// Payment id prefix of generated payments.
+    #[arg(long, default_value = "pay")]
+    pub prefix: String,
+}
+
+/// Runs `payctl send`.
+pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let SendArgs {
+        queue_url,
+        body,
+        file,
+        generate,
+        prefix,
+    } = args;
+    payctl::aws::check_queue(
+        sdk,
+        &queue_url,
+        &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
+    )
+    .await?;
+    let bodies: Vec<String> = if let Some(b) = body {
+        vec![b]
+    } else if let Some(f) = file {
+        let reader: Box<dyn BufRead> = if f.as_os_str() == "-" {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(&f).with_context(|| format!("opening {}", f.display()))?,
+            ))
+        };
+        reader
+            .lines()
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    } else if let Some(n) = generate {
+        (0..n)
+            .map(|i| {
+                payctl::send::payment_body(
+                    &format!("{prefix}-{i:06}"),
+                    1000 + i as i64,
+                    "pm_card_visa",
+                )
+            })
+            .collect()
+    } else {
+        bail!("give --body, --file or --generate");
+    };
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let ids = payctl::send::send_all(&sqs, &queue_url, &bodies).await?;
+    println!("sent {} messages", ids.len());
+    Ok(())
+}
+
+/// `payctl send-refund`.
+#[derive(Args)]
+pub struct SendRefundArgs {
+    /// The refunds queue (the stack's RefundsQueueUrl output).
+    #[arg(long, env = "REFUNDS_QUEUE_URL")]
+    pub queue_url: String,
+    /// One message body: {"refund_id", "payment_id", "amount"?, "reason"?}.
+    #[arg(long, conflicts_with_all = ["payment_id", "refund_id", "amount", "reason"])]
+    pub body: Option<String>,
+    /// The payment to refund.
+    #[arg(long, requires = "refund_id")]
+    pub payment_id: Option<String>,
+    /// The refund's id: its idempotency key (send it again to retry the same refund).
+    #[arg(long)]
+    pub refund_id: Option<String>,
+    /// Minor units (default: what is left of the charge).
+    #[arg(long)]
+    pub amount: Option<i64>,
+    /// duplicate, fraudulent or requested_by_customer.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// Runs `payctl send-refund`.
+pub async fn send_refund(args: SendRefundArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let SendRefundArgs {
+        queue_url,
+        body,
+        payment_id,
+        refund_id,
+        amount,
+        reason,
+    } = args;
+    let body = match (body, payment_id, refund_id) {
+        (Some(b), _, _) => b,
+        (None, Some(payment_id), Some(refund_id)) => payment_core::refund::RefundRequest {
+            refund_id,
+            payment_id,
+            amount,
+            reason,
+        }
+        .to_message_body(),
+        _ => bail!("give --body, or --payment-id with --refund-id"),
+    };
+    // A refund the processor would refuse is refused here, with the same reason.
+    payment_core::refund::RefundRequest::parse(&body)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
+    payctl::aws::check_queue(
+        sdk,
+        &queue_url,
+        &format!("the refunds queue {queue_url} (REFUNDS_QUEUE_URL)"),
+    )
+    .await?;
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let ids = payctl::send::send_all(&sqs, &queue_url, &[body]).await?;
+    println!("sent {} refund message(s)", ids.len());
+    Ok(())
+}

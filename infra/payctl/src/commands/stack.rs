@@ -1,0 +1,157 @@
+//! Provisioning a local endpoint from the template, and the `export` lines of a second shell.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use payctl::template;
+use std::path::PathBuf;
+
+/// `payctl provision`.
+#[derive(Args)]
+pub struct ProvisionArgs {
+    /// The SAM template to read.
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// Prefix of every resource name.
+    #[arg(long)]
+    pub stack_name: String,
+    /// Override the source queue's visibility timeout (seconds).
+    #[arg(long)]
+    pub visibility_timeout: Option<i32>,
+    /// Template parameter, NAME=VALUE (repeatable).
+    #[arg(long = "param")]
+    pub params: Vec<String>,
+    /// Allow creating resources in a real AWS account (no AWS_ENDPOINT_URL set). On AWS,
+    /// deploy the stack with sam deploy instead.
+    #[arg(long)]
+    pub yes_real_aws: bool,
+}
+
+/// Runs `payctl provision`.
+pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let ProvisionArgs {
+        template,
+        stack_name,
+        visibility_timeout,
+        params,
+        yes_real_aws,
+    } = args;
+    let local = std::env::var("AWS_ENDPOINT_URL").is_ok_and(|u| !u.contains("amazonaws.com"));
+    if !local && !yes_real_aws {
+        bail!(
+            "provision would create queues and tables in the AWS account of your credentials ({}): set AWS_ENDPOINT_URL for a local emulator, deploy to AWS with sam deploy, or pass --yes-real-aws",
+            payctl::aws::endpoint(sdk)
+        );
+    }
+    let mut parameters = std::collections::HashMap::new();
+    for p in params {
+        let (k, v) = p.split_once('=').context("--param takes NAME=VALUE")?;
+        parameters.insert(k.to_owned(), v.to_owned());
+    }
+    let stack = template::provision(
+        sdk,
+        &template,
+        &template::ProvisionOptions {
+            stack_name,
+            parameters,
+            visibility_timeout,
+            max_receive_count: None,
+            fifo: false,
+        },
+    )
+    .await?;
+    for (resource, done) in &stack.report {
+        eprintln!("{done:<8} {resource}");
+    }
+    // A local run takes the provider from its own environment, not the template's default.
+    let mut function_env = stack.function_env.clone();
+    for var in ["PAYMENT_API_URL", "PAYMENT_API_KEY_SECRET_ARN"] {
+        match std::env::var(var) {
+            Ok(v) if local => {
+                function_env.insert(var.to_owned(), v);
+            }
+            _ if local => {
+                function_env.remove(var);
+            }
+            _ => {}
+        }
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "queues": stack.queues, "tables": stack.tables, "function_env": function_env,
+            "event_source": {"queue_url": stack.event_source.queue_url, "batch_size": stack.event_source.batch_size,
+                "batching_window_seconds": stack.event_source.batching_window_seconds,
+                "function_timeout_seconds": stack.event_source.function_timeout_seconds},
+        }))?
+    );
+    Ok(())
+}
+
+/// `payctl env`.
+#[derive(Args)]
+pub struct EnvArgs {
+    /// The SAM template the resources come from.
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// The stack's name (as given to provision).
+    #[arg(long)]
+    pub stack_name: String,
+}
+
+/// Runs `payctl env`.
+pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let EnvArgs {
+        template,
+        stack_name,
+    } = args;
+    if std::env::var("AWS_ENDPOINT_URL").is_err() {
+        bail!("payctl env is for a local stack: set AWS_ENDPOINT_URL (source .local/env), or read a deployed stack's outputs with aws cloudformation describe-stacks");
+    }
+    let stack = template::provision(
+        sdk,
+        &template,
+        &template::ProvisionOptions {
+            stack_name,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let mut vars: Vec<(String, String)> = [
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "PAYMENT_API_URL",
+        "PAYMENT_API_KEY",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+    .collect();
+    vars.push((
+        "IDEMPOTENCY_TABLE".into(),
+        stack.function_var("IDEMPOTENCY_TABLE")?.to_owned(),
+    ));
+    vars.push((
+        "DEAD_LETTER_QUEUE_URL".into(),
+        stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned(),
+    ));
+    vars.push((
+        "PAYMENTS_QUEUE_URL".into(),
+        stack.event_source.queue_url.clone(),
+    ));
+    vars.push(("PAYMENTS_TABLE".into(), stack.payments_table()?.to_owned()));
+    if let Some(refunds) = stack.event_sources.get(template::REFUND_PROCESSOR) {
+        vars.push(("REFUNDS_QUEUE_URL".into(), refunds.queue_url.clone()));
+        vars.push((
+            "REFUNDS_DEAD_LETTER_QUEUE_URL".into(),
+            stack
+                .var_of(template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
+                .to_owned(),
+        ));
+    }
+    for (k, v) in vars {
+        println!("export {k}='{}'", v.replace('\'', "'\\''"));
+    }
+    Ok(())
+}

@@ -1,0 +1,478 @@
+//! Operating the dead-letter queue: list what is there and why, and redrive it to the source
+//! queue after a fix.
+//!
+//! A redrive leaves the codes that are never redriven ([`NEVER_REDRIVEN`]) in the DLQ unless
+//! forced, and refuses an unknown code. It uses SQS's `StartMessageMoveTask` when the whole DLQ
+//! moves (forced) and the endpoint has it; otherwise it moves messages one by one: send to the source queue, and delete from the DLQ only after the send
+//! succeeded, so nothing is lost. A message may be moved twice if a run dies between the two
+//! steps; that is safe, because the processor charges a payment once however often it arrives.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue,
+    MessageSystemAttributeName,
+};
+use sqs_once::queue::attrs;
+use sqs_once::runner::now_ms;
+
+/// A dead letter, as an operator sees it.
+#[derive(Debug, Clone)]
+pub struct DeadLetterInfo {
+    /// The DLQ message id.
+    pub message_id: String,
+    /// `error_code`, or `None` when SQS moved it after `maxReceiveCount` deliveries.
+    pub error_code: Option<String>,
+    /// `error_message`.
+    pub error_message: Option<String>,
+    /// The payment id, when the body is JSON with one.
+    pub payment_id: Option<String>,
+    /// Times the message was received (from the source queue when SQS moved it).
+    pub receive_count: u64,
+    /// Time since the original was first sent.
+    pub age: Duration,
+    /// The body, unchanged (card numbers masked when `card_data_masked`).
+    pub body: String,
+    /// The source message's id (`source_message_id`), to trace it back.
+    pub source_message_id: Option<String>,
+    /// Epoch ms of the original's first send.
+    pub first_sent_at_ms: Option<i64>,
+    /// Every message attribute, as the processor wrote them.
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// SQS's own attributes of the dead letter (`SentTimestamp`, `ApproximateReceiveCount`, ...).
+    pub system_attributes: std::collections::BTreeMap<String, String>,
+}
+
+impl DeadLetterInfo {
+    /// Everything about the dead letter, for `dlq list` (one line each) and `dlq show`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "message_id": self.message_id,
+            "error_code": self.error_code.clone().unwrap_or_else(|| "max_receives".into()),
+            "error_message": self.error_message,
+            "payment_id": self.payment_id,
+            "source_message_id": self.source_message_id,
+            "first_sent_at": self.first_sent_at_ms.map(crate::time::utc),
+            "age_seconds": self.age.as_secs(),
+            "receive_count": self.receive_count,
+            "receive_count_means": "times SQS has handed out this dead letter, listings included (each list or show receives it once); a message SQS moved by itself also counts its deliveries from the source queue",
+            "card_data_masked": self.attributes.get(payment_core::charge::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
+            "attributes": self.attributes,
+            "sqs_attributes": self.system_attributes,
+            "body": self.body,
+        })
+    }
+}
+
+fn attr(m: &Message, k: &str) -> Option<String> {
+    m.message_attributes()
+        .and_then(|a| a.get(k))
+        .and_then(|v| v.string_value())
+        .map(str::to_owned)
+}
+
+fn sys_attr(m: &Message, k: MessageSystemAttributeName) -> Option<String> {
+    m.attributes().and_then(|a| a.get(&k)).cloned()
+}
+
+fn first_sent(m: &Message) -> Option<i64> {
+    attr(m, attrs::FIRST_SENT_AT)
+        .and_then(|v| v.parse().ok())
+        .or_else(|| {
+            sys_attr(m, MessageSystemAttributeName::SentTimestamp).and_then(|v| v.parse().ok())
+        })
+}
+
+fn info(m: &Message) -> DeadLetterInfo {
+    let body = m.body().unwrap_or_default().to_owned();
+    DeadLetterInfo {
+        message_id: m.message_id().unwrap_or_default().to_owned(),
+        error_code: attr(m, attrs::ERROR_CODE),
+        error_message: attr(m, attrs::ERROR_MESSAGE),
+        payment_id: serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.get("payment_id")
+                    .and_then(|p| p.as_str())
+                    .map(str::to_owned)
+            }),
+        receive_count: sys_attr(m, MessageSystemAttributeName::ApproximateReceiveCount)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        age: Duration::from_millis(
+            first_sent(m)
+                .map(|t| (now_ms() - t).max(0) as u64)
+                .unwrap_or(0),
+        ),
+        body,
+        source_message_id: attr(m, attrs::SOURCE_MESSAGE_ID),
+        first_sent_at_ms: first_sent(m),
+        attributes: m
+            .message_attributes()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| v.string_value().map(|s| (k.clone(), s.to_owned())))
+            .collect(),
+        system_attributes: m
+            .attributes()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+            .collect(),
+    }
+}
+
+/// Finds one dead letter by its message id (held a moment while looking, then released).
+pub async fn show(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    message_id: &str,
+) -> Result<DeadLetterInfo> {
+    list(sqs, dlq_url, usize::MAX)
+        .await?
+        .into_iter()
+        .find(|l| l.message_id == message_id || l.source_message_id.as_deref() == Some(message_id))
+        .with_context(|| {
+            format!("no dead letter with message id or source_message_id {message_id} in {dlq_url}")
+        })
+}
+
+async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, hold: i32) -> Result<Vec<Message>> {
+    Ok(sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .visibility_timeout(hold)
+        .wait_time_seconds(1)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .context("receiving from the dead-letter queue")?
+        .messages()
+        .to_vec())
+}
+
+async fn release(sqs: &aws_sdk_sqs::Client, url: &str, held: &[(String, String)]) -> Result<()> {
+    for chunk in held.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (_, rh))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(rh)
+                    .visibility_timeout(0)
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        sqs.change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .context("releasing dead letters")?;
+    }
+    Ok(())
+}
+
+/// Lists up to `max` dead letters without removing them (they are held for a moment while
+/// paging, then released).
+pub async fn list(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    max: usize,
+) -> Result<Vec<DeadLetterInfo>> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut held = Vec::new();
+    let mut empty = 0;
+    while out.len() < max && empty < 2 {
+        let batch = receive(sqs, dlq_url, 30).await?;
+        if batch.is_empty() {
+            empty += 1;
+        }
+        for m in batch {
+            held.push((
+                m.message_id().unwrap_or_default().to_owned(),
+                m.receipt_handle().unwrap_or_default().to_owned(),
+            ));
+            if seen.insert(m.message_id().unwrap_or_default().to_owned()) && out.len() < max {
+                out.push(info(&m));
+            }
+        }
+    }
+    release(sqs, dlq_url, &held).await?;
+    Ok(out)
+}
+
+/// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
+pub const KNOWN_CODES: [&str; 12] = [
+    "invalid_json",
+    "invalid_payment",
+    "invalid_refund",
+    "payment_not_refundable",
+    "refund_exceeds_charge",
+    "refund_failed",
+    "idempotency_key_reused",
+    "provider_rejected",
+    "request_expired",
+    "outcome_unknown",
+    "retries_exhausted",
+    "max_receives",
+];
+
+/// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
+/// again (or, for a reused key, never belong to the payment their id names).
+pub const NEVER_REDRIVEN: [(&str, &str); 9] = [
+    ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
+    ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
+    ("refund_exceeds_charge", "the refund's record holds that nothing was left to refund; send a new refund_id for a smaller amount"),
+    ("refund_failed", "the provider created the refund as failed; the refund's record holds it, a redrive is dead-lettered again"),
+    ("invalid_json", "the body can never be processed; the producer sends a corrected payment"),
+    ("invalid_payment", "the body can never be processed (card numbers in it are masked); the producer sends a corrected payment"),
+    ("idempotency_key_reused", "its payment_id names another payment; this body is never charged under it"),
+    ("provider_rejected", "the payment's record holds the provider's final refusal; a redrive is dead-lettered again"),
+    ("request_expired", "it is older than the record retention and is refused again; charge it by hand if still wanted"),
+];
+
+/// Why a code is never redriven, if it is one of those.
+pub fn never_redriven(code: &str) -> Option<&'static str> {
+    NEVER_REDRIVEN
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, why)| *why)
+}
+
+/// Checks a redrive's filter before anything moves: an unknown code, or a code that is never
+/// redriven without `force`, is an error that says so.
+pub fn check_filter(error_code: Option<&str>, force: bool) -> Result<()> {
+    let Some(code) = error_code else {
+        return Ok(());
+    };
+    if !KNOWN_CODES.contains(&code) {
+        anyhow::bail!(
+            "unknown error code {code:?}: dead letters carry one of {}",
+            KNOWN_CODES.join(", ")
+        );
+    }
+    if let (Some(why), false) = (never_redriven(code), force) {
+        anyhow::bail!("{code} is never redriven: {why}. Add --force to move these messages anyway");
+    }
+    Ok(())
+}
+
+/// The queue whose redrive policy names the dead-letter queue `dlq_url`: the only place its
+/// messages can be processed (a refund sent to the payments queue would be refused as an
+/// invalid payment and never redriven again: lost). A `given` queue is checked against its own
+/// redrive policy; without one, SQS is asked (`ListDeadLetterSourceQueues`) and exactly one
+/// source must answer.
+pub async fn home_queue(
+    sqs: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    given: Option<&str>,
+) -> Result<String> {
+    let dlq_arn = lambda_local::esm::queue_arn(sqs, dlq_url).await?;
+    if let Some(queue_url) = given {
+        let policy = sqs
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .with_context(|| format!("reading the redrive policy of {queue_url}"))?
+            .attributes()
+            .and_then(|a| {
+                a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+                    .cloned()
+            });
+        let target = policy
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+            .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
+        return match target {
+            Some(t) if t == dlq_arn => Ok(queue_url.to_owned()),
+            Some(t) => anyhow::bail!(
+                "{queue_url} does not dead-letter to {dlq_url} (its redrive policy names {t}): its processor would refuse these messages, and they would be lost; pass the queue whose redrive policy names this DLQ (the refunds' DLQ goes back to REFUNDS_QUEUE_URL), or leave --queue-url out"
+            ),
+            None => anyhow::bail!(
+                "{queue_url} has no redrive policy, so {dlq_url} is not its dead-letter queue: pass the queue whose redrive policy names this DLQ, or leave --queue-url out"
+            ),
+        };
+    }
+    let sources = sqs
+        .list_dead_letter_source_queues()
+        .queue_url(dlq_url)
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "this endpoint cannot say which queue dead-letters to {dlq_url} (ListDeadLetterSourceQueues: {}): pass --queue-url, which is checked against its redrive policy",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            )
+        })?
+        .queue_urls()
+        .to_vec();
+    match sources.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => anyhow::bail!("no queue dead-letters to {dlq_url}: nothing to redrive to"),
+        many => anyhow::bail!(
+            "several queues dead-letter to {dlq_url} ({}): pass --queue-url to choose",
+            many.join(", ")
+        ),
+    }
+}
+
+/// What to redrive.
+#[derive(Debug, Clone)]
+pub struct RedriveOptions {
+    /// The dead-letter queue.
+    pub dlq_url: String,
+    /// Where the messages go back to: a queue whose redrive policy names the DLQ
+    /// ([`home_queue`] finds or checks it).
+    pub queue_url: String,
+    /// Only dead letters with this `error_code` (`max_receives` for those SQS moved).
+    pub error_code: Option<String>,
+    /// At most this many.
+    pub max: Option<usize>,
+    /// Move the codes that are never redriven too ([`NEVER_REDRIVEN`]).
+    pub force: bool,
+}
+
+/// How a redrive went.
+#[derive(Debug, Clone)]
+pub struct RedriveReport {
+    /// Messages moved back.
+    pub moved: u64,
+    /// `StartMessageMoveTask` or `manual`.
+    pub method: &'static str,
+    /// Messages left in the DLQ because their code is never redriven, by code.
+    pub kept: std::collections::BTreeMap<String, u64>,
+}
+
+/// Moves dead letters back to the source queue. Refuses a queue that does not dead-letter to
+/// the DLQ ([`home_queue`]): its processor could not process them.
+pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
+    check_filter(opts.error_code.as_deref(), opts.force)?;
+    home_queue(sqs, &opts.dlq_url, Some(&opts.queue_url)).await?;
+    // The move task moves everything: only when nothing is to stay behind.
+    if opts.error_code.is_none() && opts.max.is_none() && opts.force {
+        let (source, destination) = (
+            lambda_local::esm::queue_arn(sqs, &opts.dlq_url).await?,
+            lambda_local::esm::queue_arn(sqs, &opts.queue_url).await?,
+        );
+        match sqs
+            .start_message_move_task()
+            .source_arn(&source)
+            .destination_arn(&destination)
+            .send()
+            .await
+        {
+            Ok(task) => {
+                let handle = task.task_handle().unwrap_or_default().to_owned();
+                for _ in 0..600 {
+                    let tasks = sqs
+                        .list_message_move_tasks()
+                        .source_arn(&source)
+                        .send()
+                        .await?;
+                    if let Some(t) = tasks.results().iter().find(|t| {
+                        t.task_handle() == Some(handle.as_str()) || tasks.results().len() == 1
+                    }) {
+                        match t.status() {
+                            Some("COMPLETED") => {
+                                return Ok(RedriveReport {
+                                    moved: t.approximate_number_of_messages_moved() as u64,
+                                    method: "StartMessageMoveTask",
+                                    kept: Default::default(),
+                                })
+                            }
+                            Some("FAILED") | Some("CANCELLED") => anyhow::bail!(
+                                "the message move task ended {:?}: {:?}",
+                                t.status(),
+                                t.failure_reason()
+                            ),
+                            _ => {}
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                anyhow::bail!("the message move task did not finish in 5 minutes");
+            }
+            Err(e) => {
+                tracing::info!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "StartMessageMoveTask unavailable here; moving messages one by one");
+            }
+        }
+    }
+    let fifo = opts.queue_url.ends_with(".fifo");
+    let mut moved = 0u64;
+    let mut kept: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut skipped = Vec::new();
+    let mut empty = 0;
+    while empty < 2 && opts.max.is_none_or(|m| (moved as usize) < m) {
+        let batch = receive(sqs, &opts.dlq_url, 60).await?;
+        if batch.is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        for m in batch {
+            let i = info(&m);
+            let code = i
+                .error_code
+                .clone()
+                .unwrap_or_else(|| "max_receives".to_owned());
+            let held_back = !opts.force && never_redriven(&code).is_some();
+            let wanted = opts.error_code.as_ref().is_none_or(|c| *c == code)
+                && opts.max.is_none_or(|mx| (moved as usize) < mx)
+                && !held_back;
+            let rh = m.receipt_handle().unwrap_or_default().to_owned();
+            if !wanted {
+                if held_back && !skipped.iter().any(|(id, _)| *id == i.message_id) {
+                    *kept.entry(code).or_default() += 1;
+                }
+                skipped.push((i.message_id.clone(), rh));
+                continue;
+            }
+            let mut send = sqs
+                .send_message()
+                .queue_url(&opts.queue_url)
+                .message_body(&i.body);
+            if let Some(t) = first_sent(&m) {
+                send = send.message_attributes(
+                    attrs::FIRST_SENT_AT,
+                    MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(t.to_string())
+                        .build()?,
+                );
+            }
+            if fifo {
+                let group = sys_attr(&m, MessageSystemAttributeName::MessageGroupId)
+                    .or(i.payment_id.clone())
+                    .unwrap_or_else(|| "redrive".to_owned());
+                send = send
+                    .message_group_id(group)
+                    .message_deduplication_id(&i.message_id);
+            }
+            send.send()
+                .await
+                .context("sending a dead letter back to the source queue")?;
+            sqs.delete_message()
+                .queue_url(&opts.dlq_url)
+                .receipt_handle(&rh)
+                .send()
+                .await
+                .context("deleting a redriven dead letter")?;
+            moved += 1;
+        }
+    }
+    release(sqs, &opts.dlq_url, &skipped).await?;
+    Ok(RedriveReport {
+        moved,
+        method: "manual",
+        kept,
+    })
+}

@@ -1,0 +1,35 @@
+//! # payctl: the operator's library
+//!
+//! What the `payctl` binary does, as functions the proving ground and the tests call too:
+//!
+//! - [`template`]: provisioning a local endpoint from `template.yaml` itself, and the stack it
+//!   describes (queues, tables, each function's environment and event source);
+//! - [`aws`]: where the SDK's calls go, and one-line errors that name the resource and the fix;
+//! - [`send`]: putting messages on a queue; [`run`]: what `payctl run` prints while it works;
+//! - [`status`], [`records`]: a payment's record and dead letter, and every record of a table;
+//! - [`dlq`]: listing, showing and redriving dead letters home;
+//! - [`reconcile`]: settling unknown or stuck payments from the provider's records;
+//! - [`relay`], [`republish`]: the outbox relay on a local stream mapping, and what it gave up on;
+//! - [`api`], [`client`]: the payments API served locally, and its SigV4-signing client;
+//! - [`conformance`]: whether an endpoint keeps what the protocol relies on;
+//! - [`smoke`]: a provider account checked with the processors' own client;
+//! - [`time`]: times as operators read them.
+//!
+//! It depends on [`lambda_local`] for the local event-source and stream mappings; never on the
+//! proving ground.
+
+pub mod api;
+pub mod aws;
+pub mod client;
+pub mod conformance;
+pub mod dlq;
+pub mod reconcile;
+pub mod records;
+pub mod relay;
+pub mod republish;
+pub mod run;
+pub mod send;
+pub mod smoke;
+pub mod status;
+pub mod template;
+pub mod time;

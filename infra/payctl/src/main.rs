@@ -1,0 +1,116 @@
+//! `payctl`: operate the payment processor, locally or against AWS.
+//!
+//! This file is the command tree and its dispatch; each command family lives in
+//! `commands/` (its options, with their `--help` text, and what it does), over the `payctl`
+//! library. The project's own proving ground (`make demo`, `make chaos`, `make bench`, the
+//! deployed check) is the `proving` binary, not here.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+#[derive(Parser)]
+#[command(
+    name = "payctl",
+    version,
+    about = "Send, process and inspect payments and refunds; provision a local stack; settle what is unknown"
+)]
+struct Cli {
+    /// AWS region (default: AWS_REGION, then the profile's).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Named profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE).
+    #[arg(long, global = true)]
+    profile: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the template's queues and tables on the endpoint (AWS_ENDPOINT_URL), or find and
+    /// update them when they exist (safe to run again), and print them.
+    Provision(commands::stack::ProvisionArgs),
+    /// Print `export` lines for a second shell: the endpoint, credentials and provider of this
+    /// one, and a local stack's tables and queues (provisioned if missing).
+    Env(commands::stack::EnvArgs),
+    /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
+    Send(commands::send::SendArgs),
+    /// Send refunds of charged payments: one JSON body, or one refund built from the options.
+    SendRefund(commands::send::SendRefundArgs),
+    /// Poll a queue like Lambda's SQS trigger and run a processor (configured from the
+    /// function's environment variables) on each batch.
+    Run(commands::run::RunArgs),
+    /// Print a payment's idempotency record (times in UTC) and its dead letter, if it has one.
+    Status(commands::status::StatusArgs),
+    /// What happened to a payment, in time order, from its record and dead letter.
+    History(commands::status::HistoryArgs),
+    /// The dead-letter queue: list, redrive.
+    Dlq(commands::dlq::DlqArgs),
+    /// Settle unknown or stuck payments from what the provider holds: a charge found completes
+    /// the record; nothing found is reported with whether the provider still remembers the key.
+    /// Never charges. Needs PAYMENT_API_URL and the API key like the function.
+    Reconcile(commands::reconcile::ReconcileArgs),
+    /// Outbox entries the relay has not published (after RelayFailuresAlarm), and sending them
+    /// again.
+    Outbox(commands::outbox::OutboxArgs),
+    /// Relay the payments table's outbox stream to the payments queue, as the outbox-relay
+    /// Lambda's stream trigger does (local runs).
+    Relay(commands::outbox::RelayArgs),
+    /// Create a payment through the payments API (POST /v1/payments, SigV4-signed). Prints the
+    /// API's answer; safe to run again with the same --idempotency-key.
+    Pay(commands::api::PayArgs),
+    /// Read a payment through the payments API (GET /v1/payments/{id}).
+    Get(commands::api::GetArgs),
+    /// Serve the payments API locally (the same code as the payments-api Lambda).
+    Api(commands::api::ApiArgs),
+    /// Check that the AWS endpoint (AWS_ENDPOINT_URL, or AWS itself) keeps what the protocol
+    /// relies on: atomic conditional writes under concurrency, ALL_OLD on a refused write,
+    /// consistent reads, visibility changes, receive counts, redrive, FIFO group blocking.
+    /// Exits non-zero naming each failed check.
+    Conformance,
+    /// Check the provider account with the processors' own client: a customer, three charges
+    /// with one key (one PaymentIntent), a refund, all read back. Test-mode keys only.
+    Smoke(commands::checks::SmokeArgs),
+}
+
+#[tokio::main]
+async fn main() {
+    // One line, the cause chain included, never a backtrace: what an operator reads.
+    if let Err(e) = run(Cli::parse()).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    // FAILPOINTS=name=action;... (debug builds with the failpoints feature only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Api(_) | Command::Relay(_)
+    ) {
+        payment_core::telemetry::init_timed();
+    }
+    let sdk = payctl::aws::sdk_config(cli.region, cli.profile).await;
+    match cli.command {
+        Command::Provision(args) => commands::stack::provision(args, &sdk).await,
+        Command::Env(args) => commands::stack::env(args, &sdk).await,
+        Command::Send(args) => commands::send::send(args, &sdk).await,
+        Command::SendRefund(args) => commands::send::send_refund(args, &sdk).await,
+        Command::Run(args) => commands::run::run(args, &sdk).await,
+        Command::Status(args) => commands::status::status(args, &sdk).await,
+        Command::History(args) => commands::status::history(args, &sdk).await,
+        Command::Dlq(args) => commands::dlq::dlq(args, &sdk).await,
+        Command::Reconcile(args) => commands::reconcile::reconcile(args, &sdk).await,
+        Command::Outbox(args) => commands::outbox::outbox(args, &sdk).await,
+        Command::Relay(args) => commands::outbox::relay(args, &sdk).await,
+        Command::Pay(args) => commands::api::pay(args, &sdk).await,
+        Command::Get(args) => commands::api::get(args, &sdk).await,
+        Command::Api(args) => commands::api::api(args, &sdk).await,
+        Command::Conformance => commands::checks::conformance(&sdk).await,
+        Command::Smoke(args) => commands::checks::smoke(args).await,
+    }
+}

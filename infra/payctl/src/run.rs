@@ -1,0 +1,149 @@
+//! What `payctl run` needs around the processor to be an operator's tool: progress lines while
+//! it works, and a summary that it prints however it stops, with an exit status that says
+//! whether anything succeeded.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lambda_local::esm::EsmStats;
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+/// What a `payctl run` did, as printed and as `--json` writes it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunSummary {
+    /// Batches handed to the processor.
+    pub invocations: u64,
+    /// Deliveries received (a message that came back counts again).
+    pub received: u64,
+    /// Payments charged.
+    pub charged: u32,
+    /// Payments declined (recorded, final).
+    pub declined: u32,
+    /// Refunds made (a refund run).
+    pub refunded: u32,
+    /// Copies of finished payments acknowledged without a charge.
+    pub duplicates: u32,
+    /// Deliveries handed back to come again later.
+    pub retried: u32,
+    /// Messages dead-lettered, by `error_code`.
+    pub dead_lettered: BTreeMap<String, u32>,
+    /// Invocations that hit the function timeout.
+    pub timeouts: u64,
+    /// Invocations that failed as a whole.
+    pub function_errors: u64,
+    /// Stopped by Ctrl-C before the queue drained.
+    pub interrupted: bool,
+}
+
+impl RunSummary {
+    /// The summary of what the mapping counted.
+    pub fn of(stats: &EsmStats, interrupted: bool) -> Self {
+        Self {
+            invocations: stats.invocations,
+            received: stats.received,
+            charged: stats.summary.done(payment_core::charge::labels::CHARGED),
+            declined: stats.summary.done(payment_core::charge::labels::DECLINED),
+            refunded: stats.summary.done(payment_core::refund::REFUNDED),
+            duplicates: stats.summary.duplicates,
+            retried: stats.summary.retried,
+            dead_lettered: stats
+                .summary
+                .dead_lettered
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            timeouts: stats.timeouts,
+            function_errors: stats.function_errors,
+            interrupted,
+        }
+    }
+
+    /// Nothing was handled and something failed: the run's exit status is then non-zero.
+    /// Handled: charged, declined, a duplicate, or dead-lettered for what the message itself
+    /// is (bad input, a reused key, the provider's refusal, too old). Failed: handed back to
+    /// come again, given up on (`retries_exhausted`), left unknown (`outcome_unknown`), timed
+    /// out, or a whole batch failed (a wrong table or queue, provider down, a bad key).
+    pub fn all_failed(&self) -> bool {
+        let for_content = |code: &str| crate::dlq::never_redriven(code).is_some();
+        let handled = (self.charged + self.declined + self.refunded + self.duplicates) as u64
+            + self
+                .dead_lettered
+                .iter()
+                .filter(|(code, _)| for_content(code))
+                .map(|(_, n)| *n as u64)
+                .sum::<u64>();
+        let failed = self.retried as u64
+            + self
+                .dead_lettered
+                .iter()
+                .filter(|(code, _)| !for_content(code))
+                .map(|(_, n)| *n as u64)
+                .sum::<u64>()
+            + self.timeouts
+            + self.function_errors;
+        handled == 0 && failed > 0
+    }
+
+    /// One line for people.
+    pub fn line(&self) -> String {
+        let dead: u32 = self.dead_lettered.values().sum();
+        let codes = if self.dead_lettered.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({})",
+                self.dead_lettered
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        format!(
+            "{}{} deliveries in {} batches: {}{} charged, {} declined, {} duplicates, {} retried later, {} dead-lettered{codes}; {} timeouts, {} failed batches",
+            if self.interrupted { "interrupted: " } else { "" },
+            self.received,
+            self.invocations,
+            if self.refunded > 0 {
+                format!("{} refunded, ", self.refunded)
+            } else {
+                String::new()
+            },
+            self.charged,
+            self.declined,
+            self.duplicates,
+            self.retried,
+            dead,
+            self.timeouts,
+            self.function_errors
+        )
+    }
+}
+
+/// Prints a progress line to stderr every `every`, with the queue's own counts, until dropped.
+pub fn progress(
+    stats: Arc<Mutex<EsmStats>>,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let s = RunSummary::of(&*stats.lock().await, false);
+            let counts = queue_counts(&sqs, &queue_url).await;
+            eprintln!("{} | queue: {counts}", s.line());
+        }
+    })
+}
+
+async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> String {
+    match lambda_local::esm::queue_counts(sqs, queue_url).await {
+        Ok([waiting, in_flight, delayed]) => {
+            format!("{waiting} waiting, {in_flight} in flight, {delayed} delayed")
+        }
+        Err(_) => "counts unavailable".into(),
+    }
+}

@@ -1,0 +1,131 @@
+//! The template's functions: each one's environment, and its SQS event source (a SAM `Events`
+//! entry of type SQS, or a declared `AWS::Lambda::EventSourceMapping`).
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail, Result};
+use serde_yaml_ng::{Mapping, Value};
+
+use super::resolve::{get, intrinsic, Resolver};
+use super::{EventSource, ProvisionOptions, Stack, PROCESSOR};
+
+/// Reads every function's environment and event source into the stack.
+pub(super) fn resolve(
+    doc: &Value,
+    opts: &ProvisionOptions,
+    r: &mut Resolver<'_>,
+    mut stack: Stack,
+    resources: &Mapping,
+) -> Result<Stack> {
+    // Every function's environment; the processor's SQS event source: a SAM `Events` entry of
+    // type SQS, or an `AWS::Lambda::EventSourceMapping` whose source is a queue of the template.
+    let globals = get(doc, "Globals").and_then(|g| get(g, "Function"));
+    let mut mappings: BTreeMap<String, Value> = BTreeMap::new();
+    for (_, res) in resources {
+        if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Lambda::EventSourceMapping") {
+            continue;
+        }
+        let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
+        let function = get(&props, "FunctionName")
+            .and_then(intrinsic)
+            .filter(|(f, _)| f == "Ref")
+            .and_then(|(_, arg)| arg.as_str().map(str::to_owned));
+        let source = get(&props, "EventSourceArn")
+            .map(|v| r.resolve(v))
+            .transpose()?
+            .flatten();
+        if let (Some(function), Some(source)) = (function, source) {
+            if stack.queue_arns.values().any(|a| *a == source) {
+                mappings.insert(function, props);
+            }
+        }
+    }
+    let mut processor_found = false;
+    for (logical, res) in resources {
+        if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Serverless::Function") {
+            continue;
+        }
+        let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
+        let mut env = BTreeMap::new();
+        let vars = get(&props, "Environment")
+            .and_then(|e| get(e, "Variables"))
+            .and_then(|v| v.as_mapping());
+        for (k, v) in vars.into_iter().flatten() {
+            if let (Some(k), Some(v)) = (k.as_str(), r.resolve(v)?) {
+                env.insert(k.to_owned(), v);
+            }
+        }
+        if let Some(logical) = logical.as_str() {
+            stack.function_envs.insert(logical.to_owned(), env.clone());
+        }
+        let sam_event = get(&props, "Events")
+            .and_then(|e| e.as_mapping())
+            .and_then(|m| {
+                m.values()
+                    .find(|e| get(e, "Type").and_then(|t| t.as_str()) == Some("SQS"))
+            })
+            .map(|event| get(event, "Properties").cloned().unwrap_or(Value::Null));
+        let Some(ep) =
+            sam_event.or_else(|| logical.as_str().and_then(|l| mappings.get(l)).cloned())
+        else {
+            continue;
+        };
+        let queue_arn = get(&ep, "Queue")
+            .or_else(|| get(&ep, "EventSourceArn"))
+            .map(|v| r.resolve(v))
+            .transpose()?
+            .flatten()
+            .ok_or_else(|| anyhow!("SQS event without a resolvable Queue"))?;
+        let queue_url = stack
+            .queue_arns
+            .iter()
+            .find(|(_, a)| **a == queue_arn)
+            .and_then(|(l, _)| stack.queues.get(l))
+            .cloned()
+            .ok_or_else(|| anyhow!("the SQS event's queue is not in the template"))?;
+        let timeout = r
+            .int(get(&props, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
+            .unwrap_or(3);
+        let source = EventSource {
+            queue_url,
+            queue_arn,
+            batch_size: r.int(get(&ep, "BatchSize"))?.unwrap_or(10) as i32,
+            batching_window_seconds: r
+                .int(get(&ep, "MaximumBatchingWindowInSeconds"))?
+                .unwrap_or(0) as i32,
+            function_timeout_seconds: timeout as i32,
+            report_batch_item_failures: get(&ep, "FunctionResponseTypes")
+                .and_then(|v| v.as_sequence())
+                .is_some_and(|s| {
+                    s.iter()
+                        .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
+                }),
+        };
+        // The function must know the visibility it heartbeats with: follow a local override.
+        if let (Some(vt), Some(logical)) = (opts.visibility_timeout, logical.as_str()) {
+            if let Some(v) = stack
+                .function_envs
+                .get_mut(logical)
+                .and_then(|e| e.get_mut("QUEUE_VISIBILITY_TIMEOUT_SECONDS"))
+            {
+                *v = vt.to_string();
+            }
+        }
+        let logical = logical.as_str().unwrap_or_default().to_owned();
+        // The payment processor's is the stack's main one; else the first.
+        if !processor_found || logical == PROCESSOR {
+            stack.event_source = source.clone();
+            stack.function_env = stack
+                .function_envs
+                .get(&logical)
+                .cloned()
+                .unwrap_or_default();
+            processor_found = true;
+        }
+        stack.event_sources.insert(logical, source);
+    }
+    if processor_found {
+        return Ok(stack);
+    }
+    bail!("the template has no AWS::Serverless::Function with an SQS event or event source mapping")
+}

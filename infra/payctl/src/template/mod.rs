@@ -1,0 +1,246 @@
+//! Provisioning a local endpoint from `template.yaml` itself, so local and deployed never drift.
+//!
+//! Reads the SAM template, creates every `AWS::SQS::Queue` (dead-letter targets first) and
+//! every `AWS::DynamoDB::Table` through the official SDK clients, and resolves the function's
+//! environment and its SQS event source (batch size, batching window, timeout) with the
+//! intrinsic functions the template uses (`Ref`, `Fn::GetAtt`, `Fn::Sub`, short and long form).
+//!
+//! The template's intrinsic functions are resolved in [`resolve`]; each resource type is
+//! provisioned in its own module ([`queues`], [`tables`]), and the functions' environments and
+//! event sources are read in [`functions`], all against one [`resolve::Resolver`] that learns
+//! each resource's name and ARN as it is created.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use serde_yaml_ng::Value;
+
+mod functions;
+mod queues;
+mod resolve;
+mod tables;
+
+use resolve::{get, Resolver};
+
+/// What to create, and how to bend it for a local run.
+#[derive(Debug, Clone, Default)]
+pub struct ProvisionOptions {
+    /// Prefix of every resource name (unique per test or demo run).
+    pub stack_name: String,
+    /// Template parameter values (override the defaults).
+    pub parameters: HashMap<String, String>,
+    /// Local override of the source queues' visibility timeout, so tests do not wait minutes.
+    pub visibility_timeout: Option<i32>,
+    /// Local override of `maxReceiveCount` in redrive policies.
+    pub max_receive_count: Option<i32>,
+    /// Make every queue FIFO (with content-based deduplication), to test FIFO ordering with
+    /// the same template.
+    pub fifo: bool,
+}
+
+impl Stack {
+    /// A variable of the function's resolved environment (`IDEMPOTENCY_TABLE`, ...).
+    pub fn function_var(&self, name: &str) -> Result<&str> {
+        self.function_env
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("the template gives the function no {name}"))
+    }
+}
+
+/// `prefix` followed by six random hex digits: a stack name no earlier run used.
+pub fn unique_stack_name(prefix: &str) -> String {
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    )
+}
+
+/// Deletes what [`provision`] created (its queues and tables), so that a long local run does
+/// not leave the emulator holding every earlier run's data.
+pub async fn teardown(sdk: &aws_config::SdkConfig, stack: &Stack) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    for url in stack.queues.values() {
+        sqs.delete_queue()
+            .queue_url(url)
+            .send()
+            .await
+            .with_context(|| format!("deleting the queue {url}"))?;
+    }
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    for table in stack.tables.values() {
+        ddb.delete_table()
+            .table_name(table)
+            .send()
+            .await
+            .with_context(|| format!("deleting the table {table}"))?;
+    }
+    Ok(())
+}
+
+/// The local event-source mapping's settings, from the function's SQS event.
+#[derive(Debug, Clone)]
+pub struct EventSource {
+    /// The source queue's URL.
+    pub queue_url: String,
+    /// The source queue's ARN (the records' `eventSourceARN`).
+    pub queue_arn: String,
+    /// `BatchSize` (default 10).
+    pub batch_size: i32,
+    /// `MaximumBatchingWindowInSeconds` (default 0).
+    pub batching_window_seconds: i32,
+    /// Function `Timeout` (default 3, as Lambda's).
+    pub function_timeout_seconds: i32,
+    /// `FunctionResponseTypes` includes `ReportBatchItemFailures`.
+    pub report_batch_item_failures: bool,
+}
+
+/// What was created.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    /// Queue URLs by logical id.
+    pub queues: BTreeMap<String, String>,
+    /// Queue ARNs by logical id.
+    pub queue_arns: BTreeMap<String, String>,
+    /// Table names by logical id.
+    pub tables: BTreeMap<String, String>,
+    /// The processor function's environment, resolved (variables that reference a parameter
+    /// without a value are left out).
+    pub function_env: BTreeMap<String, String>,
+    /// The function's SQS event source.
+    pub event_source: EventSource,
+    /// Every SQS-triggered function's event source by logical id (the processor's is also
+    /// [`Stack::event_source`]).
+    pub event_sources: BTreeMap<String, EventSource>,
+    /// Every function's environment by logical id (the API's and the relay's too), resolved.
+    pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
+    /// What provisioning did to each resource: `created`, `exists` or `updated`, by name.
+    pub report: Vec<(String, &'static str)>,
+}
+
+impl Stack {
+    /// A variable of another function's environment (`PaymentsApiFunction`, ...).
+    pub fn var_of(&self, function: &str, name: &str) -> Result<&str> {
+        self.function_envs
+            .get(function)
+            .with_context(|| format!("the template has no function {function}"))?
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("the template gives {function} no {name}"))
+    }
+
+    /// The payments table (the API's rows and outbox), by its logical id.
+    pub fn payments_table(&self) -> Result<&str> {
+        self.tables
+            .get("PaymentsTable")
+            .map(String::as_str)
+            .context("the template has no PaymentsTable")
+    }
+}
+
+pub(super) fn local_name(stack: &str, logical: &str, fifo: bool) -> String {
+    let mut name: String = format!("{stack}-{logical}")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(if fifo { 75 } else { 80 })
+        .collect();
+    if fifo {
+        name.push_str(".fifo");
+    }
+    name
+}
+
+/// The payment processor's logical id in the template.
+pub const PROCESSOR: &str = "PaymentProcessorFunction";
+
+/// The refund processor's logical id in the template.
+pub const REFUND_PROCESSOR: &str = "RefundProcessorFunction";
+
+/// A function's memory size in MB as the template gives it (its own `MemorySize`, else the
+/// `Globals`', else Lambda's default of 128).
+pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(template_path)
+        .with_context(|| format!("reading {}", template_path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let own = get(&doc, "Resources")
+        .and_then(|r| get(r, function))
+        .with_context(|| format!("the template has no {function}"))
+        .map(|f| get(f, "Properties").and_then(|p| get(p, "MemorySize")))?;
+    let global = get(&doc, "Globals")
+        .and_then(|g| get(g, "Function"))
+        .and_then(|f| get(f, "MemorySize"));
+    match own.or(global) {
+        None => Ok(128),
+        Some(v) => v
+            .as_u64()
+            .with_context(|| format!("{function}'s MemorySize is not a number of MB")),
+    }
+}
+
+/// Creates the template's queues and tables on the endpoint of `sdk` and resolves every
+/// function's environment and every SQS event source (the payment processor's first).
+pub async fn provision(
+    sdk: &aws_config::SdkConfig,
+    template_path: &Path,
+    opts: &ProvisionOptions,
+) -> Result<Stack> {
+    let text = std::fs::read_to_string(template_path)
+        .with_context(|| format!("reading {}", template_path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let resources = get(&doc, "Resources")
+        .and_then(|r| r.as_mapping())
+        .ok_or_else(|| anyhow!("template has no Resources"))?;
+
+    let mut parameters = HashMap::new();
+    if let Some(ps) = get(&doc, "Parameters").and_then(|p| p.as_mapping()) {
+        for (k, v) in ps {
+            if let (Some(k), Some(d)) = (k.as_str(), get(v, "Default")) {
+                let d = match d {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => continue,
+                };
+                parameters.insert(k.to_owned(), d);
+            }
+        }
+    }
+    parameters.extend(opts.parameters.clone());
+    let mut r = Resolver {
+        stack_name: &opts.stack_name,
+        region: sdk
+            .region()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "us-east-1".into()),
+        parameters,
+        account: None,
+        refs: HashMap::new(),
+        attrs: HashMap::new(),
+    };
+
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let mut stack = Stack {
+        queues: BTreeMap::new(),
+        queue_arns: BTreeMap::new(),
+        tables: BTreeMap::new(),
+        function_env: BTreeMap::new(),
+        function_envs: BTreeMap::new(),
+        event_sources: BTreeMap::new(),
+        report: Vec::new(),
+        event_source: EventSource {
+            queue_url: String::new(),
+            queue_arn: String::new(),
+            batch_size: 10,
+            batching_window_seconds: 0,
+            function_timeout_seconds: 3,
+            report_batch_item_failures: false,
+        },
+    };
+
+    queues::create(&sqs, sdk, opts, &mut r, &mut stack, resources).await?;
+    tables::create(&ddb, sdk, opts, &mut r, &mut stack, resources).await?;
+    functions::resolve(&doc, opts, &mut r, stack, resources)
+}

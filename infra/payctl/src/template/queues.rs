@@ -1,0 +1,212 @@
+//! The template's `AWS::SQS::Queue`s: created, or found and brought to the template's
+//! attributes, dead-letter targets first.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Context, Result};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_yaml_ng::{Mapping, Value};
+
+use super::resolve::{get, Resolver};
+use super::{local_name, ProvisionOptions, Stack};
+
+/// Creates (or updates) every queue whose references resolve, until all exist.
+pub(super) async fn create(
+    sqs: &aws_sdk_sqs::Client,
+    sdk: &aws_config::SdkConfig,
+    opts: &ProvisionOptions,
+    r: &mut Resolver<'_>,
+    stack: &mut Stack,
+    resources: &Mapping,
+) -> Result<()> {
+    // Queues: create those whose references resolve, until all exist (DLQs come first).
+    let mut pending: Vec<(&str, &Value)> = resources
+        .iter()
+        .filter(|(_, v)| get(v, "Type").and_then(|t| t.as_str()) == Some("AWS::SQS::Queue"))
+        .filter_map(|(k, v)| Some((k.as_str()?, v)))
+        .collect();
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut still = Vec::new();
+        for (logical, res) in pending {
+            let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
+            let mut attributes = HashMap::new();
+            let mut ready = true;
+            if let Some(rp) = get(&props, "RedrivePolicy") {
+                match get(rp, "deadLetterTargetArn")
+                    .map(|v| r.resolve(v))
+                    .transpose()?
+                {
+                    Some(Some(arn)) => {
+                        let max = match opts.max_receive_count {
+                            Some(m) => m as i64,
+                            None => r.int(get(rp, "maxReceiveCount"))?.unwrap_or(5),
+                        };
+                        attributes.insert(
+                            QueueAttributeName::RedrivePolicy,
+                            serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max})
+                                .to_string(),
+                        );
+                    }
+                    _ => ready = false,
+                }
+            }
+            if !ready {
+                still.push((logical, res));
+                continue;
+            }
+            let fifo = opts.fifo
+                || get(&props, "FifoQueue")
+                    .map(|v| r.resolve(v))
+                    .transpose()?
+                    .flatten()
+                    .as_deref()
+                    == Some("true");
+            let simple = [
+                ("VisibilityTimeout", QueueAttributeName::VisibilityTimeout),
+                (
+                    "MessageRetentionPeriod",
+                    QueueAttributeName::MessageRetentionPeriod,
+                ),
+                ("DelaySeconds", QueueAttributeName::DelaySeconds),
+                ("MaximumMessageSize", QueueAttributeName::MaximumMessageSize),
+                (
+                    "ReceiveMessageWaitTimeSeconds",
+                    QueueAttributeName::ReceiveMessageWaitTimeSeconds,
+                ),
+                (
+                    "ContentBasedDeduplication",
+                    QueueAttributeName::ContentBasedDeduplication,
+                ),
+                ("KmsMasterKeyId", QueueAttributeName::KmsMasterKeyId),
+            ];
+            for (prop, attr) in simple {
+                if let Some(v) = get(&props, prop)
+                    .map(|v| r.resolve(v))
+                    .transpose()?
+                    .flatten()
+                {
+                    attributes.insert(attr, v);
+                }
+            }
+            if fifo {
+                attributes.insert(QueueAttributeName::FifoQueue, "true".into());
+                if opts.fifo {
+                    attributes.insert(QueueAttributeName::ContentBasedDeduplication, "true".into());
+                }
+            }
+            if let (Some(vt), true) = (
+                opts.visibility_timeout,
+                attributes.contains_key(&QueueAttributeName::RedrivePolicy),
+            ) {
+                attributes.insert(QueueAttributeName::VisibilityTimeout, vt.to_string());
+            }
+            let name = local_name(&opts.stack_name, logical, fifo);
+            let (url, done) =
+                ensure_queue(sqs, &crate::aws::endpoint(sdk), &name, attributes).await?;
+            stack.report.push((format!("queue {name}"), done));
+            let arn = sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .with_context(|| format!("reading the ARN of {name}"))?
+                .attributes()
+                .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+                .ok_or_else(|| anyhow!("no ARN for queue {name}"))?;
+            if r.account.is_none() {
+                r.account = arn.split(':').nth(4).map(str::to_owned);
+            }
+            r.refs.insert(logical.to_owned(), url.clone());
+            r.attrs.insert(format!("{logical}.Arn"), arn.clone());
+            r.attrs.insert(format!("{logical}.QueueUrl"), url.clone());
+            r.attrs.insert(format!("{logical}.QueueName"), name.clone());
+            stack.queues.insert(logical.to_owned(), url);
+            stack.queue_arns.insert(logical.to_owned(), arn);
+        }
+        if still.len() == before {
+            bail!(
+                "queues with unresolvable dead-letter targets: {:?}",
+                still.iter().map(|s| s.0).collect::<Vec<_>>()
+            );
+        }
+        pending = still;
+    }
+    Ok(())
+}
+
+/// Creates a queue, or finds it and brings its attributes to what the template says: `created`,
+/// `exists` (nothing differs) or `updated`.
+async fn ensure_queue(
+    sqs: &aws_sdk_sqs::Client,
+    endpoint: &str,
+    name: &str,
+    attributes: HashMap<QueueAttributeName, String>,
+) -> Result<(String, &'static str)> {
+    let existing = match sqs.get_queue_url().queue_name(name).send().await {
+        Ok(o) => o.queue_url().map(str::to_owned),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_queue_does_not_exist()) =>
+        {
+            None
+        }
+        Err(e) => {
+            return Err(anyhow!(crate::aws::explain(
+                &e,
+                &format!("queue {name}"),
+                endpoint
+            )))
+        }
+    };
+    let Some(url) = existing else {
+        let url = sqs
+            .create_queue()
+            .queue_name(name)
+            .set_attributes(Some(attributes))
+            .send()
+            .await
+            .with_context(|| format!("creating queue {name}"))?
+            .queue_url()
+            .ok_or_else(|| anyhow!("no URL for queue {name}"))?
+            .to_owned();
+        return Ok((url, "created"));
+    };
+    let current = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .with_context(|| format!("reading the attributes of queue {name}"))?;
+    let now = current.attributes().cloned().unwrap_or_default();
+    // FifoQueue cannot change; the rest can be set in place.
+    let differing: HashMap<QueueAttributeName, String> = attributes
+        .into_iter()
+        .filter(|(k, _)| *k != QueueAttributeName::FifoQueue)
+        .filter(|(k, v)| !same_attribute(k, now.get(k), v))
+        .collect();
+    if differing.is_empty() {
+        return Ok((url, "exists"));
+    }
+    sqs.set_queue_attributes()
+        .queue_url(&url)
+        .set_attributes(Some(differing))
+        .send()
+        .await
+        .with_context(|| format!("updating the attributes of queue {name}"))?;
+    Ok((url, "updated"))
+}
+
+/// Whether a queue attribute already has the wanted value (a redrive policy compared as JSON).
+fn same_attribute(k: &QueueAttributeName, current: Option<&String>, wanted: &str) -> bool {
+    match (k, current) {
+        (QueueAttributeName::RedrivePolicy, Some(c)) => {
+            serde_json::from_str::<serde_json::Value>(c).ok()
+                == serde_json::from_str::<serde_json::Value>(wanted).ok()
+        }
+        (_, Some(c)) => c == wanted,
+        (_, None) => false,
+    }
+}

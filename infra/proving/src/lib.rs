@@ -1,0 +1,33 @@
+//! # proving: the project's proving ground
+//!
+//! What the project runs to prove itself, on one machine against any endpoint the SDK reaches
+//! (`AWS_ENDPOINT_URL`), with the stack provisioned from `template.yaml` by
+//! [`payctl::template`] and the functions run by [`lambda_local`]:
+//!
+//! - [`demo`]: the local end-to-end run (`make demo`); [`e2e`]: the same load and checks
+//!   against a deployed stack (`make e2e-sam`);
+//! - [`chaos`]: processor processes crashing at failpoints against a faulty provider and,
+//!   through [`aws_faults`], a faulty AWS (`make chaos`);
+//! - [`bench`]: the benchmark (`make bench`), with [`compare`] (the Powertools peer),
+//!   [`prices`], [`retries`] (how long a failure delays a payment) and [`wire_count`] (AWS
+//!   calls counted on the wire);
+//! - the loads and checkers they share: [`load`] and [`api_load`] generate payments with known
+//!   outcomes, [`check`] and [`refund_check`] verify a run from the outside (the provider's
+//!   ledger through [`sim`], the table, the dead-letter queues).
+//!
+//! Nothing here ships to users, and the operator's `payctl` never depends on it.
+
+pub mod api_load;
+pub mod aws_faults;
+pub mod bench;
+pub mod chaos;
+pub mod check;
+pub mod compare;
+pub mod demo;
+pub mod e2e;
+pub mod load;
+pub mod prices;
+pub mod refund_check;
+pub mod retries;
+pub mod sim;
+pub mod wire_count;

@@ -1,0 +1,343 @@
+//! `proving`: the project's proving ground, as the Makefile runs it: the local end-to-end run
+//! (`make demo`), the chaos checker (`make chaos`), the benchmark (`make bench`) and the check
+//! of a deployed stack (`make e2e-sam`). None of it ships to users: the operator's tool is
+//! `payctl`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use proving::demo;
+
+#[derive(Parser)]
+#[command(
+    name = "proving",
+    about = "The project's proving ground: demo, chaos, bench, the deployed stack's check"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The local end-to-end run: provision, fault injection, mixed load, drain, verify.
+    Demo(DemoArgs),
+    /// The chaos checker: several processor processes crashing at random failpoints against a
+    /// faulty provider; exits non-zero on any double charge, loss or stuck record.
+    Chaos(ChaosArgs),
+    /// The benchmark: throughput, latency, calls per payment, CPU and memory, cold start, size.
+    Bench(BenchArgs),
+    /// Send payments to a deployed stack and verify what its own event-source mapping and
+    /// bootstrap made of them (make e2e-sam).
+    E2eCheck(E2eCheckArgs),
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run(Cli::parse()).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    match cli.command {
+        Command::Demo(args) => demo(args, &sdk).await,
+        Command::Chaos(args) => chaos(args, &sdk).await,
+        Command::Bench(args) => bench(args, &sdk).await,
+        Command::E2eCheck(args) => e2e_check(args, &sdk).await,
+    }
+}
+
+/// `proving demo`.
+#[derive(Args)]
+pub struct DemoArgs {
+    /// The SAM template the resources come from.
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// Unique payments in the load (copies, reused keys and bad bodies come on top).
+    #[arg(long, default_value_t = 250)]
+    pub payments: usize,
+    /// Seed of the load and of the fault dice.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Concurrent pollers, each running one batch at a time.
+    #[arg(long, default_value_t = 2)]
+    pub pollers: usize,
+    /// Probability of each provider fault per call.
+    #[arg(long, default_value_t = 0.05)]
+    pub fault_rate: f64,
+    /// Send raw messages straight into the queue instead of through the payments API.
+    #[arg(long)]
+    pub direct: bool,
+}
+
+/// Runs `proving demo`.
+pub async fn demo(args: DemoArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let DemoArgs {
+        template,
+        payments,
+        seed,
+        pollers,
+        fault_rate,
+        direct,
+    } = args;
+    let verdict = demo::run(
+        sdk,
+        &demo::DemoOptions {
+            template,
+            payments,
+            seed,
+            pollers,
+            fault_rate,
+            direct,
+        },
+    )
+    .await?;
+    if !verdict.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `proving chaos`.
+#[derive(Args)]
+pub struct ChaosArgs {
+    /// The SAM template the resources come from.
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// Unique payments in the load (copies, reused keys and bad bodies come on top).
+    #[arg(long, default_value_t = 300)]
+    pub payments: usize,
+    /// Seed of the load and of the fault dice.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Processor processes running at once.
+    #[arg(long, default_value_t = 3)]
+    pub instances: usize,
+    /// Crash rate: each process crashes at one seeded failpoint after ~1/rate passes.
+    #[arg(long, default_value_t = 0.02)]
+    pub crash_rate: f64,
+    /// Probability of each provider fault per call.
+    #[arg(long, default_value_t = 0.05)]
+    pub fault_rate: f64,
+    /// Probability of an AWS fault per AWS call of the processors (throttled, 500,
+    /// stalled, answer lost after the call took effect), through a fault proxy.
+    #[arg(long, default_value_t = 0.0)]
+    pub aws_faults: f64,
+    /// Most messages queued at once.
+    #[arg(long, default_value_t = 300)]
+    pub max_depth: i64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 3000)]
+    pub max_seconds: u64,
+}
+
+/// Runs `proving chaos`.
+pub async fn chaos(args: ChaosArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let ChaosArgs {
+        template,
+        payments,
+        seed,
+        instances,
+        crash_rate,
+        fault_rate,
+        aws_faults,
+        max_depth,
+        max_seconds,
+    } = args;
+    let report = proving::chaos::run(
+        sdk,
+        &proving::chaos::ChaosOptions {
+            template,
+            payments,
+            seed,
+            instances,
+            crash_rate,
+            fault_rate,
+            aws_fault_rate: aws_faults,
+            max_depth,
+            max_duration: Duration::from_secs(max_seconds),
+            exe: payctl_beside_me()?,
+        },
+    )
+    .await?;
+    if !report.verdict.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `proving bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The SAM template the stacks are provisioned from.
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// Backlog size (10 % duplicates on top).
+    #[arg(long, default_value_t = 2000)]
+    pub payments: usize,
+    /// Concurrent batches of the multi-batch run.
+    #[arg(long, default_value_t = 4)]
+    pub pollers: usize,
+    /// Cold starts measured (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    pub cold_start_runs: usize,
+    /// ARCH=PATH of a release bootstrap (repeatable).
+    #[arg(long = "bootstrap")]
+    pub bootstraps: Vec<String>,
+    /// The local stack measured against, named in the results (name and version).
+    #[arg(long, env = "BENCH_EMULATOR", default_value = "an unnamed endpoint")]
+    pub emulator: String,
+    /// Where results.json, results.md and the PNG go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Where the function processes' logs go.
+    #[arg(long, default_value = ".local/run")]
+    pub logs: PathBuf,
+    /// The Powertools peer's bootstrap (infra/peer/bootstrap): the runs alternate with it
+    /// and the results compare the two.
+    #[arg(long, requires = "peer_python")]
+    pub peer_bootstrap: Option<PathBuf>,
+    /// The Python of the peer's virtualenv.
+    #[arg(long, requires = "peer_bootstrap")]
+    pub peer_python: Option<PathBuf>,
+    /// The peer's name and versions, named in the results.
+    #[arg(
+        long,
+        env = "BENCH_PEER",
+        default_value = "Powertools for AWS Lambda (Python)"
+    )]
+    pub peer_description: String,
+}
+
+/// Runs `proving bench`.
+pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let BenchArgs {
+        template,
+        payments,
+        pollers,
+        cold_start_runs,
+        bootstraps,
+        emulator,
+        out,
+        logs,
+        peer_bootstrap,
+        peer_python,
+        peer_description,
+    } = args;
+    let bootstraps = bootstraps
+        .iter()
+        .map(|b| {
+            b.split_once('=')
+                .map(|(a, p)| (a.to_owned(), PathBuf::from(p)))
+                .context("--bootstrap takes ARCH=PATH")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    proving::bench::run(
+        sdk,
+        &proving::bench::BenchOptions {
+            template,
+            payments,
+            pollers,
+            cold_start_runs,
+            bootstraps,
+            emulator,
+            out_dir: out,
+            log_dir: logs,
+            peer: peer_bootstrap.zip(peer_python).map(|(bootstrap, python)| {
+                proving::compare::PeerOptions {
+                    bootstrap,
+                    python,
+                    description: peer_description,
+                }
+            }),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// `proving e2e-check`.
+#[derive(Args)]
+pub struct E2eCheckArgs {
+    /// The payments queue (the stack's PaymentsQueueUrl output).
+    #[arg(long)]
+    pub queue_url: String,
+    /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
+    #[arg(long)]
+    pub dlq_url: String,
+    /// The idempotency table (the stack's IdempotencyTableName output).
+    #[arg(long)]
+    pub table: String,
+    /// The provider simulator the deployed function calls.
+    #[arg(long, env = "PAYMENT_API_URL")]
+    pub sim_url: String,
+    /// Prefix of this run's payment ids.
+    #[arg(long, default_value = "e2e")]
+    pub prefix: String,
+    /// The deployed payments API: send the load through it (default: straight to the queue).
+    #[arg(long)]
+    pub api_url: Option<String>,
+    /// The deployed refunds queue (the stack's RefundsQueueUrl output): refunds of what was
+    /// charged are sent there and checked too.
+    #[arg(long, requires = "refunds_dlq_url")]
+    pub refunds_queue_url: Option<String>,
+    /// The refunds' dead-letter queue (the stack's RefundsDeadLetterQueueUrl output).
+    #[arg(long, requires = "refunds_queue_url")]
+    pub refunds_dlq_url: Option<String>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub max_seconds: u64,
+}
+
+/// Runs `proving e2e-check`.
+pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let E2eCheckArgs {
+        queue_url,
+        dlq_url,
+        table,
+        sim_url,
+        prefix,
+        api_url,
+        refunds_queue_url,
+        refunds_dlq_url,
+        max_seconds,
+    } = args;
+    let verdict = proving::e2e::run(
+        sdk,
+        &proving::e2e::E2eOptions {
+            queue_url,
+            dlq_url,
+            table,
+            sim_url,
+            prefix,
+            max_duration: Duration::from_secs(max_seconds),
+            api_url,
+            refunds: refunds_queue_url.zip(refunds_dlq_url),
+        },
+    )
+    .await?;
+    if !verdict.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// The `payctl` binary of the same build (the chaos checker's processes are `payctl run`).
+fn payctl_beside_me() -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .context("locating proving")?
+        .with_file_name(format!("payctl{}", std::env::consts::EXE_SUFFIX));
+    anyhow::ensure!(
+        exe.is_file(),
+        "{} is missing: build it with the same profile (cargo build --bin payctl)",
+        exe.display()
+    );
+    Ok(exe)
+}

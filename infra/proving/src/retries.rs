@@ -1,0 +1,194 @@
+//! `make bench`'s retry rows: how long one transient provider failure delays a payment, and
+//! what an outage as long as the retry horizon costs, each measured on a fresh stack from the
+//! template with the shipped `bootstrap` behind the local event-source mapping.
+//!
+//! - **One transient failure**: every provider call of the payment's first delivery answers
+//!   `429` (the in-delivery retries included, each after its `Retry-After`), then the provider
+//!   is well; the template's
+//!   settings (`MaxReceiveCount` 10, a one-hour horizon, the 3 s first wait) decide when the
+//!   message comes back. Measured: send → acknowledged with its one charge.
+//! - **An outage as long as the horizon**, scaled to fit a benchmark: the horizon set to
+//!   [`OUTAGE_HORIZON`], the provider down for all of it but a few seconds. Measured: the
+//!   dead letters (there must be none), the charge, the deliveries it took.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use sqs_once::runner::now_ms;
+
+use crate::load::{payment_body, send_all};
+use crate::sim::SimClient;
+use lambda_local::esm::{self, EsmOptions, Function};
+use lambda_local::runtime_api::FunctionProcess;
+use payctl::template::{provision, teardown, unique_stack_name, ProvisionOptions, Stack};
+
+/// The scaled outage's retry horizon.
+pub const OUTAGE_HORIZON: Duration = Duration::from_secs(30);
+/// How long the provider is down in the scaled outage: all of the horizon but its end.
+pub const OUTAGE: Duration = Duration::from_secs(26);
+
+/// The function settings of both runs beside the template's own: the benchmark's, and the
+/// horizon when one is given.
+fn overrides(horizon: Option<Duration>) -> std::collections::BTreeMap<String, String> {
+    let mut o = crate::bench::bench_overrides();
+    if let Some(h) = horizon {
+        o.insert("RETRY_HORIZON_SECONDS".into(), h.as_secs().to_string());
+    }
+    o
+}
+
+/// One payment through one `bootstrap` process on a fresh stack while `fault` holds at the
+/// provider (cleared by `clear_after`, if given): seconds from send to acknowledged, the
+/// deliveries, the provider's calls and charges, and the dead letters.
+#[allow(clippy::too_many_arguments)]
+async fn one_payment(
+    sdk: &aws_config::SdkConfig,
+    template: &Path,
+    bootstrap: &Path,
+    log_dir: &Path,
+    name: &str,
+    horizon: Option<Duration>,
+    fault: serde_json::Value,
+    clear_after: Option<Duration>,
+) -> Result<serde_json::Value> {
+    let stack_name = unique_stack_name(name);
+    let stack: Stack = provision(
+        sdk,
+        template,
+        &ProvisionOptions {
+            stack_name: stack_name.clone(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let (_, env) = crate::demo::function_environment(&stack, &overrides(horizon))?;
+    let Some(sim_url) = env.get("PAYMENT_API_URL") else {
+        bail!("the function has no PAYMENT_API_URL");
+    };
+    let sim = SimClient::new(sim_url);
+    let pid = format!("{stack_name}-p");
+    let mut rule = fault;
+    rule["prefix"] = json!(pid);
+    sim.add_faults(json!([rule])).await?;
+    std::fs::create_dir_all(log_dir)?;
+    let log = std::fs::File::create(log_dir.join(format!("bench-{name}.log")))?;
+    let function = FunctionProcess::spawn(bootstrap, &env, log).await?;
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sent_at = now_ms();
+    send_all(
+        &sqs,
+        &stack.event_source.queue_url,
+        &[payment_body(&pid, 1000, "pm_card_visa")],
+    )
+    .await?;
+    let clearing = clear_after.map(|after| {
+        let (sim, pid) = (sim.clone(), pid.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            sim.clear_faults_for(&pid).await
+        })
+    });
+    let stats = esm::run(
+        Function::Processes(vec![function.api()]),
+        sqs.clone(),
+        EsmOptions {
+            max_duration: Duration::from_secs(180),
+            ..crate::bench::esm_opts(&stack, 1)
+        },
+    )
+    .await;
+    function.stop().await?;
+    if let Some(c) = clearing {
+        c.await??;
+    }
+    sim.clear_faults_for(&pid).await?;
+    let stats = stats?;
+    let dlq = stack.var_of(payctl::template::PROCESSOR, "DEAD_LETTER_QUEUE_URL")?;
+    let dead = crate::check::drain_dlq(&sqs, dlq).await?;
+    let ledger = sim.ledger_for(&pid).await?;
+    let charges = ledger.charges.get(&pid).map(Vec::len).unwrap_or(0);
+    if charges != 1 || !dead.is_empty() {
+        bail!(
+            "{name}: {charges} charges and {} dead letters, where one charge and none were due",
+            dead.len()
+        );
+    }
+    let acked = stats.acked_at_ms.iter().copied().max().unwrap_or(sent_at);
+    teardown(sdk, &stack).await?;
+    Ok(json!({
+        "seconds_until_charged_and_acknowledged": (acked - sent_at) as f64 / 1000.0,
+        "deliveries": stats.received,
+        "provider_calls": ledger.calls_for(&pid),
+        "charges": charges,
+        "dead_letters": dead.len(),
+    }))
+}
+
+/// Both retry rows.
+pub async fn measure(
+    sdk: &aws_config::SdkConfig,
+    template: &Path,
+    bootstrap: &Path,
+    log_dir: &Path,
+) -> Result<serde_json::Value> {
+    // The function's in-delivery attempts (PROVIDER_MAX_ATTEMPTS, default 3) all fail.
+    let blip = one_payment(
+        sdk,
+        template,
+        bootstrap,
+        log_dir,
+        "benchblip",
+        None,
+        json!({"fault": "429", "times": 3}),
+        None,
+    )
+    .await?;
+    let outage = one_payment(
+        sdk,
+        template,
+        bootstrap,
+        log_dir,
+        "benchoutage",
+        Some(OUTAGE_HORIZON),
+        json!({"fault": "down"}),
+        Some(OUTAGE),
+    )
+    .await?;
+    Ok(json!({
+        "one_transient_failure": blip,
+        "outage": {
+            "horizon_seconds": OUTAGE_HORIZON.as_secs(),
+            "down_seconds": OUTAGE.as_secs(),
+            "run": outage,
+        },
+    }))
+}
+
+/// The rows of the results' table.
+pub fn markdown(r: &serde_json::Value) -> String {
+    let blip = &r["one_transient_failure"];
+    let outage = &r["outage"];
+    let run = &outage["run"];
+    let blip_s = blip["seconds_until_charged_and_acknowledged"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    format!(
+        "| one transient provider failure (429 on every call of the first delivery; template settings) → charged after | {:.1} s, {} deliveries, {} charge, {} dead letters (goal ≤ 10 s: {}) |\n\
+         | an outage as long as the retry horizon (scaled: horizon {} s, provider down {} s) → dead-lettered | {} ({} deliveries, {} charge, charged after {:.1} s) |\n",
+        blip_s,
+        blip["deliveries"],
+        blip["charges"],
+        blip["dead_letters"],
+        if blip_s <= 10.0 { "met" } else { "NOT met" },
+        outage["horizon_seconds"],
+        outage["down_seconds"],
+        run["dead_letters"],
+        run["deliveries"],
+        run["charges"],
+        run["seconds_until_charged_and_acknowledged"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+    )
+}
