@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# make demo: the local end-to-end run. Starts what it needs, runs `payctl demo`, stops it all.
+# make demo: the local end-to-end run. Starts what it needs, runs `proving demo`, stops it all.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
-cargo build --quiet --bin payctl
+cargo build --quiet --bin payctl --bin proving
 start_aws_endpoint
 start_simulator
-"$ROOT/target/debug/payctl" demo --template "$ROOT/template.yaml" "$@"
+"$ROOT/target/debug/proving" demo --template "$ROOT/template.yaml" "$@"

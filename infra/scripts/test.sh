@@ -59,7 +59,7 @@ stop_started
 bash "$ROOT/infra/scripts/package.sh" arm64
 bash "$ROOT/infra/scripts/e2e-sam.sh"
 # A smoke run of the benchmark (tiny N, debug build): every measurement must still work.
-PAYCTL_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 --out "$RUN_DIR/bench-smoke"
+PROVING_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 --out "$RUN_DIR/bench-smoke"
 # Its results say when, at which commit, on what machine and emulator, with how many payments.
 grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
   || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }

@@ -9,6 +9,9 @@
 //! It maps HTTP answers to [`ProviderResponse`] / [`ProviderError`].
 //! The API key is a [`SecretString`]: it is only exposed to build the `Authorization` header and
 //! never appears in a log line or an error.
+//!
+//! Why ~760 lines: ~240 of them are unit tests of the wire format against Stripe's published
+//! fixtures; the adapter itself is ~520.
 
 use std::time::Duration;
 

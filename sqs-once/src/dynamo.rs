@@ -9,6 +9,10 @@
 //! `attempts` counts and `first_attempt_at` / `expires_at` survive takeovers) with
 //! `ReturnValues = ALL_OLD` on success (what was taken over) and
 //! `ReturnValuesOnConditionCheckFailure = ALL_OLD` on conflict (what stopped us).
+//!
+//! Why one file of ~530 lines: the DynamoDB adapter of [`crate::record::IdempotencyStore`];
+//! each method is one conditional write whose condition expression is the protocol, read beside
+//! the item layout it tests.
 
 use std::collections::HashMap;
 

@@ -17,6 +17,9 @@
 //! push the last delivery past the horizon nor pull it before: an outage as long as the horizon
 //! never exhausts the budget, whatever the queue's `maxReceiveCount` (≥ 3) and visibility
 //! timeout, as long as the waits fit under SQS's 12-hour cap.
+//!
+//! Why ~540 lines: ~270 of them are the unit tests of the schedule (every `maxReceiveCount` and
+//! horizon), beside the arithmetic they check.
 
 use std::time::Duration;
 

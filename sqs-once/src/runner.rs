@@ -6,6 +6,9 @@
 //! batch item failure for that message only. Messages of one FIFO `MessageGroupId` run one
 //! after another; after a failure the rest of the group is returned unprocessed. What happens
 //! to one message (claim, execute, complete) is in `attempt.rs`.
+//!
+//! Why ~530 lines: the batch loop and its report to Lambda, with ~40 lines of unit tests; the
+//! per-message work is in `attempt.rs` and `call.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,8 @@
 //! The exactly-once holes, with the toy `Work` (`toy/`): receive budget, sticky mark,
 //! `not_before`, lost claim answers, lookup lag, message age, every failure path's delay.
+//!
+//! Why one file of ~640 lines: the crash and race scenarios share one harness and read as one
+//! catalogue of what may not double-charge.
 
 mod toy;
 

@@ -3,6 +3,9 @@
 //! batch response are what someone who must not do a thing twice expects. Fast and
 //! deterministic; the same behaviours run against the real SDK and emulator in the
 //! repository's `tests/integration`, with jobs.
+//!
+//! Why one file of ~530 lines: every test here checks one rule of the protocol against the
+//! in-memory store; together they are the protocol's executable list.
 
 mod toy;
 

@@ -2,6 +2,9 @@
 //! simulator: the failure tests of the API's issue. Each test serves the API and relays the
 //! outbox of its own stack (provisioned from `template.yaml`, the payments table and its
 //! stream included); processes are killed where a crash is the subject.
+//!
+//! Why one file of ~600 lines: the payments API's path (API, table, stream, relay, queue,
+//! processor) tested end to end on one harness.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

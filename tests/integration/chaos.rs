@@ -7,13 +7,16 @@ use crate::helpers::root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
-    let payctl = root().join("target/debug/payctl");
-    assert!(
-        payctl.exists(),
-        "build payctl first (make test does): {}",
-        payctl.display()
-    );
-    let out = tokio::process::Command::new(&payctl)
+    // The checker runs its processors as `payctl run` processes of the same build.
+    let proving = root().join("target/debug/proving");
+    for bin in [&proving, &root().join("target/debug/payctl")] {
+        assert!(
+            bin.exists(),
+            "build payctl and proving first (make test does): {}",
+            bin.display()
+        );
+    }
+    let out = tokio::process::Command::new(&proving)
         .current_dir(root())
         .args([
             "chaos",
@@ -28,7 +31,7 @@ async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
         ])
         .output()
         .await
-        .expect("running payctl chaos");
+        .expect("running proving chaos");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -1,0 +1,159 @@
+//! The benchmark's results as Markdown, with the facts of the run (when, at which commit, on
+//! what machine and emulator, with how many payments).
+
+use serde_json::json;
+use sqs_once::runner::now_ms;
+
+use super::setup::*;
+use crate::compare;
+
+/// The better of two runs of one contender, measure by measure: the faster drain (with its
+/// latencies), the lower CPU and the lower peak RSS.
+pub(super) fn best_of(a: serde_json::Value, b: serde_json::Value) -> serde_json::Value {
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::MAX);
+    let mut best = if f(&a, "payments_per_second") >= f(&b, "payments_per_second") {
+        a.clone()
+    } else {
+        b.clone()
+    };
+    for k in [
+        "cpu_ms_per_1000_payments",
+        "system_cpu_ms_per_1000_payments",
+        "peak_rss_kib",
+        "billed_ms",
+    ] {
+        best[k] = if f(&a, k) <= f(&b, k) {
+            a[k].clone()
+        } else {
+            b[k].clone()
+        };
+    }
+    best["runs"] = json!([
+        {"payments_per_second": a["payments_per_second"], "cpu_ms_per_1000_payments": a["cpu_ms_per_1000_payments"]},
+        {"payments_per_second": b["payments_per_second"], "cpu_ms_per_1000_payments": b["cpu_ms_per_1000_payments"]},
+    ]);
+    best
+}
+
+/// When, what and where: the date, the commit, the machine, the emulator and the sizes, so
+/// that a result can be compared with another only when these match.
+pub(super) fn run_facts(opts: &BenchOptions) -> serde_json::Value {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    json!({
+        "date": payctl::time::utc(now_ms()),
+        "commit": commit,
+        "machine": format!("{HOST_ARCH}, {cores} cores, {cpu}"),
+        "emulator": opts.emulator,
+        "payments": opts.payments,
+        "duplicates": opts.payments / 10,
+        "pollers": opts.pollers,
+        "cold_start_runs": opts.cold_start_runs,
+    })
+}
+
+pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
+    let mut s = String::new();
+    let run = &r["run"];
+    s.push_str(&format!(
+        "Run {} at commit {} on {}, against {}: {} payments + {} duplicates, 1 and {} concurrent batches.\n\n",
+        run["date"].as_str().unwrap_or("?"),
+        run["commit"].as_str().unwrap_or("?"),
+        run["machine"].as_str().unwrap_or("?"),
+        run["emulator"].as_str().unwrap_or("?"),
+        run["payments"],
+        run["duplicates"],
+        run["pollers"]
+    ));
+    s.push_str("| measure | value |\n|---|---|\n");
+    for t in r["throughput"].as_array().into_iter().flatten() {
+        let p = t["pollers"].as_u64().unwrap_or(0);
+        let cap = r["stack_capacity_per_second"][p.to_string()]
+            .as_f64()
+            .unwrap_or(0.0);
+        s.push_str(&format!(
+            "| throughput, {p} concurrent batch(es) | {:.0} payments/s ({:.0} messages/s); the local stack alone, same calls and concurrency: {:.0} messages/s; {:.0} % of it |\n",
+            t["payments_per_second"].as_f64().unwrap_or(0.0),
+            t["messages_per_second"].as_f64().unwrap_or(0.0),
+            cap,
+            100.0 * t["messages_per_second"].as_f64().unwrap_or(0.0) / cap.max(1e-9)
+        ));
+        s.push_str(&format!(
+            "| latency send → acknowledged, {p} batch(es) (p50 / p95 / p99) | {:.0} / {:.0} / {:.0} ms |\n",
+            t["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+            t["latency_ms"]["p95"].as_f64().unwrap_or(0.0),
+            t["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
+        ));
+        s.push_str(&format!(
+            "| function CPU per payment, {p} batch(es) (all {p} `bootstrap` processes, user + system) | {:.3} ms, of which system {:.3} ms; the same calls alone, from the benchmark's build: {:.3} ms |\n",
+            t["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
+            t["system_cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
+            r["bare_calls_cpu_ms_per_payment"][p.to_string()]
+                .as_f64()
+                .unwrap_or(0.0)
+        ));
+    }
+    let api = &r["api"];
+    s.push_str(&format!(
+        "| payments API, POST /v1/payments ({} requests, {} clients; API served in-process, DynamoDB on the emulator) | {:.0} requests/s, p50 {:.1} ms, p99 {:.1} ms |\n",
+        api["requests"], api["clients"],
+        api["requests_per_second"].as_f64().unwrap_or(0.0),
+        api["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+        api["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
+    ));
+    s.push_str(&format!(
+        "| POST → GET says succeeded (API, outbox stream, relay, queue, processor, provider; {} payments, 5 at a time) (p50 / p95 / p99) | {:.0} / {:.0} / {:.0} ms |\n",
+        api["post_to_succeeded_ms"]["samples"],
+        api["post_to_succeeded_ms"]["p50"].as_f64().unwrap_or(0.0),
+        api["post_to_succeeded_ms"]["p95"].as_f64().unwrap_or(0.0),
+        api["post_to_succeeded_ms"]["p99"].as_f64().unwrap_or(0.0)
+    ));
+    for c in r["calls_per_payment"].as_array().into_iter().flatten() {
+        s.push_str(&format!(
+            "| calls: {} | {} DynamoDB, {} SQS, {} provider |\n",
+            c["case"].as_str().unwrap_or(""),
+            c["dynamodb"],
+            c["sqs"],
+            c["provider"]
+        ));
+    }
+    s.push_str(&format!(
+        "| function peak RSS (the largest `bootstrap` process) | {:.1} MiB |\n",
+        r["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
+    ));
+    for (arch, ms) in r["cold_start_ms_median"].as_object().into_iter().flatten() {
+        s.push_str(&format!(
+            "| cold start to first Runtime API request ({arch}, median of {}) | {:.1} ms |\n",
+            opts.cold_start_runs,
+            ms.as_f64().unwrap_or(0.0)
+        ));
+    }
+    for (arch, b) in r["bootstrap_bytes"].as_object().into_iter().flatten() {
+        s.push_str(&format!(
+            "| `bootstrap` size ({arch}, stripped) | {:.1} MiB |\n",
+            b.as_f64().unwrap_or(0.0) / 1048576.0
+        ));
+    }
+    s.push_str(&crate::retries::markdown(&r["retries"]));
+    if r.get("comparison").is_some() {
+        s.push_str(&compare::markdown(r));
+    }
+    s
+}
