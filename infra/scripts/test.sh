@@ -5,6 +5,10 @@ source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
 bash "$ROOT/infra/scripts/check-template.sh"
+# The house rules of the tree: no module circles, no file over 500 lines without a reason, the
+# operator's crates apart from the proving ground (and the checker's own cases).
+"$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" --self-test
+"$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" "$ROOT"
 cargo build --quiet --workspace --all-targets
 # The generic crate as a crate of its own: it packages (metadata, README, licenses, no path
 # dependency) and the packaged copy builds; its docs build with warnings as errors; it builds
@@ -43,7 +47,7 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" -eq 0 ] || { summary 0; exit "$status"; }
 if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the cargo tests only
-  summary 3
+  summary 4
   exit 0
 fi
 # The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
@@ -79,7 +83,7 @@ for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 
 done
 [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
   || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
-# The crate checks, the template checks, the simulator's and the checker's self-tests, the
-# smoke run, the contract test, the package check, the e2e run and the bench smoke run count as
-# nine more passed checks.
-summary 9
+# The crate checks, the template checks, the layout check, the simulator's and the checker's
+# self-tests, the smoke run, the contract test, the package check, the e2e run and the bench
+# smoke run count as ten more passed checks.
+summary 10

@@ -12,6 +12,10 @@ use tracing::{error, info};
 use crate::domain::{mask_card_numbers, PaymentRequest};
 use crate::provider::{FailureKind, PaymentProvider, ProviderError, ProviderResponse};
 
+/// Clock skew allowed between this host and the payment provider, in the key-retention margin
+/// (and the refund window's start).
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
 /// The batch runner over payments: the payment-processor Lambda's whole handler.
 pub type Processor = sqs_once::BatchRunner<PaymentWork>;
 
@@ -207,7 +211,7 @@ impl Work for PaymentWork {
             payment_id: request.payment_id.clone(),
             customer: Some(request.customer_id.clone()),
             created_from_s: Some(
-                attempt.first_attempt_at_ms / 1000 - crate::config::MAX_CLOCK_SKEW.as_secs() as i64,
+                attempt.first_attempt_at_ms / 1000 - MAX_CLOCK_SKEW.as_secs() as i64,
             ),
         };
         let found = self.provider.find_payments(&query).await?;

@@ -16,8 +16,7 @@ use sqs_once::settings::{Settings, DEFAULT_TTL_SECONDS};
 /// How long Stripe remembers an idempotency key.
 pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// Clock skew allowed between this host and the payment provider, in the key-retention margin.
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+pub use crate::charge::MAX_CLOCK_SKEW;
 
 /// Where the provider's API key comes from.
 #[derive(Debug, Clone)]

@@ -47,6 +47,13 @@ pub fn payment_keys() -> sqs_once::KeyLayout {
     }
 }
 
+/// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
+/// `refund_dead_letter#<id>` (beside [`payment_keys`]: the refund ledger fences its writes by a
+/// refund's record, so both works' layouts sit below both).
+pub fn refund_keys() -> sqs_once::KeyLayout {
+    sqs_once::KeyLayout::named("refund")
+}
+
 /// The payment processor's records in the idempotency table `table`.
 pub fn payment_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
     sqs_once::DynamoStore::new(client, table, payment_keys())

@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sqs_once::{AttemptContext, CallError, KeyLayout, Outcome, Rejection, Verdict, Work};
+use sqs_once::{AttemptContext, CallError, Outcome, Rejection, Verdict, Work};
 
 use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
 use crate::provider::{RefundCall, RefundProvider, RefundResponse};
@@ -31,11 +31,7 @@ pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
 /// The label of a refund done, in the batch summary and its metrics.
 pub const REFUNDED: &str = "refunded";
 
-/// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
-/// `refund_dead_letter#<id>`.
-pub fn refund_keys() -> KeyLayout {
-    KeyLayout::named("refund")
-}
+pub use crate::refund_keys;
 
 /// Reasons Stripe accepts for a refund.
 pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];

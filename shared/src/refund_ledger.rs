@@ -104,7 +104,7 @@ impl DynamoRefundLedger {
             refund_records: DynamoStore::new(
                 client.clone(),
                 table.to_owned(),
-                crate::refund::refund_keys(),
+                crate::refund_keys(),
             ),
             client,
         }

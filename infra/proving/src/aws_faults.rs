@@ -31,7 +31,7 @@ const KINDS: [&str; 4] = ["throttled", "server_error", "stalled", "answer_lost"]
 pub struct FaultCounts {
     /// Calls seen.
     pub calls: AtomicU64,
-    /// Faults by kind, in [`KINDS`] order.
+    /// Faults by kind, in `KINDS` order.
     pub faults: [AtomicU64; 4],
 }
 

@@ -8,8 +8,8 @@
 //!   against a deployed stack (`make e2e-sam`);
 //! - [`chaos`]: processor processes crashing at failpoints against a faulty provider and,
 //!   through [`aws_faults`], a faulty AWS (`make chaos`);
-//! - [`bench`]: the benchmark (`make bench`), with [`compare`] (the Powertools peer),
-//!   [`prices`], [`retries`] (how long a failure delays a payment) and [`wire_count`] (AWS
+//! - [`bench`](mod@bench): the benchmark (`make bench`), with [`compare`] (the Powertools peer),
+//!   [`prices`], `bench::retries` (how long a failure delays a payment) and [`wire_count`] (AWS
 //!   calls counted on the wire);
 //! - the loads and checkers they share: [`load`] and [`api_load`] generate payments with known
 //!   outcomes, [`check`] and [`refund_check`] verify a run from the outside (the provider's
@@ -28,6 +28,5 @@ pub mod e2e;
 pub mod load;
 pub mod prices;
 pub mod refund_check;
-pub mod retries;
 pub mod sim;
 pub mod wire_count;

@@ -8,7 +8,7 @@
 //! `make test` and `make chaos` run it first and refuse an endpoint that fails.
 //!
 //! [`run`] is the list of the checks, each with what the protocol needs of it: the document of
-//! what the protocol asks of an endpoint. The probes themselves are in [`dynamodb`] and [`sqs`].
+//! what the protocol asks of an endpoint. The probes themselves are in `dynamodb` and `sqs`.
 
 use anyhow::{bail, Result};
 

@@ -5,9 +5,9 @@
 //! environment and its SQS event source (batch size, batching window, timeout) with the
 //! intrinsic functions the template uses (`Ref`, `Fn::GetAtt`, `Fn::Sub`, short and long form).
 //!
-//! The template's intrinsic functions are resolved in [`resolve`]; each resource type is
-//! provisioned in its own module ([`queues`], [`tables`]), and the functions' environments and
-//! event sources are read in [`functions`], all against one [`resolve::Resolver`] that learns
+//! The template's intrinsic functions are resolved in `resolve`; each resource type is
+//! provisioned in its own module (`queues`, `tables`), and the functions' environments and
+//! event sources are read in `functions`, all against one `Resolver` that learns
 //! each resource's name and ARN as it is created.
 
 use std::collections::{BTreeMap, HashMap};

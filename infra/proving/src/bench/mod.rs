@@ -13,8 +13,8 @@
 //! ([`crate::wire_count`]), so that a Python process is counted like the `bootstrap`.
 //!
 //! [`run`] is the run, in the order it measures; each measurement has its module
-//! ([`throughput`], [`calls`], [`api`]), over the stacks and options of [`setup`], and
-//! [`report`] writes the results. The peer's environment, the cost model, the comparison's
+//! (`throughput`, `calls`, `api`, [`retries`]), over the stacks and options of `setup`, and
+//! `report` writes the results. The peer's environment, the cost model, the comparison's
 //! report and the chart are in [`crate::compare`].
 
 use std::collections::BTreeMap;
@@ -28,6 +28,7 @@ use payctl::template::{memory_size_mb, PROCESSOR};
 mod api;
 mod calls;
 mod report;
+pub mod retries;
 mod setup;
 mod throughput;
 
@@ -110,7 +111,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         .max()
         .unwrap_or(0);
     let retries =
-        crate::retries::measure(sdk, &opts.template, opts.host_bootstrap()?, &opts.log_dir).await?;
+        retries::measure(sdk, &opts.template, opts.host_bootstrap()?, &opts.log_dir).await?;
     let mut result = json!({
         "run": run_facts(opts),
         "retries": retries,

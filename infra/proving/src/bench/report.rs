@@ -151,7 +151,7 @@ pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             b.as_f64().unwrap_or(0.0) / 1048576.0
         ));
     }
-    s.push_str(&crate::retries::markdown(&r["retries"]));
+    s.push_str(&super::retries::markdown(&r["retries"]));
     if r.get("comparison").is_some() {
         s.push_str(&compare::markdown(r));
     }

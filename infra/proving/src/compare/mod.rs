@@ -2,7 +2,7 @@
 //! processor in `infra/peer/`, run behind the same local Runtime API as the `bootstrap`; the
 //! ledger check both must pass; DynamoDB item sizes; the cost of a million payments from the
 //! measured usage and the prices in [`crate::prices`]; the ratios, as a table and as bars
-//! ([`report`]).
+//! (`report`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -32,7 +32,7 @@ pub const OUTAGE: Duration = Duration::from_secs(26);
 /// The function settings of both runs beside the template's own: the benchmark's, and the
 /// horizon when one is given.
 fn overrides(horizon: Option<Duration>) -> std::collections::BTreeMap<String, String> {
-    let mut o = crate::bench::bench_overrides();
+    let mut o = super::setup::bench_overrides();
     if let Some(h) = horizon {
         o.insert("RETRY_HORIZON_SECONDS".into(), h.as_secs().to_string());
     }
@@ -95,7 +95,7 @@ async fn one_payment(
         sqs.clone(),
         EsmOptions {
             max_duration: Duration::from_secs(180),
-            ..crate::bench::esm_opts(&stack, 1)
+            ..super::setup::esm_opts(&stack, 1)
         },
     )
     .await;
