@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use lambda_local::http::LocalHttp as LocalApi;
+use lambda_local::http::LocalHttp;
 use lambda_local::stream::StreamMapping;
 use payctl::client::{Answer, ApiClient};
 use payment_core::api::PaymentsApi;
@@ -42,7 +42,7 @@ fn relay_config(t: &TestStack) -> RelayConfig {
     .expect("the relay's configuration from the template")
 }
 
-async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalApi {
+async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalHttp {
     let api: PaymentsApi = payment_core::bootstrap::build_api(&api_config(t), ddb);
     payctl::api::serve(Arc::new(api), "127.0.0.1:0")
         .await
@@ -63,7 +63,7 @@ async fn client(url: &str) -> ApiClient {
 }
 
 /// The stack's API served in this process, and a signing client for it.
-async fn served(t: &TestStack) -> (LocalApi, ApiClient) {
+async fn served(t: &TestStack) -> (LocalHttp, ApiClient) {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let server = serve(t, aws_sdk_dynamodb::Client::new(&sdk)).await;
     let c = client(server.url()).await;
@@ -71,7 +71,7 @@ async fn served(t: &TestStack) -> (LocalApi, ApiClient) {
 }
 
 /// The stack's API whose DynamoDB calls go through `proxy`, and a signing client for it.
-async fn served_through(t: &TestStack, proxy: &AnswerDroppingProxy) -> (LocalApi, ApiClient) {
+async fn served_through(t: &TestStack, proxy: &AnswerDroppingProxy) -> (LocalHttp, ApiClient) {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let through_proxy = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&sdk)

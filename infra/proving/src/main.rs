@@ -54,7 +54,7 @@ async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// `proving demo`.
+/// The options of `proving demo`.
 #[derive(Args)]
 pub struct DemoArgs {
     /// The SAM template the resources come from.
@@ -105,7 +105,7 @@ pub async fn demo(args: DemoArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `proving chaos`.
+/// The options of `proving chaos`.
 #[derive(Args)]
 pub struct ChaosArgs {
     /// The SAM template the resources come from.
@@ -173,7 +173,7 @@ pub async fn chaos(args: ChaosArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `proving bench`.
+/// The options of `proving bench`.
 #[derive(Args)]
 pub struct BenchArgs {
     /// The SAM template the stacks are provisioned from.
@@ -263,7 +263,7 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `proving e2e-check`.
+/// The options of `proving e2e-check`.
 #[derive(Args)]
 pub struct E2eCheckArgs {
     /// The payments queue (the stack's PaymentsQueueUrl output).

@@ -36,7 +36,7 @@ fn print_answer(answer: &payctl::client::Answer, key: Option<&str>) -> Result<()
     Ok(())
 }
 
-/// `payctl pay`.
+/// The options of `payctl pay`.
 #[derive(Args)]
 pub struct PayArgs {
     /// The API's base URL (the stack's PaymentsApiUrl output).
@@ -87,7 +87,7 @@ pub async fn pay(args: PayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `payctl get`.
+/// The options of `payctl get`.
 #[derive(Args)]
 pub struct GetArgs {
     /// The payment's id (its Idempotency-Key).
@@ -109,7 +109,7 @@ pub async fn get(args: GetArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `payctl api`.
+/// The options of `payctl api`.
 #[derive(Args)]
 pub struct ApiArgs {
     #[command(subcommand)]

@@ -11,7 +11,7 @@ pub async fn conformance(sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `payctl smoke`.
+/// The options of `payctl smoke`.
 #[derive(Args)]
 pub struct SmokeArgs {
     /// The environment variable that holds the test-mode secret key (sk_test_...).

@@ -46,7 +46,7 @@ pub enum DlqCommand {
     },
 }
 
-/// `payctl dlq`.
+/// The options of `payctl dlq`.
 #[derive(Args)]
 pub struct DlqArgs {
     #[command(subcommand)]

@@ -32,7 +32,7 @@ pub enum OutboxCommand {
     },
 }
 
-/// `payctl relay`.
+/// The options of `payctl relay`.
 #[derive(Args)]
 pub struct RelayArgs {
     /// The payments table (the stack's PaymentsTableName output).
@@ -62,7 +62,7 @@ pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `payctl outbox`.
+/// The options of `payctl outbox`.
 #[derive(Args)]
 pub struct OutboxArgs {
     #[command(subcommand)]

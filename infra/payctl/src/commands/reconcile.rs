@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::time::Duration;
 
-/// `payctl reconcile`.
+/// The options of `payctl reconcile`.
 #[derive(Args)]
 pub struct ReconcileArgs {
     /// The payment to settle.

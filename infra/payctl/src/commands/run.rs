@@ -25,7 +25,7 @@ impl WorkKind {
     }
 }
 
-/// `payctl run`.
+/// The options of `payctl run`.
 #[derive(Args)]
 pub struct RunArgs {
     /// What to process: payments (default) or refunds.

@@ -5,7 +5,7 @@ use clap::Args;
 use std::io::BufRead;
 use std::path::PathBuf;
 
-/// `payctl send`.
+/// The options of `payctl send`.
 #[derive(Args)]
 pub struct SendArgs {
     /// The payments queue (the stack's PaymentsQueueUrl output).
@@ -75,7 +75,7 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     Ok(())
 }
 
-/// `payctl send-refund`.
+/// The options of `payctl send-refund`.
 #[derive(Args)]
 pub struct SendRefundArgs {
     /// The refunds queue (the stack's RefundsQueueUrl output).

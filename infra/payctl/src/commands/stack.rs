@@ -5,7 +5,7 @@ use clap::Args;
 use payctl::template;
 use std::path::PathBuf;
 
-/// `payctl provision`.
+/// The options of `payctl provision`.
 #[derive(Args)]
 pub struct ProvisionArgs {
     /// The SAM template to read.
@@ -87,7 +87,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
     Ok(())
 }
 
-/// `payctl env`.
+/// The options of `payctl env`.
 #[derive(Args)]
 pub struct EnvArgs {
     /// The SAM template the resources come from.

@@ -24,7 +24,7 @@ async fn progress_of(
         .await?)
 }
 
-/// `payctl status`.
+/// The options of `payctl status`.
 #[derive(Args)]
 pub struct StatusArgs {
     /// The payment's id (its Idempotency-Key).
@@ -59,7 +59,7 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     Ok(())
 }
 
-/// `payctl history`.
+/// The options of `payctl history`.
 #[derive(Args)]
 pub struct HistoryArgs {
     /// The payment's id (its Idempotency-Key).
