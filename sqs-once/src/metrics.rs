@@ -17,7 +17,7 @@ pub struct BatchSummary {
     /// Messages that must come back but carry no `messageId` to report them by: the
     /// invocation must fail as a whole so that the batch comes back (never an empty id).
     pub unreportable: u32,
-    /// Duration of every call of [`Work::execute`], milliseconds.
+    /// Duration of every call of [`crate::Work::execute`], milliseconds.
     pub call_latencies_ms: Vec<f64>,
 }
 

@@ -7,6 +7,7 @@
 mod api;
 mod card_data;
 mod chaos;
+mod cli_help;
 mod exactly_once;
 mod failures;
 mod function_process;
