@@ -14,6 +14,7 @@ mod function_process;
 mod helpers;
 mod operations;
 mod operator;
+mod operator_safety;
 mod proxy;
 mod refunds;
 

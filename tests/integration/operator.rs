@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::*;
 
-fn payctl_run(t: &TestStack, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn payctl_run(t: &TestStack, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
     cmd.args(["run", "--queue-url", t.queue_url()])
         .args(args)

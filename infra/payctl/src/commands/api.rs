@@ -19,21 +19,38 @@ pub enum ApiCommand {
     },
 }
 
-/// Prints an API answer (the body, pretty) and fails on an error status.
-fn print_answer(answer: &payctl::client::Answer, key: Option<&str>) -> Result<()> {
+/// Prints an API answer (the body, pretty) and fails on an error status; `retry` is the exact
+/// command that repeats a create with the same key, printed when the answer says to try again.
+fn print_answer(answer: &payctl::client::Answer, retry: Option<&str>) -> Result<()> {
     let body = answer.json()?;
     println!("{}", serde_json::to_string_pretty(&body)?);
     if answer.replayed {
         eprintln!("(replayed: the API already held this Idempotency-Key; nothing new was created)");
     }
     if answer.status >= 400 {
-        let retry = match (answer.status >= 500, key) {
-            (true, Some(k)) => format!("; retry with --idempotency-key {k}"),
-            _ => String::new(),
-        };
-        bail!("the API answered {}{retry}", answer.status);
+        // 408, 429 and 5xx may be answered before or after the payment was stored: only a retry
+        // with the same key is safe, and it is always safe.
+        let again = answer.status >= 500 || answer.status == 408 || answer.status == 429;
+        match (again, retry) {
+            (true, Some(cmd)) => {
+                bail!("the API answered {}; retry with the same key (safe whether or not it was stored): {cmd}", answer.status)
+            }
+            _ => bail!("the API answered {}", answer.status),
+        }
     }
     Ok(())
+}
+
+/// A word as a POSIX shell reads it back unchanged.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// The options of `payctl pay`.
@@ -78,12 +95,30 @@ pub async fn pay(args: PayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         "amount": amount, "currency": currency, "customer_id": customer,
         "payment_method": payment_method,
     });
+    let mut retry = vec![
+        "payctl pay".to_owned(),
+        format!("--api-url {}", shell_word(&api_url)),
+        format!("--amount {amount}"),
+        format!("--currency {}", shell_word(&currency)),
+        format!("--customer {}", shell_word(&customer)),
+        format!("--payment-method {}", shell_word(&payment_method)),
+    ];
     if let Some(d) = description {
+        retry.push(format!("--description {}", shell_word(&d)));
         body["description"] = d.into();
     }
+    retry.push(format!("--idempotency-key {}", shell_word(&key)));
+    let retry = retry.join(" ");
+    // Said before anything is sent: whatever happens next, the retry can use the same key.
+    eprintln!("idempotency key: {key}");
     let client = payctl::client::ApiClient::new(&api_url, sdk)?;
-    let answer = client.create(&key, &body.to_string()).await?;
-    print_answer(&answer, Some(&key))?;
+    let answer = match client.create(&key, &body.to_string()).await {
+        Ok(a) => a,
+        Err(e) => bail!(
+            "{e:#}: the payment may or may not have been stored; retry with the same key (safe either way): {retry}"
+        ),
+    };
+    print_answer(&answer, Some(&retry))?;
     Ok(())
 }
 

@@ -137,18 +137,24 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         },
         stats.clone(),
     );
-    let (ended, interrupted) = tokio::select! {
-        r = run => (r, false),
-        _ = tokio::signal::ctrl_c() => (Ok(()), true),
+    // Ctrl-C (SIGINT) and a stop (SIGTERM: kill, systemd, a container's end) both end the run
+    // with its summary, and the shell's exit status for that signal (130, 143).
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    let (ended, stopped_by) = tokio::select! {
+        r = run => (r, None),
+        _ = tokio::signal::ctrl_c() => (Ok(()), Some(130)),
+        _ = terminate.recv() => (Ok(()), Some(143)),
     };
+    let interrupted = stopped_by.is_some();
     let summary = RunSummary::of(&*stats.lock().await, interrupted);
     if json {
         println!("{}", serde_json::to_string(&summary)?);
     }
     eprintln!("{}", summary.line());
     ended?;
-    if interrupted {
-        std::process::exit(130);
+    if let Some(status) = stopped_by {
+        std::process::exit(status);
     }
     if summary.all_failed() {
         bail!(

@@ -1,0 +1,193 @@
+//! What an operator must be able to trust of `payctl` when something goes wrong: a payment's
+//! key is said before anything is sent, and every failure that may or may not have stored the
+//! payment prints the exact command that retries it with the same key.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::root;
+
+/// One request as a stub API saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    key: Option<String>,
+    body: String,
+}
+
+/// An API that answers each request with the next of `answers` (status, body), recording what
+/// it was sent.
+async fn stub_api(answers: Vec<(u16, &'static str)>) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        for (status, body) in answers {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 4096];
+            let (head_len, length) = loop {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed before its request ended");
+                raw.extend_from_slice(&buf[..n]);
+                if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                        .unwrap_or(0);
+                    break (end + 4, length);
+                }
+            };
+            while raw.len() < head_len + length {
+                let n = conn.read(&mut buf).await.unwrap();
+                raw.extend_from_slice(&buf[..n]);
+            }
+            let head = String::from_utf8_lossy(&raw[..head_len]).into_owned();
+            let key = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("idempotency-key")
+                    .then(|| v.trim().to_owned())
+            });
+            let body_in = String::from_utf8_lossy(&raw[head_len..]).into_owned();
+            log.lock().unwrap().push(Seen { key, body: body_in });
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(reply.as_bytes()).await.unwrap();
+            let _ = conn.shutdown().await;
+        }
+    });
+    (url, seen)
+}
+
+fn payctl() -> std::process::Command {
+    std::process::Command::new(root().join("target/debug/payctl"))
+}
+
+/// The key payctl said it would use, from the first line of its stderr.
+fn said_key(stderr: &str) -> String {
+    let first = stderr.lines().next().unwrap_or_default();
+    first
+        .strip_prefix("idempotency key: ")
+        .unwrap_or_else(|| panic!("the key comes first: {stderr}"))
+        .trim()
+        .to_owned()
+}
+
+/// The retry command payctl printed, with `payctl` as this build's binary.
+fn retry_command(stderr: &str) -> String {
+    let at = stderr
+        .find("payctl pay ")
+        .unwrap_or_else(|| panic!("an exact retry command: {stderr}"));
+    let cmd = stderr[at..].lines().next().unwrap().trim().to_owned();
+    cmd.replacen(
+        "payctl",
+        &format!("'{}'", root().join("target/debug/payctl").display()),
+        1,
+    )
+}
+
+/// A `503` (or anything else that may have stored the payment) ends with the command that
+/// retries it; run as printed, that command sends the same key and the same body, and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pay_says_its_key_before_sending_and_prints_the_exact_retry() {
+    let (url, seen) = stub_api(vec![
+        (503, r#"{"message":"Service Unavailable"}"#),
+        (201, r#"{"id":"x","status":"pending"}"#),
+    ])
+    .await;
+    let out = payctl()
+        .args(["pay", "--api-url", &url, "--amount", "1999", "--currency", "usd"])
+        .args(["--customer", "cus_o'brien", "--description", "two words & more"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let key = said_key(&err);
+    assert!(err.contains("503") && err.contains("retry with the same key"), "{err}");
+    let retry = retry_command(&err);
+    assert!(retry.contains(&format!("--idempotency-key {key}")), "{retry}");
+    let again = std::process::Command::new("bash")
+        .args(["-c", &retry])
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "the printed retry works: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].key.as_deref(), Some(key.as_str()));
+    assert_eq!(seen[1].key, seen[0].key, "the same key");
+    assert_eq!(seen[1].body, seen[0].body, "the same payment, byte for byte");
+    assert!(seen[0].body.contains("two words & more") && seen[0].body.contains("cus_o'brien"));
+}
+
+/// An API that does not answer at all: the key was said first, and the error says the payment
+/// may or may not exist and how to retry it safely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pay_against_an_api_that_does_not_answer_still_hands_over_its_key() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let out = payctl()
+        .args(["pay", "--api-url", &url, "--amount", "500", "--currency", "eur"])
+        .args(["--customer", "cus_1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let key = said_key(&err);
+    assert!(err.contains("may or may not have been stored"), "{err}");
+    assert!(
+        retry_command(&err).contains(&format!("--idempotency-key {key}")),
+        "{err}"
+    );
+    // A refusal that stored nothing (400) names no retry: the request itself must change.
+    let (url, _) = stub_api(vec![(400, r#"{"error":{"code":"invalid_payment"}}"#)]).await;
+    let out = payctl()
+        .args(["pay", "--api-url", &url, "--amount", "0", "--currency", "usd"])
+        .args(["--customer", "cus_1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("400"), "{err}");
+    assert!(!err.contains("retry with the same key"), "{err}");
+}
+
+/// A stop from a service manager (SIGTERM) ends `payctl run` with its summary, as Ctrl-C does,
+/// and the shell's status for that signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_prints_its_summary_when_stopped_with_sigterm() {
+    use crate::helpers::{payment, TestStack};
+    use std::time::{Duration, Instant};
+    let t = TestStack::new("op-sigterm").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let child = crate::operator::payctl_run(&t, &[]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while t.charges(&pid).await == 0 {
+        assert!(Instant::now() < deadline, "never charged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid_of = child.id().expect("a running child") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and SIGTERM.
+    assert_eq!(unsafe { libc::kill(pid_of, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("stopped on SIGTERM")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(143));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("interrupted: ") && err.contains("1 charged"),
+        "{err}"
+    );
+}
