@@ -263,53 +263,6 @@ async fn a_shell_without_credentials_is_told_what_to_set() {
     );
 }
 
-/// `payctl env` prints what a second shell needs: with nothing but its lines, a fresh shell
-/// sends payments and processes them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payctl_env_sets_up_a_second_shell() {
-    let name = format!("env-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let payctl = root().join("target/debug/payctl");
-    let out = std::process::Command::new(&payctl)
-        .args(["env", "--stack-name", &name, "--template"])
-        .arg(root().join("template.yaml"))
-        .output()
-        .expect("running payctl env");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exports = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        exports.contains(&format!(
-            "export IDEMPOTENCY_TABLE='{name}-IdempotencyTable'"
-        )),
-        "{exports}"
-    );
-    let script = format!(
-        "set -e\n{exports}\n'{p}' send --generate 2 --prefix {name}\n'{p}' run --until-empty --max-seconds 60 \
-         --function-timeout 20 --json",
-        p = payctl.display()
-    );
-    let second = std::process::Command::new("bash")
-        .args(["-c", &script])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", std::env::var("HOME").unwrap_or_default())
-        .output()
-        .expect("running the second shell");
-    let said = String::from_utf8_lossy(&second.stderr);
-    assert!(second.status.success(), "{said}");
-    let summary: serde_json::Value = serde_json::from_str(
-        String::from_utf8_lossy(&second.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default(),
-    )
-    .expect("the run's JSON summary");
-    assert_eq!(summary["charged"], 2, "{said}");
-}
-
 /// `payctl status` reads in UTC, shows only what the record's state means (no lease owner on a
 /// completed record), shows the dead letter of a payment that has no record, and `--json` has
 /// it all; `payctl history` puts it in time order.

@@ -103,16 +103,35 @@ async fn pay_says_its_key_before_sending_and_prints_the_exact_retry() {
     ])
     .await;
     let out = payctl()
-        .args(["pay", "--api-url", &url, "--amount", "1999", "--currency", "usd"])
-        .args(["--customer", "cus_o'brien", "--description", "two words & more"])
+        .args([
+            "pay",
+            "--api-url",
+            &url,
+            "--amount",
+            "1999",
+            "--currency",
+            "usd",
+        ])
+        .args([
+            "--customer",
+            "cus_o'brien",
+            "--description",
+            "two words & more",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let key = said_key(&err);
-    assert!(err.contains("503") && err.contains("retry with the same key"), "{err}");
+    assert!(
+        err.contains("503") && err.contains("retry with the same key"),
+        "{err}"
+    );
     let retry = retry_command(&err);
-    assert!(retry.contains(&format!("--idempotency-key {key}")), "{retry}");
+    assert!(
+        retry.contains(&format!("--idempotency-key {key}")),
+        "{retry}"
+    );
     let again = std::process::Command::new("bash")
         .args(["-c", &retry])
         .output()
@@ -126,7 +145,10 @@ async fn pay_says_its_key_before_sending_and_prints_the_exact_retry() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].key.as_deref(), Some(key.as_str()));
     assert_eq!(seen[1].key, seen[0].key, "the same key");
-    assert_eq!(seen[1].body, seen[0].body, "the same payment, byte for byte");
+    assert_eq!(
+        seen[1].body, seen[0].body,
+        "the same payment, byte for byte"
+    );
     assert!(seen[0].body.contains("two words & more") && seen[0].body.contains("cus_o'brien"));
 }
 
@@ -138,7 +160,15 @@ async fn pay_against_an_api_that_does_not_answer_still_hands_over_its_key() {
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let out = payctl()
-        .args(["pay", "--api-url", &url, "--amount", "500", "--currency", "eur"])
+        .args([
+            "pay",
+            "--api-url",
+            &url,
+            "--amount",
+            "500",
+            "--currency",
+            "eur",
+        ])
         .args(["--customer", "cus_1"])
         .output()
         .unwrap();
@@ -153,7 +183,15 @@ async fn pay_against_an_api_that_does_not_answer_still_hands_over_its_key() {
     // A refusal that stored nothing (400) names no retry: the request itself must change.
     let (url, _) = stub_api(vec![(400, r#"{"error":{"code":"invalid_payment"}}"#)]).await;
     let out = payctl()
-        .args(["pay", "--api-url", &url, "--amount", "0", "--currency", "usd"])
+        .args([
+            "pay",
+            "--api-url",
+            &url,
+            "--amount",
+            "0",
+            "--currency",
+            "usd",
+        ])
         .args(["--customer", "cus_1"])
         .output()
         .unwrap();
@@ -190,4 +228,124 @@ async fn run_prints_its_summary_when_stopped_with_sigterm() {
         err.contains("interrupted: ") && err.contains("1 charged"),
         "{err}"
     );
+}
+
+/// `payctl env` reads a stack and changes nothing: after a provision with non-default settings,
+/// the queues keep them, the exports carry them (the function settings as provisioned, both
+/// works' queues, the API's URL), it finds the template from a folder below the repository's
+/// root, a stack that does not exist is an error naming `provision`, and a second shell with
+/// only those exports charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payctl_env_reads_the_stack_as_provisioned_and_changes_nothing() {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let name = format!("env-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let bin = root().join("target/debug/payctl");
+    let missing = payctl()
+        .args(["env", "--stack-name", &name])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success(), "a missing stack is an error");
+    assert!(
+        err.contains(&format!("payctl provision --stack-name {name}")),
+        "{err}"
+    );
+    let provisioned = payctl()
+        .args([
+            "provision",
+            "--stack-name",
+            &name,
+            "--visibility-timeout",
+            "5",
+        ])
+        .args([
+            "--param",
+            "MaxReceiveCount=3",
+            "--param",
+            "RetryHorizonSeconds=120",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        provisioned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&provisioned.stderr)
+    );
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let queue = sqs
+        .get_queue_url()
+        .queue_name(format!("{name}-PaymentsQueue"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    let attributes = || async {
+        let a = sqs
+            .get_queue_attributes()
+            .queue_url(&queue)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+        let a = a.attributes().unwrap();
+        (
+            a[&QueueAttributeName::VisibilityTimeout].clone(),
+            a[&QueueAttributeName::RedrivePolicy].clone(),
+        )
+    };
+    let before = attributes().await;
+    assert_eq!(before.0, "5");
+    assert!(before.1.contains("\"maxReceiveCount\":3"), "{}", before.1);
+    let out = payctl()
+        .args(["env", "--stack-name", &name])
+        .current_dir(root().join("infra/payctl/src"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(attributes().await, before, "env changed nothing");
+    let exports = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in [
+        format!("export IDEMPOTENCY_TABLE='{name}-IdempotencyTable'"),
+        "export QUEUE_VISIBILITY_TIMEOUT_SECONDS='5'".to_owned(),
+        "export QUEUE_MAX_RECEIVE_COUNT='3'".to_owned(),
+        "export RETRY_HORIZON_SECONDS='120'".to_owned(),
+        format!("export PAYMENTS_QUEUE_URL='{queue}'"),
+        "export PAYMENTS_API_URL=".to_owned(),
+        "export REFUNDS_QUEUE_URL=".to_owned(),
+        "export REFUNDS_DEAD_LETTER_QUEUE_URL=".to_owned(),
+    ] {
+        assert!(exports.contains(&line), "{line} in:\n{exports}");
+    }
+    let script = format!(
+        "set -e\n{exports}\n'{p}' send --generate 2 --prefix {name}\n'{p}' run --until-empty --max-seconds 60 \
+         --function-timeout 20 --json",
+        p = bin.display()
+    );
+    let second = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::var("HOME").unwrap_or_default())
+        .output()
+        .expect("running the second shell");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{said}");
+    let summary: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&second.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default(),
+    )
+    .expect("the run's JSON summary");
+    assert_eq!(summary["charged"], 2, "{said}");
+    assert_eq!(attributes().await, before, "the run changed nothing either");
 }

@@ -96,6 +96,8 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     if dead_letter_queue_url.is_some() || work == WorkKind::Refunds {
         config.dead_letter_queue_url = from_env(dead_letter_queue_url, dlq_var)?;
     }
+    // The queue this run polls is the source whose retention bounds the retries.
+    config.source_queue_url = Some(queue_url.clone());
     payctl::aws::check_processor_resources(
         sdk,
         &config.idempotency_table,

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 /// The options of `payctl provision`.
 #[derive(Args)]
 pub struct ProvisionArgs {
-    /// The SAM template to read.
-    #[arg(long, default_value = "template.yaml")]
-    pub template: PathBuf,
+    /// The SAM template to read (default: template.yaml here or in a folder above).
+    #[arg(long)]
+    pub template: Option<PathBuf>,
     /// Prefix of every resource name.
     #[arg(long)]
     pub stack_name: String,
@@ -42,6 +42,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
             payctl::aws::endpoint(sdk)
         );
     }
+    let template = find_template(template)?;
     let mut parameters = std::collections::HashMap::new();
     for p in params {
         let (k, v) = p.split_once('=').context("--param takes NAME=VALUE")?;
@@ -56,6 +57,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
             visibility_timeout,
             max_receive_count: None,
             fifo: false,
+            read_only: false,
         },
     )
     .await?;
@@ -90,15 +92,42 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
 /// The options of `payctl env`.
 #[derive(Args)]
 pub struct EnvArgs {
-    /// The SAM template the resources come from.
-    #[arg(long, default_value = "template.yaml")]
-    pub template: PathBuf,
+    /// The SAM template the stack was provisioned from (default: template.yaml here or in a
+    /// folder above).
+    #[arg(long)]
+    pub template: Option<PathBuf>,
     /// The stack's name (as given to provision).
     #[arg(long)]
     pub stack_name: String,
 }
 
-/// Runs `payctl env`.
+/// The template to read: `--template` when given, else the first `template.yaml` in this
+/// directory or above it (the repository's root from any folder inside it).
+fn find_template(given: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(t) = given {
+        return Ok(t);
+    }
+    let here = std::env::current_dir().context("reading the current directory")?;
+    here.ancestors()
+        .map(|d| d.join("template.yaml"))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "no template.yaml in {} or above it: pass --template PATH (the SAM template the stack was provisioned from)",
+                here.display()
+            )
+        })
+}
+
+/// Variables a function has of its own, never exported for a shell that runs several.
+const PER_FUNCTION: [&str; 4] = [
+    "SOURCE_QUEUE_URL",
+    "DEAD_LETTER_QUEUE_URL",
+    "PAYMENT_API_URL",
+    "PAYMENT_API_KEY_SECRET_ARN",
+];
+
+/// Runs `payctl env`: reads the stack, changes nothing.
 pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let EnvArgs {
         template,
@@ -107,11 +136,13 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     if std::env::var("AWS_ENDPOINT_URL").is_err() {
         bail!("payctl env is for a local stack: set AWS_ENDPOINT_URL (source .local/env), or read a deployed stack's outputs with aws cloudformation describe-stacks");
     }
+    let template = find_template(template)?;
     let stack = template::provision(
         sdk,
         &template,
         &template::ProvisionOptions {
             stack_name,
+            read_only: true,
             ..Default::default()
         },
     )
@@ -128,28 +159,46 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     .iter()
     .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
     .collect();
-    vars.push((
-        "IDEMPOTENCY_TABLE".into(),
-        stack.function_var("IDEMPOTENCY_TABLE")?.to_owned(),
-    ));
-    vars.push((
-        "DEAD_LETTER_QUEUE_URL".into(),
-        stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned(),
-    ));
-    vars.push((
-        "PAYMENTS_QUEUE_URL".into(),
-        stack.event_source.queue_url.clone(),
-    ));
-    vars.push(("PAYMENTS_TABLE".into(), stack.payments_table()?.to_owned()));
+    // The payment processor's settings as provisioned, then what the other functions add.
+    let mut seen: std::collections::BTreeSet<String> =
+        vars.iter().map(|(k, _)| k.clone()).collect();
+    let processor = stack.function_env.clone();
+    let others = stack
+        .function_envs
+        .iter()
+        .filter(|(f, _)| f.as_str() != template::PROCESSOR)
+        .map(|(_, e)| e.clone());
+    for (i, env) in std::iter::once(processor).chain(others).enumerate() {
+        for (k, v) in env {
+            let own = PER_FUNCTION.contains(&k.as_str());
+            if (i > 0 || k != "DEAD_LETTER_QUEUE_URL") && own || seen.contains(&k) {
+                continue;
+            }
+            seen.insert(k.clone());
+            vars.push((k, v));
+        }
+    }
+    let mut add = |k: &str, v: String| {
+        if seen.insert(k.to_owned()) {
+            vars.push((k.to_owned(), v));
+        }
+    };
+    add("PAYMENTS_QUEUE_URL", stack.event_source.queue_url.clone());
+    add("PAYMENTS_TABLE", stack.payments_table()?.to_owned());
     if let Some(refunds) = stack.event_sources.get(template::REFUND_PROCESSOR) {
-        vars.push(("REFUNDS_QUEUE_URL".into(), refunds.queue_url.clone()));
-        vars.push((
-            "REFUNDS_DEAD_LETTER_QUEUE_URL".into(),
+        add("REFUNDS_QUEUE_URL", refunds.queue_url.clone());
+        add(
+            "REFUNDS_DEAD_LETTER_QUEUE_URL",
             stack
                 .var_of(template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
                 .to_owned(),
-        ));
+        );
     }
+    // `payctl api serve`'s default address, unless this shell names the API.
+    add(
+        "PAYMENTS_API_URL",
+        std::env::var("PAYMENTS_API_URL").unwrap_or_else(|_| "http://127.0.0.1:8080".into()),
+    );
     for (k, v) in vars {
         println!("export {k}='{}'", v.replace('\'', "'\\''"));
     }

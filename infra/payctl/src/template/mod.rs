@@ -37,6 +37,10 @@ pub struct ProvisionOptions {
     /// Make every queue FIFO (with content-based deduplication), to test FIFO ordering with
     /// the same template.
     pub fifo: bool,
+    /// Only read the stack (`payctl env`): find every resource, change none, and take the
+    /// settings an earlier provision was given from the tags it left on the queues. A missing
+    /// resource is an error that names `payctl provision`.
+    pub read_only: bool,
 }
 
 impl Stack {
@@ -137,6 +141,11 @@ impl Stack {
             .map(String::as_str)
             .context("the template has no PaymentsTable")
     }
+}
+
+/// The error of a read of a stack that lacks `resource`.
+pub(super) fn missing(stack_name: &str, resource: &str) -> String {
+    format!("the stack {stack_name} has no {resource}: create it with payctl provision --stack-name {stack_name} (reading a stack never creates anything)")
 }
 
 pub(super) fn local_name(stack: &str, logical: &str, fifo: bool) -> String {
@@ -241,6 +250,17 @@ pub async fn provision(
     };
 
     queues::create(&sqs, sdk, opts, &mut r, &mut stack, resources).await?;
-    tables::create(&ddb, sdk, opts, &mut r, &mut stack, resources).await?;
-    functions::resolve(&doc, opts, &mut r, stack, resources)
+    let mut opts = opts.clone();
+    if opts.read_only {
+        if let Some(url) = stack.queues.values().next() {
+            queues::recall_settings(&sqs, url, &mut opts).await?;
+            for (k, v) in &opts.parameters {
+                r.parameters.insert(k.clone(), v.clone());
+            }
+        }
+    } else {
+        queues::remember_settings(&sqs, &opts, &stack).await?;
+    }
+    tables::create(&ddb, sdk, &opts, &mut r, &mut stack, resources).await?;
+    functions::resolve(&doc, &opts, &mut r, stack, resources)
 }

@@ -8,7 +8,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::resolve::{get, Resolver};
-use super::{local_name, ProvisionOptions, Stack};
+use super::{local_name, missing, ProvisionOptions, Stack};
 
 /// Creates (or updates) every queue whose references resolve, until all exist.
 pub(super) async fn create(
@@ -102,9 +102,16 @@ pub(super) async fn create(
                 attributes.insert(QueueAttributeName::VisibilityTimeout, vt.to_string());
             }
             let name = local_name(&opts.stack_name, logical, fifo);
-            let (url, done) =
-                ensure_queue(sqs, &crate::aws::endpoint(sdk), &name, attributes).await?;
-            stack.report.push((format!("queue {name}"), done));
+            let url = if opts.read_only {
+                let url = find_queue(sqs, sdk, &opts.stack_name, &name).await?;
+                stack.report.push((format!("queue {name}"), "exists"));
+                url
+            } else {
+                let (url, done) =
+                    ensure_queue(sqs, &crate::aws::endpoint(sdk), &name, attributes).await?;
+                stack.report.push((format!("queue {name}"), done));
+                url
+            };
             let arn = sqs
                 .get_queue_attributes()
                 .queue_url(&url)
@@ -135,6 +142,120 @@ pub(super) async fn create(
     }
     Ok(())
 }
+
+/// The URL of an existing queue of the stack (read-only: nothing is created or changed).
+async fn find_queue(
+    sqs: &aws_sdk_sqs::Client,
+    sdk: &aws_config::SdkConfig,
+    stack_name: &str,
+    name: &str,
+) -> Result<String> {
+    match sqs.get_queue_url().queue_name(name).send().await {
+        Ok(o) => o
+            .queue_url()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("no URL for queue {name}")),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_queue_does_not_exist()) =>
+        {
+            bail!(missing(stack_name, &format!("queue {name}")))
+        }
+        Err(e) => bail!(crate::aws::explain(
+            &e,
+            &format!("queue {name}"),
+            &crate::aws::endpoint(sdk)
+        )),
+    }
+}
+
+/// The settings a provision was given beyond the template's defaults, kept as tags on each of
+/// the stack's queues (`payctl:param:NAME`, `payctl:visibility-timeout`,
+/// `payctl:max-receive-count`), so that a read of the stack (`payctl env`) resolves the same
+/// function settings without being told them again. Tags of an earlier provision that this one
+/// does not repeat are removed.
+pub(super) async fn remember_settings(
+    sqs: &aws_sdk_sqs::Client,
+    opts: &ProvisionOptions,
+    stack: &Stack,
+) -> Result<()> {
+    let mut wanted: HashMap<String, String> = opts
+        .parameters
+        .iter()
+        .map(|(k, v)| (format!("{PARAM_TAG}{k}"), v.clone()))
+        .collect();
+    if let Some(vt) = opts.visibility_timeout {
+        wanted.insert(VISIBILITY_TAG.into(), vt.to_string());
+    }
+    if let Some(m) = opts.max_receive_count {
+        wanted.insert(MAX_RECEIVE_TAG.into(), m.to_string());
+    }
+    for url in stack.queues.values() {
+        let current = sqs
+            .list_queue_tags()
+            .queue_url(url)
+            .send()
+            .await
+            .with_context(|| format!("reading the tags of {url}"))?;
+        let stale: Vec<String> = current
+            .tags()
+            .map(|t| {
+                t.keys()
+                    .filter(|k| k.starts_with("payctl:") && !wanted.contains_key(*k))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !stale.is_empty() {
+            sqs.untag_queue()
+                .queue_url(url)
+                .set_tag_keys(Some(stale))
+                .send()
+                .await
+                .with_context(|| format!("untagging {url}"))?;
+        }
+        if !wanted.is_empty() {
+            sqs.tag_queue()
+                .queue_url(url)
+                .set_tags(Some(wanted.clone()))
+                .send()
+                .await
+                .with_context(|| format!("tagging {url} with its provisioned settings"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The settings [`remember_settings`] kept on the stack's queue `url`, into `opts` (what `opts`
+/// already says wins).
+pub(super) async fn recall_settings(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    opts: &mut ProvisionOptions,
+) -> Result<()> {
+    let tags = sqs
+        .list_queue_tags()
+        .queue_url(url)
+        .send()
+        .await
+        .with_context(|| format!("reading the tags of {url}"))?;
+    for (k, v) in tags.tags().into_iter().flatten() {
+        if let Some(param) = k.strip_prefix(PARAM_TAG) {
+            opts.parameters
+                .entry(param.to_owned())
+                .or_insert_with(|| v.clone());
+        } else if k == VISIBILITY_TAG && opts.visibility_timeout.is_none() {
+            opts.visibility_timeout = v.parse().ok();
+        } else if k == MAX_RECEIVE_TAG && opts.max_receive_count.is_none() {
+            opts.max_receive_count = v.parse().ok();
+        }
+    }
+    Ok(())
+}
+
+const PARAM_TAG: &str = "payctl:param:";
+const VISIBILITY_TAG: &str = "payctl:visibility-timeout";
+const MAX_RECEIVE_TAG: &str = "payctl:max-receive-count";
 
 /// Creates a queue, or finds it and brings its attributes to what the template says: `created`,
 /// `exists` (nothing differs) or `updated`.

@@ -1,6 +1,6 @@
 //! The template's `AWS::DynamoDB::Table`s: keys, billing, stream and TTL as the template says.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     StreamSpecification, StreamViewType, TimeToLiveSpecification,
@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{
 use serde_yaml_ng::{Mapping, Value};
 
 use super::resolve::{get, Resolver};
-use super::{local_name, ProvisionOptions, Stack};
+use super::{local_name, missing, ProvisionOptions, Stack};
 
 /// Creates (or finds) every table of the template.
 pub(super) async fn create(
@@ -95,6 +95,11 @@ pub(super) async fn create(
             );
         }
         let table = match existing {
+            Some(t) if opts.read_only => {
+                stack.report.push((format!("table {name}"), "exists"));
+                t
+            }
+            None if opts.read_only => bail!(missing(&opts.stack_name, &format!("table {name}"))),
             Some(t) => {
                 // An existing table: its stream is switched on if the template wants one.
                 let has_stream = t.stream_specification().is_some_and(|s| s.stream_enabled());
@@ -149,7 +154,11 @@ pub(super) async fn create(
                     .and_then(|t| t.time_to_live_status().cloned())
             })
             .is_some_and(|s| s.as_str() == "ENABLED" || s.as_str() == "ENABLING");
-        if let (Some(ttl), false) = (get(&props, "TimeToLiveSpecification"), ttl_on) {
+        if let (Some(ttl), false, false) = (
+            get(&props, "TimeToLiveSpecification"),
+            ttl_on,
+            opts.read_only,
+        ) {
             let attr = get(ttl, "AttributeName")
                 .and_then(|v| v.as_str())
                 .unwrap_or("expires_at");
