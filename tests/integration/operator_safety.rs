@@ -349,3 +349,39 @@ async fn payctl_env_reads_the_stack_as_provisioned_and_changes_nothing() {
     assert_eq!(summary["charged"], 2, "{said}");
     assert_eq!(attributes().await, before, "the run changed nothing either");
 }
+
+/// An explicit `--profile` never silently loses to `AWS_ENDPOINT_URL`, and a command that writes
+/// says where: the endpoint and the account of its credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_endpoints_win_visibly_and_writers_say_where_they_write() {
+    use crate::helpers::TestStack;
+    let t = TestStack::new("op-where").await;
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("the local endpoint");
+    let out = payctl()
+        .args(["--profile", "prod", "status", "p", "--table", "t"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {err}");
+    assert!(
+        err.contains("--profile prod") && err.contains(&format!("AWS_ENDPOINT_URL={endpoint}")),
+        "{err}"
+    );
+    let out = payctl()
+        .args(["send", "--queue-url", t.queue_url(), "--generate", "1"])
+        .args(["--prefix", &t.pid("w")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = err
+        .lines()
+        .find(|l| l.starts_with("payctl: sending payments to "))
+        .unwrap_or_else(|| panic!("where it writes: {err}"));
+    assert!(said.contains(&format!("on {endpoint}, account ")), "{said}");
+    let account = said.rsplit("account ").next().unwrap();
+    assert!(
+        account.len() == 12 && account.chars().all(|c| c.is_ascii_digit()),
+        "the credentials' account: {said}"
+    );
+}

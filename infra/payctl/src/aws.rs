@@ -129,3 +129,35 @@ pub async fn sdk_config(region: Option<String>, profile: Option<String>) -> aws_
     }
     loader.load().await
 }
+
+/// Refuses `--profile` while `AWS_ENDPOINT_URL` is set: the variable wins over every profile's
+/// endpoint, so the command would reach the variable's endpoint, not the profile's account.
+/// A `--region` there is kept, with a note that it applies to that endpoint.
+pub fn check_explicit(profile: Option<&str>, region: Option<&str>) -> Result<()> {
+    let Ok(url) = std::env::var("AWS_ENDPOINT_URL") else {
+        return Ok(());
+    };
+    if let Some(p) = profile {
+        bail!("--profile {p} is given, but AWS_ENDPOINT_URL={url} is set and wins over any profile: unset AWS_ENDPOINT_URL (use a shell that did not source .local/env) to reach the profile's account, or drop --profile for the local endpoint");
+    }
+    if let Some(r) = region {
+        eprintln!("payctl: --region {r} applies to AWS_ENDPOINT_URL={url}");
+    }
+    Ok(())
+}
+
+/// Says on stderr where a command that writes is about to write: `what`, the endpoint, and the
+/// account of the credentials (STS `GetCallerIdentity`; "unknown" when it does not answer).
+pub async fn announce(sdk: &aws_config::SdkConfig, what: &str) {
+    let sts = aws_sdk_sts::Client::new(sdk);
+    let asked = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        sts.get_caller_identity().send(),
+    )
+    .await;
+    let account = match asked {
+        Ok(Ok(id)) => id.account().unwrap_or("unknown").to_owned(),
+        _ => "unknown (GetCallerIdentity did not answer)".to_owned(),
+    };
+    eprintln!("payctl: {what} on {}, account {account}", endpoint(sdk));
+}

@@ -94,6 +94,7 @@ async fn run(cli: Cli) -> Result<()> {
     ) {
         payment_core::telemetry::init_timed();
     }
+    payctl::aws::check_explicit(cli.profile.as_deref(), cli.region.as_deref())?;
     let sdk = payctl::aws::sdk_config(cli.region, cli.profile).await;
     match cli.command {
         Command::Provision(args) => commands::stack::provision(args, &sdk).await,

@@ -111,6 +111,7 @@ pub async fn pay(args: PayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let retry = retry.join(" ");
     // Said before anything is sent: whatever happens next, the retry can use the same key.
     eprintln!("idempotency key: {key}");
+    payctl::aws::announce(sdk, &format!("creating payment {key} through {api_url}")).await;
     let client = payctl::client::ApiClient::new(&api_url, sdk)?;
     let answer = match client.create(&key, &body.to_string()).await {
         Ok(a) => a,
@@ -167,6 +168,7 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         other => std::env::var(other).ok(),
     })?;
     let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
+    payctl::aws::announce(sdk, &format!("serving the payments API over {table}")).await;
     let server = payctl::api::serve(std::sync::Arc::new(api), &address).await?;
     eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
     server.wait().await?;

@@ -105,6 +105,7 @@ pub async fn dlq(args: DlqArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
                 Some(q) => q,
                 None => payctl::dlq::home_queue(&sqs, &dlq_url, None).await?,
             };
+            payctl::aws::announce(sdk, &format!("redriving {dlq_url}")).await;
             println!("redriving {dlq_url} to {queue_url}");
             let report = payctl::dlq::redrive(
                 &sqs,

@@ -56,6 +56,7 @@ pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let relay = std::sync::Arc::new(payctl::relay::relay_for(
         &table, &queue_url, &group_by, sdk,
     )?);
+    payctl::aws::announce(sdk, &format!("relaying the outbox of {table}")).await;
     let _mapping = payctl::relay::start(sdk, &table, relay).await?;
     eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
     tokio::signal::ctrl_c().await?;
@@ -102,6 +103,7 @@ pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()>
             group_by,
             older_than,
         } => {
+            payctl::aws::announce(sdk, &format!("republishing the outbox of {table}")).await;
             let relay = payctl::relay::relay_for(&table, &queue_url, &group_by, sdk)?;
             let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
             let report = republish::republish(&relay, &entries).await;

@@ -76,6 +76,7 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
     )
     .await?;
+    payctl::aws::announce(sdk, &format!("settling records of {table}")).await;
     let store = payment_core::payment_store(ddb.clone(), &table);
     let ids = match (payment_id, all_unknown) {
         (Some(id), false) => vec![id],

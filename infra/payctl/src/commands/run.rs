@@ -105,6 +105,7 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         &config.dead_letter_queue_url,
     )
     .await?;
+    payctl::aws::announce(sdk, &format!("processing {queue_url}")).await;
     let processor: esm::Function = match work {
         WorkKind::Payments => payment_core::bootstrap::build_processor(&config, sdk)
             .await?

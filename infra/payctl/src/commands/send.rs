@@ -40,6 +40,7 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         &format!("the payments queue {queue_url} (PAYMENTS_QUEUE_URL)"),
     )
     .await?;
+    payctl::aws::announce(sdk, &format!("sending payments to {queue_url}")).await;
     let bodies: Vec<String> = if let Some(b) = body {
         vec![b]
     } else if let Some(f) = file {
@@ -128,6 +129,7 @@ pub async fn send_refund(args: SendRefundArgs, sdk: &aws_config::SdkConfig) -> R
         &format!("the refunds queue {queue_url} (REFUNDS_QUEUE_URL)"),
     )
     .await?;
+    payctl::aws::announce(sdk, &format!("sending a refund to {queue_url}")).await;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let ids = payctl::send::send_all(&sqs, &queue_url, &[body]).await?;
     println!("sent {} refund message(s)", ids.len());

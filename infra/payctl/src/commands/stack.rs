@@ -43,6 +43,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
         );
     }
     let template = find_template(template)?;
+    payctl::aws::announce(sdk, &format!("provisioning {stack_name}")).await;
     let mut parameters = std::collections::HashMap::new();
     for p in params {
         let (k, v) = p.split_once('=').context("--param takes NAME=VALUE")?;
