@@ -1,4 +1,4 @@
-.PHONY: demo test chaos check-template package e2e-sam bench lint fmt build
+.PHONY: demo test chaos check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -35,6 +35,10 @@ e2e-sam:
 ## The benchmark: throughput, latency, calls per payment, CPU, memory, cold start, size.
 bench:
 	bash infra/scripts/bench.sh
+
+## The operator's CLI, payctl, into ~/.cargo/bin.
+install:
+	cargo install --locked --path infra/payctl
 
 lint:
 	cargo fmt --all --check

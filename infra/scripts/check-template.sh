@@ -23,4 +23,7 @@ for t in template.yaml "$out/transformed.json"; do
   log "checkov $t"
   "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact
 done
+log "the README against the template: the alarm runbook, the counts, the sqs-once example"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
+"$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"
 log "template checks passed"

@@ -50,6 +50,9 @@ if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the cargo tests o
   summary 4
   exit 0
 fi
+# The README's install of payctl works (a debug install, from the build above).
+CARGO_TARGET_DIR="$ROOT/target" cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
+"$RUN_DIR/install/bin/payctl" --version
 # The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
 # in the contract test too).
 STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
@@ -84,6 +87,6 @@ done
 [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
   || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
-# self-tests, the smoke run, the contract test, the package check, the e2e run and the bench
-# smoke run count as ten more passed checks.
-summary 10
+# self-tests, the install, the smoke run, the contract test, the package check, the e2e run and
+# the bench smoke run count as eleven more passed checks.
+summary 11

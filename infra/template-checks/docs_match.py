@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The README says what the template is: every alarm of template.yaml has its row in "When an
+alarm fires" (and no row names an alarm the template lacks), the counts of alarms and functions
+the README states are the template's, every stack output the README exports exists, and the
+`sqs-once` example in README.md is the one that
+compiles as sqs-once's doc test (sqs-once/README.md).
+
+Usage: docs_match.py [ROOT]; docs_match.py --self-test
+"""
+import os
+import re
+import sys
+
+WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())}
+
+
+def resources_of(template_text, kind):
+    """Logical ids of the template's resources of one type (read as text: the template's
+    short-form tags need no YAML loader)."""
+    ids, current = [], None
+    for line in template_text.split("\n"):
+        m = re.match(r"^  ([A-Za-z0-9]+):\s*$", line)
+        if m:
+            current = m.group(1)
+        elif current and re.match(rf"^    Type: {re.escape(kind)}\s*$", line):
+            ids.append(current)
+    return ids
+
+
+def runbook_alarms(readme):
+    """The alarms named in the first column of the "When an alarm fires" table."""
+    at = readme.index("### When an alarm fires")
+    table = readme[at:].split("\n### ", 1)[0]
+    return [m.group(1) for m in re.finditer(r"^\| `([A-Za-z0-9]+)`", table, flags=re.M)]
+
+
+def stated_count(readme, noun):
+    """Every '<number word> <noun>' the README states (e.g. 'nine alarms')."""
+    return [WORDS[m.group(1).lower()] for m in re.finditer(rf"\b([A-Za-z]+) {noun}\b", readme)
+            if m.group(1).lower() in WORDS]
+
+
+def outputs_of(template_text):
+    """The template's output names."""
+    if "\nOutputs:\n" not in template_text:
+        return []
+    part = template_text.split("\nOutputs:\n", 1)[1]
+    return re.findall(r"^  ([A-Za-z0-9]+):\s*$", part, flags=re.M)
+
+
+def example(text):
+    m = re.search(r"```rust,no_run\n(.*?)```", text, flags=re.S)
+    return m.group(1) if m else None
+
+
+def check(template, readme, crate_readme):
+    problems = []
+    alarms = resources_of(template, "AWS::CloudWatch::Alarm")
+    rows = runbook_alarms(readme)
+    for a in alarms:
+        if a not in rows:
+            problems.append(f"{a} is in the template but has no row in the README's 'When an alarm fires'")
+    for r in rows:
+        if r not in alarms:
+            problems.append(f"the README's 'When an alarm fires' has a row for {r}, which the template lacks")
+    functions = resources_of(template, "AWS::Serverless::Function")
+    for noun, n in (("alarms", len(alarms)), ("functions", len(functions))):
+        for said in stated_count(readme, noun):
+            if said != n:
+                problems.append(f"the README speaks of {said} {noun}; the template has {n}")
+    outputs = outputs_of(template)
+    for name in re.findall(r"\$\(out ([A-Za-z0-9]+)\)", readme):
+        if name not in outputs:
+            problems.append(f"the README exports the stack output {name}, which the template lacks")
+    if example(readme) != example(crate_readme):
+        problems.append("the sqs-once example of README.md differs from sqs-once/README.md's (the one that compiles)")
+    return problems
+
+
+def self_test():
+    template = """Resources:
+  Fn:
+    Type: AWS::Serverless::Function
+  A1:
+    Type: AWS::CloudWatch::Alarm
+  A2:
+    Type: AWS::CloudWatch::Alarm
+"""
+    ex = "```rust,no_run\nfn main() {}\n```\n"
+    good = "two alarms, one functions?\n### When an alarm fires\n\n| alarm |\n|---|\n| `A1` | x |\n| `A2` | y |\n\n### Next\n" + ex
+    assert check(template, good, ex) == [], check(template, good, ex)
+    assert len(check(template, good.replace("| `A2` | y |\n", ""), ex)) == 1  # a row missing
+    assert len(check(template, good.replace("| `A2` | y |\n", "| `A2` | y |\n| `A3` | z |\n"), ex)) == 1
+    assert len(check(template, good.replace("two alarms", "three alarms"), ex)) == 1
+    assert len(check(template, good, ex.replace("main", "other"))) == 1
+    with_out = template + "Outputs:\n  ApiUrl:\n    Value: x\n"
+    assert check(with_out, good + "X=$(out ApiUrl)\n", ex) == []
+    assert len(check(with_out, good + "X=$(out ApiURL)\n", ex)) == 1
+    print("docs_match self-test: 7 cases ok")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        sys.exit(0)
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
+    read = lambda p: open(os.path.join(root, p), encoding="utf-8").read()
+    found = check(read("template.yaml"), read("README.md"), read("sqs-once/README.md"))
+    for p in found:
+        print(p, file=sys.stderr)
+    if found:
+        sys.exit(1)
+    print("docs match the template: every alarm in the runbook, the counts, the sqs-once example")
