@@ -7,6 +7,7 @@
    modules share moves down a floor.
 3. The operator's crate (infra/payctl) and the laptop's Lambda (infra/local) never depend on
    the proving ground (infra/proving).
+4. No compiled Python (`__pycache__`, `.pyc`) is tracked.
 
 Usage: check_layout.py [ROOT]  (exit 1 naming each breach); check_layout.py --self-test
 """
@@ -99,6 +100,12 @@ def check(root):
                 lines = open(p, encoding="utf-8").read().split("\n")
                 if len(lines) > LIMIT and not any("Why" in l for l in lines[:30]):
                     breaches.append(f"{os.path.relpath(p, root)}: {len(lines)} lines and no reason at its top (split it, or say why)")
+    if os.path.isdir(os.path.join(root, ".git")):
+        import subprocess
+        tracked = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True).stdout.split("\n")
+        for p in tracked:
+            if "__pycache__/" in p or p.endswith(".pyc"):
+                breaches.append(f"{p}: compiled Python is tracked (it changes with every run)")
     for crate in ("infra/payctl", "infra/local"):
         toml = open(os.path.join(root, crate, "Cargo.toml"), encoding="utf-8").read()
         if re.search(r"^proving\b", toml, flags=re.M):

@@ -47,7 +47,7 @@ impl<W: Work> BatchRunner<W> {
     ) -> Disposition {
         match self.decide(msg, deadline_ms, latencies).await {
             Step::Done(d) => {
-                info!(disposition = ?d, "message done");
+                info!(disposition = %d, "message done");
                 d
             }
             Step::Again(reason, when) => self.give_back(msg, reason, when).await,

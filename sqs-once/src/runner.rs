@@ -43,6 +43,20 @@ pub enum Disposition {
     Requeued(String),
 }
 
+/// As logs and people read it: the label (`charged`), `duplicate`, `dead_lettered: CODE`,
+/// `retry: REASON`, `requeued: REASON`.
+impl std::fmt::Display for Disposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Disposition::Done(label) => f.write_str(label),
+            Disposition::Duplicate => f.write_str("duplicate"),
+            Disposition::DeadLettered(code) => write!(f, "dead_lettered: {code}"),
+            Disposition::Retry(reason) => write!(f, "retry: {reason}"),
+            Disposition::Requeued(reason) => write!(f, "requeued: {reason}"),
+        }
+    }
+}
+
 /// The runner with its work and ports. Build once per process, share across invocations.
 pub struct BatchRunner<W: Work> {
     /// What is done once per key.
@@ -498,6 +512,20 @@ pub(crate) fn first_sent_at_ms(msg: &SqsMessage) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disposition_reads_as_words_not_as_rust() {
+        assert_eq!(Disposition::Done("charged".into()).to_string(), "charged");
+        assert_eq!(Disposition::Duplicate.to_string(), "duplicate");
+        assert_eq!(
+            Disposition::DeadLettered("invalid_json".into()).to_string(),
+            "dead_lettered: invalid_json"
+        );
+        assert_eq!(
+            Disposition::Retry("provider 503".into()).to_string(),
+            "retry: provider 503"
+        );
+    }
 
     #[test]
     fn visibility_extensions_stay_within_twelve_hours_of_receipt() {

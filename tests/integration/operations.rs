@@ -153,8 +153,8 @@ async fn redrive_keeps_what_is_never_redriven_and_refuses_unknown_codes() {
 }
 
 /// `dlq list` shows each dead letter whole (body, source message, first send, every attribute,
-/// the receive count as SQS counts it) and `dlq show` finds one by either id; an unknown id is
-/// an error that says so.
+/// the receive count as SQS counts it) and `dlq show` finds one by either message id or by its
+/// payment's id; an unknown id is an error that says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_list_and_show_give_the_whole_dead_letter() {
     let t = TestStack::new("dlq-show").await;
@@ -200,6 +200,11 @@ async fn dlq_list_and_show_give_the_whole_dead_letter() {
         first_count + 1,
         "stated plainly: each look receives it"
     );
+    // ... and by the payment's own id, which is what an operator has at hand.
+    let (ok, by_payment, err) = payctl(&["show", &t.pid("p1")]);
+    assert!(ok, "{err}");
+    let by_payment: serde_json::Value = serde_json::from_str(&by_payment).unwrap();
+    assert_eq!(by_payment["source_message_id"], source.as_str());
     let (ok, _, err) = payctl(&["show", "no-such-id"]);
     assert!(!ok);
     assert!(err.contains("no dead letter with message id"), "{err}");

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue,
     MessageSystemAttributeName,
@@ -91,13 +91,7 @@ fn info(m: &Message) -> DeadLetterInfo {
         message_id: m.message_id().unwrap_or_default().to_owned(),
         error_code: attr(m, attrs::ERROR_CODE),
         error_message: attr(m, attrs::ERROR_MESSAGE),
-        payment_id: serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| {
-                v.get("payment_id")
-                    .and_then(|p| p.as_str())
-                    .map(str::to_owned)
-            }),
+        payment_id: body_field(&body, "payment_id"),
         receive_count: sys_attr(m, MessageSystemAttributeName::ApproximateReceiveCount)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
@@ -124,19 +118,41 @@ fn info(m: &Message) -> DeadLetterInfo {
     }
 }
 
-/// Finds one dead letter by its message id (held a moment while looking, then released).
+/// Finds dead letters (each held a moment while looking, then released): the one whose message
+/// id or `source_message_id` is `id`, else every one of the payment (or refund) `id` (its
+/// copies, or a payment's refunds).
 pub async fn show(
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,
-    message_id: &str,
-) -> Result<DeadLetterInfo> {
-    list(sqs, dlq_url, usize::MAX)
-        .await?
+    id: &str,
+) -> Result<Vec<DeadLetterInfo>> {
+    let letters = list(sqs, dlq_url, usize::MAX).await?;
+    if let Some(l) = letters
+        .iter()
+        .find(|l| l.message_id == id || l.source_message_id.as_deref() == Some(id))
+    {
+        return Ok(vec![l.clone()]);
+    }
+    let of_it: Vec<DeadLetterInfo> = letters
         .into_iter()
-        .find(|l| l.message_id == message_id || l.source_message_id.as_deref() == Some(message_id))
-        .with_context(|| {
-            format!("no dead letter with message id or source_message_id {message_id} in {dlq_url}")
+        .filter(|l| {
+            l.payment_id.as_deref() == Some(id)
+                || body_field(&l.body, "refund_id").as_deref() == Some(id)
         })
+        .collect();
+    if of_it.is_empty() {
+        bail!("no dead letter with message id, source_message_id, payment_id or refund_id {id} in {dlq_url}");
+    }
+    Ok(of_it)
+}
+
+/// A text field of a JSON body.
+fn body_field(body: &str, field: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()?
+        .get(field)?
+        .as_str()
+        .map(str::to_owned)
 }
 
 async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, hold: i32) -> Result<Vec<Message>> {

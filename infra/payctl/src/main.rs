@@ -46,7 +46,8 @@ enum Command {
     Status(commands::status::StatusArgs),
     /// What happened to a payment, in time order, from its record and dead letter.
     History(commands::status::HistoryArgs),
-    /// The dead-letter queue: list, redrive.
+    /// The dead-letter queues: list, show (by message id, source message id or payment id),
+    /// redrive.
     Dlq(commands::dlq::DlqArgs),
     /// Settle unknown or stuck payments from what the provider holds: a charge found completes
     /// the record; nothing found is reported with whether the provider still remembers the key.
@@ -66,9 +67,10 @@ enum Command {
     /// Serve the payments API locally (the same code as the payments-api Lambda).
     Api(commands::api::ApiArgs),
     /// Check that the AWS endpoint (AWS_ENDPOINT_URL, or AWS itself) keeps what the protocol
-    /// relies on: atomic conditional writes under concurrency, ALL_OLD on a refused write,
-    /// consistent reads, visibility changes, receive counts, redrive, FIFO group blocking.
-    /// Exits non-zero naming each failed check.
+    /// relies on, in 8 checks: atomic conditional writes under concurrency, ALL_OLD on a
+    /// refused write, consistent reads, all-or-nothing transactions under racing creations, a
+    /// stream of INSERT images, visibility changes with receive counts, redrive after
+    /// maxReceiveCount, FIFO group blocking. Exits non-zero naming each failed check.
     Conformance,
     /// Check the provider account with the processors' own client: a customer, three charges
     /// with one key (one PaymentIntent), a refund, all read back. Test-mode keys only.

@@ -16,9 +16,10 @@ pub enum DlqCommand {
         #[arg(long, default_value_t = 100)]
         max: usize,
     },
-    /// Show one dead letter, by its message id or its source_message_id.
+    /// Show a dead letter by its message id or source_message_id, or every dead letter of a
+    /// payment or a refund by its id.
     Show {
-        /// The dead letter's message id, or its source_message_id.
+        /// The dead letter's message id or source_message_id, or a payment_id or refund_id.
         id: String,
         /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
@@ -39,8 +40,9 @@ pub enum DlqCommand {
         /// At most this many messages.
         #[arg(long)]
         max: Option<usize>,
-        /// Move the codes that are never redriven too (invalid_json, invalid_payment,
-        /// idempotency_key_reused, provider_rejected, request_expired).
+        /// Move the codes that are never redriven too (payments: invalid_json, invalid_payment,
+        /// idempotency_key_reused, provider_rejected, request_expired; refunds: invalid_json,
+        /// invalid_refund, payment_not_refundable, refund_exceeds_charge, refund_failed).
         #[arg(long)]
         force: bool,
     },
@@ -90,8 +92,9 @@ pub async fn dlq(args: DlqArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             );
         }
         DlqCommand::Show { id, dlq_url } => {
-            let letter = payctl::dlq::show(&sqs, &dlq_url, &id).await?;
-            println!("{}", serde_json::to_string_pretty(&letter.to_json())?);
+            for letter in payctl::dlq::show(&sqs, &dlq_url, &id).await? {
+                println!("{}", serde_json::to_string_pretty(&letter.to_json())?);
+            }
         }
         DlqCommand::Redrive {
             dlq_url,
