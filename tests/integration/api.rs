@@ -372,12 +372,9 @@ async fn unpublished_outbox_entries_are_republished_once() {
     let config = relay_config(&t);
     let payctl = |args: &[&str]| {
         let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
-        cmd.args(["outbox"]).args(args).args([
-            "--table",
-            &config.payments_table,
-            "--older-than",
-            "0",
-        ]);
+        cmd.args(["outbox"])
+            .args(args)
+            .args(["--table", &config.payments_table]);
         let out = cmd.output().expect("running payctl outbox");
         assert!(
             out.status.success(),
@@ -386,13 +383,36 @@ async fn unpublished_outbox_entries_are_republished_once() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let pending = payctl(&["pending"]);
+    // By default a young entry is left to the live relay, and the listing says so.
+    let young = payctl(&["pending"]);
+    assert!(
+        young.contains("0 unpublished outbox entries older than 60 s")
+            && young.contains("1 younger than 60 s left to the live relay (--older-than 0"),
+        "{young}"
+    );
+    let pending = payctl(&["pending", "--older-than", "0"]);
     assert!(pending.contains(&key), "{pending}");
     assert!(pending.contains("1 unpublished"), "{pending}");
-    let sent = payctl(&["republish", "--queue-url", &config.queue_url]);
+    assert!(
+        pending.contains("\tcreated 20") && pending.contains("Z ("),
+        "UTC times: {pending}"
+    );
+    let sent = payctl(&[
+        "republish",
+        "--queue-url",
+        &config.queue_url,
+        "--older-than",
+        "0",
+    ]);
     assert!(sent.contains("republished 1 of 1"), "{sent}");
     assert_eq!(t.depth().await, 1);
-    let again = payctl(&["republish", "--queue-url", &config.queue_url]);
+    let again = payctl(&[
+        "republish",
+        "--queue-url",
+        &config.queue_url,
+        "--older-than",
+        "0",
+    ]);
     assert!(again.contains("republished 0 of 0"), "{again}");
     t.drain(1).await;
     assert_charged_once(&t, &key).await;

@@ -385,3 +385,72 @@ async fn explicit_endpoints_win_visibly_and_writers_say_where_they_write() {
         "the credentials' account: {said}"
     );
 }
+
+/// `payctl reconcile` exits 0 only when every payment it looked at is settled: a payment with
+/// no record, or one that must be looked at again, is exit status 2, so that a script never
+/// reads "nothing found" as "done".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_exits_zero_only_when_everything_is_settled() {
+    use crate::helpers::{payment, TestStack};
+    let t = TestStack::new("op-reconcile").await;
+    let charged = t.pid("done");
+    t.send(&payment(&charged, 100, "pm_card_visa")).await;
+    t.drain(1).await;
+    let reconcile = |id: &str| {
+        payctl()
+            .args(["reconcile", id, "--table", &t.config.idempotency_table])
+            .output()
+            .unwrap()
+    };
+    let done = reconcile(&charged);
+    assert_eq!(
+        done.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let unknown = reconcile(&t.pid("never-sent"));
+    let said = String::from_utf8_lossy(&unknown.stdout);
+    assert_eq!(unknown.status.code(), Some(2), "{said}");
+    assert!(said.contains("no record"), "{said}");
+}
+
+/// A second `payctl send --generate` can send new payments (`--first`), and each run says which
+/// ids it sent and where the next new ones start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_payments_say_their_ids_and_continue_with_first() {
+    use crate::helpers::TestStack;
+    let t = TestStack::new("op-generate").await;
+    let prefix = t.pid("g");
+    let send = |extra: &[&str]| {
+        let out = payctl()
+            .args(["send", "--queue-url", t.queue_url(), "--generate", "2"])
+            .args(["--prefix", &prefix])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = send(&[]);
+    assert!(
+        first.contains(&format!("{prefix}-000000 to {prefix}-000001"))
+            && first.contains("--first 2"),
+        "{first}"
+    );
+    let second = send(&["--first", "2"]);
+    assert!(
+        second.contains(&format!("{prefix}-000002 to {prefix}-000003")),
+        "{second}"
+    );
+    let stats = t.drain(1).await;
+    assert_eq!(
+        stats.summary.done("charged"),
+        4,
+        "four payments, none a copy"
+    );
+}

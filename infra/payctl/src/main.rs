@@ -51,7 +51,9 @@ enum Command {
     Dlq(commands::dlq::DlqArgs),
     /// Settle unknown or stuck payments from what the provider holds: a charge found completes
     /// the record; nothing found is reported with whether the provider still remembers the key.
-    /// Never charges. Needs PAYMENT_API_URL and the API key like the function.
+    /// Never charges. Needs PAYMENT_API_URL and the API key like the function. Exits 0 when
+    /// every payment is settled, 2 when one must be looked at again (held, not provable yet, or
+    /// nothing at the provider), 1 on an error.
     Reconcile(commands::reconcile::ReconcileArgs),
     /// Outbox entries the relay has not published (after RelayFailuresAlarm), and sending them
     /// again.

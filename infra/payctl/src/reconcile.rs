@@ -41,6 +41,13 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The record is settled (or was already): nothing is left for a later run or an operator.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Action::AlreadyCompleted(_) | Action::Settled(_))
+    }
+}
+
 /// Settings of a reconcile run.
 #[derive(Debug, Clone, Copy)]
 pub struct ReconcileSettings {

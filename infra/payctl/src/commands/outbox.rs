@@ -32,6 +32,25 @@ pub enum OutboxCommand {
     },
 }
 
+/// The unpublished entries created before `before_ms`, and how many younger ones there are.
+async fn split_by_age(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    before_ms: i64,
+) -> Result<(Vec<payment_core::outbox::OutboxEntry>, usize)> {
+    let all = payctl::republish::unpublished(ddb, table, i64::MAX).await?;
+    let (old, young): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.created_at < before_ms);
+    Ok((old, young.len()))
+}
+
+/// What a listing left to the live relay, said so that an empty answer is never a puzzle.
+fn left_to_relay(younger: usize, older_than: u64) -> String {
+    match younger {
+        0 => String::new(),
+        n => format!("; {n} younger than {older_than} s left to the live relay (--older-than 0 includes them)"),
+    }
+}
+
 /// The options of `payctl relay`.
 #[derive(Args)]
 pub struct RelayArgs {
@@ -85,16 +104,21 @@ pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     let before = |secs: u64| sqs_once::runner::now_ms() - secs as i64 * 1000;
     match command {
         OutboxCommand::Pending { table, older_than } => {
-            let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+            let (entries, younger) = split_by_age(&ddb, &table, before(older_than)).await?;
+            let now = sqs_once::runner::now_ms();
             for e in &entries {
                 println!(
-                    "{}\tcreated_at {}\tcustomer {}",
-                    e.payment_id, e.created_at, e.customer_id
+                    "{}\tcreated {} ({} s ago)\tcustomer {}",
+                    e.payment_id,
+                    payctl::time::utc(e.created_at),
+                    (now - e.created_at).max(0) / 1000,
+                    e.customer_id
                 );
             }
             println!(
-                "{} unpublished outbox entries older than {older_than} s in {table}",
-                entries.len()
+                "{} unpublished outbox entries older than {older_than} s in {table}{}",
+                entries.len(),
+                left_to_relay(younger, older_than)
             );
         }
         OutboxCommand::Republish {
@@ -105,13 +129,14 @@ pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         } => {
             payctl::aws::announce(sdk, &format!("republishing the outbox of {table}")).await;
             let relay = payctl::relay::relay_for(&table, &queue_url, &group_by, sdk)?;
-            let entries = republish::unpublished(&ddb, &table, before(older_than)).await?;
+            let (entries, younger) = split_by_age(&ddb, &table, before(older_than)).await?;
             let report = republish::republish(&relay, &entries).await;
             println!(
-                "republished {} of {} unpublished outbox entries to {queue_url} ({} marked published)",
+                "republished {} of {} unpublished outbox entries older than {older_than} s to {queue_url} ({} marked published){}",
                 report.sent,
                 entries.len(),
-                report.marked
+                report.marked,
+                left_to_relay(younger, older_than)
             );
             if !report.errors.is_empty() {
                 bail!("republishing stopped: {}", report.errors.join("; "));

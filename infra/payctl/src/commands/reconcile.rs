@@ -90,12 +90,18 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         println!("no unknown or stuck records in {table}");
     }
     let mut failed = 0;
+    let mut open = 0;
     for id in &ids {
         match reconcile::reconcile_one(&store, &provider, id, settings).await {
-            Ok(action) => println!(
-                "{}",
-                reconcile::describe(id, &action, sqs_once::runner::now_ms())
-            ),
+            Ok(action) => {
+                if !action.is_final() {
+                    open += 1;
+                }
+                println!(
+                    "{}",
+                    reconcile::describe(id, &action, sqs_once::runner::now_ms())
+                );
+            }
             Err(e) => {
                 failed += 1;
                 println!("{id}: not settled: {e:#}");
@@ -104,6 +110,11 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
     }
     if failed > 0 {
         bail!("{failed} of {} payments could not be reconciled", ids.len());
+    }
+    if open > 0 {
+        // Not an error, and not done: a script must not read it as settled.
+        eprintln!("{open} of {} payments are not settled yet: the lines above say when to run again or what to do", ids.len());
+        std::process::exit(2);
     }
     Ok(())
 }

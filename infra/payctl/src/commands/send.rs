@@ -20,6 +20,10 @@ pub struct SendArgs {
     /// Generate this many valid payments.
     #[arg(long)]
     pub generate: Option<usize>,
+    /// The number of the first generated payment: ids are PREFIX-000000 on from it (the same
+    /// ids again are copies, which the processor absorbs as duplicates).
+    #[arg(long, default_value_t = 0, requires = "generate")]
+    pub first: usize,
     /// Payment id prefix of generated payments.
     #[arg(long, default_value = "pay")]
     pub prefix: String,
@@ -32,6 +36,7 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         body,
         file,
         generate,
+        first,
         prefix,
     } = args;
     payctl::aws::check_queue(
@@ -58,7 +63,7 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             .filter(|l| !l.trim().is_empty())
             .collect()
     } else if let Some(n) = generate {
-        (0..n)
+        (first..first + n)
             .map(|i| {
                 payctl::send::payment_body(
                     &format!("{prefix}-{i:06}"),
@@ -73,6 +78,13 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let ids = payctl::send::send_all(&sqs, &queue_url, &bodies).await?;
     println!("sent {} messages", ids.len());
+    if let Some(n) = generate.filter(|n| *n > 0) {
+        let last = first + n - 1;
+        println!(
+            "payment ids {prefix}-{first:06} to {prefix}-{last:06}; new ones next: --first {} (the same ids again are copies, charged once)",
+            last + 1
+        );
+    }
     Ok(())
 }
 
