@@ -382,8 +382,8 @@ impl<W: Work> BatchRunner<W> {
             // Nothing is lost: the message stays on the source queue and comes back.
             let reason = format!("dead-lettering failed: {e}");
             let budget = self.budget_of(msg).await;
-            self.hide(msg, &reason, Redelivery::Backoff, &budget).await;
-            return Disposition::Retry(reason);
+            let back_at_ms = self.hide(msg, &reason, Redelivery::Backoff, &budget).await;
+            return Disposition::Retry { reason, back_at_ms };
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
         if let Some(request) = request {

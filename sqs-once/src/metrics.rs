@@ -19,6 +19,8 @@ pub struct BatchSummary {
     pub unreportable: u32,
     /// Duration of every call of [`crate::Work::execute`], milliseconds.
     pub call_latencies_ms: Vec<f64>,
+    /// When each message handed back becomes visible again, epoch ms.
+    pub returns_at_ms: Vec<i64>,
 }
 
 impl BatchSummary {
@@ -45,6 +47,7 @@ impl BatchSummary {
         }
         self.call_latencies_ms
             .extend_from_slice(&other.call_latencies_ms);
+        self.returns_at_ms.extend_from_slice(&other.returns_at_ms);
     }
 }
 

@@ -36,8 +36,14 @@ pub enum Disposition {
     Duplicate,
     /// Sent to the DLQ with this code, then deleted from the source queue.
     DeadLettered(String),
-    /// Must come back: reported as a batch item failure.
-    Retry(String),
+    /// Must come back: reported as a batch item failure, hidden until `back_at_ms`.
+    Retry {
+        /// Why.
+        reason: String,
+        /// When the message becomes visible again, epoch ms (its redelivery delay, or the
+        /// queue's visibility timeout when the delay could not be set).
+        back_at_ms: i64,
+    },
     /// Never attempted and on its last receive: sent again as a fresh copy and deleted
     /// (counted with the messages handed back; not a batch item failure).
     Requeued(String),
@@ -51,7 +57,7 @@ impl std::fmt::Display for Disposition {
             Disposition::Done(label) => f.write_str(label),
             Disposition::Duplicate => f.write_str("duplicate"),
             Disposition::DeadLettered(code) => write!(f, "dead_lettered: {code}"),
-            Disposition::Retry(reason) => write!(f, "retry: {reason}"),
+            Disposition::Retry { reason, .. } => write!(f, "retry: {reason}"),
             Disposition::Requeued(reason) => write!(f, "requeued: {reason}"),
         }
     }
@@ -178,7 +184,7 @@ impl<W: Work> BatchRunner<W> {
                     let (d, latencies) =
                         this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
                     // A requeued message goes to the end of its group: what follows it waits too.
-                    blocked = matches!(d, Disposition::Retry(_) | Disposition::Requeued(_));
+                    blocked = matches!(d, Disposition::Retry { .. } | Disposition::Requeued(_));
                     out.push((d, latencies));
                 }
                 out
@@ -225,8 +231,9 @@ impl<W: Work> BatchRunner<W> {
                         *summary.dead_lettered.entry(code).or_default() += 1
                     }
                     Disposition::Requeued(_) => summary.retried += 1,
-                    Disposition::Retry(_) => {
+                    Disposition::Retry { back_at_ms, .. } => {
                         summary.retried += 1;
+                        summary.returns_at_ms.push(back_at_ms);
                         match id.filter(|i| !i.is_empty()) {
                             Some(id) => response.add_failure(id),
                             None => summary.unreportable += 1,
@@ -355,8 +362,8 @@ impl<W: Work> BatchRunner<W> {
                 )
                 .await;
         }
-        self.hide(msg, &reason, when, &budget).await;
-        Disposition::Retry(reason)
+        let back_at_ms = self.hide(msg, &reason, when, &budget).await;
+        Disposition::Retry { reason, back_at_ms }
     }
 
     /// Sends a fresh copy of a message that was never attempted and is on its last receive,
@@ -425,23 +432,28 @@ impl<W: Work> BatchRunner<W> {
         Some(Disposition::Requeued(reason.to_owned()))
     }
 
-    /// Keeps a message that comes back hidden for the delay `when` decides.
+    /// Keeps a message that comes back hidden for the delay `when` decides; returns when it
+    /// becomes visible again, epoch ms.
     pub(crate) async fn hide(
         &self,
         msg: &SqsMessage,
         reason: &str,
         when: Redelivery,
         budget: &Budget,
-    ) {
-        let delay = delay_for(when, budget, &self.backoff_policy(), self.clock.now_ms());
+    ) -> i64 {
+        let now = self.clock.now_ms();
+        let delay = delay_for(when, budget, &self.backoff_policy(), now);
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
         if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
             // Whole seconds, rounded up: a message never comes back earlier than decided.
             let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;
             if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
                 warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+                return now + ms(self.settings.visibility_timeout);
             }
+            return now + i64::from(secs) * 1000;
         }
+        now + ms(delay)
     }
 
     /// The delivery's receive budget: its receive count, its queue's `maxReceiveCount` (the
@@ -522,7 +534,11 @@ mod tests {
             "dead_lettered: invalid_json"
         );
         assert_eq!(
-            Disposition::Retry("provider 503".into()).to_string(),
+            Disposition::Retry {
+                reason: "provider 503".into(),
+                back_at_ms: 0
+            }
+            .to_string(),
             "retry: provider 503"
         );
     }

@@ -454,3 +454,42 @@ async fn generated_payments_say_their_ids_and_continue_with_first() {
         "four payments, none a copy"
     );
 }
+
+/// `payctl run --until-empty` says what it waits for: while the only message is hidden until its
+/// redelivery, the progress line names when it comes back, and a run that ends before then says
+/// so instead of just "did not drain".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_until_empty_says_when_the_next_message_comes_back() {
+    use crate::helpers::{payment, TestStack};
+    use std::time::Duration;
+    let t = TestStack::new("op-waits").await;
+    let pid = t.pid("p1");
+    t.fault(&pid, "down", None, 0).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let mut cmd =
+        crate::operator::payctl_run(&t, &["--until-empty", "--max-seconds", "8", "--progress"]);
+    cmd.env("REDELIVERY_BASE_DELAY_SECONDS", "60")
+        .env("REDELIVERY_MAX_DELAY_SECONDS", "120");
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("the run ends at --max-seconds")
+        .unwrap();
+    t.sim.clear_faults_for(&pid).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let progress = err
+        .lines()
+        .find(|l| l.contains("| queue: 0 waiting, 1 in flight"))
+        .unwrap_or_else(|| panic!("a progress line while it waits: {err}"));
+    assert!(
+        progress.contains("the next handed-back message comes back at "),
+        "{progress}"
+    );
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("did not drain")
+            && last.contains("comes back at")
+            && last.contains("--max-seconds"),
+        "{last}"
+    );
+}

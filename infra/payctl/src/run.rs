@@ -132,18 +132,65 @@ pub fn progress(
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(every).await;
-            let s = RunSummary::of(&*stats.lock().await, false);
-            let counts = queue_counts(&sqs, &queue_url).await;
+            let (s, next) = {
+                let stats = stats.lock().await;
+                (
+                    RunSummary::of(&stats, false),
+                    next_back(&stats, sqs_once::runner::now_ms()),
+                )
+            };
+            let counts = queue_counts(&sqs, &queue_url, next).await;
             eprintln!("{} | queue: {counts}", s.line());
         }
     })
 }
 
-async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> String {
+async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str, next: Option<i64>) -> String {
     match lambda_local::esm::queue_counts(sqs, queue_url).await {
         Ok([waiting, in_flight, delayed]) => {
-            format!("{waiting} waiting, {in_flight} in flight, {delayed} delayed")
+            let waits = match (waiting, in_flight, next) {
+                (0, 1.., Some(at)) => format!("; {}", back_at(at, sqs_once::runner::now_ms())),
+                _ => String::new(),
+            };
+            format!("{waiting} waiting, {in_flight} in flight, {delayed} delayed{waits}")
         }
         Err(_) => "counts unavailable".into(),
+    }
+}
+
+/// The earliest time after `now_ms` at which a message this run handed back comes back.
+pub fn next_back(stats: &EsmStats, now_ms: i64) -> Option<i64> {
+    stats
+        .summary
+        .returns_at_ms
+        .iter()
+        .copied()
+        .filter(|t| *t > now_ms)
+        .min()
+}
+
+/// "the next handed-back message comes back at 16:54:11Z (in 312 s)".
+pub fn back_at(at_ms: i64, now_ms: i64) -> String {
+    format!(
+        "the next handed-back message comes back at {} (in {} s)",
+        crate::time::utc(at_ms),
+        ((at_ms - now_ms).max(0) as u64).div_ceil(1000)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_return_is_the_earliest_still_ahead() {
+        let mut stats = EsmStats::default();
+        stats.summary.returns_at_ms = vec![5_000, 20_000, 12_000];
+        assert_eq!(next_back(&stats, 6_000), Some(12_000));
+        assert_eq!(next_back(&stats, 20_000), None);
+        assert_eq!(
+            back_at(12_000, 6_500),
+            "the next handed-back message comes back at 1970-01-01T00:00:12.000Z (in 6 s)"
+        );
     }
 }

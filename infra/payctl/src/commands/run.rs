@@ -53,10 +53,13 @@ pub struct RunArgs {
     /// Concurrent pollers, each running one batch at a time.
     #[arg(long, default_value_t = 1)]
     pub pollers: usize,
-    /// Stop once the queue is drained.
+    /// Stop once the queue is drained: nothing waiting, in flight or delayed. A message handed
+    /// back waits out its redelivery delay first (the progress line says when it comes back),
+    /// for at most --max-seconds.
     #[arg(long)]
     pub until_empty: bool,
-    /// Fail if not drained within this many seconds.
+    /// Stop, and fail, when not drained within this many seconds (the error says when the
+    /// next handed-back message comes back).
     #[arg(long, default_value_t = 3600)]
     pub max_seconds: u64,
     /// Print a progress line every few seconds (the default on a terminal).
@@ -155,7 +158,16 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         println!("{}", serde_json::to_string(&summary)?);
     }
     eprintln!("{}", summary.line());
-    ended?;
+    if let Err(e) = ended {
+        let next = payctl::run::next_back(&*stats.lock().await, sqs_once::runner::now_ms());
+        match next {
+            Some(at) => bail!(
+                "{e:#}: {} (a longer --max-seconds waits for it)",
+                payctl::run::back_at(at, sqs_once::runner::now_ms())
+            ),
+            None => return Err(e),
+        }
+    }
     if let Some(status) = stopped_by {
         std::process::exit(status);
     }
