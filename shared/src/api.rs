@@ -12,11 +12,8 @@
 //! HTTP-agnostic: [`PaymentsApi::handle`] takes a method, a path, headers and a body, so the
 //! Lambda (`lambda_http`) and the local server call the same code.
 //!
-//! Why one file of ~750 lines: the API's answers (creation, replay, errors, status) are one
-//! contract read in one place; ~320 lines are its tests, which need the private builders.
-//!
-//! Why ~910 lines: ~440 of them are the API's unit tests (every status and replay rule) beside
-//! the handler they check.
+//! Why one file of ~980 lines: the API's answers (creation, replay, errors, status) are one
+//! contract read in one place; ~490 lines are its tests, which need the private builders.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -340,13 +337,20 @@ impl PaymentsApi {
             return missing();
         }
         let payment = match self.store.payment(id).await {
-            Ok(Some(p)) => p,
-            Ok(None) => return missing(),
+            Ok(p) => p,
             Err(e) => return unavailable(&e, false),
         };
         let (record, mark) = match self.store.progress(id).await {
             Ok(p) => p,
             Err(e) => return unavailable(&e, false),
+        };
+        let Some(payment) = payment else {
+            // Not created through the API: a payment sent to the queue itself is known by
+            // the processor's record (or its dead letter) alone.
+            if record.is_none() && mark.is_none() {
+                return missing();
+            }
+            return ApiResponse::json(200, &queue_payment(id, record.as_ref(), mark.as_ref()));
         };
         let view = status_of(&payment, record.as_ref(), mark.as_ref());
         let mut object = payment_object(
@@ -356,19 +360,55 @@ impl PaymentsApi {
             &view.status,
             payment.created,
         );
-        let extra = [
-            ("provider_payment_id", view.provider_payment_id),
-            ("decline_code", view.decline_code),
-            ("error_code", view.error_code),
-            ("error_message", view.error_message),
-            ("next_action", view.next_action),
-        ];
-        for (k, v) in extra {
-            if let Some(v) = v {
-                object[k] = json!(v);
-            }
-        }
+        add_view(&mut object, view);
         ApiResponse::json(200, &object)
+    }
+}
+
+/// A payment that came through the queue, not the API: its status from the processor's
+/// record and dead-letter mark as [`status_of`] reads them, its amount and currency from the
+/// outcome when the provider answered (else `null`), `created` from its first claim (or its
+/// dead-lettering), and `"source": "queue"`.
+fn queue_payment(
+    id: &str,
+    record: Option<&IdempotencyRecord>,
+    mark: Option<&DeadLetterMark>,
+) -> Value {
+    let view = status_from(record, mark);
+    let outcome = record
+        .and_then(|r| r.outcome.as_ref())
+        .map(PaymentOutcome::from_outcome)
+        .filter(|o| !o.currency.is_empty());
+    let created_ms = record
+        .map(|r| r.first_attempt_at_ms)
+        .or(mark.map(|m| m.at_ms))
+        .unwrap_or_default();
+    let mut object = json!({
+        "id": id,
+        "object": "payment",
+        "amount": outcome.as_ref().map(|o| o.amount),
+        "currency": outcome.as_ref().map(|o| o.currency.clone()),
+        "status": view.status.clone(),
+        "created": created_ms / 1000,
+        "source": "queue",
+    });
+    add_view(&mut object, view);
+    object
+}
+
+/// The fields a status view adds to a payment object, where it has them.
+fn add_view(object: &mut Value, view: StatusView) {
+    let extra = [
+        ("provider_payment_id", view.provider_payment_id),
+        ("decline_code", view.decline_code),
+        ("error_code", view.error_code),
+        ("error_message", view.error_message),
+        ("next_action", view.next_action),
+    ];
+    for (k, v) in extra {
+        if let Some(v) = v {
+            object[k] = json!(v);
+        }
     }
 }
 
@@ -425,6 +465,11 @@ pub fn status_of(
     let ours = |h: &str| same_digest(h, &payment.request_hash);
     let record = record.filter(|r| ours(&r.payload_hash));
     let mark = mark.filter(|m| ours(&m.payload_hash));
+    status_from(record, mark)
+}
+
+/// The status of the request a record and a mark are of (already matched to it).
+fn status_from(record: Option<&IdempotencyRecord>, mark: Option<&DeadLetterMark>) -> StatusView {
     let view = |status: &str| StatusView {
         status: status.to_owned(),
         ..StatusView::default()
@@ -758,6 +803,50 @@ mod tests {
             reason: (status == "rejected").then(|| "amount_too_small: no".into()),
         }
         .to_outcome()
+    }
+
+    #[tokio::test]
+    async fn a_payment_sent_to_the_queue_is_read_from_its_record() {
+        let (api, tables) = api();
+        assert_eq!(get(&api, "q").await.status, 404, "known nowhere");
+        let set = |r: IdempotencyRecord| {
+            tables.records.lock().unwrap().insert(
+                "q".into(),
+                IdempotencyRecord {
+                    key: "q".into(),
+                    ..r
+                },
+            );
+        };
+        set(record(RecordStatus::InProgress, "h", None));
+        let working = json_of(&get(&api, "q").await);
+        assert_eq!(working["status"], "processing");
+        assert_eq!(working["source"], "queue");
+        assert!(
+            working["amount"].is_null(),
+            "not known before the provider answers"
+        );
+        set(record(
+            RecordStatus::Completed,
+            "h",
+            Some(outcome("succeeded")),
+        ));
+        let done = json_of(&get(&api, "q").await);
+        assert_eq!(
+            (
+                &done["status"],
+                &done["amount"],
+                &done["currency"],
+                &done["source"]
+            ),
+            (
+                &json!("succeeded"),
+                &json!(1999),
+                &json!("usd"),
+                &json!("queue")
+            )
+        );
+        assert_eq!(done["provider_payment_id"], "pi_1");
     }
 
     #[tokio::test]

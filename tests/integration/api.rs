@@ -63,7 +63,7 @@ async fn client(url: &str) -> ApiClient {
 }
 
 /// The stack's API served in this process, and a signing client for it.
-async fn served(t: &TestStack) -> (LocalHttp, ApiClient) {
+pub(crate) async fn served(t: &TestStack) -> (LocalHttp, ApiClient) {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let server = serve(t, aws_sdk_dynamodb::Client::new(&sdk)).await;
     let c = client(server.url()).await;

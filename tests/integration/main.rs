@@ -15,6 +15,7 @@ mod helpers;
 mod operations;
 mod operator;
 mod operator_safety;
+mod operator_views;
 mod proxy;
 mod refunds;
 
