@@ -21,3 +21,81 @@ async fn a_payment_sent_to_the_queue_exists_for_the_api() {
     assert_eq!(got["currency"], "usd", "{got}");
     assert_eq!(client.get(&t.pid("never")).await.unwrap().status, 404);
 }
+
+/// A payment's refunds show in `payctl status` (each refund's amount, state and provider id,
+/// and the refunded total, in text and `--json`), and a refund's own id reads in `status` and
+/// `history` as a refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_show_in_status_and_history() {
+    use crate::helpers::root;
+    let t = TestStack::new("refund-views").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 2000, "pm_card_visa")).await;
+    t.drain(1).await;
+    let config = proving::demo::refund_config_for(&t.stack, &crate::helpers::fast_settings())
+        .expect("the refund function's configuration");
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let processor = payment_core::bootstrap::build_refund_processor(&config, &sdk)
+        .await
+        .expect("building the refund processor");
+    let source = &t.stack.event_sources[payctl::template::REFUND_PROCESSOR];
+    let (r1, r2) = (t.pid("rf-1"), t.pid("rf-2"));
+    let bodies: Vec<String> = [(&r1, 500), (&r2, 1000)]
+        .iter()
+        .map(|(rid, amount)| {
+            payment_core::refund::RefundRequest {
+                refund_id: (*rid).clone(),
+                payment_id: pid.clone(),
+                amount: Some(*amount),
+                reason: None,
+            }
+            .to_message_body()
+        })
+        .collect();
+    proving::load::send_all(&t.sqs, &source.queue_url, &bodies)
+        .await
+        .unwrap();
+    proving::demo::drain_source(processor, &t.sqs, source, 1)
+        .await
+        .unwrap();
+    let payctl = |args: &[&str]| {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(args)
+            .args(["--table", &t.config.idempotency_table])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = payctl(&["status", &pid]);
+    assert!(
+        text.contains("refunded         1500 in 2 refund(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{r1}  500  succeeded, provider re_")),
+        "{text}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&payctl(&["status", &pid, "--json"])).unwrap();
+    assert_eq!(doc["refunded_amount"], 1500, "{doc}");
+    assert_eq!(doc["refunds"].as_array().map(Vec::len), Some(2), "{doc}");
+    let refund = payctl(&["status", &r2]);
+    assert!(
+        refund.starts_with(&format!("refund {r2}: succeeded (1000 ")) && refund.contains(&pid),
+        "{refund}"
+    );
+    let history = payctl(&["history", &r2]);
+    assert!(
+        history
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .ends_with("completed: succeeded"),
+        "{history}"
+    );
+}

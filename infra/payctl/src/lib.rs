@@ -6,7 +6,8 @@
 //!   describes (queues, tables, each function's environment and event source);
 //! - [`aws`]: where the SDK's calls go, and one-line errors that name the resource and the fix;
 //! - [`send`]: putting messages on a queue; [`run`]: what `payctl run` prints while it works;
-//! - [`status`], [`records`]: a payment's record and dead letter, and every record of a table;
+//! - [`status`], [`records`], [`refunds`]: a payment's record, dead letter and refunds, and
+//!   every record of a table;
 //! - [`dlq`]: listing, showing and redriving dead letters home;
 //! - [`reconcile`]: settling unknown or stuck payments from the provider's records;
 //! - [`relay`], [`republish`]: the outbox relay on a local stream mapping, and what it gave up on;
@@ -25,6 +26,7 @@ pub mod conformance;
 pub mod dlq;
 pub mod reconcile;
 pub mod records;
+pub mod refunds;
 pub mod relay;
 pub mod republish;
 pub mod run;

@@ -1,17 +1,21 @@
-//! A payment's record and dead letter, now and in time order.
+//! A payment's (or a refund's) record, dead letter and refunds, now and in time order.
 
 use anyhow::{bail, Result};
 use clap::Args;
+use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
-/// A payment's record and dead-letter mark, with a one-line error naming the table.
-async fn progress_of(
-    sdk: &aws_config::SdkConfig,
-    table: &str,
-    payment_id: &str,
-) -> Result<(
-    Option<sqs_once::record::IdempotencyRecord>,
-    Option<sqs_once::record::DeadLetterMark>,
-)> {
+/// What an id names in the idempotency table.
+enum Found {
+    /// A payment's record and dead-letter mark (one of them at least).
+    Payment(Option<IdempotencyRecord>, Option<DeadLetterMark>),
+    /// A refund's.
+    Refund(Option<IdempotencyRecord>, Option<DeadLetterMark>),
+    /// Neither.
+    Nothing,
+}
+
+/// Looks `id` up as a payment, then as a refund, with a one-line error naming the table.
+async fn find(sdk: &aws_config::SdkConfig, table: &str, id: &str) -> Result<Found> {
     payctl::aws::check_table(
         sdk,
         table,
@@ -19,15 +23,25 @@ async fn progress_of(
     )
     .await?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    Ok(payment_core::payment_store(ddb, table)
-        .record_and_mark(payment_id)
-        .await?)
+    let (record, mark) = payment_core::payment_store(ddb.clone(), table)
+        .record_and_mark(id)
+        .await?;
+    if record.is_some() || mark.is_some() {
+        return Ok(Found::Payment(record, mark));
+    }
+    let (record, mark) = payctl::refunds::refund_store(&ddb, table)
+        .record_and_mark(id)
+        .await?;
+    if record.is_some() || mark.is_some() {
+        return Ok(Found::Refund(record, mark));
+    }
+    Ok(Found::Nothing)
 }
 
 /// The options of `payctl status`.
 #[derive(Args)]
 pub struct StatusArgs {
-    /// The payment's id (its Idempotency-Key).
+    /// The payment's id (its Idempotency-Key), or a refund's id.
     pub payment_id: String,
     /// The idempotency table (the stack's IdempotencyTableName output).
     #[arg(long, env = "IDEMPOTENCY_TABLE")]
@@ -44,17 +58,44 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         table,
         json,
     } = args;
-    let (record, mark) = progress_of(sdk, &table, &payment_id).await?;
+    let (record, mark, refunds) = match find(sdk, &table, &payment_id).await? {
+        Found::Payment(record, mark) => {
+            let ddb = aws_sdk_dynamodb::Client::new(sdk);
+            let refunds = payctl::refunds::of_payment(&ddb, &table, &payment_id).await?;
+            (record, mark, refunds)
+        }
+        Found::Refund(record, mark) => {
+            let r = (record.as_ref(), mark.as_ref());
+            if json {
+                let mut doc = payctl::status::to_json(&payment_id, r.0, r.1);
+                doc["kind"] = "refund".into();
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                for line in payctl::refunds::describe_refund(&payment_id, r.0, r.1) {
+                    println!("{line}");
+                }
+            }
+            return Ok(());
+        }
+        Found::Nothing => bail!("{payment_id} has no record and no dead letter in {table}, as a payment or as a refund: not processed yet, never sent, expired after IDEMPOTENCY_TTL, or refused as invalid_json / invalid_payment / invalid_refund (payctl dlq list shows those)"),
+    };
     if json {
-        let doc = payctl::status::to_json(&payment_id, record.as_ref(), mark.as_ref());
+        let mut doc = payctl::status::to_json(&payment_id, record.as_ref(), mark.as_ref());
+        doc["kind"] = "payment".into();
+        let (total, lines) = refunds.unwrap_or_default();
+        let refunds = payctl::refunds::to_json(total, &lines);
+        doc["refunded_amount"] = refunds["refunded_amount"].clone();
+        doc["refunds"] = refunds["refunds"].clone();
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         for line in payctl::status::describe(&payment_id, record.as_ref(), mark.as_ref()) {
             println!("{line}");
         }
-    }
-    if record.is_none() && mark.is_none() {
-        bail!("payment {payment_id} has no record and no dead letter in {table}: not processed yet, never sent, expired after IDEMPOTENCY_TTL, or refused as invalid_json / invalid_payment (payctl dlq list shows those)");
+        if let Some((total, lines)) = &refunds {
+            for line in payctl::refunds::describe(*total, lines) {
+                println!("{line}");
+            }
+        }
     }
     Ok(())
 }
@@ -62,7 +103,7 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
 /// The options of `payctl history`.
 #[derive(Args)]
 pub struct HistoryArgs {
-    /// The payment's id (its Idempotency-Key).
+    /// The payment's id (its Idempotency-Key), or a refund's id.
     pub payment_id: String,
     /// The idempotency table (the stack's IdempotencyTableName output).
     #[arg(long, env = "IDEMPOTENCY_TABLE")]
@@ -72,12 +113,15 @@ pub struct HistoryArgs {
 /// Runs `payctl history`.
 pub async fn history(args: HistoryArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let HistoryArgs { payment_id, table } = args;
-    let (record, mark) = progress_of(sdk, &table, &payment_id).await?;
-    let events = payctl::status::history(record.as_ref(), mark.as_ref());
-    if events.is_empty() {
-        bail!("payment {payment_id} has no record and no dead letter in {table}");
-    }
-    for (at, what) in events {
+    let (kind, record, mark) = match find(sdk, &table, &payment_id).await? {
+        Found::Payment(r, m) => ("payment", r, m),
+        Found::Refund(r, m) => ("refund", r, m),
+        Found::Nothing => {
+            bail!("{payment_id} has no record and no dead letter in {table}, as a payment or as a refund")
+        }
+    };
+    eprintln!("{kind} {payment_id}, in time order:");
+    for (at, what) in payctl::status::history(record.as_ref(), mark.as_ref()) {
         println!("{}  {what}", payctl::time::utc(at));
     }
     Ok(())
