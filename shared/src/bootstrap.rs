@@ -137,7 +137,8 @@ pub async fn build_refund_processor(
     let provider = provider_from(config, sdk).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let ledger =
-        crate::refund_ledger::DynamoRefundLedger::new(dynamodb.clone(), &config.idempotency_table);
+        crate::refund_ledger::DynamoRefundLedger::new(dynamodb.clone(), &config.idempotency_table)
+            .with_payments_table(config.payments_table.clone());
     let work = crate::refund::RefundWork::new(
         Arc::new(provider),
         Arc::new(ledger),

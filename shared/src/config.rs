@@ -61,6 +61,10 @@ pub struct Config {
     /// When set, the init reads its redrive policy and retention and refuses a retry horizon
     /// that does not end the retention margin before the retention.
     pub source_queue_url: Option<String>,
+    /// `PAYMENTS_TABLE` (optional, the refund processor's): the payments API's table, where
+    /// a payment accepted but not yet processed has its row. A refund of a payment that has
+    /// neither a record nor a row there is dead-lettered `payment_unknown` at once.
+    pub payments_table: Option<String>,
 }
 
 /// A configuration problem, naming the variable.
@@ -231,6 +235,7 @@ impl Config {
             provider_key_retention,
             settings,
             source_queue_url: get("SOURCE_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            payments_table: get("PAYMENTS_TABLE").filter(|v| !v.trim().is_empty()),
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",

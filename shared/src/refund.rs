@@ -31,6 +31,9 @@ pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
 /// The label of a refund done, in the batch summary and its metrics.
 pub const REFUNDED: &str = "refunded";
 
+/// The dead-letter code of a refund whose payment is known nowhere.
+pub const PAYMENT_UNKNOWN: &str = "payment_unknown";
+
 pub use crate::refund_keys;
 
 /// Reasons Stripe accepts for a refund.
@@ -166,7 +169,16 @@ impl RefundWork {
     ) -> Result<Result<(RefundablePayment, String, String, i64), Outcome>, CallError> {
         let pid = &r.payment_id;
         let Some(p) = self.ledger.payment(pid).await.map_err(store_error)? else {
-            return Err(not_yet(pid, "has no record yet"));
+            // Accepted by the API and on its way: wait (boundedly: the retry horizon).
+            if self.ledger.accepted(pid).await.map_err(store_error)? {
+                return Err(not_yet(pid, "is accepted but has no record yet"));
+            }
+            // Known nowhere: no charge can be refunded, and waiting would only delay the
+            // answer (a payment sent after its refund is refunded under a new refund_id).
+            return Ok(Err(rejected(
+                PAYMENT_UNKNOWN,
+                format!("no payment {pid} was processed or accepted by the payments API when this refund came: nothing to refund; once it is charged, send the refund again under a new refund_id"),
+            )));
         };
         if p.status != sqs_once::record::RecordStatus::Completed {
             return Err(not_yet(pid, &format!("is {}", p.status.as_str())));

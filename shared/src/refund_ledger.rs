@@ -61,6 +61,10 @@ pub trait RefundLedger: Send + Sync {
     /// The payment's record with its refunds (a consistent read), `None` without a record.
     async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError>;
 
+    /// Whether the payments API accepted the payment (its row exists): it has no record yet
+    /// because it is still on its way to the processor. `false` where no API runs.
+    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError>;
+
     /// Reserves `amount` for `refund_id` on the payment as it was `seen`, only while the
     /// refund's own record is `IN_PROGRESS` under `owner`'s lease (its fencing token):
     /// [`StoreError::LeaseLost`] otherwise, and nothing is written.
@@ -94,9 +98,18 @@ pub struct DynamoRefundLedger {
     refund_records: DynamoStore,
     /// The SDK client.
     client: Client,
+    /// The payments API's table, when there is one.
+    payments_table: Option<String>,
 }
 
 impl DynamoRefundLedger {
+    /// Also reads the payments API's table (`PAYMENTS_TABLE`) for payments accepted but not
+    /// processed yet.
+    pub fn with_payments_table(mut self, table: Option<String>) -> Self {
+        self.payments_table = table;
+        self
+    }
+
     /// The ledger of the payments in the idempotency table `table`.
     pub fn new(client: Client, table: &str) -> Self {
         Self {
@@ -107,6 +120,7 @@ impl DynamoRefundLedger {
                 crate::refund_keys(),
             ),
             client,
+            payments_table: None,
         }
     }
 
@@ -218,6 +232,31 @@ impl RefundLedger for DynamoRefundLedger {
         }))
     }
 
+    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError> {
+        let Some(table) = &self.payments_table else {
+            return Ok(false);
+        };
+        let found = self
+            .client
+            .get_item()
+            .table_name(table)
+            .key(
+                "pk",
+                s(&format!("{}{payment_id}", crate::outbox::PAYMENT_PREFIX)),
+            )
+            .projection_expression("pk")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "reading the payments table {table}: {}",
+                    aws_sdk_dynamodb::error::DisplayErrorContext(&e)
+                ))
+            })?;
+        Ok(found.item().is_some())
+    }
+
     async fn reserve(
         &self,
         payment_id: &str,
@@ -318,6 +357,8 @@ enum Fenced {
 pub struct InMemoryRefundLedger {
     /// Payments by id.
     payments: Mutex<HashMap<String, RefundablePayment>>,
+    /// Payments the API accepted that have no record yet.
+    accepted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl InMemoryRefundLedger {
@@ -325,6 +366,13 @@ impl InMemoryRefundLedger {
     pub fn insert(&self, payment_id: &str, payment: RefundablePayment) {
         if let Ok(mut m) = self.payments.lock() {
             m.insert(payment_id.to_owned(), payment);
+        }
+    }
+
+    /// Marks a payment as accepted by the API (a row, no record yet).
+    pub fn accept(&self, payment_id: &str) {
+        if let Ok(mut a) = self.accepted.lock() {
+            a.insert(payment_id.to_owned());
         }
     }
 
@@ -344,6 +392,13 @@ impl InMemoryRefundLedger {
 impl RefundLedger for InMemoryRefundLedger {
     async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError> {
         self.with(|m| m.get(payment_id).cloned())
+    }
+
+    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError> {
+        self.accepted
+            .lock()
+            .map(|a| a.contains(payment_id))
+            .map_err(|_| StoreError::Unavailable("ledger mutex poisoned".into()))
     }
 
     /// The in-memory ledger keeps no refund records: it fences nothing (`owner` is unused).

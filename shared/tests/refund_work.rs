@@ -70,6 +70,9 @@ impl RefundLedger for Yielding {
         tokio::task::yield_now().await;
         self.0.payment(pid).await
     }
+    async fn accepted(&self, pid: &str) -> Result<bool, sqs_once::record::StoreError> {
+        self.0.accepted(pid).await
+    }
     async fn reserve(
         &self,
         pid: &str,
@@ -239,10 +242,12 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
     let w = world();
     charged(&w, "declined", RecordStatus::Completed, "declined", 100);
     charged(&w, "charging", RecordStatus::InProgress, "succeeded", 100);
+    w.ledger.accept("accepted");
     let batch = vec![
         msg("m1", &refund("r1", "declined", None)),
         msg("m2", &refund("r2", "charging", None)),
-        msg("m3", &refund("r3", "unknown-payment", None)),
+        msg("m3", &refund("r3", "accepted", None)),
+        msg("m4", &refund("r4", "unknown-payment", None)),
     ];
     let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
     assert_eq!(s.dead_lettered.get("payment_not_refundable"), Some(&1));
@@ -252,7 +257,23 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
         .map(|f| f.item_identifier.as_str())
         .collect();
     back.sort();
-    assert_eq!(back, vec!["m2", "m3"], "they wait for their charges");
+    assert_eq!(
+        back,
+        vec!["m2", "m3"],
+        "a payment being charged, or accepted by the API and on its way, is waited for"
+    );
+    // A payment known nowhere is not waited for: dead-lettered at once, with the reason.
+    assert_eq!(s.dead_lettered.get("payment_unknown"), Some(&1), "{s:?}");
+    let dead = w.queues.0.lock().unwrap().clone();
+    let unknown = dead
+        .iter()
+        .find(|d| d.error_code == "payment_unknown")
+        .expect("its dead letter");
+    assert!(
+        unknown.error_message.contains("new refund_id"),
+        "{}",
+        unknown.error_message
+    );
     assert!(w.provider.calls.lock().unwrap().is_empty());
 }
 

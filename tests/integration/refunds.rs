@@ -231,3 +231,45 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     ledger.release(&pid, &rid, 400, "owner").await.unwrap();
     assert_eq!(refunded_total(&t, &pid).await, 0);
 }
+
+/// A refund of a payment known nowhere is dead-lettered `payment_unknown` at once, instead of
+/// coming back until its retry horizon ends; the payments API's row of a payment accepted but
+/// not yet charged is what makes a refund wait instead (read on the real table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
+    use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+    let t = TestStack::new("refund-unknown").await;
+    let r = refunds(&t).await;
+    proving::load::send_all(
+        &t.sqs,
+        &r.queue_url,
+        &[refund(&t.pid("rf-unknown"), &t.pid("never-sent"), None)],
+    )
+    .await
+    .expect("sending the refund");
+    let started = std::time::Instant::now();
+    let stats = r.drain(&t, 1).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "dead-lettered at once, not after the retry horizon"
+    );
+    assert_eq!(stats.summary.retried, 0, "{:?}", stats.summary);
+    assert_eq!(r.dead_codes(&t).await.get("payment_unknown"), Some(&1));
+
+    let (_server, client) = crate::api::served(&t).await;
+    let accepted = t.pid("accepted");
+    let body =
+        r#"{"amount":1999,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}"#;
+    assert_eq!(client.create(&accepted, body).await.unwrap().status, 202);
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let ledger = DynamoRefundLedger::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    )
+    .with_payments_table(Some(t.stack.payments_table().unwrap().to_owned()));
+    assert!(
+        ledger.accepted(&accepted).await.unwrap(),
+        "the API's row is found"
+    );
+    assert!(!ledger.accepted(&t.pid("never-sent")).await.unwrap());
+}

@@ -225,10 +225,11 @@ pub async fn list(
 }
 
 /// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
-pub const KNOWN_CODES: [&str; 12] = [
+pub const KNOWN_CODES: [&str; 13] = [
     "invalid_json",
     "invalid_payment",
     "invalid_refund",
+    "payment_unknown",
     "payment_not_refundable",
     "refund_exceeds_charge",
     "refund_failed",
@@ -242,8 +243,9 @@ pub const KNOWN_CODES: [&str; 12] = [
 
 /// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
 /// again (or, for a reused key, never belong to the payment their id names).
-pub const NEVER_REDRIVEN: [(&str, &str); 9] = [
+pub const NEVER_REDRIVEN: [(&str, &str); 10] = [
     ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
+    ("payment_unknown", "the refund's record holds that its payment was known nowhere when it came; once the payment is charged, send the refund under a new refund_id"),
     ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
     ("refund_exceeds_charge", "the refund's record holds that nothing was left to refund; send a new refund_id for a smaller amount"),
     ("refund_failed", "the provider created the refund as failed; the refund's record holds it, a redrive is dead-lettered again"),
