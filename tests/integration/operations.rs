@@ -132,6 +132,12 @@ async fn redrive_keeps_what_is_never_redriven_and_refuses_unknown_codes() {
         ]
     );
     assert_eq!(dlq::list(&t.sqs, &dlq_url, 10).await.unwrap().len(), 3);
+    // A redrive of one code says nothing of the others: they were not asked for, not "kept".
+    let one_code = dlq::redrive(&t.sqs, &opts(Some("retries_exhausted"), false))
+        .await
+        .unwrap();
+    assert_eq!(one_code.moved, 0);
+    assert!(one_code.kept.is_empty(), "{:?}", one_code.kept);
     let forced = dlq::redrive(&t.sqs, &opts(Some("invalid_json"), true))
         .await
         .unwrap();

@@ -448,7 +448,10 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                 && !held_back;
             let rh = m.receipt_handle().unwrap_or_default().to_owned();
             if !wanted {
-                if held_back && !skipped.iter().any(|(id, _)| *id == i.message_id) {
+                // Kept: what this redrive would have moved but for its code (a code it was
+                // not asked to move is not "kept", merely left).
+                let asked = opts.error_code.as_ref().is_none_or(|c| *c == code);
+                if held_back && asked && !skipped.iter().any(|(id, _)| *id == i.message_id) {
                     *kept.entry(code).or_default() += 1;
                 }
                 skipped.push((i.message_id.clone(), rh));
