@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The README says what the template is: every alarm of template.yaml has its row in "When an
 alarm fires" (and no row names an alarm the template lacks), the counts of alarms and functions
-the README states are the template's, every stack output the README exports exists, and the
+the README states are the template's, every stack output the README exports exists, the
+conformance check's number of checks is the one its help and the README say, and the
 `sqs-once` example in README.md is the one that
 compiles as sqs-once's doc test (sqs-once/README.md).
 
@@ -54,6 +55,16 @@ def example(text):
     return m.group(1) if m else None
 
 
+def conformance_counts(tool_src, help_src, readme):
+    """The conformance check's number of checks as the tool runs them, its help and the README
+    say them."""
+    tool = len(re.findall(r"results\.push\(with_table\(", tool_src))
+    said = [int(n) for n in re.findall(r"in (\d+) checks", help_src)]
+    said += [int(n) for n in re.findall(r"\((\d+) checks\)", readme)]
+    return [f"the conformance check runs {tool} checks; its help or the README says {n}" for n in said if n != tool] + (
+        [] if said else ["neither the help nor the README says how many checks the conformance check runs"])
+
+
 def check(template, readme, crate_readme):
     problems = []
     alarms = resources_of(template, "AWS::CloudWatch::Alarm")
@@ -97,7 +108,9 @@ def self_test():
     with_out = template + "Outputs:\n  ApiUrl:\n    Value: x\n"
     assert check(with_out, good + "X=$(out ApiUrl)\n", ex) == []
     assert len(check(with_out, good + "X=$(out ApiURL)\n", ex)) == 1
-    print("docs_match self-test: 7 cases ok")
+    assert conformance_counts("results.push(with_table(\n" * 2, "in 2 checks", "(2 checks)") == []
+    assert len(conformance_counts("results.push(with_table(\n" * 2, "in 3 checks", "(2 checks)")) == 1
+    print("docs_match self-test: 9 cases ok")
 
 
 if __name__ == "__main__":
@@ -107,8 +120,10 @@ if __name__ == "__main__":
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
     read = lambda p: open(os.path.join(root, p), encoding="utf-8").read()
     found = check(read("template.yaml"), read("README.md"), read("sqs-once/README.md"))
+    found += conformance_counts(read("infra/payctl/src/conformance/mod.rs"),
+                                read("infra/payctl/src/main.rs"), read("README.md"))
     for p in found:
         print(p, file=sys.stderr)
     if found:
         sys.exit(1)
-    print("docs match the template: every alarm in the runbook, the counts, the sqs-once example")
+    print("docs match the template and the tools: every alarm in the runbook, the counts, the stack outputs, the sqs-once example, the conformance check's checks")
