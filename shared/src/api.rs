@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::charge::{rejection_code, PaymentOutcome};
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
 use crate::outbox::OutboxEntry;
+use crate::refund_view::Refunds;
 use sqs_once::clock::Clock;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
@@ -88,6 +89,8 @@ pub trait PaymentsStore: Send + Sync {
         &self,
         id: &str,
     ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable>;
+    /// Reads a payment's refunds (consistent), `None` when it has none.
+    async fn refunds(&self, id: &str) -> Result<Option<Refunds>, Unavailable>;
 }
 
 /// An HTTP answer.
@@ -344,13 +347,19 @@ impl PaymentsApi {
             Ok(p) => p,
             Err(e) => return unavailable(&e, false),
         };
+        let refunds = match self.store.refunds(id).await {
+            Ok(r) => r,
+            Err(e) => return unavailable(&e, false),
+        };
         let Some(payment) = payment else {
             // Not created through the API: a payment sent to the queue itself is known by
             // the processor's record (or its dead letter) alone.
             if record.is_none() && mark.is_none() {
                 return missing();
             }
-            return ApiResponse::json(200, &queue_payment(id, record.as_ref(), mark.as_ref()));
+            let mut object = queue_payment(id, record.as_ref(), mark.as_ref());
+            add_refunds(&mut object, refunds);
+            return ApiResponse::json(200, &object);
         };
         let view = status_of(&payment, record.as_ref(), mark.as_ref());
         let mut object = payment_object(
@@ -361,6 +370,7 @@ impl PaymentsApi {
             payment.created,
         );
         add_view(&mut object, view);
+        add_refunds(&mut object, refunds);
         ApiResponse::json(200, &object)
     }
 }
@@ -394,6 +404,15 @@ fn queue_payment(
     });
     add_view(&mut object, view);
     object
+}
+
+/// A payment's refunds on its object: `refunded_amount` and `refunds` (each one's id, amount,
+/// state and provider id), when it has any.
+fn add_refunds(object: &mut Value, refunds: Option<Refunds>) {
+    if let Some(r) = refunds {
+        object["refunded_amount"] = json!(r.refunded_amount);
+        object["refunds"] = json!(r.refunds);
+    }
 }
 
 /// The fields a status view adds to a payment object, where it has them.
@@ -528,6 +547,7 @@ mod tests {
         outbox: Mutex<HashMap<String, OutboxEntry>>,
         records: Mutex<HashMap<String, IdempotencyRecord>>,
         marks: Mutex<HashMap<String, DeadLetterMark>>,
+        refunds: Mutex<HashMap<String, Refunds>>,
         down: AtomicBool,
     }
 
@@ -569,6 +589,10 @@ mod tests {
                 self.records.lock().unwrap().get(id).cloned(),
                 self.marks.lock().unwrap().get(id).cloned(),
             ))
+        }
+
+        async fn refunds(&self, id: &str) -> Result<Option<Refunds>, Unavailable> {
+            Ok(self.refunds.lock().unwrap().get(id).cloned())
         }
     }
 
@@ -847,6 +871,26 @@ mod tests {
             )
         );
         assert_eq!(done["provider_payment_id"], "pi_1");
+        assert!(done.get("refunds").is_none(), "no refunds, no field");
+        tables.refunds.lock().unwrap().insert(
+            "q".into(),
+            Refunds {
+                refunded_amount: 500,
+                refunds: vec![crate::refund_view::RefundView {
+                    refund_id: "rf-1".into(),
+                    amount: 500,
+                    state: "succeeded".into(),
+                    provider_refund_id: Some("re_1".into()),
+                    error_code: None,
+                }],
+            },
+        );
+        let refunded = json_of(&get(&api, "q").await);
+        assert_eq!(refunded["refunded_amount"], 500);
+        assert_eq!(
+            refunded["refunds"],
+            json!([{"refund_id": "rf-1", "amount": 500, "state": "succeeded", "provider_refund_id": "re_1"}])
+        );
     }
 
     #[tokio::test]

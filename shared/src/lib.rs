@@ -29,6 +29,7 @@ pub mod payments_table;
 pub mod provider;
 pub mod refund;
 pub mod refund_ledger;
+pub mod refund_view;
 pub mod stripe;
 pub mod stripe_limits;
 pub mod stripe_refund;

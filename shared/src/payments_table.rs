@@ -195,4 +195,10 @@ impl PaymentsStore for DynamoPayments {
             .await
             .map_err(|e| Unavailable(e.to_string()))
     }
+
+    async fn refunds(&self, id: &str) -> Result<Option<crate::refund_view::Refunds>, Unavailable> {
+        crate::refund_view::refunds_of(&self.client, self.records.table(), id)
+            .await
+            .map_err(|e| Unavailable(e.to_string()))
+    }
 }

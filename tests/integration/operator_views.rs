@@ -23,8 +23,8 @@ async fn a_payment_sent_to_the_queue_exists_for_the_api() {
 }
 
 /// A payment's refunds show in `payctl status` (each refund's amount, state and provider id,
-/// and the refunded total, in text and `--json`), and a refund's own id reads in `status` and
-/// `history` as a refund.
+/// and the refunded total, in text and `--json`) and in `GET /v1/payments/{id}`, and a
+/// refund's own id reads in `status` and `history` as a refund.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_show_in_status_and_history() {
     use crate::helpers::root;
@@ -88,6 +88,17 @@ async fn refunds_show_in_status_and_history() {
     assert!(
         refund.starts_with(&format!("refund {r2}: succeeded (1000 ")) && refund.contains(&pid),
         "{refund}"
+    );
+    // The API answers the same refunds.
+    let (_server, client) = crate::api::served(&t).await;
+    let got = client.get(&pid).await.unwrap().json().unwrap();
+    assert_eq!(got["refunded_amount"], 1500, "{got}");
+    assert_eq!(got["refunds"][0]["state"], "succeeded", "{got}");
+    assert!(
+        got["refunds"][1]["provider_refund_id"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("re_")),
+        "{got}"
     );
     let history = payctl(&["history", &r2]);
     assert!(

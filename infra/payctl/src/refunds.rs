@@ -3,54 +3,17 @@
 //! the refund's own record), and the refunded total.
 
 use anyhow::Result;
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refund_view::{state_of, RefundView, Refunds};
 use serde_json::{json, Value};
-use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
+use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
-/// One refund of a payment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefundLine {
-    /// The refund's id (its idempotency key).
-    pub refund_id: String,
-    /// The amount reserved for it, minor units.
-    pub amount: i64,
-    /// Where it stands: the provider's refund status (`succeeded`, `pending`, ...) once it
-    /// answered, else `in progress`, `retrying`, or `dead-lettered CODE`.
-    pub state: String,
-    /// The provider's refund id, once known.
-    pub provider_refund_id: Option<String>,
-}
-
-/// The refunds of a payment: the refunded total and each refund. `None` when the payment has
-/// no refund.
+/// The refunds of a payment (`None` when it has none), as `GET /v1/payments/{id}` reads them.
 pub async fn of_payment(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     payment_id: &str,
-) -> Result<Option<(i64, Vec<RefundLine>)>> {
-    let ledger = DynamoRefundLedger::new(ddb.clone(), table);
-    let Some(p) = ledger.payment(payment_id).await? else {
-        return Ok(None);
-    };
-    if !p.has_refunds || p.refunds.is_empty() {
-        return Ok(None);
-    }
-    let store = refund_store(ddb, table);
-    let mut lines = Vec::new();
-    for (rid, amount) in &p.refunds {
-        let (record, mark) = store.record_and_mark(rid).await?;
-        lines.push(RefundLine {
-            refund_id: rid.clone(),
-            amount: *amount,
-            state: state_of(record.as_ref(), mark.as_ref()),
-            provider_refund_id: record
-                .as_ref()
-                .and_then(|r| r.outcome.as_ref())
-                .and_then(|o| o.text("provider_refund_id"))
-                .map(str::to_owned),
-        });
-    }
-    Ok(Some((p.refunded, lines)))
+) -> Result<Option<Refunds>> {
+    Ok(payment_core::refund_view::refunds_of(ddb, table, payment_id).await?)
 }
 
 /// The refund processor's records in the idempotency table `table`.
@@ -58,36 +21,27 @@ pub fn refund_store(ddb: &aws_sdk_dynamodb::Client, table: &str) -> sqs_once::Dy
     sqs_once::DynamoStore::new(ddb.clone(), table, payment_core::refund_keys())
 }
 
-/// Where a refund stands, from its record and dead-letter mark.
-pub fn state_of(record: Option<&IdempotencyRecord>, mark: Option<&DeadLetterMark>) -> String {
-    match (record, mark) {
-        (Some(r), _) if r.status == RecordStatus::Completed => r
-            .outcome
-            .as_ref()
-            .map(|o| match o.text("code") {
-                Some(code) => format!("{} ({code})", o.status),
-                None => o.status.clone(),
-            })
-            .unwrap_or_else(|| "completed".into()),
-        (Some(r), _) if r.status == RecordStatus::InProgress => "in progress".into(),
-        (_, Some(m)) => format!("dead-lettered {}", m.error_code),
-        (Some(_), None) => "retrying".into(),
-        (None, None) => "not started".into(),
+/// A refund's state with its dead letter's code, as a line says it.
+fn state_line(v: &RefundView) -> String {
+    match &v.error_code {
+        Some(code) => format!("{} {code}", v.state),
+        None => v.state.clone(),
     }
 }
 
 /// The lines `payctl status` prints under a payment.
-pub fn describe(total: i64, lines: &[RefundLine]) -> Vec<String> {
+pub fn describe(refunds: &Refunds) -> Vec<String> {
     let mut out = vec![format!(
-        "  refunded         {total} in {} refund(s)",
-        lines.len()
+        "  refunded         {} in {} refund(s)",
+        refunds.refunded_amount,
+        refunds.refunds.len()
     )];
-    for l in lines {
+    for l in &refunds.refunds {
         out.push(format!(
             "    {}  {}  {}{}",
             l.refund_id,
             l.amount,
-            l.state,
+            state_line(l),
             l.provider_refund_id
                 .as_deref()
                 .map(|p| format!(", provider {p}"))
@@ -105,9 +59,12 @@ pub fn describe_refund(
 ) -> Vec<String> {
     let outcome = record.and_then(|r| r.outcome.as_ref());
     let text = |k: &str| outcome.and_then(|o| o.text(k)).map(str::to_owned);
+    let state = match (state_of(record, mark).as_str(), mark) {
+        ("dead_lettered", Some(m)) => format!("dead_lettered {}", m.error_code),
+        (s, _) => s.to_owned(),
+    };
     let mut out = vec![format!(
-        "refund {id}: {}{}",
-        state_of(record, mark),
+        "refund {id}: {state}{}",
         match (outcome.and_then(|o| o.number("amount")), text("currency")) {
             (Some(a), Some(c)) => format!(" ({a} {c})"),
             _ => String::new(),
@@ -148,16 +105,11 @@ pub fn describe_refund(
     out
 }
 
-/// The refunds as `payctl status --json` writes them.
-pub fn to_json(total: i64, lines: &[RefundLine]) -> Value {
+/// The refunds as `payctl status --json` writes them: as `GET /v1/payments/{id}` does.
+pub fn to_json(refunds: &Refunds) -> Value {
     json!({
-        "refunded_amount": total,
-        "refunds": lines.iter().map(|l| json!({
-            "refund_id": l.refund_id,
-            "amount": l.amount,
-            "state": l.state,
-            "provider_refund_id": l.provider_refund_id,
-        })).collect::<Vec<_>>(),
+        "refunded_amount": refunds.refunded_amount,
+        "refunds": refunds.refunds,
     })
 }
 
@@ -167,21 +119,26 @@ mod tests {
 
     #[test]
     fn a_refund_line_reads_its_state_and_provider_id() {
-        let lines = vec![
-            RefundLine {
-                refund_id: "rf-1".into(),
-                amount: 500,
-                state: "succeeded".into(),
-                provider_refund_id: Some("re_1".into()),
-            },
-            RefundLine {
-                refund_id: "rf-2".into(),
-                amount: 1000,
-                state: "in progress".into(),
-                provider_refund_id: None,
-            },
-        ];
-        let text = describe(1500, &lines).join("\n");
+        let refunds = Refunds {
+            refunded_amount: 1500,
+            refunds: vec![
+                RefundView {
+                    refund_id: "rf-1".into(),
+                    amount: 500,
+                    state: "succeeded".into(),
+                    provider_refund_id: Some("re_1".into()),
+                    error_code: None,
+                },
+                RefundView {
+                    refund_id: "rf-2".into(),
+                    amount: 1000,
+                    state: "dead_lettered".into(),
+                    provider_refund_id: None,
+                    error_code: Some("outcome_unknown".into()),
+                },
+            ],
+        };
+        let text = describe(&refunds).join("\n");
         assert!(
             text.contains("refunded         1500 in 2 refund(s)"),
             "{text}"
@@ -190,8 +147,11 @@ mod tests {
             text.contains("rf-1  500  succeeded, provider re_1"),
             "{text}"
         );
-        assert!(text.contains("rf-2  1000  in progress"), "{text}");
-        let doc = to_json(1500, &lines);
+        assert!(
+            text.contains("rf-2  1000  dead_lettered outcome_unknown"),
+            "{text}"
+        );
+        let doc = to_json(&refunds);
         assert_eq!(doc["refunded_amount"], 1500);
         assert_eq!(doc["refunds"][0]["provider_refund_id"], "re_1");
     }

@@ -82,8 +82,7 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     if json {
         let mut doc = payctl::status::to_json(&payment_id, record.as_ref(), mark.as_ref());
         doc["kind"] = "payment".into();
-        let (total, lines) = refunds.unwrap_or_default();
-        let refunds = payctl::refunds::to_json(total, &lines);
+        let refunds = payctl::refunds::to_json(&refunds.unwrap_or_default());
         doc["refunded_amount"] = refunds["refunded_amount"].clone();
         doc["refunds"] = refunds["refunds"].clone();
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -91,8 +90,8 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         for line in payctl::status::describe(&payment_id, record.as_ref(), mark.as_ref()) {
             println!("{line}");
         }
-        if let Some((total, lines)) = &refunds {
-            for line in payctl::refunds::describe(*total, lines) {
+        if let Some(refunds) = &refunds {
+            for line in payctl::refunds::describe(refunds) {
                 println!("{line}");
             }
         }
