@@ -234,13 +234,22 @@ impl TestStack {
 
     /// Receives up to `n` visible messages (several receives) as Lambda records.
     pub async fn receive_records(&self, n: usize) -> Vec<SqsMessage> {
+        self.receive_records_from(&self.stack.event_source, n).await
+    }
+
+    /// Receives up to `n` messages of an event source's queue as Lambda event records.
+    pub async fn receive_records_from(
+        &self,
+        source: &payctl::template::EventSource,
+        n: usize,
+    ) -> Vec<SqsMessage> {
         let mut records = Vec::new();
         let mut empty = 0;
         while records.len() < n && empty < 3 {
             let out = self
                 .sqs
                 .receive_message()
-                .queue_url(self.queue_url())
+                .queue_url(&source.queue_url)
                 .max_number_of_messages(((n - records.len()).min(10)) as i32)
                 .wait_time_seconds(1)
                 .message_system_attribute_names(MessageSystemAttributeName::All)
@@ -252,11 +261,7 @@ impl TestStack {
                 empty += 1;
             }
             for m in out.messages() {
-                records.push(esm::to_record(
-                    m,
-                    &self.stack.event_source.queue_arn,
-                    "us-east-1",
-                ));
+                records.push(esm::to_record(m, &source.queue_arn, "us-east-1"));
             }
         }
         records

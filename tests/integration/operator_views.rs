@@ -100,6 +100,12 @@ async fn refunds_show_in_status_and_history() {
             .is_some_and(|p| p.starts_with("re_")),
         "{got}"
     );
+    // The payment's history names its refunds' events among its own.
+    let payment_history = payctl(&["history", &pid]);
+    assert!(
+        payment_history.contains(&format!("refund {r1} (500): completed: succeeded")),
+        "{payment_history}"
+    );
     let history = payctl(&["history", &r2]);
     assert!(
         history

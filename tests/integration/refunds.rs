@@ -19,7 +19,11 @@ struct Refunds {
 }
 
 async fn refunds(t: &TestStack) -> Refunds {
-    let config = proving::demo::refund_config_for(&t.stack, &fast_settings())
+    refunds_with(t, fast_settings()).await
+}
+
+async fn refunds_with(t: &TestStack, settings: BTreeMap<String, String>) -> Refunds {
+    let config = proving::demo::refund_config_for(&t.stack, &settings)
         .expect("the refund function's configuration");
     let sdk = payment_core::bootstrap::sdk_config().await;
     Refunds {
@@ -272,4 +276,59 @@ async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
         "the API's row is found"
     );
     assert!(!ledger.accepted(&t.pid("never-sent")).await.unwrap());
+}
+
+/// `payctl reconcile REFUND_ID` settles a refund whose answer was lost: its record is `FAILED`
+/// and marked unknown, the provider made the refund, and reconcile finds it in the
+/// PaymentIntent's refunds and completes the record, refunding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_settles_a_refund_whose_answer_was_lost() {
+    let t = TestStack::new("refund-reconcile").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 1000, "pm_card_visa")).await;
+    t.drain(1).await;
+    let r = refunds_with(&t, env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
+    let rid = t.pid("rf-1");
+    t.fault(&rid, "drop_after_commit", Some(1), 0).await;
+    proving::load::send_all(&t.sqs, &r.queue_url, &[refund(&rid, &pid, Some(400))])
+        .await
+        .expect("sending the refund");
+    let source = &t.stack.event_sources[REFUND_PROCESSOR];
+    let records = t.receive_records_from(source, 1).await;
+    r.processor
+        .handle_batch(records, sqs_once::runner::now_ms() + 60_000)
+        .await;
+    let made = |l: proving::sim::Ledger| l.refunds.get(&rid).map(Vec::len).unwrap_or(0);
+    assert_eq!(
+        made(t.sim.ledger().await.unwrap()),
+        1,
+        "the provider made the refund; its answer was lost"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await; // past not_before
+    let reconcile = std::process::Command::new(root().join("target/debug/payctl"))
+        .args(["reconcile", &rid, "--table", &t.config.idempotency_table])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&reconcile.stdout);
+    assert_eq!(
+        reconcile.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&reconcile.stderr)
+    );
+    assert!(said.contains("settled from the provider"), "{said}");
+    let status = std::process::Command::new(root().join("target/debug/payctl"))
+        .args(["status", &rid, "--table", &t.config.idempotency_table])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.starts_with(&format!("refund {rid}: succeeded (400 ")),
+        "{shown}"
+    );
+    assert_eq!(
+        made(t.sim.ledger().await.unwrap()),
+        1,
+        "reconcile refunded nothing"
+    );
 }

@@ -25,6 +25,7 @@ pub mod client;
 pub mod conformance;
 pub mod dlq;
 pub mod reconcile;
+pub mod reconcile_refund;
 pub mod records;
 pub mod refunds;
 pub mod relay;

@@ -49,8 +49,8 @@ enum Command {
     /// The dead-letter queues: list, show (by message id, source message id or payment id),
     /// redrive.
     Dlq(commands::dlq::DlqArgs),
-    /// Settle unknown or stuck payments from what the provider holds: a charge found completes
-    /// the record; nothing found is reported with whether the provider still remembers the key.
+    /// Settle unknown or stuck payments and refunds from what the provider holds: a charge (or
+    /// refund) found completes the record; nothing found is reported with what a redrive does.
     /// Never charges. Needs PAYMENT_API_URL and the API key like the function. Exits 0 when
     /// every payment is settled, 2 when one must be looked at again (held, not provable yet, or
     /// nothing at the provider), 1 on an error.

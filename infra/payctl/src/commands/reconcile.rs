@@ -12,9 +12,10 @@ pub struct ReconcileArgs {
         required_unless_present = "all_unknown",
         conflicts_with = "all_unknown"
     )]
-    /// The payment's id (its Idempotency-Key).
+    /// The payment's id (its Idempotency-Key), or a refund's id.
     pub payment_id: Option<String>,
-    /// Every record that is marked unknown, FAILED, or IN_PROGRESS past its lease.
+    /// Every payment and refund record that is marked unknown, FAILED, or IN_PROGRESS past its
+    /// lease.
     #[arg(long)]
     pub all_unknown: bool,
     /// The idempotency table (the stack's IdempotencyTableName output).
@@ -49,7 +50,7 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         search_lag_seconds,
         stripe_api_version,
     } = args;
-    use payctl::reconcile;
+    use payctl::{reconcile, reconcile_refund};
     if !payment_core::stripe::is_api_version(&stripe_api_version) {
         bail!("--stripe-api-version must be a Stripe API version such as {} (YYYY-MM-DD[.name]), got {stripe_api_version:?}", payment_core::stripe::DEFAULT_API_VERSION);
     }
@@ -78,9 +79,23 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
     .await?;
     payctl::aws::announce(sdk, &format!("settling records of {table}")).await;
     let store = payment_core::payment_store(ddb.clone(), &table);
-    let ids = match (payment_id, all_unknown) {
-        (Some(id), false) => vec![id],
-        _ => reconcile::unsettled_ids(&ddb, &table).await?,
+    // What to look at: (id, is it a refund).
+    let ids: Vec<(String, bool)> = match (payment_id, all_unknown) {
+        (Some(id), false) => vec![(id, false)],
+        _ => {
+            let mut ids: Vec<(String, bool)> = reconcile::unsettled_ids(&ddb, &table)
+                .await?
+                .into_iter()
+                .map(|id| (id, false))
+                .collect();
+            ids.extend(
+                reconcile_refund::unsettled_refund_ids(&ddb, &table)
+                    .await?
+                    .into_iter()
+                    .map(|id| (id, true)),
+            );
+            ids
+        }
     };
     let settings = reconcile::ReconcileSettings {
         key_retention: Duration::from_secs(key_retention_seconds),
@@ -91,16 +106,35 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
     }
     let mut failed = 0;
     let mut open = 0;
-    for id in &ids {
-        match reconcile::reconcile_one(&store, &provider, id, settings).await {
-            Ok(action) => {
-                if !action.is_final() {
+    for (id, is_refund) in &ids {
+        let now = sqs_once::runner::now_ms();
+        let done = async {
+            // An id given alone is a payment's, else a refund's.
+            if !is_refund {
+                let action = reconcile::reconcile_one(&store, &provider, id, settings).await?;
+                if action != reconcile::Action::NoRecord || all_unknown {
+                    return Ok::<_, anyhow::Error>((
+                        action.is_final(),
+                        reconcile::describe(id, &action, now),
+                    ));
+                }
+            }
+            let action = reconcile_refund::reconcile_refund(&ddb, &table, &provider, id).await?;
+            let line = match action {
+                reconcile_refund::RefundAction::NoRecord => format!(
+                    "{id}: no record in the table, as a payment or as a refund; nothing to settle"
+                ),
+                _ => reconcile_refund::describe(id, &action, now),
+            };
+            Ok((action.is_final(), line))
+        }
+        .await;
+        match done {
+            Ok((is_final, line)) => {
+                if !is_final {
                     open += 1;
                 }
-                println!(
-                    "{}",
-                    reconcile::describe(id, &action, sqs_once::runner::now_ms())
-                );
+                println!("{line}");
             }
             Err(e) => {
                 failed += 1;
@@ -109,11 +143,11 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         }
     }
     if failed > 0 {
-        bail!("{failed} of {} payments could not be reconciled", ids.len());
+        bail!("{failed} of {} records could not be reconciled", ids.len());
     }
     if open > 0 {
         // Not an error, and not done: a script must not read it as settled.
-        eprintln!("{open} of {} payments are not settled yet: the lines above say when to run again or what to do", ids.len());
+        eprintln!("{open} of {} records are not settled yet: the lines above say when to run again or what to do", ids.len());
         std::process::exit(2);
     }
     Ok(())

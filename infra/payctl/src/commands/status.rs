@@ -120,7 +120,21 @@ pub async fn history(args: HistoryArgs, sdk: &aws_config::SdkConfig) -> Result<(
         }
     };
     eprintln!("{kind} {payment_id}, in time order:");
-    for (at, what) in payctl::status::history(record.as_ref(), mark.as_ref()) {
+    let mut events = payctl::status::history(record.as_ref(), mark.as_ref());
+    if kind == "payment" {
+        // Its refunds' events, each named, among the payment's own.
+        let ddb = aws_sdk_dynamodb::Client::new(sdk);
+        let refunds = payctl::refunds::of_payment(&ddb, &table, &payment_id).await?;
+        let store = payctl::refunds::refund_store(&ddb, &table);
+        for r in refunds.map(|r| r.refunds).unwrap_or_default() {
+            let (record, mark) = store.record_and_mark(&r.refund_id).await?;
+            for (at, what) in payctl::status::history(record.as_ref(), mark.as_ref()) {
+                events.push((at, format!("refund {} ({}): {what}", r.refund_id, r.amount)));
+            }
+        }
+        events.sort_by_key(|(at, _)| *at);
+    }
+    for (at, what) in events {
         println!("{}  {what}", payctl::time::utc(at));
     }
     Ok(())
