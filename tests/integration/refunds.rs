@@ -278,9 +278,9 @@ async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
     assert!(!ledger.accepted(&t.pid("never-sent")).await.unwrap());
 }
 
-/// `payctl reconcile REFUND_ID` settles a refund whose answer was lost: its record is `FAILED`
-/// and marked unknown, the provider made the refund, and reconcile finds it in the
-/// PaymentIntent's refunds and completes the record, refunding nothing.
+/// `payctl reconcile` settles a refund whose answer was lost: its record is `FAILED` and
+/// marked unknown, the provider made the refund, and `--all-unknown` finds it and completes it
+/// from the PaymentIntent's refunds, refunding nothing; by its id it then reads as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_settles_a_refund_whose_answer_was_lost() {
     let t = TestStack::new("refund-reconcile").await;
@@ -305,18 +305,32 @@ async fn reconcile_settles_a_refund_whose_answer_was_lost() {
         "the provider made the refund; its answer was lost"
     );
     tokio::time::sleep(std::time::Duration::from_millis(3_500)).await; // past not_before
-    let reconcile = std::process::Command::new(root().join("target/debug/payctl"))
-        .args(["reconcile", &rid, "--table", &t.config.idempotency_table])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&reconcile.stdout);
+    let reconcile = |args: &[&str]| {
+        std::process::Command::new(root().join("target/debug/payctl"))
+            .arg("reconcile")
+            .args(args)
+            .args(["--table", &t.config.idempotency_table])
+            .output()
+            .unwrap()
+    };
+    // --all-unknown finds the refund among the unsettled records, and settles it.
+    let all = reconcile(&["--all-unknown"]);
+    let said = String::from_utf8_lossy(&all.stdout);
     assert_eq!(
-        reconcile.status.code(),
+        all.status.code(),
         Some(0),
         "{said}{}",
-        String::from_utf8_lossy(&reconcile.stderr)
+        String::from_utf8_lossy(&all.stderr)
     );
-    assert!(said.contains("settled from the provider"), "{said}");
+    assert!(
+        said.contains(&format!("refund {rid}: settled from the provider")),
+        "{said}"
+    );
+    // By its id, it is done.
+    let again = reconcile(&[&rid]);
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(again.status.code(), Some(0), "{said}");
+    assert!(said.contains("already COMPLETED (succeeded)"), "{said}");
     let status = std::process::Command::new(root().join("target/debug/payctl"))
         .args(["status", &rid, "--table", &t.config.idempotency_table])
         .output()
