@@ -144,11 +144,7 @@ pub async fn build_refund_processor(
         Arc::new(ledger),
         config.provider_key_retention,
     );
-    let store = sqs_once::DynamoStore::new(
-        dynamodb,
-        config.idempotency_table.clone(),
-        crate::refund::refund_keys(),
-    );
+    let store = crate::refund_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
         config.dead_letter_queue_url.clone(),

@@ -55,6 +55,11 @@ pub fn refund_keys() -> sqs_once::KeyLayout {
     sqs_once::KeyLayout::named("refund")
 }
 
+/// The refund processor's records in the idempotency table `table`.
+pub fn refund_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
+    sqs_once::DynamoStore::new(client, table, refund_keys())
+}
+
 /// The payment processor's records in the idempotency table `table`.
 pub fn payment_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
     sqs_once::DynamoStore::new(client, table, payment_keys())

@@ -114,11 +114,7 @@ impl DynamoRefundLedger {
     pub fn new(client: Client, table: &str) -> Self {
         Self {
             records: crate::payment_store(client.clone(), table),
-            refund_records: DynamoStore::new(
-                client.clone(),
-                table.to_owned(),
-                crate::refund_keys(),
-            ),
+            refund_records: crate::refund_store(client.clone(), table),
             client,
             payments_table: None,
         }

@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus, StoreError};
-use sqs_once::DynamoStore;
 
 use crate::refund_ledger::{DynamoRefundLedger, RefundLedger};
 
@@ -64,7 +63,7 @@ pub async fn refunds_of(
     if p.refunds.is_empty() {
         return Ok(None);
     }
-    let store = DynamoStore::new(client.clone(), table, crate::refund_keys());
+    let store = crate::refund_store(client.clone(), table);
     let mut refunds = Vec::new();
     for (rid, amount) in &p.refunds {
         let (record, mark) = store.record_and_mark(rid).await?;

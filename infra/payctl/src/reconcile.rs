@@ -199,8 +199,16 @@ pub fn describe(payment_id: &str, action: &Action, now_ms: i64) -> String {
 
 /// The payment ids `--all-unknown` covers: every record that [`needs_reconciling`].
 pub async fn unsettled_ids(ddb: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<String>> {
+    unsettled_keys(ddb, &payment_core::payment_store(ddb.clone(), table)).await
+}
+
+/// The keys of one work's records in `store` that [`needs_reconciling`], sorted.
+pub async fn unsettled_keys(
+    ddb: &aws_sdk_dynamodb::Client,
+    store: &DynamoStore,
+) -> Result<Vec<String>> {
     let now = now_ms();
-    let mut ids: Vec<String> = crate::records::scan_records(ddb, table)
+    let mut ids: Vec<String> = crate::records::scan_records_of(ddb, store)
         .await?
         .into_values()
         .filter(|r| needs_reconciling(r, now))

@@ -13,8 +13,6 @@ use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
 use sqs_once::record::{IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus, StoreError};
 use sqs_once::runner::now_ms;
 
-use crate::reconcile::needs_reconciling;
-
 /// What reconcile did with one refund.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RefundAction {
@@ -51,11 +49,6 @@ impl RefundAction {
             RefundAction::AlreadyCompleted(_) | RefundAction::Settled(_)
         )
     }
-}
-
-/// The refund processor's records in `table`.
-pub fn store(ddb: &aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
-    sqs_once::DynamoStore::new(ddb.clone(), table, payment_core::refund_keys())
 }
 
 /// The payment whose record holds a reservation for `refund_id`.
@@ -100,7 +93,7 @@ pub async fn reconcile_refund(
     provider: &dyn RefundProvider,
     refund_id: &str,
 ) -> Result<RefundAction> {
-    let refunds = store(ddb, table);
+    let refunds = crate::refunds::refund_store(ddb, table);
     let Some(record) = refunds.get(refund_id).await? else {
         return Ok(RefundAction::NoRecord);
     };
@@ -209,18 +202,11 @@ pub fn describe(refund_id: &str, action: &RefundAction, now: i64) -> String {
     }
 }
 
-/// The refund ids `--all-unknown` covers: every refund record that [`needs_reconciling`].
+/// The refund ids `--all-unknown` covers: every refund record that
+/// [`crate::reconcile::needs_reconciling`].
 pub async fn unsettled_refund_ids(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<Vec<String>> {
-    let now = now_ms();
-    let mut ids: Vec<String> = crate::records::scan_records_of(ddb, &store(ddb, table))
-        .await?
-        .into_values()
-        .filter(|r| needs_reconciling(r, now))
-        .map(|r| r.key)
-        .collect();
-    ids.sort();
-    Ok(ids)
+    crate::reconcile::unsettled_keys(ddb, &crate::refunds::refund_store(ddb, table)).await
 }

@@ -18,7 +18,7 @@ pub async fn of_payment(
 
 /// The refund processor's records in the idempotency table `table`.
 pub fn refund_store(ddb: &aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
-    sqs_once::DynamoStore::new(ddb.clone(), table, payment_core::refund_keys())
+    payment_core::refund_store(ddb.clone(), table)
 }
 
 /// A refund's state with its dead letter's code, as a line says it.
