@@ -11,11 +11,13 @@
 //!
 //! - Domain (no AWS, no Lambda): [`domain`] (the validated payment request), [`currency`],
 //!   [`provider`] (provider port), [`stripe_limits`] (what Stripe accepts, with its sources).
-//! - Works: [`charge`] (payments), [`refund`] (refunds of charged payments).
+//! - Works: [`charge`] (payments), [`refund`] (refunds of charged payments),
+//!   [`event_inbox`] (the provider's events, by event id; rules in [`provider_event`]).
 //! - Use cases: [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
 //!   (relaying accepted payments to the queue).
 //! - Adapters: [`stripe`] (provider HTTP), [`payments_table`] (payments and outbox),
-//!   [`refund_ledger`] (the refunded total on a payment's record).
+//!   [`refund_ledger`] (the refunded total on a payment's record), [`settlement`] (what the
+//!   provider's events change on the records), [`stripe_webhook`] (event signatures).
 //! - Edges: [`config`] (environment), [`bootstrap`] (wiring), [`telemetry`] (logs, metrics).
 
 pub mod api;
@@ -24,15 +26,20 @@ pub mod charge;
 pub mod config;
 pub mod currency;
 pub mod domain;
+pub mod event_inbox;
 pub mod outbox;
 pub mod payments_table;
 pub mod provider;
+pub mod provider_event;
 pub mod refund;
 pub mod refund_ledger;
 pub mod refund_view;
+pub mod settlement;
 pub mod stripe;
 pub mod stripe_limits;
+pub mod stripe_objects;
 pub mod stripe_refund;
+pub mod stripe_webhook;
 pub mod telemetry;
 
 pub use charge::{PaymentOutcome, PaymentWork, Processor};

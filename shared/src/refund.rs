@@ -214,12 +214,17 @@ impl RefundWork {
             if let Some(a) = p.refunds.get(&r.refund_id) {
                 return Ok(Ok(*a));
             }
-            let amount = r.amount.unwrap_or(charged - p.refunded);
-            if amount <= 0 || p.refunded + amount > charged {
+            let amount = r.amount.unwrap_or(p.left(charged));
+            if amount <= 0 || amount > p.left(charged) {
+                let disputed = if p.disputed > 0 {
+                    format!(", {} held by disputes", p.disputed)
+                } else {
+                    String::new()
+                };
                 return Ok(Err(rejected(
                     "refund_exceeds_charge",
                     format!(
-                        "a refund of {} on payment {} exceeds what is left: {} of {charged} refunded",
+                        "a refund of {} on payment {} exceeds what is left: {} of {charged} refunded{disputed}",
                         r.amount.map_or("the rest".to_owned(), |a| a.to_string()),
                         r.payment_id,
                         p.refunded

@@ -40,6 +40,16 @@ pub struct RefundablePayment {
     pub refunds: BTreeMap<String, i64>,
     /// The record carries the refund attributes (a first refund creates them).
     pub has_refunds: bool,
+    /// The amount open or lost disputes hold (`disputed_amount`, set by the provider's
+    /// dispute events): not refundable.
+    pub disputed: i64,
+}
+
+impl RefundablePayment {
+    /// What is left to refund of a charge of `charged`: neither refunded nor disputed.
+    pub fn left(&self, charged: i64) -> i64 {
+        charged - self.refunded - self.disputed
+    }
 }
 
 /// What a reservation found.
@@ -225,6 +235,7 @@ impl RefundLedger for DynamoRefundLedger {
             refunded: get_n(item, "refunded_amount").unwrap_or(0),
             has_refunds: item.contains_key("refunds"),
             refunds,
+            disputed: get_n(item, "disputed_amount").unwrap_or(0),
         }))
     }
 
@@ -263,7 +274,10 @@ impl RefundLedger for DynamoRefundLedger {
     ) -> Result<Reservation, StoreError> {
         let (k, v) = self.key(payment_id);
         let total = seen.refunded + amount;
-        let refundable = "#s = :completed AND outcome.#st = :succeeded AND :total <= outcome.#amt";
+        // What is refunded and what disputes hold never pass the charge; the disputed amount
+        // is pinned to the one read, so a dispute applied meanwhile makes this read again.
+        let refundable = "#s = :completed AND outcome.#st = :succeeded AND :held <= outcome.#amt \
+            AND (attribute_not_exists(disputed_amount) OR disputed_amount = :disputed)";
         let mut req = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
@@ -272,7 +286,9 @@ impl RefundLedger for DynamoRefundLedger {
             .expression_attribute_names("#amt", "amount")
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
             .expression_attribute_values(":succeeded", s("succeeded"))
-            .expression_attribute_values(":total", n(total));
+            .expression_attribute_values(":total", n(total))
+            .expression_attribute_values(":held", n(total + seen.disputed))
+            .expression_attribute_values(":disputed", n(seen.disputed));
         req = if seen.has_refunds {
             req.update_expression("SET refunds.#rid = :amount, refunded_amount = :total")
                 .condition_expression(format!(
@@ -416,8 +432,13 @@ impl RefundLedger for InMemoryRefundLedger {
                 .filter(|o| o.status == "succeeded")
                 .map(|o| o.amount);
             let total = seen.refunded + amount;
-            let fits = p.status == RecordStatus::Completed && charged.is_some_and(|c| total <= c);
-            if !fits || p.refunds.contains_key(refund_id) || p.refunded != seen.refunded {
+            let fits = p.status == RecordStatus::Completed
+                && charged.is_some_and(|c| total + seen.disputed <= c);
+            if !fits
+                || p.refunds.contains_key(refund_id)
+                || p.refunded != seen.refunded
+                || p.disputed != seen.disputed
+            {
                 return Reservation::Changed;
             }
             p.refunds.insert(refund_id.to_owned(), amount);

@@ -162,6 +162,7 @@ fn charged_in(
             refunded: 0,
             refunds: BTreeMap::new(),
             has_refunds: false,
+            disputed: 0,
         },
     );
 }

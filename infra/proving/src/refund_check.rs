@@ -329,6 +329,7 @@ mod tests {
             refunded: refunds.iter().map(|(_, a)| a).sum(),
             refunds: refunds.iter().map(|(r, a)| (r.to_string(), *a)).collect(),
             has_refunds: !refunds.is_empty(),
+            disputed: 0,
         }
     }
 

@@ -1,0 +1,431 @@
+//! The inbox of the provider's events: an [`sqs_once::Work`] keyed by the event id (`evt_...`),
+//! so each event is applied once whatever the duplicates (Stripe delivers an event more than
+//! once, out of order, and retries for days; the catch-up feeds the same events again).
+//!
+//! Applying is itself repeatable: every change is a conditional write that names the state it
+//! moves from ([`crate::settlement`]), so an attempt that crashed after its write and runs
+//! again finds the state moved and changes nothing. The rules are in
+//! [`crate::provider_event`].
+//!
+//! What an event finds:
+//! - its object was not created by this system (no `metadata[payment_id]` /
+//!   `metadata[refund_id]`, or a PaymentIntent the payment's record does not name), or its type
+//!   is not one the inbox applies: acknowledged and counted (`foreign`, `unhandled`);
+//! - its object is this system's but its record is not completed yet (the answer that creates
+//!   it is still on its way): handed back, to come again once the record is there;
+//! - otherwise the rule's step: `applied` or `unchanged`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqs_once::record::{RecordStatus, StoreError};
+use sqs_once::{AttemptContext, CallError, Fingerprint, Outcome, Rejection, Work};
+
+use crate::provider::ProviderError;
+use crate::provider_event::{
+    dispute_holds_amount, dispute_step, payment_current, payment_step, refund_current,
+    refund_returns_nothing, refund_step, DisputeChange, PaymentChange, ProviderEvent, RefundChange,
+    Step, Subject,
+};
+use crate::settlement::{EventNote, Settlements};
+
+/// The batch labels of the inbox.
+pub mod labels {
+    /// The event changed a payment, a refund or a dispute.
+    pub const APPLIED: &str = "applied";
+    /// The event was the state stored, or older.
+    pub const UNCHANGED: &str = "unchanged";
+    /// The event's object was not created by this system.
+    pub const FOREIGN: &str = "foreign";
+    /// The inbox does not apply this type.
+    pub const UNHANDLED: &str = "unhandled";
+}
+
+/// The provider's objects as they are now, for events whose payload cannot decide.
+#[async_trait]
+pub trait ProviderObjects: Send + Sync {
+    /// The longest a call may take.
+    fn request_timeout(&self) -> Duration;
+    /// `GET /v1/payment_intents/{id}`.
+    async fn payment_intent(&self, id: &str) -> Result<PaymentChange, ProviderError>;
+    /// `GET /v1/refunds/{id}`.
+    async fn refund(&self, id: &str) -> Result<RefundChange, ProviderError>;
+    /// `GET /v1/disputes/{id}`.
+    async fn dispute(&self, id: &str) -> Result<DisputeChange, ProviderError>;
+    /// The PaymentIntent of a charge (`GET /v1/charges/{id}`), for a dispute that names only
+    /// its charge.
+    async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError>;
+}
+
+/// How many times a change is decided again when the state moved under it.
+const TRIES: usize = 4;
+
+/// The inbox's work.
+pub struct EventWork {
+    settlements: Arc<dyn Settlements>,
+    provider: Arc<dyn ProviderObjects>,
+    /// How long a charged payment's record is kept from its charge (its refund ledger).
+    refund_window: Duration,
+    now_s: fn() -> i64,
+}
+
+fn system_now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn store_error(e: StoreError) -> CallError {
+    CallError::transient(format!("the idempotency table: {e}"))
+}
+
+fn not_yet(what: &str) -> CallError {
+    CallError {
+        retry_now: false,
+        ..CallError::transient(format!("{what}: the event comes back once it is"))
+    }
+}
+
+fn outcome(label: &str, event: &ProviderEvent, change: impl Into<String>) -> Outcome {
+    Outcome::new(label)
+        .with_text("type", &event.kind)
+        .with_number("created", event.created)
+        .with_text("change", change)
+}
+
+impl EventWork {
+    /// The inbox over the idempotency table's records and the provider.
+    pub fn new(
+        settlements: Arc<dyn Settlements>,
+        provider: Arc<dyn ProviderObjects>,
+        refund_window: Duration,
+    ) -> Self {
+        Self {
+            settlements,
+            provider,
+            refund_window,
+            now_s: system_now_s,
+        }
+    }
+
+    fn note(&self, event: &ProviderEvent, change: &str) -> EventNote {
+        EventNote {
+            created: event.created,
+            event_id: event.id.clone(),
+            kind: event.kind.clone(),
+            change: change.to_owned(),
+        }
+    }
+
+    async fn payment(&self, event: &ProviderEvent, c: PaymentChange) -> Result<Outcome, CallError> {
+        let Some(pid) = c.payment_id.clone() else {
+            return Ok(outcome(
+                labels::FOREIGN,
+                event,
+                format!("{} has no metadata[payment_id]", c.intent_id),
+            ));
+        };
+        for _ in 0..TRIES {
+            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+                return Err(not_yet(&format!("payment {pid} has no record yet")));
+            };
+            if p.record_status != RecordStatus::Completed {
+                return Err(not_yet(&format!("payment {pid} is not completed yet")));
+            }
+            let stored = p.status.clone().unwrap_or_default();
+            if p.provider_payment_id.as_deref() != Some(c.intent_id.as_str()) {
+                // Another PaymentIntent of the payment (one an earlier attempt left behind):
+                // the record settles the one it names.
+                return Ok(outcome(
+                    labels::FOREIGN,
+                    event,
+                    format!(
+                        "{} is not the PaymentIntent payment {pid} is recorded with",
+                        c.intent_id
+                    ),
+                ));
+            }
+            let (to, decline) = match payment_step(&stored, &c.status) {
+                Step::Unchanged => {
+                    return Ok(outcome(
+                        labels::UNCHANGED,
+                        event,
+                        format!("payment {pid} stays {stored}"),
+                    ))
+                }
+                Step::Apply(to) => (to, c.decline_code.clone()),
+                Step::Fetch => {
+                    let now = self.provider.payment_intent(&c.intent_id).await?;
+                    match payment_current(&stored, &now.status) {
+                        Step::Apply(to) => (to, now.decline_code),
+                        _ => {
+                            return Ok(outcome(
+                                labels::UNCHANGED,
+                                event,
+                                format!(
+                                    "payment {pid} stays {stored} (the provider holds it {})",
+                                    now.status
+                                ),
+                            ))
+                        }
+                    }
+                }
+            };
+            let change = format!("payment {stored} -> {to}");
+            let keep = (to == "succeeded").then(|| {
+                p.expires_at_s
+                    .max((self.now_s)() + self.refund_window.as_secs() as i64)
+            });
+            let decline = decline.filter(|_| to == "declined");
+            if self
+                .settlements
+                .settle_payment(
+                    &pid,
+                    &stored,
+                    &to,
+                    decline.as_deref(),
+                    keep,
+                    &self.note(event, &change),
+                )
+                .await
+                .map_err(store_error)?
+            {
+                return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
+            }
+        }
+        Err(CallError::transient(format!(
+            "payment {pid} kept changing while event {} was applied",
+            event.id
+        )))
+    }
+
+    async fn refund(&self, event: &ProviderEvent, c: RefundChange) -> Result<Outcome, CallError> {
+        let Some(rid) = c.refund_id.clone() else {
+            return Ok(outcome(
+                labels::FOREIGN,
+                event,
+                format!("{} has no metadata[refund_id]", c.provider_refund_id),
+            ));
+        };
+        for _ in 0..TRIES {
+            let Some(r) = self.settlements.refund(&rid).await.map_err(store_error)? else {
+                return Err(not_yet(&format!("refund {rid} has no record yet")));
+            };
+            if r.record_status != RecordStatus::Completed {
+                return Err(not_yet(&format!("refund {rid} is not completed yet")));
+            }
+            let stored = r.status.clone().unwrap_or_default();
+            let Some(pid) = r.payment_id.clone() else {
+                return Ok(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("refund {rid} stays {stored}"),
+                ));
+            };
+            if r.provider_refund_id.as_deref() != Some(c.provider_refund_id.as_str()) {
+                return Ok(outcome(
+                    labels::FOREIGN,
+                    event,
+                    format!(
+                        "{} is not the refund {rid} is recorded with",
+                        c.provider_refund_id
+                    ),
+                ));
+            }
+            let to = match refund_step(&stored, &c.status) {
+                Step::Unchanged => {
+                    return Ok(outcome(
+                        labels::UNCHANGED,
+                        event,
+                        format!("refund {rid} stays {stored}"),
+                    ))
+                }
+                Step::Apply(to) => to,
+                Step::Fetch => {
+                    let now = self.provider.refund(&c.provider_refund_id).await?;
+                    match refund_current(&stored, &now.status) {
+                        Step::Apply(to) => to,
+                        _ => {
+                            return Ok(outcome(
+                                labels::UNCHANGED,
+                                event,
+                                format!(
+                                    "refund {rid} stays {stored} (the provider holds it {})",
+                                    now.status
+                                ),
+                            ))
+                        }
+                    }
+                }
+            };
+            let release = if refund_returns_nothing(&to) {
+                self.settlements
+                    .reservation(&pid, &rid)
+                    .await
+                    .map_err(store_error)?
+            } else {
+                None
+            };
+            let change = match release {
+                Some(a) => format!("refund {rid} {stored} -> {to}, {a} given back"),
+                None => format!("refund {rid} {stored} -> {to}"),
+            };
+            if self
+                .settlements
+                .settle_refund(
+                    &rid,
+                    &pid,
+                    &stored,
+                    &to,
+                    release,
+                    &self.note(event, &change),
+                )
+                .await
+                .map_err(store_error)?
+            {
+                return Ok(outcome(labels::APPLIED, event, change)
+                    .with_text("payment_id", pid)
+                    .with_text("refund_id", rid));
+            }
+        }
+        Err(CallError::transient(format!(
+            "refund {rid} kept changing while event {} was applied",
+            event.id
+        )))
+    }
+
+    async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
+        let intent = match (&c.intent_id, &c.charge) {
+            (Some(i), _) => Some(i.clone()),
+            (None, Some(ch)) => self.provider.charge_intent(ch).await?,
+            (None, None) => None,
+        };
+        let Some(intent) = intent else {
+            return Ok(outcome(
+                labels::FOREIGN,
+                event,
+                format!("{} names no PaymentIntent", c.dispute_id),
+            ));
+        };
+        let Some(pid) = self.provider.payment_intent(&intent).await?.payment_id else {
+            return Ok(outcome(
+                labels::FOREIGN,
+                event,
+                format!("{intent} has no metadata[payment_id]"),
+            ));
+        };
+        let did = &c.dispute_id;
+        for _ in 0..TRIES {
+            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+                return Err(not_yet(&format!("payment {pid} has no record yet")));
+            };
+            if p.record_status != RecordStatus::Completed {
+                return Err(not_yet(&format!("payment {pid} is not completed yet")));
+            }
+            let stored = p.disputes.get(did).cloned();
+            let (to, amount) =
+                match dispute_step(stored.as_ref().map(|(s, _)| s.as_str()), &c.status) {
+                    Step::Unchanged => {
+                        return Ok(outcome(
+                            labels::UNCHANGED,
+                            event,
+                            format!(
+                                "dispute {did} stays {}",
+                                stored.map_or_else(String::new, |(s, _)| s)
+                            ),
+                        ))
+                    }
+                    Step::Apply(to) => (to, c.amount),
+                    Step::Fetch => {
+                        let now = self.provider.dispute(did).await?;
+                        match dispute_step(stored.as_ref().map(|(s, _)| s.as_str()), &now.status) {
+                            Step::Apply(to) => (to, now.amount),
+                            _ => return Ok(outcome(
+                                labels::UNCHANGED,
+                                event,
+                                format!(
+                                    "dispute {did} stays as recorded (the provider holds it {})",
+                                    now.status
+                                ),
+                            )),
+                        }
+                    }
+                };
+            let held_before = stored
+                .as_ref()
+                .filter(|(s, _)| dispute_holds_amount(s))
+                .map_or(0, |(_, a)| *a);
+            let held_after = if dispute_holds_amount(&to) { amount } else { 0 };
+            let change = match &stored {
+                Some((from, _)) => {
+                    format!("dispute {did} {from} -> {to} ({amount} held: {held_after})")
+                }
+                None => format!("dispute {did} {to} ({amount} held: {held_after})"),
+            };
+            if self
+                .settlements
+                .settle_dispute(
+                    &pid,
+                    did,
+                    stored.as_ref().map(|(s, _)| s.as_str()),
+                    &to,
+                    amount,
+                    held_after - held_before,
+                    &self.note(event, &change),
+                )
+                .await
+                .map_err(store_error)?
+            {
+                return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
+            }
+        }
+        Err(CallError::transient(format!(
+            "payment {pid} kept changing while event {} was applied",
+            event.id
+        )))
+    }
+}
+
+#[async_trait]
+impl Work for EventWork {
+    type Request = ProviderEvent;
+
+    fn parse(&self, body: &str) -> Result<ProviderEvent, Rejection> {
+        ProviderEvent::parse(body)
+    }
+
+    fn key(&self, event: &ProviderEvent) -> String {
+        event.id.clone()
+    }
+
+    /// The event's id and type: a redelivery, or the same event listed by the catch-up
+    /// (serialised anew), is the same request.
+    fn fingerprint(&self, event: &ProviderEvent) -> String {
+        Fingerprint::new("event/v1")
+            .field("id", &event.id)
+            .field("type", &event.kind)
+            .finish()
+    }
+
+    async fn execute(
+        &self,
+        event: &ProviderEvent,
+        _attempt: &AttemptContext,
+    ) -> Result<Outcome, CallError> {
+        match event.subject() {
+            Subject::Payment(c) => self.payment(event, c).await,
+            Subject::Refund(c) => self.refund(event, c).await,
+            Subject::Dispute(c) => self.dispute(event, c).await,
+            Subject::Unhandled => Ok(outcome(
+                labels::UNHANDLED,
+                event,
+                "not applied by the inbox",
+            )),
+        }
+    }
+
+    fn call_timeout(&self) -> Duration {
+        self.provider.request_timeout()
+    }
+}

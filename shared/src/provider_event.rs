@@ -1,0 +1,455 @@
+//! The provider's events (Stripe's `event` objects) as the inbox reads them, and the rules that
+//! decide what an event changes: pure functions of the state stored and the state the event
+//! carries, so that every duplicate, every late event and every order of delivery ends in the
+//! same state.
+//!
+//! A state only moves forward. Where the payload cannot decide (an event that is neither the
+//! state stored nor a step forward from it: an older event after a newer state, or a state that
+//! can move again), the rule says [`Step::Fetch`]: the object is read from the provider and its
+//! current state applied.
+
+use serde::Deserialize;
+use serde_json::Value;
+use sqs_once::Rejection;
+
+/// A verified event, as it sits in the provider-events queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderEvent {
+    /// `evt_...`: the inbox's idempotency key.
+    pub id: String,
+    /// `payment_intent.succeeded`, `refund.failed`, ...
+    pub kind: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// `data.object`: the object as it was when the event happened.
+    pub object: Value,
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    id: String,
+    object: String,
+    #[serde(rename = "type")]
+    kind: String,
+    created: i64,
+    data: WireData,
+}
+
+#[derive(Deserialize)]
+struct WireData {
+    object: Value,
+}
+
+impl ProviderEvent {
+    /// Reads an event body; anything that is not a Stripe `event` object is refused.
+    pub fn parse(body: &str) -> Result<Self, Rejection> {
+        let w: Wire = serde_json::from_str(body)
+            .map_err(|e| Rejection::new("invalid_event", format!("not a provider event: {e}")))?;
+        if w.object != "event" || !w.id.starts_with("evt_") || w.id.len() > 255 {
+            return Err(Rejection::new(
+                "invalid_event",
+                format!("not a provider event: object {:?}, id {:?}", w.object, w.id),
+            ));
+        }
+        Ok(Self {
+            id: w.id,
+            kind: w.kind,
+            created: w.created,
+            object: w.data.object,
+        })
+    }
+
+    fn text(&self, field: &str) -> Option<String> {
+        self.object.get(field)?.as_str().map(str::to_owned)
+    }
+
+    fn metadata(&self, field: &str) -> Option<String> {
+        self.object
+            .get("metadata")?
+            .get(field)?
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    }
+
+    /// What the event is about.
+    pub fn subject(&self) -> Subject {
+        let object = self.object.get("object").and_then(Value::as_str);
+        let amount = self.object.get("amount").and_then(Value::as_i64);
+        match (self.kind.split('.').next(), object) {
+            (Some("payment_intent"), Some("payment_intent")) => {
+                let Some(intent_id) = self.text("id") else {
+                    return Subject::Unhandled;
+                };
+                let Some(status) = payment_status(self.text("status").as_deref()) else {
+                    return Subject::Unhandled;
+                };
+                Subject::Payment(PaymentChange {
+                    intent_id,
+                    payment_id: self.metadata("payment_id"),
+                    status,
+                    decline_code: decline_code(&self.object),
+                })
+            }
+            (_, Some("refund")) => match (self.text("id"), self.text("status")) {
+                (Some(provider_refund_id), Some(status)) => Subject::Refund(RefundChange {
+                    provider_refund_id,
+                    refund_id: self.metadata("refund_id"),
+                    payment_id: self.metadata("payment_id"),
+                    status,
+                    amount: amount.unwrap_or(0),
+                }),
+                _ => Subject::Unhandled,
+            },
+            (_, Some("dispute")) => match (self.text("id"), self.text("status")) {
+                (Some(dispute_id), Some(status)) => Subject::Dispute(DisputeChange {
+                    dispute_id,
+                    intent_id: self.text("payment_intent"),
+                    charge: self.text("charge"),
+                    status,
+                    amount: amount.unwrap_or(0),
+                }),
+                _ => Subject::Unhandled,
+            },
+            _ => Subject::Unhandled,
+        }
+    }
+}
+
+/// What an event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A PaymentIntent's state.
+    Payment(PaymentChange),
+    /// A refund's state (`refund.*`, `charge.refund.updated`).
+    Refund(RefundChange),
+    /// A dispute's state (`charge.dispute.*`).
+    Dispute(DisputeChange),
+    /// Any other type (`charge.refunded` included: each refund has its own `refund.*` events):
+    /// acknowledged and counted.
+    Unhandled,
+}
+
+/// A PaymentIntent's state as an event or a fetch carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentChange {
+    /// `pi_...`.
+    pub intent_id: String,
+    /// `metadata[payment_id]`: set on every PaymentIntent this system creates.
+    pub payment_id: Option<String>,
+    /// In the record's words: `succeeded`, `processing`, `requires_action`, `canceled`, or
+    /// `declined` (the PaymentIntent is back at `requires_payment_method`: its payment failed).
+    pub status: String,
+    /// `last_payment_error`'s decline code (else its code), when it failed.
+    pub decline_code: Option<String>,
+}
+
+/// A refund's state as an event or a fetch carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundChange {
+    /// `re_...`.
+    pub provider_refund_id: String,
+    /// `metadata[refund_id]`: set on every refund this system creates.
+    pub refund_id: Option<String>,
+    /// `metadata[payment_id]`.
+    pub payment_id: Option<String>,
+    /// `pending`, `requires_action`, `succeeded`, `failed`, `canceled`.
+    pub status: String,
+    /// Minor units.
+    pub amount: i64,
+}
+
+/// A dispute's state as an event or a fetch carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisputeChange {
+    /// `dp_...`.
+    pub dispute_id: String,
+    /// The disputed PaymentIntent, when the object names it.
+    pub intent_id: Option<String>,
+    /// The disputed charge (`ch_...`).
+    pub charge: Option<String>,
+    /// `warning_needs_response`, `warning_under_review`, `warning_closed`, `needs_response`,
+    /// `under_review`, `won`, `lost`, `prevented`.
+    pub status: String,
+    /// Minor units.
+    pub amount: i64,
+}
+
+/// A PaymentIntent's status in the record's words; `None` for one that says nothing settled
+/// (`requires_confirmation`, `requires_capture` is kept as it is).
+pub fn payment_status(status: Option<&str>) -> Option<String> {
+    Some(match status? {
+        "requires_payment_method" => "declined".to_owned(),
+        "requires_confirmation" => return None,
+        s => s.to_owned(),
+    })
+}
+
+fn decline_code(object: &Value) -> Option<String> {
+    let error = object.get("last_payment_error")?;
+    error
+        .get("decline_code")
+        .or_else(|| error.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// What an event does to a state stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Move the stored state to this one.
+    Apply(String),
+    /// Nothing: the event is the state stored, or older than it.
+    Unchanged,
+    /// The payload cannot decide: read the object's current state and apply that.
+    Fetch,
+}
+
+/// A payment's statuses that the provider settles later.
+fn payment_pending(s: &str) -> bool {
+    matches!(s, "processing" | "requires_action")
+}
+
+/// A payment's statuses that never change again.
+fn payment_final(s: &str) -> bool {
+    matches!(
+        s,
+        "succeeded" | "canceled" | "requires_capture" | "rejected"
+    )
+}
+
+/// What a payment event carrying `incoming` does to a payment stored `stored`:
+/// `processing` → `succeeded` | `declined`; `requires_action` → `succeeded` | `declined` |
+/// `canceled`; a final state never changes; anything else is read from the provider.
+pub fn payment_step(stored: &str, incoming: &str) -> Step {
+    if stored == incoming || payment_final(stored) {
+        Step::Unchanged
+    } else if payment_pending(stored) && matches!(incoming, "succeeded" | "declined" | "canceled") {
+        Step::Apply(incoming.to_owned())
+    } else {
+        // Between two pending states, or from a decline (a PaymentIntent may be confirmed
+        // again): the event's order cannot be told from its payload.
+        Step::Fetch
+    }
+}
+
+/// What the provider's current state of a payment does to a payment stored `stored`.
+pub fn payment_current(stored: &str, current: &str) -> Step {
+    if stored == current || payment_final(stored) {
+        Step::Unchanged
+    } else {
+        Step::Apply(current.to_owned())
+    }
+}
+
+/// What a refund event carrying `incoming` does to a refund stored `stored`: `pending` (or
+/// `requires_action`) → `succeeded` | `failed` | `canceled`; `failed` and `canceled` never
+/// change; a `failed` after `succeeded` (Stripe can fail a refund it reported succeeded) is
+/// read from the provider, as is anything else the payload cannot order.
+pub fn refund_step(stored: &str, incoming: &str) -> Step {
+    let pending = |s: &str| matches!(s, "pending" | "requires_action");
+    if stored == incoming || matches!(stored, "failed" | "canceled" | "rejected") {
+        Step::Unchanged
+    } else if pending(stored) && matches!(incoming, "succeeded" | "failed" | "canceled") {
+        Step::Apply(incoming.to_owned())
+    } else if stored == "succeeded" && pending(incoming) {
+        Step::Unchanged
+    } else {
+        Step::Fetch
+    }
+}
+
+/// What the provider's current state of a refund does to a refund stored `stored`.
+pub fn refund_current(stored: &str, current: &str) -> Step {
+    if stored == current || matches!(stored, "failed" | "canceled" | "rejected") {
+        Step::Unchanged
+    } else {
+        Step::Apply(current.to_owned())
+    }
+}
+
+/// True when a refund in this state moved no money: its reservation is given back.
+pub fn refund_returns_nothing(status: &str) -> bool {
+    matches!(status, "failed" | "canceled")
+}
+
+/// A dispute status's place in its life: inquiries, then disputes, then closed.
+fn dispute_rank(status: &str) -> u8 {
+    match status {
+        "warning_needs_response" => 1,
+        "warning_under_review" => 2,
+        "needs_response" => 3,
+        "under_review" => 4,
+        "warning_closed" | "won" | "lost" | "prevented" => 5,
+        _ => 0,
+    }
+}
+
+/// What a dispute event carrying `incoming` does to a dispute stored `stored` (`None`: not
+/// recorded yet): later in the dispute's life applies, earlier changes nothing, a different
+/// state at the same place is read from the provider.
+pub fn dispute_step(stored: Option<&str>, incoming: &str) -> Step {
+    let Some(stored) = stored else {
+        return Step::Apply(incoming.to_owned());
+    };
+    let (s, i) = (dispute_rank(stored), dispute_rank(incoming));
+    if stored == incoming || i < s || s == 5 {
+        Step::Unchanged
+    } else if i > s {
+        Step::Apply(incoming.to_owned())
+    } else {
+        Step::Fetch
+    }
+}
+
+/// True when a dispute in this state holds its amount: a dispute (not an inquiry) the
+/// merchant has not won. Stripe withdraws a dispute's amount when it opens and returns it
+/// when the merchant wins; an inquiry withdraws nothing.
+pub fn dispute_holds_amount(status: &str) -> bool {
+    matches!(status, "needs_response" | "under_review" | "lost")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: &str, object: Value) -> ProviderEvent {
+        ProviderEvent::parse(
+            &json!({"id": "evt_1", "object": "event", "type": kind, "created": 1, "data": {"object": object}})
+                .to_string(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn events_name_their_subject() {
+        let e = event(
+            "payment_intent.payment_failed",
+            json!({"id": "pi_1", "object": "payment_intent", "status": "requires_payment_method",
+                   "metadata": {"payment_id": "p1"},
+                   "last_payment_error": {"code": "card_declined", "decline_code": "insufficient_funds"}}),
+        );
+        assert_eq!(
+            e.subject(),
+            Subject::Payment(PaymentChange {
+                intent_id: "pi_1".into(),
+                payment_id: Some("p1".into()),
+                status: "declined".into(),
+                decline_code: Some("insufficient_funds".into()),
+            })
+        );
+        let r = event(
+            "refund.failed",
+            json!({"id": "re_1", "object": "refund", "status": "failed", "amount": 300,
+                   "metadata": {"refund_id": "r1", "payment_id": "p1"}}),
+        );
+        assert!(
+            matches!(r.subject(), Subject::Refund(c) if c.refund_id.as_deref() == Some("r1") && c.amount == 300)
+        );
+        let d = event(
+            "charge.dispute.created",
+            json!({"id": "dp_1", "object": "dispute", "status": "needs_response", "amount": 500,
+                   "payment_intent": "pi_1", "charge": "ch_1"}),
+        );
+        assert!(
+            matches!(d.subject(), Subject::Dispute(c) if c.intent_id.as_deref() == Some("pi_1"))
+        );
+        let other = event("charge.refunded", json!({"id": "ch_1", "object": "charge"}));
+        assert_eq!(other.subject(), Subject::Unhandled);
+        let plan = event("plan.created", json!({"id": "price_1", "object": "plan"}));
+        assert_eq!(plan.subject(), Subject::Unhandled);
+    }
+
+    #[test]
+    fn what_is_not_an_event_is_refused() {
+        for body in [
+            "nope",
+            r#"{"id":"evt_1","object":"charge","type":"x","created":1,"data":{"object":{}}}"#,
+            r#"{"id":"ch_1","object":"event","type":"x","created":1,"data":{"object":{}}}"#,
+            r#"{"id":"evt_1","object":"event","type":"x","created":1}"#,
+        ] {
+            assert_eq!(
+                ProviderEvent::parse(body).unwrap_err().code,
+                "invalid_event",
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_payment_only_moves_forward() {
+        assert_eq!(
+            payment_step("processing", "succeeded"),
+            Step::Apply("succeeded".into())
+        );
+        assert_eq!(
+            payment_step("processing", "declined"),
+            Step::Apply("declined".into())
+        );
+        assert_eq!(
+            payment_step("requires_action", "canceled"),
+            Step::Apply("canceled".into())
+        );
+        // A late `processing` after `succeeded` changes nothing.
+        assert_eq!(payment_step("succeeded", "processing"), Step::Unchanged);
+        assert_eq!(payment_step("succeeded", "declined"), Step::Unchanged);
+        assert_eq!(payment_step("canceled", "succeeded"), Step::Unchanged);
+        assert_eq!(payment_step("processing", "processing"), Step::Unchanged);
+        // Between pending states, or after a decline: the provider says where it is now.
+        assert_eq!(payment_step("requires_action", "processing"), Step::Fetch);
+        assert_eq!(payment_step("declined", "succeeded"), Step::Fetch);
+        assert_eq!(
+            payment_current("declined", "succeeded"),
+            Step::Apply("succeeded".into())
+        );
+        assert_eq!(payment_current("declined", "declined"), Step::Unchanged);
+        assert_eq!(payment_current("succeeded", "declined"), Step::Unchanged);
+    }
+
+    #[test]
+    fn a_refund_only_moves_forward() {
+        assert_eq!(
+            refund_step("pending", "failed"),
+            Step::Apply("failed".into())
+        );
+        assert_eq!(
+            refund_step("pending", "succeeded"),
+            Step::Apply("succeeded".into())
+        );
+        assert_eq!(refund_step("failed", "succeeded"), Step::Unchanged);
+        assert_eq!(refund_step("canceled", "pending"), Step::Unchanged);
+        assert_eq!(refund_step("succeeded", "pending"), Step::Unchanged);
+        assert_eq!(refund_step("succeeded", "failed"), Step::Fetch);
+        assert_eq!(
+            refund_current("succeeded", "failed"),
+            Step::Apply("failed".into())
+        );
+        assert!(refund_returns_nothing("failed") && refund_returns_nothing("canceled"));
+        assert!(!refund_returns_nothing("succeeded"));
+    }
+
+    #[test]
+    fn a_dispute_only_moves_forward_and_holds_its_amount_until_won() {
+        assert_eq!(
+            dispute_step(None, "needs_response"),
+            Step::Apply("needs_response".into())
+        );
+        assert_eq!(
+            dispute_step(Some("needs_response"), "lost"),
+            Step::Apply("lost".into())
+        );
+        assert_eq!(dispute_step(Some("won"), "needs_response"), Step::Unchanged);
+        assert_eq!(
+            dispute_step(Some("under_review"), "needs_response"),
+            Step::Unchanged
+        );
+        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
+        assert_eq!(
+            dispute_step(Some("warning_needs_response"), "needs_response"),
+            Step::Apply("needs_response".into())
+        );
+        assert!(dispute_holds_amount("needs_response") && dispute_holds_amount("lost"));
+        assert!(!dispute_holds_amount("won") && !dispute_holds_amount("warning_needs_response"));
+    }
+}

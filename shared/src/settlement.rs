@@ -1,0 +1,473 @@
+//! Where the provider's events settle what its first answers left open: the payment's and the
+//! refund's records in the idempotency table, moved by conditional writes that name the state
+//! they move from, so that two deliveries of one event, or two events racing, can never both
+//! move a state (the second finds it changed and reads again).
+//!
+//! On the payment's record (`payment#<id>`):
+//! - `outcome.status` (and `outcome.decline_code`): the payment's settled status;
+//! - `dispute:<dp_id>`: a map of the dispute's `status` and `amount`; `disputed_amount`: what
+//!   open and lost disputes hold (not refundable, see `refund_ledger`);
+//! - `events`: a list of the events applied to the payment and its refunds, each
+//!   `"<created>|<evt_id>|<type>|<what changed>"`, in the order applied (`payctl history`
+//!   sorts them by `created`).
+//!
+//! On a refund's record (`refund#<id>`): `outcome.status`. A refund moving to `failed` or
+//! `canceled` gives its reservation back in the same transaction
+//! (`refunds.<refund_id>`, `refunded_amount`), conditional on the reservation being the one
+//! read: exactly once, whatever repeats.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::Client;
+use sqs_once::dynamo::{get_n, n, s, DynamoStore};
+use sqs_once::record::{RecordStatus, StoreError};
+
+/// One event applied, as the payment's record lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventNote {
+    /// Unix seconds the provider created the event.
+    pub created: i64,
+    /// `evt_...`.
+    pub event_id: String,
+    /// Its type.
+    pub kind: String,
+    /// What it changed, in words (`payment processing -> succeeded`).
+    pub change: String,
+}
+
+impl EventNote {
+    fn encode(&self) -> String {
+        format!(
+            "{}|{}|{}|{}",
+            self.created, self.event_id, self.kind, self.change
+        )
+    }
+
+    /// Reads a note written by [`EventNote::encode`].
+    pub fn decode(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(4, '|');
+        Some(Self {
+            created: parts.next()?.parse().ok()?,
+            event_id: parts.next()?.to_owned(),
+            kind: parts.next()?.to_owned(),
+            change: parts.next()?.to_owned(),
+        })
+    }
+}
+
+/// A payment's record as the events see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentState {
+    /// The record's status: events settle `COMPLETED` records only.
+    pub record_status: RecordStatus,
+    /// `outcome.status`.
+    pub status: Option<String>,
+    /// `outcome.provider_payment_id`.
+    pub provider_payment_id: Option<String>,
+    /// Disputes by id: (status, amount).
+    pub disputes: BTreeMap<String, (String, i64)>,
+    /// `disputed_amount`.
+    pub disputed: i64,
+    /// The record's TTL (epoch seconds).
+    pub expires_at_s: i64,
+    /// The events applied, in the order applied.
+    pub events: Vec<EventNote>,
+}
+
+/// A refund's record as the events see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundState {
+    /// The record's status.
+    pub record_status: RecordStatus,
+    /// `outcome.status`.
+    pub status: Option<String>,
+    /// `outcome.payment_id`: the payment refunded.
+    pub payment_id: Option<String>,
+    /// `outcome.provider_refund_id`.
+    pub provider_refund_id: Option<String>,
+}
+
+/// The port over the records the events settle. Each `settle_*` is `Ok(true)` when it moved
+/// the state, `Ok(false)` when the state was no longer `from` (read again and decide again).
+#[async_trait]
+pub trait Settlements: Send + Sync {
+    /// The payment's record, `None` without one.
+    async fn payment(&self, payment_id: &str) -> Result<Option<PaymentState>, StoreError>;
+
+    /// The refund's record, `None` without one.
+    async fn refund(&self, refund_id: &str) -> Result<Option<RefundState>, StoreError>;
+
+    /// The payment's reservation for `refund_id`, if it holds one.
+    async fn reservation(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Moves the payment's status `from` → `to` (with the decline code of a failed payment),
+    /// keeping the record at least until `keep_until_s`.
+    async fn settle_payment(
+        &self,
+        payment_id: &str,
+        from: &str,
+        to: &str,
+        decline_code: Option<&str>,
+        keep_until_s: Option<i64>,
+        note: &EventNote,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves the refund's status `from` → `to`; with `release`, gives back the payment's
+    /// reservation of that amount for the refund in the same transaction.
+    async fn settle_refund(
+        &self,
+        refund_id: &str,
+        payment_id: &str,
+        from: &str,
+        to: &str,
+        release: Option<i64>,
+        note: &EventNote,
+    ) -> Result<bool, StoreError>;
+
+    /// Records the dispute at `to` (from `from`, `None` when not recorded yet), changing the
+    /// payment's disputed amount by `held_change`.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_dispute(
+        &self,
+        payment_id: &str,
+        dispute_id: &str,
+        from: Option<&str>,
+        to: &str,
+        amount: i64,
+        held_change: i64,
+        note: &EventNote,
+    ) -> Result<bool, StoreError>;
+}
+
+/// The settlements on the idempotency table, through the official SDK client.
+#[derive(Debug, Clone)]
+pub struct DynamoSettlements {
+    client: Client,
+    payments: DynamoStore,
+    refunds: DynamoStore,
+}
+
+/// The prefix of a dispute's attribute on the payment's record.
+pub const DISPUTE_PREFIX: &str = "dispute:";
+
+fn unavailable<E: std::error::Error + 'static, R: std::fmt::Debug>(
+    e: SdkError<E, R>,
+) -> StoreError {
+    StoreError::Unavailable(DisplayErrorContext(&e).to_string())
+}
+
+fn built<T, E: std::fmt::Display>(r: Result<T, E>) -> Result<T, StoreError> {
+    r.map_err(|e| StoreError::Unavailable(e.to_string()))
+}
+
+/// The events list of a record item.
+pub fn events_of(item: &HashMap<String, AttributeValue>) -> Vec<EventNote> {
+    item.get("events")
+        .and_then(|v| v.as_l().ok())
+        .map(|l| {
+            l.iter()
+                .filter_map(|v| v.as_s().ok().and_then(|t| EventNote::decode(t)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The disputes of a payment's record item: id → (status, amount).
+pub fn disputes_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, (String, i64)> {
+    item.iter()
+        .filter_map(|(k, v)| {
+            let id = k.strip_prefix(DISPUTE_PREFIX)?;
+            let m = v.as_m().ok()?;
+            let status = m.get("status")?.as_s().ok()?.clone();
+            Some((id.to_owned(), (status, get_n(m, "amount").unwrap_or(0))))
+        })
+        .collect()
+}
+
+impl DynamoSettlements {
+    /// The settlements of the records in the idempotency table `table`.
+    pub fn new(client: Client, table: &str) -> Self {
+        Self {
+            payments: crate::payment_store(client.clone(), table),
+            refunds: crate::refund_store(client.clone(), table),
+            client,
+        }
+    }
+
+    async fn item(
+        &self,
+        store: &DynamoStore,
+        key: &str,
+    ) -> Result<Option<HashMap<String, AttributeValue>>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(store.table())
+            .key(store.layout().attribute.clone(), store.record_key(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out.item().cloned())
+    }
+
+    fn payment_update(&self, payment_id: &str) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+        Update::builder().table_name(self.payments.table()).key(
+            self.payments.layout().attribute.clone(),
+            self.payments.record_key(payment_id),
+        )
+    }
+
+    /// Runs one conditional update: `Ok(false)` when its condition refused it.
+    async fn update(&self, update: Update) -> Result<bool, StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(update.table_name())
+            .set_key(Some(update.key().clone()))
+            .update_expression(update.update_expression())
+            .set_condition_expression(update.condition_expression().map(str::to_owned))
+            .set_expression_attribute_names(update.expression_attribute_names().cloned())
+            .set_expression_attribute_values(update.expression_attribute_values().cloned());
+        req = req.return_values(aws_sdk_dynamodb::types::ReturnValue::None);
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+}
+
+fn note_values(note: &EventNote) -> (AttributeValue, AttributeValue) {
+    (
+        AttributeValue::L(vec![s(&note.encode())]),
+        AttributeValue::L(vec![]),
+    )
+}
+
+#[async_trait]
+impl Settlements for DynamoSettlements {
+    async fn payment(&self, payment_id: &str) -> Result<Option<PaymentState>, StoreError> {
+        let Some(item) = self.item(&self.payments, payment_id).await? else {
+            return Ok(None);
+        };
+        let record = self.payments.record_from_item(&item)?;
+        Ok(Some(PaymentState {
+            record_status: record.status,
+            status: record.outcome.as_ref().map(|o| o.status.clone()),
+            provider_payment_id: record
+                .outcome
+                .as_ref()
+                .and_then(|o| o.text("provider_payment_id").map(str::to_owned)),
+            disputes: disputes_of(&item),
+            disputed: get_n(&item, "disputed_amount").unwrap_or(0),
+            expires_at_s: record.expires_at_s,
+            events: events_of(&item),
+        }))
+    }
+
+    async fn refund(&self, refund_id: &str) -> Result<Option<RefundState>, StoreError> {
+        let Some(item) = self.item(&self.refunds, refund_id).await? else {
+            return Ok(None);
+        };
+        let record = self.refunds.record_from_item(&item)?;
+        let text = |f: &str| {
+            record
+                .outcome
+                .as_ref()
+                .and_then(|o| o.text(f).map(str::to_owned))
+        };
+        Ok(Some(RefundState {
+            record_status: record.status,
+            status: record.outcome.as_ref().map(|o| o.status.clone()),
+            payment_id: text("payment_id"),
+            provider_refund_id: text("provider_refund_id"),
+        }))
+    }
+
+    async fn reservation(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .item(&self.payments, payment_id)
+            .await?
+            .and_then(|item| {
+                let m = item.get("refunds")?.as_m().ok()?;
+                m.get(refund_id)?.as_n().ok()?.parse().ok()
+            }))
+    }
+
+    async fn settle_payment(
+        &self,
+        payment_id: &str,
+        from: &str,
+        to: &str,
+        decline_code: Option<&str>,
+        keep_until_s: Option<i64>,
+        note: &EventNote,
+    ) -> Result<bool, StoreError> {
+        let (one, empty) = note_values(note);
+        let mut set = vec![
+            "outcome.#st = :to",
+            "events = list_append(if_not_exists(events, :empty), :note)",
+        ];
+        let mut req = self
+            .payment_update(payment_id)
+            .condition_expression("#s = :completed AND outcome.#st = :from")
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#st", "status")
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":from", s(from))
+            .expression_attribute_values(":to", s(to))
+            .expression_attribute_values(":note", one)
+            .expression_attribute_values(":empty", empty);
+        if let Some(code) = decline_code {
+            set.push("outcome.decline_code = :code");
+            req = req.expression_attribute_values(":code", s(code));
+        }
+        if let Some(until) = keep_until_s {
+            set.push("expires_at = :keep");
+            req = req.expression_attribute_values(":keep", n(until));
+        }
+        let update = built(
+            req.update_expression(format!("SET {}", set.join(", ")))
+                .build(),
+        )?;
+        self.update(update).await
+    }
+
+    async fn settle_refund(
+        &self,
+        refund_id: &str,
+        payment_id: &str,
+        from: &str,
+        to: &str,
+        release: Option<i64>,
+        note: &EventNote,
+    ) -> Result<bool, StoreError> {
+        let refund = built(
+            Update::builder()
+                .table_name(self.refunds.table())
+                .key(
+                    self.refunds.layout().attribute.clone(),
+                    self.refunds.record_key(refund_id),
+                )
+                .update_expression("SET outcome.#st = :to")
+                .condition_expression("#s = :completed AND outcome.#st = :from")
+                .expression_attribute_names("#s", "status")
+                .expression_attribute_names("#st", "status")
+                .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+                .expression_attribute_values(":from", s(from))
+                .expression_attribute_values(":to", s(to))
+                .build(),
+        )?;
+        let (one, empty) = note_values(note);
+        let mut payment = self
+            .payment_update(payment_id)
+            .expression_attribute_values(":note", one)
+            .expression_attribute_values(":empty", empty);
+        let append = "events = list_append(if_not_exists(events, :empty), :note)";
+        payment = match release {
+            Some(amount) => payment
+                .update_expression(format!(
+                    "SET {append}, refunded_amount = refunded_amount - :amount REMOVE refunds.#rid"
+                ))
+                .condition_expression("refunds.#rid = :amount")
+                .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_values(":amount", n(amount)),
+            None => payment
+                .update_expression(format!("SET {append}"))
+                .condition_expression("attribute_exists(#pk)")
+                .expression_attribute_names("#pk", self.payments.layout().attribute.clone()),
+        };
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(refund).build())
+            .transact_items(
+                TransactWriteItem::builder()
+                    .update(built(payment.build())?)
+                    .build(),
+            )
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(se)) => match se.err() {
+                // A condition refused it, or another write of these records was in flight:
+                // nothing was written; read again.
+                TransactWriteItemsError::TransactionCanceledException(c)
+                    if c.cancellation_reasons().iter().any(|r| {
+                        matches!(
+                            r.code(),
+                            Some("ConditionalCheckFailed" | "TransactionConflict")
+                        )
+                    }) =>
+                {
+                    Ok(false)
+                }
+                _ => Err(StoreError::Unavailable(
+                    DisplayErrorContext(&SdkError::ServiceError(se)).to_string(),
+                )),
+            },
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn settle_dispute(
+        &self,
+        payment_id: &str,
+        dispute_id: &str,
+        from: Option<&str>,
+        to: &str,
+        amount: i64,
+        held_change: i64,
+        note: &EventNote,
+    ) -> Result<bool, StoreError> {
+        let (one, empty) = note_values(note);
+        let dispute = AttributeValue::M(HashMap::from([
+            ("status".to_owned(), s(to)),
+            ("amount".to_owned(), n(amount)),
+        ]));
+        let mut req = self
+            .payment_update(payment_id)
+            .update_expression(
+                "SET #d = :dispute, disputed_amount = if_not_exists(disputed_amount, :zero) + :held, \
+                 events = list_append(if_not_exists(events, :empty), :note)",
+            )
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#d", format!("{DISPUTE_PREFIX}{dispute_id}"))
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":dispute", dispute)
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":held", n(held_change))
+            .expression_attribute_values(":note", one)
+            .expression_attribute_values(":empty", empty);
+        req = match from {
+            None => req.condition_expression("#s = :completed AND attribute_not_exists(#d)"),
+            Some(f) => req
+                .condition_expression("#s = :completed AND #d.#st = :from")
+                .expression_attribute_names("#st", "status")
+                .expression_attribute_values(":from", s(f)),
+        };
+        self.update(built(req.build())?).await
+    }
+}
