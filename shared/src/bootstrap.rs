@@ -6,7 +6,9 @@ use std::sync::Arc;
 use secrecy::SecretString;
 
 use crate::api::PaymentsApi;
-use crate::config::{ApiConfig, ApiKeySource, Config, RelayConfig};
+use crate::config::{
+    ApiConfig, ApiKeySource, Config, ReceiverConfig, RelayConfig, SigningSecretSource,
+};
 use sqs_once::SqsQueues;
 
 use crate::charge::{PaymentWork, Processor};
@@ -228,4 +230,77 @@ pub fn build_relay(config: &RelayConfig, sdk: &aws_config::SdkConfig) -> Relay {
         aws_sdk_dynamodb::Client::new(sdk),
         config.payments_table.clone(),
     )
+}
+
+/// Builds the events inbox with the DynamoDB, SQS and Stripe adapters: the processor's
+/// configuration (its `DEAD_LETTER_QUEUE_URL` is the events' DLQ).
+pub async fn build_event_processor(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
+    let provider = provider_from(config, sdk).await?;
+    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+    let settlements =
+        crate::settlement::DynamoSettlements::new(dynamodb.clone(), &config.idempotency_table);
+    let work = crate::event_inbox::EventWork::new(
+        Arc::new(settlements),
+        Arc::new(provider),
+        config.refund_window,
+    );
+    let store = crate::event_store(dynamodb, &config.idempotency_table);
+    let queues = SqsQueues::new(
+        aws_sdk_sqs::Client::new(sdk),
+        config.dead_letter_queue_url.clone(),
+    );
+    check_source_queue(config, &queues).await?;
+    Ok(Arc::new(
+        crate::event_inbox::EventProcessor::new(
+            Arc::new(work),
+            Arc::new(store),
+            Arc::new(queues),
+            config.settings.clone(),
+        )
+        .with_metrics(crate::event_inbox::metric_names()),
+    ))
+}
+
+/// Reads the environment and builds the events inbox: the event function's whole init.
+pub async fn event_processor_from_env() -> Result<Arc<crate::event_inbox::EventProcessor>, InitError>
+{
+    let config = Config::from_env()?;
+    let sdk = sdk_config().await;
+    build_event_processor(&config, &sdk).await
+}
+
+/// The provider-events receiver of a configuration.
+pub fn build_receiver(
+    config: &ReceiverConfig,
+    sdk: &aws_config::SdkConfig,
+) -> crate::event_receiver::EventReceiver {
+    use crate::event_receiver::{FixedSecrets, SecretsManagerSecrets, SqsEventQueue};
+    let secrets: Arc<dyn crate::event_receiver::SigningSecrets> = match &config.secret {
+        SigningSecretSource::SecretArn(arn) => Arc::new(SecretsManagerSecrets::new(
+            aws_sdk_secretsmanager::Client::new(sdk),
+            arn.clone(),
+        )),
+        SigningSecretSource::Plain(text) => Arc::new(FixedSecrets(
+            crate::stripe_webhook::SignatureCheck::parse_secrets(text),
+        )),
+    };
+    crate::event_receiver::EventReceiver::new(
+        secrets,
+        Arc::new(SqsEventQueue::new(
+            aws_sdk_sqs::Client::new(sdk),
+            config.queue_url.clone(),
+        )),
+        config.tolerance_s,
+    )
+}
+
+/// Reads the environment (`PROVIDER_EVENTS_QUEUE_URL`, `WEBHOOK_SECRET_ARN`,
+/// `WEBHOOK_TOLERANCE_SECONDS`) and builds the receiver: the provider-events function's init.
+pub async fn receiver_from_env() -> Result<Arc<crate::event_receiver::EventReceiver>, InitError> {
+    let config = ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
+    let sdk = sdk_config().await;
+    Ok(Arc::new(build_receiver(&config, &sdk)))
 }

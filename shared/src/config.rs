@@ -369,6 +369,56 @@ impl RelayConfig {
     }
 }
 
+/// Where the webhook signing secret comes from.
+#[derive(Debug, Clone)]
+pub enum SigningSecretSource {
+    /// `WEBHOOK_SECRET_ARN`: Secrets Manager, cached.
+    SecretArn(String),
+    /// `WEBHOOK_SECRET`: plain (one `whsec_...`, or two comma-separated), for local use.
+    Plain(String),
+}
+
+/// The provider-events receiver's configuration.
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    /// `PROVIDER_EVENTS_QUEUE_URL`: where verified events go (the stack's reference).
+    pub queue_url: String,
+    /// The signing secret's source.
+    pub secret: SigningSecretSource,
+    /// `WEBHOOK_TOLERANCE_SECONDS` (default 300, Stripe's libraries'; 0 turns the age check
+    /// off): how old a signature's timestamp may be.
+    pub tolerance_s: i64,
+}
+
+impl ReceiverConfig {
+    /// Reads configuration through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let secret = match (get("WEBHOOK_SECRET_ARN"), get("WEBHOOK_SECRET")) {
+            (Some(arn), _) if !arn.trim().is_empty() => {
+                SigningSecretSource::SecretArn(arn.trim().to_owned())
+            }
+            (_, Some(s)) if !s.trim().is_empty() => SigningSecretSource::Plain(s),
+            _ => {
+                return Err(err(
+                    "WEBHOOK_SECRET_ARN",
+                    "is required (or WEBHOOK_SECRET for local use)",
+                ))
+            }
+        };
+        Ok(Self {
+            queue_url: required_var(&get, "PROVIDER_EVENTS_QUEUE_URL")?,
+            secret,
+            tolerance_s: number_var(
+                &get,
+                "WEBHOOK_TOLERANCE_SECONDS",
+                crate::stripe_webhook::DEFAULT_TOLERANCE_SECONDS as u64,
+                0,
+                86_400,
+            )? as i64,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,24 @@ pub mod labels {
     pub const UNHANDLED: &str = "unhandled";
 }
 
+/// The events inbox: the batch runner around [`EventWork`].
+pub type EventProcessor = sqs_once::BatchRunner<EventWork>;
+
+/// The inbox's metric names.
+pub fn metric_names() -> sqs_once::metrics::MetricNames {
+    sqs_once::metrics::MetricNames {
+        namespace: "ProviderEvents".into(),
+        service: "event-processor".into(),
+        labels: vec![
+            (labels::APPLIED.into(), "Applied".into()),
+            (labels::UNCHANGED.into(), "Unchanged".into()),
+            (labels::FOREIGN.into(), "Foreign".into()),
+            (labels::UNHANDLED.into(), "Unhandled".into()),
+        ],
+        latency: "ApplyLatency".into(),
+    }
+}
+
 /// The provider's objects as they are now, for events whose payload cannot decide.
 #[async_trait]
 pub trait ProviderObjects: Send + Sync {
@@ -341,14 +359,16 @@ impl EventWork {
                         let now = self.provider.dispute(did).await?;
                         match dispute_step(stored.as_ref().map(|(s, _)| s.as_str()), &now.status) {
                             Step::Apply(to) => (to, now.amount),
-                            _ => return Ok(outcome(
-                                labels::UNCHANGED,
-                                event,
-                                format!(
+                            _ => {
+                                return Ok(outcome(
+                                    labels::UNCHANGED,
+                                    event,
+                                    format!(
                                     "dispute {did} stays as recorded (the provider holds it {})",
                                     now.status
                                 ),
-                            )),
+                                ))
+                            }
                         }
                     }
                 };

@@ -27,6 +27,7 @@ pub mod config;
 pub mod currency;
 pub mod domain;
 pub mod event_inbox;
+pub mod event_receiver;
 pub mod outbox;
 pub mod payments_table;
 pub mod provider;
@@ -65,6 +66,17 @@ pub fn refund_keys() -> sqs_once::KeyLayout {
 /// The refund processor's records in the idempotency table `table`.
 pub fn refund_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
     sqs_once::DynamoStore::new(client, table, refund_keys())
+}
+
+/// Where the events inbox's records live in the idempotency table: `event#<evt_id>`, marks at
+/// `event_dead_letter#<evt_id>`.
+pub fn event_keys() -> sqs_once::KeyLayout {
+    sqs_once::KeyLayout::named("event")
+}
+
+/// The events inbox's records in the idempotency table `table`.
+pub fn event_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
+    sqs_once::DynamoStore::new(client, table, event_keys())
 }
 
 /// The payment processor's records in the idempotency table `table`.

@@ -1,0 +1,413 @@
+//! `POST /v1/provider-events`: where the provider delivers its events. Nothing is applied
+//! here: the receiver verifies `Stripe-Signature` over the raw body ([`crate::stripe_webhook`])
+//! and answers `2xx` only once the event is durably in the provider-events queue, so that any
+//! failure before that makes the provider deliver again (Stripe retries for up to three days).
+//! The inbox ([`crate::event_inbox`]) applies what the queue holds, once per event id.
+//!
+//! Answers: `200` queued; `400` a missing, malformed, wrong or stale signature, or a body that
+//! is not an event (nothing stored); `413` a body over [`MAX_EVENT_BYTES`]; `503` the queue or
+//! the signing secret could not be reached (the provider retries); `404`/`405` other routes.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use secrecy::SecretString;
+
+use crate::provider_event::ProviderEvent;
+use crate::stripe_webhook::{SignatureCheck, SignatureError};
+
+/// The route.
+pub const EVENTS_PATH: &str = "/v1/provider-events";
+
+/// The largest body accepted: SQS's largest message, which the event is sent as.
+pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+
+/// The endpoint's signing secrets.
+#[async_trait]
+pub trait SigningSecrets: Send + Sync {
+    /// The secrets (one, or two while one is rolled); `fresh` asks for them read again
+    /// rather than from a cache (after a signature matched none of them).
+    async fn secrets(&self, fresh: bool) -> Result<Vec<SecretString>, String>;
+}
+
+/// Secrets given at start (`WEBHOOK_SECRET`, local use).
+pub struct FixedSecrets(pub Vec<SecretString>);
+
+#[async_trait]
+impl SigningSecrets for FixedSecrets {
+    async fn secrets(&self, _fresh: bool) -> Result<Vec<SecretString>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+/// The secrets in Secrets Manager (`WEBHOOK_SECRET_ARN`): the secret's string holds one
+/// `whsec_...` per line or comma-separated (two while one is rolled). Cached for `ttl`; read
+/// again after a signature matched none of them, at most once per `refresh_gap` (so that a
+/// flood of forged deliveries cannot drive the secret's reads).
+pub struct SecretsManagerSecrets {
+    client: aws_sdk_secretsmanager::Client,
+    arn: String,
+    ttl: Duration,
+    refresh_gap: Duration,
+    cache: Mutex<Option<(Instant, Vec<SecretString>)>>,
+}
+
+impl SecretsManagerSecrets {
+    /// The secret `arn`, cached five minutes, read again at most every 30 s on a mismatch.
+    pub fn new(client: aws_sdk_secretsmanager::Client, arn: String) -> Self {
+        Self {
+            client,
+            arn,
+            ttl: Duration::from_secs(300),
+            refresh_gap: Duration::from_secs(30),
+            cache: Mutex::new(None),
+        }
+    }
+}
+
+#[async_trait]
+impl SigningSecrets for SecretsManagerSecrets {
+    async fn secrets(&self, fresh: bool) -> Result<Vec<SecretString>, String> {
+        if let Ok(cache) = self.cache.lock() {
+            if let Some((at, secrets)) = cache.as_ref() {
+                let age = at.elapsed();
+                if age < self.ttl && (!fresh || age < self.refresh_gap) {
+                    return Ok(secrets.clone());
+                }
+            }
+        }
+        let out = self
+            .client
+            .get_secret_value()
+            .secret_id(&self.arn)
+            .send()
+            .await
+            .map_err(|e| aws_sdk_secretsmanager::error::DisplayErrorContext(&e).to_string())?;
+        let secrets = SignatureCheck::parse_secrets(out.secret_string().unwrap_or_default());
+        if secrets.is_empty() {
+            return Err(format!("the secret {} holds no signing secret", self.arn));
+        }
+        if let Ok(mut cache) = self.cache.lock() {
+            *cache = Some((Instant::now(), secrets.clone()));
+        }
+        Ok(secrets)
+    }
+}
+
+/// Where verified events go.
+#[async_trait]
+pub trait EventQueue: Send + Sync {
+    /// Sends the event's raw body; `Ok` once the queue holds it.
+    async fn enqueue(&self, event: &ProviderEvent, body: &str) -> Result<(), String>;
+}
+
+/// The provider-events queue in SQS.
+pub struct SqsEventQueue {
+    client: aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl SqsEventQueue {
+    /// The queue at `url` (the template's `PROVIDER_EVENTS_QUEUE_URL`).
+    pub fn new(client: aws_sdk_sqs::Client, url: String) -> Self {
+        Self { client, url }
+    }
+}
+
+#[async_trait]
+impl EventQueue for SqsEventQueue {
+    async fn enqueue(&self, event: &ProviderEvent, body: &str) -> Result<(), String> {
+        let attribute = |v: &str| {
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(v)
+                .build()
+                .map_err(|e| e.to_string())
+        };
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .message_attributes("event_type", attribute(&event.kind)?)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+    }
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// The JSON body.
+    pub body: String,
+}
+
+fn answer(status: u16, body: serde_json::Value) -> Answer {
+    Answer {
+        status,
+        body: body.to_string(),
+    }
+}
+
+fn refused(status: u16, code: &str, message: impl Into<String>) -> Answer {
+    answer(
+        status,
+        serde_json::json!({"error": {"code": code, "message": message.into()}}),
+    )
+}
+
+/// The receiver.
+pub struct EventReceiver {
+    secrets: Arc<dyn SigningSecrets>,
+    queue: Arc<dyn EventQueue>,
+    tolerance_s: i64,
+    now_s: Box<dyn Fn() -> i64 + Send + Sync>,
+}
+
+fn system_now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The `SignatureFailures` metric (CloudWatch EMF) of one refused delivery.
+fn signature_failure_metric(reason: &str) -> String {
+    serde_json::json!({
+        "_aws": {
+            "Timestamp": system_now_s() * 1000,
+            "CloudWatchMetrics": [{
+                "Namespace": "ProviderEvents",
+                "Dimensions": [["Service"]],
+                "Metrics": [{"Name": "SignatureFailures", "Unit": "Count"}]
+            }]
+        },
+        "Service": "provider-events",
+        "SignatureFailures": 1,
+        "reason": reason,
+    })
+    .to_string()
+}
+
+impl EventReceiver {
+    /// Verifies with `secrets` and a tolerance of `tolerance_s` seconds, sends to `queue`.
+    pub fn new(
+        secrets: Arc<dyn SigningSecrets>,
+        queue: Arc<dyn EventQueue>,
+        tolerance_s: i64,
+    ) -> Self {
+        Self {
+            secrets,
+            queue,
+            tolerance_s,
+            now_s: Box::new(system_now_s),
+        }
+    }
+
+    /// The same receiver on another clock (tests).
+    pub fn with_clock(mut self, now_s: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.now_s = Box::new(now_s);
+        self
+    }
+
+    async fn verify(&self, signature: Option<&str>, body: &[u8]) -> Result<(), Answer> {
+        let now = (self.now_s)();
+        let unavailable = |e: String| {
+            tracing::error!(error = %e, "the webhook signing secret could not be read");
+            refused(
+                503,
+                "secret_unavailable",
+                "the signing secret could not be read; deliver again",
+            )
+        };
+        let secrets = self.secrets.secrets(false).await.map_err(unavailable)?;
+        let mut result =
+            SignatureCheck::new(secrets, self.tolerance_s).verify(signature, body, now);
+        if result == Err(SignatureError::NoMatch) {
+            // The secret may have been rolled since it was cached.
+            let secrets = self.secrets.secrets(true).await.map_err(unavailable)?;
+            result = SignatureCheck::new(secrets, self.tolerance_s).verify(signature, body, now);
+        }
+        result.map_err(|e| {
+            println!("{}", signature_failure_metric(&e.to_string()));
+            tracing::warn!(reason = %e, bytes = body.len(), "provider event refused: bad signature");
+            refused(400, "signature_invalid", e.to_string())
+        })
+    }
+
+    /// Answers one request.
+    pub async fn handle(
+        &self,
+        method: &str,
+        path: &str,
+        signature: Option<&str>,
+        body: &[u8],
+    ) -> Answer {
+        if path.trim_end_matches('/') != EVENTS_PATH {
+            return refused(404, "not_found", format!("no route {path}"));
+        }
+        if method != "POST" {
+            return refused(
+                405,
+                "method_not_allowed",
+                format!("{EVENTS_PATH} takes POST"),
+            );
+        }
+        if body.len() > MAX_EVENT_BYTES {
+            return refused(
+                413,
+                "body_too_large",
+                format!(
+                    "the body is {} bytes; at most {MAX_EVENT_BYTES} are accepted",
+                    body.len()
+                ),
+            );
+        }
+        if let Err(refusal) = self.verify(signature, body).await {
+            return refusal;
+        }
+        let Ok(text) = std::str::from_utf8(body) else {
+            return refused(400, "invalid_event", "the body is not UTF-8");
+        };
+        let event = match ProviderEvent::parse(text) {
+            Ok(e) => e,
+            Err(r) => return refused(400, &r.code, r.message),
+        };
+        match self.queue.enqueue(&event, text).await {
+            Ok(()) => {
+                tracing::debug!(event_id = %event.id, event_type = %event.kind, "provider event queued");
+                answer(200, serde_json::json!({"received": true, "id": event.id}))
+            }
+            Err(e) => {
+                tracing::error!(event_id = %event.id, error = %e, "provider event not queued");
+                refused(
+                    503,
+                    "queue_unavailable",
+                    "the event could not be queued; deliver again",
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stripe_webhook::sign;
+
+    const NOW: i64 = 1_800_000_000;
+
+    #[derive(Default)]
+    struct Queue {
+        sent: Mutex<Vec<String>>,
+        down: bool,
+    }
+
+    #[async_trait]
+    impl EventQueue for Queue {
+        async fn enqueue(&self, _event: &ProviderEvent, body: &str) -> Result<(), String> {
+            if self.down {
+                return Err("down".into());
+            }
+            self.sent.lock().unwrap().push(body.to_owned());
+            Ok(())
+        }
+    }
+
+    /// Secrets that change when read fresh (a roll since the cache was filled).
+    struct Rolled;
+
+    #[async_trait]
+    impl SigningSecrets for Rolled {
+        async fn secrets(&self, fresh: bool) -> Result<Vec<SecretString>, String> {
+            let s = if fresh { "whsec_new" } else { "whsec_old" };
+            Ok(vec![SecretString::from(s.to_owned())])
+        }
+    }
+
+    fn receiver(queue: Arc<Queue>) -> EventReceiver {
+        EventReceiver::new(
+            Arc::new(FixedSecrets(vec![SecretString::from("whsec_a".to_owned())])),
+            queue,
+            300,
+        )
+        .with_clock(|| NOW)
+    }
+
+    const BODY: &str = r#"{"id":"evt_1","object":"event","type":"payment_intent.succeeded","created":1,"data":{"object":{"id":"pi_1","object":"payment_intent","status":"succeeded"}}}"#;
+
+    #[tokio::test]
+    async fn a_verified_event_is_queued_as_it_came_and_nothing_else_is() {
+        let queue = Arc::new(Queue::default());
+        let r = receiver(queue.clone());
+        let good = sign(&["whsec_a"], NOW, BODY.as_bytes());
+        let a = r
+            .handle("POST", EVENTS_PATH, Some(&good), BODY.as_bytes())
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(queue.sent.lock().unwrap().as_slice(), [BODY.to_owned()]);
+
+        let tampered = BODY.replace("succeeded", "canceled");
+        let stale = sign(&["whsec_a"], NOW - 301, BODY.as_bytes());
+        let wrong = sign(&["whsec_b"], NOW, BODY.as_bytes());
+        for (header, body) in [
+            (Some(good.as_str()), tampered.as_str()),
+            (Some(stale.as_str()), BODY),
+            (Some(wrong.as_str()), BODY),
+            (None, BODY),
+        ] {
+            let a = r.handle("POST", EVENTS_PATH, header, body.as_bytes()).await;
+            assert_eq!(a.status, 400, "{header:?}: {}", a.body);
+            assert!(a.body.contains("signature_invalid"), "{}", a.body);
+        }
+        assert_eq!(
+            queue.sent.lock().unwrap().len(),
+            1,
+            "refused deliveries store nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn what_cannot_be_queued_is_not_acknowledged() {
+        let r = receiver(Arc::new(Queue {
+            down: true,
+            ..Queue::default()
+        }));
+        let good = sign(&["whsec_a"], NOW, BODY.as_bytes());
+        let a = r
+            .handle("POST", EVENTS_PATH, Some(&good), BODY.as_bytes())
+            .await;
+        assert_eq!(a.status, 503, "{}", a.body);
+    }
+
+    #[tokio::test]
+    async fn oversized_bodies_other_routes_and_non_events_are_refused() {
+        let queue = Arc::new(Queue::default());
+        let r = receiver(queue.clone());
+        let big = vec![b' '; MAX_EVENT_BYTES + 1];
+        assert_eq!(r.handle("POST", EVENTS_PATH, None, &big).await.status, 413);
+        assert_eq!(r.handle("GET", EVENTS_PATH, None, b"").await.status, 405);
+        assert_eq!(r.handle("POST", "/v1/other", None, b"").await.status, 404);
+        let not_event = br#"{"id":"ch_1","object":"charge"}"#;
+        let signed = sign(&["whsec_a"], NOW, not_event);
+        let a = r
+            .handle("POST", EVENTS_PATH, Some(&signed), not_event)
+            .await;
+        assert_eq!(a.status, 400, "{}", a.body);
+        assert!(queue.sent.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_secret_rolled_since_it_was_cached_is_read_again() {
+        let queue = Arc::new(Queue::default());
+        let r = EventReceiver::new(Arc::new(Rolled), queue.clone(), 300).with_clock(|| NOW);
+        let signed = sign(&["whsec_new"], NOW, BODY.as_bytes());
+        let a = r
+            .handle("POST", EVENTS_PATH, Some(&signed), BODY.as_bytes())
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+}
