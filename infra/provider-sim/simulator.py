@@ -34,6 +34,12 @@ API (Stripe's wire format):
         pm_card_threeDSecureRequired -> off-session: 402 card_error authentication_required
           (the intent stays requires_payment_method); on-session: 200 requires_action
         pm_card_invalid -> 400 invalid_request_error / resource_missing
+        pm_usBankAccount_success -> 200 processing, then succeeded after --settle-seconds;
+          pm_usBankAccount_accountClosed / _insufficientFunds / _debitNotAuthorized -> 200
+          processing, then requires_payment_method with that failure code (Stripe's ACH tests)
+        pm_card_refundFail -> succeeded; each of its refunds is created pending and fails later
+          (failure_reason expired_or_canceled_card), as Stripe's test card does
+        pm_card_createDispute -> succeeded; a dispute (needs_response, the full amount) opens later
   GET  /v1/payment_intents            customer, created[gte|gt|lte|lt], limit, starting_after:
                                       the customer's intents, newest first (Stripe's list)
   GET  /v1/payment_intents/search     query=metadata['payment_id']:'P' (Stripe's search shape)
@@ -45,7 +51,18 @@ API (Stripe's wire format):
       - payment_intent unknown -> 400 resource_missing; not succeeded -> 400 charge_not_refundable
       - amount (default: what is left) above what is left -> 400 amount_too_large;
         nothing left -> 400 charge_already_refunded; else 200 refund (status succeeded)
+      - a charge with an open or lost dispute -> 400 charge_disputed; failed refunds return
+        their amount to what is left
   GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
+  GET  /v1/refunds/RE, /v1/disputes/DP, /v1/charges/CH, /v1/events/EVT   one object
+  GET  /v1/events                     created[gte|gt|lte|lt], type (or a prefix.*), types[], limit,
+                                      starting_after: every event, newest first (Stripe's list)
+
+Events (events.py): every state change is an event (payment_intent.created / .processing /
+.requires_action / .succeeded / .payment_failed, charge.refunded, refund.created / .updated /
+.failed, charge.dispute.created / .funds_withdrawn / .closed / .funds_reinstated), kept for
+GET /v1/events and delivered to --webhook-url signed with --webhook-secret, at least once, in
+no promised order, retried with backoff while the endpoint answers non-2xx.
 
 Control API (not Stripe's):
   GET    /_sim/health
@@ -64,7 +81,11 @@ Control API (not Stripe's):
               first use, like Stripe's 24 h key retention; not a per-call fault)
          times: per key, how many calls the rule hits (default unlimited); probability: per call
   DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
-  POST   /_sim/reset             clears ledger, keys and rules
+  POST   /_sim/reset             clears ledger, keys, rules and events
+  POST   /_sim/webhook           the endpoint and its delivery faults (see events.py)
+  GET    /_sim/deliveries        per event id: attempts, delivered, the statuses answered
+  POST   /_sim/settle            {"seconds": S}: how long the provider takes to finish on its own
+  POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
 
 A request refused by validation (amount, metadata, the return_url rule) saves no result for its
 key, as at Stripe: the same key may then be used with corrected parameters.
@@ -87,6 +108,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
+import events
+
 LOCK = threading.Lock()
 STATE = {
     "keys": {},  # key -> {"params": hash, "state": "in_flight"|"done", "status": int, "body": str}
@@ -99,12 +122,14 @@ STATE = {
     "intent_refunds": {},  # intent id -> [refund] (for the list, and what is left to refund)
     "actions": {},  # key -> [intent waiting for the customer]
     "customers": {},  # customer id -> customer
+    "charges_by_id": {},  # charge id -> charge (the charge of each succeeded intent)
+    "disputes": {},  # dispute id -> dispute
     "all_intents": [],  # every intent in creation order (for the list by customer)
     "rules": [],
     "hits": {},  # (rule index, key) -> times hit
 }
 CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "key_retention_ms": 86_400_000,
-          "account_version": "2026-10-28.endive", "record": None}
+          "account_version": "2026-10-28.endive", "record": None, "settle_s": 2.0}
 SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
 API_VERSION = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(\.[a-z]+)?$")
 # From this version on, a PaymentIntent accepts the Dashboard's payment methods by default, so a
@@ -136,6 +161,18 @@ DECLINES = {
     "pm_card_chargeDeclinedProcessingError": ("processing_error", "processing_error"),
 }
 NEEDS_AUTHENTICATION = {"pm_card_authenticationRequired", "pm_card_threeDSecure2Required", "pm_card_threeDSecureRequired"}
+# Stripe's ACH Direct Debit test payment methods: a delayed-notification method, `processing`
+# at confirmation and settled later (here after --settle-seconds): to `succeeded`, or back to
+# `requires_payment_method` with the bank's failure code.
+DELAYED = {"pm_usBankAccount_success": None, "pm_usBankAccount_accountClosed": "account_closed",
+           "pm_usBankAccount_insufficientFunds": "insufficient_funds",
+           "pm_usBankAccount_debitNotAuthorized": "debit_not_authorized"}
+# Stripe's test cards whose charge succeeds and then: every refund fails asynchronously
+# (created `pending`, `failed` with expired_or_canceled_card later); a dispute opens.
+REFUND_FAILS = "pm_card_refundFail"
+DISPUTED = "pm_card_createDispute"
+# Dispute statuses in which Stripe holds the disputed amount and refuses refunds.
+DISPUTE_HOLDS = {"needs_response", "under_review", "lost"}
 
 
 def version_of(headers):
@@ -257,6 +294,93 @@ def error_body(kind, message, code=None, decline_code=None, intent=None):
     return json.dumps({"error": err})
 
 
+def emit(kind, obj, key=None):
+    """Records and sends the event of a state change (under LOCK)."""
+    return events.emit(kind, obj, CONFIG["account_version"], key)
+
+
+def later(fn, *args):
+    """Runs fn(*args) under LOCK after the settle delay (the provider finishing on its own)."""
+    def run():
+        with LOCK:
+            fn(*args)
+    t = threading.Timer(CONFIG["settle_s"], run)
+    t.daemon = True
+    t.start()
+
+
+def charge_of(intent):
+    """Books the charge of a succeeded intent (under LOCK)."""
+    ch = "ch_" + intent["id"][3:]
+    intent["latest_charge"] = ch
+    STATE["charges_by_id"][ch] = {"id": ch, "object": "charge", "amount": intent["amount"], "currency": intent["currency"],
+                                  "payment_intent": intent["id"], "metadata": dict(intent["metadata"]), "status": "succeeded",
+                                  "created": int(time.time()), "livemode": False}
+    return ch
+
+
+def succeed(intent, key):
+    """An intent that succeeded: its charge booked and its events sent (under LOCK)."""
+    intent["status"] = "succeeded"
+    charge_of(intent)
+    STATE["charges"].setdefault(key, []).append(intent)
+    emit("payment_intent.succeeded", intent)
+    if intent.get("payment_method") == DISPUTED:
+        later(open_dispute, intent)
+
+
+def settle_delayed(intent, key, failure):
+    """A delayed-notification payment settles (under LOCK)."""
+    if find_intent(intent["id"]) is not intent or intent["status"] != "processing":
+        return
+    if failure is None:
+        succeed(intent, key)
+        return
+    intent["status"] = "requires_payment_method"
+    intent["last_payment_error"] = {"type": "invalid_request_error", "code": failure,
+                                    "message": "The customer's bank could not debit the account."}
+    STATE["declines"].setdefault(key, []).append({"decline_code": failure, "intent": intent["id"]})
+    emit("payment_intent.payment_failed", intent)
+
+
+def open_dispute(intent):
+    """The cardholder disputes the charge (under LOCK)."""
+    if find_intent(intent["id"]) is not intent:
+        return
+    dp = "dp_" + intent["id"][3:]
+    dispute = {"id": dp, "object": "dispute", "amount": intent["amount"], "currency": intent["currency"],
+               "charge": intent.get("latest_charge"), "payment_intent": intent["id"], "reason": "fraudulent",
+               "status": "needs_response", "is_charge_refundable": False, "metadata": {},
+               "created": int(time.time()), "livemode": False}
+    STATE["disputes"][dp] = dispute
+    emit("charge.dispute.created", dispute)
+    emit("charge.dispute.funds_withdrawn", dispute)
+
+
+def close_dispute(dp, won):
+    """Closes a dispute as the card network decided (under LOCK): (status, body)."""
+    dispute = STATE["disputes"].get(dp)
+    if dispute is None:
+        return 404, error_body("invalid_request_error", f"No such dispute: '{dp}'", code="resource_missing")
+    if dispute["status"] in ("won", "lost"):
+        return 400, error_body("invalid_request_error", f"Dispute {dp} is already closed.")
+    dispute["status"] = "won" if won else "lost"
+    emit("charge.dispute.closed", dispute)
+    if won:
+        emit("charge.dispute.funds_reinstated", dispute)
+    return 200, json.dumps(dispute)
+
+
+def fail_refund(refund):
+    """A pending refund fails (under LOCK): the money is back on the charge."""
+    if refund["status"] != "pending":
+        return
+    refund["status"] = "failed"
+    refund["failure_reason"] = "expired_or_canceled_card"
+    emit("refund.updated", refund)
+    emit("refund.failed", refund)
+
+
 def find_intent(intent_id):
     """The intent with this id, across every payment (under LOCK)."""
     for intents in STATE["intents"].values():
@@ -275,7 +399,11 @@ def execute_refund(form, refund_key, version):
     if intent.get("status") != "succeeded":
         return 400, error_body("invalid_request_error", f"PaymentIntent {intent_id} has no successful charge to refund.", code="charge_not_refundable")
     refunds = STATE["intent_refunds"].setdefault(intent_id, [])
-    left = intent["amount"] - sum(r["amount"] for r in refunds)
+    if any(d["payment_intent"] == intent_id and d["status"] in DISPUTE_HOLDS for d in STATE["disputes"].values()):
+        return 400, error_body("invalid_request_error", f"Charge {intent.get('latest_charge')} has been charged back; cannot issue a refund.",
+                               code="charge_disputed")
+    # A failed or canceled refund returned nothing: its amount can be refunded again.
+    left = intent["amount"] - sum(r["amount"] for r in refunds if r["status"] not in ("failed", "canceled"))
     if left <= 0:
         return 400, error_body("invalid_request_error", f"Charge for {intent_id} has already been refunded.", code="charge_already_refunded")
     amount = int(form.get("amount") or left)
@@ -291,12 +419,20 @@ def execute_refund(form, refund_key, version):
         "currency": intent["currency"],
         "payment_intent": intent_id,
         "reason": form.get("reason"),
-        "status": "succeeded",
+        "status": "pending" if intent.get("payment_method") == REFUND_FAILS else "succeeded",
         "metadata": metadata_of(form),
+        "charge": intent.get("latest_charge"),
         "created": int(time.time()),
     }
     refunds.append(refund)
     STATE["refunds"].setdefault(refund_key, []).append(refund)
+    emit("refund.created", refund)
+    if refund["status"] == "pending":
+        later(fail_refund, refund)
+    else:
+        charge = STATE["charges_by_id"].get(intent.get("latest_charge"), {})
+        charge["amount_refunded"] = charge.get("amount_refunded", 0) + amount
+        emit("charge.refunded", charge)
     return 200, json.dumps(refund)
 
 
@@ -317,6 +453,7 @@ def execute(form, key, version):
         "metadata": metadata_of(form),
         "created": int(time.time()),
         "livemode": False,
+        "payment_method": pm or None,
     }
     if pm == "pm_card_invalid":
         return 400, error_body("invalid_request_error", "No such PaymentMethod: 'pm_card_invalid'", code="resource_missing")
@@ -325,6 +462,11 @@ def execute(form, key, version):
         intent["status"] = status
         STATE["intents"].setdefault(key, []).append(intent)
         STATE["all_intents"].append(intent)
+        emit("payment_intent.created", intent)
+        if status == "requires_payment_method":
+            emit("payment_intent.payment_failed", intent)
+        elif status in ("requires_action", "processing"):
+            emit("payment_intent." + status, intent)
 
     if pm in DECLINES:
         code, decline = DECLINES[pm]
@@ -348,8 +490,12 @@ def execute(form, key, version):
         book("requires_action")
         STATE["actions"].setdefault(key, []).append(intent)
         return 200, json.dumps(intent)
+    if pm in DELAYED:
+        book("processing")
+        later(settle_delayed, intent, key, DELAYED[pm])
+        return 200, json.dumps(intent)
     book("succeeded")
-    STATE["charges"].setdefault(key, []).append(intent)
+    succeed(intent, key)
     return 200, json.dumps(intent)
 
 
@@ -434,10 +580,31 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, json.dumps(intent))
         if url.path == "/v1/refunds":
             return self.list_refunds(dict(parse_qsl(url.query)))
+        if url.path == "/v1/events":
+            status, body = events.listing(dict(parse_qsl(url.query)))
+            return self.reply(status, json.dumps(body))
+        for prefix, kind, table in (("/v1/refunds/", "refund", None), ("/v1/disputes/", "dispute", "disputes"),
+                                    ("/v1/charges/", "charge", "charges_by_id"), ("/v1/events/", "event", None)):
+            if url.path.startswith(prefix):
+                oid = url.path[len(prefix):]
+                with LOCK:
+                    if kind == "refund":
+                        found = next((r for rs in STATE["refunds"].values() for r in rs if r["id"] == oid), None)
+                    elif kind == "event":
+                        found = events.find(oid)
+                    else:
+                        found = STATE[table].get(oid)
+                    body = json.dumps(found)
+                if found is None:
+                    return self.reply(404, error_body("invalid_request_error", f"No such {kind}: '{oid}'", code="resource_missing"))
+                return self.reply(200, body)
+        if url.path == "/_sim/deliveries":
+            return self.reply(200, json.dumps(events.deliveries()))
         if url.path == "/_sim/ledger":
             q = dict(parse_qsl(url.query))
             with LOCK:
                 snap = {n: STATE[n] for n in ("charges", "declines", "actions", "calls", "refunds", "refund_calls")}
+                snap["disputes"] = {d["payment_intent"]: d for d in STATE["disputes"].values()}
                 if "key" in q:
                     snap = {n: {q["key"]: v[q["key"]]} if q["key"] in v else {} for n, v in snap.items()}
                 return self.reply(200, json.dumps(snap))
@@ -471,11 +638,28 @@ class Handler(BaseHTTPRequestHandler):
             self.body()
             with LOCK:
                 for n in ("keys", "charges", "declines", "calls", "hits", "intents", "refunds", "refund_calls",
-                          "intent_refunds", "actions", "customers"):
+                          "intent_refunds", "actions", "customers", "charges_by_id", "disputes"):
                     STATE[n] = {}
                 STATE["rules"] = []
                 STATE["all_intents"] = []
+                events.reset()
             return self.reply(200, '{"ok": true}')
+        if path == "/_sim/webhook":
+            try:
+                settings = events.configure(json.loads(self.body() or "{}"))
+            except (ValueError, AttributeError) as e:
+                return self.reply(400, json.dumps({"error": str(e)}))
+            return self.reply(200, json.dumps(settings))
+        if path == "/_sim/settle":
+            body = json.loads(self.body() or "{}")
+            with LOCK:
+                CONFIG["settle_s"] = float(body.get("seconds", CONFIG["settle_s"]))
+            return self.reply(200, json.dumps({"seconds": CONFIG["settle_s"]}))
+        if path.startswith("/_sim/disputes/") and path.endswith("/close"):
+            body = json.loads(self.body() or "{}")
+            with LOCK:
+                status, answer = close_dispute(path.split("/")[3], bool(body.get("won")))
+            return self.reply(status, answer)
         raw = self.body()
         if not path.startswith("/v1/"):
             return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
@@ -633,6 +817,11 @@ def main():
     ap.add_argument("--account-api-version", default=CONFIG["account_version"],
                     help="the account's default API version, for requests without Stripe-Version")
     ap.add_argument("--record", help="append every /v1 request to this file, one JSON line each")
+    ap.add_argument("--settle-seconds", type=float, default=2.0,
+                    help="how long delayed payments, failing refunds and disputes take to happen")
+    ap.add_argument("--webhook-url", help="deliver every event here, signed (see events.py)")
+    ap.add_argument("--webhook-secret", action="append", default=[],
+                    help="a signing secret of the webhook endpoint (whsec_...); twice while one is rolled")
     args = ap.parse_args()
     if not API_VERSION.match(args.account_api_version):
         ap.error(f"--account-api-version {args.account_api_version!r} is not a Stripe API version")
@@ -641,6 +830,9 @@ def main():
     CONFIG["api_key"] = args.api_key
     CONFIG["rng"] = random.Random(args.seed)
     CONFIG["key_retention_ms"] = args.key_retention_seconds * 1000
+    CONFIG["settle_s"] = args.settle_seconds
+    if args.webhook_url:
+        events.configure({"url": args.webhook_url, "secrets": args.webhook_secret})
     server = Server((args.host, args.port), Handler)
     port = server.server_address[1]
     if args.port_file:

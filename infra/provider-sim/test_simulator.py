@@ -6,8 +6,11 @@ Each case names the Stripe behaviour it stands for; the simulator runs as its ow
 free port, as the tests use it.
 """
 
+import hashlib
+import hmac
 import json
 import os
+import threading
 import subprocess
 import sys
 import tempfile
@@ -15,6 +18,7 @@ import time
 import unittest
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlencode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +33,7 @@ class Simulator(unittest.TestCase):
         cls.dir = tempfile.TemporaryDirectory()
         port_file = os.path.join(cls.dir.name, "port")
         cls.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "simulator.py"), "--port", "0",
-                                     "--port-file", port_file], stderr=subprocess.DEVNULL)
+                                     "--port-file", port_file, "--settle-seconds", "0.3"], stderr=subprocess.DEVNULL)
         deadline = time.time() + 20
         while not os.path.exists(port_file):
             if time.time() > deadline:
@@ -154,6 +158,137 @@ class Simulator(unittest.TestCase):
         _, later = self.call("GET", "/v1/payment_intents",
                              query={"customer": "cus_list", "created[gte]": str(int(time.time()) + 60)})
         self.assertEqual(later["data"], [])
+
+    # --- what Stripe finishes later, and its events ------------------------------------------
+    def events_of(self, object_id, **query):
+        _, page = self.call("GET", "/v1/events", query=dict(limit="100", **query))
+        return [e for e in page["data"] if e["data"]["object"]["id"] == object_id]
+
+    def wait_for(self, what, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            found = what()
+            if found:
+                return found
+            time.sleep(0.05)
+        self.fail("timed out")
+
+    def test_ach_debits_answer_processing_and_settle_later_with_an_event(self):
+        status, intent = self.pay("ach-ok", payment_method="pm_usBankAccount_success")
+        self.assertEqual((status, intent["status"]), (200, "processing"))
+        done = self.wait_for(lambda: [e for e in self.events_of(intent["id"]) if e["type"] == "payment_intent.succeeded"])
+        self.assertEqual(done[0]["data"]["object"]["status"], "succeeded")
+        self.assertEqual(self.call("GET", f"/v1/payment_intents/{intent['id']}")[1]["status"], "succeeded")
+        status, intent = self.pay("ach-closed", payment_method="pm_usBankAccount_accountClosed")
+        self.assertEqual(intent["status"], "processing")
+        failed = self.wait_for(lambda: [e for e in self.events_of(intent["id"]) if e["type"] == "payment_intent.payment_failed"])
+        obj = failed[0]["data"]["object"]
+        self.assertEqual((obj["status"], obj["last_payment_error"]["code"]), ("requires_payment_method", "account_closed"))
+        kinds = [e["type"] for e in self.events_of(intent["id"])]
+        self.assertEqual(kinds[::-1], ["payment_intent.created", "payment_intent.processing", "payment_intent.payment_failed"])
+
+    def test_a_refund_of_a_refund_fail_card_fails_after_pending_and_its_amount_is_refundable_again(self):
+        _, intent = self.pay("rf", payment_method="pm_card_refundFail", amount="1000")
+        status, refund = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"], "metadata[refund_id]": "rf-1"}, "refund:rf-1")
+        self.assertEqual((status, refund["status"]), (200, "pending"))
+        self.wait_for(lambda: [e for e in self.events_of(refund["id"]) if e["type"] == "refund.failed"])
+        _, now = self.call("GET", f"/v1/refunds/{refund['id']}")
+        self.assertEqual((now["status"], now["failure_reason"]), ("failed", "expired_or_canceled_card"))
+        status, again = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"], "amount": "1000"}, "refund:rf-2")
+        self.assertEqual((status, again["amount"]), (200, 1000), again)
+
+    def test_a_dispute_opens_holds_the_charge_from_refunds_and_closes(self):
+        _, intent = self.pay("dp", payment_method="pm_card_createDispute", amount="700")
+        created = self.wait_for(lambda: [e for e in self.call("GET", "/v1/events", query={"type": "charge.dispute.*", "limit": "100"})[1]["data"]
+                                         if e["data"]["object"]["payment_intent"] == intent["id"]])
+        dispute = created[-1]["data"]["object"]
+        self.assertEqual((dispute["status"], dispute["amount"]), ("needs_response", 700))
+        _, charge = self.call("GET", f"/v1/charges/{dispute['charge']}")
+        self.assertEqual(charge["payment_intent"], intent["id"])
+        status, err = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"]}, "refund:dp-1")
+        self.assertEqual((status, err["error"]["code"]), (400, "charge_disputed"))
+        req = urllib.request.Request(f"{self.base}/_sim/disputes/{dispute['id']}/close", data=b'{"won": true}', method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            self.assertEqual(json.loads(r.read())["status"], "won")
+        self.assertEqual(self.call("GET", f"/v1/disputes/{dispute['id']}")[1]["status"], "won")
+
+    def test_events_list_newest_first_in_pages_and_by_type(self):
+        self.pay("ev-list-1")
+        _, page = self.call("GET", "/v1/events", query={"limit": "1", "type": "payment_intent.succeeded"})
+        self.assertEqual((len(page["data"]), page["has_more"]), (1, True))
+        first = page["data"][0]
+        self.assertEqual((first["object"], first["type"]), ("event", "payment_intent.succeeded"))
+        _, rest = self.call("GET", "/v1/events", query={"limit": "100", "type": "payment_intent.succeeded",
+                                                         "starting_after": first["id"]})
+        self.assertNotIn(first["id"], [e["id"] for e in rest["data"]])
+        self.assertTrue(all(a["created"] >= b["created"] for a, b in zip(rest["data"], rest["data"][1:])))
+        status, err = self.call("GET", "/v1/events", query={"limit": "101"})
+        self.assertEqual(status, 400, err)
+        _, later = self.call("GET", "/v1/events", query={"created[gt]": str(int(time.time()) + 60)})
+        self.assertEqual(later["data"], [])
+
+
+class Webhooks(unittest.TestCase):
+    """Events are delivered signed, retried while the endpoint fails, at least once."""
+
+    def test_an_event_is_signed_as_stripe_signs_and_retried_until_acknowledged(self):
+        received = []
+
+        class Endpoint(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append((self.headers["Stripe-Signature"], body))
+                # The first delivery of each event fails: the provider must try again.
+                first = sum(1 for _, b in received if json.loads(b)["id"] == json.loads(body)["id"]) == 1
+                self.send_response(500 if first else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        with tempfile.TemporaryDirectory() as d:
+            port_file = os.path.join(d, "port")
+            proc = subprocess.Popen([sys.executable, os.path.join(HERE, "simulator.py"), "--port", "0", "--port-file", port_file,
+                                     "--webhook-url", f"http://127.0.0.1:{server.server_address[1]}/v1/provider-events",
+                                     "--webhook-secret", "whsec_old", "--webhook-secret", "whsec_new"], stderr=subprocess.DEVNULL)
+            try:
+                while not os.path.exists(port_file):
+                    time.sleep(0.05)
+                with open(port_file) as f:
+                    base = f"http://127.0.0.1:{f.read().strip()}"
+                req = urllib.request.Request(base + "/_sim/webhook", data=b'{"retry_base_ms": 50}', method="POST")
+                urllib.request.urlopen(req, timeout=10).read()
+                form = urlencode(dict(OLD_FORM, off_session="true", **{"metadata[payment_id]": "wh-1"})).encode()
+                req = urllib.request.Request(base + "/v1/payment_intents", data=form, method="POST")
+                req.add_header("Authorization", "Bearer sk_test_local")
+                req.add_header("Idempotency-Key", "wh-1")
+                urllib.request.urlopen(req, timeout=10).read()
+                deadline = time.time() + 10
+                while time.time() < deadline:
+                    with urllib.request.urlopen(base + "/_sim/deliveries", timeout=10) as r:
+                        deliveries = json.loads(r.read())
+                    if len(deliveries) == 2 and all(d["delivered"] for d in deliveries.values()):
+                        break
+                    time.sleep(0.05)
+                self.assertEqual(sorted(d["statuses"] for d in deliveries.values()), [[500, 200], [500, 200]])
+            finally:
+                proc.terminate()
+                proc.wait()
+                server.shutdown()
+                server.server_close()
+        self.assertEqual(len(received), 4)
+        kinds = {json.loads(b)["type"] for _, b in received}
+        self.assertEqual(kinds, {"payment_intent.created", "payment_intent.succeeded"})
+        for header, body in received:
+            items = [p.split("=", 1) for p in header.split(",")]
+            t = [v for k, v in items if k == "t"][0]
+            v1 = [v for k, v in items if k == "v1"]
+            for secret in ("whsec_old", "whsec_new"):
+                expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+                self.assertIn(expected, v1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""The simulator's events, as Stripe keeps and sends them.
+
+Every state change the simulator makes is an `event` object (Stripe's shape: id, object,
+api_version, created, data.object as the object was then, livemode, pending_webhooks, request,
+type), kept for `GET /v1/events` and sent to the webhook endpoint, if one is set, signed as
+Stripe signs (`Stripe-Signature: t=<now>,v1=<HMAC-SHA256 of "{t}.{body}"> per secret`, signed
+anew for each attempt). Delivery is at least once and in no promised order, as at Stripe: an
+endpoint that answers anything but 2xx, or cannot be reached, is retried with backoff until
+`max_attempts`; `duplicate_probability` sends an event twice; `max_jitter_ms` delays each
+attempt by up to that much, so events overtake one another; `paused` holds every delivery
+(an endpoint that is down) until resumed, counting no attempt.
+
+Control (through the simulator's /_sim/webhook): {"url", "secrets": [...], "duplicate_probability",
+"max_jitter_ms", "retry_base_ms", "retry_max_ms", "max_attempts", "paused"}.
+"""
+
+import copy
+import hashlib
+import heapq
+import hmac
+import json
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+
+_LOCK = threading.Condition()
+_EVENTS = []  # every event, oldest first
+_QUEUE = []  # (due, seq, event id, attempt)
+_DELIVERIES = {}  # event id -> {"attempts": n, "delivered": bool, "statuses": [...]}
+_SEQ = [0]
+_RNG = random.Random(0)
+WEBHOOK = {"url": None, "secrets": [], "duplicate_probability": 0.0, "max_jitter_ms": 0, "retry_base_ms": 500,
+           "retry_max_ms": 8000, "max_attempts": 12, "paused": False}
+
+
+def sign(body, secrets, t=None):
+    """The Stripe-Signature header for `body` (bytes) under each secret."""
+    t = int(time.time()) if t is None else t
+    parts = [f"t={t}"]
+    for s in secrets:
+        parts.append("v1=" + hmac.new(s.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest())
+    return ",".join(parts)
+
+
+def emit(kind, obj, version, idempotency_key=None):
+    """Records an event of `kind` about `obj` (a snapshot is taken) and queues its delivery."""
+    created = int(time.time())
+    event = {
+        "id": "evt_" + hashlib.sha256(f"{kind}:{obj.get('id')}:{time.time_ns()}:{_RNG.random()}".encode()).hexdigest()[:24],
+        "object": "event",
+        "api_version": version,
+        "created": created,
+        "data": {"object": copy.deepcopy(obj)},
+        "livemode": False,
+        "pending_webhooks": 1 if WEBHOOK["url"] else 0,
+        "request": {"id": None, "idempotency_key": idempotency_key},
+        "type": kind,
+    }
+    with _LOCK:
+        _EVENTS.append(event)
+        if WEBHOOK["url"]:
+            copies = 2 if _RNG.random() < WEBHOOK["duplicate_probability"] else 1
+            for _ in range(copies):
+                _push(event["id"], 1, _jitter())
+        _LOCK.notify_all()
+    return event
+
+
+def _jitter():
+    return _RNG.random() * WEBHOOK["max_jitter_ms"] / 1000
+
+
+def _push(event_id, attempt, delay_s):
+    _SEQ[0] += 1
+    heapq.heappush(_QUEUE, (time.time() + delay_s, _SEQ[0], event_id, attempt))
+
+
+def configure(settings):
+    with _LOCK:
+        for k, v in settings.items():
+            if k not in WEBHOOK:
+                raise ValueError(f"unknown webhook setting {k!r}")
+            WEBHOOK[k] = v
+        _LOCK.notify_all()
+        return dict(WEBHOOK, secrets=len(WEBHOOK["secrets"]))
+
+
+def reset():
+    with _LOCK:
+        _EVENTS.clear()
+        _QUEUE.clear()
+        _DELIVERIES.clear()
+
+
+def deliveries():
+    with _LOCK:
+        return copy.deepcopy(_DELIVERIES)
+
+
+def listing(q):
+    """`GET /v1/events`: newest first, filtered by created[...] and type / types[]; Stripe's
+    cursor pagination. Returns (status, body)."""
+    try:
+        limit = int(q.get("limit", "10"))
+        bounds = {op: int(q[f"created[{op}]"]) for op in ("gte", "gt", "lte", "lt") if f"created[{op}]" in q}
+    except ValueError:
+        return 400, {"error": {"type": "invalid_request_error", "message": "Invalid integer", "code": "parameter_invalid_integer"}}
+    if not 1 <= limit <= 100:
+        return 400, {"error": {"type": "invalid_request_error", "message": "Limit must be between 1 and 100",
+                               "param": "limit", "code": "parameter_invalid"}}
+    types = [v for k, v in q.items() if k.startswith("types[")]
+    if "type" in q and types:
+        return 400, {"error": {"type": "invalid_request_error", "message": "You may only specify one of these parameters: type, types."}}
+    tests = {"gte": lambda c, b: c >= b, "gt": lambda c, b: c > b, "lte": lambda c, b: c <= b, "lt": lambda c, b: c < b}
+
+    def wanted(kind):
+        if "type" in q:
+            pattern = q["type"]
+            return kind == pattern or (pattern.endswith(".*") and kind.startswith(pattern[:-1]))
+        return not types or kind in types
+
+    with _LOCK:
+        data = [e for e in reversed(_EVENTS) if wanted(e["type"]) and all(tests[op](e["created"], b) for op, b in bounds.items())]
+    after = q.get("starting_after")
+    if after:
+        ids = [e["id"] for e in data]
+        if after not in ids:
+            return 400, {"error": {"type": "invalid_request_error", "message": f"No such event: '{after}'", "code": "resource_missing"}}
+        data = data[ids.index(after) + 1:]
+    page = data[:limit]
+    return 200, {"object": "list", "data": page, "has_more": len(data) > limit, "url": "/v1/events"}
+
+
+def find(event_id):
+    with _LOCK:
+        for e in _EVENTS:
+            if e["id"] == event_id:
+                return e
+    return None
+
+
+def _deliver(event, attempt):
+    url, secrets = WEBHOOK["url"], list(WEBHOOK["secrets"])
+    body = json.dumps(event, indent=2).encode()
+    req = urllib.request.Request(url, data=body, method="POST")
+    req.add_header("Content-Type", "application/json; charset=utf-8")
+    req.add_header("User-Agent", "Stripe/1.0 (+https://stripe.com/docs/webhooks)")
+    req.add_header("Stripe-Signature", sign(body, secrets))
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception:
+        return 0
+
+
+def _run():
+    while True:
+        with _LOCK:
+            while not _QUEUE or WEBHOOK["paused"] or not WEBHOOK["url"] or _QUEUE[0][0] > time.time():
+                wait = None if not _QUEUE or WEBHOOK["paused"] or not WEBHOOK["url"] else max(0.0, _QUEUE[0][0] - time.time())
+                _LOCK.wait(wait)
+            _, _, event_id, attempt = heapq.heappop(_QUEUE)
+            event = next((e for e in _EVENTS if e["id"] == event_id), None)
+        if event is None:
+            continue
+        threading.Thread(target=_attempt, args=(event, attempt), daemon=True).start()
+
+
+def _attempt(event, attempt):
+    status = _deliver(event, attempt)
+    with _LOCK:
+        d = _DELIVERIES.setdefault(event["id"], {"attempts": 0, "delivered": False, "statuses": []})
+        d["attempts"] += 1
+        d["statuses"].append(status)
+        if 200 <= status < 300:
+            d["delivered"] = True
+        elif attempt < WEBHOOK["max_attempts"]:
+            backoff = min(WEBHOOK["retry_max_ms"], WEBHOOK["retry_base_ms"] * 2 ** (attempt - 1)) / 1000
+            _push(event["id"], attempt + 1, backoff + _jitter())
+        _LOCK.notify_all()
+
+
+threading.Thread(target=_run, daemon=True).start()
