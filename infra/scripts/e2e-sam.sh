@@ -20,11 +20,14 @@ export SAM_CLI_TELEMETRY=0
 helper() { "$ROOT/.venv-sam/bin/python" "$ROOT/infra/template-checks/deploy_helper.py" "$@"; }
 stack="e2e-$(date +%s)"
 secret_arn=$(helper secret "payments/$stack/provider-key" "$PAYMENT_API_KEY")
+webhook_secret="whsec_e2e_$(date +%s)"
+webhook_arn=$(helper secret "payments/$stack/webhook-secret" "$webhook_secret")
 log "sam deploy $stack"
 "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
   --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
   --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+  "WebhookSecretArn=$webhook_arn" \
   RetryHorizonSeconds=20 # the check's flaky payment comes back in seconds, not spread over an hour
 helper fix-stack "$stack"
 declare -A out

@@ -20,7 +20,7 @@ if ! rustup target list --installed | grep -qx "$target"; then
 fi
 cd "$ROOT"
 sam build --template template.yaml --build-dir ".aws-sam/build-$arch" --parameter-overrides "Architecture=$arch"
-for function in PaymentProcessorFunction RefundProcessorFunction PaymentsApiFunction OutboxRelayFunction; do
+for function in PaymentProcessorFunction RefundProcessorFunction PaymentsApiFunction OutboxRelayFunction ProviderEventsFunction EventProcessorFunction; do
 "$ROOT/.venv-sam/bin/python" - ".aws-sam/build-$arch/$function/bootstrap" "$machine" "$arch" <<'PY'
 import os, struct, sys
 path, machine, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]

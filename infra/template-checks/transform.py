@@ -21,7 +21,8 @@ def main(src, dst):
     for resource in template.get("Resources", {}).values():
         if resource.get("Type") == "AWS::Serverless::Function":
             resource["Properties"]["CodeUri"] = "s3://artifacts-bucket/payment-processor.zip"
-    params = {"PaymentApiKeySecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:payments-key"}
+    params = {"PaymentApiKeySecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:payments-key",
+              "WebhookSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-secret"}
     out = transform(template, params, NoManagedPolicies())
     with open(dst, "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)

@@ -264,12 +264,43 @@ pub async fn build_event_processor(
     ))
 }
 
-/// Reads the environment and builds the events inbox: the event function's whole init.
-pub async fn event_processor_from_env() -> Result<Arc<crate::event_inbox::EventProcessor>, InitError>
-{
+/// The scheduled catch-up of a configuration (`None` without `PROVIDER_EVENTS_QUEUE_URL`).
+pub async fn build_catch_up(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+) -> Result<Option<crate::event_catch_up::ScheduledCatchUp>, InitError> {
+    let Some(url) = &config.provider_events_queue_url else {
+        return Ok(None);
+    };
+    Ok(Some(crate::event_catch_up::ScheduledCatchUp {
+        lister: Arc::new(provider_from(config, sdk).await?),
+        queue: Arc::new(crate::event_receiver::SqsEventQueue::new(
+            aws_sdk_sqs::Client::new(sdk),
+            url.clone(),
+        )),
+        checkpoint: crate::event_catch_up::Checkpoint::new(
+            aws_sdk_dynamodb::Client::new(sdk),
+            &config.idempotency_table,
+        ),
+    }))
+}
+
+/// The event function's parts: the inbox and, with `PROVIDER_EVENTS_QUEUE_URL`, its
+/// scheduled catch-up.
+pub type EventFunction = (
+    Arc<crate::event_inbox::EventProcessor>,
+    Option<crate::event_catch_up::ScheduledCatchUp>,
+);
+
+/// Reads the environment and builds the events inbox and its scheduled catch-up: the event
+/// function's whole init.
+pub async fn event_processor_from_env() -> Result<EventFunction, InitError> {
     let config = Config::from_env()?;
     let sdk = sdk_config().await;
-    build_event_processor(&config, &sdk).await
+    Ok((
+        build_event_processor(&config, &sdk).await?,
+        build_catch_up(&config, &sdk).await?,
+    ))
 }
 
 /// The provider-events receiver of a configuration.

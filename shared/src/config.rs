@@ -65,6 +65,9 @@ pub struct Config {
     /// a payment accepted but not yet processed has its row. A refund of a payment that has
     /// neither a record nor a row there is dead-lettered `payment_unknown` at once.
     pub payments_table: Option<String>,
+    /// `PROVIDER_EVENTS_QUEUE_URL` (optional, the event function's): where its scheduled
+    /// catch-up queues the events it lists.
+    pub provider_events_queue_url: Option<String>,
 }
 
 /// A configuration problem, naming the variable.
@@ -236,6 +239,8 @@ impl Config {
             settings,
             source_queue_url: get("SOURCE_QUEUE_URL").filter(|v| !v.trim().is_empty()),
             payments_table: get("PAYMENTS_TABLE").filter(|v| !v.trim().is_empty()),
+            provider_events_queue_url: get("PROVIDER_EVENTS_QUEUE_URL")
+                .filter(|v| !v.trim().is_empty()),
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",

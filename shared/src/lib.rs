@@ -26,6 +26,7 @@ pub mod charge;
 pub mod config;
 pub mod currency;
 pub mod domain;
+pub mod event_catch_up;
 pub mod event_inbox;
 pub mod event_receiver;
 pub mod outbox;

@@ -44,7 +44,7 @@ fn relay_config(t: &TestStack) -> RelayConfig {
 
 async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalHttp {
     let api: PaymentsApi = payment_core::bootstrap::build_api(&api_config(t), ddb);
-    payctl::api::serve(Arc::new(api), "127.0.0.1:0")
+    payctl::api::serve(Arc::new(api), None, "127.0.0.1:0")
         .await
         .expect("serving the API")
 }

@@ -1,25 +1,48 @@
 //! The `event-processor` Lambda: SQS batches of the provider's verified events in,
-//! `SqsBatchResponse` out.
+//! `SqsBatchResponse` out; and, when its schedule invokes it with `{"catch_up": true}`, the
+//! catch-up that queues the events the endpoint missed.
 //!
-//! The batch runner is `sqs-once`'s; the inbox work (one event id, applied once) and its
-//! wiring are `payment-core`'s.
+//! The batch runner is `sqs-once`'s; the inbox work (one event id, applied once), the catch-up
+//! and their wiring are `payment-core`'s.
 
 use std::sync::Arc;
 
-use lambda_runtime::{service_fn, Error};
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use payment_core::event_catch_up::ScheduledCatchUp;
+use payment_core::event_inbox::EventProcessor;
 use payment_core::telemetry;
+use serde_json::Value;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+async fn handle(
+    processor: Arc<EventProcessor>,
+    catch_up: Arc<Option<ScheduledCatchUp>>,
+    event: LambdaEvent<Value>,
+) -> Result<Value, Error> {
+    let (payload, context) = event.into_parts();
+    if payload.get("catch_up").is_some() {
+        let Some(catch_up) = catch_up.as_ref() else {
+            return Err("the catch-up needs PROVIDER_EVENTS_QUEUE_URL".into());
+        };
+        let report = catch_up.run().await?;
+        tracing::info!(since = report.since_s, until = report.until_s, queued = report.queued, "catch-up");
+        return Ok(serde_json::to_value(report)?);
+    }
+    let batch = serde_json::from_value(payload)?;
+    let answer = processor.handle_event(LambdaEvent::new(batch, context)).await?;
+    Ok(serde_json::to_value(answer)?)
+}
 
 // One thread, as the payment processor: the work waits on the network.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let processor = payment_core::bootstrap::event_processor_from_env().await?;
+    let (processor, catch_up) = payment_core::bootstrap::event_processor_from_env().await?;
+    let catch_up = Arc::new(catch_up);
     lambda_runtime::run(service_fn(|event| {
-        let processor = Arc::clone(&processor);
-        async move { processor.handle_event(event).await }
+        handle(Arc::clone(&processor), Arc::clone(&catch_up), event)
     }))
     .await
 }

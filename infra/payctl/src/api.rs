@@ -1,23 +1,56 @@
 //! The payments API served locally (`payctl api serve`, the proving ground, the tests): the same
-//! [`PaymentsApi`] the Lambda runs, behind [`lambda_local::http`]'s stand-in for API Gateway.
+//! [`PaymentsApi`] the Lambda runs, behind [`lambda_local::http`]'s stand-in for API Gateway,
+//! and beside it, when given, the provider-events receiver on its own route
+//! (`POST /v1/provider-events`, no IAM auth: it verifies the provider's signature itself), as
+//! the template puts both on one HTTP API.
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use lambda_local::http::{HttpAnswer, HttpHandler, HttpRequest, LocalHttp};
 use payment_core::api::{PaymentsApi, MAX_REQUEST_BYTES};
+use payment_core::event_receiver::{EventReceiver, EVENTS_PATH, MAX_EVENT_BYTES};
 
-struct Api(Arc<PaymentsApi>);
+struct Api {
+    payments: Arc<PaymentsApi>,
+    events: Option<Arc<EventReceiver>>,
+}
+
+impl Api {
+    fn is_events(&self, path: &str) -> bool {
+        self.events.is_some() && path.trim_end_matches('/') == EVENTS_PATH
+    }
+}
 
 #[async_trait::async_trait]
 impl HttpHandler for Api {
     fn max_body_bytes(&self) -> usize {
-        MAX_REQUEST_BYTES
+        // Each handler refuses what is over its own limit.
+        if self.events.is_some() {
+            MAX_REQUEST_BYTES.max(MAX_EVENT_BYTES)
+        } else {
+            MAX_REQUEST_BYTES
+        }
+    }
+
+    fn requires_auth(&self, path: &str) -> bool {
+        !self.is_events(path)
     }
 
     async fn handle(&self, request: HttpRequest<'_>) -> HttpAnswer {
+        if let (true, Some(events)) = (self.is_events(request.path), &self.events) {
+            let signature = request.header("stripe-signature");
+            let a = events
+                .handle(request.method, request.path, signature.as_deref(), request.body)
+                .await;
+            return HttpAnswer {
+                status: a.status,
+                headers: Vec::new(),
+                body: a.body,
+            };
+        }
         let a = self
-            .0
+            .payments
             .handle(
                 request.method,
                 request.path,
@@ -33,7 +66,19 @@ impl HttpHandler for Api {
     }
 }
 
-/// Serves `api` on `address` (`127.0.0.1:0` for an ephemeral port) until dropped.
-pub async fn serve(api: Arc<PaymentsApi>, address: &str) -> Result<LocalHttp> {
-    LocalHttp::start(Arc::new(Api(api)), address).await
+/// Serves `api` (and `events`, when given) on `address` (`127.0.0.1:0` for an ephemeral
+/// port) until dropped.
+pub async fn serve(
+    api: Arc<PaymentsApi>,
+    events: Option<Arc<EventReceiver>>,
+    address: &str,
+) -> Result<LocalHttp> {
+    LocalHttp::start(
+        Arc::new(Api {
+            payments: api,
+            events,
+        }),
+        address,
+    )
+    .await
 }

@@ -55,6 +55,8 @@ enum Command {
     /// every payment is settled, 2 when one must be looked at again (held, not provable yet, or
     /// nothing at the provider), 1 on an error.
     Reconcile(commands::reconcile::ReconcileArgs),
+    /// The provider's events: catch up on those the webhook endpoint missed.
+    Events(commands::events::EventsArgs),
     /// Outbox entries the relay has not published (after RelayFailuresAlarm), and sending them
     /// again.
     Outbox(commands::outbox::OutboxArgs),
@@ -110,6 +112,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::History(args) => commands::status::history(args, &sdk).await,
         Command::Dlq(args) => commands::dlq::dlq(args, &sdk).await,
         Command::Reconcile(args) => commands::reconcile::reconcile(args, &sdk).await,
+        Command::Events(args) => commands::events::events(args, &sdk).await,
         Command::Outbox(args) => commands::outbox::outbox(args, &sdk).await,
         Command::Relay(args) => commands::outbox::relay(args, &sdk).await,
         Command::Pay(args) => commands::api::pay(args, &sdk).await,

@@ -23,6 +23,11 @@ pub struct RunSummary {
     pub declined: u32,
     /// Refunds made (a refund run).
     pub refunded: u32,
+    /// The provider's events that changed a payment, a refund or a dispute (an events run).
+    pub events_applied: u32,
+    /// Events that changed nothing (the state stored, or older), or that the inbox does not
+    /// apply (another system's objects, other types).
+    pub events_unchanged: u32,
     /// Copies of finished payments acknowledged without a charge.
     pub duplicates: u32,
     /// Deliveries handed back to come again later.
@@ -46,6 +51,14 @@ impl RunSummary {
             charged: stats.summary.done(payment_core::charge::labels::CHARGED),
             declined: stats.summary.done(payment_core::charge::labels::DECLINED),
             refunded: stats.summary.done(payment_core::refund::REFUNDED),
+            events_applied: stats.summary.done(payment_core::event_inbox::labels::APPLIED),
+            events_unchanged: {
+                use payment_core::event_inbox::labels::{FOREIGN, UNCHANGED, UNHANDLED};
+                [UNCHANGED, FOREIGN, UNHANDLED]
+                    .iter()
+                    .map(|l| stats.summary.done(l))
+                    .sum()
+            },
             duplicates: stats.summary.duplicates,
             retried: stats.summary.retried,
             dead_lettered: stats
@@ -67,7 +80,12 @@ impl RunSummary {
     /// out, or a whole batch failed (a wrong table or queue, provider down, a bad key).
     pub fn all_failed(&self) -> bool {
         let for_content = |code: &str| crate::dlq::never_redriven(code).is_some();
-        let handled = (self.charged + self.declined + self.refunded + self.duplicates) as u64
+        let handled = (self.charged
+            + self.declined
+            + self.refunded
+            + self.events_applied
+            + self.events_unchanged
+            + self.duplicates) as u64
             + self
                 .dead_lettered
                 .iter()
@@ -106,10 +124,13 @@ impl RunSummary {
             if self.interrupted { "interrupted: " } else { "" },
             self.received,
             self.invocations,
-            if self.refunded > 0 {
-                format!("{} refunded, ", self.refunded)
-            } else {
-                String::new()
+            match (self.refunded, self.events_applied + self.events_unchanged) {
+                (0, 0) => String::new(),
+                (r, 0) => format!("{r} refunded, "),
+                (_, _) => format!(
+                    "{} events applied, {} unchanged, ",
+                    self.events_applied, self.events_unchanged
+                ),
             },
             self.charged,
             self.declined,

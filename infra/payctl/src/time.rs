@@ -7,8 +7,46 @@ pub fn utc(ms: i64) -> String {
         .unwrap_or_else(|| format!("{ms} ms since 1970"))
 }
 
+/// A point in time an operator gives (`--since`): an RFC 3339 time
+/// (`2026-12-01T00:00:00Z`), unix seconds, or a span back from `now_s` (`90m`, `12h`, `3d`).
+/// Unix seconds.
+pub fn parse_point(text: &str, now_s: i64) -> Result<i64, String> {
+    let t = text.trim();
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(t) {
+        return Ok(at.timestamp());
+    }
+    if let Ok(s) = t.parse::<i64>() {
+        return Ok(s);
+    }
+    let unit = t.chars().last().unwrap_or(' ');
+    let scale = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => 0,
+    };
+    match t[..t.len().saturating_sub(1)].parse::<i64>() {
+        Ok(n) if scale > 0 && n >= 0 => Ok(now_s - n * scale),
+        _ => Err(format!(
+            "{text:?} is not a time: give 2026-12-01T00:00:00Z, unix seconds, or a span back from now such as 90m, 12h, 3d"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn points_in_time_are_read_three_ways() {
+        let now = 1_796_102_405;
+        assert_eq!(super::parse_point("2026-12-01T00:00:00Z", now), Ok(1_796_083_200));
+        assert_eq!(super::parse_point("1796083200", now), Ok(1_796_083_200));
+        assert_eq!(super::parse_point("3d", now), Ok(now - 3 * 86_400));
+        assert_eq!(super::parse_point("90m", now), Ok(now - 5400));
+        assert!(super::parse_point("yesterday", now).is_err());
+        assert!(super::parse_point("-3d", now).is_err());
+    }
+
     #[test]
     fn utc_reads_epoch_milliseconds() {
         assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");

@@ -211,7 +211,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
                 .map(str::to_owned)
         })?;
         let api = Arc::new(payment_core::bootstrap::build_api(&api_config, ddb.clone()));
-        let server = payctl::api::serve(api, "127.0.0.1:0").await?;
+        let server = payctl::api::serve(api, None, "127.0.0.1:0").await?;
         let relay_config = RelayConfig::from_lookup(|k| {
             stack
                 .var_of("OutboxRelayFunction", k)

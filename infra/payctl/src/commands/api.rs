@@ -5,7 +5,9 @@ use clap::{Args, Subcommand};
 
 #[derive(Subcommand)]
 pub enum ApiCommand {
-    /// Serve POST/GET /v1/payments on a local address until stopped.
+    /// Serve POST/GET /v1/payments on a local address until stopped, and POST
+    /// /v1/provider-events (the provider's signed events, queued to PROVIDER_EVENTS_QUEUE_URL)
+    /// when WEBHOOK_SECRET or WEBHOOK_SECRET_ARN is set.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -168,9 +170,29 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         other => std::env::var(other).ok(),
     })?;
     let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
+    let webhook = ["WEBHOOK_SECRET", "WEBHOOK_SECRET_ARN"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
+    let events = if webhook {
+        let config =
+            payment_core::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
+        Some(std::sync::Arc::new(payment_core::bootstrap::build_receiver(
+            &config, sdk,
+        )))
+    } else {
+        None
+    };
     payctl::aws::announce(sdk, &format!("serving the payments API over {table}")).await;
-    let server = payctl::api::serve(std::sync::Arc::new(api), &address).await?;
+    let has_events = events.is_some();
+    let server = payctl::api::serve(std::sync::Arc::new(api), events, &address).await?;
     eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
+    if has_events {
+        eprintln!(
+            "provider events on {}{} (the webhook endpoint)",
+            server.url(),
+            payment_core::event_receiver::EVENTS_PATH
+        );
+    }
     server.wait().await?;
     Ok(())
 }

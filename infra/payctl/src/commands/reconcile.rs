@@ -21,21 +21,14 @@ pub struct ReconcileArgs {
     /// The idempotency table (the stack's IdempotencyTableName output).
     #[arg(long, env = "IDEMPOTENCY_TABLE")]
     pub table: String,
-    /// The provider's base URL (as the function's PAYMENT_API_URL).
-    #[arg(long, env = "PAYMENT_API_URL")]
-    pub payment_api_url: String,
-    /// The provider key's secret (or PAYMENT_API_KEY for local use).
-    #[arg(long, env = "PAYMENT_API_KEY_SECRET_ARN")]
-    pub payment_api_key_secret_arn: Option<String>,
+    #[command(flatten)]
+    pub provider: super::ProviderArgs,
     /// How long the provider remembers an idempotency key, seconds.
     #[arg(long, env = "PROVIDER_KEY_RETENTION_SECONDS", default_value_t = 86_400)]
     pub key_retention_seconds: u64,
     /// How far the provider's search may lag its charges, seconds.
     #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
     pub search_lag_seconds: u64,
-    /// The Stripe-Version header of the lookups.
-    #[arg(long, env = "STRIPE_API_VERSION", default_value = payment_core::stripe::DEFAULT_API_VERSION)]
-    pub stripe_api_version: String,
 }
 
 /// Runs `payctl reconcile`.
@@ -44,32 +37,14 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         payment_id,
         all_unknown,
         table,
-        payment_api_url,
-        payment_api_key_secret_arn,
+        provider,
         key_retention_seconds,
         search_lag_seconds,
-        stripe_api_version,
     } = args;
     use payctl::{reconcile, reconcile_refund};
-    if !payment_core::stripe::is_api_version(&stripe_api_version) {
-        bail!("--stripe-api-version must be a Stripe API version such as {} (YYYY-MM-DD[.name]), got {stripe_api_version:?}", payment_core::stripe::DEFAULT_API_VERSION);
-    }
-    let source = match (payment_api_key_secret_arn, std::env::var("PAYMENT_API_KEY")) {
-        (Some(arn), _) if !arn.trim().is_empty() => {
-            payment_core::config::ApiKeySource::SecretArn(arn)
-        }
-        (_, Ok(key)) if !key.trim().is_empty() => {
-            payment_core::config::ApiKeySource::Plain(key.into())
-        }
-        _ => bail!("set PAYMENT_API_KEY_SECRET_ARN (or PAYMENT_API_KEY for local use): reconcile looks payments up at the provider"),
-    };
-    let key = payment_core::bootstrap::resolve_api_key(&source, sdk).await?;
-    let provider = payment_core::stripe::StripeClient::new(
-        &payment_api_url,
-        key,
-        &stripe_api_version,
-        Duration::from_secs(10),
-    )?;
+    let provider = provider
+        .client(sdk, "reconcile looks payments up at the provider")
+        .await?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     payctl::aws::check_table(
         sdk,

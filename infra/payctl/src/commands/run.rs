@@ -13,6 +13,8 @@ pub enum WorkKind {
     Payments,
     /// The refund processor.
     Refunds,
+    /// The events inbox (the provider's events, applied once each).
+    Events,
 }
 
 impl WorkKind {
@@ -21,6 +23,10 @@ impl WorkKind {
         match self {
             WorkKind::Payments => ("PAYMENTS_QUEUE_URL", "DEAD_LETTER_QUEUE_URL"),
             WorkKind::Refunds => ("REFUNDS_QUEUE_URL", "REFUNDS_DEAD_LETTER_QUEUE_URL"),
+            WorkKind::Events => (
+                "PROVIDER_EVENTS_QUEUE_URL",
+                "PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL",
+            ),
         }
     }
 }
@@ -28,14 +34,15 @@ impl WorkKind {
 /// The options of `payctl run`.
 #[derive(Args)]
 pub struct RunArgs {
-    /// What to process: payments (default) or refunds.
+    /// What to process: payments (default), refunds, or the provider's events.
     #[arg(long, value_enum, default_value_t = WorkKind::Payments)]
     pub work: WorkKind,
-    /// The source queue (default: PAYMENTS_QUEUE_URL, or REFUNDS_QUEUE_URL with --work refunds).
+    /// The source queue (default: PAYMENTS_QUEUE_URL, REFUNDS_QUEUE_URL with --work refunds,
+    /// PROVIDER_EVENTS_QUEUE_URL with --work events).
     #[arg(long)]
     pub queue_url: Option<String>,
-    /// The dead-letter queue (default: DEAD_LETTER_QUEUE_URL, or REFUNDS_DEAD_LETTER_QUEUE_URL
-    /// with --work refunds).
+    /// The dead-letter queue (default: DEAD_LETTER_QUEUE_URL, REFUNDS_DEAD_LETTER_QUEUE_URL with
+    /// --work refunds, PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL with --work events).
     #[arg(long)]
     pub dead_letter_queue_url: Option<String>,
     /// Messages per invocation (Lambda's SQS trigger takes up to 10 per receive).
@@ -96,7 +103,7 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     };
     let queue_url = from_env(queue_url, queue_var)?;
     let mut config = Config::from_env()?;
-    if dead_letter_queue_url.is_some() || work == WorkKind::Refunds {
+    if dead_letter_queue_url.is_some() || work != WorkKind::Payments {
         config.dead_letter_queue_url = from_env(dead_letter_queue_url, dlq_var)?;
     }
     // The queue this run polls is the source whose retention bounds the retries.
@@ -114,6 +121,9 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             .await?
             .into(),
         WorkKind::Refunds => payment_core::bootstrap::build_refund_processor(&config, sdk)
+            .await?
+            .into(),
+        WorkKind::Events => payment_core::bootstrap::build_event_processor(&config, sdk)
             .await?
             .into(),
     };

@@ -33,7 +33,7 @@ pub(super) async fn api_measurement(
         &ApiConfig::from_lookup(env_of("PaymentsApiFunction"))?,
         aws_sdk_dynamodb::Client::new(sdk),
     );
-    let server = payctl::api::serve(Arc::new(api), "127.0.0.1:0").await?;
+    let server = payctl::api::serve(Arc::new(api), None, "127.0.0.1:0").await?;
     let relay = payment_core::bootstrap::build_relay(
         &RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?,
         sdk,
