@@ -217,7 +217,10 @@ impl Checkpoint {
         match req.send().await {
             Ok(_) => Ok(true),
             Err(SdkError::ServiceError(se))
-                if matches!(se.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+                if matches!(
+                    se.err(),
+                    UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
             {
                 Ok(false)
             }

@@ -9,8 +9,10 @@
 //!
 //! What an event finds:
 //! - its object was not created by this system (no `metadata[payment_id]` /
-//!   `metadata[refund_id]`, or a PaymentIntent the payment's record does not name), or its type
-//!   is not one the inbox applies: acknowledged and counted (`foreign`, `unhandled`);
+//!   `metadata[refund_id]`, no record of that id: the processors claim a record before they
+//!   call the provider, so one of theirs always has one; or a PaymentIntent the payment's
+//!   record does not name), or its type is not one the inbox applies: acknowledged and
+//!   counted (`foreign`, `unhandled`);
 //! - its object is this system's but its record is not completed yet (the answer that creates
 //!   it is still on its way): handed back, to come again once the record is there;
 //! - otherwise the rule's step: `applied` or `unchanged`.
@@ -105,6 +107,17 @@ fn not_yet(what: &str) -> CallError {
     }
 }
 
+/// An event about an id with no record here. The processors claim a record before they call
+/// the provider, so an object they created always has one (until its retention ends): this is
+/// another system's object on the same account, or one long forgotten.
+fn no_record(event: &ProviderEvent, what: &str, id: &str) -> Outcome {
+    outcome(
+        labels::FOREIGN,
+        event,
+        format!("no record of {what} {id} here: not this system's, or past its retention"),
+    )
+}
+
 fn outcome(label: &str, event: &ProviderEvent, change: impl Into<String>) -> Outcome {
     Outcome::new(label)
         .with_text("type", &event.kind)
@@ -146,7 +159,7 @@ impl EventWork {
         };
         for _ in 0..TRIES {
             let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
-                return Err(not_yet(&format!("payment {pid} has no record yet")));
+                return Ok(no_record(event, "payment", &pid));
             };
             if p.record_status != RecordStatus::Completed {
                 return Err(not_yet(&format!("payment {pid} is not completed yet")));
@@ -228,7 +241,7 @@ impl EventWork {
         };
         for _ in 0..TRIES {
             let Some(r) = self.settlements.refund(&rid).await.map_err(store_error)? else {
-                return Err(not_yet(&format!("refund {rid} has no record yet")));
+                return Ok(no_record(event, "refund", &rid));
             };
             if r.record_status != RecordStatus::Completed {
                 return Err(not_yet(&format!("refund {rid} is not completed yet")));
@@ -336,7 +349,7 @@ impl EventWork {
         let did = &c.dispute_id;
         for _ in 0..TRIES {
             let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
-                return Err(not_yet(&format!("payment {pid} has no record yet")));
+                return Ok(no_record(event, "payment", &pid));
             };
             if p.record_status != RecordStatus::Completed {
                 return Err(not_yet(&format!("payment {pid} is not completed yet")));

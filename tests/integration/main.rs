@@ -8,6 +8,7 @@ mod api;
 mod card_data;
 mod chaos;
 mod cli_help;
+mod events;
 mod exactly_once;
 mod failures;
 mod function_process;

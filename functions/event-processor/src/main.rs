@@ -27,11 +27,18 @@ async fn handle(
             return Err("the catch-up needs PROVIDER_EVENTS_QUEUE_URL".into());
         };
         let report = catch_up.run().await?;
-        tracing::info!(since = report.since_s, until = report.until_s, queued = report.queued, "catch-up");
+        tracing::info!(
+            since = report.since_s,
+            until = report.until_s,
+            queued = report.queued,
+            "catch-up"
+        );
         return Ok(serde_json::to_value(report)?);
     }
     let batch = serde_json::from_value(payload)?;
-    let answer = processor.handle_event(LambdaEvent::new(batch, context)).await?;
+    let answer = processor
+        .handle_event(LambdaEvent::new(batch, context))
+        .await?;
     Ok(serde_json::to_value(answer)?)
 }
 

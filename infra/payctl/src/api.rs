@@ -41,7 +41,12 @@ impl HttpHandler for Api {
         if let (true, Some(events)) = (self.is_events(request.path), &self.events) {
             let signature = request.header("stripe-signature");
             let a = events
-                .handle(request.method, request.path, signature.as_deref(), request.body)
+                .handle(
+                    request.method,
+                    request.path,
+                    signature.as_deref(),
+                    request.body,
+                )
                 .await;
             return HttpAnswer {
                 status: a.status,

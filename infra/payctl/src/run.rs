@@ -51,7 +51,9 @@ impl RunSummary {
             charged: stats.summary.done(payment_core::charge::labels::CHARGED),
             declined: stats.summary.done(payment_core::charge::labels::DECLINED),
             refunded: stats.summary.done(payment_core::refund::REFUNDED),
-            events_applied: stats.summary.done(payment_core::event_inbox::labels::APPLIED),
+            events_applied: stats
+                .summary
+                .done(payment_core::event_inbox::labels::APPLIED),
             events_unchanged: {
                 use payment_core::event_inbox::labels::{FOREIGN, UNCHANGED, UNHANDLED};
                 [UNCHANGED, FOREIGN, UNHANDLED]

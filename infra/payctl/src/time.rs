@@ -39,7 +39,10 @@ mod tests {
     #[test]
     fn points_in_time_are_read_three_ways() {
         let now = 1_796_102_405;
-        assert_eq!(super::parse_point("2026-12-01T00:00:00Z", now), Ok(1_796_083_200));
+        assert_eq!(
+            super::parse_point("2026-12-01T00:00:00Z", now),
+            Ok(1_796_083_200)
+        );
         assert_eq!(super::parse_point("1796083200", now), Ok(1_796_083_200));
         assert_eq!(super::parse_point("3d", now), Ok(now - 3 * 86_400));
         assert_eq!(super::parse_point("90m", now), Ok(now - 5400));

@@ -47,16 +47,34 @@ pub fn config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result
 /// The refund processor's configuration: [`config_for`] with the refund function's own
 /// dead-letter queue.
 pub fn refund_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
+    function_config_for(stack, payctl::template::REFUND_PROCESSOR, overrides)
+}
+
+/// The event processor's configuration: [`config_for`] with the event function's own
+/// dead-letter queue, source queue and provider-events queue.
+pub fn event_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
+    let mut config = function_config_for(stack, payctl::template::EVENT_PROCESSOR, overrides)?;
+    config.provider_events_queue_url = Some(
+        stack
+            .var_of(
+                payctl::template::EVENT_PROCESSOR,
+                "PROVIDER_EVENTS_QUEUE_URL",
+            )?
+            .to_owned(),
+    );
+    Ok(config)
+}
+
+/// [`config_for`] with another SQS function's own dead-letter queue (and source queue).
+fn function_config_for(
+    stack: &Stack,
+    function: &str,
+    overrides: &BTreeMap<String, String>,
+) -> Result<Config> {
     let mut config = config_for(stack, overrides)?;
-    config.dead_letter_queue_url = stack
-        .var_of(payctl::template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
-        .to_owned();
+    config.dead_letter_queue_url = stack.var_of(function, "DEAD_LETTER_QUEUE_URL")?.to_owned();
     if config.source_queue_url.is_some() {
-        config.source_queue_url = Some(
-            stack
-                .var_of(payctl::template::REFUND_PROCESSOR, "SOURCE_QUEUE_URL")?
-                .to_owned(),
-        );
+        config.source_queue_url = Some(stack.var_of(function, "SOURCE_QUEUE_URL")?.to_owned());
     }
     Ok(config)
 }

@@ -27,6 +27,20 @@ pub struct Refund {
     pub amount: i64,
     /// The PaymentIntent refunded.
     pub payment_intent: String,
+    /// `succeeded`, `pending`, or `failed` / `canceled` (no money moved).
+    #[serde(default)]
+    pub status: String,
+}
+
+/// The webhook deliveries of one event.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Delivery {
+    /// Attempts made.
+    pub attempts: u32,
+    /// One was answered 2xx.
+    pub delivered: bool,
+    /// The status of each attempt (0: no answer).
+    pub statuses: Vec<u16>,
 }
 
 /// The simulator's books.
@@ -131,6 +145,47 @@ impl SimClient {
             .context("contacting the provider simulator")?
             .error_for_status()?;
         Ok(())
+    }
+
+    /// Closes a dispute as the card network decided it (`won` or lost).
+    pub async fn close_dispute(&self, dispute_id: &str, won: bool) -> Result<()> {
+        self.http
+            .post(format!(
+                "{}/_sim/disputes/{}/close",
+                self.base,
+                encode(dispute_id)
+            ))
+            .json(&serde_json::json!({ "won": won }))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Sets the webhook endpoint and its delivery faults (see the simulator's `events.py`).
+    pub async fn webhook(&self, settings: Value) -> Result<()> {
+        self.http
+            .post(format!("{}/_sim/webhook", self.base))
+            .json(&settings)
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Per event id: how many delivery attempts, and whether one was acknowledged.
+    pub async fn deliveries(&self) -> Result<HashMap<String, Delivery>> {
+        Ok(self
+            .http
+            .get(format!("{}/_sim/deliveries", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?
+            .json()
+            .await?)
     }
 
     /// The whole ledger.

@@ -174,11 +174,10 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         .iter()
         .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
     let events = if webhook {
-        let config =
-            payment_core::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
-        Some(std::sync::Arc::new(payment_core::bootstrap::build_receiver(
-            &config, sdk,
-        )))
+        let config = payment_core::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
+        Some(std::sync::Arc::new(
+            payment_core::bootstrap::build_receiver(&config, sdk),
+        ))
     } else {
         None
     };

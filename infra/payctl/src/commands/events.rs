@@ -63,7 +63,11 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         &format!("the provider-events queue {queue_url} (PROVIDER_EVENTS_QUEUE_URL)"),
     )
     .await?;
-    payctl::aws::announce(sdk, &format!("queueing the provider's events to {queue_url}")).await;
+    payctl::aws::announce(
+        sdk,
+        &format!("queueing the provider's events to {queue_url}"),
+    )
+    .await;
     let queue = payment_core::event_receiver::SqsEventQueue::new(
         aws_sdk_sqs::Client::new(sdk),
         queue_url.clone(),
@@ -71,7 +75,9 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     let report = payment_core::event_catch_up::catch_up(&client, &queue, since_s, until_s)
         .await
         .map_err(anyhow::Error::msg)
-        .context("the catch-up stopped; run it again over the same window (nothing is applied twice)")?;
+        .context(
+            "the catch-up stopped; run it again over the same window (nothing is applied twice)",
+        )?;
     if report.since_s > since_s {
         eprintln!(
             "the provider keeps events 30 days: the window starts at {} instead",

@@ -36,7 +36,10 @@ impl ProviderArgs {
         if !payment_core::stripe::is_api_version(&self.stripe_api_version) {
             anyhow::bail!("--stripe-api-version must be a Stripe API version such as {} (YYYY-MM-DD[.name]), got {:?}", payment_core::stripe::DEFAULT_API_VERSION, self.stripe_api_version);
         }
-        let source = match (&self.payment_api_key_secret_arn, std::env::var("PAYMENT_API_KEY")) {
+        let source = match (
+            &self.payment_api_key_secret_arn,
+            std::env::var("PAYMENT_API_KEY"),
+        ) {
             (Some(arn), _) if !arn.trim().is_empty() => {
                 payment_core::config::ApiKeySource::SecretArn(arn.clone())
             }

@@ -156,6 +156,7 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         "AWS_SECRET_ACCESS_KEY",
         "PAYMENT_API_URL",
         "PAYMENT_API_KEY",
+        "WEBHOOK_SECRET",
     ]
     .iter()
     .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
@@ -192,6 +193,14 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             "REFUNDS_DEAD_LETTER_QUEUE_URL",
             stack
                 .var_of(template::REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
+                .to_owned(),
+        );
+    }
+    if stack.event_sources.contains_key(template::EVENT_PROCESSOR) {
+        add(
+            "PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL",
+            stack
+                .var_of(template::EVENT_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
                 .to_owned(),
         );
     }

@@ -166,6 +166,9 @@ pub const PROCESSOR: &str = "PaymentProcessorFunction";
 /// The refund processor's logical id in the template.
 pub const REFUND_PROCESSOR: &str = "RefundProcessorFunction";
 
+/// The event processor's logical id in the template.
+pub const EVENT_PROCESSOR: &str = "EventProcessorFunction";
+
 /// A function's memory size in MB as the template gives it (its own `MemorySize`, else the
 /// `Globals`', else Lambda's default of 128).
 pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
