@@ -19,6 +19,7 @@ mod operator_safety;
 mod operator_views;
 mod proxy;
 mod refunds;
+mod webhook_signature;
 
 use std::time::Duration;
 
