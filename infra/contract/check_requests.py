@@ -52,6 +52,12 @@ ENDPOINTS = [
     ("POST", re.compile(r"^/v1/refunds$"), P.RefundCreateParams, "refund.create"),
     ("GET", re.compile(r"^/v1/refunds$"), P.RefundListParams, "refund.list"),
     ("POST", re.compile(r"^/v1/customers$"), P.CustomerCreateParams, "customer.create"),
+    # The events inbox: what an event's payload cannot decide is read as it is now; the
+    # catch-up lists what the endpoint missed.
+    ("GET", re.compile(r"^/v1/refunds/re_[A-Za-z0-9]+$"), P.RefundRetrieveParams, "refund.retrieve"),
+    ("GET", re.compile(r"^/v1/disputes/dp_[A-Za-z0-9]+$"), P.DisputeRetrieveParams, "dispute.retrieve"),
+    ("GET", re.compile(r"^/v1/charges/ch_[A-Za-z0-9]+$"), P.ChargeRetrieveParams, "charge.retrieve"),
+    ("GET", re.compile(r"^/v1/events$"), P.EventListParams, "event.list"),
 ]
 OPTIONS = set(RequestOptions.__annotations__)
 
@@ -74,6 +80,7 @@ REQUIREMENTS = {
     "zero_decimal": lambda s: s["zero_decimal"] > 0,
     "escaped_metadata": lambda s: s["escaped_metadata"] > 0,
     "customer.create": lambda s: s["endpoint"]["customer.create"] > 0,
+    "event.list": lambda s: s["endpoint"]["event.list"] > 0,
 }
 
 
