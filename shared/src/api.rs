@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use crate::charge::{rejection_code, PaymentOutcome};
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
 use crate::outbox::OutboxEntry;
-use crate::refund_view::Refunds;
+use crate::refund_view::AfterCharge;
 use sqs_once::clock::Clock;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
@@ -89,8 +89,9 @@ pub trait PaymentsStore: Send + Sync {
         &self,
         id: &str,
     ) -> Result<(Option<IdempotencyRecord>, Option<DeadLetterMark>), Unavailable>;
-    /// Reads a payment's refunds (consistent), `None` when it has none.
-    async fn refunds(&self, id: &str) -> Result<Option<Refunds>, Unavailable>;
+    /// Reads what happened to a payment after its charge (consistent): refunds, disputes,
+    /// the provider's events; `None` when nothing did.
+    async fn after_charge(&self, id: &str) -> Result<Option<AfterCharge>, Unavailable>;
 }
 
 /// An HTTP answer.
@@ -347,7 +348,7 @@ impl PaymentsApi {
             Ok(p) => p,
             Err(e) => return unavailable(&e, false),
         };
-        let refunds = match self.store.refunds(id).await {
+        let after = match self.store.after_charge(id).await {
             Ok(r) => r,
             Err(e) => return unavailable(&e, false),
         };
@@ -358,7 +359,7 @@ impl PaymentsApi {
                 return missing();
             }
             let mut object = queue_payment(id, record.as_ref(), mark.as_ref());
-            add_refunds(&mut object, refunds);
+            add_after_charge(&mut object, after);
             return ApiResponse::json(200, &object);
         };
         let view = status_of(&payment, record.as_ref(), mark.as_ref());
@@ -370,7 +371,7 @@ impl PaymentsApi {
             payment.created,
         );
         add_view(&mut object, view);
-        add_refunds(&mut object, refunds);
+        add_after_charge(&mut object, after);
         ApiResponse::json(200, &object)
     }
 }
@@ -406,12 +407,24 @@ fn queue_payment(
     object
 }
 
-/// A payment's refunds on its object: `refunded_amount` and `refunds` (each one's id, amount,
-/// state and provider id), when it has any.
-fn add_refunds(object: &mut Value, refunds: Option<Refunds>) {
-    if let Some(r) = refunds {
-        object["refunded_amount"] = json!(r.refunded_amount);
-        object["refunds"] = json!(r.refunds);
+/// What happened after the charge, on the payment's object: `refunded_amount` and `refunds`
+/// (each one's id, amount, state and provider id) when it has refunds, `disputed_amount` and
+/// `disputes` when it has disputes, and `events` (the provider's events applied, oldest
+/// first) when any was.
+fn add_after_charge(object: &mut Value, after: Option<AfterCharge>) {
+    let Some(a) = after else {
+        return;
+    };
+    if !a.refunds.is_empty() {
+        object["refunded_amount"] = json!(a.refunded_amount);
+        object["refunds"] = json!(a.refunds);
+    }
+    if !a.disputes.is_empty() {
+        object["disputed_amount"] = json!(a.disputed_amount);
+        object["disputes"] = json!(a.disputes);
+    }
+    if !a.events.is_empty() {
+        object["events"] = json!(a.events);
     }
 }
 
@@ -547,7 +560,7 @@ mod tests {
         outbox: Mutex<HashMap<String, OutboxEntry>>,
         records: Mutex<HashMap<String, IdempotencyRecord>>,
         marks: Mutex<HashMap<String, DeadLetterMark>>,
-        refunds: Mutex<HashMap<String, Refunds>>,
+        refunds: Mutex<HashMap<String, AfterCharge>>,
         down: AtomicBool,
     }
 
@@ -591,7 +604,7 @@ mod tests {
             ))
         }
 
-        async fn refunds(&self, id: &str) -> Result<Option<Refunds>, Unavailable> {
+        async fn after_charge(&self, id: &str) -> Result<Option<AfterCharge>, Unavailable> {
             Ok(self.refunds.lock().unwrap().get(id).cloned())
         }
     }
@@ -874,7 +887,7 @@ mod tests {
         assert!(done.get("refunds").is_none(), "no refunds, no field");
         tables.refunds.lock().unwrap().insert(
             "q".into(),
-            Refunds {
+            AfterCharge {
                 refunded_amount: 500,
                 refunds: vec![crate::refund_view::RefundView {
                     refund_id: "rf-1".into(),
@@ -883,6 +896,7 @@ mod tests {
                     provider_refund_id: Some("re_1".into()),
                     error_code: None,
                 }],
+                ..AfterCharge::default()
             },
         );
         let refunded = json_of(&get(&api, "q").await);

@@ -196,8 +196,11 @@ impl PaymentsStore for DynamoPayments {
             .map_err(|e| Unavailable(e.to_string()))
     }
 
-    async fn refunds(&self, id: &str) -> Result<Option<crate::refund_view::Refunds>, Unavailable> {
-        crate::refund_view::refunds_of(&self.client, self.records.table(), id)
+    async fn after_charge(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::refund_view::AfterCharge>, Unavailable> {
+        crate::refund_view::after_charge_of(&self.client, self.records.table(), id)
             .await
             .map_err(|e| Unavailable(e.to_string()))
     }

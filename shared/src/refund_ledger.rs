@@ -27,6 +27,32 @@ use sqs_once::record::{RecordStatus, StoreError};
 
 use crate::charge::PaymentOutcome;
 
+/// The prefix of a refund's amount given back (its refund moved no money), kept on the
+/// payment's record beside the reservations so that the refund still shows there.
+pub const RELEASED_PREFIX: &str = "released:";
+
+/// The reservations on a payment's record item: refund id → amount.
+pub fn reservations_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, i64> {
+    item.get("refunds")
+        .and_then(|v| v.as_m().ok())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_n().ok()?.parse().ok().map(|a| (k.clone(), a)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The amounts given back on a payment's record item: refund id → amount.
+pub fn released_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, i64> {
+    item.iter()
+        .filter_map(|(k, v)| {
+            let rid = k.strip_prefix(RELEASED_PREFIX)?;
+            Some((rid.to_owned(), v.as_n().ok()?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// A payment as refunds see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefundablePayment {
@@ -220,15 +246,7 @@ impl RefundLedger for DynamoRefundLedger {
             return Ok(None);
         };
         let record = self.records.record_from_item(item)?;
-        let refunds: BTreeMap<String, i64> = item
-            .get("refunds")
-            .and_then(|v| v.as_m().ok())
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| v.as_n().ok()?.parse().ok().map(|a| (k.clone(), a)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let refunds = reservations_of(item);
         Ok(Some(RefundablePayment {
             status: record.status,
             outcome: record.outcome.as_ref().map(PaymentOutcome::from_outcome),
@@ -330,10 +348,11 @@ impl RefundLedger for DynamoRefundLedger {
             .table_name(self.records.table())
             .key(k, v)
             .update_expression(
-                "SET refunded_amount = refunded_amount - :amount REMOVE refunds.#rid",
+                "SET refunded_amount = refunded_amount - :amount, #rel = :amount REMOVE refunds.#rid",
             )
             .condition_expression("refunds.#rid = :amount")
             .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
             .expression_attribute_values(":amount", n(amount))
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;

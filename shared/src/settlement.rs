@@ -13,8 +13,8 @@
 //!
 //! On a refund's record (`refund#<id>`): `outcome.status`. A refund moving to `failed` or
 //! `canceled` gives its reservation back in the same transaction
-//! (`refunds.<refund_id>`, `refunded_amount`), conditional on the reservation being the one
-//! read: exactly once, whatever repeats.
+//! (`refunds.<refund_id>` moves to `released:<refund_id>`, `refunded_amount` goes down),
+//! conditional on the reservation being the one read: exactly once, whatever repeats.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -388,10 +388,14 @@ impl Settlements for DynamoSettlements {
         payment = match release {
             Some(amount) => payment
                 .update_expression(format!(
-                    "SET {append}, refunded_amount = refunded_amount - :amount REMOVE refunds.#rid"
+                    "SET {append}, refunded_amount = refunded_amount - :amount, #rel = :amount REMOVE refunds.#rid"
                 ))
                 .condition_expression("refunds.#rid = :amount")
                 .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_names(
+                    "#rel",
+                    format!("{}{refund_id}", crate::refund_ledger::RELEASED_PREFIX),
+                )
                 .expression_attribute_values(":amount", n(amount)),
             None => payment
                 .update_expression(format!("SET {append}"))

@@ -290,16 +290,22 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
     let stats = e.drain(&t).await;
     assert_eq!(stats.summary.done("applied"), 1, "{:?}", stats.summary);
     assert_eq!(refunded(&t).await, 0, "given back once");
-    let view = payment_core::refund_view::refunds_of(
+    let view = payment_core::refund_view::after_charge_of(
         &aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await),
         &t.config.idempotency_table,
         &pid,
     )
     .await
     .unwrap();
-    assert!(
-        view.as_ref().is_none_or(|v| v.refunds.is_empty()),
-        "{view:?}"
+    let view = view.expect("the refund and its event show");
+    assert_eq!(view.refunded_amount, 0);
+    assert_eq!(
+        view.refunds
+            .iter()
+            .map(|r| (r.refund_id.as_str(), r.amount, r.state.as_str()))
+            .collect::<Vec<_>>(),
+        [(r1.as_str(), 1000, "failed")],
+        "the failed refund still shows, given back"
     );
 
     // The amount can be refunded again.
@@ -374,6 +380,58 @@ async fn a_dispute_holds_its_amount_from_refunds_until_won() {
     let stats = refund(&t, &[refund_body(&format!("{pid}-r2"), &pid, Some(100))]).await;
     assert_eq!(stats.summary.done("refunded"), 1, "{:?}", stats.summary);
     assert_eq!(e.dead_letters(&t).await, 0);
+
+    // GET, payctl status and payctl history show the dispute and the events applied.
+    let (_server, client) = crate::api::served(&t).await;
+    let got = client.get(&pid).await.unwrap().json().unwrap();
+    assert_eq!(got["status"], "succeeded", "{got}");
+    assert_eq!(
+        (&got["disputed_amount"], &got["disputes"][0]["status"]),
+        (&serde_json::json!(0), &serde_json::json!("won")),
+        "{got}"
+    );
+    // Whichever of each pair (created / funds_withdrawn, closed / funds_reinstated) came
+    // first applied; the other changed nothing.
+    let changes: Vec<&str> = got["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["change"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes.len(), 2, "{got}");
+    assert!(
+        changes[0].ends_with("needs_response (700 held: 700)"),
+        "{got}"
+    );
+    assert!(
+        changes[1].ends_with("needs_response -> won (700 held: 0)"),
+        "{got}"
+    );
+    let payctl = |args: &[&str]| {
+        let out = std::process::Command::new(root().join("target/debug/payctl"))
+            .args(args)
+            .args(["--table", &t.config.idempotency_table])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = payctl(&["status", &pid]);
+    assert!(
+        status.contains(&format!("{dispute_id}  700  won")),
+        "{status}"
+    );
+    let history = payctl(&["history", &pid]);
+    let created = history.find("needs_response (700 held: 700)");
+    let closed = history.find("-> won (700 held: 0)");
+    assert!(
+        created.is_some() && closed.is_some() && created < closed,
+        "the events in order: {history}"
+    );
 }
 
 /// Events missed while the endpoint was down are listed and applied once; the same window

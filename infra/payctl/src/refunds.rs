@@ -1,19 +1,21 @@
-//! A payment's refunds as an operator reads them: each refund's reserved amount (from the
+//! A payment after its charge as an operator reads it: each refund's amount (from the
 //! payment's record, where the refund ledger keeps them) with its state and provider id (from
-//! the refund's own record), and the refunded total.
+//! the refund's own record), the refunded total, its disputes, and the provider's events
+//! applied.
 
 use anyhow::Result;
-use payment_core::refund_view::{state_of, RefundView, Refunds};
+use payment_core::refund_view::{state_of, AfterCharge, RefundView};
 use serde_json::{json, Value};
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
-/// The refunds of a payment (`None` when it has none), as `GET /v1/payments/{id}` reads them.
+/// What happened to a payment after its charge (`None` when nothing did), as
+/// `GET /v1/payments/{id}` reads it.
 pub async fn of_payment(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     payment_id: &str,
-) -> Result<Option<Refunds>> {
-    Ok(payment_core::refund_view::refunds_of(ddb, table, payment_id).await?)
+) -> Result<Option<AfterCharge>> {
+    Ok(payment_core::refund_view::after_charge_of(ddb, table, payment_id).await?)
 }
 
 /// The refund processor's records in the idempotency table `table`.
@@ -30,13 +32,16 @@ fn state_line(v: &RefundView) -> String {
 }
 
 /// The lines `payctl status` prints under a payment.
-pub fn describe(refunds: &Refunds) -> Vec<String> {
-    let mut out = vec![format!(
-        "  refunded         {} in {} refund(s)",
-        refunds.refunded_amount,
-        refunds.refunds.len()
-    )];
-    for l in &refunds.refunds {
+pub fn describe(after: &AfterCharge) -> Vec<String> {
+    let mut out = Vec::new();
+    if !after.refunds.is_empty() {
+        out.push(format!(
+            "  refunded         {} in {} refund(s)",
+            after.refunded_amount,
+            after.refunds.len()
+        ));
+    }
+    for l in &after.refunds {
         out.push(format!(
             "    {}  {}  {}{}",
             l.refund_id,
@@ -46,6 +51,21 @@ pub fn describe(refunds: &Refunds) -> Vec<String> {
                 .as_deref()
                 .map(|p| format!(", provider {p}"))
                 .unwrap_or_default()
+        ));
+    }
+    if !after.disputes.is_empty() {
+        out.push(format!(
+            "  disputed         {} held from refunds",
+            after.disputed_amount
+        ));
+    }
+    for d in &after.disputes {
+        out.push(format!("    {}  {}  {}", d.dispute_id, d.amount, d.status));
+    }
+    if !after.events.is_empty() {
+        out.push(format!(
+            "  provider events  {} applied (payctl history lists them)",
+            after.events.len()
         ));
     }
     out
@@ -105,12 +125,22 @@ pub fn describe_refund(
     out
 }
 
-/// The refunds as `payctl status --json` writes them: as `GET /v1/payments/{id}` does.
-pub fn to_json(refunds: &Refunds) -> Value {
-    json!({
-        "refunded_amount": refunds.refunded_amount,
-        "refunds": refunds.refunds,
-    })
+/// What happened after the charge as `payctl status --json` writes it: as
+/// `GET /v1/payments/{id}` does.
+pub fn to_json(after: &AfterCharge) -> Value {
+    let mut v = json!({});
+    if !after.refunds.is_empty() {
+        v["refunded_amount"] = json!(after.refunded_amount);
+        v["refunds"] = json!(after.refunds);
+    }
+    if !after.disputes.is_empty() {
+        v["disputed_amount"] = json!(after.disputed_amount);
+        v["disputes"] = json!(after.disputes);
+    }
+    if !after.events.is_empty() {
+        v["events"] = json!(after.events);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -119,7 +149,7 @@ mod tests {
 
     #[test]
     fn a_refund_line_reads_its_state_and_provider_id() {
-        let refunds = Refunds {
+        let refunds = AfterCharge {
             refunded_amount: 1500,
             refunds: vec![
                 RefundView {
@@ -137,8 +167,20 @@ mod tests {
                     error_code: Some("outcome_unknown".into()),
                 },
             ],
+            disputed_amount: 700,
+            disputes: vec![payment_core::refund_view::DisputeView {
+                dispute_id: "dp_1".into(),
+                status: "needs_response".into(),
+                amount: 700,
+            }],
+            events: Vec::new(),
         };
         let text = describe(&refunds).join("\n");
+        assert!(
+            text.contains("disputed         700 held from refunds"),
+            "{text}"
+        );
+        assert!(text.contains("dp_1  700  needs_response"), "{text}");
         assert!(
             text.contains("refunded         1500 in 2 refund(s)"),
             "{text}"
@@ -154,5 +196,7 @@ mod tests {
         let doc = to_json(&refunds);
         assert_eq!(doc["refunded_amount"], 1500);
         assert_eq!(doc["refunds"][0]["provider_refund_id"], "re_1");
+        assert_eq!(doc["disputes"][0]["status"], "needs_response");
+        assert!(doc.get("events").is_none(), "no events, no field");
     }
 }

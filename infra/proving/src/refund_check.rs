@@ -204,7 +204,12 @@ pub fn verify(
                 booked.len()
             ));
         }
-        let amount: i64 = booked.iter().map(|r| r.amount).sum();
+        // What moved money: a refund the provider failed or canceled returned nothing.
+        let amount: i64 = booked
+            .iter()
+            .filter(|r| r.moved_money())
+            .map(|r| r.amount)
+            .sum();
         v.refunded += booked.len();
         v.amount += amount;
         let e = refunded_per_payment.entry(&p.payment_id).or_default();
@@ -268,8 +273,9 @@ pub fn verify(
             ));
         }
         // The ledger is the provider's books: each reservation is a refund the provider made
-        // (of that amount), or one whose outcome is still unsettled (dead-lettered
-        // outcome_unknown / retries_exhausted, for a person: it may have happened).
+        // and did not fail (of that amount), or one whose outcome is still unsettled
+        // (dead-lettered outcome_unknown / retries_exhausted, for a person: it may have
+        // happened). A refund the provider failed holds no reservation.
         let reserved: i64 = p.refunds.values().sum();
         if reserved != p.refunded {
             v.violations.push(format!(
@@ -283,6 +289,7 @@ pub fn verify(
                 .get(rid)
                 .into_iter()
                 .flatten()
+                .filter(|r| r.moved_money())
                 .map(|r| r.amount)
                 .sum();
             let unsettled = dead.get(rid).is_some_and(|codes| {
@@ -337,6 +344,7 @@ mod tests {
         (
             rid.to_owned(),
             vec![crate::sim::Refund {
+                status: "succeeded".into(),
                 id: format!("re_{rid}"),
                 amount,
                 payment_intent: "pi_1".into(),
@@ -411,5 +419,24 @@ mod tests {
         let mut off = charged(&[("r1", 300), ("r2", 300)]);
         off.refunded = 500;
         assert!(!check(off, &[]).is_empty());
+        // A refund the provider failed, still counted: the customer got nothing back.
+        let mut failed_ledger = ledger.clone();
+        failed_ledger.refunds.get_mut("r2").unwrap()[0].status = "failed".into();
+        let payments =
+            HashMap::from([("p1".to_owned(), Some(charged(&[("r1", 300), ("r2", 300)])))]);
+        let counted = verify(&plans, &failed_ledger, &records, &payments, &[]).violations;
+        assert!(
+            counted
+                .iter()
+                .any(|v| v.contains("refund r2") && v.contains("no refund holds")),
+            "{counted:?}"
+        );
+        // ... and given back, it holds nothing.
+        let payments = HashMap::from([("p1".to_owned(), Some(charged(&[("r1", 300)])))]);
+        let released = verify(&plans, &failed_ledger, &records, &payments, &[]).violations;
+        assert!(
+            released.iter().all(|v| !v.contains("no refund holds")),
+            "{released:?}"
+        );
     }
 }

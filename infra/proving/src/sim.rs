@@ -43,6 +43,13 @@ pub struct Delivery {
     pub statuses: Vec<u16>,
 }
 
+impl Refund {
+    /// False for a refund the provider failed or canceled: it returned nothing.
+    pub fn moved_money(&self) -> bool {
+        !matches!(self.status.as_str(), "failed" | "canceled")
+    }
+}
+
 /// The simulator's books.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Ledger {

@@ -82,9 +82,16 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     if json {
         let mut doc = payctl::status::to_json(&payment_id, record.as_ref(), mark.as_ref());
         doc["kind"] = "payment".into();
-        let refunds = payctl::refunds::to_json(&refunds.unwrap_or_default());
-        doc["refunded_amount"] = refunds["refunded_amount"].clone();
-        doc["refunds"] = refunds["refunds"].clone();
+        let after = refunds.unwrap_or_default();
+        // Always the refunds (none: 0 and []); disputes and events when there are any.
+        doc["refunded_amount"] = after.refunded_amount.into();
+        doc["refunds"] = serde_json::to_value(&after.refunds)?;
+        let rest = payctl::refunds::to_json(&after);
+        for field in ["disputed_amount", "disputes", "events"] {
+            if let Some(v) = rest.get(field) {
+                doc[field] = v.clone();
+            }
+        }
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         for line in payctl::status::describe(&payment_id, record.as_ref(), mark.as_ref()) {
@@ -124,13 +131,22 @@ pub async fn history(args: HistoryArgs, sdk: &aws_config::SdkConfig) -> Result<(
     if kind == "payment" {
         // Its refunds' events, each named, among the payment's own.
         let ddb = aws_sdk_dynamodb::Client::new(sdk);
-        let refunds = payctl::refunds::of_payment(&ddb, &table, &payment_id).await?;
+        let after = payctl::refunds::of_payment(&ddb, &table, &payment_id)
+            .await?
+            .unwrap_or_default();
         let store = payctl::refunds::refund_store(&ddb, &table);
-        for r in refunds.map(|r| r.refunds).unwrap_or_default() {
+        for r in &after.refunds {
             let (record, mark) = store.record_and_mark(&r.refund_id).await?;
             for (at, what) in payctl::status::history(record.as_ref(), mark.as_ref()) {
                 events.push((at, format!("refund {} ({}): {what}", r.refund_id, r.amount)));
             }
+        }
+        // The provider's events applied, at the time the provider created each.
+        for e in &after.events {
+            events.push((
+                e.created * 1000,
+                format!("provider event {} {}: {}", e.kind, e.event_id, e.change),
+            ));
         }
         events.sort_by_key(|(at, _)| *at);
     }
