@@ -248,7 +248,7 @@ mod tests {
             Err(SignatureError::Malformed)
         );
         assert_eq!(
-            c.verify(Some(&format!("t=x,v1=00")), body, NOW),
+            c.verify(Some("t=x,v1=00"), body, NOW),
             Err(SignatureError::Malformed)
         );
         // A v0 (test-mode legacy scheme) alone is not a v1.
