@@ -15,6 +15,7 @@ fn every_payctl_option_is_described() {
         "dlq redrive",
         "dlq show",
         "env",
+        "events catch-up",
         "get",
         "history",
         "outbox pending",

@@ -3,6 +3,9 @@
 //! refunds' records, and the simulator's events and books as the ground truth. Each test
 //! lists its own events from the simulator (`GET /v1/events`, the catch-up's own client) and
 //! delivers them itself, signed, as often and in whatever order it needs.
+//!
+//! Why one file over 500 lines: the five scenarios share the `Events` harness (receiver,
+//! inbox, listing, delivery) and read as one story of what the provider finishes later.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
