@@ -13,7 +13,8 @@
 //!   calls counted on the wire);
 //! - the loads and checkers they share: [`load`] and [`api_load`] generate payments with known
 //!   outcomes, [`check`] and [`refund_check`] verify a run from the outside (the provider's
-//!   ledger through [`sim`], the table, the dead-letter queues).
+//!   ledger through [`sim`], the table, the dead-letter queues); [`events_check`] settles a
+//!   scenario through the provider's events.
 //!
 //! Nothing here ships to users, and the operator's `payctl` never depends on it.
 
@@ -25,6 +26,7 @@ pub mod check;
 pub mod compare;
 pub mod demo;
 pub mod e2e;
+pub mod events_check;
 pub mod load;
 pub mod prices;
 pub mod refund_check;

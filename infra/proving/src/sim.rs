@@ -68,6 +68,9 @@ pub struct Ledger {
     pub actions: HashMap<String, Vec<Charge>>,
     /// `POST /v1/payment_intents` calls per key.
     pub calls: HashMap<String, u64>,
+    /// Disputes by the disputed PaymentIntent.
+    #[serde(default)]
+    pub disputes: HashMap<String, Value>,
 }
 
 impl Ledger {
