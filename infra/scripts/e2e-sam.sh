@@ -42,5 +42,6 @@ check() {
 api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
 log "through the API: $api_url"
 check --prefix "$stack-api" --api-url "$api_url"
-log "straight into the queue"
-check --prefix "$stack"
+log "straight into the queue, and what the provider finishes later through its events"
+check --prefix "$stack" --events-url "$api_url/v1/provider-events" --events-secret "$webhook_secret" \
+  --events-dlq-url "${out[ProviderEventsDeadLetterQueueUrl]}"

@@ -35,6 +35,20 @@ pub struct E2eOptions {
     /// The deployed refunds queue and its dead-letter queue: refunds of what was charged are
     /// sent there and checked too.
     pub refunds: Option<(String, String)>,
+    /// The deployed provider-events endpoint: what the provider finishes later is settled
+    /// through its events and checked ([`crate::events_check`]).
+    pub events: Option<E2eEvents>,
+}
+
+/// The deployed provider-events endpoint.
+#[derive(Debug, Clone)]
+pub struct E2eEvents {
+    /// `ProviderEventsUrl`.
+    pub url: String,
+    /// Its signing secret.
+    pub secret: String,
+    /// `ProviderEventsDeadLetterQueueUrl`.
+    pub dlq_url: String,
 }
 
 async fn wait_drained(
@@ -139,6 +153,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &E2eOptions) -> Result<Verdi
     let ledger = sim.ledger().await?;
     let mut verdict = verify(&sent, &ledger, &records, &dlq, depth);
     refunds_phase(sdk, opts, &records, &mut verdict, started).await?;
+    events_phase(sdk, opts, &mut verdict, started).await?;
     let flaky_calls = ledger.calls_for(&flaky);
     let flaky_attempts = records.get(&flaky).map(|r| r.attempts).unwrap_or(0);
     if flaky_attempts < 2 || flaky_calls < 4 {
@@ -267,6 +282,64 @@ async fn refunds_phase(
             .push("the deployed refund processor refunded nothing".into());
     }
     verdict.violations.extend(r.violations);
+    Ok(())
+}
+
+/// What the provider finishes later, through the deployed stack: the simulator delivers its
+/// events to the deployed endpoint; the deployed inbox applies them.
+async fn events_phase(
+    sdk: &aws_config::SdkConfig,
+    opts: &E2eOptions,
+    verdict: &mut Verdict,
+    started: Instant,
+) -> Result<()> {
+    let (Some(events), Some((refunds_queue, _))) = (&opts.events, &opts.refunds) else {
+        return Ok(());
+    };
+    use crate::events_check as ev;
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sim = SimClient::new(&opts.sim_url);
+    // A forged delivery is refused before anything is queued.
+    let forged = reqwest::Client::new()
+        .post(&events.url)
+        .header("Stripe-Signature", format!("t={},v1={}", sqs_once::runner::now_ms() / 1000, "0".repeat(64)))
+        .body(r#"{"id":"evt_forged","object":"event","type":"payment_intent.succeeded","created":1,"data":{"object":{}}}"#)
+        .send()
+        .await?;
+    if forged.status().as_u16() != 400 {
+        verdict.violations.push(format!(
+            "the deployed endpoint answered a forged delivery with {}",
+            forged.status()
+        ));
+    }
+    ev::point_webhook(&sim, &events.url, &events.secret).await?;
+    println!("provider events: the simulator delivers to the deployed {} (a forged delivery was refused)", events.url);
+    let p = format!("{}-events", opts.prefix);
+    send_all(&sqs, &opts.queue_url, &ev::payment_bodies(&p)).await?;
+    wait_drained(&sqs, &opts.queue_url, started, opts.max_duration).await?;
+    send_all(&sqs, refunds_queue, &ev::refund_bodies(&p)).await?;
+    wait_drained(&sqs, refunds_queue, started, opts.max_duration).await?;
+    ev::win_dispute(&sim, &p, Duration::from_secs(60)).await?;
+    let left = opts.max_duration.saturating_sub(started.elapsed());
+    let v = ev::settle(sdk, &opts.table, &sim, &p, left, || async { Ok(()) }).await?;
+    sim.webhook(json!({"url": null})).await?;
+    let dead = drain_dlq(&sqs, &events.dlq_url).await?;
+    if !dead.is_empty() {
+        verdict.violations.push(format!(
+            "{} provider events dead-lettered: {:?}",
+            dead.len(),
+            dead.iter().map(|d| &d.error_code).collect::<Vec<_>>()
+        ));
+    }
+    println!(
+        "settled through events: {}",
+        v.statuses
+            .iter()
+            .map(|(k, s)| format!("{} {s}", k.rsplit("-ev-").next().unwrap_or(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    verdict.violations.extend(v.violations);
     Ok(())
 }
 

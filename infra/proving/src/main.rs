@@ -291,6 +291,17 @@ pub struct E2eCheckArgs {
     /// The refunds' dead-letter queue (the stack's RefundsDeadLetterQueueUrl output).
     #[arg(long, requires = "refunds_queue_url")]
     pub refunds_dlq_url: Option<String>,
+    /// The deployed provider-events endpoint (the stack's ProviderEventsUrl output): the
+    /// simulator delivers its events there, and a scenario of payments the provider finishes
+    /// later is checked settled through them. Needs the refunds queue too.
+    #[arg(long, requires_all = ["events_secret", "events_dlq_url", "refunds_queue_url"])]
+    pub events_url: Option<String>,
+    /// The endpoint's signing secret (the one in the stack's WebhookSecretArn).
+    #[arg(long, requires = "events_url")]
+    pub events_secret: Option<String>,
+    /// The provider events' dead-letter queue (the stack's ProviderEventsDeadLetterQueueUrl).
+    #[arg(long, requires = "events_url")]
+    pub events_dlq_url: Option<String>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub max_seconds: u64,
@@ -307,6 +318,9 @@ pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Resul
         api_url,
         refunds_queue_url,
         refunds_dlq_url,
+        events_url,
+        events_secret,
+        events_dlq_url,
         max_seconds,
     } = args;
     let verdict = proving::e2e::run(
@@ -320,6 +334,11 @@ pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Resul
             max_duration: Duration::from_secs(max_seconds),
             api_url,
             refunds: refunds_queue_url.zip(refunds_dlq_url),
+            events: events_url.map(|url| proving::e2e::E2eEvents {
+                url,
+                secret: events_secret.unwrap_or_default(),
+                dlq_url: events_dlq_url.unwrap_or_default(),
+            }),
         },
     )
     .await?;
