@@ -1,7 +1,9 @@
 //! The chaos checker's smaller run: 300 payments, three processor processes crashing at random
 //! failpoints, provider faults on, and a tenth of the processes' AWS calls throttled, refused,
 //! stalled or applied with the answer lost. It checks itself from the ledger, the table and
-//! the DLQ and exits non-zero on any violation.
+//! the DLQ and exits non-zero on any violation. Its events phase settles bank debits, a refund
+//! that fails after pending and a dispute through the provider's events, applied by event
+//! processes that crash the same way.
 
 use crate::helpers::root;
 
@@ -40,6 +42,10 @@ async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
     );
     assert!(stdout.contains("double charges:           0"), "{stdout}");
     assert!(stdout.contains("CHAOS OK (seed 7)"), "{stdout}");
+    assert!(
+        stdout.contains("events: every scenario settled through events under crashes: yes"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("AWS calls through the fault proxy"),
         "the AWS faults were injected: {stdout}"
