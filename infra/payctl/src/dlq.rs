@@ -225,8 +225,9 @@ pub async fn list(
 }
 
 /// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
-pub const KNOWN_CODES: [&str; 13] = [
+pub const KNOWN_CODES: [&str; 14] = [
     "invalid_json",
+    "invalid_event",
     "invalid_payment",
     "invalid_refund",
     "payment_unknown",
@@ -243,7 +244,8 @@ pub const KNOWN_CODES: [&str; 13] = [
 
 /// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
 /// again (or, for a reused key, never belong to the payment their id names).
-pub const NEVER_REDRIVEN: [(&str, &str); 10] = [
+pub const NEVER_REDRIVEN: [(&str, &str); 11] = [
+    ("invalid_event", "the body is not a provider event and can never be applied"),
     ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
     ("payment_unknown", "the refund's record holds that its payment was known nowhere when it came; once the payment is charged, send the refund under a new refund_id"),
     ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
