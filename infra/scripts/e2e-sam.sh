@@ -4,7 +4,10 @@
 # template.yaml onto ministack, and drives the stack through its HTTP API: POSTs (concurrent
 # duplicates and retries of each key), the table's stream, the relay, the queue, the processor
 # and the provider, checked from the provider's ledger. Then a second load goes straight into
-# the queue (the raw-queue path). Stops what it started.
+# the queue (the raw-queue path), with payments the provider finishes later (bank debits, a refund
+# that fails after pending, a dispute) settled through the simulator's signed events delivered
+# to the deployed endpoint; then the event function's scheduled catch-up, invoked as its
+# schedule does. Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
@@ -45,3 +48,9 @@ check --prefix "$stack-api" --api-url "$api_url"
 log "straight into the queue, and what the provider finishes later through its events"
 check --prefix "$stack" --events-url "$api_url/v1/provider-events" --events-secret "$webhook_secret" \
   --events-dlq-url "${out[ProviderEventsDeadLetterQueueUrl]}"
+log "the scheduled catch-up, invoked as its schedule does: it queues the events since its checkpoint; the deployed inbox takes them again without a dead letter"
+report=$(helper invoke "${out[EventProcessorFunctionName]}" '{"catch_up": true}')
+echo "$report"
+"$ROOT/.venv-sam/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["queued"] >= 10, r' "$report" \
+  || { echo "the scheduled catch-up queued too few of the run's events: $report" >&2; exit 1; }
+helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120

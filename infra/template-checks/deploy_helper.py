@@ -2,12 +2,18 @@
 
   secret NAME VALUE        create (or update) a Secrets Manager secret, print its ARN
   outputs STACK            print the stack's outputs as KEY=VALUE lines
+  invoke FUNCTION JSON     invoke a function synchronously as a schedule does, print its answer
+                           (non-zero exit on a function error)
+  drained QUEUE DLQ SECS   wait until QUEUE is empty (visible and in flight); fail if it is not
+                           within SECS or if DLQ holds anything
   fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
                            - event-source mapping numbers given by !Ref are stored as strings and
                              stop its SQS polling: write them back as integers;
                            - TimeToLiveSpecification from a template is ignored: enable TTL.
 """
+import json
 import sys
+import time
 
 import boto3
 
@@ -50,6 +56,30 @@ def fix_stack(stack):
                 print(f"table {table}: TTL on expires_at enabled", file=sys.stderr)
 
 
+def invoke(function, payload):
+    out = boto3.client("lambda").invoke(FunctionName=function, Payload=payload.encode())
+    answer = out["Payload"].read().decode()
+    if out.get("FunctionError"):
+        sys.exit(f"{function} failed: {answer}")
+    print(answer)
+
+
+def drained(queue, dlq, secs):
+    sqs = boto3.client("sqs")
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"]
+    deadline, empty = time.time() + float(secs), 0
+    while empty < 3:
+        if time.time() > deadline:
+            sys.exit(f"{queue} was not drained within {secs} s")
+        a = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=names)["Attributes"]
+        empty = empty + 1 if all(int(a.get(n, "0")) == 0 for n in names) else 0
+        time.sleep(1)
+    left = int(sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=names[:1])["Attributes"][names[0]])
+    if left:
+        sys.exit(f"{left} messages in {dlq}")
+    print(json.dumps({"drained": queue, "dead_letters": 0}))
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"secret": secret, "outputs": outputs, "fix-stack": fix_stack}[cmd](*args)
+    {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained}[cmd](*args)
