@@ -78,6 +78,20 @@ impl ProviderEvent {
         let amount = self.object.get("amount").and_then(Value::as_i64);
         match (self.kind.split('.').next(), object) {
             (Some("payment_intent"), Some("payment_intent")) => {
+                // Only the events that say where the payment went: a `created` (or
+                // `amount_capturable_updated`, ...) snapshot may show a state the confirmation
+                // has already left. A fetched object (`*.retrieved`) is the state now.
+                const SETTLING: [&str; 6] = [
+                    "payment_intent.succeeded",
+                    "payment_intent.processing",
+                    "payment_intent.payment_failed",
+                    "payment_intent.requires_action",
+                    "payment_intent.canceled",
+                    "payment_intent.retrieved",
+                ];
+                if !SETTLING.contains(&self.kind.as_str()) {
+                    return Subject::Unhandled;
+                }
                 let Some(intent_id) = self.text("id") else {
                     return Subject::Unhandled;
                 };
@@ -355,6 +369,13 @@ mod tests {
         assert!(
             matches!(d.subject(), Subject::Dispute(c) if c.intent_id.as_deref() == Some("pi_1"))
         );
+        // A creation's snapshot says nothing settled.
+        let created = event(
+            "payment_intent.created",
+            json!({"id": "pi_1", "object": "payment_intent", "status": "requires_payment_method",
+                   "metadata": {"payment_id": "p1"}}),
+        );
+        assert_eq!(created.subject(), Subject::Unhandled);
         let other = event("charge.refunded", json!({"id": "ch_1", "object": "charge"}));
         assert_eq!(other.subject(), Subject::Unhandled);
         let plan = event("plan.created", json!({"id": "price_1", "object": "plan"}));
