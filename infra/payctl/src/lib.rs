@@ -23,6 +23,7 @@ pub mod api;
 pub mod aws;
 pub mod client;
 pub mod conformance;
+pub mod dead_letter_codes;
 pub mod dlq;
 pub mod reconcile;
 pub mod reconcile_refund;

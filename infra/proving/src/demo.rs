@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use payment_core::config::{ApiConfig, Config, RelayConfig};
+use payment_core::config::{ApiConfig, RelayConfig};
 use payment_core::Processor;
 use serde_json::json;
 
@@ -16,7 +16,7 @@ use crate::api_load::{final_statuses, post_load, ApiRun};
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::load::{mixed_load, send_all};
 use crate::sim::SimClient;
-use lambda_local::esm::{self, EsmOptions, EsmStats};
+use lambda_local::esm::{self, EsmStats};
 use payctl::client::ApiClient;
 use payctl::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
@@ -37,77 +37,9 @@ pub struct DemoOptions {
     pub direct: bool,
 }
 
-/// Builds the processor's configuration the way the deployed function gets it: the template's
-/// environment, with the stack's resources, and the process environment for everything else
-/// (provider URL and key, tunables).
-pub fn config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
-    Ok(function_environment(stack, overrides)?.0)
-}
-
-/// The refund processor's configuration: [`config_for`] with the refund function's own
-/// dead-letter queue.
-pub fn refund_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
-    function_config_for(stack, payctl::template::REFUND_PROCESSOR, overrides)
-}
-
-/// The event processor's configuration: [`config_for`] with the event function's own
-/// dead-letter queue, source queue and provider-events queue.
-pub fn event_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> Result<Config> {
-    let mut config = function_config_for(stack, payctl::template::EVENT_PROCESSOR, overrides)?;
-    config.provider_events_queue_url = Some(
-        stack
-            .var_of(
-                payctl::template::EVENT_PROCESSOR,
-                "PROVIDER_EVENTS_QUEUE_URL",
-            )?
-            .to_owned(),
-    );
-    Ok(config)
-}
-
-/// [`config_for`] with another SQS function's own dead-letter queue (and source queue).
-fn function_config_for(
-    stack: &Stack,
-    function: &str,
-    overrides: &BTreeMap<String, String>,
-) -> Result<Config> {
-    let mut config = config_for(stack, overrides)?;
-    config.dead_letter_queue_url = stack.var_of(function, "DEAD_LETTER_QUEUE_URL")?.to_owned();
-    if config.source_queue_url.is_some() {
-        config.source_queue_url = Some(stack.var_of(function, "SOURCE_QUEUE_URL")?.to_owned());
-    }
-    Ok(config)
-}
-
-/// The configuration of [`config_for`] and the environment variables it was read from: exactly
-/// what a `bootstrap` process needs to be given to run with the same configuration.
-pub fn function_environment(
-    stack: &Stack,
-    overrides: &BTreeMap<String, String>,
-) -> Result<(Config, BTreeMap<String, String>)> {
-    let resource_vars = [
-        "IDEMPOTENCY_TABLE",
-        "DEAD_LETTER_QUEUE_URL",
-        "SOURCE_QUEUE_URL",
-    ];
-    let read = std::cell::RefCell::new(BTreeMap::new());
-    let config = Config::from_lookup(|k| {
-        let v = if let Some(v) = overrides.get(k) {
-            Some(v.clone())
-        } else if resource_vars.contains(&k) {
-            stack.function_env.get(k).cloned()
-        } else {
-            std::env::var(k)
-                .ok()
-                .or_else(|| stack.function_env.get(k).cloned())
-        };
-        if let Some(v) = &v {
-            read.borrow_mut().insert(k.to_owned(), v.clone());
-        }
-        v
-    })?;
-    Ok((config, read.into_inner()))
-}
+pub use crate::functions::{
+    config_for, drain_source, event_config_for, function_environment, refund_config_for,
+};
 
 async fn drain(
     processor: &Arc<Processor>,
@@ -116,31 +48,6 @@ async fn drain(
     pollers: usize,
 ) -> Result<EsmStats> {
     drain_source(processor.clone(), sqs, &stack.event_source, pollers).await
-}
-
-/// Drains one SQS event source with the local event-source mapping.
-pub async fn drain_source(
-    function: impl Into<esm::Function>,
-    sqs: &aws_sdk_sqs::Client,
-    source: &payctl::template::EventSource,
-    pollers: usize,
-) -> Result<EsmStats> {
-    esm::run(
-        function,
-        sqs.clone(),
-        EsmOptions {
-            queue_url: source.queue_url.clone(),
-            batch_size: source.batch_size,
-            batching_window: Duration::from_millis(200),
-            visibility_timeout: None,
-            function_timeout: Duration::from_secs(source.function_timeout_seconds as u64),
-            report_batch_item_failures: source.report_batch_item_failures,
-            pollers,
-            until_empty: true,
-            max_duration: Duration::from_secs(900),
-        },
-    )
-    .await
 }
 
 /// Runs the demo and prints its summary; returns the verdict (violations make the caller exit

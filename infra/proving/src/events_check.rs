@@ -233,7 +233,7 @@ pub async fn demo_phase(
     use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
     use std::sync::Arc;
     let since = sqs_once::runner::now_ms() / 1000 - 1;
-    let config = crate::demo::event_config_for(stack, overrides)?;
+    let config = crate::functions::event_config_for(stack, overrides)?;
     let sim = SimClient::new(&config.payment_api_url);
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let inbox = payment_core::bootstrap::build_event_processor(&config, sdk).await?;
@@ -260,10 +260,10 @@ pub async fn demo_phase(
     println!("provider events: the simulator delivers signed events to {endpoint} (half of them twice, out of order)");
 
     crate::load::send_all(&sqs, &stack.event_source.queue_url, &payment_bodies(prefix)).await?;
-    crate::demo::drain_source(payments, &sqs, &stack.event_source, 1).await?;
+    crate::functions::drain_source(payments, &sqs, &stack.event_source, 1).await?;
     let refund_source = &stack.event_sources[REFUND_PROCESSOR];
     crate::load::send_all(&sqs, &refund_source.queue_url, &refund_bodies(prefix)).await?;
-    crate::demo::drain_source(refunds, &sqs, refund_source, 1).await?;
+    crate::functions::drain_source(refunds, &sqs, refund_source, 1).await?;
     win_dispute(&sim, prefix, Duration::from_secs(60)).await?;
 
     let source = &stack.event_sources[EVENT_PROCESSOR];
@@ -276,7 +276,7 @@ pub async fn demo_phase(
         prefix,
         Duration::from_secs(90),
         || async {
-            let stats = crate::demo::drain_source(inbox.clone(), &sqs, source, 2).await?;
+            let stats = crate::functions::drain_source(inbox.clone(), &sqs, source, 2).await?;
             summary
                 .lock()
                 .map_err(|_| anyhow::anyhow!("poisoned"))?
@@ -304,7 +304,7 @@ pub async fn demo_phase(
     let report = payment_core::event_catch_up::catch_up(&provider, &queue, since, until)
         .await
         .map_err(anyhow::Error::msg)?;
-    let again = crate::demo::drain_source(inbox, &sqs, source, 2).await?;
+    let again = crate::functions::drain_source(inbox, &sqs, source, 2).await?;
     run.catch_up = (
         report.queued,
         again

@@ -27,6 +27,7 @@ pub mod compare;
 pub mod demo;
 pub mod e2e;
 pub mod events_check;
+pub mod functions;
 pub mod load;
 pub mod prices;
 pub mod refund_check;

@@ -5,14 +5,16 @@
 //! processor's counters), that every valid payment was charged at most once and recorded, and
 //! that every message is accounted for.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
-use tokio::process::{Child, Command};
+
+mod events;
+mod fleet;
+
+use fleet::Fleet;
 
 use crate::check::{drain_dlq, scan_records, verify, Sent, Verdict};
 use crate::load::{mixed_load, send_all};
@@ -64,100 +66,6 @@ pub struct ChaosReport {
 /// recovered quickly, and the provider's key retention as short as the simulator's.
 const VISIBILITY_SECONDS: i32 = 6;
 const KEY_RETENTION_SECONDS: u64 = 30;
-
-/// Processor processes of one queue, each with one armed failpoint, restarted when they crash.
-struct Fleet {
-    /// The `payctl` binary.
-    exe: PathBuf,
-    /// Its `run` arguments (the work and its queues).
-    args: Vec<String>,
-    /// The function's environment.
-    env: BTreeMap<String, String>,
-    /// Where the processes' stderr goes.
-    log: std::fs::File,
-    /// Its path, for messages.
-    log_path: String,
-    /// The running processes.
-    children: Vec<Child>,
-    /// Crashes so far (each restarted).
-    crashes: u64,
-}
-
-impl Fleet {
-    fn spawn(&self, failpoints: &str) -> Result<Child> {
-        Command::new(&self.exe)
-            .arg("run")
-            .args(&self.args)
-            .args(["--function-timeout", "30", "--batching-window", "0.2"])
-            .envs(&self.env)
-            .env("FAILPOINTS", failpoints)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(self.log.try_clone()?)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a processor instance")
-    }
-
-    fn start(&mut self, n: usize, arm: &mut impl FnMut() -> String) -> Result<()> {
-        for _ in 0..n.max(1) {
-            let child = self.spawn(&arm())?;
-            self.children.push(child);
-        }
-        Ok(())
-    }
-
-    /// Restarts the processes that crashed; a process that exited on its own is an error.
-    fn supervise(&mut self, arm: &mut impl FnMut() -> String) -> Result<()> {
-        for i in 0..self.children.len() {
-            if let Some(status) = self.children[i].try_wait()? {
-                if status.success() {
-                    bail!(
-                        "a processor instance exited on its own: see {}",
-                        self.log_path
-                    );
-                }
-                self.crashes += 1;
-                self.children[i] = self.spawn(&arm())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits until the queue is drained (nothing visible, in flight or delayed, twice in a
-    /// row), restarting crashed processes meanwhile.
-    async fn drain(
-        &mut self,
-        sqs: &aws_sdk_sqs::Client,
-        queue_url: &str,
-        arm: &mut impl FnMut() -> String,
-        deadline: (Instant, Duration, u64),
-    ) -> Result<()> {
-        let (started, max, seed) = deadline;
-        let mut empty = 0;
-        while empty < 2 {
-            if started.elapsed() > max {
-                bail!("not drained within {max:?} (seed {seed})");
-            }
-            self.supervise(arm)?;
-            empty = if queue_depth(sqs, queue_url).await? == 0 {
-                empty + 1
-            } else {
-                0
-            };
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        Ok(())
-    }
-
-    async fn stop(&mut self) {
-        for c in self.children.iter_mut() {
-            c.kill().await.ok();
-        }
-        self.children.clear();
-    }
-}
 
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
@@ -344,7 +252,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     let scenarios: Vec<String> = (0..(opts.payments / 100).clamp(1, 5))
         .map(|i| format!("{run_id}-s{i}"))
         .collect();
-    let events = events_phase(
+    let events = events::events_phase(
         sdk, &stack, &sim, &mut fleet, &mut arm, &scenarios, opts, deadline,
     )
     .await?;
@@ -366,148 +274,6 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     };
     print_report(&report, opts.seed);
     Ok(report)
-}
-
-/// The events phase of the chaos run: the scenarios' payments and refunds through crashing
-/// processes, then crashing event processes until every scenario is settled as the provider
-/// holds it (no refund counted that the provider failed, refunds and disputes within the
-/// charge, every bank debit settled), with nothing in the events' dead-letter queue.
-#[allow(clippy::too_many_arguments)]
-async fn events_phase(
-    sdk: &aws_config::SdkConfig,
-    stack: &payctl::template::Stack,
-    sim: &SimClient,
-    fleet: &mut Fleet,
-    arm: &mut impl FnMut() -> String,
-    scenarios: &[String],
-    opts: &ChaosOptions,
-    deadline: (Instant, Duration, u64),
-) -> Result<Vec<String>> {
-    use crate::events_check as ev;
-    use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-    use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
-    use std::sync::Arc;
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    let events_source = &stack.event_sources[EVENT_PROCESSOR];
-    let events_dlq = stack
-        .var_of(EVENT_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
-        .to_owned();
-    let secret = format!("whsec_chaos_{}", opts.seed);
-    let receiver = EventReceiver::new(
-        Arc::new(FixedSecrets(vec![secret.clone().into()])),
-        Arc::new(SqsEventQueue::new(
-            sqs.clone(),
-            events_source.queue_url.clone(),
-        )),
-        payment_core::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
-    );
-    let api_config = payment_core::config::ApiConfig::from_lookup(|k| {
-        stack
-            .var_of("PaymentsApiFunction", k)
-            .ok()
-            .map(str::to_owned)
-    })?;
-    let api = payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
-    let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0").await?;
-    ev::point_webhook(sim, &format!("{}{EVENTS_PATH}", server.url()), &secret).await?;
-    println!("events: {} scenarios (bank debits, a refund that fails, a dispute) settled through the provider's events", scenarios.len());
-    let payments: Vec<String> = scenarios
-        .iter()
-        .flat_map(|p| ev::payment_bodies(p))
-        .collect();
-    let refunds: Vec<String> = scenarios
-        .iter()
-        .flat_map(|p| ev::refund_bodies(p))
-        .collect();
-    let refunds_source = &stack.event_sources[REFUND_PROCESSOR];
-    for (queue, dlq, work, bodies) in [
-        (
-            &stack.event_source.queue_url,
-            stack.function_var("DEAD_LETTER_QUEUE_URL")?,
-            "payments",
-            &payments,
-        ),
-        (
-            &refunds_source.queue_url,
-            stack.var_of(REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?,
-            "refunds",
-            &refunds,
-        ),
-    ] {
-        fleet.args = [
-            "--work",
-            work,
-            "--queue-url",
-            queue,
-            "--dead-letter-queue-url",
-            dlq,
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        fleet.start(opts.instances, arm)?;
-        send_all(&sqs, queue, bodies).await?;
-        fleet.drain(&sqs, queue, arm, deadline).await?;
-        fleet.stop().await;
-    }
-    for p in scenarios {
-        ev::win_dispute(sim, p, Duration::from_secs(60)).await?;
-    }
-    fleet.args = [
-        "--work",
-        "events",
-        "--queue-url",
-        &events_source.queue_url,
-        "--dead-letter-queue-url",
-        &events_dlq,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    fleet.start(opts.instances, arm)?;
-    let table = stack.function_var("IDEMPOTENCY_TABLE")?.to_owned();
-    let mut violations = Vec::new();
-    loop {
-        fleet.supervise(arm)?;
-        let mut waiting = None;
-        let mut found = Vec::new();
-        for p in scenarios {
-            let (w, v) = ev::settled(sdk, &table, sim, p).await?;
-            waiting = waiting.or(w);
-            found.extend(v.violations);
-        }
-        match waiting {
-            None => {
-                violations.extend(found);
-                break;
-            }
-            Some(why) if deadline.0.elapsed() > deadline.1 => {
-                violations.extend(found);
-                violations.push(format!(
-                    "not settled through events in time (seed {}): {why}",
-                    deadline.2
-                ));
-                break;
-            }
-            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-    fleet
-        .drain(&sqs, &events_source.queue_url, arm, deadline)
-        .await?;
-    fleet.stop().await;
-    sim.webhook(json!({"url": null})).await?;
-    let dead = drain_dlq(&sqs, &events_dlq).await?;
-    if !dead.is_empty() {
-        violations.push(format!(
-            "{} provider events dead-lettered: {:?}",
-            dead.len(),
-            dead.iter().map(|d| &d.error_code).collect::<Vec<_>>()
-        ));
-    }
-    println!(
-        "events: every scenario settled through events under crashes: {}",
-        if violations.is_empty() { "yes" } else { "NO" }
-    );
-    Ok(violations)
 }
 
 fn print_report(r: &ChaosReport, seed: u64) {
