@@ -461,7 +461,8 @@ async fn the_catch_up_applies_every_missed_event_once() {
     let report = payment_core::event_catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
         .await
         .unwrap();
-    assert!(report.queued >= 9, "{report:?}");
+    // Each bank debit's `processing` and `succeeded` (a creation is not a type the inbox takes).
+    assert!(report.queued >= 6, "{report:?}");
     let first = e.drain(&t).await;
     assert_eq!(first.summary.done("applied"), 3, "{:?}", first.summary);
     for pid in &pids {

@@ -175,11 +175,12 @@ async fn provision_is_idempotent_and_guards_real_aws() {
     };
     let (ok, first, made) = provision(&[], true);
     assert!(ok, "{made}");
-    // Five queues (payments, refunds, their dead-letter queues, relay failures), two tables.
-    assert_eq!(made.matches("created").count(), 7, "{made}");
+    // Seven queues (payments, refunds, provider events, their dead-letter queues, relay
+    // failures), two tables.
+    assert_eq!(made.matches("created").count(), 9, "{made}");
     let (ok, second, again) = provision(&[], true);
     assert!(ok, "a second run succeeds: {again}");
-    assert_eq!(again.matches("exists").count(), 7, "{again}");
+    assert_eq!(again.matches("exists").count(), 9, "{again}");
     let urls =
         |out: &str| serde_json::from_str::<serde_json::Value>(out).unwrap()["queues"].clone();
     assert_eq!(urls(&first), urls(&second));
