@@ -95,14 +95,21 @@ impl ProviderEvent {
                 let Some(intent_id) = self.text("id") else {
                     return Subject::Unhandled;
                 };
-                let Some(status) = payment_status(self.text("status").as_deref()) else {
+                let decline = decline_code(&self.object);
+                let Some(mut status) = payment_status(self.text("status").as_deref()) else {
                     return Subject::Unhandled;
                 };
+                // An off-session confirmation that needed the customer: the processor records
+                // it `requires_action` (nothing charged, the merchant brings the customer back),
+                // and its `payment_failed` says the same, not a decline.
+                if status == "declined" && decline.as_deref() == Some("authentication_required") {
+                    status = "requires_action".to_owned();
+                }
                 Subject::Payment(PaymentChange {
                     intent_id,
                     payment_id: self.metadata("payment_id"),
                     status,
-                    decline_code: decline_code(&self.object),
+                    decline_code: decline,
                 })
             }
             (_, Some("refund")) => match (self.text("id"), self.text("status")) {
@@ -368,6 +375,24 @@ mod tests {
         );
         assert!(
             matches!(d.subject(), Subject::Dispute(c) if c.intent_id.as_deref() == Some("pi_1"))
+        );
+        // An off-session confirmation that needed the customer is `requires_action`, as the
+        // processor recorded it, not a decline.
+        let auth = event(
+            "payment_intent.payment_failed",
+            json!({"id": "pi_2", "object": "payment_intent", "status": "requires_payment_method",
+                   "metadata": {"payment_id": "p2"},
+                   "last_payment_error": {"code": "authentication_required",
+                                          "decline_code": "authentication_required"}}),
+        );
+        assert!(
+            matches!(auth.subject(), Subject::Payment(c) if c.status == "requires_action"),
+            "{:?}",
+            auth.subject()
+        );
+        assert_eq!(
+            payment_step("requires_action", "requires_action"),
+            Step::Unchanged
         );
         // A creation's snapshot says nothing settled.
         let created = event(

@@ -200,17 +200,21 @@ fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
 async fn an_async_payment_settles_through_its_events_once_in_any_order() {
     let t = TestStack::new("ev-async").await;
     let e = events(&t).await;
-    let (ok, closed) = (t.pid("ach-ok"), t.pid("ach-closed"));
+    let (ok, closed, auth) = (t.pid("ach-ok"), t.pid("ach-closed"), t.pid("auth"));
     t.send(&payment(&ok, 1500, "pm_usBankAccount_success"))
         .await;
     t.send(&payment(&closed, 1500, "pm_usBankAccount_accountClosed"))
+        .await;
+    // Off-session, the card needs the customer: recorded requires_action; its payment_failed
+    // event says the same and must not turn it into a decline.
+    t.send(&payment(&auth, 1500, "pm_card_authenticationRequired"))
         .await;
     t.drain(1).await;
     for pid in [&ok, &closed] {
         let o = t.record(pid).await.unwrap().outcome.unwrap();
         assert_eq!(o.status, "processing", "{pid}");
     }
-    let ids = [ok.clone(), closed.clone()];
+    let ids = [ok.clone(), closed.clone(), auth.clone()];
     let listed = e
         .listed(&ids, |l| {
             let k = kinds(l);
@@ -233,6 +237,11 @@ async fn an_async_payment_settles_through_its_events_once_in_any_order() {
     assert_eq!(
         (r.status.as_str(), r.text("decline_code")),
         ("declined", Some("account_closed"))
+    );
+    let a = e.payment(&auth).await;
+    assert_eq!(
+        (a.status.as_deref(), a.events.len()),
+        (Some("requires_action"), 0)
     );
     assert_eq!(e.dead_letters(&t).await, 0);
 
