@@ -107,6 +107,14 @@ fn not_yet(what: &str) -> CallError {
     }
 }
 
+/// An event whose record changed under every one of its [`TRIES`]: handed back.
+fn kept_changing(what: &str, id: &str, event: &ProviderEvent) -> CallError {
+    CallError::transient(format!(
+        "{what} {id} kept changing while event {} was applied",
+        event.id
+    ))
+}
+
 /// An event about an id with no record here. The processors claim a record before they call
 /// the provider, so an object they created always has one (until its retention ends): this is
 /// another system's object on the same account, or one long forgotten.
@@ -225,10 +233,7 @@ impl EventWork {
                 return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
             }
         }
-        Err(CallError::transient(format!(
-            "payment {pid} kept changing while event {} was applied",
-            event.id
-        )))
+        Err(kept_changing("payment", &pid, event))
     }
 
     async fn refund(&self, event: &ProviderEvent, c: RefundChange) -> Result<Outcome, CallError> {
@@ -320,10 +325,7 @@ impl EventWork {
                     .with_text("refund_id", rid));
             }
         }
-        Err(CallError::transient(format!(
-            "refund {rid} kept changing while event {} was applied",
-            event.id
-        )))
+        Err(kept_changing("refund", &rid, event))
     }
 
     async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
@@ -413,10 +415,7 @@ impl EventWork {
                 return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
             }
         }
-        Err(CallError::transient(format!(
-            "payment {pid} kept changing while event {} was applied",
-            event.id
-        )))
+        Err(kept_changing("payment", &pid, event))
     }
 }
 

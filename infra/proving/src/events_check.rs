@@ -71,6 +71,39 @@ pub async fn point_webhook(sim: &SimClient, url: &str, secret: &str) -> Result<(
     .await
 }
 
+/// Serves the provider-events route of `stack` on an ephemeral local port (the same receiver
+/// the function runs, queueing to `queue_url`, verifying with `secret`) and points the
+/// simulator's webhook at it; the server lives as long as the returned handle.
+pub async fn serve_endpoint(
+    sdk: &aws_config::SdkConfig,
+    stack: &payctl::template::Stack,
+    sim: &SimClient,
+    queue_url: &str,
+    secret: &str,
+) -> Result<(lambda_local::http::LocalHttp, String)> {
+    use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
+    use std::sync::Arc;
+    let receiver = EventReceiver::new(
+        Arc::new(FixedSecrets(vec![secret.to_owned().into()])),
+        Arc::new(SqsEventQueue::new(
+            aws_sdk_sqs::Client::new(sdk),
+            queue_url.to_owned(),
+        )),
+        payment_core::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
+    );
+    let api_config = payment_core::config::ApiConfig::from_lookup(|k| {
+        stack
+            .var_of("PaymentsApiFunction", k)
+            .ok()
+            .map(str::to_owned)
+    })?;
+    let api = payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
+    let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0").await?;
+    let endpoint = format!("{}{EVENTS_PATH}", server.url());
+    point_webhook(sim, &endpoint, secret).await?;
+    Ok((server, endpoint))
+}
+
 /// What the events settled.
 #[derive(Debug, Default)]
 pub struct EventsVerdict {
@@ -112,14 +145,7 @@ pub async fn settled(
         // No refund counted that the provider failed; refunds and disputes within the charge.
         if let Some(p) = ledger.payment(&pid).await? {
             for (rid, held) in &p.refunds {
-                let moved: i64 = books
-                    .refunds
-                    .get(rid)
-                    .into_iter()
-                    .flatten()
-                    .filter(|r| r.moved_money())
-                    .map(|r| r.amount)
-                    .sum();
+                let moved = books.refunded(rid);
                 if moved != *held {
                     waiting.get_or_insert(format!(
                         "{pid} holds {held} for refund {rid}, which moved {moved}"
@@ -230,8 +256,7 @@ pub async fn demo_phase(
     prefix: &str,
 ) -> Result<EventsRun> {
     use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-    use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
-    use std::sync::Arc;
+    use payment_core::event_receiver::SqsEventQueue;
     let since = sqs_once::runner::now_ms() / 1000 - 1;
     let config = crate::functions::event_config_for(stack, overrides)?;
     let sim = SimClient::new(&config.payment_api_url);
@@ -242,21 +267,7 @@ pub async fn demo_phase(
         .clone()
         .context("the template gives the event function no PROVIDER_EVENTS_QUEUE_URL")?;
     let secret = format!("whsec_demo_{}", uuid::Uuid::new_v4().simple());
-    let receiver = EventReceiver::new(
-        Arc::new(FixedSecrets(vec![secret.clone().into()])),
-        Arc::new(SqsEventQueue::new(sqs.clone(), queue_url.clone())),
-        payment_core::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
-    );
-    let api_config = payment_core::config::ApiConfig::from_lookup(|k| {
-        stack
-            .var_of("PaymentsApiFunction", k)
-            .ok()
-            .map(str::to_owned)
-    })?;
-    let api = payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
-    let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0").await?;
-    let endpoint = format!("{}{EVENTS_PATH}", server.url());
-    point_webhook(&sim, &endpoint, &secret).await?;
+    let (_server, endpoint) = serve_endpoint(sdk, stack, &sim, &queue_url, &secret).await?;
     println!("provider events: the simulator delivers signed events to {endpoint} (half of them twice, out of order)");
 
     crate::load::send_all(&sqs, &stack.event_source.queue_url, &payment_bodies(prefix)).await?;

@@ -284,14 +284,7 @@ pub fn verify(
             ));
         }
         for (rid, held) in &p.refunds {
-            let made: i64 = ledger
-                .refunds
-                .get(rid)
-                .into_iter()
-                .flatten()
-                .filter(|r| r.moved_money())
-                .map(|r| r.amount)
-                .sum();
+            let made = ledger.refunded(rid);
             let unsettled = dead.get(rid).is_some_and(|codes| {
                 codes
                     .iter()

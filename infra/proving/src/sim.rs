@@ -79,6 +79,18 @@ impl Ledger {
         self.calls.get(key).copied().unwrap_or(0)
     }
 
+    /// What the provider's refunds of `refund_id` returned to the customer: the failed and
+    /// canceled ones returned nothing.
+    pub fn refunded(&self, refund_id: &str) -> i64 {
+        self.refunds
+            .get(refund_id)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.moved_money())
+            .map(|r| r.amount)
+            .sum()
+    }
+
     /// `POST /v1/payment_intents` calls for every key starting with `prefix` (one run's).
     pub fn calls_under(&self, prefix: &str) -> u64 {
         self.calls
@@ -157,15 +169,11 @@ impl SimClient {
         Ok(())
     }
 
-    /// Closes a dispute as the card network decided it (`won` or lost).
-    pub async fn close_dispute(&self, dispute_id: &str, won: bool) -> Result<()> {
+    /// Posts a JSON body to a control route.
+    async fn control(&self, path: &str, body: &Value) -> Result<()> {
         self.http
-            .post(format!(
-                "{}/_sim/disputes/{}/close",
-                self.base,
-                encode(dispute_id)
-            ))
-            .json(&serde_json::json!({ "won": won }))
+            .post(format!("{}{path}", self.base))
+            .json(body)
             .send()
             .await
             .context("contacting the provider simulator")?
@@ -173,16 +181,16 @@ impl SimClient {
         Ok(())
     }
 
+    /// Closes a dispute as the card network decided it (`won` or lost).
+    pub async fn close_dispute(&self, dispute_id: &str, won: bool) -> Result<()> {
+        let path = format!("/_sim/disputes/{}/close", encode(dispute_id));
+        self.control(&path, &serde_json::json!({ "won": won }))
+            .await
+    }
+
     /// Sets the webhook endpoint and its delivery faults (see the simulator's `events.py`).
     pub async fn webhook(&self, settings: Value) -> Result<()> {
-        self.http
-            .post(format!("{}/_sim/webhook", self.base))
-            .json(&settings)
-            .send()
-            .await
-            .context("contacting the provider simulator")?
-            .error_for_status()?;
-        Ok(())
+        self.control("/_sim/webhook", &settings).await
     }
 
     /// Per event id: how many delivery attempts, and whether one was acknowledged.

@@ -28,31 +28,14 @@ pub(super) async fn events_phase(
 ) -> Result<Vec<String>> {
     use crate::events_check as ev;
     use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-    use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
-    use std::sync::Arc;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let events_source = &stack.event_sources[EVENT_PROCESSOR];
     let events_dlq = stack
         .var_of(EVENT_PROCESSOR, "DEAD_LETTER_QUEUE_URL")?
         .to_owned();
     let secret = format!("whsec_chaos_{}", opts.seed);
-    let receiver = EventReceiver::new(
-        Arc::new(FixedSecrets(vec![secret.clone().into()])),
-        Arc::new(SqsEventQueue::new(
-            sqs.clone(),
-            events_source.queue_url.clone(),
-        )),
-        payment_core::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
-    );
-    let api_config = payment_core::config::ApiConfig::from_lookup(|k| {
-        stack
-            .var_of("PaymentsApiFunction", k)
-            .ok()
-            .map(str::to_owned)
-    })?;
-    let api = payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
-    let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0").await?;
-    ev::point_webhook(sim, &format!("{}{EVENTS_PATH}", server.url()), &secret).await?;
+    let (_server, _) =
+        ev::serve_endpoint(sdk, stack, sim, &events_source.queue_url, &secret).await?;
     println!("events: {} scenarios (bank debits, a refund that fails, a dispute) settled through the provider's events", scenarios.len());
     let payments: Vec<String> = scenarios
         .iter()
