@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Mutex;
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::call::{Attempt, CallFailure};
 use crate::queue::DeadLetter;
@@ -47,7 +47,10 @@ impl<W: Work> BatchRunner<W> {
     ) -> Disposition {
         match self.decide(msg, deadline_ms, latencies).await {
             Step::Done(d) => {
-                info!(disposition = %d, "message done");
+                // A success is a debug line: at the default level a batch logs its counts (the
+                // EMF line) and one line per message that did not simply succeed (dead-lettered
+                // and handed-back messages say so where it happens).
+                debug!(disposition = %d, "message done");
                 d
             }
             Step::Again(reason, when) => self.give_back(msg, reason, when).await,
