@@ -85,6 +85,8 @@ Control API (not Stripe's):
   POST   /_sim/webhook           the endpoint and its delivery faults (see events.py)
   GET    /_sim/deliveries        per event id: attempts, delivered, the statuses answered
   POST   /_sim/settle            {"seconds": S}: how long the provider takes to finish on its own
+  POST   /_sim/latency           {"p50_ms": M, "p99_ms": N}: every /v1 answer after a seeded
+                                 log-normal time (--latency; 0: at once)
   POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
 
 A request refused by validation (amount, metadata, the return_url rule) saves no result for its
@@ -99,6 +101,7 @@ as a JSON line: the contract test checks them against Stripe's own parameter def
 import argparse
 import hashlib
 import json
+import math
 import random
 import re
 import socket
@@ -128,8 +131,9 @@ STATE = {
     "rules": [],
     "hits": {},  # (rule index, key) -> times hit
 }
-CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "key_retention_ms": 86_400_000,
-          "account_version": "2026-10-28.endive", "record": None, "settle_s": 2.0}
+CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "latency_rng": random.Random(0), "key_retention_ms": 86_400_000,
+          "account_version": "2026-10-28.endive", "record": None, "settle_s": 2.0,
+          "latency": None}  # (mu, sigma) of a log-normal answer time in ms, or None: at once
 SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
 API_VERSION = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(\.[a-z]+)?$")
 # From this version on, a PaymentIntent accepts the Dashboard's payment methods by default, so a
@@ -173,6 +177,25 @@ REFUND_FAILS = "pm_card_refundFail"
 DISPUTED = "pm_card_createDispute"
 # Dispute statuses in which Stripe holds the disputed amount and refuses refunds.
 DISPUTE_HOLDS = {"needs_response", "under_review", "lost"}
+
+
+# z of the 99th percentile of a standard normal.
+Z99 = 2.326347874
+
+
+def latency_model(p50_ms, p99_ms):
+    """The log-normal answer time with this median and 99th percentile: (mu, sigma) of the
+    underlying normal, or None for answers at once."""
+    if p50_ms <= 0:
+        return None
+    if p99_ms < p50_ms:
+        raise ValueError("the 99th percentile is below the median")
+    return math.log(p50_ms), math.log(p99_ms / p50_ms) / Z99
+
+
+def latency_ms(model, rng):
+    """One answer time drawn from the model (0 without one)."""
+    return 0.0 if model is None else rng.lognormvariate(*model)
 
 
 def version_of(headers):
@@ -559,6 +582,11 @@ class Handler(BaseHTTPRequestHandler):
                                        f"Invalid Stripe API version: {self.headers.get('Stripe-Version')}",
                                        code="api_version_invalid"))
             return None
+        # The provider's own answer time (the benchmark's realistic latency), seeded.
+        with LOCK:
+            wait = latency_ms(CONFIG["latency"], CONFIG["latency_rng"])
+        if wait:
+            time.sleep(wait / 1000)
         return version
 
     def do_GET(self):
@@ -650,6 +678,15 @@ class Handler(BaseHTTPRequestHandler):
             except (ValueError, AttributeError) as e:
                 return self.reply(400, json.dumps({"error": str(e)}))
             return self.reply(200, json.dumps(settings))
+        if path == "/_sim/latency":
+            body = json.loads(self.body() or "{}")
+            try:
+                model = latency_model(float(body.get("p50_ms", 0)), float(body.get("p99_ms", 0)))
+            except ValueError as e:
+                return self.reply(400, json.dumps({"error": str(e)}))
+            with LOCK:
+                CONFIG["latency"] = model
+            return self.reply(200, json.dumps({"p50_ms": body.get("p50_ms", 0), "p99_ms": body.get("p99_ms", 0)}))
         if path == "/_sim/settle":
             body = json.loads(self.body() or "{}")
             with LOCK:
@@ -817,6 +854,9 @@ def main():
     ap.add_argument("--account-api-version", default=CONFIG["account_version"],
                     help="the account's default API version, for requests without Stripe-Version")
     ap.add_argument("--record", help="append every /v1 request to this file, one JSON line each")
+    ap.add_argument("--latency", default="0,0", metavar="P50_MS,P99_MS",
+                    help="answer every /v1 request after a seeded log-normal time with this median and "
+                         "99th percentile (Stripe-like: 350,1500); 0,0 answers at once")
     ap.add_argument("--settle-seconds", type=float, default=2.0,
                     help="how long delayed payments, failing refunds and disputes take to happen")
     ap.add_argument("--webhook-url", help="deliver every event here, signed (see events.py)")
@@ -831,6 +871,12 @@ def main():
     CONFIG["rng"] = random.Random(args.seed)
     CONFIG["key_retention_ms"] = args.key_retention_seconds * 1000
     CONFIG["settle_s"] = args.settle_seconds
+    try:
+        p50, p99 = (float(x) for x in args.latency.split(","))
+        CONFIG["latency"] = latency_model(p50, p99)
+    except ValueError as e:
+        ap.error(f"--latency {args.latency!r}: {e}")
+    CONFIG["latency_rng"] = random.Random(args.seed)
     if args.webhook_url:
         events.configure({"url": args.webhook_url, "secrets": args.webhook_secret})
     server = Server((args.host, args.port), Handler)

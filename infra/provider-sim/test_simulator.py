@@ -228,6 +228,29 @@ class Simulator(unittest.TestCase):
         self.assertEqual(later["data"], [])
 
 
+class Latency(unittest.TestCase):
+    """The benchmark's provider answers after a log-normal time with the median and 99th
+    percentile asked for (Stripe-like: 350 ms and 1.5 s), reproducible from its seed."""
+
+    def test_the_latency_model_has_the_quantiles_asked_for(self):
+        sys.path.insert(0, HERE)
+        import random
+
+        import simulator
+        model = simulator.latency_model(350, 1500)
+        rng = random.Random(7)
+        draws = sorted(simulator.latency_ms(model, rng) for _ in range(20000))
+        p50, p99 = draws[len(draws) // 2], draws[int(len(draws) * 0.99)]
+        self.assertAlmostEqual(p50 / 350, 1, delta=0.05)
+        self.assertAlmostEqual(p99 / 1500, 1, delta=0.08)
+        first, second = random.Random(3), random.Random(3)
+        self.assertEqual([simulator.latency_ms(model, first) for _ in range(3)],
+                         [simulator.latency_ms(model, second) for _ in range(3)], "seeded")
+        self.assertEqual(simulator.latency_ms(simulator.latency_model(0, 0), random.Random(7)), 0.0)
+        with self.assertRaises(ValueError):
+            simulator.latency_model(500, 100)
+
+
 class Webhooks(unittest.TestCase):
     """Events are delivered signed, retried while the endpoint fails, at least once."""
 
