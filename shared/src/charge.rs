@@ -285,7 +285,6 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
             (labels::REQUIRES_ACTION.into(), "RequiresAction".into()),
             (labels::PROCESSING.into(), "Processing".into()),
         ],
-        latency: "ProviderLatency".into(),
     }
 }
 

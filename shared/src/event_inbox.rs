@@ -58,7 +58,6 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
             (labels::FOREIGN.into(), "Foreign".into()),
             (labels::UNHANDLED.into(), "Unhandled".into()),
         ],
-        latency: "ApplyLatency".into(),
     }
 }
 

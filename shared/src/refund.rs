@@ -420,6 +420,5 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
         namespace: "RefundProcessor".into(),
         service: "refund-processor".into(),
         labels: vec![(REFUNDED.into(), "Refunded".into())],
-        latency: "ProviderLatency".into(),
     }
 }

@@ -58,17 +58,20 @@ pub struct MetricNames {
     pub namespace: String,
     /// The `Service` dimension's value.
     pub service: String,
-    /// Every label [`crate::Work::verdict`] gives, with its metric name, in order: each is
-    /// present in every document (zero when nothing had it), so an alarm never lacks data.
+    /// Every label [`crate::Work::verdict`] gives, with its metric name, in order.
     pub labels: Vec<(String, String)>,
-    /// The metric of every call's duration, milliseconds (`CallLatency`, ...).
-    pub latency: String,
 }
 
-/// The EMF documents for a batch, one JSON line each. The first carries one metric per
-/// label, `DuplicatesSuppressed`, `DeadLettered`, `Retried` and the latency of every call, by
-/// the `Service` dimension; then one line per dead-letter reason with `DeadLettered` by
-/// `Service, Reason`. A label the names do not list is counted under its own name.
+/// The EMF documents for a batch, one JSON line each: the batch's counts, then one line per
+/// dead-letter reason with `DeadLettered` by `Service, Reason`.
+///
+/// The first line carries, by the `Service` dimension, one metric per label, then
+/// `DuplicatesSuppressed`, `DeadLettered` and `Retried`, each only when the batch had one:
+/// a batch that simply succeeded costs one short line (its size is a log bill paid per
+/// batch). A count that is absent is no data, not zero: an alarm on one of these treats
+/// missing data as not breaching. A label the names do not list is counted under its own
+/// name. The calls' durations are not in it: the function's `Duration` is the batch's
+/// slowest call, and each call's is on the message's `debug` line.
 pub fn emf_lines(summary: &BatchSummary, names: &MetricNames, timestamp_ms: i64) -> Vec<String> {
     let mut counts: Vec<(String, u32)> = names
         .labels
@@ -83,27 +86,29 @@ pub fn emf_lines(summary: &BatchSummary, names: &MetricNames, timestamp_ms: i64)
     counts.push(("DuplicatesSuppressed".into(), summary.duplicates));
     counts.push(("DeadLettered".into(), summary.dead_lettered_total()));
     counts.push(("Retried".into(), summary.retried));
-    let mut metrics: Vec<serde_json::Value> = counts
-        .iter()
-        .map(|(name, _)| serde_json::json!({"Name": name, "Unit": "Count"}))
-        .collect();
-    metrics.push(serde_json::json!({"Name": names.latency, "Unit": "Milliseconds"}));
-    let mut doc = serde_json::json!({
-        "_aws": {
-            "Timestamp": timestamp_ms,
-            "CloudWatchMetrics": [{
-                "Namespace": names.namespace,
-                "Dimensions": [["Service"]],
-                "Metrics": metrics
-            }]
-        },
-        "Service": names.service,
-    });
-    for (name, n) in counts {
-        doc[name] = n.into();
+    counts.retain(|(_, n)| *n > 0);
+    let mut lines = Vec::new();
+    if !counts.is_empty() {
+        let metrics: Vec<serde_json::Value> = counts
+            .iter()
+            .map(|(name, _)| serde_json::json!({ "Name": name }))
+            .collect();
+        let mut doc = serde_json::json!({
+            "_aws": {
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": names.namespace,
+                    "Dimensions": [["Service"]],
+                    "Metrics": metrics
+                }]
+            },
+            "Service": names.service,
+        });
+        for (name, n) in counts {
+            doc[name] = n.into();
+        }
+        lines.push(doc.to_string());
     }
-    doc[names.latency.as_str()] = summary.call_latencies_ms.clone().into();
-    let mut lines = vec![doc.to_string()];
     let mut reasons: Vec<_> = summary.dead_lettered.iter().collect();
     reasons.sort();
     for (reason, n) in reasons {
@@ -114,7 +119,7 @@ pub fn emf_lines(summary: &BatchSummary, names: &MetricNames, timestamp_ms: i64)
                     "CloudWatchMetrics": [{
                         "Namespace": names.namespace,
                         "Dimensions": [["Service", "Reason"]],
-                        "Metrics": [{"Name": "DeadLettered", "Unit": "Count"}]
+                        "Metrics": [{"Name": "DeadLettered"}]
                     }]
                 },
                 "Service": names.service,
@@ -140,11 +145,9 @@ mod tests {
                 ("shipped".into(), "Shipped".into()),
                 ("held".into(), "Held".into()),
             ],
-            latency: "CallLatency".into(),
         };
         let mut s = BatchSummary {
             duplicates: 1,
-            call_latencies_ms: vec![12.5, 40.0],
             ..Default::default()
         };
         s.done.insert("shipped".into(), 3);
@@ -161,10 +164,13 @@ mod tests {
             assert!(!main[name].is_null(), "{name} declared but missing");
         }
         assert_eq!(main["Shipped"], 3);
-        assert_eq!(main["Held"], 0, "a listed label is always present");
+        assert!(
+            main.get("Held").is_none(),
+            "a count the batch did not have is absent"
+        );
         assert_eq!(main["surprise"], 1, "an unlisted label is counted too");
         assert_eq!(main["DeadLettered"], 2);
-        assert_eq!(main["CallLatency"], serde_json::json!([12.5, 40.0]));
+        assert!(main.get("Retried").is_none());
         let by_reason: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
         assert_eq!(
             (
@@ -172,6 +178,38 @@ mod tests {
                 by_reason["DeadLettered"].as_u64()
             ),
             (Some("invalid_json"), Some(2))
+        );
+    }
+
+    #[test]
+    fn a_batch_that_simply_succeeded_costs_one_short_line() {
+        let names = MetricNames {
+            namespace: "PaymentProcessor".into(),
+            service: "payment-processor".into(),
+            labels: vec![
+                ("charged".into(), "Charged".into()),
+                ("declined".into(), "Declined".into()),
+            ],
+        };
+        let mut s = BatchSummary {
+            call_latencies_ms: vec![350.0; 10],
+            ..Default::default()
+        };
+        s.done.insert("charged".into(), 10);
+        let lines = emf_lines(&s, &names, 1_796_162_920_497);
+        assert_eq!(lines.len(), 1);
+        // The log budget: 24 bytes a payment beside Lambda's own lines, for a batch of ten.
+        assert!(
+            lines[0].len() <= 200,
+            "{} bytes: {}",
+            lines[0].len(),
+            lines[0]
+        );
+        let doc: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(doc["Charged"], 10);
+        assert_eq!(
+            doc["_aws"]["CloudWatchMetrics"][0]["Metrics"],
+            serde_json::json!([{"Name": "Charged"}])
         );
     }
 }
