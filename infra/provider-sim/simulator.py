@@ -66,7 +66,7 @@ no promised order, retried with backoff while the endpoint answers non-2xx.
 
 Control API (not Stripe's):
   GET    /_sim/health
-  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "declines": {...}, "actions": {...},
+  GET    /_sim/ledger[?key=P]    {"charges": {P: [intent...]}, "charged_at_ms": {P: [ms...]}, "declines": {...}, "actions": {...},
                                   "calls": {P: n}, "refunds": {R: [refund...]}, "refund_calls": {R: n}}
          booked per payment: P is metadata[payment_id] (the Idempotency-Key when absent); charges
          are succeeded intents only; actions are intents waiting for the customer; refunds per
@@ -117,6 +117,7 @@ LOCK = threading.Lock()
 STATE = {
     "keys": {},  # key -> {"params": hash, "state": "in_flight"|"done", "status": int, "body": str}
     "charges": {},  # key -> [intent]
+    "charged_at_ms": {},  # key -> [epoch ms each charge was booked] (the benchmark's send -> charged)
     "declines": {},  # key -> [error]
     "calls": {},  # key -> number of POSTs received
     "intents": {},  # payment -> every intent created (for search)
@@ -347,6 +348,7 @@ def succeed(intent, key):
     intent["status"] = "succeeded"
     charge_of(intent)
     STATE["charges"].setdefault(key, []).append(intent)
+    STATE["charged_at_ms"].setdefault(key, []).append(int(time.time() * 1000))
     emit("payment_intent.succeeded", intent)
     if intent.get("payment_method") == DISPUTED:
         later(open_dispute, intent)
@@ -631,7 +633,8 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/_sim/ledger":
             q = dict(parse_qsl(url.query))
             with LOCK:
-                snap = {n: STATE[n] for n in ("charges", "declines", "actions", "calls", "refunds", "refund_calls")}
+                snap = {n: STATE[n] for n in ("charges", "charged_at_ms", "declines", "actions", "calls", "refunds",
+                                         "refund_calls")}
                 snap["disputes"] = {d["payment_intent"]: d for d in STATE["disputes"].values()}
                 if "key" in q:
                     snap = {n: {q["key"]: v[q["key"]]} if q["key"] in v else {} for n, v in snap.items()}
@@ -665,7 +668,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_sim/reset":
             self.body()
             with LOCK:
-                for n in ("keys", "charges", "declines", "calls", "hits", "intents", "refunds", "refund_calls",
+                for n in ("keys", "charges", "charged_at_ms", "declines", "calls", "hits", "intents", "refunds", "refund_calls",
                           "intent_refunds", "actions", "customers", "charges_by_id", "disputes"):
                     STATE[n] = {}
                 STATE["rules"] = []

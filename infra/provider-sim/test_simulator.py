@@ -173,6 +173,16 @@ class Simulator(unittest.TestCase):
             time.sleep(0.05)
         self.fail("timed out")
 
+    def test_the_ledger_says_when_each_charge_was_booked(self):
+        before = int(time.time() * 1000)
+        status, intent = self.pay("booked-at")
+        after = int(time.time() * 1000)
+        self.assertEqual((status, intent["status"]), (200, "succeeded"))
+        ledger = self.call("GET", "/_sim/ledger", query={"key": "booked-at"})[1]
+        [at] = ledger["charged_at_ms"]["booked-at"]
+        self.assertTrue(before <= at <= after, (before, at, after))
+        self.assertEqual(len(ledger["charges"]["booked-at"]), 1)
+
     def test_ach_debits_answer_processing_and_settle_later_with_an_event(self):
         status, intent = self.pay("ach-ok", payment_method="pm_usBankAccount_success")
         self.assertEqual((status, intent["status"]), (200, "processing"))

@@ -188,6 +188,23 @@ pub struct BenchArgs {
     /// Cold starts measured (the median is reported).
     #[arg(long, default_value_t = 20)]
     pub cold_start_runs: usize,
+    /// The provider's answer time in the realistic runs, P50_MS,P99_MS of a log-normal
+    /// (Stripe-like by default).
+    #[arg(long, default_value = "350,1500", value_parser = parse_latency)]
+    pub latency: (f64, f64),
+    /// Backlog drained by one process at that latency (10 % duplicates on top).
+    #[arg(long, default_value_t = 200)]
+    pub latency_payments: usize,
+    /// Payments of the open-loop load at that latency.
+    #[arg(long, default_value_t = 120)]
+    pub open_loop_payments: usize,
+    /// The open-loop load's arrival rate, payments per second.
+    #[arg(long, default_value_t = 4.0)]
+    pub open_loop_rate: f64,
+    /// The payments queue's visibility timeout in the retry rows, seconds (default: the
+    /// template's).
+    #[arg(long)]
+    pub retry_visibility_timeout: Option<i32>,
     /// ARCH=PATH of a release bootstrap (repeatable).
     #[arg(long = "bootstrap")]
     pub bootstraps: Vec<String>,
@@ -216,6 +233,21 @@ pub struct BenchArgs {
     pub peer_description: String,
 }
 
+/// `P50_MS,P99_MS`: a log-normal answer time the simulator can draw (p99 ≥ p50 ≥ 0).
+fn parse_latency(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: give P50_MS,P99_MS"))?;
+    let (p50, p99): (f64, f64) = (
+        a.trim().parse().map_err(|e| format!("{a:?}: {e}"))?,
+        b.trim().parse().map_err(|e| format!("{b:?}: {e}"))?,
+    );
+    if !(p50 >= 0.0 && p99 >= p50) {
+        return Err(format!("{s:?}: p99 must be at least p50, both at least 0"));
+    }
+    Ok((p50, p99))
+}
+
 /// Runs `proving bench`.
 pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let BenchArgs {
@@ -223,6 +255,11 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         payments,
         pollers,
         cold_start_runs,
+        latency,
+        latency_payments,
+        open_loop_payments,
+        open_loop_rate,
+        retry_visibility_timeout,
         bootstraps,
         emulator,
         out,
@@ -250,6 +287,11 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             emulator,
             out_dir: out,
             log_dir: logs,
+            latency,
+            latency_payments,
+            open_loop_payments,
+            open_loop_rate,
+            retry_visibility_timeout,
             peer: peer_bootstrap.zip(peer_python).map(|(bootstrap, python)| {
                 proving::compare::PeerOptions {
                     bootstrap,

@@ -61,6 +61,9 @@ pub struct Ledger {
     pub refund_calls: HashMap<String, u64>,
     /// Charges per idempotency key: more than one is a double charge.
     pub charges: HashMap<String, Vec<Charge>>,
+    /// When each of a key's charges was booked, epoch ms.
+    #[serde(default)]
+    pub charged_at_ms: HashMap<String, Vec<i64>>,
     /// Declines per key (`authentication_required` off-session among them).
     pub declines: HashMap<String, Vec<Value>>,
     /// PaymentIntents waiting for the customer (`requires_action`, on-session only), per key.
@@ -179,6 +182,15 @@ impl SimClient {
             .context("contacting the provider simulator")?
             .error_for_status()?;
         Ok(())
+    }
+
+    /// Every `/v1` answer after a seeded log-normal time with these quantiles (0, 0: at once).
+    pub async fn set_latency(&self, p50_ms: f64, p99_ms: f64) -> Result<()> {
+        self.control(
+            "/_sim/latency",
+            &serde_json::json!({ "p50_ms": p50_ms, "p99_ms": p99_ms }),
+        )
+        .await
     }
 
     /// Closes a dispute as the card network decided it (`won` or lost).

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::setup::*;
+use crate::compare;
 use crate::demo::config_for;
 use crate::load::payment_body;
 use lambda_local::esm;
@@ -29,18 +30,35 @@ pub(super) async fn api_measurement(
         let stack = &stack;
         move |k: &str| stack.var_of(function, k).ok().map(str::to_owned)
     };
+    // Every DynamoDB write of the API, the relay and the processor is counted on the wire.
+    let writes = CallCounter::default();
+    let ddb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(sdk)
+            .interceptor(writes.clone())
+            .build(),
+    );
     let api = payment_core::bootstrap::build_api(
         &ApiConfig::from_lookup(env_of("PaymentsApiFunction"))?,
-        aws_sdk_dynamodb::Client::new(sdk),
+        ddb.clone(),
     );
     let server = payctl::api::serve(Arc::new(api), None, "127.0.0.1:0").await?;
-    let relay = payment_core::bootstrap::build_relay(
-        &RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?,
-        sdk,
+    let relay_config = RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?;
+    let relay = payment_core::outbox::Relay::new(
+        aws_sdk_sqs::Client::new(sdk),
+        relay_config.queue_url.clone(),
+        relay_config.group_by,
+        ddb.clone(),
+        relay_config.payments_table.clone(),
     );
     let _mapping = payctl::relay::start(sdk, stack.payments_table()?, Arc::new(relay)).await?;
     let config = config_for(&stack, &bench_overrides())?;
-    let processor = payment_core::bootstrap::build_processor(&config, sdk).await?;
+    let processor = payment_core::bootstrap::build_processor_with(
+        &config,
+        sdk,
+        ddb.clone(),
+        aws_sdk_sqs::Client::new(sdk),
+    )
+    .await?;
     let mut esm_options = esm_opts(&stack, opts.pollers);
     esm_options.until_empty = false;
     let consumer = tokio::spawn(esm::run(
@@ -88,6 +106,13 @@ pub(super) async fn api_measurement(
         .await;
     let mut e2e: Vec<f64> = end_to_end.into_iter().collect::<Result<_>>()?;
     e2e.sort_by(f64::total_cmp);
+    // Write requests per payment, POST to succeeded; in units, each at most 1 KB (checked on
+    // the tables' largest items).
+    let write_requests = writes.write_requests() as f64 / samples as f64;
+    let largest = compare::largest_item(&ddb, stack.payments_table()?)
+        .await?
+        .max(compare::largest_item(&ddb, stack.function_var("IDEMPOTENCY_TABLE")?).await?);
+    let write_units = write_requests * (largest as f64 / 1024.0).ceil().max(1.0);
 
     // Then POST throughput with fresh keys.
     let requests = opts.payments.max(20);
@@ -118,6 +143,9 @@ pub(super) async fn api_measurement(
         "clients": 8,
         "requests_per_second": requests as f64 / elapsed,
         "latency_ms": {"p50": percentile(&lat, 0.5), "p99": percentile(&lat, 0.99)},
+        "write_units_per_payment": write_units,
+        "write_requests_per_payment": write_requests,
+        "largest_item_bytes": largest,
         "post_to_succeeded_ms": {
             "samples": e2e.len(),
             "p50": percentile(&e2e, 0.5), "p95": percentile(&e2e, 0.95), "p99": percentile(&e2e, 0.99)

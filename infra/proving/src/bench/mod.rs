@@ -27,6 +27,7 @@ use payctl::template::{memory_size_mb, PROCESSOR};
 
 mod api;
 mod calls;
+mod latency;
 mod report;
 pub mod retries;
 mod setup;
@@ -62,7 +63,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         for round in 0..2 {
             for &who in contenders {
                 let tag = format!("{tag}{}", who.label());
-                let run = throughput(sdk, opts, who, pollers, &tag, false).await?;
+                let run = throughput(sdk, opts, who, pollers, &tag, false, opts.payments).await?;
                 if round == 0 {
                     first.push(run);
                 } else {
@@ -110,11 +111,33 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         .filter_map(|t| t["peak_rss_kib"].as_i64())
         .max()
         .unwrap_or(0);
-    let retries =
-        retries::measure(sdk, &opts.template, opts.host_bootstrap()?, &opts.log_dir).await?;
+    // At the provider's real answer time: each contender's drain and open-loop load, and
+    // meanwhile the retry rows (the peer's waits out the queue's visibility timeout).
+    let (retries, at_latency) = latency::at_latency(opts, async {
+        let contenders_at_latency = async {
+            let mut runs = serde_json::Map::new();
+            for &who in contenders {
+                runs.insert(
+                    who.label().to_owned(),
+                    latency::contender(sdk, opts, who).await?,
+                );
+            }
+            Ok::<_, anyhow::Error>(runs)
+        };
+        let (retries, runs) = tokio::join!(retries::measure(sdk, opts), contenders_at_latency);
+        Ok((retries?, runs?))
+    })
+    .await?;
+    let at_latency = json!({
+        "p50_ms": opts.latency.0,
+        "p99_ms": opts.latency.1,
+        "open_loop_rate_per_second": opts.open_loop_rate,
+        "contenders": at_latency,
+    });
     let mut result = json!({
         "run": run_facts(opts),
         "retries": retries,
+        "at_latency": at_latency,
         "payments": opts.payments,
         "throughput": [one, many],
         "stack_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},
@@ -142,6 +165,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
                     opts.pollers,
                     &format!("calls{}", who.label()),
                     true,
+                    opts.payments,
                 )
                 .await?,
             );
@@ -157,6 +181,9 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
             cold_ms: (this_cold, peer_cold),
             floor_ms: (floor_one, floor_many),
             memory_mb,
+            at_latency: &result["at_latency"],
+            retries: &result["retries"],
+            api: &result["api"],
         });
         ratios = compare::ratios(&comparison);
         result["comparison"] = comparison;
@@ -165,12 +192,25 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
             best[&("peer", opts.pollers)].clone()
         ]);
     }
-    let lat: Vec<f64> = one["latencies_ms"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
-        .unwrap_or_default();
-    compare::chart(&lat, &ratios, &opts.out_dir.join("bench.png"))?;
+    let series: Vec<(String, Vec<f64>)> = contenders
+        .iter()
+        .map(|who| {
+            let waits = result["at_latency"]["contenders"][who.label()]["open_loop"]
+                ["send_to_charged_all_ms"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+                .unwrap_or_default();
+            (compare::display_name(*who).to_owned(), waits)
+        })
+        .collect();
+    compare::chart(&series, &ratios, &opts.out_dir.join("bench.png"))?;
     let mut slim = result.clone();
+    for who in contenders {
+        if let Some(o) = slim["at_latency"]["contenders"][who.label()]["open_loop"].as_object_mut()
+        {
+            o.remove("send_to_charged_all_ms");
+        }
+    }
     for key in ["throughput", "peer_throughput"] {
         for t in slim[key].as_array_mut().into_iter().flatten() {
             t.as_object_mut().map(|o| o.remove("latencies_ms"));

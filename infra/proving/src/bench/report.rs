@@ -125,6 +125,34 @@ pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
         api["post_to_succeeded_ms"]["p95"].as_f64().unwrap_or(0.0),
         api["post_to_succeeded_ms"]["p99"].as_f64().unwrap_or(0.0)
     ));
+    s.push_str(&format!(
+        "| DynamoDB write units per payment accepted through the API (POST to charged: API, relay, processor; on the wire, items ≤ {} B) | {:.2} ({:.2} write requests, transactional items counted twice) |\n",
+        api["largest_item_bytes"],
+        api["write_units_per_payment"].as_f64().unwrap_or(0.0),
+        api["write_requests_per_payment"].as_f64().unwrap_or(0.0),
+    ));
+    let at = &r["at_latency"];
+    let this = &at["contenders"]["this"];
+    let (drain, open) = (&this["drain"], &this["open_loop"]);
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    s.push_str(&format!(
+        "| at the provider's latency (log-normal, p50 {:.0} ms, p99 {:.0} ms): {} payments drained by one batch at a time | {:.1} payments/s per batch, billed {:.1} ms per payment, {:.1} log bytes per payment (the function's own) |\n",
+        f(&at["p50_ms"]),
+        f(&at["p99_ms"]),
+        drain["payments"],
+        f(&drain["payments_per_second"]),
+        f(&drain["billed_ms"]) / f(&drain["payments"]).max(1.0),
+        f(&drain["log_bytes"]) / f(&drain["payments"]).max(1.0),
+    ));
+    s.push_str(&format!(
+        "| at the provider's latency: an open loop of {} payments/s ({} payments, {} batches), send → charged (p50 / p99 / max) | {:.0} / {:.0} / {:.0} ms |\n",
+        f(&open["rate_per_second"]),
+        open["payments"],
+        open["pollers"],
+        f(&open["send_to_charged_ms"]["p50"]),
+        f(&open["send_to_charged_ms"]["p99"]),
+        f(&open["send_to_charged_ms"]["max"]),
+    ));
     for c in r["calls_per_payment"].as_array().into_iter().flatten() {
         s.push_str(&format!(
             "| calls: {} | {} DynamoDB, {} SQS, {} provider |\n",

@@ -18,9 +18,41 @@ use crate::sim::SimClient;
 use lambda_local::esm::EsmOptions;
 use payctl::template::{provision, unique_stack_name, ProvisionOptions, Stack};
 
-/// Counts AWS requests by operation (`x-amz-target`), as they leave for the wire.
+/// Counts AWS requests by operation (`x-amz-target`), as they leave for the wire, and the
+/// DynamoDB write requests they carry (an item of a transaction counts twice, as DynamoDB
+/// bills it; items of a batch once each).
 #[derive(Debug, Clone, Default)]
-pub struct CallCounter(Arc<Mutex<HashMap<String, u64>>>);
+pub struct CallCounter(Arc<Mutex<HashMap<String, u64>>>, Arc<Mutex<u64>>);
+
+/// DynamoDB write requests in one request's body, transactional items twice: what it is
+/// billed in write units when every item is at most 1 KB.
+pub fn write_requests(op: &str, body: Option<&[u8]>) -> u64 {
+    let json = || -> serde_json::Value {
+        body.and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or_default()
+    };
+    match op.rsplit('.').next() {
+        Some("PutItem" | "UpdateItem" | "DeleteItem") => 1,
+        Some("TransactWriteItems") => {
+            2 * json()["TransactItems"]
+                .as_array()
+                .map(|a| {
+                    // A ConditionCheck writes nothing but is billed as a write too.
+                    a.len() as u64
+                })
+                .unwrap_or(0)
+        }
+        Some("BatchWriteItem") => json()["RequestItems"]
+            .as_object()
+            .map(|t| {
+                t.values()
+                    .map(|r| r.as_array().map(Vec::len).unwrap_or(0) as u64)
+                    .sum()
+            })
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
 
 impl CallCounter {
     /// A snapshot of the counts.
@@ -35,6 +67,11 @@ impl CallCounter {
             .filter(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
             .sum()
+    }
+
+    /// DynamoDB write requests so far, transactional items twice ([`write_requests`]).
+    pub fn write_requests(&self) -> u64 {
+        self.1.lock().map(|n| *n).unwrap_or(0)
     }
 }
 
@@ -55,6 +92,10 @@ impl Intercept for CallCounter {
             .get("x-amz-target")
             .unwrap_or("unknown")
             .to_owned();
+        let writes = write_requests(&op, context.request().body().bytes());
+        if let Ok(mut n) = self.1.lock() {
+            *n += writes;
+        }
         if let Ok(mut m) = self.0.lock() {
             *m.entry(op).or_default() += 1;
         }
@@ -83,6 +124,16 @@ pub struct BenchOptions {
     pub log_dir: PathBuf,
     /// The Powertools peer to compare with, if any.
     pub peer: Option<PeerOptions>,
+    /// The provider's answer time in the realistic runs: (p50, p99) ms of a log-normal.
+    pub latency: (f64, f64),
+    /// Backlog drained by one process at that latency (payments, duplicates on top).
+    pub latency_payments: usize,
+    /// Payments of the open-loop load at that latency.
+    pub open_loop_payments: usize,
+    /// Its arrival rate, payments per second (below both contenders' capacity).
+    pub open_loop_rate: f64,
+    /// The payments queue's visibility timeout in the retry rows (`None`: the template's).
+    pub retry_visibility_timeout: Option<i32>,
 }
 
 /// This machine's architecture, as Lambda names it: the only bootstrap that runs here.

@@ -17,7 +17,7 @@ use lambda_local::esm::{self, EsmOptions, Function};
 use lambda_local::runtime_api::FunctionProcess;
 use payctl::template::teardown;
 
-/// Drains a backlog with `pollers` processes of one contender's function; returns payments
+/// Drains a backlog of `n` payments with `pollers` processes of one contender's function; returns payments
 /// per second, latency percentiles (send to acknowledged), the processes' CPU per 1000
 /// payments and peak RSS, the billed duration, invocations and log bytes. Both contenders must
 /// charge every payment exactly once. With `counted`, the processes reach the endpoint through
@@ -30,6 +30,7 @@ pub(super) async fn throughput(
     pollers: usize,
     tag: &str,
     counted: bool,
+    n: usize,
 ) -> Result<serde_json::Value> {
     let (name, stack) = bench_stack(sdk, opts, &format!("bench{tag}")).await?;
     let (program, mut env) = opts.function_under_test(who, &stack)?;
@@ -49,7 +50,6 @@ pub(super) async fn throughput(
             .build(),
     );
     let (functions, logs) = spawn_functions(opts, &name, who, &program, &env, pollers).await?;
-    let n = opts.payments;
     let bodies = backlog(&name, n);
     let sent_at = now_ms();
     send_all(&sqs, &stack.event_source.queue_url, &bodies).await?;

@@ -36,6 +36,14 @@ impl Contender {
     }
 }
 
+/// A contender's name in a chart's legend.
+pub fn display_name(who: Contender) -> &'static str {
+    match who {
+        Contender::This => "this project",
+        Contender::Peer => "Powertools peer",
+    }
+}
+
 /// Where the peer is.
 #[derive(Debug, Clone)]
 pub struct PeerOptions {
@@ -168,14 +176,15 @@ pub fn wire_per_payment(
 }
 
 /// What a million payments cost on AWS with what one contender used per payment:
-/// `run` is its best one-batch throughput run (billed duration, invocations, log bytes) and
-/// `counted` its counted run (`wire` per payment, `largest_item_bytes`, SQS requests).
+/// `run` is a drain by one batch at a time (billed duration, invocations, the function's log
+/// bytes) and `counted` its counted run (`wire` per payment, `largest_item_bytes`, SQS
+/// requests), which the provider's answer time does not change.
 pub fn cost_per_million(run: &Value, counted: &Value, memory_mb: u64) -> Value {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     let payments = f(&run["payments"]).max(1.0);
     let billed_ms = f(&run["billed_ms"]) / payments;
     let invocations = f(&run["invocations"]) / payments;
-    let log_bytes = f(&counted["log_bytes"]) / f(&counted["payments"]).max(1.0)
+    let log_bytes = f(&run["log_bytes"]) / payments
         + invocations * prices::LAMBDA_PLATFORM_LOG_BYTES_PER_INVOCATION;
     let item = f(&counted["largest_item_bytes"]);
     let write_units = f(&counted["wire"]["dynamodb_writes"]) * (item / 1024.0).ceil().max(1.0);
@@ -210,6 +219,15 @@ pub fn cost_per_million(run: &Value, counted: &Value, memory_mb: u64) -> Value {
     })
 }
 
+/// The lines of the cost table, in its order (`total` last).
+pub const COST_LINES: [&str; 5] = [
+    "lambda_compute",
+    "lambda_requests",
+    "dynamodb",
+    "sqs",
+    "cloudwatch_logs",
+];
+
 /// What the benchmark measured of both contenders, for [`comparison`].
 pub struct Measured<'a> {
     /// The peer's name and versions.
@@ -228,6 +246,13 @@ pub struct Measured<'a> {
     pub floor_ms: (f64, f64),
     /// The function's memory size in the template.
     pub memory_mb: u64,
+    /// The runs at the provider's latency: `p50_ms`, `p99_ms`, and per contender its `drain`
+    /// by one batch and its `open_loop` load.
+    pub at_latency: &'a Value,
+    /// The retry rows, with each contender's one transient failure.
+    pub retries: &'a Value,
+    /// The payments API's measurement, with its write units per payment.
+    pub api: &'a Value,
 }
 
 /// The comparison: a row per measure with both values and the ratio (how many times better
@@ -332,12 +357,153 @@ pub fn comparison(m: &Measured) -> Value {
         false,
         &|v| format!("${v:.2}"),
     );
+    // At the provider's real answer time.
+    let lat = m.at_latency;
+    let at = format!(
+        "at the provider's latency (p50 {:.0} ms, p99 {:.0} ms)",
+        f(&lat["p50_ms"]),
+        f(&lat["p99_ms"])
+    );
+    let drain = |who: &str| &lat["contenders"][who]["drain"];
+    let open = |who: &str| &lat["contenders"][who]["open_loop"];
+    let billed = |who: &str| f(&drain(who)["billed_ms"]) / f(&drain(who)["payments"]).max(1.0);
+    row(
+        format!("payments/s per concurrent batch, {at}"),
+        "payments/s per batch (latency)".into(),
+        f(&drain("this")["payments_per_second"]),
+        f(&drain("peer")["payments_per_second"]),
+        true,
+        &|v| format!("{v:.1}"),
+    );
+    row(
+        format!("billed duration per payment, {at}"),
+        "billed/payment (latency)".into(),
+        billed("this"),
+        billed("peer"),
+        false,
+        &|v| format!("{v:.1} ms"),
+    );
+    let arrival = format!(
+        "{} payments/s arriving, {} batches",
+        f(&lat["open_loop_rate_per_second"]),
+        m.pollers
+    );
+    for (q, short) in [("p50", "send→charged p50"), ("p99", "send→charged p99")] {
+        row(
+            format!("send → charged {q}, an open loop of {arrival}, {at}"),
+            format!("{short} (latency)"),
+            f(&open("this")["send_to_charged_ms"][q]),
+            f(&open("peer")["send_to_charged_ms"][q]),
+            false,
+            &|v| format!("{v:.0} ms"),
+        );
+    }
+    let cost_at_latency =
+        |who: &'static str| cost_per_million(drain(who), &m.counted[who], m.memory_mb);
+    let (this_cost_lat, peer_cost_lat) = (cost_at_latency("this"), cost_at_latency("peer"));
+    row(
+        format!("cost of a million payments on AWS, {at}"),
+        "cost / million (latency)".into(),
+        f(&this_cost_lat["usd"]["total"]),
+        f(&peer_cost_lat["usd"]["total"]),
+        false,
+        &|v| format!("${v:.2}"),
+    );
+    let transient = |key: &str| f(&m.retries[key]["seconds_until_charged"]);
+    let (this_transient, peer_transient) = (
+        transient("one_transient_failure"),
+        transient("peer_one_transient_failure"),
+    );
+    row(
+        format!(
+            "one transient provider failure (every call of the first delivery answers 429) → charged after, queue visibility timeout {} s",
+            m.retries["one_transient_failure"]["visibility_timeout_seconds"]
+        ),
+        "transient → charged".into(),
+        this_transient,
+        peer_transient,
+        false,
+        &|v| format!("{v:.1} s"),
+    );
+    let mut goal = |goal: String, met: bool, measured: String| {
+        goals.push(json!({"goal": goal, "met": met, "measured": measured}));
+    };
+    goal(
+        format!("billed duration per payment ≤ 1/8 of the peer's, {at}"),
+        billed("this") * 8.0 <= billed("peer"),
+        format!(
+            "{:.1} / {:.1} ms = 1/{:.1}",
+            billed("this"),
+            billed("peer"),
+            billed("peer") / billed("this").max(1e-9)
+        ),
+    );
+    let per_batch = |who: &str| f(&drain(who)["payments_per_second"]);
+    goal(
+        format!("payments/s per batch ≥ 8× the peer's, {at}"),
+        per_batch("this") >= 8.0 * per_batch("peer"),
+        format!(
+            "{:.1} / {:.1} = {:.1}×",
+            per_batch("this"),
+            per_batch("peer"),
+            per_batch("this") / per_batch("peer").max(1e-9)
+        ),
+    );
+    for (name, this, peer, bound) in [
+        ("at zero latency", &this_cost, &peer_cost, 0.8),
+        (at.as_str(), &this_cost_lat, &peer_cost_lat, 0.5),
+    ] {
+        let (t, p) = (f(&this["usd"]["total"]), f(&peer["usd"]["total"]));
+        goal(
+            format!("cost per million ≤ {bound}× the peer's, {name}"),
+            t <= bound * p,
+            format!("${t:.3} / ${p:.3} = {:.2}×", t / p.max(1e-9)),
+        );
+        let over: Vec<String> = COST_LINES
+            .iter()
+            .filter(|k| f(&this["usd"][**k]) > f(&peer["usd"][**k]) + 1e-12)
+            .map(|k| {
+                format!(
+                    "{k} ${:.4} > ${:.4}",
+                    f(&this["usd"][*k]),
+                    f(&peer["usd"][*k])
+                )
+            })
+            .collect();
+        goal(
+            format!("every line of the cost table ≤ the peer's, {name}"),
+            over.is_empty(),
+            if over.is_empty() {
+                "every line".into()
+            } else {
+                over.join(", ")
+            },
+        );
+        let log = f(&this["usage_per_payment"]["log_bytes"]);
+        goal(
+            format!("log bytes per payment ≤ 60 with Lambda's own lines, {name}"),
+            log <= 60.0,
+            format!("{log:.1} B"),
+        );
+    }
+    let units = f(&m.api["write_units_per_payment"]);
+    goal(
+        "API write units per payment ≤ 3 (POST to charged, on the wire)".into(),
+        units <= 3.0,
+        format!("{units:.2}"),
+    );
+    goal(
+        "one transient failure → charged ≤ 10 s".into(),
+        this_transient <= 10.0,
+        format!("{this_transient:.1} s"),
+    );
     json!({
         "peer": m.peer,
         "rows": rows,
         "goals": goals,
         "concurrent_duplicate": m.duplicate,
         "cost_per_million_payments": {"this": this_cost, "peer": peer_cost, "prices": prices::AS_OF},
+        "cost_per_million_payments_at_latency": {"this": this_cost_lat, "peer": peer_cost_lat, "prices": prices::AS_OF},
         "counted_runs": m.counted.iter().map(|(k, v)| {
             let mut v = v.clone();
             v.as_object_mut().map(|o| o.remove("latencies_ms"));
@@ -371,9 +537,10 @@ mod tests {
         // 1,000 payments in 125 invocations billed 4,000 ms in all; a counted run with 2.1
         // writes and 0.5 strongly consistent reads per payment on items under 1 KB, 0.4 SQS
         // requests and 100 bytes of output per payment.
-        let run = json!({"payments": 1000, "billed_ms": 4000, "invocations": 125});
+        let run =
+            json!({"payments": 1000, "billed_ms": 4000, "invocations": 125, "log_bytes": 100_000});
         let counted = json!({
-            "payments": 1000, "log_bytes": 100_000, "largest_item_bytes": 700,
+            "payments": 1000, "largest_item_bytes": 700,
             "sqs_requests_per_payment": 0.4,
             "wire": {"dynamodb_writes": 2.1, "dynamodb_reads": 0.5},
         });
@@ -415,9 +582,9 @@ mod tests {
 
     #[test]
     fn items_over_a_kilobyte_cost_more_write_units() {
-        let run = json!({"payments": 1, "billed_ms": 0, "invocations": 0});
+        let run = json!({"payments": 1, "billed_ms": 0, "invocations": 0, "log_bytes": 0});
         let counted = |bytes: u64| {
-            json!({"payments": 1, "log_bytes": 0, "largest_item_bytes": bytes,
+            json!({"payments": 1, "largest_item_bytes": bytes,
                    "sqs_requests_per_payment": 0, "wire": {"dynamodb_writes": 2.0, "dynamodb_reads": 0.0}})
         };
         let units = |bytes| {
@@ -447,7 +614,16 @@ mod tests {
             assert_eq!(&png[1..4], b"PNG");
             u32::from_be_bytes(png[16..20].try_into().unwrap())
         };
-        let latencies: Vec<f64> = (0..100).map(|i| i as f64 * 3.0).collect();
+        let latencies = vec![
+            (
+                "this".to_owned(),
+                (0..100).map(|i| i as f64 * 3.0).collect(),
+            ),
+            (
+                "peer".to_owned(),
+                (0..100).map(|i| i as f64 * 9.0).collect(),
+            ),
+        ];
         let alone = dir.join("alone.png");
         chart(&latencies, &[], &alone).unwrap();
         assert_eq!(width(&alone), 900);

@@ -28,7 +28,7 @@ pub fn markdown(r: &Value) -> String {
             f(&row["ratio"])
         ));
     }
-    s.push_str("\nCPU goals: ");
+    s.push_str("\nGoals: ");
     let goals: Vec<String> = c["goals"]
         .as_array()
         .into_iter()
@@ -58,12 +58,34 @@ pub fn markdown(r: &Value) -> String {
             d[who]["charges"]
         ));
     }
-    let cost = &c["cost_per_million_payments"];
-    s.push_str(&format!(
-        "\nCost of a million payments on AWS ({}; Lambda arm64 at the template's {} MB, billed duration and calls as measured here):\n\n",
+    let at = &r["at_latency"];
+    for (key, when) in [
+        (
+            "cost_per_million_payments",
+            "the provider answering at once".to_owned(),
+        ),
+        (
+            "cost_per_million_payments_at_latency",
+            format!(
+                "the provider answering at its latency (p50 {:.0} ms, p99 {:.0} ms)",
+                f(&at["p50_ms"]),
+                f(&at["p99_ms"])
+            ),
+        ),
+    ] {
+        s.push_str(&cost_table(&c[key], &when));
+    }
+    s
+}
+
+/// One cost table and its usage per payment.
+fn cost_table(cost: &Value, when: &str) -> String {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let mut s = format!(
+        "\nCost of a million payments on AWS, {when} ({}; Lambda arm64 at the template's {} MB, billed duration and calls as measured here; a drain by one batch at a time):\n\n",
         prices::AS_OF,
         cost["this"]["memory_mb"]
-    ));
+    );
     s.push_str("| USD per million payments | this project | Powertools peer |\n|---|---|---|\n");
     for (key, label) in [
         ("lambda_compute", "Lambda compute (GB-seconds)"),
@@ -93,7 +115,7 @@ pub fn markdown(r: &Value) -> String {
         (
             "log_bytes",
             "log bytes (the function's output + Lambda's own lines)",
-            0,
+            1,
         ),
     ] {
         s.push_str(&format!(
@@ -119,10 +141,11 @@ fn register_font() -> Result<()> {
     Ok(())
 }
 
-/// One PNG: the latency histogram of this project's one-batch run on the left, and on the
-/// right, when the peer ran, a bar per ratio (how many times better this project is than the
-/// peer, log scale; 1 is a tie).
-pub fn chart(latencies: &[f64], ratios: &[(String, f64)], path: &Path) -> Result<()> {
+/// One PNG: on the left, a histogram per series (each contender's send → charged times of
+/// the open-loop load at the provider's latency) over the same buckets; on the right, when the
+/// peer ran, a bar per ratio (how many times better this project is than the peer, log scale;
+/// 1 is a tie), at zero latency and at the provider's.
+pub fn chart(series: &[(String, Vec<f64>)], ratios: &[(String, f64)], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     register_font()?;
     let width = if ratios.is_empty() { 900 } else { 1800 };
@@ -134,17 +157,26 @@ pub fn chart(latencies: &[f64], ratios: &[(String, f64)], path: &Path) -> Result
         let (l, r) = root.split_horizontally(900);
         (l, Some(r))
     };
-    let max = latencies.iter().cloned().fold(1.0, f64::max);
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(1.0, f64::max);
     let buckets = 40usize;
     let bucket = max / buckets as f64;
-    let mut counts = vec![0u32; buckets];
-    for l in latencies {
-        counts[((l / bucket) as usize).min(buckets - 1)] += 1;
-    }
-    let top = counts.iter().copied().max().unwrap_or(1);
+    let counts: Vec<Vec<u32>> = series
+        .iter()
+        .map(|(_, values)| {
+            let mut c = vec![0u32; buckets];
+            for l in values {
+                c[((l / bucket) as usize).min(buckets - 1)] += 1;
+            }
+            c
+        })
+        .collect();
+    let top = counts.iter().flatten().copied().max().unwrap_or(1);
     let mut chart = ChartBuilder::on(&left)
         .caption(
-            "Latency per payment, send to acknowledged (ms), 1 batch",
+            "Send → charged (ms), open loop at the provider's latency",
             ("sans-serif", 22),
         )
         .margin(15)
@@ -157,10 +189,27 @@ pub fn chart(latencies: &[f64], ratios: &[(String, f64)], path: &Path) -> Result
         .y_desc("payments")
         .label_style(("sans-serif", 14))
         .draw()?;
-    chart.draw_series(counts.iter().enumerate().map(|(i, c)| {
-        let x0 = i as f64 * bucket;
-        Rectangle::new([(x0, 0), (x0 + bucket, *c)], BLUE.mix(0.6).filled())
-    }))?;
+    let colours = [BLUE, RED, GREEN];
+    for (k, ((name, _), c)) in series.iter().zip(&counts).enumerate() {
+        let colour = colours[k % colours.len()];
+        chart
+            .draw_series(c.iter().enumerate().map(|(i, n)| {
+                let x0 = i as f64 * bucket;
+                Rectangle::new([(x0, 0), (x0 + bucket, *n)], colour.mix(0.45).filled())
+            }))?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.mix(0.45).filled())
+            });
+    }
+    if !series.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 15))
+            .draw()?;
+    }
     if let Some(right) = right {
         let top = ratios.iter().map(|(_, r)| *r).fold(10.0, f64::max) * 2.0;
         let bottom = ratios.iter().map(|(_, r)| *r).fold(0.5, f64::min) / 1.5;
