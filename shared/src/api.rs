@@ -2,7 +2,8 @@
 //! idempotency semantics (design.md, "Accepting payments").
 //!
 //! - The `Idempotency-Key` header is the payment's id end to end (API, queue, provider).
-//! - A payment and its outbox entry are written in one transaction ([`PaymentsStore::create`]);
+//! - A payment is stored with one conditional write of its row, which carries the queue's
+//!   message and is itself the outbox entry ([`PaymentsStore::create`]);
 //!   the stored answer (status and body) comes back byte for byte for a retry with the same key
 //!   and the same parameters, with `Idempotent-Replayed: true`. The same key with other
 //!   parameters is an `idempotency_error`. A request that fails validation stores nothing.
@@ -28,10 +29,6 @@ use crate::outbox::OutboxEntry;
 use crate::refund_view::AfterCharge;
 use sqs_once::clock::Clock;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
-
-/// Outbox entries live this long at most (the stream keeps records for 24 h; an entry is only
-/// needed until it is published, and must be gone before its payment row can expire).
-pub const OUTBOX_TTL: Duration = Duration::from_secs(4 * 86_400);
 
 /// A payment as the payments table stores it, with the answer to the request that created it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +56,7 @@ pub struct StoredPayment {
 /// What [`PaymentsStore::create`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Creation {
-    /// The payment and its outbox entry were written.
+    /// The payment's row (with its outbox fields) was written.
     Created,
     /// The key is taken: this is the payment that holds it.
     Exists(StoredPayment),
@@ -74,13 +71,12 @@ pub struct Unavailable(pub String);
 /// The port over the payments table (and the processor's records, read-only).
 #[async_trait]
 pub trait PaymentsStore: Send + Sync {
-    /// Writes the payment and its outbox entry in one transaction, each on condition that its
-    /// key is free; when the payment's key is taken, returns the payment that holds it.
+    /// Writes the payment's row with the entry's outbox fields in one write, on condition that
+    /// its key is free; when the key is taken, returns the payment that holds it.
     async fn create(
         &self,
         payment: &StoredPayment,
         entry: &OutboxEntry,
-        entry_expires_at_s: i64,
     ) -> Result<Creation, Unavailable>;
     /// Reads a payment row (consistent).
     async fn payment(&self, id: &str) -> Result<Option<StoredPayment>, Unavailable>;
@@ -294,11 +290,10 @@ impl PaymentsApi {
             created_at: now,
             customer_id: request.customer_id.clone(),
         };
-        let entry_ttl = (now + OUTBOX_TTL.as_millis() as i64) / 1000;
-        match self.store.create(&payment, &entry, entry_ttl).await {
+        match self.store.create(&payment, &entry).await {
             Ok(Creation::Created) => {
                 info!(payment_id = %key, amount = payment.amount, currency = %payment.currency, "payment accepted");
-                crate::failpoint!("api_after_transaction");
+                crate::failpoint!("api_after_write");
                 ApiResponse {
                     status: payment.response_status,
                     headers: Vec::new(),
@@ -553,7 +548,7 @@ mod tests {
     use sqs_once::clock::SystemClock;
     use sqs_once::Outcome;
 
-    /// Payment rows and outbox entries in maps, written together or not at all.
+    /// Payment rows in a map; `outbox` holds each row's outbox fields, written with it.
     #[derive(Default)]
     struct Tables {
         payments: Mutex<HashMap<String, StoredPayment>>,
@@ -570,7 +565,6 @@ mod tests {
             &self,
             payment: &StoredPayment,
             entry: &OutboxEntry,
-            _ttl: i64,
         ) -> Result<Creation, Unavailable> {
             if self.down.load(Ordering::SeqCst) {
                 return Err(Unavailable("table down".into()));

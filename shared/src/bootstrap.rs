@@ -227,8 +227,6 @@ pub fn build_relay(config: &RelayConfig, sdk: &aws_config::SdkConfig) -> Relay {
         aws_sdk_sqs::Client::new(sdk),
         config.queue_url.clone(),
         config.group_by,
-        aws_sdk_dynamodb::Client::new(sdk),
-        config.payments_table.clone(),
     )
 }
 

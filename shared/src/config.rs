@@ -349,8 +349,6 @@ impl ApiConfig {
 /// The outbox relay's configuration.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// `PAYMENTS_TABLE`: where published entries are marked.
-    pub payments_table: String,
     /// `PAYMENTS_QUEUE_URL`: the processor's queue (the stack's reference, never built by hand).
     pub queue_url: String,
     /// `FIFO_GROUP_BY` (`customer`, the default, or `payment`): a FIFO queue's message groups.
@@ -362,7 +360,6 @@ impl RelayConfig {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let group = get("FIFO_GROUP_BY").unwrap_or_default();
         Ok(Self {
-            payments_table: required_var(&get, "PAYMENTS_TABLE")?,
             queue_url: required_var(&get, "PAYMENTS_QUEUE_URL")?,
             group_by: crate::outbox::GroupBy::parse(&group).ok_or_else(|| {
                 err(

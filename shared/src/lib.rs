@@ -85,7 +85,7 @@ pub fn payment_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once:
     sqs_once::DynamoStore::new(client, table, payment_keys())
 }
 
-/// A named crash point of payment code (`api_after_transaction`, `relay_after_send`); see
+/// A named crash point of payment code (`api_after_write`, `relay_after_send`); see
 /// `sqs_once`'s own for the runner's (`after_claim`, `after_execute`, ...).
 #[macro_export]
 macro_rules! failpoint {

@@ -1,37 +1,30 @@
-//! The transactional outbox and its relay (design.md, "Accepting payments").
+//! The outbox and its relay (design.md, "Accepting payments").
 //!
-//! The payments API writes a payment and its outbox entry in one `TransactWriteItems`; the
-//! payments table's DynamoDB stream is the outbox feed. The relay sends each new entry to the
-//! payments queue with `SendMessageBatch` and marks it published. It delivers at least once: a
-//! relay that crashes after sending and before its checkpoint sends again, and the processor's
-//! idempotency record absorbs the copy (same `payment_id`, same payload).
+//! The payments API stores a payment with one conditional `PutItem` of its row, which carries
+//! the queue's message too: the row is its own outbox entry, and the `INSERT` of it on the
+//! payments table's DynamoDB stream is the outbox event. The relay sends each new row's message
+//! to the payments queue with `SendMessageBatch` and writes nothing back. It delivers at least
+//! once: a relay that crashes after sending and before its checkpoint sends again, and the
+//! processor's idempotency record absorbs the copy (same `payment_id`, same payload).
 
-use std::collections::HashMap;
-
-use aws_sdk_dynamodb::error::DisplayErrorContext as DdbError;
-use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_sqs::error::DisplayErrorContext as SqsError;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::Deserialize;
-use tracing::{info, warn};
 
 use sqs_once::queue::{attrs, string_attr};
 
 /// Key prefix of a payment row in the payments table: `payment#<id>`.
 pub const PAYMENT_PREFIX: &str = "payment#";
-/// Key prefix of an outbox entry: `outbox#<id>`.
-pub const OUTBOX_PREFIX: &str = "outbox#";
-/// The `kind` attribute of an outbox entry: the stream filter selects new items with it.
-pub const OUTBOX_KIND: &str = "outbox";
-/// The `kind` attribute of a payment row.
+/// The `kind` attribute of a payment row: the stream filter selects new items with it.
 pub const PAYMENT_KIND: &str = "payment";
 /// SQS takes at most ten messages per `SendMessageBatch`.
 const SQS_BATCH: usize = 10;
 
-/// One payment's message, waiting in the outbox.
+/// One payment's message, as its row carries it (the row's outbox fields).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct OutboxEntry {
-    /// The payment (and idempotency key) the message is for.
+    /// The payment (and idempotency key) the message is for: the row's `id`.
+    #[serde(rename = "id")]
     pub payment_id: String,
     /// The message body, the queue's contract, canonical.
     pub message: String,
@@ -42,18 +35,10 @@ pub struct OutboxEntry {
 }
 
 impl OutboxEntry {
-    /// The item the API writes, with its TTL.
-    pub fn to_item(&self, expires_at_s: i64) -> HashMap<String, AttributeValue> {
-        HashMap::from([
-            (
-                "pk".to_owned(),
-                AttributeValue::S(format!("{OUTBOX_PREFIX}{}", self.payment_id)),
-            ),
-            ("kind".to_owned(), AttributeValue::S(OUTBOX_KIND.into())),
-            (
-                "payment_id".to_owned(),
-                AttributeValue::S(self.payment_id.clone()),
-            ),
+    /// The row's outbox attributes (`message`, `created_at`), beside its payment fields.
+    pub fn attributes(&self) -> [(String, aws_sdk_dynamodb::types::AttributeValue); 2] {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        [
             (
                 "message".to_owned(),
                 AttributeValue::S(self.message.clone()),
@@ -62,15 +47,7 @@ impl OutboxEntry {
                 "created_at".to_owned(),
                 AttributeValue::N(self.created_at.to_string()),
             ),
-            (
-                "customer_id".to_owned(),
-                AttributeValue::S(self.customer_id.clone()),
-            ),
-            (
-                "expires_at".to_owned(),
-                AttributeValue::N(expires_at_s.to_string()),
-            ),
-        ])
+        ]
     }
 }
 
@@ -107,8 +84,6 @@ impl GroupBy {
 pub struct RelayReport {
     /// Messages the queue accepted.
     pub sent: usize,
-    /// Entries marked published.
-    pub marked: usize,
     /// Index of the first entry the queue did not accept: it and every entry after it must be
     /// relayed again (a stream batch checkpoints before it).
     pub first_failed: Option<usize>,
@@ -116,31 +91,21 @@ pub struct RelayReport {
     pub errors: Vec<String>,
 }
 
-/// Sends outbox entries to the payments queue and marks them published.
+/// Sends the messages of new payment rows to the payments queue.
 #[derive(Debug, Clone)]
 pub struct Relay {
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     group_by: GroupBy,
-    ddb: aws_sdk_dynamodb::Client,
-    table: String,
 }
 
 impl Relay {
-    /// A relay to `queue_url` (from the stack, never built by hand) for the payments table.
-    pub fn new(
-        sqs: aws_sdk_sqs::Client,
-        queue_url: impl Into<String>,
-        group_by: GroupBy,
-        ddb: aws_sdk_dynamodb::Client,
-        table: impl Into<String>,
-    ) -> Self {
+    /// A relay to `queue_url` (from the stack, never built by hand).
+    pub fn new(sqs: aws_sdk_sqs::Client, queue_url: impl Into<String>, group_by: GroupBy) -> Self {
         Self {
             sqs,
             queue_url: queue_url.into(),
             group_by,
-            ddb,
-            table: table.into(),
         }
     }
 
@@ -157,12 +122,7 @@ impl Relay {
             let base = chunk_no * SQS_BATCH;
             match self.send_chunk(chunk).await {
                 Ok((sent, refused)) => {
-                    report.sent += sent.len();
-                    for (i, message_id) in &sent {
-                        if self.mark_published(&chunk[*i], message_id).await {
-                            report.marked += 1;
-                        }
-                    }
+                    report.sent += sent;
                     if let Some((i, why)) = refused.into_iter().min_by_key(|(i, _)| *i) {
                         report.first_failed = Some(base + i);
                         report.errors.push(why);
@@ -179,12 +139,11 @@ impl Relay {
         report
     }
 
-    /// One `SendMessageBatch`: the indices sent (with their message ids) and those refused.
-    #[allow(clippy::type_complexity)]
+    /// One `SendMessageBatch`: how many were sent, and the indices refused with why.
     async fn send_chunk(
         &self,
         chunk: &[OutboxEntry],
-    ) -> Result<(Vec<(usize, String)>, Vec<(usize, String)>), String> {
+    ) -> Result<(usize, Vec<(usize, String)>), String> {
         let mut request = self.sqs.send_message_batch().queue_url(&self.queue_url);
         for (i, entry) in chunk.iter().enumerate() {
             let mut e = SendMessageBatchRequestEntry::builder()
@@ -213,8 +172,8 @@ impl Relay {
         let sent = out
             .successful()
             .iter()
-            .filter_map(|s| index(s.id()).map(|i| (i, s.message_id().to_owned())))
-            .collect();
+            .filter(|s| index(s.id()).is_some())
+            .count();
         let refused = out
             .failed()
             .iter()
@@ -234,48 +193,75 @@ impl Relay {
             .collect();
         Ok((sent, refused))
     }
-
-    /// Marks an entry published. Informational: a failure is logged, and at worst the entry is
-    /// sent again by an operator's republish, which the processor absorbs.
-    async fn mark_published(&self, entry: &OutboxEntry, message_id: &str) -> bool {
-        let result = self
-            .ddb
-            .update_item()
-            .table_name(&self.table)
-            .key(
-                "pk",
-                AttributeValue::S(format!("{OUTBOX_PREFIX}{}", entry.payment_id)),
-            )
-            .update_expression("SET published_at = :t, message_id = :m")
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(
-                ":t",
-                AttributeValue::N(sqs_once::runner::now_ms().to_string()),
-            )
-            .expression_attribute_values(":m", AttributeValue::S(message_id.to_owned()))
-            .send()
-            .await;
-        match result {
-            Ok(_) => {
-                info!(payment_id = %entry.payment_id, message_id, "outbox entry published");
-                true
-            }
-            Err(e) => {
-                warn!(payment_id = %entry.payment_id, error = %DdbError(&e), "sent, but could not mark the outbox entry published");
-                false
-            }
-        }
-    }
 }
 
-/// Reads an outbox entry from a stream record's new image (`None` for any other item).
+/// Reads the outbox entry of a payment row from a stream record's new image (`None` for any
+/// other item).
 pub fn entry_from_image(image: serde_dynamo::Item) -> Result<Option<OutboxEntry>, String> {
-    let is_outbox =
-        matches!(image.get("kind"), Some(serde_dynamo::AttributeValue::S(k)) if k == OUTBOX_KIND);
-    if !is_outbox {
+    let is_payment =
+        matches!(image.get("kind"), Some(serde_dynamo::AttributeValue::S(k)) if k == PAYMENT_KIND);
+    if !is_payment {
         return Ok(None);
     }
     serde_dynamo::from_item(image)
         .map(Some)
-        .map_err(|e| format!("outbox entry unreadable: {e}"))
+        .map_err(|e| format!("payment row without its outbox fields: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::api::StoredPayment;
+    use crate::payments_table::payment_to_item;
+    use serde_dynamo::AttributeValue as A;
+
+    fn image(item: HashMap<String, aws_sdk_dynamodb::types::AttributeValue>) -> serde_dynamo::Item {
+        item.into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    aws_sdk_dynamodb::types::AttributeValue::S(s) => A::S(s),
+                    aws_sdk_dynamodb::types::AttributeValue::N(n) => A::N(n),
+                    other => panic!("unexpected {other:?}"),
+                };
+                (k, v)
+            })
+            .collect::<HashMap<_, _>>()
+            .into()
+    }
+
+    #[test]
+    fn a_new_payment_row_is_its_own_outbox_entry_and_nothing_else_is() {
+        let entry = OutboxEntry {
+            payment_id: "order-1".into(),
+            message: r#"{"payment_id":"order-1"}"#.into(),
+            created_at: 1_700_000_000_123,
+            customer_id: "cus_1".into(),
+        };
+        let payment = StoredPayment {
+            id: "order-1".into(),
+            amount: 100,
+            currency: "usd".into(),
+            customer_id: "cus_1".into(),
+            created: 1_700_000_000,
+            request_hash: "h".into(),
+            response_status: 202,
+            response_body: "{}".into(),
+            expires_at_s: 1,
+        };
+        let mut row = payment_to_item(&payment);
+        row.extend(entry.attributes());
+        assert_eq!(entry_from_image(image(row.clone())), Ok(Some(entry)));
+        // A row written without its outbox fields cannot be relayed: an error, not a skip.
+        let bare = image(payment_to_item(&payment));
+        assert!(entry_from_image(bare).is_err());
+        // Any other item (a dead-letter mark, a checkpoint) is not the relay's.
+        let mut other = row;
+        other.insert(
+            "kind".into(),
+            aws_sdk_dynamodb::types::AttributeValue::S("checkpoint".into()),
+        );
+        assert_eq!(entry_from_image(image(other)), Ok(None));
+    }
 }

@@ -1,14 +1,13 @@
-//! The DynamoDB adapter of [`PaymentsStore`]: the payments table (payment rows and outbox
-//! entries, `pk` = `payment#<id>` / `outbox#<id>`) and read-only access to the processor's
+//! The DynamoDB adapter of [`PaymentsStore`]: the payments table (payment rows, `pk` =
+//! `payment#<id>`, each with its outbox fields) and read-only access to the processor's
 //! idempotency table.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 
 use crate::api::{Creation, PaymentsStore, StoredPayment, Unavailable};
@@ -18,9 +17,9 @@ use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
 type Item = HashMap<String, AttributeValue>;
 
-/// Transactions that lose a race to a concurrent transaction on the same key are tried again
-/// this many times (the winner's row is then found and replayed).
-const CONFLICT_ATTEMPTS: u32 = 8;
+/// A refused write whose row is then gone (it expired in between) is tried again this many
+/// times.
+const VANISHED_ATTEMPTS: u32 = 3;
 
 /// The payments table and the idempotency table, through the official SDK client.
 #[derive(Debug, Clone)]
@@ -83,53 +82,6 @@ impl DynamoPayments {
             table: table.into(),
         }
     }
-
-    async fn transact(
-        &self,
-        payment: &StoredPayment,
-        entry: &OutboxEntry,
-        entry_expires_at_s: i64,
-    ) -> Result<(), SdkError<TransactWriteItemsError>> {
-        let put = |item: Item| {
-            Put::builder()
-                .table_name(&self.table)
-                .set_item(Some(item))
-                .condition_expression("attribute_not_exists(pk)")
-                .build()
-        };
-        let (row, outbox) = match (
-            put(payment_to_item(payment)),
-            put(entry.to_item(entry_expires_at_s)),
-        ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return Err(SdkError::construction_failure(e)),
-        };
-        self.client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(row).build())
-            .transact_items(TransactWriteItem::builder().put(outbox).build())
-            .send()
-            .await
-            .map(|_| ())
-    }
-}
-
-/// Why a transaction was cancelled: the codes of its two items (payment row, outbox entry).
-fn cancellation_codes(e: &SdkError<TransactWriteItemsError>) -> Option<(String, String)> {
-    let SdkError::ServiceError(se) = e else {
-        return None;
-    };
-    let TransactWriteItemsError::TransactionCanceledException(c) = se.err() else {
-        return None;
-    };
-    let code = |i: usize| {
-        c.cancellation_reasons()
-            .get(i)
-            .and_then(|r| r.code())
-            .unwrap_or("None")
-            .to_owned()
-    };
-    Some((code(0), code(1)))
 }
 
 #[async_trait]
@@ -138,38 +90,46 @@ impl PaymentsStore for DynamoPayments {
         &self,
         payment: &StoredPayment,
         entry: &OutboxEntry,
-        entry_expires_at_s: i64,
     ) -> Result<Creation, Unavailable> {
-        let mut last = String::new();
-        for attempt in 0..CONFLICT_ATTEMPTS {
-            match self.transact(payment, entry, entry_expires_at_s).await {
-                Ok(()) => return Ok(Creation::Created),
-                Err(e) => match cancellation_codes(&e) {
-                    Some((row, _)) if row == "ConditionalCheckFailed" => {
+        let mut item = payment_to_item(payment);
+        item.extend(entry.attributes());
+        for _ in 0..VANISHED_ATTEMPTS {
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(item.clone()))
+                .condition_expression("attribute_not_exists(pk)")
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            match put {
+                Ok(_) => return Ok(Creation::Created),
+                Err(SdkError::ServiceError(se)) => match se.err() {
+                    PutItemError::ConditionalCheckFailedException(c) => {
+                        // The row that holds the key came back with the refusal (ALL_OLD); an
+                        // endpoint that returns none is read instead.
+                        if let Some(old) = c.item() {
+                            return Ok(Creation::Exists(payment_from_item(old)?));
+                        }
                         if let Some(existing) = self.payment(&payment.id).await? {
                             return Ok(Creation::Exists(existing));
                         }
-                        last = "the payment row vanished (expired) between the write and the read"
-                            .into();
+                        // Expired between the write and the read: the key is free again.
                     }
-                    Some((_, outbox)) if outbox == "ConditionalCheckFailed" => {
-                        return Err(Unavailable(format!(
-                            "an outbox entry for {} is still stored although its payment is not (an expired payment whose entry has not expired yet); retry later",
-                            payment.id
-                        )));
+                    _ => {
+                        return Err(Unavailable(
+                            DisplayErrorContext(&SdkError::ServiceError(se)).to_string(),
+                        ))
                     }
-                    Some((row, outbox)) => {
-                        // TransactionConflict: a concurrent request with the same key.
-                        last = format!("transaction cancelled ({row}, {outbox})");
-                    }
-                    None => return Err(Unavailable(DisplayErrorContext(&e).to_string())),
                 },
+                Err(e) => return Err(Unavailable(DisplayErrorContext(&e).to_string())),
             }
-            let pause = 10 * 2u64.pow(attempt.min(5)) + fastrand::u64(0..20);
-            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
         Err(Unavailable(format!(
-            "gave up after {CONFLICT_ATTEMPTS} attempts: {last}"
+            "gave up after {VANISHED_ATTEMPTS} attempts: the payment row vanished (expired) between the refused write and the read"
         )))
     }
 

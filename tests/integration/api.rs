@@ -1,7 +1,8 @@
-//! The payments API, its outbox and the relay, against the local AWS endpoint and the provider
-//! simulator: the failure tests of the API's issue. Each test serves the API and relays the
-//! outbox of its own stack (provisioned from `template.yaml`, the payments table and its
-//! stream included); processes are killed where a crash is the subject.
+//! The payments API, its outbox (each payment row, through the table's stream) and the relay,
+//! against the local AWS endpoint and the provider simulator: the failure tests of the API.
+//! Each test serves the API and relays the stream of its own stack (provisioned from
+//! `template.yaml`, the payments table and its stream included); processes are killed where a
+//! crash is the subject.
 //!
 //! Why one file of ~600 lines: the payments API's path (API, table, stream, relay, queue,
 //! processor) tested end to end on one harness.
@@ -107,8 +108,9 @@ async fn relayed(mapping: &StreamMapping, n: u64) {
     }
 }
 
-/// Items of the payments table by kind (`payment`, `outbox`).
-async fn items(t: &TestStack, kind: &str) -> usize {
+/// Items of the payments table: each must be a payment row with its outbox fields (the
+/// message, `created_at`), the only kind of item the API writes.
+async fn rows(t: &TestStack) -> usize {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let out = aws_sdk_dynamodb::Client::new(&sdk)
         .scan()
@@ -117,15 +119,15 @@ async fn items(t: &TestStack, kind: &str) -> usize {
         .send()
         .await
         .expect("scanning the payments table");
-    out.items()
-        .iter()
-        .filter(|i| {
-            i.get("kind")
-                .and_then(|v| v.as_s().ok())
-                .map(String::as_str)
-                == Some(kind)
-        })
-        .count()
+    for i in out.items() {
+        let kind = i.get("kind").and_then(|v| v.as_s().ok());
+        assert_eq!(kind.map(String::as_str), Some("payment"), "{i:?}");
+        assert!(
+            i.contains_key("message") && i.contains_key("created_at"),
+            "a row without its outbox fields: {i:?}"
+        );
+    }
+    out.items().len()
 }
 
 fn free_port() -> u16 {
@@ -161,8 +163,8 @@ async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> toki
     child
 }
 
-/// 50 concurrent POSTs with one key: one payment, one outbox entry, every answer the same
-/// bytes (one creation, 49 replays), and one charge once relayed and processed.
+/// 50 concurrent POSTs with one key: one payment row (its own outbox entry), every answer the
+/// same bytes (one creation, 49 replays), and one charge once relayed and processed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
     let t = TestStack::new("api-fifty").await;
@@ -183,8 +185,7 @@ async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
         answers.iter().all(|a| a.body == answers[0].body),
         "identical bodies"
     );
-    assert_eq!(items(&t, "payment").await, 1);
-    assert_eq!(items(&t, "outbox").await, 1);
+    assert_eq!(rows(&t).await, 1);
 
     relay_and_drain(&t, 1).await;
     assert_charged_once(&t, &key).await;
@@ -194,14 +195,14 @@ async fn api_fifty_concurrent_posts_with_one_key_make_one_payment() {
     assert_eq!(t.record(&key).await.unwrap().attempts, 1);
 }
 
-/// The API killed between its transaction and its answer: the client sees a broken
-/// connection, retries with the same key against the restarted API, gets the stored answer,
-/// and the payment is charged once.
+/// The API killed between its write and its answer: the client sees a broken connection,
+/// retries with the same key against the restarted API, gets the stored answer, and the
+/// payment is charged once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
+async fn api_killed_after_the_write_a_retry_gets_the_same_payment() {
     let t = TestStack::new("api-killed").await;
     let port = free_port();
-    let mut crashing = api_process(&t, port, Some("api_after_transaction=return")).await;
+    let mut crashing = api_process(&t, port, Some("api_after_write=return")).await;
     let c = client(&format!("http://127.0.0.1:{port}")).await;
     let key = t.pid("p1");
     assert!(
@@ -210,7 +211,7 @@ async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
     );
     let status = crashing.wait().await.expect("the crashed API's exit");
     assert!(!status.success(), "killed at the failpoint: {status:?}");
-    assert_eq!(items(&t, "payment").await, 1, "the transaction committed");
+    assert_eq!(rows(&t).await, 1, "the write committed");
 
     let _restarted = api_process(&t, port, None).await;
     let retry = c.create(&key, BODY).await.expect("the retry's answer");
@@ -219,10 +220,10 @@ async fn api_killed_after_the_transaction_a_retry_gets_the_same_payment() {
     assert_eq!(retry.json().unwrap()["id"], key.as_str());
     relay_and_drain(&t, 1).await;
     assert_charged_once(&t, &key).await;
-    assert_eq!(items(&t, "outbox").await, 1);
+    assert_eq!(rows(&t).await, 1);
 }
 
-/// The relay killed after `SendMessageBatch` and before marking the entry: the restarted
+/// The relay killed after `SendMessageBatch` and before the stream's checkpoint: the restarted
 /// relay sends the message again; the processor charges once and absorbs the copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once() {
@@ -236,7 +237,7 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
         .args([
             "relay",
             "--table",
-            &config.payments_table,
+            t.stack.payments_table().unwrap(),
             "--queue-url",
             &config.queue_url,
         ])
@@ -257,7 +258,7 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
     assert_eq!(
         t.depth().await,
         2,
-        "sent again: the entry was never marked published"
+        "sent again: the stream's checkpoint never moved past it"
     );
     let stats = t.drain(1).await;
     assert_charged_once(&t, &key).await;
@@ -272,26 +273,22 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
     );
 }
 
-/// The table refusing the transaction: the client gets a 5xx, nothing is stored (no payment,
-/// no outbox entry, GET is 404), and the retry with the same key creates the payment.
+/// The table refusing the write: the client gets a 5xx, nothing is stored (no row, so nothing
+/// for the relay either; GET is 404), and the retry with the same key creates the payment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_transaction_is_a_5xx_stores_nothing_and_the_retry_works() {
+async fn a_refused_write_is_a_5xx_stores_nothing_and_the_retry_works() {
     let t = TestStack::new("api-refused").await;
     let key = t.pid("p1");
     let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
-    let proxy = AnswerDroppingProxy::start_refusing(
-        &upstream,
-        "DynamoDB_20120810.TransactWriteItems",
-        &key,
-    )
-    .await;
+    let proxy =
+        AnswerDroppingProxy::start_refusing(&upstream, "DynamoDB_20120810.PutItem", &key).await;
     let (_server, c) = served_through(&t, &proxy).await;
     let refused = c.create(&key, BODY).await.unwrap();
     assert_eq!(refused.status, 500, "{}", refused.body);
     assert_eq!(refused.json().unwrap()["error"]["type"], "api_error");
     assert!(proxy.matching() >= 1);
     assert_eq!(c.get(&key).await.unwrap().status, 404, "nothing stored");
-    assert_eq!(items(&t, "payment").await + items(&t, "outbox").await, 0);
+    assert_eq!(rows(&t).await, 0);
 
     proxy.refuse(false);
     let created = c.create(&key, BODY).await.unwrap();
@@ -301,24 +298,26 @@ async fn a_refused_transaction_is_a_5xx_stores_nothing_and_the_retry_works() {
     assert_charged_once(&t, &key).await;
 }
 
-/// The transaction's answer lost on the way back: the SDK retries it, the retry meets the
-/// committed payment, and the client's first request already gets the payment (a replay of
-/// the same bytes a later retry gets).
+/// The write's answer lost on the way back: the SDK retries it, the retry's condition meets the
+/// committed row, and the client's first request already gets the payment (the same bytes a
+/// later retry gets); the relay publishes the one row once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_transaction_answer_is_answered_with_the_stored_payment() {
+async fn a_lost_write_answer_is_answered_with_the_stored_payment() {
     let t = TestStack::new("api-lost").await;
     let key = t.pid("p1");
     let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
-    let proxy =
-        AnswerDroppingProxy::start(&upstream, "DynamoDB_20120810.TransactWriteItems", &key).await;
+    let proxy = AnswerDroppingProxy::start(&upstream, "DynamoDB_20120810.PutItem", &key).await;
     let (_server, c) = served_through(&t, &proxy).await;
     let first = c.create(&key, BODY).await.unwrap();
-    assert_eq!(proxy.dropped(), 1, "the transaction's answer was dropped");
+    assert_eq!(proxy.dropped(), 1, "the write's answer was dropped");
     assert_eq!(first.status, 202, "{}", first.body);
     let again = c.create(&key, BODY).await.unwrap();
     assert_eq!(again.body, first.body);
-    assert_eq!(items(&t, "payment").await, 1);
-    assert_eq!(items(&t, "outbox").await, 1);
+    assert!(again.replayed);
+    assert_eq!(rows(&t).await, 1);
+    let stats = relay_and_drain(&t, 1).await;
+    assert_eq!(stats.received, 1, "one message for one stored row");
+    assert_charged_once(&t, &key).await;
 }
 
 /// A payment the provider refused reads back `failed` with the code of its dead letter; a
@@ -360,11 +359,12 @@ async fn refused_and_dead_lettered_payments_read_back_with_their_error_code() {
     t.sim.clear_faults_for(&stuck).await.unwrap();
 }
 
-/// Entries the relay never published (its event source gave up) are found by
-/// `payctl outbox pending` and sent by `payctl outbox republish`, once: a second republish
-/// finds nothing, and the payment is charged once.
+/// Rows the relay never published (its event source gave up) are found by `payctl outbox
+/// pending`, without any mark, as payments the processor has never seen, and sent by `payctl
+/// outbox republish`; once the processor has seen it, the payment is pending no more, and it
+/// is charged once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unpublished_outbox_entries_are_republished_once() {
+async fn rows_the_processor_never_saw_are_republished() {
     let t = TestStack::new("republish").await;
     let (_server, c) = served(&t).await;
     let key = t.pid("p1");
@@ -374,7 +374,8 @@ async fn unpublished_outbox_entries_are_republished_once() {
         let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
         cmd.args(["outbox"])
             .args(args)
-            .args(["--table", &config.payments_table]);
+            .args(["--table", t.stack.payments_table().unwrap()])
+            .args(["--records-table", &api_config(&t).idempotency_table]);
         let out = cmd.output().expect("running payctl outbox");
         assert!(
             out.status.success(),
@@ -386,13 +387,14 @@ async fn unpublished_outbox_entries_are_republished_once() {
     // By default a young entry is left to the live relay, and the listing says so.
     let young = payctl(&["pending"]);
     assert!(
-        young.contains("0 unpublished outbox entries older than 60 s")
+        young.contains("0 payments older than 60 s")
+            && young.contains("that the processor has never seen")
             && young.contains("1 younger than 60 s left to the live relay (--older-than 0"),
         "{young}"
     );
     let pending = payctl(&["pending", "--older-than", "0"]);
     assert!(pending.contains(&key), "{pending}");
-    assert!(pending.contains("1 unpublished"), "{pending}");
+    assert!(pending.contains("\n1 payments older than 0 s"), "{pending}");
     assert!(
         pending.contains("\tcreated 20") && pending.contains("Z ("),
         "UTC times: {pending}"
@@ -406,6 +408,8 @@ async fn unpublished_outbox_entries_are_republished_once() {
     ]);
     assert!(sent.contains("republished 1 of 1"), "{sent}");
     assert_eq!(t.depth().await, 1);
+    t.drain(1).await;
+    assert_charged_once(&t, &key).await;
     let again = payctl(&[
         "republish",
         "--queue-url",
@@ -413,9 +417,8 @@ async fn unpublished_outbox_entries_are_republished_once() {
         "--older-than",
         "0",
     ]);
-    assert!(again.contains("republished 0 of 0"), "{again}");
-    t.drain(1).await;
-    assert_charged_once(&t, &key).await;
+    assert!(again.contains("republished 0 of 0"), "seen now: {again}");
+    assert_eq!(t.depth().await, 0);
 }
 
 /// On a FIFO payments queue the relay sets MessageDeduplicationId = payment_id and groups by
@@ -560,13 +563,7 @@ async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_paymen
     let server = serve(&t, ddb.clone()).await;
     let c = client(server.url()).await;
     let rc = relay_config(&t);
-    let relay = payment_core::outbox::Relay::new(
-        sqs.clone(),
-        rc.queue_url.clone(),
-        rc.group_by,
-        ddb.clone(),
-        rc.payments_table.clone(),
-    );
+    let relay = payment_core::outbox::Relay::new(sqs.clone(), rc.queue_url.clone(), rc.group_by);
     let mapping = payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
         .await
         .expect("relaying the outbox stream");

@@ -65,7 +65,14 @@ async fn a_missing_table_or_queue_is_named_with_its_fix_before_anything_runs() {
     for args in [
         vec!["dlq", "list", "--dlq-url", gone.as_str()],
         vec!["send", "--queue-url", gone.as_str(), "--generate", "1"],
-        vec!["outbox", "pending", "--table", "no-such-table"],
+        vec![
+            "outbox",
+            "pending",
+            "--table",
+            "no-such-table",
+            "--records-table",
+            "no-such-table",
+        ],
         vec!["status", "p", "--table", "no-such-table"],
     ] {
         let out = std::process::Command::new(root().join("target/debug/payctl"))

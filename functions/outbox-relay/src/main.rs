@@ -1,5 +1,5 @@
-//! The `outbox-relay` Lambda: DynamoDB stream batches of the payments table in, payment
-//! messages on the payments queue out (`ReportBatchItemFailures`).
+//! The `outbox-relay` Lambda: DynamoDB stream batches of the payments table in (the `INSERT`s
+//! of payment rows), payment messages on the payments queue out (`ReportBatchItemFailures`).
 //!
 //! Everything but the runtime glue lives in `payment_core::outbox`.
 
@@ -16,7 +16,7 @@ async fn handle(
     relay: Arc<Relay>,
     event: LambdaEvent<Event>,
 ) -> Result<DynamoDbEventResponse, Error> {
-    // The stream's filter passes new outbox entries only; anything else is skipped.
+    // The stream's filter passes new payment rows only; anything else is skipped.
     let mut entries = Vec::new();
     let mut sequences = Vec::new();
     let mut unreadable = None;
@@ -31,7 +31,7 @@ async fn handle(
             Err(e) => {
                 // Relay what comes before it; it and what follows are retried, then sent to the
                 // mapping's on-failure destination.
-                error!(sequence, error = %e, "unreadable outbox entry");
+                error!(sequence, error = %e, "unreadable payment row");
                 unreadable = Some(sequence);
                 break;
             }
@@ -40,8 +40,7 @@ async fn handle(
     let report = relay.relay(&entries).await;
     info!(
         sent = report.sent,
-        marked = report.marked,
-        "relayed {} outbox entries",
+        "relayed {} payment messages",
         entries.len()
     );
     for e in &report.errors {

@@ -57,7 +57,7 @@ enum Command {
     Reconcile(commands::reconcile::ReconcileArgs),
     /// The provider's events: catch up on those the webhook endpoint missed.
     Events(commands::events::EventsArgs),
-    /// Outbox entries the relay has not published (after RelayFailuresAlarm), and sending them
+    /// Payments the processor has never seen (after RelayFailuresAlarm), and sending them
     /// again.
     Outbox(commands::outbox::OutboxArgs),
     /// Relay the payments table's outbox stream to the payments queue, as the outbox-relay

@@ -1,18 +1,19 @@
 //! The outbox relay on a local stream mapping (`payctl relay`, the proving ground, the tests):
 //! the same [`Relay`] the `outbox-relay` Lambda runs, fed the records the template's filter
-//! keeps (`INSERT` of `kind = outbox`).
+//! keeps (`INSERT` of `kind = payment`).
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use aws_sdk_dynamodbstreams::types::{AttributeValue, OperationType, Record};
 use lambda_local::stream::{self, Handled, StreamHandler, StreamMapping};
-use payment_core::outbox::{OutboxEntry, Relay, OUTBOX_KIND};
+use payment_core::outbox::{OutboxEntry, Relay, PAYMENT_KIND};
 
 /// The relay as a stream function.
 struct OutboxRelay(Arc<Relay>);
 
-/// The outbox entry a stream record carries, if the template's filter keeps it.
+/// The outbox entry a stream record carries (a new payment row), if the template's filter
+/// keeps it.
 fn entry_of(record: &Record) -> Option<OutboxEntry> {
     if record.event_name() != Some(&OperationType::Insert) {
         return None;
@@ -22,7 +23,7 @@ fn entry_of(record: &Record) -> Option<OutboxEntry> {
         Some(AttributeValue::S(s)) => Some(s.clone()),
         _ => None,
     };
-    if text("kind").as_deref() != Some(OUTBOX_KIND) {
+    if text("kind").as_deref() != Some(PAYMENT_KIND) {
         return None;
     }
     let created_at = match image.get("created_at") {
@@ -30,7 +31,7 @@ fn entry_of(record: &Record) -> Option<OutboxEntry> {
         _ => return None,
     };
     Some(OutboxEntry {
-        payment_id: text("payment_id")?,
+        payment_id: text("id")?,
         message: text("message")?,
         created_at,
         customer_id: text("customer_id")?,
@@ -64,16 +65,10 @@ pub async fn start(
     stream::start(sdk, table, Arc::new(OutboxRelay(relay))).await
 }
 
-/// The outbox relay for a table, a queue and a FIFO group rule (validated like the Lambda's
+/// The outbox relay for a queue and a FIFO group rule (validated like the Lambda's
 /// environment).
-pub fn relay_for(
-    table: &str,
-    queue_url: &str,
-    group_by: &str,
-    sdk: &aws_config::SdkConfig,
-) -> Result<Relay> {
+pub fn relay_for(queue_url: &str, group_by: &str, sdk: &aws_config::SdkConfig) -> Result<Relay> {
     let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
-        "PAYMENTS_TABLE" => Some(table.to_owned()),
         "PAYMENTS_QUEUE_URL" => Some(queue_url.to_owned()),
         "FIFO_GROUP_BY" => Some(group_by.to_owned()),
         _ => None,

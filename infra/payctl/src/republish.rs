@@ -1,15 +1,19 @@
-//! `payctl outbox pending | republish`: the outbox entries the relay has not marked published
-//! (its event source gave up on a batch and sent it to `RelayFailuresQueue`, or the stream's
-//! 24 h retention passed while the relay was failing), found by scanning the payments table,
-//! and sent again with the relay's own code. Sending an entry that was in fact delivered is
-//! safe: the processor's record absorbs the copy.
+//! `payctl outbox pending | republish`: the payment rows the processor has never seen (the
+//! relay's event source gave up on their batch and sent it to `RelayFailuresQueue`, or the
+//! stream's 24 h retention passed while the relay was failing), found without a per-row mark:
+//! a row with neither an idempotency record nor a dead-letter mark in the processor's table,
+//! which the processor writes before anything else it does with a payment. They are sent again
+//! with the relay's own code. Sending a row that was in fact delivered (it waits in the queue
+//! behind a backlog) is safe: the processor's record absorbs the copy.
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::outbox::{OutboxEntry, Relay, RelayReport, OUTBOX_KIND};
+use payment_core::api::PaymentsStore;
+use payment_core::outbox::{OutboxEntry, Relay, RelayReport, PAYMENT_KIND};
+use payment_core::payments_table::DynamoPayments;
 
-/// Unpublished outbox entries created before `before_ms`, oldest first.
-pub async fn unpublished(
+/// Payment rows (with their outbox fields) created before `before_ms`, oldest first.
+async fn rows_before(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     before_ms: i64,
@@ -20,30 +24,23 @@ pub async fn unpublished(
         let out = ddb
             .scan()
             .table_name(table)
-            .filter_expression(
-                "kind = :o AND attribute_not_exists(published_at) AND created_at < :t",
-            )
-            .expression_attribute_values(":o", AttributeValue::S(OUTBOX_KIND.into()))
+            .filter_expression("kind = :p AND attribute_exists(message) AND created_at < :t")
+            .expression_attribute_values(":p", AttributeValue::S(PAYMENT_KIND.into()))
             .expression_attribute_values(":t", AttributeValue::N(before_ms.to_string()))
             .consistent_read(true)
             .set_exclusive_start_key(start.take())
             .send()
             .await
-            .with_context(|| {
-                format!("scanning the payments table {table} for unpublished outbox entries")
-            })?;
+            .with_context(|| format!("scanning the payments table {table}"))?;
         for item in out.items() {
             let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
             let created_at = item
                 .get("created_at")
                 .and_then(|v| v.as_n().ok())
                 .and_then(|n| n.parse().ok());
-            if let (Some(payment_id), Some(message), Some(created_at), Some(customer_id)) = (
-                text("payment_id"),
-                text("message"),
-                created_at,
-                text("customer_id"),
-            ) {
+            if let (Some(payment_id), Some(message), Some(created_at), Some(customer_id)) =
+                (text("id"), text("message"), created_at, text("customer_id"))
+            {
                 entries.push(OutboxEntry {
                     payment_id,
                     message,
@@ -61,7 +58,31 @@ pub async fn unpublished(
     Ok(entries)
 }
 
-/// Sends the entries again and marks them published.
+/// Payment rows created before `before_ms` that the processor has never seen (no record, no
+/// dead-letter mark in `records_table`), oldest first.
+pub async fn unseen(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    records_table: &str,
+    before_ms: i64,
+) -> Result<Vec<OutboxEntry>> {
+    let store = DynamoPayments::new(ddb.clone(), table, records_table);
+    let mut unseen = Vec::new();
+    for entry in rows_before(ddb, table, before_ms).await? {
+        let (record, mark) = store.progress(&entry.payment_id).await.with_context(|| {
+            format!(
+                "reading the processor's record of {} in {records_table}",
+                entry.payment_id
+            )
+        })?;
+        if record.is_none() && mark.is_none() {
+            unseen.push(entry);
+        }
+    }
+    Ok(unseen)
+}
+
+/// Sends the entries again.
 pub async fn republish(relay: &Relay, entries: &[OutboxEntry]) -> RelayReport {
     relay.relay(entries).await
 }

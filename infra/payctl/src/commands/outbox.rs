@@ -1,25 +1,32 @@
-//! The outbox: relay it locally, list and republish what the relay gave up on.
+//! The outbox (each payment row's message, relayed from the table's stream): relay it locally,
+//! list and republish the rows the processor has never seen.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
 #[derive(Subcommand)]
 pub enum OutboxCommand {
-    /// List unpublished outbox entries older than --older-than seconds.
+    /// List payments older than --older-than seconds that the processor has never seen.
     Pending {
         /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
+        /// The processor's idempotency table (the stack's IdempotencyTableName output).
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        records_table: String,
         /// Leave younger entries to the live relay.
         #[arg(long, default_value_t = 60)]
         older_than: u64,
     },
-    /// Send unpublished outbox entries older than --older-than seconds to the payments queue
-    /// and mark them published (safe to repeat: the processor absorbs copies).
+    /// Send the payments older than --older-than seconds that the processor has never seen to
+    /// the payments queue (safe to repeat: the processor absorbs copies).
     Republish {
         /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
+        /// The processor's idempotency table (the stack's IdempotencyTableName output).
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        records_table: String,
         /// The payments queue (the stack's PaymentsQueueUrl output).
         #[arg(long, env = "PAYMENTS_QUEUE_URL")]
         queue_url: String,
@@ -32,13 +39,14 @@ pub enum OutboxCommand {
     },
 }
 
-/// The unpublished entries created before `before_ms`, and how many younger ones there are.
+/// The unseen rows created before `before_ms`, and how many younger ones there are.
 async fn split_by_age(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
+    records_table: &str,
     before_ms: i64,
 ) -> Result<(Vec<payment_core::outbox::OutboxEntry>, usize)> {
-    let all = payctl::republish::unpublished(ddb, table, i64::MAX).await?;
+    let all = payctl::republish::unseen(ddb, table, records_table, i64::MAX).await?;
     let (old, young): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.created_at < before_ms);
     Ok((old, young.len()))
 }
@@ -72,9 +80,7 @@ pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         queue_url,
         group_by,
     } = args;
-    let relay = std::sync::Arc::new(payctl::relay::relay_for(
-        &table, &queue_url, &group_by, sdk,
-    )?);
+    let relay = std::sync::Arc::new(payctl::relay::relay_for(&queue_url, &group_by, sdk)?);
     payctl::aws::announce(sdk, &format!("relaying the outbox of {table}")).await;
     let _mapping = payctl::relay::start(sdk, &table, relay).await?;
     eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
@@ -93,18 +99,38 @@ pub struct OutboxArgs {
 pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let OutboxArgs { command } = args;
     use payctl::republish;
-    let (OutboxCommand::Pending { table, .. } | OutboxCommand::Republish { table, .. }) = &command;
+    let (OutboxCommand::Pending {
+        table,
+        records_table,
+        ..
+    }
+    | OutboxCommand::Republish {
+        table,
+        records_table,
+        ..
+    }) = &command;
     payctl::aws::check_table(
         sdk,
         table,
         &format!("the payments table {table} (PAYMENTS_TABLE)"),
     )
     .await?;
+    payctl::aws::check_table(
+        sdk,
+        records_table,
+        &format!("the idempotency table {records_table} (IDEMPOTENCY_TABLE)"),
+    )
+    .await?;
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let before = |secs: u64| sqs_once::runner::now_ms() - secs as i64 * 1000;
     match command {
-        OutboxCommand::Pending { table, older_than } => {
-            let (entries, younger) = split_by_age(&ddb, &table, before(older_than)).await?;
+        OutboxCommand::Pending {
+            table,
+            records_table,
+            older_than,
+        } => {
+            let (entries, younger) =
+                split_by_age(&ddb, &table, &records_table, before(older_than)).await?;
             let now = sqs_once::runner::now_ms();
             for e in &entries {
                 println!(
@@ -116,26 +142,27 @@ pub async fn outbox(args: OutboxArgs, sdk: &aws_config::SdkConfig) -> Result<()>
                 );
             }
             println!(
-                "{} unpublished outbox entries older than {older_than} s in {table}{}",
+                "{} payments older than {older_than} s in {table} that the processor has never seen{}",
                 entries.len(),
                 left_to_relay(younger, older_than)
             );
         }
         OutboxCommand::Republish {
             table,
+            records_table,
             queue_url,
             group_by,
             older_than,
         } => {
             payctl::aws::announce(sdk, &format!("republishing the outbox of {table}")).await;
-            let relay = payctl::relay::relay_for(&table, &queue_url, &group_by, sdk)?;
-            let (entries, younger) = split_by_age(&ddb, &table, before(older_than)).await?;
+            let relay = payctl::relay::relay_for(&queue_url, &group_by, sdk)?;
+            let (entries, younger) =
+                split_by_age(&ddb, &table, &records_table, before(older_than)).await?;
             let report = republish::republish(&relay, &entries).await;
             println!(
-                "republished {} of {} unpublished outbox entries older than {older_than} s to {queue_url} ({} marked published){}",
+                "republished {} of {} payments older than {older_than} s that the processor has never seen to {queue_url}{}",
                 report.sent,
                 entries.len(),
-                report.marked,
                 left_to_relay(younger, older_than)
             );
             if !report.errors.is_empty() {

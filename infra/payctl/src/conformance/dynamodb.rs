@@ -1,5 +1,6 @@
 //! The DynamoDB probes: atomic conditional writes under concurrency, `ALL_OLD` on a refused
-//! write, consistent reads, all-or-nothing transactions, and the stream's images.
+//! write, consistent reads, the payments API's one conditional put, all-or-nothing
+//! transactions, and the stream's images.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,8 @@ use sqs_once::DynamoStore;
 /// Concurrency of the atomicity check: writers racing per key, and keys.
 const WRITERS: usize = 6;
 const KEYS: usize = 60;
+/// Payments created by racing writers in the payments-table check.
+const PUT_KEYS: usize = 20;
 
 pub(super) fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_owned())
@@ -195,11 +198,10 @@ pub(super) async fn consistent_read(ddb: &aws_sdk_dynamodb::Client, table: &str)
     Ok("20 writes, each read back at once".into())
 }
 
-/// The payments API's own creation, raced by several writers per key over a table with a
-/// stream: one `Created` per key, every other writer finds that payment, each key holds one
-/// payment row and one outbox entry; and a transaction whose second put is refused leaves no
-/// trace of its first.
-pub(super) async fn transact_write_all_or_nothing(
+/// The payments API's write: racing creations of one payment through the API's own store are
+/// one conditional `PutItem` each, and exactly one commits per key (the others are refused and
+/// get the winner's row back); every committed row carries its outbox fields.
+pub(super) async fn conditional_put_one_winner(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<String> {
@@ -225,18 +227,17 @@ pub(super) async fn transact_write_all_or_nothing(
     };
     let entry = |id: &str| OutboxEntry {
         payment_id: id.to_owned(),
-        message: "{}".into(),
+        message: format!("{{\"payment_id\":\"{id}\"}}"),
         created_at: 1,
         customer_id: "cus_conformance".into(),
     };
-    const TX_KEYS: usize = 20;
     let mut tasks = tokio::task::JoinSet::new();
-    for k in 0..TX_KEYS {
+    for k in 0..PUT_KEYS {
         for _ in 0..WRITERS {
             let store = store.clone();
-            let id = format!("tx-{k}");
+            let id = format!("put-{k}");
             let (p, e) = (payment(&id), entry(&id));
-            tasks.spawn(async move { (id, store.create(&p, &e, 0).await) });
+            tasks.spawn(async move { (id, store.create(&p, &e).await) });
         }
     }
     let mut created: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -251,8 +252,8 @@ pub(super) async fn transact_write_all_or_nothing(
     if let Some((id, n)) = created.iter().find(|(_, n)| **n != 1) {
         bail!("{n} of {WRITERS} racing creations of {id} committed");
     }
-    if created.len() != TX_KEYS {
-        bail!("only {} of {TX_KEYS} payments were created", created.len());
+    if created.len() != PUT_KEYS {
+        bail!("only {} of {PUT_KEYS} payments were created", created.len());
     }
     let items = ddb
         .scan()
@@ -260,35 +261,89 @@ pub(super) async fn transact_write_all_or_nothing(
         .consistent_read(true)
         .send()
         .await?;
-    if items.items().len() != 2 * TX_KEYS {
+    let with_message = items
+        .items()
+        .iter()
+        .filter(|i| i.contains_key("message") && i.contains_key("created_at"))
+        .count();
+    if items.items().len() != PUT_KEYS || with_message != PUT_KEYS {
         bail!(
-            "{} items for {TX_KEYS} payments (one row and one outbox entry each)",
+            "{} items ({with_message} with their outbox fields) for {PUT_KEYS} payments",
             items.items().len()
         );
     }
-    // A stray outbox entry makes the second put fail: the first must not stay.
-    ddb.put_item()
-        .table_name(table)
-        .set_item(Some(entry("tx-orphan").to_item(0)))
-        .send()
-        .await?;
-    if store
-        .create(&payment("tx-orphan"), &entry("tx-orphan"), 0)
-        .await
-        .is_ok()
-    {
-        bail!("a transaction whose outbox put was refused reported success");
-    }
-    if store.payment("tx-orphan").await?.is_some() {
-        bail!("a cancelled transaction left its payment row behind");
-    }
     Ok(format!(
-        "{TX_KEYS} keys x {WRITERS} racing creations: one commit each; a cancelled transaction left nothing"
+        "{PUT_KEYS} keys x {WRITERS} racing creations: one commit each, the others got its row"
     ))
 }
 
-/// The outbox feed: the stream of the table [`transact_write_all_or_nothing`] wrote, read as
-/// the relay's event source reads it.
+/// `TransactWriteItems` applies both puts or neither (a failed refund's release writes the
+/// refund and its payment together): a transaction whose second put is refused leaves no
+/// trace of its first.
+pub(super) async fn transact_write_all_or_nothing(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<String> {
+    use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    create_table(ddb, table).await?;
+    ddb.put_item()
+        .table_name(table)
+        .item("pk", s("taken"))
+        .send()
+        .await?;
+    let put = |key: &str| -> Result<TransactWriteItem> {
+        Ok(TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name(table)
+                    .item("pk", s(key))
+                    .condition_expression("attribute_not_exists(pk)")
+                    .build()?,
+            )
+            .build())
+    };
+    let refused = ddb
+        .transact_write_items()
+        .transact_items(put("first")?)
+        .transact_items(put("taken")?)
+        .send()
+        .await;
+    if refused.is_ok() {
+        bail!("a transaction whose second put failed its condition reported success");
+    }
+    let first = ddb
+        .get_item()
+        .table_name(table)
+        .key("pk", s("first"))
+        .consistent_read(true)
+        .send()
+        .await?;
+    if first.item().is_some() {
+        bail!("a cancelled transaction left its first put behind");
+    }
+    ddb.transact_write_items()
+        .transact_items(put("first")?)
+        .transact_items(put("second")?)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", DisplayErrorContext(&e)))?;
+    let n = ddb
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await?
+        .items()
+        .len();
+    if n != 3 {
+        bail!("{n} items after a committed transaction of two puts beside one item (3 expected)");
+    }
+    Ok("a cancelled transaction left nothing; a committed one wrote both".into())
+}
+
+/// The outbox feed: the stream of the table [`conditional_put_one_winner`] wrote, read as the
+/// relay's event source reads it: one `INSERT` with the whole new image per committed row,
+/// none for the refused puts, and an update as a `MODIFY` (which the relay's filter drops).
 pub(super) async fn stream_insert_images(
     sdk: &aws_config::SdkConfig,
     ddb: &aws_sdk_dynamodb::Client,
@@ -306,8 +361,8 @@ pub(super) async fn stream_insert_images(
         .context("the table has no LatestStreamArn")?;
     ddb.update_item()
         .table_name(table)
-        .key("pk", s("outbox#tx-0"))
-        .update_expression("SET published_at = :t")
+        .key("pk", s("payment#put-0"))
+        .update_expression("SET touched_at = :t")
         .expression_attribute_values(":t", AttributeValue::N("1".into()))
         .send()
         .await?;
@@ -334,7 +389,7 @@ pub(super) async fn stream_insert_images(
                 let change = r.dynamodb();
                 let has_kind = change
                     .and_then(|c| c.new_image())
-                    .is_some_and(|img| img.contains_key("kind"));
+                    .is_some_and(|img| img.contains_key("kind") && img.contains_key("message"));
                 if change.and_then(|c| c.sequence_number()).is_some() {
                     sequenced += 1;
                 }
@@ -347,9 +402,9 @@ pub(super) async fn stream_insert_images(
             it = out.next_shard_iterator().map(str::to_owned);
         }
     }
-    // 20 payments x (row + entry) and the orphan entry; the update is one MODIFY.
-    if inserts < 41 || modifies != 1 || sequenced < inserts + modifies {
-        bail!("the stream held {inserts} INSERT records with images (41 expected), {modifies} MODIFY (1 expected), {sequenced} with sequence numbers");
+    // One INSERT per committed row and none for the refused puts; the update is one MODIFY.
+    if inserts != PUT_KEYS || modifies != 1 || sequenced < inserts + modifies {
+        bail!("the stream held {inserts} INSERT records with whole images ({PUT_KEYS} expected: one per committed row, none for a refused put), {modifies} MODIFY (1 expected), {sequenced} with sequence numbers");
     }
     Ok(format!(
         "{inserts} INSERT records with their NewImage, {modifies} MODIFY, in {} shard(s)",

@@ -16,8 +16,8 @@ mod dynamodb;
 mod sqs;
 
 use dynamodb::{
-    all_old_on_failure, atomic_conditional_update, consistent_read, create_table,
-    stream_insert_images, transact_write_all_or_nothing,
+    all_old_on_failure, atomic_conditional_update, conditional_put_one_winner, consistent_read,
+    create_table, stream_insert_images, transact_write_all_or_nothing,
 };
 use sqs::{fifo_group_blocking, redrive, visibility_and_receive_count};
 
@@ -75,16 +75,23 @@ pub async fn run(sdk: &aws_config::SdkConfig) -> Vec<CheckResult> {
     let _ = ddb.delete_table().table_name(&table).send().await;
     let payments = format!("{prefix}-payments");
     results.push(with_table(
-        "transact-write-all-or-nothing",
-        "TransactWriteItems applies both puts or neither, and of racing creations of one payment exactly one commits",
-        transact_write_all_or_nothing(&ddb, &payments).await,
+        "conditional-put-one-winner",
+        "of racing conditional PutItem creations of one payment exactly one commits, and the others get its row",
+        conditional_put_one_winner(&ddb, &payments).await,
     ));
     results.push(with_table(
         "stream-insert-images",
-        "a table's stream yields each new item as an INSERT record with its NewImage and sequence number, and an update as MODIFY",
+        "a table's stream yields exactly one INSERT record with the whole NewImage and a sequence number per committed put, none for a refused one, and an update as MODIFY",
         stream_insert_images(sdk, &ddb, &payments).await,
     ));
     let _ = ddb.delete_table().table_name(&payments).send().await;
+    let transactions = format!("{prefix}-transactions");
+    results.push(with_table(
+        "transact-write-all-or-nothing",
+        "TransactWriteItems applies both puts or neither",
+        transact_write_all_or_nothing(&ddb, &transactions).await,
+    ));
+    let _ = ddb.delete_table().table_name(&transactions).send().await;
     results.push(with_table(
         "visibility-and-receive-count",
         "ChangeMessageVisibility takes effect; ApproximateReceiveCount and ApproximateFirstReceiveTimestamp are kept",

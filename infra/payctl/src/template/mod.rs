@@ -134,7 +134,7 @@ impl Stack {
             .with_context(|| format!("the template gives {function} no {name}"))
     }
 
-    /// The payments table (the API's rows and outbox), by its logical id.
+    /// The payments table (the API's rows, each its own outbox entry), by its logical id.
     pub fn payments_table(&self) -> Result<&str> {
         self.tables
             .get("PaymentsTable")

@@ -43,13 +43,7 @@ pub(super) async fn api_measurement(
     );
     let server = payctl::api::serve(Arc::new(api), None, "127.0.0.1:0").await?;
     let relay_config = RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?;
-    let relay = payment_core::outbox::Relay::new(
-        aws_sdk_sqs::Client::new(sdk),
-        relay_config.queue_url.clone(),
-        relay_config.group_by,
-        ddb.clone(),
-        relay_config.payments_table.clone(),
-    );
+    let relay = payment_core::bootstrap::build_relay(&relay_config, sdk);
     let _mapping = payctl::relay::start(sdk, stack.payments_table()?, Arc::new(relay)).await?;
     let config = config_for(&stack, &bench_overrides())?;
     let processor = payment_core::bootstrap::build_processor_with(
