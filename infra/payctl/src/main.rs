@@ -71,10 +71,11 @@ enum Command {
     /// Serve the payments API locally (the same code as the payments-api Lambda).
     Api(commands::api::ApiArgs),
     /// Check that the AWS endpoint (AWS_ENDPOINT_URL, or AWS itself) keeps what the protocol
-    /// relies on, in 8 checks: atomic conditional writes under concurrency, ALL_OLD on a
-    /// refused write, consistent reads, all-or-nothing transactions under racing creations, a
-    /// stream of INSERT images, visibility changes with receive counts, redrive after
-    /// maxReceiveCount, FIFO group blocking. Exits non-zero naming each failed check.
+    /// relies on, in 9 checks: atomic conditional writes under concurrency, ALL_OLD on a
+    /// refused write, consistent reads, one winner among racing conditional puts of a payment,
+    /// one stream INSERT image per committed put, all-or-nothing transactions, visibility
+    /// changes with receive counts, redrive after maxReceiveCount, FIFO group blocking. Exits
+    /// non-zero naming each failed check.
     Conformance,
     /// Check the provider account with the processors' own client: a customer, three charges
     /// with one key (one PaymentIntent), a refund, all read back. Test-mode keys only.
