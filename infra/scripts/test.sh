@@ -90,7 +90,7 @@ for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 
   "^\| at the provider's latency: an open loop of 4 payments/s \(20 payments" \
   "^\| payments/s per concurrent batch, at the provider's latency \(p50 350 ms, p99 1500 ms\) \| [0-9.]+ \| [0-9.]+ \|" \
   "^\| billed duration per payment, at the provider's latency .* \| [0-9.]+ ms \| [0-9.]+ ms \|" \
-  "^\| send → charged p99, an open loop of 4 payments/s, 4 batches, at the provider's latency .* \| [0-9]+ ms \| [0-9]+ ms \|" \
+  "^\| send → charged p99, an open loop of 4 payments/s arriving, 4 batches, at the provider's latency .* \| [0-9]+ ms \| [0-9]+ ms \|" \
   "^\| cost of a million payments on AWS, at the provider's latency .* \| \\\$[0-9.]+ \| \\\$[0-9.]+ \|" \
   "^\| one transient provider failure \(every call of the first delivery answers 429\) → charged after, queue visibility timeout 20 s \| [0-9.]+ s \| [0-9.]+ s \|" \
   "^Cost of a million payments on AWS, the provider answering at its latency" \
