@@ -66,20 +66,30 @@ pub async fn unseen(
     records_table: &str,
     before_ms: i64,
 ) -> Result<Vec<OutboxEntry>> {
+    use futures::{stream, StreamExt, TryStreamExt};
     let store = DynamoPayments::new(ddb.clone(), table, records_table);
-    let mut unseen = Vec::new();
-    for entry in rows_before(ddb, table, before_ms).await? {
-        let (record, mark) = store.progress(&entry.payment_id).await.with_context(|| {
-            format!(
-                "reading the processor's record of {} in {records_table}",
-                entry.payment_id
-            )
-        })?;
-        if record.is_none() && mark.is_none() {
-            unseen.push(entry);
-        }
-    }
-    Ok(unseen)
+    // One consistent read of each row's record and mark, sixteen rows at a time, in order.
+    let seen: Vec<(OutboxEntry, bool)> = stream::iter(rows_before(ddb, table, before_ms).await?)
+        .map(|entry| {
+            let store = &store;
+            async move {
+                let (record, mark) =
+                    store.progress(&entry.payment_id).await.with_context(|| {
+                        format!(
+                            "reading the processor's record of {} in {records_table}",
+                            entry.payment_id
+                        )
+                    })?;
+                Ok::<_, anyhow::Error>((entry, record.is_some() || mark.is_some()))
+            }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    Ok(seen
+        .into_iter()
+        .filter_map(|(entry, seen)| (!seen).then_some(entry))
+        .collect())
 }
 
 /// Sends the entries again.

@@ -361,7 +361,10 @@ pub(super) async fn stream_insert_images(
         .context("the table has no LatestStreamArn")?;
     ddb.update_item()
         .table_name(table)
-        .key("pk", s("payment#put-0"))
+        .key(
+            "pk",
+            s(&format!("{}put-0", payment_core::outbox::PAYMENT_PREFIX)),
+        )
         .update_expression("SET touched_at = :t")
         .expression_attribute_values(":t", AttributeValue::N("1".into()))
         .send()
