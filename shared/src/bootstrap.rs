@@ -145,7 +145,8 @@ pub async fn build_refund_processor(
         Arc::new(provider),
         Arc::new(ledger),
         config.provider_key_retention,
-    );
+    )
+    .with_refund_window(config.refund_window);
     let store = crate::refund_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),

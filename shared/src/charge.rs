@@ -143,6 +143,20 @@ pub struct PaymentWork {
 /// covers the windows that card acquirers commonly allow.
 pub const DEFAULT_REFUND_WINDOW: Duration = Duration::from_secs(365 * 86_400);
 
+/// How long a payment's record completed (or settled by hand) at `status` is kept from then,
+/// when longer than the record retention: the refund window for a charge (its record holds the
+/// refund ledger, and disputes and failed refunds land on it for months) and for a payment
+/// the provider still settles (`processing`: a bank debit succeeds days later;
+/// `requires_action`: the customer may authenticate until the intent is canceled), so that
+/// the provider's late events always find it. `None`: the record retention from the first
+/// claim (declined, canceled, rejected: nothing the provider will change).
+pub fn lifetime_after(status: &str, refund_window: Duration) -> Option<Duration> {
+    (status == "succeeded"
+        || status == "requires_capture"
+        || crate::provider_event::payment_settling(status))
+    .then_some(refund_window)
+}
+
 impl PaymentWork {
     /// The work over a provider that remembers keys for `key_retention`, keeping charged
     /// payments' records for [`DEFAULT_REFUND_WINDOW`].
@@ -181,10 +195,12 @@ impl Work for PaymentWork {
         request.has_payload_hash(stored)
     }
 
-    /// A charge's record holds its refund ledger: it is kept for the refund window, so that a
-    /// refund late in it still finds the charge and what was refunded of it.
+    /// See [`lifetime_after`].
     fn retention_after(&self, outcome: &Outcome) -> Option<Duration> {
-        (PaymentOutcome::from_outcome(outcome).status == "succeeded").then_some(self.refund_window)
+        lifetime_after(
+            &PaymentOutcome::from_outcome(outcome).status,
+            self.refund_window,
+        )
     }
 
     async fn execute(

@@ -8,11 +8,16 @@
 //! [`crate::provider_event`].
 //!
 //! What an event finds:
-//! - its object was not created by this system (no `metadata[payment_id]` /
-//!   `metadata[refund_id]`, no record of that id: the processors claim a record before they
-//!   call the provider, so one of theirs always has one; or a PaymentIntent the payment's
-//!   record does not name), or its type is not one the inbox applies: acknowledged and
-//!   counted (`foreign`, `unhandled`);
+//! - its object was not created by this system: neither its metadata nor the PaymentIntent
+//!   recorded on the payment's record match (no `metadata[payment_id]` / `metadata[refund_id]`,
+//!   no record of that id: the processors claim a record before they call the provider, so one
+//!   of theirs always has one; or a PaymentIntent the payment's record does not name), or its
+//!   type is not one the inbox applies: acknowledged and counted (`foreign`, `unhandled`). A
+//!   refund event whose refund record is gone (past its lifetime) but whose payment's record
+//!   names its PaymentIntent is ours: the payment's ledger is the truth for its reservation;
+//!
+//! Every write keeps the records it changes for the refund window from now (never less than
+//! they were kept): the provider goes on changing a payment for months.
 //! - its object is this system's but its record is not completed yet (the answer that creates
 //!   it is still on its way): handed back, to come again once the record is there;
 //! - otherwise the rule's step: `applied` or `unchanged`.
@@ -23,6 +28,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqs_once::record::{RecordStatus, StoreError};
 use sqs_once::{AttemptContext, CallError, Fingerprint, Outcome, Rejection, Work};
+
+use sqs_once::clock::Clock;
 
 use crate::provider::ProviderError;
 use crate::provider_event::{
@@ -86,14 +93,14 @@ pub struct EventWork {
     provider: Arc<dyn ProviderObjects>,
     /// How long a charged payment's record is kept from its charge (its refund ledger).
     refund_window: Duration,
-    now_s: fn() -> i64,
+    /// Time, injected (the timeline test moves it months ahead).
+    clock: Arc<dyn Clock>,
 }
 
-fn system_now_s() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
+/// How long an event's inbox record is kept: as long as the provider can send the event again
+/// (Stripe keeps `/v1/events` for 30 days, and the catch-up may list it until then), plus a
+/// day.
+pub const EVENT_RECORD_LIFETIME: Duration = Duration::from_secs(31 * 86_400);
 
 fn store_error(e: StoreError) -> CallError {
     CallError::transient(format!("the idempotency table: {e}"))
@@ -143,8 +150,21 @@ impl EventWork {
             settlements,
             provider,
             refund_window,
-            now_s: system_now_s,
+            clock: sqs_once::clock::system(),
         }
+    }
+
+    /// The same inbox on another clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Until when a write keeps the records it changes, read with TTLs `read_s`: the refund
+    /// window from now, never less than any was.
+    fn keep_until(&self, read_s: &[i64]) -> i64 {
+        let window = self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64;
+        read_s.iter().copied().fold(window, i64::max)
     }
 
     fn note(&self, event: &ProviderEvent, change: &str) -> EventNote {
@@ -211,10 +231,7 @@ impl EventWork {
                 }
             };
             let change = format!("payment {stored} -> {to}");
-            let keep = (to == "succeeded").then(|| {
-                p.expires_at_s
-                    .max((self.now_s)() + self.refund_window.as_secs() as i64)
-            });
+            let keep = self.keep_until(&[p.expires_at_s]);
             let decline = decline.filter(|_| to == "declined");
             if self
                 .settlements
@@ -245,7 +262,10 @@ impl EventWork {
         };
         for _ in 0..TRIES {
             let Some(r) = self.settlements.refund(&rid).await.map_err(store_error)? else {
-                return Ok(no_record(event, "refund", &rid));
+                match self.refund_on_payment(event, &c, &rid).await? {
+                    Some(done) => return Ok(done),
+                    None => continue,
+                }
             };
             if r.record_status != RecordStatus::Completed {
                 return Err(not_yet(&format!("refund {rid} is not completed yet")));
@@ -294,14 +314,18 @@ impl EventWork {
                     }
                 }
             };
-            let release = if refund_returns_nothing(&to) {
-                self.settlements
-                    .reservation(&pid, &rid)
-                    .await
-                    .map_err(store_error)?
-            } else {
-                None
+            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+                // The refund's payment is past its lifetime: nothing holds its money any more.
+                return Ok(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("refund {rid} stays {stored}: payment {pid} has no record any more"),
+                ));
             };
+            let release = refund_returns_nothing(&to)
+                .then(|| p.refunds.get(&rid).copied())
+                .flatten();
+            let keep = self.keep_until(&[r.expires_at_s, p.expires_at_s]);
             let change = match release {
                 Some(a) => format!("refund {rid} {stored} -> {to}, {a} given back"),
                 None => format!("refund {rid} {stored} -> {to}"),
@@ -314,6 +338,7 @@ impl EventWork {
                     &stored,
                     &to,
                     release,
+                    keep,
                     &self.note(event, &change),
                 )
                 .await
@@ -325,6 +350,78 @@ impl EventWork {
             }
         }
         Err(kept_changing("refund", &rid, event))
+    }
+
+    /// A refund event whose refund record is gone: the payment its metadata names, if that
+    /// payment's record names the refund's PaymentIntent, holds the truth of its reservation. A
+    /// refund that moved no money gives back what the payment still holds for it; anything
+    /// else changes nothing. `None`: the payment changed under the write (read again).
+    async fn refund_on_payment(
+        &self,
+        event: &ProviderEvent,
+        c: &RefundChange,
+        rid: &str,
+    ) -> Result<Option<Outcome>, CallError> {
+        let Some(pid) = c.payment_id.clone() else {
+            return Ok(Some(no_record(event, "refund", rid)));
+        };
+        let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+            return Ok(Some(no_record(event, "refund", rid)));
+        };
+        if p.provider_payment_id.is_none() || p.provider_payment_id != c.intent_id {
+            return Ok(Some(outcome(
+                labels::FOREIGN,
+                event,
+                format!(
+                    "no record of refund {rid} here, and {} is not the PaymentIntent payment {pid} is recorded with",
+                    c.intent_id.as_deref().unwrap_or("a refund naming no PaymentIntent")
+                ),
+            )));
+        }
+        let held = p.refunds.get(rid).copied();
+        let amount = match (held, refund_returns_nothing(&c.status)) {
+            (Some(amount), true) => amount,
+            (Some(_), false) => {
+                return Ok(Some(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!(
+                        "refund {rid} stays reserved on payment {pid} ({})",
+                        c.status
+                    ),
+                )))
+            }
+            (None, _) => {
+                let was = if p.released.contains_key(rid) {
+                    "given back before"
+                } else {
+                    "never reserved on it"
+                };
+                return Ok(Some(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("refund {rid} of payment {pid} is {was}"),
+                )));
+            }
+        };
+        let change = format!(
+            "refund {rid} -> {} (its record past its lifetime), {amount} given back",
+            c.status
+        );
+        let keep = self.keep_until(&[p.expires_at_s]);
+        if self
+            .settlements
+            .settle_refund_on_payment(&pid, rid, amount, keep, &self.note(event, &change))
+            .await
+            .map_err(store_error)?
+        {
+            return Ok(Some(
+                outcome(labels::APPLIED, event, change)
+                    .with_text("payment_id", pid)
+                    .with_text("refund_id", rid),
+            ));
+        }
+        Ok(None)
     }
 
     async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
@@ -354,6 +451,15 @@ impl EventWork {
             };
             if p.record_status != RecordStatus::Completed {
                 return Err(not_yet(&format!("payment {pid} is not completed yet")));
+            }
+            if p.provider_payment_id.as_deref() != Some(intent.as_str()) {
+                // Another system's PaymentIntent whose metadata happens to name one of our
+                // payment ids, or one an earlier attempt of ours left behind: not this record's.
+                return Ok(outcome(
+                    labels::FOREIGN,
+                    event,
+                    format!("{intent} is not the PaymentIntent payment {pid} is recorded with"),
+                ));
             }
             let stored = p.disputes.get(did).cloned();
             let (to, amount) =
@@ -406,6 +512,7 @@ impl EventWork {
                     &to,
                     amount,
                     held_after - held_before,
+                    self.keep_until(&[p.expires_at_s]),
                     &self.note(event, &change),
                 )
                 .await
@@ -458,5 +565,10 @@ impl Work for EventWork {
 
     fn call_timeout(&self) -> Duration {
         self.provider.request_timeout()
+    }
+
+    /// An event's record outlives every copy the provider may still send of it.
+    fn retention_after(&self, _outcome: &Outcome) -> Option<Duration> {
+        Some(EVENT_RECORD_LIFETIME)
     }
 }

@@ -118,6 +118,7 @@ impl ProviderEvent {
             (_, Some("refund")) => match (self.text("id"), self.text("status")) {
                 (Some(provider_refund_id), Some(status)) => Subject::Refund(RefundChange {
                     provider_refund_id,
+                    intent_id: self.text("payment_intent"),
                     refund_id: self.metadata("refund_id"),
                     payment_id: self.metadata("payment_id"),
                     status,
@@ -177,6 +178,8 @@ pub struct RefundChange {
     pub refund_id: Option<String>,
     /// `metadata[payment_id]`.
     pub payment_id: Option<String>,
+    /// The refunded PaymentIntent (`payment_intent`), when the object names it.
+    pub intent_id: Option<String>,
     /// `pending`, `requires_action`, `succeeded`, `failed`, `canceled`.
     pub status: String,
     /// Minor units.
@@ -230,7 +233,7 @@ pub enum Step {
 }
 
 /// A payment's statuses that the provider settles later.
-fn payment_pending(s: &str) -> bool {
+pub fn payment_settling(s: &str) -> bool {
     matches!(s, "processing" | "requires_action")
 }
 
@@ -248,7 +251,8 @@ fn payment_final(s: &str) -> bool {
 pub fn payment_step(stored: &str, incoming: &str) -> Step {
     if stored == incoming || payment_final(stored) {
         Step::Unchanged
-    } else if payment_pending(stored) && matches!(incoming, "succeeded" | "declined" | "canceled") {
+    } else if payment_settling(stored) && matches!(incoming, "succeeded" | "declined" | "canceled")
+    {
         Step::Apply(incoming.to_owned())
     } else {
         // Between two pending states, or from a decline (a PaymentIntent may be confirmed

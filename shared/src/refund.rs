@@ -8,10 +8,17 @@
 //! refunded (fixed at the reservation, so a retry refunds the same).
 //!
 //! Only a payment whose record is `COMPLETED` with a `succeeded` outcome is refunded. A payment
-//! still being charged (no record yet, `IN_PROGRESS`, `FAILED`) makes the refund come back
-//! later, until its receive budget ends (`retries_exhausted`); a payment that was not charged
-//! is `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
+//! still being charged (no record yet, `IN_PROGRESS`, `FAILED`) or still settling at the
+//! provider (`processing`: a bank debit, days; `requires_action`: the customer has not
+//! authenticated yet) makes the refund come back later, until its retry horizon ends
+//! (`retries_exhausted`, redriven once the payment succeeded; the reason says what it waits
+//! for); a payment that ended without a charge (declined, canceled, rejected) is
+//! `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
 //! dead-lettered and never redriven (their records are complete).
+//!
+//! A refund's record is kept for the refund window from its completion
+//! ([`Work::retention_after`]), as long as the payment's ledger it reserved on: the provider
+//! can fail a refund weeks later, and that event must still find it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sqs_once::clock::Clock;
 use sqs_once::{AttemptContext, CallError, Outcome, Rejection, Verdict, Work};
 
 use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
@@ -121,6 +129,11 @@ pub struct RefundWork {
     ledger: Arc<dyn RefundLedger>,
     /// How long the provider remembers an idempotency key.
     key_retention: Duration,
+    /// How long a refund's record, and the payment's record it reserved on, are kept after
+    /// each change (`REFUND_WINDOW_DAYS`).
+    refund_window: Duration,
+    /// Time, injected (the timeline test moves it months ahead).
+    clock: Arc<dyn Clock>,
 }
 
 /// Reservations tried before the message comes back (each lost race reads the payment again).
@@ -159,7 +172,28 @@ impl RefundWork {
             provider,
             ledger,
             key_retention,
+            refund_window: crate::charge::DEFAULT_REFUND_WINDOW,
+            clock: sqs_once::clock::system(),
         }
+    }
+
+    /// Keeps refund records, and the payments' records they change, this long after each
+    /// change.
+    pub fn with_refund_window(mut self, window: Duration) -> Self {
+        self.refund_window = window;
+        self
+    }
+
+    /// The same work on another clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Until when a write to the payment's record, read with TTL `read_s`, keeps it: the
+    /// refund window from now, never less than it was.
+    fn keep_until(&self, read_s: i64) -> i64 {
+        read_s.max(self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64)
     }
 
     /// The payment, if it is charged: `Ok(Err(outcome))` when it can never be refunded.
@@ -182,6 +216,21 @@ impl RefundWork {
         };
         if p.status != sqs_once::record::RecordStatus::Completed {
             return Err(not_yet(pid, &format!("is {}", p.status.as_str())));
+        }
+        if let Some(settling) = p
+            .outcome
+            .as_ref()
+            .map(|o| o.status.as_str())
+            .filter(|s| crate::provider_event::payment_settling(s))
+        {
+            // Not charged yet, not refused either: the provider settles it later (a bank
+            // debit in days, a customer's authentication whenever they come back).
+            return Err(CallError {
+                retry_now: false,
+                ..CallError::transient(format!(
+                    "payment {pid} is still {settling} at the provider: the refund waits until it succeeds (redrive it then if it was dead-lettered); it is refused only if the payment ends declined or canceled"
+                ))
+            });
         }
         let charge = p.outcome.as_ref().and_then(|o| {
             let intent = o
@@ -231,9 +280,10 @@ impl RefundWork {
                     ),
                 )));
             }
+            let keep = self.keep_until(p.expires_at_s);
             let reservation = self
                 .ledger
-                .reserve(&r.payment_id, &r.refund_id, amount, &p, owner)
+                .reserve(&r.payment_id, &r.refund_id, amount, &p, owner, keep)
                 .await
                 .map_err(store_error)?;
             if reservation == Reservation::Reserved {
@@ -290,6 +340,7 @@ impl Work for RefundWork {
                 return Ok(rejected("invalid_refund", why));
             }
         }
+        let read_ttl = payment.expires_at_s;
         let amount = match self.reserve(r, payment, charged, &attempt.owner).await? {
             Ok(a) => a,
             Err(refused) => return Ok(refused),
@@ -331,8 +382,9 @@ impl Work for RefundWork {
             ),
         };
         // Nothing was refunded: give the amount back to the payment.
+        let keep = self.keep_until(read_ttl);
         self.ledger
-            .release(&r.payment_id, &r.refund_id, amount, &attempt.owner)
+            .release(&r.payment_id, &r.refund_id, amount, &attempt.owner, keep)
             .await
             .map_err(store_error)?;
         Ok(refused)
@@ -360,8 +412,9 @@ impl Work for RefundWork {
         };
         if matches!(f.status.as_str(), "failed" | "canceled") {
             if let Some(held) = payment.refunds.get(&r.refund_id) {
+                let keep = self.keep_until(payment.expires_at_s);
                 self.ledger
-                    .release(&r.payment_id, &r.refund_id, *held, &attempt.owner)
+                    .release(&r.payment_id, &r.refund_id, *held, &attempt.owner, keep)
                     .await
                     .map_err(store_error)?;
             }
@@ -407,6 +460,13 @@ impl Work for RefundWork {
 
     fn key_retention(&self) -> Option<Duration> {
         Some(self.key_retention)
+    }
+
+    /// A refund the provider holds (`pending`, `succeeded`, ...) can still fail for weeks; one
+    /// it refused moved no money, but its record still names the refund id: both are kept as
+    /// long as the ledger they belong to.
+    fn retention_after(&self, _outcome: &Outcome) -> Option<Duration> {
+        Some(self.refund_window)
     }
 
     fn settle_hint(&self, key: &str) -> String {

@@ -13,6 +13,10 @@
 //! a check that the refund's record is `IN_PROGRESS` under the attempt's fencing token, so an
 //! attempt whose lease was taken over (a zombie) can neither reserve nor release: no
 //! reservation is ever changed by an attempt that no longer holds its refund.
+//!
+//! Both writes also keep the payment's record (its TTL, `expires_at`) at least until the
+//! lifetime the caller gives, never less than it was: the provider can fail a refund weeks
+//! after `pending` or `succeeded`, and the ledger must still be there to take it back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -69,6 +73,8 @@ pub struct RefundablePayment {
     /// The amount open or lost disputes hold (`disputed_amount`, set by the provider's
     /// dispute events): not refundable.
     pub disputed: i64,
+    /// The record's TTL (`expires_at`, epoch seconds) as read: a write keeps at least this.
+    pub expires_at_s: i64,
 }
 
 impl RefundablePayment {
@@ -103,7 +109,8 @@ pub trait RefundLedger: Send + Sync {
 
     /// Reserves `amount` for `refund_id` on the payment as it was `seen`, only while the
     /// refund's own record is `IN_PROGRESS` under `owner`'s lease (its fencing token):
-    /// [`StoreError::LeaseLost`] otherwise, and nothing is written.
+    /// [`StoreError::LeaseLost`] otherwise, and nothing is written. The payment's record is
+    /// kept at least until `keep_until_s` (the refund can still fail for weeks).
     async fn reserve(
         &self,
         payment_id: &str,
@@ -111,17 +118,20 @@ pub trait RefundLedger: Send + Sync {
         amount: i64,
         seen: &RefundablePayment,
         owner: &str,
+        keep_until_s: i64,
     ) -> Result<Reservation, StoreError>;
 
     /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), only
     /// while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
-    /// never release what the new owner reserved ([`StoreError::LeaseLost`]).
+    /// never release what the new owner reserved ([`StoreError::LeaseLost`]). The payment's
+    /// record is kept at least until `keep_until_s`.
     async fn release(
         &self,
         payment_id: &str,
         refund_id: &str,
         amount: i64,
         owner: &str,
+        keep_until_s: i64,
     ) -> Result<(), StoreError>;
 }
 
@@ -254,6 +264,7 @@ impl RefundLedger for DynamoRefundLedger {
             has_refunds: item.contains_key("refunds"),
             refunds,
             disputed: get_n(item, "disputed_amount").unwrap_or(0),
+            expires_at_s: record.expires_at_s,
         }))
     }
 
@@ -289,13 +300,17 @@ impl RefundLedger for DynamoRefundLedger {
         amount: i64,
         seen: &RefundablePayment,
         owner: &str,
+        keep_until_s: i64,
     ) -> Result<Reservation, StoreError> {
         let (k, v) = self.key(payment_id);
         let total = seen.refunded + amount;
         // What is refunded and what disputes hold never pass the charge; the disputed amount
         // is pinned to the one read, so a dispute applied meanwhile makes this read again.
+        // The record's lifetime is only ever raised: a write that raced ours and kept it longer
+        // makes this one read again.
         let refundable = "#s = :completed AND outcome.#st = :succeeded AND :held <= outcome.#amt \
-            AND (attribute_not_exists(disputed_amount) OR disputed_amount = :disputed)";
+            AND (attribute_not_exists(disputed_amount) OR disputed_amount = :disputed) \
+            AND (attribute_not_exists(expires_at) OR expires_at <= :keep)";
         let mut req = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
@@ -306,17 +321,22 @@ impl RefundLedger for DynamoRefundLedger {
             .expression_attribute_values(":succeeded", s("succeeded"))
             .expression_attribute_values(":total", n(total))
             .expression_attribute_values(":held", n(total + seen.disputed))
-            .expression_attribute_values(":disputed", n(seen.disputed));
+            .expression_attribute_values(":disputed", n(seen.disputed))
+            .expression_attribute_values(":keep", n(keep_until_s.max(seen.expires_at_s)));
         req = if seen.has_refunds {
-            req.update_expression("SET refunds.#rid = :amount, refunded_amount = :total")
-                .condition_expression(format!(
-                    "{refundable} AND attribute_not_exists(refunds.#rid) AND refunded_amount = :seen"
-                ))
-                .expression_attribute_names("#rid", refund_id)
-                .expression_attribute_values(":amount", n(amount))
-                .expression_attribute_values(":seen", n(seen.refunded))
+            req.update_expression(
+                "SET refunds.#rid = :amount, refunded_amount = :total, expires_at = :keep",
+            )
+            .condition_expression(format!(
+                "{refundable} AND attribute_not_exists(refunds.#rid) AND refunded_amount = :seen"
+            ))
+            .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_values(":amount", n(amount))
+            .expression_attribute_values(":seen", n(seen.refunded))
         } else {
-            req.update_expression("SET refunds = :first, refunded_amount = :total")
+            req.update_expression(
+                "SET refunds = :first, refunded_amount = :total, expires_at = :keep",
+            )
                 .condition_expression(format!(
                     "{refundable} AND attribute_not_exists(refunds) AND attribute_not_exists(refunded_amount)"
                 ))
@@ -342,14 +362,17 @@ impl RefundLedger for DynamoRefundLedger {
         refund_id: &str,
         amount: i64,
         owner: &str,
+        keep_until_s: i64,
     ) -> Result<(), StoreError> {
         let (k, v) = self.key(payment_id);
         let update = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
             .update_expression(
-                "SET refunded_amount = refunded_amount - :amount, #rel = :amount REMOVE refunds.#rid",
+                "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
+                 expires_at = :keep REMOVE refunds.#rid",
             )
+            .expression_attribute_values(":keep", n(keep_until_s))
             .condition_expression("refunds.#rid = :amount")
             .expression_attribute_names("#rid", refund_id)
             .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
@@ -440,6 +463,7 @@ impl RefundLedger for InMemoryRefundLedger {
         amount: i64,
         seen: &RefundablePayment,
         _owner: &str,
+        keep_until_s: i64,
     ) -> Result<Reservation, StoreError> {
         self.with(|m| {
             let Some(p) = m.get_mut(payment_id) else {
@@ -463,6 +487,7 @@ impl RefundLedger for InMemoryRefundLedger {
             p.refunds.insert(refund_id.to_owned(), amount);
             p.refunded = total;
             p.has_refunds = true;
+            p.expires_at_s = p.expires_at_s.max(keep_until_s);
             Reservation::Reserved
         })
     }
@@ -473,12 +498,14 @@ impl RefundLedger for InMemoryRefundLedger {
         refund_id: &str,
         amount: i64,
         _owner: &str,
+        keep_until_s: i64,
     ) -> Result<(), StoreError> {
         self.with(|m| {
             if let Some(p) = m.get_mut(payment_id) {
                 if p.refunds.get(refund_id) == Some(&amount) {
                     p.refunds.remove(refund_id);
                     p.refunded -= amount;
+                    p.expires_at_s = p.expires_at_s.max(keep_until_s);
                 }
             }
         })

@@ -14,7 +14,14 @@
 //! On a refund's record (`refund#<id>`): `outcome.status`. A refund moving to `failed` or
 //! `canceled` gives its reservation back in the same transaction
 //! (`refunds.<refund_id>` moves to `released:<refund_id>`, `refunded_amount` goes down),
-//! conditional on the reservation being the one read: exactly once, whatever repeats.
+//! conditional on the reservation being the one read: exactly once, whatever repeats. When
+//! the refund's record is gone, the payment's ledger alone is the truth: a refund that failed
+//! gives back what the payment still holds for it ([`Settlements::settle_refund_on_payment`]).
+//!
+//! Every write keeps the records it changes (their TTL, `expires_at`) at least until the
+//! lifetime the caller gives, and only ever raises it: each is conditional on the TTL read
+//! being no later than the new one, so a write that raced and kept a record longer makes this
+//! one read again. No record is deleted while the provider can still change what it holds.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -77,6 +84,10 @@ pub struct PaymentState {
     pub expires_at_s: i64,
     /// The events applied, in the order applied.
     pub events: Vec<EventNote>,
+    /// The refunds' reservations held: refund id → amount.
+    pub refunds: BTreeMap<String, i64>,
+    /// The amounts given back by refunds that moved no money: refund id → amount.
+    pub released: BTreeMap<String, i64>,
 }
 
 /// A refund's record as the events see it.
@@ -90,6 +101,8 @@ pub struct RefundState {
     pub payment_id: Option<String>,
     /// `outcome.provider_refund_id`.
     pub provider_refund_id: Option<String>,
+    /// The record's TTL (epoch seconds).
+    pub expires_at_s: i64,
 }
 
 /// The port over the records the events settle. Each `settle_*` is `Ok(true)` when it moved
@@ -111,18 +124,21 @@ pub trait Settlements: Send + Sync {
 
     /// Moves the payment's status `from` → `to` (with the decline code of a failed payment),
     /// keeping the record at least until `keep_until_s`.
+    #[allow(clippy::too_many_arguments)]
     async fn settle_payment(
         &self,
         payment_id: &str,
         from: &str,
         to: &str,
         decline_code: Option<&str>,
-        keep_until_s: Option<i64>,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError>;
 
     /// Moves the refund's status `from` → `to`; with `release`, gives back the payment's
-    /// reservation of that amount for the refund in the same transaction.
+    /// reservation of that amount for the refund in the same transaction. Both records are
+    /// kept at least until `keep_until_s`.
+    #[allow(clippy::too_many_arguments)]
     async fn settle_refund(
         &self,
         refund_id: &str,
@@ -130,11 +146,26 @@ pub trait Settlements: Send + Sync {
         from: &str,
         to: &str,
         release: Option<i64>,
+        keep_until_s: i64,
+        note: &EventNote,
+    ) -> Result<bool, StoreError>;
+
+    /// For a refund whose own record is gone: gives back the `amount` the payment's record
+    /// still holds for `refund_id` (the refund moved no money), keeping the payment's record
+    /// at least until `keep_until_s`. `Ok(false)` when the reservation is not that amount any
+    /// more (read again).
+    async fn settle_refund_on_payment(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError>;
 
     /// Records the dispute at `to` (from `from`, `None` when not recorded yet), changing the
-    /// payment's disputed amount by `held_change`.
+    /// payment's disputed amount by `held_change`, keeping the record at least until
+    /// `keep_until_s`.
     #[allow(clippy::too_many_arguments)]
     async fn settle_dispute(
         &self,
@@ -144,6 +175,7 @@ pub trait Settlements: Send + Sync {
         to: &str,
         amount: i64,
         held_change: i64,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError>;
 }
@@ -158,6 +190,10 @@ pub struct DynamoSettlements {
 
 /// The prefix of a dispute's attribute on the payment's record.
 pub const DISPUTE_PREFIX: &str = "dispute:";
+
+/// The condition of every settling write on the record's TTL: it is only ever raised (a write
+/// that raced this one and kept the record longer makes this one read again).
+const KEEP: &str = "(attribute_not_exists(expires_at) OR expires_at <= :keep)";
 
 fn unavailable<E: std::error::Error + 'static, R: std::fmt::Debug>(
     e: SdkError<E, R>,
@@ -279,6 +315,8 @@ impl Settlements for DynamoSettlements {
             disputed: get_n(&item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
             events: events_of(&item),
+            refunds: crate::refund_ledger::reservations_of(&item),
+            released: crate::refund_ledger::released_of(&item),
         }))
     }
 
@@ -298,6 +336,7 @@ impl Settlements for DynamoSettlements {
             status: record.outcome.as_ref().map(|o| o.status.clone()),
             payment_id: text("payment_id"),
             provider_refund_id: text("provider_refund_id"),
+            expires_at_s: record.expires_at_s,
         }))
     }
 
@@ -321,17 +360,21 @@ impl Settlements for DynamoSettlements {
         from: &str,
         to: &str,
         decline_code: Option<&str>,
-        keep_until_s: Option<i64>,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
         let mut set = vec![
             "outcome.#st = :to",
             "events = list_append(if_not_exists(events, :empty), :note)",
+            "expires_at = :keep",
         ];
         let mut req = self
             .payment_update(payment_id)
-            .condition_expression("#s = :completed AND outcome.#st = :from")
+            .condition_expression(format!(
+                "#s = :completed AND outcome.#st = :from AND {KEEP}"
+            ))
+            .expression_attribute_values(":keep", n(keep_until_s))
             .expression_attribute_names("#s", "status")
             .expression_attribute_names("#st", "status")
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
@@ -342,10 +385,6 @@ impl Settlements for DynamoSettlements {
         if let Some(code) = decline_code {
             set.push("outcome.decline_code = :code");
             req = req.expression_attribute_values(":code", s(code));
-        }
-        if let Some(until) = keep_until_s {
-            set.push("expires_at = :keep");
-            req = req.expression_attribute_values(":keep", n(until));
         }
         let update = built(
             req.update_expression(format!("SET {}", set.join(", ")))
@@ -361,6 +400,7 @@ impl Settlements for DynamoSettlements {
         from: &str,
         to: &str,
         release: Option<i64>,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let refund = built(
@@ -370,27 +410,32 @@ impl Settlements for DynamoSettlements {
                     self.refunds.layout().attribute.clone(),
                     self.refunds.record_key(refund_id),
                 )
-                .update_expression("SET outcome.#st = :to")
-                .condition_expression("#s = :completed AND outcome.#st = :from")
+                .update_expression("SET outcome.#st = :to, expires_at = :keep")
+                .condition_expression(format!(
+                    "#s = :completed AND outcome.#st = :from AND {KEEP}"
+                ))
                 .expression_attribute_names("#s", "status")
                 .expression_attribute_names("#st", "status")
                 .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
                 .expression_attribute_values(":from", s(from))
                 .expression_attribute_values(":to", s(to))
+                .expression_attribute_values(":keep", n(keep_until_s))
                 .build(),
         )?;
         let (one, empty) = note_values(note);
         let mut payment = self
             .payment_update(payment_id)
             .expression_attribute_values(":note", one)
-            .expression_attribute_values(":empty", empty);
-        let append = "events = list_append(if_not_exists(events, :empty), :note)";
+            .expression_attribute_values(":empty", empty)
+            .expression_attribute_values(":keep", n(keep_until_s));
+        let append =
+            "events = list_append(if_not_exists(events, :empty), :note), expires_at = :keep";
         payment = match release {
             Some(amount) => payment
                 .update_expression(format!(
                     "SET {append}, refunded_amount = refunded_amount - :amount, #rel = :amount REMOVE refunds.#rid"
                 ))
-                .condition_expression("refunds.#rid = :amount")
+                .condition_expression(format!("refunds.#rid = :amount AND {KEEP}"))
                 .expression_attribute_names("#rid", refund_id)
                 .expression_attribute_names(
                     "#rel",
@@ -399,7 +444,7 @@ impl Settlements for DynamoSettlements {
                 .expression_attribute_values(":amount", n(amount)),
             None => payment
                 .update_expression(format!("SET {append}"))
-                .condition_expression("attribute_exists(#pk)")
+                .condition_expression(format!("attribute_exists(#pk) AND {KEEP}"))
                 .expression_attribute_names("#pk", self.payments.layout().attribute.clone()),
         };
         let result = self
@@ -436,6 +481,35 @@ impl Settlements for DynamoSettlements {
         }
     }
 
+    async fn settle_refund_on_payment(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        keep_until_s: i64,
+        note: &EventNote,
+    ) -> Result<bool, StoreError> {
+        let (one, empty) = note_values(note);
+        let update = self
+            .payment_update(payment_id)
+            .update_expression(
+                "SET events = list_append(if_not_exists(events, :empty), :note), \
+                 expires_at = :keep, refunded_amount = refunded_amount - :amount, \
+                 #rel = :amount REMOVE refunds.#rid",
+            )
+            .condition_expression(format!("refunds.#rid = :amount AND {KEEP}"))
+            .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_names(
+                "#rel",
+                format!("{}{refund_id}", crate::refund_ledger::RELEASED_PREFIX),
+            )
+            .expression_attribute_values(":amount", n(amount))
+            .expression_attribute_values(":keep", n(keep_until_s))
+            .expression_attribute_values(":note", one)
+            .expression_attribute_values(":empty", empty);
+        self.update(built(update.build())?).await
+    }
+
     async fn settle_dispute(
         &self,
         payment_id: &str,
@@ -444,6 +518,7 @@ impl Settlements for DynamoSettlements {
         to: &str,
         amount: i64,
         held_change: i64,
+        keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
@@ -455,8 +530,9 @@ impl Settlements for DynamoSettlements {
             .payment_update(payment_id)
             .update_expression(
                 "SET #d = :dispute, disputed_amount = if_not_exists(disputed_amount, :zero) + :held, \
-                 events = list_append(if_not_exists(events, :empty), :note)",
+                 events = list_append(if_not_exists(events, :empty), :note), expires_at = :keep",
             )
+            .expression_attribute_values(":keep", n(keep_until_s))
             .expression_attribute_names("#s", "status")
             .expression_attribute_names("#d", format!("{DISPUTE_PREFIX}{dispute_id}"))
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
@@ -466,9 +542,11 @@ impl Settlements for DynamoSettlements {
             .expression_attribute_values(":note", one)
             .expression_attribute_values(":empty", empty);
         req = match from {
-            None => req.condition_expression("#s = :completed AND attribute_not_exists(#d)"),
+            None => req.condition_expression(format!(
+                "#s = :completed AND attribute_not_exists(#d) AND {KEEP}"
+            )),
             Some(f) => req
-                .condition_expression("#s = :completed AND #d.#st = :from")
+                .condition_expression(format!("#s = :completed AND #d.#st = :from AND {KEEP}"))
                 .expression_attribute_names("#st", "status")
                 .expression_attribute_values(":from", s(f)),
         };

@@ -371,7 +371,9 @@ async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
 }
 
 /// A charge's record holds its refund ledger: it is kept for the refund window from the
-/// charge, not the record retention from the claim; a decline keeps the record retention.
+/// charge, not the record retention from the claim; so is a payment the provider still settles
+/// (a bank debit `processing`, an off-session payment waiting for its customer), whose late
+/// event must find it; a decline keeps the record retention.
 #[tokio::test]
 async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
     let day = 86_400i64;
@@ -381,6 +383,20 @@ async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
                 provider_payment_id: "pi_1".into(),
                 status: "succeeded".into(),
                 replayed: false,
+            },
+            365,
+        ),
+        (
+            ProviderResponse::Charged {
+                provider_payment_id: "pi_3".into(),
+                status: "processing".into(),
+                replayed: false,
+            },
+            365,
+        ),
+        (
+            ProviderResponse::NeedsAuthentication {
+                provider_payment_id: Some("pi_4".into()),
             },
             365,
         ),

@@ -19,6 +19,7 @@ use payment_core::PaymentOutcome;
 use sqs_once::memory::InMemoryStore;
 use sqs_once::record::RecordStatus;
 use sqs_once::runner::now_ms;
+use sqs_once::IdempotencyStore;
 use sqs_once::Settings;
 
 /// A provider that refunds what it is asked, after a pause (so refunds overlap), or refuses.
@@ -80,9 +81,10 @@ impl RefundLedger for Yielding {
         amount: i64,
         seen: &RefundablePayment,
         owner: &str,
+        keep: i64,
     ) -> Result<payment_core::refund_ledger::Reservation, sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
-        self.0.reserve(pid, rid, amount, seen, owner).await
+        self.0.reserve(pid, rid, amount, seen, owner, keep).await
     }
     async fn release(
         &self,
@@ -90,9 +92,10 @@ impl RefundLedger for Yielding {
         rid: &str,
         amount: i64,
         owner: &str,
+        keep: i64,
     ) -> Result<(), sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
-        self.0.release(pid, rid, amount, owner).await
+        self.0.release(pid, rid, amount, owner, keep).await
     }
 }
 
@@ -112,7 +115,8 @@ fn world() -> World {
         provider.clone(),
         Arc::new(Yielding(ledger.clone())),
         Duration::from_secs(86_400),
-    );
+    )
+    .with_refund_window(Duration::from_secs(365 * 86_400));
     let settings = Settings {
         lease: Duration::from_secs(10),
         call_retry_delay: Duration::from_millis(1),
@@ -163,6 +167,7 @@ fn charged_in(
             refunds: BTreeMap::new(),
             has_refunds: false,
             disputed: 0,
+            expires_at_s: 0,
         },
     );
 }
@@ -278,6 +283,82 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
     assert!(w.provider.calls.lock().unwrap().is_empty());
 }
 
+/// A refund of a payment the provider still settles (a bank debit `processing` for days, an
+/// off-session payment `requires_action` until the customer authenticates) is handed back, with
+/// a reason that says what it waits for, and made once the payment succeeds; it is refused
+/// for good only when the payment ended without a charge.
+#[tokio::test]
+async fn a_refund_of_a_payment_still_settling_waits_for_it_and_is_made_once_it_succeeds() {
+    let w = world();
+    charged(&w, "debit", RecordStatus::Completed, "processing", 500);
+    charged(&w, "auth", RecordStatus::Completed, "requires_action", 700);
+    charged(&w, "canceled", RecordStatus::Completed, "canceled", 700);
+    let batch = vec![
+        msg("m1", &refund("r1", "debit", Some(200))),
+        msg("m2", &refund("r2", "auth", None)),
+        msg("m3", &refund("r3", "canceled", None)),
+    ];
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    let mut back: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    back.sort();
+    assert_eq!(back, ["m1", "m2"], "{s:?}");
+    assert_eq!(s.dead_lettered.get("payment_not_refundable"), Some(&1));
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+    let waiting = w.store.get("r1").await.unwrap().unwrap();
+    assert!(
+        waiting
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("still processing") && e.contains("waits")),
+        "{:?}",
+        waiting.last_error
+    );
+
+    // The debit succeeds (its event settles the payment's record): the same message again
+    // refunds it, once.
+    charged(&w, "debit", RecordStatus::Completed, "succeeded", 500);
+    let (response, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "debit", Some(200)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("refunded"), 1);
+    let calls = w.provider.calls.lock().unwrap().clone();
+    assert_eq!(calls.iter().map(|c| c.amount).collect::<Vec<_>>(), [200]);
+}
+
+/// A refund's record, and the payment's record it reserved on, are kept for the refund window
+/// from the refund: the provider can fail the refund weeks later.
+#[tokio::test]
+async fn a_refund_keeps_its_record_and_its_payment_s_ledger_for_the_refund_window() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "p1", Some(40)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    let year = now_ms() / 1000 + 364 * 86_400;
+    let record = w.store.get("r1").await.unwrap().unwrap();
+    assert!(
+        record.expires_at_s >= year,
+        "the refund's record is kept for the refund window, not the record retention: {}",
+        record.expires_at_s
+    );
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert!(p.expires_at_s >= year, "{}", p.expires_at_s);
+}
+
 #[tokio::test]
 async fn a_refund_the_provider_refuses_gives_its_amount_back() {
     let w = world();
@@ -388,7 +469,7 @@ async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
     charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
     let seen = w.ledger.payment("p1").await.unwrap().unwrap();
     w.ledger
-        .reserve("p1", "r1", 40, &seen, "dead")
+        .reserve("p1", "r1", 40, &seen, "dead", 0)
         .await
         .unwrap();
     let now = now_ms();

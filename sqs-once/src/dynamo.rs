@@ -194,22 +194,35 @@ impl DynamoStore {
     /// Records an outcome found downstream for a record that no attempt holds (an operator's
     /// reconciliation): only while it is `FAILED`, or `IN_PROGRESS` with an expired lease, and
     /// past its `not_before`. Refused ([`StoreError::LeaseLost`]) when an attempt holds it or
-    /// completed it meanwhile. Clears the unknown-outcome mark.
+    /// completed it meanwhile. Clears the unknown-outcome mark. With `keep_until_s` (the
+    /// work's [`crate::Work::retention_after`] for this outcome, as a completion would keep
+    /// it), the record is kept at least until then.
     pub async fn settle(
         &self,
         key: &str,
         outcome: &Outcome,
         now_ms: i64,
+        keep_until_s: Option<i64>,
     ) -> Result<(), StoreError> {
+        // A record no attempt holds was written by its claims only, whose TTL is the record
+        // retention from the first claim: a lifetime from now is never shorter.
+        let (keep, values) = match keep_until_s {
+            Some(t) => (
+                ", expires_at = :keep",
+                Some(HashMap::from([(":keep".to_owned(), n(t))])),
+            ),
+            None => ("", None),
+        };
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
             .key(&self.layout.attribute, self.record_key(key))
-            .update_expression(
-                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now \
-                 REMOVE last_error, not_before, lease_owner",
-            )
+            .update_expression(format!(
+                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now{keep} \
+                 REMOVE last_error, not_before, lease_owner"
+            ))
+            .set_expression_attribute_values(values)
             .condition_expression(
                 "(#s = :failed OR (#s = :in_progress AND lease_expires_at < :now)) AND \
                  (attribute_not_exists(not_before) OR not_before < :now)",

@@ -232,6 +232,7 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
     let settings = ReconcileSettings {
         key_retention: Duration::from_secs(86_400),
         search_lag: Duration::from_secs(1),
+        refund_window: Duration::from_secs(365 * 86_400),
     };
 
     // Charged, answer lost: FAILED, marked unknown, the charge at the provider.
@@ -251,6 +252,13 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
         panic!("not settled: {action:?}");
     };
     assert_eq!((outcome.amount, outcome.currency.as_str()), (1234, "usd"));
+    // The settled charge holds its refund ledger: kept for the refund window from now, not
+    // the record retention of its first claim (disputes come 30 to 120 days after a charge).
+    let kept = t.record(&charged).await.unwrap().expires_at_s;
+    assert!(
+        kept >= now_ms() / 1000 + 364 * 86_400,
+        "a reconciled charge is kept for the refund window: expires_at {kept}"
+    );
     assert_charged_once(&t, &charged).await;
     assert_eq!(t.calls(&charged).await, calls, "reconcile never charges");
     assert!(reconcile::describe(&charged, &action, now_ms()).contains("settled from the provider"));

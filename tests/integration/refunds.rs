@@ -207,8 +207,9 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     refunds.claim(&claim("zombie", -1)).await.unwrap();
     refunds.claim(&claim("owner", 60_000)).await.unwrap();
     let seen = ledger.payment(&pid).await.unwrap().unwrap();
+    let keep = seen.expires_at_s;
     assert!(matches!(
-        ledger.reserve(&pid, &rid, 400, &seen, "zombie").await,
+        ledger.reserve(&pid, &rid, 400, &seen, "zombie", keep).await,
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(
@@ -218,13 +219,13 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     );
     assert_eq!(
         ledger
-            .reserve(&pid, &rid, 400, &seen, "owner")
+            .reserve(&pid, &rid, 400, &seen, "owner", keep)
             .await
             .unwrap(),
         Reservation::Reserved
     );
     assert!(matches!(
-        ledger.release(&pid, &rid, 400, "zombie").await,
+        ledger.release(&pid, &rid, 400, "zombie", keep).await,
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(
@@ -232,7 +233,10 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
         400,
         "the owner's reservation stands"
     );
-    ledger.release(&pid, &rid, 400, "owner").await.unwrap();
+    ledger
+        .release(&pid, &rid, 400, "owner", keep)
+        .await
+        .unwrap();
     assert_eq!(refunded_total(&t, &pid).await, 0);
 }
 

@@ -55,6 +55,9 @@ pub struct ReconcileSettings {
     pub key_retention: Duration,
     /// `PROVIDER_SEARCH_LAG_SECONDS`.
     pub search_lag: Duration,
+    /// `REFUND_WINDOW_DAYS`: a charge settled here is kept that long from now, as a
+    /// completion would keep it ([`payment_core::charge::lifetime_after`]).
+    pub refund_window: Duration,
 }
 
 /// True for a record reconcile should look at with `--all-unknown`: marked unknown, `FAILED`,
@@ -124,7 +127,12 @@ pub async fn reconcile_one(
     if outcome.is_declined() {
         outcome.reason = Some(format!("found at the provider as {}", f.status));
     }
-    match store.settle(id.as_str(), &outcome.to_outcome(), now).await {
+    let keep = payment_core::charge::lifetime_after(&outcome.status, settings.refund_window)
+        .map(|d| (now / 1000 + d.as_secs() as i64).max(record.expires_at_s));
+    match store
+        .settle(id.as_str(), &outcome.to_outcome(), now, keep)
+        .await
+    {
         Ok(()) => Ok(Action::Settled(outcome)),
         // A processor claimed it between the read and the write: it will finish it.
         Err(StoreError::LeaseLost) => match store.get(payment_id).await? {

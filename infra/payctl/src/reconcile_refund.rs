@@ -92,6 +92,7 @@ pub async fn reconcile_refund(
     table: &str,
     provider: &dyn RefundProvider,
     refund_id: &str,
+    refund_window: std::time::Duration,
 ) -> Result<RefundAction> {
     let refunds = crate::refunds::refund_store(ddb, table);
     let Some(record) = refunds.get(refund_id).await? else {
@@ -139,7 +140,10 @@ pub async fn reconcile_refund(
         .with_text("payment_id", &payment_id)
         .with_number("amount", f.amount)
         .with_text("currency", &charge.currency);
-    match refunds.settle(refund_id, &outcome, now_ms()).await {
+    // A refund the provider holds can still fail for weeks: kept as a completion keeps it.
+    let now = now_ms();
+    let keep = (now / 1000 + refund_window.as_secs() as i64).max(record.expires_at_s);
+    match refunds.settle(refund_id, &outcome, now, Some(keep)).await {
         Ok(()) => Ok(RefundAction::Settled(outcome)),
         // A processor claimed it between the read and the write: it will finish it.
         Err(StoreError::LeaseLost) => match refunds.get(refund_id).await? {

@@ -330,6 +330,7 @@ mod tests {
             refunds: refunds.iter().map(|(r, a)| (r.to_string(), *a)).collect(),
             has_refunds: !refunds.is_empty(),
             disputed: 0,
+            expires_at_s: 0,
         }
     }
 

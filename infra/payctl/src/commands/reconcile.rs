@@ -29,6 +29,10 @@ pub struct ReconcileArgs {
     /// How far the provider's search may lag its charges, seconds.
     #[arg(long, env = "PROVIDER_SEARCH_LAG_SECONDS", default_value_t = 60)]
     pub search_lag_seconds: u64,
+    /// How long a settled charge or refund is kept from now, days (the stack's
+    /// RefundWindowDays).
+    #[arg(long, env = "REFUND_WINDOW_DAYS", default_value_t = 365)]
+    pub refund_window_days: u64,
 }
 
 /// Runs `payctl reconcile`.
@@ -40,7 +44,9 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
         provider,
         key_retention_seconds,
         search_lag_seconds,
+        refund_window_days,
     } = args;
+    let refund_window = Duration::from_secs(refund_window_days * 86_400);
     use payctl::{reconcile, reconcile_refund};
     let provider = provider
         .client(sdk, "reconcile looks payments up at the provider")
@@ -75,6 +81,7 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
     let settings = reconcile::ReconcileSettings {
         key_retention: Duration::from_secs(key_retention_seconds),
         search_lag: Duration::from_secs(search_lag_seconds),
+        refund_window,
     };
     if ids.is_empty() {
         println!("no unknown or stuck records in {table}");
@@ -94,7 +101,9 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
                     ));
                 }
             }
-            let action = reconcile_refund::reconcile_refund(&ddb, &table, &provider, id).await?;
+            let action =
+                reconcile_refund::reconcile_refund(&ddb, &table, &provider, id, refund_window)
+                    .await?;
             let line = match action {
                 reconcile_refund::RefundAction::NoRecord => format!(
                     "{id}: no record in the table, as a payment or as a refund; nothing to settle"
