@@ -18,6 +18,10 @@
 //!
 //! Every write keeps the records it changes for the refund window from now (never less than
 //! they were kept): the provider goes on changing a payment for months.
+//!
+//! Why ~570 lines: the payment, refund and dispute paths share one vocabulary (the outcomes,
+//! the not-ours and not-yet rules, the retry on a moved state, the records' lifetime), and a
+//! reader checks each path against the others.
 //! - its object is this system's but its record is not completed yet (the answer that creates
 //!   it is still on its way): handed back, to come again once the record is there;
 //! - otherwise the rule's step: `applied` or `unchanged`.

@@ -17,6 +17,9 @@
 //! Both writes also keep the payment's record (its TTL, `expires_at`) at least until the
 //! lifetime the caller gives, never less than it was: the provider can fail a refund weeks
 //! after `pending` or `succeeded`, and the ledger must still be there to take it back.
+//!
+//! Why ~510 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
+//! conditions, side by side, so that a change to one is seen in the other.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;

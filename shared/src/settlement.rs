@@ -22,6 +22,9 @@
 //! lifetime the caller gives, and only ever raises it: each is conditional on the TTL read
 //! being no later than the new one, so a write that raced and kept a record longer makes this
 //! one read again. No record is deleted while the provider can still change what it holds.
+//!
+//! Why ~550 lines: the port and its DynamoDB adapter, whose every write spells out its
+//! conditions; they are read together when a rule of the inbox changes.
 
 use std::collections::{BTreeMap, HashMap};
 

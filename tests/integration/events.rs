@@ -27,17 +27,17 @@ use crate::helpers::*;
 const SECRET: &str = "whsec_integration";
 
 /// The event side of a test stack.
-struct Events {
-    processor: Arc<EventProcessor>,
-    receiver: EventReceiver,
-    queue: SqsEventQueue,
-    dlq_url: String,
-    provider: StripeClient,
-    settlements: DynamoSettlements,
-    since_s: i64,
+pub(crate) struct Events {
+    pub(crate) processor: Arc<EventProcessor>,
+    pub(crate) receiver: EventReceiver,
+    pub(crate) queue: SqsEventQueue,
+    pub(crate) dlq_url: String,
+    pub(crate) provider: StripeClient,
+    pub(crate) settlements: DynamoSettlements,
+    pub(crate) since_s: i64,
 }
 
-async fn events(t: &TestStack) -> Events {
+pub(crate) async fn events(t: &TestStack) -> Events {
     let config = proving::demo::event_config_for(&t.stack, &fast_settings())
         .expect("the event function's configuration");
     let sdk = payment_core::bootstrap::sdk_config().await;
@@ -87,7 +87,7 @@ fn about(e: &ProviderEvent, ids: &[String]) -> bool {
 impl Events {
     /// The events about `ids` since the test began, newest first, once `until` holds of them
     /// (the simulator finishes asynchronous work after a delay).
-    async fn listed(
+    pub(crate) async fn listed(
         &self,
         ids: &[String],
         until: impl Fn(&[(ProviderEvent, String)]) -> bool,
@@ -126,14 +126,14 @@ impl Events {
     }
 
     /// Delivers each event `copies` times at once, in the order given.
-    async fn deliver_all(&self, events: &[(ProviderEvent, String)], copies: usize) {
+    pub(crate) async fn deliver_all(&self, events: &[(ProviderEvent, String)], copies: usize) {
         for (e, body) in events {
             let statuses = futures::future::join_all((0..copies).map(|_| self.deliver(body))).await;
             assert!(statuses.iter().all(|s| *s == 200), "{}: {statuses:?}", e.id);
         }
     }
 
-    async fn drain(&self, t: &TestStack) -> lambda_local::esm::EsmStats {
+    pub(crate) async fn drain(&self, t: &TestStack) -> lambda_local::esm::EsmStats {
         proving::demo::drain_source(
             self.processor.clone(),
             &t.sqs,
@@ -144,7 +144,7 @@ impl Events {
         .expect("draining the events queue")
     }
 
-    async fn payment(&self, pid: &str) -> PaymentState {
+    pub(crate) async fn payment(&self, pid: &str) -> PaymentState {
         self.settlements
             .payment(pid)
             .await
@@ -152,7 +152,7 @@ impl Events {
             .expect("the payment's record")
     }
 
-    async fn dead_letters(&self, t: &TestStack) -> usize {
+    pub(crate) async fn dead_letters(&self, t: &TestStack) -> usize {
         drain_dlq(&t.sqs, &self.dlq_url)
             .await
             .expect("the events DLQ")
@@ -160,7 +160,7 @@ impl Events {
     }
 }
 
-fn kinds(events: &[(ProviderEvent, String)]) -> Vec<&str> {
+pub(crate) fn kinds(events: &[(ProviderEvent, String)]) -> Vec<&str> {
     events.iter().map(|(e, _)| e.kind.as_str()).collect()
 }
 
@@ -173,7 +173,7 @@ async fn refund_processor(t: &TestStack) -> Arc<payment_core::refund::RefundProc
 }
 
 /// Sends refunds and drains the refunds queue.
-async fn refund(t: &TestStack, bodies: &[String]) -> lambda_local::esm::EsmStats {
+pub(crate) async fn refund(t: &TestStack, bodies: &[String]) -> lambda_local::esm::EsmStats {
     let source = &t.stack.event_sources[REFUND_PROCESSOR];
     proving::load::send_all(&t.sqs, &source.queue_url, bodies)
         .await
@@ -183,7 +183,7 @@ async fn refund(t: &TestStack, bodies: &[String]) -> lambda_local::esm::EsmStats
         .unwrap()
 }
 
-fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
+pub(crate) fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
     payment_core::refund::RefundRequest {
         refund_id: rid.into(),
         payment_id: pid.into(),

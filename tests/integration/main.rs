@@ -13,6 +13,7 @@ mod exactly_once;
 mod failures;
 mod function_process;
 mod helpers;
+mod late_events;
 mod operations;
 mod operator;
 mod operator_safety;
