@@ -101,7 +101,9 @@ def deliveries():
 
 def listing(q):
     """`GET /v1/events`: newest first, filtered by created[...] and type / types[]; Stripe's
-    cursor pagination. Returns (status, body)."""
+    cursor pagination (`starting_after`: older; `ending_before`: the page just newer than the
+    cursor, still newest first, as Stripe's undelivered-events guide walks it). Returns
+    (status, body)."""
     try:
         limit = int(q.get("limit", "10"))
         bounds = {op: int(q[f"created[{op}]"]) for op in ("gte", "gt", "lte", "lt") if f"created[{op}]" in q}
@@ -121,9 +123,26 @@ def listing(q):
             return kind == pattern or (pattern.endswith(".*") and kind.startswith(pattern[:-1]))
         return not types or kind in types
 
+    def listed(e):
+        return wanted(e["type"]) and all(tests[op](e["created"], b) for op, b in bounds.items())
+
+    after, before = q.get("starting_after"), q.get("ending_before")
+    if after and before:
+        return 400, {"error": {"type": "invalid_request_error",
+                               "message": "You may only specify one of these parameters: ending_before, starting_after."}}
+    if before:
+        # The page of events created just after the cursor (the cursor need not match the
+        # filters: it is a place in the list), newest first; has_more when newer ones follow.
+        with _LOCK:
+            ids = [e["id"] for e in _EVENTS]
+            if before not in ids:
+                return 400, {"error": {"type": "invalid_request_error", "message": f"No such event: '{before}'",
+                                       "code": "resource_missing"}}
+            newer = [e for e in _EVENTS[ids.index(before) + 1:] if listed(e)]
+        page = list(reversed(newer[:limit]))
+        return 200, {"object": "list", "data": page, "has_more": len(newer) > limit, "url": "/v1/events"}
     with _LOCK:
-        data = [e for e in reversed(_EVENTS) if wanted(e["type"]) and all(tests[op](e["created"], b) for op, b in bounds.items())]
-    after = q.get("starting_after")
+        data = [e for e in reversed(_EVENTS) if listed(e)]
     if after:
         ids = [e["id"] for e in data]
         if after not in ids:

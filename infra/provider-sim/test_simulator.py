@@ -237,6 +237,34 @@ class Simulator(unittest.TestCase):
         _, later = self.call("GET", "/v1/events", query={"created[gt]": str(int(time.time()) + 60)})
         self.assertEqual(later["data"], [])
 
+    def test_events_walk_forward_from_a_cursor_with_ending_before(self):
+        # Stripe's way to catch up on undelivered events: ending_before an event id gives the
+        # page just newer than it, newest first, has_more while newer ones follow.
+        self.pay("ev-fwd-0")
+        _, anchor = self.call("GET", "/v1/events", query={"limit": "1"})
+        cursor = anchor["data"][0]["id"]
+        for i in range(1, 4):
+            self.pay(f"ev-fwd-{i}")
+        _, page = self.call("GET", "/v1/events", query={"limit": "2", "ending_before": cursor})
+        self.assertEqual((len(page["data"]), page["has_more"]), (2, True))
+        self.assertGreaterEqual(page["data"][0]["created"], page["data"][1]["created"])
+        seen, walked = [], cursor
+        while True:
+            _, p = self.call("GET", "/v1/events", query={"limit": "2", "ending_before": walked})
+            if not p["data"]:
+                break
+            seen.extend(reversed([e["id"] for e in p["data"]]))
+            walked = p["data"][0]["id"]
+            if not p["has_more"]:
+                break
+        _, newest = self.call("GET", "/v1/events", query={"limit": "100"})
+        ids = [e["id"] for e in newest["data"]]
+        self.assertEqual(seen, list(reversed(ids[:ids.index(cursor)])), "every newer event once, oldest first")
+        status, err = self.call("GET", "/v1/events", query={"ending_before": cursor, "starting_after": cursor})
+        self.assertEqual(status, 400, err)
+        status, err = self.call("GET", "/v1/events", query={"ending_before": "evt_missing"})
+        self.assertEqual((status, err["error"].get("code")), (400, "resource_missing"))
+
 
 class Latency(unittest.TestCase):
     """The benchmark's provider answers after a log-normal time with the median and 99th

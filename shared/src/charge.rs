@@ -143,18 +143,17 @@ pub struct PaymentWork {
 /// covers the windows that card acquirers commonly allow.
 pub const DEFAULT_REFUND_WINDOW: Duration = Duration::from_secs(365 * 86_400);
 
-/// How long a payment's record completed (or settled by hand) at `status` is kept from then,
-/// when longer than the record retention: the refund window for a charge (its record holds the
-/// refund ledger, and disputes and failed refunds land on it for months) and for a payment
-/// the provider still settles (`processing`: a bank debit succeeds days later;
-/// `requires_action`: the customer may authenticate until the intent is canceled), so that
-/// the provider's late events always find it. `None`: the record retention from the first
-/// claim (declined, canceled, rejected: nothing the provider will change).
-pub fn lifetime_after(status: &str, refund_window: Duration) -> Option<Duration> {
-    (status == "succeeded"
-        || status == "requires_capture"
-        || crate::provider_event::payment_settling(status))
-    .then_some(refund_window)
+/// How long a payment's record completed (or settled by hand) with `outcome` is kept from
+/// then, when longer than the record retention: the refund window for every outcome whose
+/// PaymentIntent exists at the provider, which can still change it. A charge's record holds
+/// the refund ledger, and disputes and failed refunds land on it for months; a payment still
+/// settling (`processing`: a bank debit succeeds days later; `requires_action`,
+/// `requires_confirmation`: the customer may come back until the intent is canceled) and even
+/// a declined one (its PaymentIntent may be confirmed again on-session) get events later.
+/// `None`: the record retention from the first claim, for a payment the provider refused
+/// before creating any PaymentIntent (`rejected`: nothing there to change).
+pub fn lifetime_after(outcome: &PaymentOutcome, refund_window: Duration) -> Option<Duration> {
+    (outcome.provider_payment_id.is_some() && outcome.status != "rejected").then_some(refund_window)
 }
 
 impl PaymentWork {
@@ -197,10 +196,7 @@ impl Work for PaymentWork {
 
     /// See [`lifetime_after`].
     fn retention_after(&self, outcome: &Outcome) -> Option<Duration> {
-        lifetime_after(
-            &PaymentOutcome::from_outcome(outcome).status,
-            self.refund_window,
-        )
+        lifetime_after(&PaymentOutcome::from_outcome(outcome), self.refund_window)
     }
 
     async fn execute(

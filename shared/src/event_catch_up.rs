@@ -3,24 +3,30 @@
 //! into the same provider-events queue, where the inbox applies each once by its id, so a
 //! window listed twice changes nothing.
 //!
+//! It walks the list page by page, oldest first, as Stripe documents for undelivered events
+//! (`ending_before` an event id: the page of events created just after it), queues each page
+//! with `SendMessageBatch` and only then moves on, so no run holds more than one page, and a
+//! run that stops (its budget spent, its function timed out) has lost nothing: the next one
+//! continues from where it got.
+//!
 //! `payctl events catch-up --since ...` lists a window given by hand. The scheduled run (the
-//! event function invoked with `{"catch_up": true}` by the template's schedule) starts where the
-//! last run ended, less an overlap for events listed late, from a checkpoint item in the
-//! idempotency table (`pk = checkpoint#provider-events`), which it advances only after every
-//! event of its window is queued: a run that fails is run again over the same window.
+//! event function invoked with `{"catch_up": true}` by the template's schedule) keeps its place
+//! in a checkpoint item of the idempotency table (`pk = checkpoint#provider-events`): the last
+//! event it queued, moved after every page with a write conditional on the version read (two
+//! runs never move it back), and whether the last run reached the newest event. A run that
+//! did continues from a little before it ([`OVERLAP_S`]: events listed late); a run that did
+//! not continues from the event itself. The first run starts [`FIRST_WINDOW_S`] back, and
+//! every run stops within its [`Budget`], below the function's timeout.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use serde::Serialize;
-use sqs_once::dynamo::{get_n, n, s};
 
+pub use crate::event_checkpoint::{Checkpoint, Place, Position, CHECKPOINT_KEY, OVERLAP_S};
 use crate::event_receiver::EventQueue;
 use crate::provider::{FailureKind, ProviderError};
 use crate::provider_event::ProviderEvent;
-use crate::stripe::{listing, StripeClient};
 
 /// The event types the inbox applies: what the catch-up lists (Stripe's `types[]` takes up to
 /// 20), and what to select when registering the endpoint.
@@ -48,74 +54,57 @@ pub const EVENT_RETENTION_S: i64 = 30 * 86_400;
 /// The first scheduled run's window: as long as the provider retries a failing endpoint.
 pub const FIRST_WINDOW_S: i64 = 3 * 86_400;
 
-/// How far before the checkpoint each scheduled run starts again: events created near the
-/// end of the last window may have been listed after it ran.
-pub const OVERLAP_S: i64 = 900;
+/// Events per page (Stripe's largest).
+pub const PAGE_SIZE: usize = 100;
 
-/// The most events one run lists (100 per page).
-const MAX_PAGES: usize = 500;
+/// The most pages a run re-lists before its last event (the [`OVERLAP_S`] window): past that
+/// it goes on from the last event itself, so a busy quarter of an hour never stops a run from
+/// making progress.
+const OVERLAP_MAX_PAGES: usize = 10;
 
-/// The provider's event list.
+/// The most pages walked back to find a window's oldest event when nothing of the inbox's
+/// types precedes the window (a new account).
+const OLDEST_MAX_PAGES: usize = 500;
+
+/// One page of the provider's event list, newest first as the provider lists it.
+#[derive(Debug, Clone, Default)]
+pub struct EventPage {
+    /// The events with their JSON, newest first.
+    pub events: Vec<(ProviderEvent, String)>,
+    /// More events lie beyond this page in the direction listed.
+    pub has_more: bool,
+}
+
+/// The provider's event list, restricted to [`EVENT_TYPES`].
 #[async_trait]
 pub trait EventLister: Send + Sync {
-    /// Every event of the inbox's types created in `[since_s, until_s]`, each with its JSON.
-    async fn events(
+    /// One page of the events created in `[since_s, until_s]`, newest first, after
+    /// `starting_after` (`None`: from the newest).
+    async fn page_back(
         &self,
         since_s: i64,
         until_s: i64,
-    ) -> Result<Vec<(ProviderEvent, String)>, ProviderError>;
-}
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError>;
 
-#[derive(serde::Deserialize)]
-struct EventPage {
-    data: Vec<serde_json::Value>,
-    #[serde(default)]
-    has_more: bool,
-}
+    /// The page of events created just after the event `cursor` (Stripe's `ending_before`),
+    /// newest first; `has_more` when newer ones follow.
+    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError>;
 
-#[async_trait]
-impl EventLister for StripeClient {
+    /// Every event created in `[since_s, until_s]`, newest first, in memory: for short windows
+    /// (tests, the demo's checks). Refused past 500 pages.
     async fn events(
         &self,
         since_s: i64,
         until_s: i64,
     ) -> Result<Vec<(ProviderEvent, String)>, ProviderError> {
-        let (since, until) = (since_s.to_string(), until_s.to_string());
-        let type_keys: Vec<String> = (0..EVENT_TYPES.len())
-            .map(|i| format!("types[{i}]"))
-            .collect();
-        let mut found = Vec::new();
-        let mut after: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let mut query: Vec<(&str, &str)> = vec![
-                ("limit", "100"),
-                ("created[gte]", &since),
-                ("created[lte]", &until),
-            ];
-            for (k, t) in type_keys.iter().zip(EVENT_TYPES) {
-                query.push((k, t));
-            }
-            if let Some(a) = &after {
-                query.push(("starting_after", a));
-            }
-            let (status, headers, body) = self.get("/v1/events", &query).await?;
-            let page: EventPage = listing(status, &headers, &body, |_: &EventPage| false)?;
-            for value in page.data {
-                let text = value.to_string();
-                match ProviderEvent::parse(&text) {
-                    Ok(e) => {
-                        after = Some(e.id.clone());
-                        found.push((e, text));
-                    }
-                    Err(r) => {
-                        return Err(ProviderError::new(
-                            FailureKind::Network,
-                            format!("the event list holds an unreadable event: {}", r.message),
-                        ))
-                    }
-                }
-            }
-            if !page.has_more || after.is_none() {
+        let mut found: Vec<(ProviderEvent, String)> = Vec::new();
+        for _ in 0..OLDEST_MAX_PAGES {
+            let after = found.last().map(|(e, _)| e.id.clone());
+            let page = self.page_back(since_s, until_s, after.as_deref()).await?;
+            let more = page.has_more && !page.events.is_empty();
+            found.extend(page.events);
+            if !more {
                 return Ok(found);
             }
         }
@@ -123,25 +112,108 @@ impl EventLister for StripeClient {
             FailureKind::Network,
             format!(
                 "more than {} events since {since_s}: list a shorter window",
-                MAX_PAGES * 100
+                OLDEST_MAX_PAGES * PAGE_SIZE
             ),
         ))
+    }
+}
+
+/// Where a window's oldest-first walk starts.
+enum Start {
+    /// After this event (not queued again).
+    After(Place),
+    /// With this event (the window's oldest, nothing of the types before it), then after it.
+    With(ProviderEvent, String),
+    /// No event at all from the window's start.
+    Nothing,
+}
+
+/// Where the walk of events created from `since_s` starts: the newest event before it, else
+/// (nothing before: a new account) the oldest since, found by walking back.
+async fn start_at(lister: &dyn EventLister, since_s: i64, now_s: i64) -> Result<Start, String> {
+    let listing = |e: ProviderError| format!("listing the provider's events: {e}");
+    let before = lister
+        .page_back(0, since_s - 1, None)
+        .await
+        .map_err(listing)?;
+    if let Some((e, _)) = before.events.first() {
+        return Ok(Start::After(Place::of(e)));
+    }
+    let mut oldest: Option<(ProviderEvent, String)> = None;
+    for _ in 0..OLDEST_MAX_PAGES {
+        let after = oldest.as_ref().map(|(e, _)| e.id.clone());
+        let page = lister
+            .page_back(since_s, now_s, after.as_deref())
+            .await
+            .map_err(listing)?;
+        let more = page.has_more;
+        if let Some(last) = page.events.into_iter().last() {
+            oldest = Some(last);
+        }
+        if !more {
+            return Ok(oldest.map_or(Start::Nothing, |(e, t)| Start::With(e, t)));
+        }
+    }
+    Err(format!(
+        "more than {} events since {since_s} and none before it to start from: set where to start with `payctl events checkpoint --set evt_...`",
+        OLDEST_MAX_PAGES * PAGE_SIZE
+    ))
+}
+
+/// How much one run may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// No page is started after this instant.
+    pub until: tokio::time::Instant,
+    /// No more pages than this.
+    pub max_pages: usize,
+}
+
+impl Budget {
+    /// No limit (a catch-up by hand).
+    pub fn unlimited() -> Self {
+        Self {
+            until: tokio::time::Instant::now() + std::time::Duration::from_secs(100 * 365 * 86_400),
+            max_pages: usize::MAX,
+        }
+    }
+
+    /// Pages until `deadline_ms` (epoch ms, the function's) less `margin`: the time one page
+    /// may take (a list call and ten batches, each within its own timeout).
+    pub fn before_deadline(deadline_ms: i64, margin: std::time::Duration) -> Self {
+        let now = sqs_once::runner::now_ms();
+        let left = (deadline_ms - now - margin.as_millis() as i64).max(0) as u64;
+        Self {
+            until: tokio::time::Instant::now() + std::time::Duration::from_millis(left),
+            max_pages: usize::MAX,
+        }
+    }
+
+    fn spent(&self, pages: usize) -> bool {
+        pages >= self.max_pages || tokio::time::Instant::now() >= self.until
     }
 }
 
 /// What a catch-up did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CatchUpReport {
-    /// The window listed, unix seconds.
+    /// The window's start, unix seconds.
     pub since_s: i64,
-    /// Its end.
+    /// Its end (the run's time).
     pub until_s: i64,
-    /// Events listed (and queued: the inbox drops those it applied before).
+    /// Events queued (the inbox drops those it applied before).
     pub queued: usize,
+    /// Pages listed.
+    pub pages: usize,
+    /// The last event queued.
+    pub last: Option<Place>,
+    /// The run reached the newest event of its window; `false`: its budget ended first, and
+    /// the next run continues from `last`.
+    pub finished: bool,
 }
 
-/// Lists `[since_s, until_s]` (cut at the provider's retention) and queues every event,
-/// oldest first.
+/// Lists `[since_s, until_s]` (cut at the provider's retention) page by page, oldest first,
+/// and queues every event (by hand: no budget, no checkpoint).
 pub async fn catch_up(
     lister: &dyn EventLister,
     queue: &dyn EventQueue,
@@ -149,99 +221,198 @@ pub async fn catch_up(
     until_s: i64,
 ) -> Result<CatchUpReport, String> {
     let since_s = since_s.max(until_s - EVENT_RETENTION_S);
-    let mut events = lister
-        .events(since_s, until_s)
-        .await
-        .map_err(|e| format!("listing the provider's events: {e}"))?;
-    events.sort_by_key(|(e, _)| e.created);
-    for (event, text) in &events {
-        queue
-            .enqueue(event, text)
-            .await
-            .map_err(|e| format!("queueing event {}: {e}", event.id))?;
-    }
-    Ok(CatchUpReport {
+    let mut report = CatchUpReport {
         since_s,
         until_s,
-        queued: events.len(),
-    })
-}
-
-/// Where the scheduled catch-up keeps how far it got.
-pub struct Checkpoint {
-    client: aws_sdk_dynamodb::Client,
-    table: String,
-}
-
-/// The checkpoint item's key.
-pub const CHECKPOINT_KEY: &str = "checkpoint#provider-events";
-
-impl Checkpoint {
-    /// The checkpoint in the idempotency table `table`.
-    pub fn new(client: aws_sdk_dynamodb::Client, table: &str) -> Self {
-        Self {
-            client,
-            table: table.to_owned(),
+        ..CatchUpReport::default()
+    };
+    let cursor = match start_at(lister, since_s, until_s).await? {
+        Start::Nothing => {
+            report.finished = true;
+            return Ok(report);
         }
-    }
-
-    /// Through when every event was queued, if a run ended.
-    pub async fn read(&self) -> Result<Option<i64>, String> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(CHECKPOINT_KEY))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| aws_sdk_dynamodb::error::DisplayErrorContext(&e).to_string())?;
-        Ok(out.item().and_then(|i| get_n(i, "through_s")))
-    }
-
-    /// Moves the checkpoint from `from` (as read) to `to`; `false` when another run moved it.
-    pub async fn advance(&self, from: Option<i64>, to: i64) -> Result<bool, String> {
-        let mut req = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", s(CHECKPOINT_KEY))
-            .update_expression("SET through_s = :to")
-            .expression_attribute_values(":to", n(to));
-        req = match from {
-            None => req.condition_expression("attribute_not_exists(through_s)"),
-            Some(f) => req
-                .condition_expression("through_s = :from")
-                .expression_attribute_values(":from", n(f)),
-        };
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(SdkError::ServiceError(se))
-                if matches!(
-                    se.err(),
-                    UpdateItemError::ConditionalCheckFailedException(_)
-                ) =>
-            {
-                Ok(false)
+        Start::After(p) => p,
+        Start::With(e, text) => {
+            if e.created > until_s {
+                report.finished = true;
+                return Ok(report);
             }
-            Err(e) => Err(aws_sdk_dynamodb::error::DisplayErrorContext(&e).to_string()),
+            queue_page(queue, &[(e.clone(), text)]).await?;
+            report.queued = 1;
+            Place::of(&e)
+        }
+    };
+    walk(
+        lister,
+        queue,
+        cursor,
+        Some(until_s),
+        Budget::unlimited(),
+        &mut report,
+        None,
+    )
+    .await?;
+    Ok(report)
+}
+
+async fn queue_page(
+    queue: &dyn EventQueue,
+    events: &[(ProviderEvent, String)],
+) -> Result<(), String> {
+    queue
+        .enqueue_batch(events)
+        .await
+        .map_err(|e| format!("queueing {} events: {e}", events.len()))
+}
+
+/// The checkpoint's part in a walk: moved after each page once the walk is past `hold`.
+struct Moving<'a> {
+    checkpoint: &'a Checkpoint,
+    read: Position,
+    /// Re-listing before the last run's last event: not moved until the walk passes it.
+    hold: Option<Place>,
+    held_pages: usize,
+}
+
+/// Walks the pages after `cursor`, oldest first, queueing each (and the events up to
+/// `until_s`), until the newest event, the budget's end, or another run moving the checkpoint.
+async fn walk(
+    lister: &dyn EventLister,
+    queue: &dyn EventQueue,
+    mut cursor: Place,
+    until_s: Option<i64>,
+    budget: Budget,
+    report: &mut CatchUpReport,
+    mut moving: Option<&mut Moving<'_>>,
+) -> Result<(), String> {
+    loop {
+        if budget.spent(report.pages) {
+            return Ok(());
+        }
+        let page = lister
+            .page_after(&cursor.id)
+            .await
+            .map_err(|e| format!("listing the provider's events after {}: {e}", cursor.id))?;
+        report.pages += 1;
+        let mut oldest_first: Vec<_> = page.events.into_iter().rev().collect();
+        let past_end = until_s.is_some_and(|u| oldest_first.iter().any(|(e, _)| e.created > u));
+        if let Some(u) = until_s {
+            oldest_first.retain(|(e, _)| e.created <= u);
+        }
+        let Some((newest, _)) = oldest_first.last() else {
+            report.finished = true;
+            return Ok(());
+        };
+        let newest = Place::of(newest);
+        queue_page(queue, &oldest_first).await?;
+        report.queued += oldest_first.len();
+        report.last = Some(newest.clone());
+        if let Some(m) = moving.as_deref_mut() {
+            if let Some(h) = m.hold.clone() {
+                m.held_pages += 1;
+                let passed =
+                    oldest_first.iter().any(|(e, _)| e.id == h.id) || newest.created > h.created;
+                if passed {
+                    m.hold = None;
+                } else if m.held_pages >= OVERLAP_MAX_PAGES {
+                    // A busy quarter of an hour: go on from the last run's last event.
+                    m.hold = None;
+                    cursor = h;
+                    continue;
+                }
+            }
+            if m.hold.is_none() {
+                let to = Position {
+                    last: Some(newest.clone()),
+                    caught_up: false,
+                    version: m.read.version + 1,
+                    from_s: None,
+                };
+                if !m.checkpoint.advance(&m.read, &to).await? {
+                    tracing::warn!("another catch-up moved the checkpoint: this run stops, its events are queued");
+                    return Ok(());
+                }
+                m.read = to;
+            }
+        }
+        cursor = newest;
+        if !page.has_more || past_end {
+            report.finished = true;
+            return Ok(());
         }
     }
 }
 
-/// The scheduled catch-up: from the checkpoint less [`OVERLAP_S`] (the last
-/// [`FIRST_WINDOW_S`] on the first run) to `now_s`, then the checkpoint moved to `now_s`.
+/// One scheduled run at `now_s` within `budget`: from where the last run got (a little before
+/// it when that run had caught up), else from [`FIRST_WINDOW_S`] back; the checkpoint moved
+/// after every page.
 pub async fn scheduled(
     lister: &dyn EventLister,
     queue: &dyn EventQueue,
     checkpoint: &Checkpoint,
     now_s: i64,
+    budget: Budget,
 ) -> Result<CatchUpReport, String> {
-    let through = checkpoint.read().await?;
-    let since = through.map_or(now_s - FIRST_WINDOW_S, |t| t - OVERLAP_S);
-    let report = catch_up(lister, queue, since, now_s).await?;
-    if !checkpoint.advance(through, now_s).await? {
-        tracing::warn!("another catch-up moved the checkpoint meanwhile; this run's events are queued all the same");
+    let read = checkpoint.read().await?;
+    // A place older than the provider keeps events can no longer be listed after.
+    let oldest_listable = now_s - EVENT_RETENTION_S + 3_600;
+    let last = read.last.clone().filter(|p| p.created > oldest_listable);
+    let (since, hold) = match (&last, read.caught_up) {
+        (Some(p), false) => (p.created, None),
+        (Some(p), true) => (p.created - OVERLAP_S, Some(p.clone())),
+        (None, _) => (
+            read.from_s
+                .unwrap_or(now_s - FIRST_WINDOW_S)
+                .max(oldest_listable),
+            None,
+        ),
+    };
+    let mut report = CatchUpReport {
+        since_s: since,
+        until_s: now_s,
+        ..CatchUpReport::default()
+    };
+    let mut moving = Moving {
+        checkpoint,
+        read: read.clone(),
+        hold,
+        held_pages: 0,
+    };
+    let cursor = match (&last, read.caught_up) {
+        (Some(p), false) => p.clone(),
+        _ => match start_at(lister, since, now_s).await? {
+            Start::Nothing => {
+                report.finished = true;
+                return Ok(report);
+            }
+            Start::After(p) => p,
+            Start::With(e, text) => {
+                queue_page(queue, &[(e.clone(), text)]).await?;
+                report.queued = 1;
+                Place::of(&e)
+            }
+        },
+    };
+    walk(
+        lister,
+        queue,
+        cursor,
+        None,
+        budget,
+        &mut report,
+        Some(&mut moving),
+    )
+    .await?;
+    if report.finished {
+        let to = Position {
+            last: report.last.clone().or(moving.read.last.clone()),
+            caught_up: true,
+            version: moving.read.version + 1,
+            from_s: None,
+        };
+        if to.last.is_some() && !checkpoint.advance(&moving.read, &to).await? {
+            tracing::warn!("another catch-up moved the checkpoint meanwhile");
+        }
     }
     Ok(report)
 }
@@ -257,11 +428,9 @@ pub struct ScheduledCatchUp {
 }
 
 impl ScheduledCatchUp {
-    /// One scheduled run at the current time.
-    pub async fn run(&self) -> Result<CatchUpReport, String> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        scheduled(&*self.lister, &*self.queue, &self.checkpoint, now).await
+    /// One scheduled run at the current time within `budget`.
+    pub async fn run(&self, budget: Budget) -> Result<CatchUpReport, String> {
+        let now = sqs_once::runner::now_ms() / 1000;
+        scheduled(&*self.lister, &*self.queue, &self.checkpoint, now, budget).await
     }
 }

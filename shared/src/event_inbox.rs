@@ -318,18 +318,14 @@ impl EventWork {
                     }
                 }
             };
-            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
-                // The refund's payment is past its lifetime: nothing holds its money any more.
-                return Ok(outcome(
-                    labels::UNCHANGED,
-                    event,
-                    format!("refund {rid} stays {stored}: payment {pid} has no record any more"),
-                ));
-            };
-            let release = refund_returns_nothing(&to)
-                .then(|| p.refunds.get(&rid).copied())
-                .flatten();
-            let keep = self.keep_until(&[r.expires_at_s, p.expires_at_s]);
+            // The refund's payment may be past its lifetime: then nothing holds its money any
+            // more, and only the refund's own record moves.
+            let p = self.settlements.payment(&pid).await.map_err(store_error)?;
+            let release = p
+                .as_ref()
+                .filter(|_| refund_returns_nothing(&to))
+                .and_then(|p| p.refunds.get(&rid).copied());
+            let keep = self.keep_until(&[r.expires_at_s, p.as_ref().map_or(0, |p| p.expires_at_s)]);
             let change = match release {
                 Some(a) => format!("refund {rid} {stored} -> {to}, {a} given back"),
                 None => format!("refund {rid} {stored} -> {to}"),
@@ -338,7 +334,7 @@ impl EventWork {
                 .settlements
                 .settle_refund(
                     &rid,
-                    &pid,
+                    p.as_ref().map(|_| pid.as_str()),
                     &stored,
                     &to,
                     release,

@@ -95,47 +95,7 @@ impl SigningSecrets for SecretsManagerSecrets {
     }
 }
 
-/// Where verified events go.
-#[async_trait]
-pub trait EventQueue: Send + Sync {
-    /// Sends the event's raw body; `Ok` once the queue holds it.
-    async fn enqueue(&self, event: &ProviderEvent, body: &str) -> Result<(), String>;
-}
-
-/// The provider-events queue in SQS.
-pub struct SqsEventQueue {
-    client: aws_sdk_sqs::Client,
-    url: String,
-}
-
-impl SqsEventQueue {
-    /// The queue at `url` (the template's `PROVIDER_EVENTS_QUEUE_URL`).
-    pub fn new(client: aws_sdk_sqs::Client, url: String) -> Self {
-        Self { client, url }
-    }
-}
-
-#[async_trait]
-impl EventQueue for SqsEventQueue {
-    async fn enqueue(&self, event: &ProviderEvent, body: &str) -> Result<(), String> {
-        let attribute = |v: &str| {
-            aws_sdk_sqs::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(v)
-                .build()
-                .map_err(|e| e.to_string())
-        };
-        self.client
-            .send_message()
-            .queue_url(&self.url)
-            .message_body(body)
-            .message_attributes("event_type", attribute(&event.kind)?)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
-    }
-}
+pub use crate::event_queue::{EventQueue, SqsEventQueue};
 
 /// An HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

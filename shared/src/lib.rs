@@ -13,6 +13,8 @@
 //!   [`provider`] (provider port), [`stripe_limits`] (what Stripe accepts, with its sources).
 //! - Works: [`charge`] (payments), [`refund`] (refunds of charged payments),
 //!   [`event_inbox`] (the provider's events, by event id; rules in [`provider_event`]).
+//! - The catch-up of missed events: [`event_catch_up`], its place in [`event_checkpoint`];
+//!   the provider-events queue both feed: [`event_queue`].
 //! - Use cases: [`api`] (accepting payments with an `Idempotency-Key`), [`outbox`]
 //!   (relaying accepted payments to the queue).
 //! - Adapters: [`stripe`] (provider HTTP), [`payments_table`] (payments and outbox),
@@ -27,7 +29,9 @@ pub mod config;
 pub mod currency;
 pub mod domain;
 pub mod event_catch_up;
+pub mod event_checkpoint;
 pub mod event_inbox;
+pub mod event_queue;
 pub mod event_receiver;
 pub mod outbox;
 pub mod payments_table;

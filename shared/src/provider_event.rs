@@ -232,9 +232,13 @@ pub enum Step {
     Fetch,
 }
 
-/// A payment's statuses that the provider settles later.
+/// A payment's statuses that the provider settles later: a debit still `processing`, an
+/// intent waiting for its customer (`requires_action`, `requires_confirmation`).
 pub fn payment_settling(s: &str) -> bool {
-    matches!(s, "processing" | "requires_action")
+    matches!(
+        s,
+        "processing" | "requires_action" | "requires_confirmation"
+    )
 }
 
 /// A payment's statuses that never change again.

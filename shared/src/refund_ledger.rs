@@ -368,27 +368,39 @@ impl RefundLedger for DynamoRefundLedger {
         keep_until_s: i64,
     ) -> Result<(), StoreError> {
         let (k, v) = self.key(payment_id);
-        let update = Update::builder()
-            .table_name(self.records.table())
-            .key(k, v)
-            .update_expression(
-                "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
-                 expires_at = :keep REMOVE refunds.#rid",
-            )
-            .expression_attribute_values(":keep", n(keep_until_s))
-            .condition_expression("refunds.#rid = :amount")
-            .expression_attribute_names("#rid", refund_id)
-            .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
-            .expression_attribute_values(":amount", n(amount))
-            .build()
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut keep = keep_until_s;
         for wait_ms in [0, 20, 50, 100, 200] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            match self.fenced(refund_id, owner, update.clone()).await? {
-                // Not reserved (released before, or never): nothing to give back.
-                Fenced::Applied | Fenced::Refused => return Ok(()),
+            let update = Update::builder()
+                .table_name(self.records.table())
+                .key(k.clone(), v.clone())
+                .update_expression(
+                    "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
+                     expires_at = :keep REMOVE refunds.#rid",
+                )
+                .condition_expression(
+                    "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+                )
+                .expression_attribute_values(":keep", n(keep))
+                .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
+                .expression_attribute_values(":amount", n(amount))
+                .build()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            match self.fenced(refund_id, owner, update).await? {
+                Fenced::Applied => return Ok(()),
                 Fenced::LeaseLost => return Err(StoreError::LeaseLost),
                 Fenced::Conflict => continue,
+                Fenced::Refused => {
+                    // Not reserved (released before, or never): nothing to give back. Still
+                    // reserved: the record's lifetime was raised after it was read; keep that.
+                    match self.payment(payment_id).await? {
+                        Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
+                            keep = keep.max(p.expires_at_s);
+                        }
+                        _ => return Ok(()),
+                    }
+                }
             }
         }
         Err(StoreError::Unavailable(
@@ -484,6 +496,7 @@ impl RefundLedger for InMemoryRefundLedger {
                 || p.refunds.contains_key(refund_id)
                 || p.refunded != seen.refunded
                 || p.disputed != seen.disputed
+                || p.expires_at_s > keep_until_s.max(seen.expires_at_s)
             {
                 return Reservation::Changed;
             }

@@ -140,12 +140,13 @@ pub trait Settlements: Send + Sync {
 
     /// Moves the refund's status `from` → `to`; with `release`, gives back the payment's
     /// reservation of that amount for the refund in the same transaction. Both records are
-    /// kept at least until `keep_until_s`.
+    /// kept at least until `keep_until_s`. Without a `payment_id` (its record is gone: past its
+    /// lifetime, nothing holds its money) only the refund's record moves.
     #[allow(clippy::too_many_arguments)]
     async fn settle_refund(
         &self,
         refund_id: &str,
-        payment_id: &str,
+        payment_id: Option<&str>,
         from: &str,
         to: &str,
         release: Option<i64>,
@@ -399,7 +400,7 @@ impl Settlements for DynamoSettlements {
     async fn settle_refund(
         &self,
         refund_id: &str,
-        payment_id: &str,
+        payment_id: Option<&str>,
         from: &str,
         to: &str,
         release: Option<i64>,
@@ -425,6 +426,9 @@ impl Settlements for DynamoSettlements {
                 .expression_attribute_values(":keep", n(keep_until_s))
                 .build(),
         )?;
+        let Some(payment_id) = payment_id else {
+            return self.update(refund).await;
+        };
         let (one, empty) = note_values(note);
         let mut payment = self
             .payment_update(payment_id)

@@ -1,11 +1,13 @@
 //! The provider's objects as they are now (`GET /v1/payment_intents/{id}`, `/v1/refunds/{id}`,
 //! `/v1/disputes/{id}`, `/v1/charges/{id}`), read as an event would carry them: what the
-//! events inbox applies when an event's payload cannot decide.
+//! events inbox applies when an event's payload cannot decide; and the event list
+//! (`GET /v1/events`, `/v1/events/{id}`) the catch-up walks.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::event_catch_up::{EventLister, EventPage, Place, EVENT_TYPES, PAGE_SIZE};
 use crate::provider::{FailureKind, PaymentProvider, ProviderError};
 use crate::provider_event::{DisputeChange, PaymentChange, ProviderEvent, RefundChange, Subject};
 use crate::stripe::{listing, StripeClient};
@@ -74,5 +76,87 @@ impl StripeClient {
             object,
         }
         .subject())
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct WirePage {
+    data: Vec<serde_json::Value>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+impl StripeClient {
+    async fn event_page(&self, extra: &[(&str, &str)]) -> Result<EventPage, ProviderError> {
+        let type_keys: Vec<String> = (0..EVENT_TYPES.len())
+            .map(|i| format!("types[{i}]"))
+            .collect();
+        let limit = PAGE_SIZE.to_string();
+        let mut query: Vec<(&str, &str)> = vec![("limit", &limit)];
+        query.extend(
+            type_keys
+                .iter()
+                .map(String::as_str)
+                .zip(EVENT_TYPES.iter().copied()),
+        );
+        query.extend_from_slice(extra);
+        let (status, headers, body) = self.get("/v1/events", &query).await?;
+        let page: WirePage = listing(status, &headers, &body, |_: &WirePage| false)?;
+        let mut events = Vec::with_capacity(page.data.len());
+        for value in page.data {
+            let text = value.to_string();
+            let e = ProviderEvent::parse(&text).map_err(|r| {
+                ProviderError::new(
+                    FailureKind::Network,
+                    format!("the event list holds an unreadable event: {}", r.message),
+                )
+            })?;
+            events.push((e, text));
+        }
+        Ok(EventPage {
+            events,
+            has_more: page.has_more,
+        })
+    }
+}
+
+#[async_trait]
+impl EventLister for StripeClient {
+    async fn page_back(
+        &self,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        let (since, until) = (since_s.to_string(), until_s.to_string());
+        let mut extra = vec![
+            ("created[gte]", since.as_str()),
+            ("created[lte]", until.as_str()),
+        ];
+        if let Some(a) = starting_after {
+            extra.push(("starting_after", a));
+        }
+        self.event_page(&extra).await
+    }
+
+    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.event_page(&[("ending_before", cursor)]).await
+    }
+}
+
+impl StripeClient {
+    /// An event's place (`GET /v1/events/{id}`): where `payctl events checkpoint --set` puts
+    /// the checkpoint.
+    pub async fn event_place(&self, id: &str) -> Result<Place, ProviderError> {
+        let (status, headers, body) = self.get(&format!("/v1/events/{id}"), &[]).await?;
+        let value: serde_json::Value =
+            listing(status, &headers, &body, |_: &serde_json::Value| false)?;
+        let e = ProviderEvent::parse(&value.to_string()).map_err(|r| {
+            ProviderError::new(
+                FailureKind::Network,
+                format!("unreadable event {id}: {}", r.message),
+            )
+        })?;
+        Ok(Place::of(&e))
     }
 }

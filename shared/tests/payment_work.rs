@@ -371,9 +371,10 @@ async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
 }
 
 /// A charge's record holds its refund ledger: it is kept for the refund window from the
-/// charge, not the record retention from the claim; so is a payment the provider still settles
-/// (a bank debit `processing`, an off-session payment waiting for its customer), whose late
-/// event must find it; a decline keeps the record retention.
+/// charge, not the record retention from the claim; so is every payment whose PaymentIntent
+/// the provider can still change (a bank debit `processing`, an off-session payment waiting
+/// for its customer, a decline the customer may confirm again on-session), whose late event
+/// must find it; a payment refused before any PaymentIntent keeps the record retention.
 #[tokio::test]
 async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
     let day = 86_400i64;
@@ -404,6 +405,13 @@ async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
             ProviderResponse::Declined {
                 provider_payment_id: Some("pi_2".into()),
                 decline_code: Some("insufficient_funds".into()),
+            },
+            365,
+        ),
+        (
+            ProviderResponse::Rejected {
+                code: "parameter_invalid_integer".into(),
+                message: "Invalid integer".into(),
             },
             settings().record_ttl.as_secs() as i64 / day,
         ),

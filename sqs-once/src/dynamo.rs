@@ -205,7 +205,9 @@ impl DynamoStore {
         keep_until_s: Option<i64>,
     ) -> Result<(), StoreError> {
         // A record no attempt holds was written by its claims only, whose TTL is the record
-        // retention from the first claim: a lifetime from now is never shorter.
+        // retention from the first claim: a lifetime from now is never shorter. (The values
+        // map is set first: `set_expression_attribute_values` replaces the map, and the
+        // `expression_attribute_values` calls below add to it.)
         let (keep, values) = match keep_until_s {
             Some(t) => (
                 ", expires_at = :keep",

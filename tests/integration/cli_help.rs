@@ -16,6 +16,7 @@ fn every_payctl_option_is_described() {
         "dlq show",
         "env",
         "events catch-up",
+        "events checkpoint",
         "get",
         "history",
         "outbox pending",

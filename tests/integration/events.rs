@@ -550,32 +550,31 @@ async fn foreign_and_unknown_events_are_counted_and_forged_ones_refused() {
     assert_eq!(e.dead_letters(&t).await, 0);
 }
 
-/// The provider's list as a test holds it, recording each window asked for.
-struct Listed {
-    events: Vec<(ProviderEvent, String)>,
-    windows: std::sync::Mutex<Vec<(i64, i64)>>,
-}
-
-#[async_trait::async_trait]
-impl EventLister for Listed {
-    async fn events(
-        &self,
-        since_s: i64,
-        until_s: i64,
-    ) -> Result<Vec<(ProviderEvent, String)>, payment_core::provider::ProviderError> {
-        self.windows.lock().unwrap().push((since_s, until_s));
-        Ok(self.events.clone())
-    }
-}
-
-/// The scheduled catch-up starts where the last run ended (less the overlap), the first run
-/// covers the provider's retry period, the checkpoint moves only from what was read, and a
-/// window listed again applies nothing twice.
+/// The scheduled catch-up against the provider's own list and the real queue: from the place
+/// set by hand it walks forward page by page, queues each page in batches, moves its checkpoint
+/// to the last event it queued and marks it caught up; the inbox applies what it queued once,
+/// and the next run (from a quarter of an hour before its last event) applies nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
-    use payment_core::event_catch_up::{scheduled, Checkpoint, FIRST_WINDOW_S, OVERLAP_S};
+    use payment_core::event_catch_up::{scheduled, Budget, Checkpoint, Position};
     let t = TestStack::new("ev-scheduled").await;
     let e = events(&t).await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    assert_eq!(checkpoint.read().await.unwrap(), Position::default());
+    // Where an operator would put it (payctl events checkpoint --since): this test's start.
+    let set = Position {
+        from_s: Some(e.since_s),
+        version: 1,
+        ..Position::default()
+    };
+    assert!(checkpoint
+        .advance(&Position::default(), &set)
+        .await
+        .unwrap());
     let pid = t.pid("ach");
     t.send(&payment(&pid, 900, "pm_usBankAccount_success"))
         .await;
@@ -584,40 +583,45 @@ async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
     let listed = e
         .listed(&ids, |l| kinds(l).contains(&"payment_intent.succeeded"))
         .await;
-    let lister = Listed {
-        events: listed.clone(),
-        windows: Default::default(),
-    };
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let checkpoint = Checkpoint::new(
-        aws_sdk_dynamodb::Client::new(&sdk),
-        &t.config.idempotency_table,
-    );
-    assert_eq!(checkpoint.read().await.unwrap(), None);
-    let now = now_ms() / 1000;
-    let first = scheduled(&lister, &e.queue, &checkpoint, now)
+    let newest_of_ours = listed.iter().map(|(e, _)| e.created).max().unwrap();
+
+    let now = now_ms() / 1000 + 1;
+    let first = scheduled(&e.provider, &e.queue, &checkpoint, now, Budget::unlimited())
         .await
         .unwrap();
-    assert_eq!(first.queued, listed.len());
-    assert_eq!(checkpoint.read().await.unwrap(), Some(now));
+    assert!(first.finished, "{first:?}");
+    assert!(first.queued >= listed.len(), "{first:?}");
+    let place = checkpoint.read().await.unwrap();
+    assert!(place.caught_up, "{place:?}");
+    assert!(
+        place
+            .last
+            .as_ref()
+            .is_some_and(|l| l.created >= newest_of_ours),
+        "the checkpoint is at the last event queued: {place:?}"
+    );
     let applied = e.drain(&t).await;
     assert_eq!(applied.summary.done("applied"), 1, "{:?}", applied.summary);
     assert_eq!(e.payment(&pid).await.status.as_deref(), Some("succeeded"));
 
-    let later = now + 600;
-    scheduled(&lister, &e.queue, &checkpoint, later)
-        .await
-        .unwrap();
-    assert_eq!(
-        *lister.windows.lock().unwrap(),
-        [(now - FIRST_WINDOW_S, now), (now - OVERLAP_S, later)],
-        "the first run covers the provider's retries, the next starts at the checkpoint"
-    );
-    assert_eq!(checkpoint.read().await.unwrap(), Some(later));
-    let again = e.drain(&t).await;
-    assert_eq!(again.summary.done("applied"), 0, "{:?}", again.summary);
+    let again = scheduled(
+        &e.provider,
+        &e.queue,
+        &checkpoint,
+        now + 600,
+        Budget::unlimited(),
+    )
+    .await
+    .unwrap();
+    assert!(again.finished, "{again:?}");
+    let drained = e.drain(&t).await;
+    assert_eq!(drained.summary.done("applied"), 0, "{:?}", drained.summary);
     assert_eq!(e.payment(&pid).await.events.len(), 1);
     // A run that read the checkpoint before another moved it does not move it back.
-    assert!(!checkpoint.advance(Some(now), now + 1).await.unwrap());
-    assert_eq!(checkpoint.read().await.unwrap(), Some(later));
+    assert!(!checkpoint
+        .advance(&set, &Position::default())
+        .await
+        .unwrap());
+    assert!(checkpoint.read().await.unwrap().caught_up);
+    assert_eq!(e.dead_letters(&t).await, 0);
 }

@@ -6,6 +6,7 @@
 
 mod api;
 mod card_data;
+mod catch_up;
 mod chaos;
 mod cli_help;
 mod events;

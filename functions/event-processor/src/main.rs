@@ -6,9 +6,10 @@
 //! and their wiring are `payment-core`'s.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
-use payment_core::event_catch_up::ScheduledCatchUp;
+use payment_core::event_catch_up::{Budget, ScheduledCatchUp};
 use payment_core::event_inbox::EventProcessor;
 use payment_core::telemetry;
 use serde_json::Value;
@@ -26,11 +27,17 @@ async fn handle(
         let Some(catch_up) = catch_up.as_ref() else {
             return Err("the catch-up needs PROVIDER_EVENTS_QUEUE_URL".into());
         };
-        let report = catch_up.run().await?;
+        // Stops starting pages 15 s before the function's deadline (a page: one list call and
+        // ten SendMessageBatch calls, each within its client's timeout); the next run goes on
+        // from the checkpoint.
+        let budget = Budget::before_deadline(context.deadline as i64, Duration::from_secs(15));
+        let report = catch_up.run(budget).await?;
         tracing::info!(
             since = report.since_s,
             until = report.until_s,
             queued = report.queued,
+            pages = report.pages,
+            finished = report.finished,
             "catch-up"
         );
         return Ok(serde_json::to_value(report)?);

@@ -18,6 +18,8 @@ use sqs_once::record::{IdempotencyRecord, IdempotencyStore, RecordStatus, StoreE
 use sqs_once::runner::now_ms;
 use sqs_once::DynamoStore;
 
+use crate::time::in_words;
+
 /// What reconcile did with one payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -127,7 +129,7 @@ pub async fn reconcile_one(
     if outcome.is_declined() {
         outcome.reason = Some(format!("found at the provider as {}", f.status));
     }
-    let keep = payment_core::charge::lifetime_after(&outcome.status, settings.refund_window)
+    let keep = payment_core::charge::lifetime_after(&outcome, settings.refund_window)
         .map(|d| (now / 1000 + d.as_secs() as i64).max(record.expires_at_s));
     match store
         .settle(id.as_str(), &outcome.to_outcome(), now, keep)
@@ -149,15 +151,6 @@ pub async fn reconcile_one(
             None => Ok(Action::NoRecord),
         },
         Err(e) => Err(e.into()),
-    }
-}
-
-fn in_words(ms: i64) -> String {
-    let s = ms.max(0) / 1000;
-    match s {
-        0..=119 => format!("{s} s"),
-        120..=7199 => format!("{} min", s / 60),
-        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
     }
 }
 

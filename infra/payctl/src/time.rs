@@ -7,6 +7,17 @@ pub fn utc(ms: i64) -> String {
         .unwrap_or_else(|| format!("{ms} ms since 1970"))
 }
 
+/// A span of `ms` milliseconds in words: `45 s`, `12 min`, `3 h 5 min`, `4 d 2 h`.
+pub fn in_words(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+        _ => format!("{} d {} h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
 /// A point in time an operator gives (`--since`): an RFC 3339 time
 /// (`2026-12-01T00:00:00Z`), unix seconds, or a span back from `now_s` (`90m`, `12h`, `3d`).
 /// Unix seconds.

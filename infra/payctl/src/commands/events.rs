@@ -25,6 +25,24 @@ pub enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show where the scheduled catch-up is (the last event it queued, whether it reached the
+    /// newest), or set where its next run starts: after an event (`--set evt_...`), or from a
+    /// time (`--since`). A set is conditional on the checkpoint read: a run that moved it
+    /// meanwhile wins, and the command says so.
+    Checkpoint {
+        /// The idempotency table (the stack's IdempotencyTableName output).
+        #[arg(long, env = "IDEMPOTENCY_TABLE")]
+        table: String,
+        /// The next run starts after this event (it looks the event up at the provider).
+        #[arg(long, conflicts_with = "since")]
+        set: Option<String>,
+        /// The next run starts from this time: 2026-12-01T00:00:00Z, unix seconds, or a span
+        /// back from now (90m, 12h, 3d); Stripe lists 30 days.
+        #[arg(long)]
+        since: Option<String>,
+        #[command(flatten)]
+        provider: super::ProviderArgs,
+    },
 }
 
 /// The options of `payctl events`.
@@ -36,13 +54,21 @@ pub struct EventsArgs {
 
 /// Runs `payctl events`.
 pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
-    let EventsCommand::CatchUp {
-        since,
-        until,
-        queue_url,
-        provider,
-        json,
-    } = args.command;
+    let (since, until, queue_url, provider, json) = match args.command {
+        EventsCommand::CatchUp {
+            since,
+            until,
+            queue_url,
+            provider,
+            json,
+        } => (since, until, queue_url, provider, json),
+        EventsCommand::Checkpoint {
+            table,
+            set,
+            since,
+            provider,
+        } => return checkpoint(sdk, &table, set, since, provider).await,
+    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs() as i64;
@@ -88,10 +114,105 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         println!("{}", serde_json::to_string(&report)?);
     }
     eprintln!(
-        "queued {} events created from {} to {}; `payctl run --work events` (or the event function) applies those not applied yet",
+        "queued {} events ({} pages) created from {} to {}; `payctl run --work events` (or the event function) applies those not applied yet",
         report.queued,
+        report.pages,
         payctl::time::utc(report.since_s * 1000),
         payctl::time::utc(report.until_s * 1000)
     );
     Ok(())
+}
+
+/// `payctl events checkpoint`: shows the scheduled catch-up's place, or sets it.
+async fn checkpoint(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    set: Option<String>,
+    since: Option<String>,
+    provider: super::ProviderArgs,
+) -> Result<()> {
+    use payment_core::event_catch_up::{Checkpoint, Position, EVENT_RETENTION_S};
+    payctl::aws::check_table(
+        sdk,
+        table,
+        &format!("the idempotency table {table} (IDEMPOTENCY_TABLE)"),
+    )
+    .await?;
+    let checkpoint = Checkpoint::new(aws_sdk_dynamodb::Client::new(sdk), table);
+    let read = checkpoint
+        .read()
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("reading the catch-up's checkpoint")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    let to = match (set, since) {
+        (None, None) => {
+            println!("{}", describe(&read, now));
+            return Ok(());
+        }
+        (Some(id), _) => {
+            let client = provider
+                .client(sdk, "the checkpoint is set at an event the provider holds")
+                .await?;
+            let place = client
+                .event_place(&id)
+                .await
+                .with_context(|| format!("looking event {id} up at the provider"))?;
+            Position {
+                last: Some(place),
+                caught_up: false,
+                version: read.version + 1,
+                from_s: None,
+            }
+        }
+        (None, Some(since)) => {
+            let from = payctl::time::parse_point(&since, now).map_err(anyhow::Error::msg)?;
+            if from < now - EVENT_RETENTION_S {
+                bail!(
+                    "the provider lists 30 days of events: --since must be after {}",
+                    payctl::time::utc((now - EVENT_RETENTION_S) * 1000)
+                );
+            }
+            Position {
+                last: None,
+                caught_up: false,
+                version: read.version + 1,
+                from_s: Some(from),
+            }
+        }
+    };
+    if !checkpoint
+        .advance(&read, &to)
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("setting the catch-up's checkpoint")?
+    {
+        bail!("a catch-up run moved the checkpoint while it was set; nothing was changed: run the command again");
+    }
+    println!("set: {}", describe(&to, now));
+    Ok(())
+}
+
+/// The checkpoint in words.
+fn describe(p: &payment_core::event_catch_up::Position, now: i64) -> String {
+    match (&p.last, p.from_s) {
+        (Some(last), _) => format!(
+            "the catch-up queued through {} (created {}, {} ago); {}",
+            last.id,
+            payctl::time::utc(last.created * 1000),
+            payctl::time::in_words((now - last.created) * 1000),
+            if p.caught_up {
+                "it had reached the newest event: the next run starts 15 minutes before it"
+            } else {
+                "it stopped before the newest event: the next run goes on from it"
+            }
+        ),
+        (None, Some(from)) => format!(
+            "no run since it was set: the next run starts from {}",
+            payctl::time::utc(from * 1000)
+        ),
+        (None, None) => "no run yet: the first run lists the last 3 days".to_owned(),
+    }
 }

@@ -1,0 +1,151 @@
+//! The scheduled catch-up's place: the last event it queued, whether that run reached the
+//! newest, and a version that every write is conditional on, in one item of the idempotency
+//! table. Moved by [`crate::event_catch_up`] after every page, shown and set by
+//! `payctl events checkpoint`.
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde::Serialize;
+use sqs_once::dynamo::{get_n, get_s, n, s};
+
+use crate::provider_event::ProviderEvent;
+
+/// How far before its last event a run that had caught up starts again: events created near
+/// the end of the last run may have been listed after it ran.
+pub const OVERLAP_S: i64 = 900;
+
+/// An event's place in the list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Place {
+    /// `evt_...`.
+    pub id: String,
+    /// When the provider created it, unix seconds.
+    pub created: i64,
+}
+
+impl Place {
+    /// The place of `e`.
+    pub fn of(e: &ProviderEvent) -> Self {
+        Self {
+            id: e.id.clone(),
+            created: e.created,
+        }
+    }
+}
+
+/// The scheduled catch-up's place.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Position {
+    /// The last event queued.
+    pub last: Option<Place>,
+    /// The run that queued it reached the newest event.
+    pub caught_up: bool,
+    /// Moved by one at every write: each write is conditional on the version read.
+    pub version: i64,
+    /// Without a last event: where the next run's window starts, unix seconds (set by hand,
+    /// or read from a checkpoint of versions before the cursor: its `through_s` less
+    /// [`OVERLAP_S`]).
+    pub from_s: Option<i64>,
+}
+
+/// Where the scheduled catch-up keeps its [`Position`].
+pub struct Checkpoint {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+/// The checkpoint item's key.
+pub const CHECKPOINT_KEY: &str = "checkpoint#provider-events";
+
+fn dynamo_error<E: std::error::Error + 'static, R: std::fmt::Debug>(e: SdkError<E, R>) -> String {
+    aws_sdk_dynamodb::error::DisplayErrorContext(&e).to_string()
+}
+
+impl Checkpoint {
+    /// The checkpoint in the idempotency table `table`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: &str) -> Self {
+        Self {
+            client,
+            table: table.to_owned(),
+        }
+    }
+
+    /// The position stored (the default when no run ever wrote one).
+    pub async fn read(&self) -> Result<Position, String> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(CHECKPOINT_KEY))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(dynamo_error)?;
+        let Some(item) = out.item() else {
+            return Ok(Position::default());
+        };
+        let last = match (get_s(item, "last_event"), get_n(item, "last_created")) {
+            (Some(id), Some(created)) => Some(Place { id, created }),
+            _ => None,
+        };
+        Ok(Position {
+            last,
+            caught_up: item
+                .get("caught_up")
+                .and_then(|v| v.as_bool().ok())
+                .copied()
+                .unwrap_or(false),
+            version: get_n(item, "version").unwrap_or(0),
+            from_s: get_n(item, "start_s")
+                .or_else(|| get_n(item, "through_s").map(|t| t - OVERLAP_S)),
+        })
+    }
+
+    /// Moves the position from `from` (as read) to `to`; `false` when another run moved it.
+    pub async fn advance(&self, from: &Position, to: &Position) -> Result<bool, String> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(CHECKPOINT_KEY))
+            .expression_attribute_values(":v", n(to.version))
+            .expression_attribute_values(":caught", AttributeValue::Bool(to.caught_up));
+        req = match (&to.last, to.from_s) {
+            (Some(p), _) => req
+                .update_expression(
+                    "SET version = :v, caught_up = :caught, last_event = :id, last_created = :c \
+                     REMOVE through_s, start_s",
+                )
+                .expression_attribute_values(":id", s(&p.id))
+                .expression_attribute_values(":c", n(p.created)),
+            (None, Some(from)) => req
+                .update_expression(
+                    "SET version = :v, caught_up = :caught, start_s = :from_s \
+                     REMOVE last_event, last_created, through_s",
+                )
+                .expression_attribute_values(":from_s", n(from)),
+            (None, None) => req.update_expression(
+                "SET version = :v, caught_up = :caught REMOVE last_event, last_created, through_s, start_s",
+            ),
+        };
+        req = if from.version == 0 {
+            req.condition_expression("attribute_not_exists(version)")
+        } else {
+            req.condition_expression("version = :from")
+                .expression_attribute_values(":from", n(from.version))
+        };
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(dynamo_error(e)),
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The scheduled catch-up over a long backlog: its checkpoint on the emulator's table, the
+//! provider's list held in memory with Stripe's paging (`starting_after` back, `ending_before`
+//! forward, newest first within a page), so that tens of thousands of events cost no provider.
+//! What is measured: every missed event is queued, runs that each stop within their budget
+//! get through the backlog, none starts over, and the steady state resumes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use payment_core::event_catch_up::{
+    scheduled, Budget, Checkpoint, EventLister, EventPage, Position, FIRST_WINDOW_S, OVERLAP_S,
+    PAGE_SIZE,
+};
+use payment_core::event_receiver::EventQueue;
+use payment_core::provider::ProviderError;
+use payment_core::provider_event::ProviderEvent;
+use sqs_once::runner::now_ms;
+
+use crate::helpers::*;
+
+/// The provider's event list in memory, oldest first, listed as Stripe lists it.
+#[derive(Default)]
+struct Provider {
+    events: Mutex<Vec<(ProviderEvent, String)>>,
+    calls: AtomicUsize,
+}
+
+impl Provider {
+    /// Adds `n` events (of a type the inbox applies) created evenly over `[from_s, to_s]`.
+    fn add(&self, n: usize, from_s: i64, to_s: i64) {
+        let mut events = self.events.lock().unwrap();
+        let base = events.len();
+        for i in 0..n {
+            let created = from_s + ((to_s - from_s) as i128 * i as i128 / n.max(1) as i128) as i64;
+            let body = serde_json::json!({
+                "id": format!("evt_{:07}", base + i), "object": "event",
+                "type": "payment_intent.succeeded", "created": created,
+                "data": {"object": {"id": format!("pi_{i}"), "object": "payment_intent",
+                                    "status": "succeeded", "metadata": {}}}})
+            .to_string();
+            events.push((ProviderEvent::parse(&body).unwrap(), body));
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EventLister for Provider {
+    async fn page_back(
+        &self,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let events = self.events.lock().unwrap();
+        let newest_first: Vec<_> = events
+            .iter()
+            .rev()
+            .filter(|(e, _)| (since_s..=until_s).contains(&e.created))
+            .collect();
+        let start = match starting_after {
+            Some(id) => newest_first.iter().position(|(e, _)| e.id == id).unwrap() + 1,
+            None => 0,
+        };
+        let rest = &newest_first[start..];
+        Ok(EventPage {
+            events: rest.iter().take(PAGE_SIZE).map(|x| (*x).clone()).collect(),
+            has_more: rest.len() > PAGE_SIZE,
+        })
+    }
+
+    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let events = self.events.lock().unwrap();
+        let at = events.iter().position(|(e, _)| e.id == cursor).unwrap();
+        let newer = &events[at + 1..];
+        Ok(EventPage {
+            events: newer.iter().take(PAGE_SIZE).rev().cloned().collect(),
+            has_more: newer.len() > PAGE_SIZE,
+        })
+    }
+}
+
+/// A queue that counts what it holds, by event id, and the batches sent.
+#[derive(Default)]
+struct Counted {
+    copies: Mutex<HashMap<String, usize>>,
+    batches: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl EventQueue for Counted {
+    async fn enqueue(&self, event: &ProviderEvent, _: &str) -> Result<(), String> {
+        *self
+            .copies
+            .lock()
+            .unwrap()
+            .entry(event.id.clone())
+            .or_default() += 1;
+        Ok(())
+    }
+
+    async fn enqueue_batch(&self, events: &[(ProviderEvent, String)]) -> Result<(), String> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        for (e, body) in events {
+            self.enqueue(e, body).await?;
+        }
+        Ok(())
+    }
+}
+
+fn budget(pages: usize) -> Budget {
+    Budget {
+        until: tokio::time::Instant::now() + Duration::from_secs(3600),
+        max_pages: pages,
+    }
+}
+
+/// 20,000 events missed over the last two days (a day's outage on a busy account, within the
+/// first run's three-day window). Each run stops after 40 pages, as a run stops at its
+/// function's budget: five runs get through, each going on from where the last one got, every
+/// event queued once; then new events arrive and the next run queues those and re-lists only
+/// the quarter of an hour before its last event. A run that read the checkpoint before
+/// another moved it stops without moving it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
+    let t = TestStack::new("catch-up-backlog").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = now_ms() / 1000;
+    let provider = Provider::default();
+    // The account's older history: before the first run's window.
+    provider.add(500, now - 20 * 86_400, now - FIRST_WINDOW_S - 60);
+    let missed_from = provider.events.lock().unwrap().len();
+    provider.add(20_000, now - 2 * 86_400, now - 60);
+    let queue = Counted::default();
+
+    let mut runs = Vec::new();
+    loop {
+        let report = scheduled(&provider, &queue, &checkpoint, now, budget(40))
+            .await
+            .unwrap();
+        assert!(report.pages <= 40, "{report:?}");
+        let done = report.finished;
+        runs.push(report);
+        assert!(runs.len() <= 10, "the backlog never drained: {runs:?}");
+        if done {
+            break;
+        }
+        // Each run that stopped left the checkpoint at its last event, not caught up.
+        let at = checkpoint.read().await.unwrap();
+        assert_eq!(at.last, runs.last().unwrap().last, "{at:?}");
+        assert!(!at.caught_up);
+    }
+    let listed: usize = runs.iter().map(|r| r.queued).sum();
+    let copies = queue.copies.lock().unwrap().clone();
+    let missed: Vec<String> = provider.events.lock().unwrap()[missed_from..]
+        .iter()
+        .map(|(e, _)| e.id.clone())
+        .collect();
+    assert!(
+        missed.iter().all(|id| copies.get(id) == Some(&1)),
+        "every missed event queued exactly once"
+    );
+    assert_eq!(copies.len(), 20_000, "nothing from before the window");
+    assert_eq!(listed, 20_000);
+    assert_eq!(runs.len(), 5, "200 pages of 100 in runs of 40: {runs:?}");
+    assert!(queue.batches.load(Ordering::SeqCst) <= 210);
+    let at = checkpoint.read().await.unwrap();
+    assert!(at.caught_up, "{at:?}");
+    println!(
+        "catch-up: 20000 events in {} runs of at most 40 pages, {} list calls, {} pages queued",
+        runs.len(),
+        provider.calls.load(Ordering::SeqCst),
+        queue.batches.load(Ordering::SeqCst)
+    );
+
+    // The steady state: 30 new events; the next run queues them, and re-lists only what was
+    // created in the quarter of an hour before its last event.
+    provider.add(30, now + 60, now + 120);
+    let before: HashMap<String, usize> = queue.copies.lock().unwrap().clone();
+    let steady = scheduled(&provider, &queue, &checkpoint, now + 3600, budget(40))
+        .await
+        .unwrap();
+    assert!(steady.finished, "{steady:?}");
+    let after = queue.copies.lock().unwrap().clone();
+    assert_eq!(after.len(), 20_030);
+    // The events queued again: created within the overlap before the last run's last event.
+    let again: Vec<i64> = provider
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(e, _)| before.get(&e.id).is_some_and(|b| after[&e.id] > *b))
+        .map(|(e, _)| e.created)
+        .collect();
+    let last = at.last.clone().unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|created| *created >= last.created - OVERLAP_S - 1),
+        "only the overlap is listed again"
+    );
+    assert!(
+        steady.queued <= 30 + again.len() && steady.queued >= 30,
+        "{steady:?}"
+    );
+
+    // Another run moved the checkpoint since this one read it: this one stops and leaves it.
+    let read = checkpoint.read().await.unwrap();
+    let moved = Position {
+        version: read.version + 1,
+        ..read.clone()
+    };
+    assert!(checkpoint.advance(&read, &moved).await.unwrap());
+    assert!(!checkpoint
+        .advance(&read, &Position::default())
+        .await
+        .unwrap());
+    assert_eq!(checkpoint.read().await.unwrap(), moved);
+}
+
+/// A new account: nothing of the inbox's types before the first run's window. The run walks
+/// back to the window's oldest event and queues from it, oldest first; an empty account
+/// queues nothing and leaves no checkpoint to go wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
+    let t = TestStack::new("catch-up-new").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = now_ms() / 1000;
+    let provider = Provider::default();
+    let queue = Counted::default();
+    let empty = scheduled(&provider, &queue, &checkpoint, now, budget(10))
+        .await
+        .unwrap();
+    assert!(empty.finished && empty.queued == 0, "{empty:?}");
+    assert_eq!(checkpoint.read().await.unwrap(), Position::default());
+
+    provider.add(250, now - 86_400, now - 10);
+    let first = scheduled(&provider, &queue, &checkpoint, now, budget(10))
+        .await
+        .unwrap();
+    assert!(first.finished, "{first:?}");
+    let copies = queue.copies.lock().unwrap().clone();
+    assert_eq!(copies.len(), 250);
+    assert!(copies.values().all(|c| *c == 1));
+    assert_eq!(
+        checkpoint.read().await.unwrap().last.map(|p| p.id),
+        Some("evt_0000249".to_owned())
+    );
+}
