@@ -169,22 +169,28 @@ impl<W: Work> BatchRunner<W> {
             let task = tokio::spawn(async move {
                 let mut out = Vec::with_capacity(group.len());
                 let mut blocked = false;
+                // Once one message of the group went to its end as a fresh copy, every later
+                // one goes after it, whatever its receive count: handed back in place, a
+                // follower received fewer times would come before the copy (m1, m3, m2').
+                let mut moved_to_end = false;
                 for msg in group {
                     if blocked {
-                        let d = this
-                            .give_back(
-                                &msg,
-                                "an earlier message of its FIFO group failed".into(),
-                                Redelivery::NotAttempted,
-                            )
-                            .await;
+                        let reason = "an earlier message of its FIFO group failed".to_owned();
+                        let d = if moved_to_end {
+                            this.requeue_behind(&msg, reason).await
+                        } else {
+                            this.give_back(&msg, reason, Redelivery::NotAttempted).await
+                        };
+                        moved_to_end |= matches!(d, Disposition::Requeued(_));
                         out.push((d, Vec::new()));
                         continue;
                     }
                     let (d, latencies) =
                         this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
-                    // A requeued message goes to the end of its group: what follows it waits too.
+                    // A requeued message goes to the end of its group: what follows it waits too,
+                    // and goes there after it.
                     blocked = matches!(d, Disposition::Retry { .. } | Disposition::Requeued(_));
+                    moved_to_end |= matches!(d, Disposition::Requeued(_));
                     out.push((d, latencies));
                 }
                 out
@@ -364,6 +370,18 @@ impl<W: Work> BatchRunner<W> {
         }
         let back_at_ms = self.hide(msg, &reason, when, &budget).await;
         Disposition::Retry { reason, back_at_ms }
+    }
+
+    /// A FIFO follower behind a message of its group that went to the group's end as a fresh
+    /// copy: it follows it there, in order, whatever its own receive count. Handed back as any
+    /// unattempted message when it cannot be copied (the queue port refused, or it was copied
+    /// as often as the queue allows receives).
+    async fn requeue_behind(&self, msg: &SqsMessage, reason: String) -> Disposition {
+        let budget = self.budget_of(msg).await;
+        match self.requeue(msg, &budget, &reason).await {
+            Some(d) => d,
+            None => self.give_back(msg, reason, Redelivery::NotAttempted).await,
+        }
     }
 
     /// Sends a fresh copy of a message that was never attempted and is on its last receive,

@@ -147,6 +147,40 @@ async fn a_fifo_message_blocked_on_its_last_receive_is_requeued_not_dead_lettere
     assert_eq!(w.downstream.calls("b"), 0, "never processed out of order");
 }
 
+/// FIFO order holds when receive counts differ: behind a failing head, a follower on its last
+/// receive goes to the end of its group as a fresh copy, and a later follower received fewer
+/// times goes after it (not handed back in place, where it would come before the copy).
+#[tokio::test]
+async fn a_fifo_group_keeps_its_order_when_its_followers_were_received_unequally() {
+    let w = world(fast(), Duration::from_secs(1));
+    *w.queues.max_receives.lock().unwrap() = Some(3);
+    w.downstream
+        .set("a", Behaviour::Fail(FailureKind::RateLimited, None));
+    let now = now_ms();
+    let batch = vec![
+        msg_at("m1", &body("a", 100), Some("g"), now, 1),
+        msg_at("m2", &body("b", 100), Some("g"), now, 3),
+        msg_at("m3", &body("c", 100), Some("g"), now, 1),
+    ];
+    let (r, _) = w.processor.handle_batch(batch, now + 60_000).await;
+    assert_eq!(failures(&r), vec!["m1"], "the head comes back in place");
+    let copies: Vec<String> = w
+        .queues
+        .requeued
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.body.clone())
+        .collect();
+    assert_eq!(
+        copies,
+        vec![body("b", 100), body("c", 100)],
+        "both followers at the group's end, in their order"
+    );
+    assert!(w.queues.dead().is_empty());
+    assert_eq!(w.downstream.calls("b") + w.downstream.calls("c"), 0);
+}
+
 /// A message not started before the invocation deadline on its last receive is requeued; one
 /// that was never attempted in as many requeues as the queue allows receives is dead-lettered,
 /// saying so.

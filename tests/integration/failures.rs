@@ -357,3 +357,68 @@ async fn messages_never_attempted_on_their_last_receive_are_requeued_in_order_th
     assert_charged_once(&t, &a2).await;
     assert!(t.dead_letters().await.is_empty());
 }
+
+/// FIFO order when receive counts differ (`maxReceiveCount` 2): a1 and a2 were received once
+/// before a3 was, so on a1's and a2's last receive a3 is on its first. An invocation that can
+/// start none of them sends a1 and a2 to the group's end as fresh copies (only attempts spend
+/// the budget), and a3 after them, not handed back in place where it would come first: the
+/// group's order is still a1, a2, a3, each charged once, nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_group_keeps_its_order_when_receive_counts_differ() {
+    let t = TestStack::build("fifo-counts", fast_settings(), true, 2).await;
+    let (a1, a2, a3) = (t.pid("a1"), t.pid("a2"), t.pid("a3"));
+    for pid in [&a1, &a2, &a3] {
+        t.send_in_group(&payment(pid, 100, "pm_card_visa"), "A")
+            .await;
+    }
+    // One delivery of the group's first two messages only, handed straight back.
+    let out = t
+        .sqs
+        .receive_message()
+        .queue_url(t.queue_url())
+        .max_number_of_messages(2)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.messages().len(), 2);
+    for m in out.messages() {
+        t.sqs
+            .change_message_visibility()
+            .queue_url(t.queue_url())
+            .receipt_handle(m.receipt_handle().unwrap())
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+    let records = t.receive_records(3).await;
+    let counts: Vec<&str> = records
+        .iter()
+        .map(|r| r.attributes["ApproximateReceiveCount"].as_str())
+        .collect();
+    assert_eq!(counts, ["2", "2", "1"], "a3 received fewer times");
+    // An invocation whose deadline is already near: nothing can start.
+    let (response, summary) = t.processor.handle_batch(records, now_ms() + 50).await;
+    assert!(response.batch_item_failures.is_empty(), "{summary:?}");
+    let copies = t.receive_records(3).await;
+    let order: Vec<String> = copies
+        .iter()
+        .map(|m| {
+            let body: serde_json::Value =
+                serde_json::from_str(m.body.as_deref().unwrap_or_default()).unwrap();
+            body["payment_id"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [a1.clone(), a2.clone(), a3.clone()],
+        "the group's order kept"
+    );
+    let response = t.invoke(copies).await;
+    assert!(response.batch_item_failures.is_empty());
+    for pid in [&a1, &a2, &a3] {
+        assert_charged_once(&t, pid).await;
+    }
+    assert!(t.dead_letters().await.is_empty());
+}
