@@ -227,6 +227,85 @@ impl DynamoRefundLedger {
         }
     }
 
+    /// Settles a refund's unsettled record (`FAILED`, or `IN_PROGRESS` past its lease, and
+    /// past its `not_before`: no attempt holds it, none can still land) as `outcome` (what an
+    /// operator's reconcile found: the provider holds the refund failed or canceled), and gives
+    /// back the payment's reservation of `amount` for it, in one transaction, keeping both
+    /// records at least until `keep_until_s`. `Ok(false)`: refused, nothing written (a
+    /// processor holds or finished the refund, or the reservation is no longer that amount).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn settle_failed(
+        &self,
+        refund_id: &str,
+        payment_id: &str,
+        amount: Option<i64>,
+        outcome: &sqs_once::Outcome,
+        now_ms: i64,
+        keep_until_s: i64,
+    ) -> Result<bool, StoreError> {
+        let refund = Update::builder()
+            .table_name(self.records.table())
+            .key(
+                self.refund_records.layout().attribute.clone(),
+                self.refund_records.record_key(refund_id),
+            )
+            .update_expression(
+                "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now, \
+                 expires_at = :keep REMOVE last_error, not_before, lease_owner",
+            )
+            .condition_expression(
+                "(#s = :failed OR (#s = :in_progress AND lease_expires_at < :now)) AND \
+                 (attribute_not_exists(not_before) OR not_before < :now) AND \
+                 (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+            )
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":failed", s(RecordStatus::Failed.as_str()))
+            .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
+            .expression_attribute_values(":o", sqs_once::dynamo::outcome_to_attr(outcome))
+            .expression_attribute_values(":f", AttributeValue::Bool(false))
+            .expression_attribute_values(":now", n(now_ms))
+            .expression_attribute_values(":keep", n(keep_until_s))
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut request = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(refund).build());
+        if let Some(amount) = amount {
+            let (k, v) = self.key(payment_id);
+            let payment = Update::builder()
+                .table_name(self.records.table())
+                .key(k, v)
+                .update_expression(
+                    "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
+                     expires_at = :keep REMOVE refunds.#rid",
+                )
+                .condition_expression(
+                    "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+                )
+                .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
+                .expression_attribute_values(":amount", n(amount))
+                .expression_attribute_values(":keep", n(keep_until_s))
+                .build()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            request = request.transact_items(TransactWriteItem::builder().update(payment).build());
+        }
+        match request.send().await {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    TransactWriteItemsError::TransactionCanceledException(_)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
     fn key(&self, payment_id: &str) -> (String, AttributeValue) {
         (
             self.records.layout().attribute.clone(),

@@ -322,6 +322,45 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
     assert_eq!(t.charges(&never).await, 0);
 }
 
+/// After an outage that refused every attempt before the provider's execution (here: every
+/// call rate-limited), nothing was charged and the record is not marked unknown: the provider
+/// stored nothing for the key. Reconcile says a redrive now is charged once (not "wait for the
+/// key to be forgotten"), and the redrive is charged once, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_says_a_redrive_is_safe_at_once_after_an_outage_that_reached_nothing() {
+    use payctl::reconcile::{self, ReconcileSettings};
+    let t = TestStack::with_env("reconcile-outage", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let provider = payment_core::bootstrap::provider_from(&t.config, &sdk)
+        .await
+        .unwrap();
+    let settings = ReconcileSettings {
+        key_retention: Duration::from_secs(86_400),
+        search_lag: Duration::from_secs(1),
+        refund_window: Duration::from_secs(365 * 86_400),
+    };
+    let outage = t.pid("outage");
+    t.fault(&outage, "429", None, 0).await;
+    t.send(&payment(&outage, 700, "pm_card_visa")).await;
+    t.invoke(t.receive_records(1).await).await;
+    let r = t.record(&outage).await.unwrap();
+    assert!(
+        r.status == RecordStatus::Failed && !r.unknown_outcome,
+        "{r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // past the search lag
+    let action = reconcile::reconcile_one(&t.store, &provider, &outage, settings)
+        .await
+        .unwrap();
+    let said = reconcile::describe(&outage, &action, now_ms());
+    assert!(said.contains("a redrive now is charged once"), "{said}");
+    t.sim.clear_faults_for(&outage).await.unwrap();
+    t.send(&payment(&outage, 700, "pm_card_visa")).await;
+    let stats = t.drain(1).await;
+    assert!(stats.summary.done("charged") >= 1, "{:?}", stats.summary);
+    assert_charged_once(&t, &outage).await;
+}
+
 /// On the real table: a key-reuse mark is written where no mark is, and never over the mark of
 /// the key's own request (a conditional write).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use payctl::template::REFUND_PROCESSOR;
 use payment_core::refund::RefundProcessor;
 use proving::check::drain_dlq;
+use sqs_once::IdempotencyStore;
 
 use crate::helpers::*;
 
@@ -349,4 +350,85 @@ async fn reconcile_settles_a_refund_whose_answer_was_lost() {
         1,
         "reconcile refunded nothing"
     );
+}
+
+/// A refund whose answer was lost, and which the provider then fails (after `pending`): a
+/// redrive could not settle it within the provider's key retention (its call replays the first
+/// answer, `pending`), so reconcile does: it finds the refund failed in the PaymentIntent's
+/// refunds, records `refund_failed` and gives the reservation back in one transaction, says so,
+/// and the amount can be refunded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_gives_back_a_refund_the_provider_failed_after_its_answer_was_lost() {
+    let t = TestStack::new("refund-reconcile-failed").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 1000, "pm_card_refundFail")).await;
+    t.drain(1).await;
+    let r = refunds_with(&t, env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
+    let rid = t.pid("rf-1");
+    t.fault(&rid, "drop_after_commit", Some(1), 0).await;
+    proving::load::send_all(&t.sqs, &r.queue_url, &[refund(&rid, &pid, Some(600))])
+        .await
+        .expect("sending the refund");
+    let source = &t.stack.event_sources[REFUND_PROCESSOR];
+    let records = t.receive_records_from(source, 1).await;
+    r.processor
+        .handle_batch(records, sqs_once::runner::now_ms() + 60_000)
+        .await;
+    assert_eq!(refunded_total(&t, &pid).await, 600, "reserved, answer lost");
+    // The provider fails the refund later.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let books = t.sim.ledger().await.unwrap();
+        if books
+            .refunds
+            .get(&rid)
+            .and_then(|r| r.first())
+            .is_some_and(|r| r.status == "failed")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider never failed the refund"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await; // past not_before
+    let out = std::process::Command::new(root().join("target/debug/payctl"))
+        .args(["reconcile", &rid, "--table", &t.config.idempotency_table])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("settled as refund_failed, 600 given back to the payment"),
+        "{said}"
+    );
+    assert_eq!(refunded_total(&t, &pid).await, 0, "given back");
+    let record = payment_core::refund_store(
+        aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await),
+        &t.config.idempotency_table,
+    )
+    .get(&rid)
+    .await
+    .unwrap()
+    .expect("the refund's record");
+    assert_eq!(record.status.as_str(), "COMPLETED");
+    assert_eq!(
+        record.outcome.as_ref().and_then(|o| o.text("code")),
+        Some("refund_failed")
+    );
+    // The amount can be refunded again, under a new refund id.
+    let r2 = t.pid("rf-2");
+    proving::load::send_all(&t.sqs, &r.queue_url, &[refund(&r2, &pid, Some(1000))])
+        .await
+        .unwrap();
+    let stats = r.drain(&t, 1).await;
+    assert_eq!(stats.summary.done("refunded"), 1, "{:?}", stats.summary);
+    assert_eq!(refunded_total(&t, &pid).await, 1000);
 }

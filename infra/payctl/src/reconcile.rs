@@ -40,6 +40,13 @@ pub enum Action {
         /// The provider remembers the key at least until this epoch ms (first attempt + its
         /// key retention): until then a redrive gets the provider's stored answer for it.
         key_remembered_until_ms: i64,
+        /// An attempt may have reached the provider's execution (a timeout, a dropped
+        /// connection or a `5xx`: the record is marked unknown), so the provider may hold an
+        /// error for the key that it replays. `false`: every attempt was refused before
+        /// execution (no connection, `429`, a refused key or URL), the provider stored nothing,
+        /// and a redrive
+        /// now is charged once.
+        may_replay: bool,
     },
 }
 
@@ -121,6 +128,7 @@ pub async fn reconcile_one(
             proof_from_ms: (proof_from > now).then_some(proof_from),
             key_remembered_until_ms: record.first_attempt_at_ms
                 + settings.key_retention.as_millis() as i64,
+            may_replay: record.unknown_outcome,
         });
     };
     // What the intent stands for, recorded as if its answer had been heard (the amount and
@@ -176,8 +184,11 @@ pub fn describe(payment_id: &str, action: &Action, now_ms: i64) -> String {
         Action::NothingAtProvider {
             proof_from_ms,
             key_remembered_until_ms,
+            may_replay,
         } => {
-            let key = if *key_remembered_until_ms > now_ms {
+            let key = if !may_replay {
+                "no attempt reached the provider's execution (every one was refused before it: no connection, 429, a refused key or URL), so the provider holds nothing for the key: a redrive now is charged once".to_owned()
+            } else if *key_remembered_until_ms > now_ms {
                 format!(
                     "the provider still remembers the key for at least {}: until then a redrive gets its stored answer (a replayed error ends as outcome_unknown again); after it, a redrive is charged once",
                     in_words(key_remembered_until_ms - now_ms)

@@ -1,10 +1,11 @@
 //! `payctl reconcile` for refunds: a refund's record left unsettled (`FAILED`, or
 //! `IN_PROGRESS` past its lease) is settled from the refunds the provider holds for its
 //! payment's PaymentIntent (a list: no search lag), with the same conditional write as a
-//! payment's. A refund the provider holds as failed or canceled is not settled here: its
-//! reservation is given back only under the refund's own lease, so the operator redrives its
-//! message, whose lookup finds it failed, releases the reservation and records `refund_failed`.
-//! Never refunds anything.
+//! payment's. A refund the provider holds as failed or canceled is settled here too, as
+//! `refund_failed`, and its reservation given back in the same transaction, conditional on the
+//! record being unheld and the reservation being the one read: a redrive of its message could
+//! not do it within the provider's key retention (its call would replay the refund's first
+//! answer, `pending`). Never refunds anything.
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -26,13 +27,15 @@ pub enum RefundAction {
     NoReservation,
     /// The record now holds the refund the provider holds.
     Settled(Outcome),
-    /// The provider holds it as failed or canceled: a redrive of its message settles it and
-    /// gives its reservation back.
+    /// The provider holds it as failed or canceled: settled as `refund_failed`, and what the
+    /// payment held for it given back.
     FailedAtProvider {
         /// The provider's refund id.
         provider_refund_id: String,
         /// `failed` or `canceled`.
         status: String,
+        /// The amount given back to the payment (`None`: it held none any more).
+        released: Option<i64>,
     },
     /// The provider holds no refund for it: none was made.
     NothingAtProvider {
@@ -46,7 +49,9 @@ impl RefundAction {
     pub fn is_final(&self) -> bool {
         matches!(
             self,
-            RefundAction::AlreadyCompleted(_) | RefundAction::Settled(_)
+            RefundAction::AlreadyCompleted(_)
+                | RefundAction::Settled(_)
+                | RefundAction::FailedAtProvider { .. }
         )
     }
 }
@@ -129,11 +134,41 @@ pub async fn reconcile_refund(
     else {
         return Ok(RefundAction::NothingAtProvider { payment_id });
     };
+    let now = now_ms();
+    let keep = (now / 1000 + refund_window.as_secs() as i64)
+        .max(record.expires_at_s)
+        .max(payment.expires_at_s);
     if matches!(f.status.as_str(), "failed" | "canceled") {
-        return Ok(RefundAction::FailedAtProvider {
-            provider_refund_id: f.provider_refund_id,
-            status: f.status,
-        });
+        let held = payment.refunds.get(refund_id).copied();
+        let outcome = Outcome::new("rejected")
+            .with_text("code", "refund_failed")
+            .with_text(
+                "reason",
+                format!(
+                    "the provider holds refund {} as {}: no money moved (settled by payctl reconcile)",
+                    f.provider_refund_id, f.status
+                ),
+            )
+            .with_text("provider_refund_id", &f.provider_refund_id)
+            .with_text("payment_id", &payment_id);
+        let ledger = DynamoRefundLedger::new(ddb.clone(), table);
+        if ledger
+            .settle_failed(refund_id, &payment_id, held, &outcome, now, keep)
+            .await?
+        {
+            return Ok(RefundAction::FailedAtProvider {
+                provider_refund_id: f.provider_refund_id,
+                status: f.status,
+                released: held,
+            });
+        }
+        // A processor claimed it, or the reservation moved, between the reads and the write.
+        return match refunds.get(refund_id).await? {
+            Some(r) => Ok(
+                unsettleable(&r, now_ms())?.unwrap_or(RefundAction::Held(r.lease_expires_at_ms))
+            ),
+            None => Ok(RefundAction::NoRecord),
+        };
     }
     let outcome = Outcome::new(f.status)
         .with_text("provider_refund_id", f.provider_refund_id)
@@ -141,8 +176,6 @@ pub async fn reconcile_refund(
         .with_number("amount", f.amount)
         .with_text("currency", &charge.currency);
     // A refund the provider holds can still fail for weeks: kept as a completion keeps it.
-    let now = now_ms();
-    let keep = (now / 1000 + refund_window.as_secs() as i64).max(record.expires_at_s);
     match refunds.settle(refund_id, &outcome, now, Some(keep)).await {
         Ok(()) => Ok(RefundAction::Settled(outcome)),
         // A processor claimed it between the read and the write: it will finish it.
@@ -197,11 +230,16 @@ pub fn describe(refund_id: &str, action: &RefundAction, now: i64) -> String {
         RefundAction::FailedAtProvider {
             provider_refund_id,
             status,
+            released,
         } => format!(
-            "refund {refund_id}: the provider holds {provider_refund_id} as {status}: no money moved; redrive its message (payctl dlq redrive --dlq-url <RefundsDeadLetterQueueUrl>): its lookup records refund_failed and gives the reservation back"
+            "refund {refund_id}: the provider holds {provider_refund_id} as {status}: no money moved; settled as refund_failed{}; send a new refund_id to refund again (its dead letters, and the refund's events, change nothing more when redriven)",
+            released.map_or_else(
+                || ", the payment held nothing for it any more".to_owned(),
+                |a| format!(", {a} given back to the payment")
+            )
         ),
         RefundAction::NothingAtProvider { payment_id } => format!(
-            "refund {refund_id}: the provider holds no refund of payment {payment_id} for it (none was made); record left unsettled: a redrive of its message refunds it once"
+            "refund {refund_id}: the provider holds no refund of payment {payment_id} for it (none was made); record left unsettled: a redrive of its message refunds it once (a call the provider answered with an error it replays for the key, for 24 h, ends unknown again: then redrive after that)"
         ),
     }
 }
