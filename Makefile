@@ -1,4 +1,4 @@
-.PHONY: demo test chaos check-template package e2e-sam bench lint fmt build install
+.PHONY: demo test chaos timeline check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -18,6 +18,13 @@ test:
 ## AWS calls throttled, refused, stalled and answers lost (CHAOS_AWS_FAULTS of the calls).
 chaos:
 	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED) --aws-faults $(CHAOS_AWS_FAULTS)
+
+## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
+## authenticating, a debit settling, a dispute won, a refund months after the charge) with the
+## processes' clock moved and DynamoDB's TTL applied at each step; prints the calendar. (make test
+## runs the same calendar among the integration tests.)
+timeline:
+	bash infra/scripts/timeline.sh
 
 ## Offline template checks: cfn-lint, sam validate --lint, the transformed template, checkov.
 check-template:

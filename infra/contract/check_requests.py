@@ -58,6 +58,12 @@ ENDPOINTS = [
     ("GET", re.compile(r"^/v1/disputes/dp_[A-Za-z0-9]+$"), P.DisputeRetrieveParams, "dispute.retrieve"),
     ("GET", re.compile(r"^/v1/charges/ch_[A-Za-z0-9]+$"), P.ChargeRetrieveParams, "charge.retrieve"),
     ("GET", re.compile(r"^/v1/events$"), P.EventListParams, "event.list"),
+    # payctl events checkpoint --set looks its event up.
+    ("GET", re.compile(r"^/v1/events/evt_[A-Za-z0-9_]+$"), P.EventRetrieveParams, "event.retrieve"),
+    # The merchant's on-session confirmation of an intent that needed its customer (the
+    # timeline plays it: the customer authenticates weeks later).
+    ("POST", re.compile(r"^/v1/payment_intents/pi_[A-Za-z0-9]+/confirm$"), P.PaymentIntentConfirmParams,
+     "payment_intent.confirm"),
 ]
 OPTIONS = set(RequestOptions.__annotations__)
 

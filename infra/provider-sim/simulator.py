@@ -40,6 +40,10 @@ API (Stripe's wire format):
         pm_card_refundFail -> succeeded; each of its refunds is created pending and fails later
           (failure_reason expired_or_canceled_card), as Stripe's test card does
         pm_card_createDispute -> succeeded; a dispute (needs_response, the full amount) opens later
+  POST /v1/payment_intents/PI/confirm payment_method?: the merchant confirms again on-session
+                                      (from requires_payment_method / requires_confirmation /
+                                      requires_action, else 400 payment_intent_unexpected_state):
+                                      succeeded, booked under its metadata[payment_id]
   GET  /v1/payment_intents            customer, created[gte|gt|lte|lt], limit, starting_after:
                                       the customer's intents, newest first (Stripe's list)
   GET  /v1/payment_intents/search     query=metadata['payment_id']:'P' (Stripe's search shape)
@@ -352,6 +356,37 @@ def succeed(intent, key):
     emit("payment_intent.succeeded", intent)
     if intent.get("payment_method") == DISPUTED:
         later(open_dispute, intent)
+
+
+def confirm_intent(intent_id, form):
+    """`POST /v1/payment_intents/PI/confirm` (under LOCK): the merchant confirms again with the
+    customer present (on-session), e.g. after an off-session payment needed authentication.
+    Confirmable from requires_payment_method, requires_confirmation or requires_action, else
+    400 payment_intent_unexpected_state, as Stripe answers. With a payment method that needs no
+    authentication (the customer authenticated, or gave another card) it succeeds and its
+    charge is booked under the payment's metadata[payment_id]; a declining method declines."""
+    intent = find_intent(intent_id)
+    if intent is None:
+        return 400, error_body("invalid_request_error", f"No such payment_intent: '{intent_id}'", code="resource_missing"), False
+    if intent["status"] not in ("requires_payment_method", "requires_confirmation", "requires_action"):
+        return 400, error_body("invalid_request_error",
+                               f"This PaymentIntent's status is {intent['status']}, but it must be one of "
+                               "requires_payment_method, requires_confirmation, requires_action to be confirmed.",
+                               code="payment_intent_unexpected_state")
+    pm = form.get("payment_method") or intent.get("payment_method")
+    intent["payment_method"] = pm
+    intent.pop("last_payment_error", None)
+    key = intent.get("metadata", {}).get("payment_id") or intent_id
+    if pm in DECLINES:
+        code, decline = DECLINES[pm]
+        intent["status"] = "requires_payment_method"
+        intent["last_payment_error"] = {"type": "card_error", "code": code, "decline_code": decline,
+                                        "message": "Your card was declined."}
+        emit("payment_intent.payment_failed", intent)
+        return 402, error_body("card_error", "Your card was declined.", code=code, decline_code=decline,
+                               intent={"id": intent_id, "object": "payment_intent", "status": "requires_payment_method"})
+    succeed(intent, key)
+    return 200, json.dumps(intent)
 
 
 def settle_delayed(intent, key, failure):
@@ -710,6 +745,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.idempotent_post(raw, version, "metadata[payment_id]", "calls", execute)
         if path == "/v1/refunds":
             return self.idempotent_post(raw, version, "metadata[refund_id]", "refund_calls", execute_refund)
+        m = re.fullmatch(r"/v1/payment_intents/([^/]+)/confirm", path)
+        if m:
+            return self.idempotent_post(raw, version, None, None,
+                                        lambda form, _payment, _version: confirm_intent(m.group(1), form))
         if path == "/v1/customers":
             return self.idempotent_post(raw, version, None, None, create_customer)
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))

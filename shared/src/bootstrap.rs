@@ -136,6 +136,15 @@ pub async fn build_refund_processor(
     config: &Config,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+    build_refund_processor_on(config, sdk, sqs_once::clock::system()).await
+}
+
+/// [`build_refund_processor`] on another clock (a compressed calendar moves it months ahead).
+pub async fn build_refund_processor_on(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+    clock: Arc<dyn sqs_once::clock::Clock>,
+) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
     let provider = provider_from(config, sdk).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let ledger =
@@ -146,7 +155,8 @@ pub async fn build_refund_processor(
         Arc::new(ledger),
         config.provider_key_retention,
     )
-    .with_refund_window(config.refund_window);
+    .with_refund_window(config.refund_window)
+    .with_clock(Arc::clone(&clock));
     let store = crate::refund_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
@@ -160,6 +170,7 @@ pub async fn build_refund_processor(
             Arc::new(queues),
             config.settings.clone(),
         )
+        .with_clock(clock)
         .with_metrics(crate::refund::metric_names()),
     ))
 }
@@ -237,6 +248,15 @@ pub async fn build_event_processor(
     config: &Config,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
+    build_event_processor_on(config, sdk, sqs_once::clock::system()).await
+}
+
+/// [`build_event_processor`] on another clock (a compressed calendar moves it months ahead).
+pub async fn build_event_processor_on(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+    clock: Arc<dyn sqs_once::clock::Clock>,
+) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
     let provider = provider_from(config, sdk).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let settlements =
@@ -245,7 +265,8 @@ pub async fn build_event_processor(
         Arc::new(settlements),
         Arc::new(provider),
         config.refund_window,
-    );
+    )
+    .with_clock(Arc::clone(&clock));
     let store = crate::event_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
@@ -259,6 +280,7 @@ pub async fn build_event_processor(
             Arc::new(queues),
             config.settings.clone(),
         )
+        .with_clock(clock)
         .with_metrics(crate::event_inbox::metric_names()),
     ))
 }

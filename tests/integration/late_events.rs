@@ -113,9 +113,9 @@ async fn a_dispute_of_another_system_s_intent_naming_our_payment_is_foreign() {
             ("amount", "700"),
             ("currency", "usd"),
             ("payment_method", "pm_card_createDispute"),
+            ("customer", "cus_another_system"),
             ("confirm", "true"),
-            ("automatic_payment_methods[enabled]", "true"),
-            ("automatic_payment_methods[allow_redirects]", "never"),
+            ("off_session", "true"),
             ("metadata[payment_id]", pid.as_str()),
         ])
         .send()

@@ -21,6 +21,7 @@ mod operator_safety;
 mod operator_views;
 mod proxy;
 mod refunds;
+mod timeline;
 mod webhook_signature;
 
 use std::time::Duration;
