@@ -13,10 +13,11 @@
 //! event function invoked with `{"catch_up": true}` by the template's schedule) keeps its place
 //! in a checkpoint item of the idempotency table (`pk = checkpoint#provider-events`): the last
 //! event it queued, moved after every page with a write conditional on the version read (two
-//! runs never move it back), and whether the last run reached the newest event. A run that
-//! did continues from a little before it ([`OVERLAP_S`]: events listed late); a run that did
-//! not continues from the event itself. The first run starts [`FIRST_WINDOW_S`] back, and
-//! every run stops within its [`Budget`], below the function's timeout.
+//! runs never move it back), and whether the last run reached the newest event. Every run goes
+//! on from that event; one after a run that reached the newest first lists again the
+//! [`OVERLAP_S`] before it, newest first (events listed late). The first run starts
+//! [`FIRST_WINDOW_S`] back; a checkpoint older than the provider keeps events starts from the
+//! oldest it still lists. Every run stops within its [`Budget`], below the function's timeout.
 
 use std::sync::Arc;
 
@@ -57,9 +58,9 @@ pub const FIRST_WINDOW_S: i64 = 3 * 86_400;
 /// Events per page (Stripe's largest).
 pub const PAGE_SIZE: usize = 100;
 
-/// The most pages a run re-lists before its last event (the [`OVERLAP_S`] window): past that
-/// it goes on from the last event itself, so a busy quarter of an hour never stops a run from
-/// making progress.
+/// The most pages a run re-lists of the [`OVERLAP_S`] before its last event, newest first (the
+/// events just before it are the likeliest to have been listed late): a busy quarter of an
+/// hour never stops a run from making progress.
 const OVERLAP_MAX_PAGES: usize = 10;
 
 /// The most pages walked back to find a window's oldest event when nothing of the inbox's
@@ -130,7 +131,12 @@ enum Start {
 
 /// Where the walk of events created from `since_s` starts: the newest event before it, else
 /// (nothing before: a new account) the oldest since, found by walking back.
-async fn start_at(lister: &dyn EventLister, since_s: i64, now_s: i64) -> Result<Start, String> {
+async fn start_at(
+    lister: &dyn EventLister,
+    since_s: i64,
+    now_s: i64,
+    budget: Budget,
+) -> Result<Start, String> {
     let listing = |e: ProviderError| format!("listing the provider's events: {e}");
     let before = lister
         .page_back(0, since_s - 1, None)
@@ -140,7 +146,12 @@ async fn start_at(lister: &dyn EventLister, since_s: i64, now_s: i64) -> Result<
         return Ok(Start::After(Place::of(e)));
     }
     let mut oldest: Option<(ProviderEvent, String)> = None;
-    for _ in 0..OLDEST_MAX_PAGES {
+    for pages in 0..OLDEST_MAX_PAGES {
+        if budget.spent(pages) {
+            return Err(format!(
+                "the events since {since_s} have none before them to start from, and their oldest was not reached within this run ({pages} pages): set where to start with `payctl events checkpoint --set evt_...` or `--since`"
+            ));
+        }
         let after = oldest.as_ref().map(|(e, _)| e.id.clone());
         let page = lister
             .page_back(since_s, now_s, after.as_deref())
@@ -226,7 +237,7 @@ pub async fn catch_up(
         until_s,
         ..CatchUpReport::default()
     };
-    let cursor = match start_at(lister, since_s, until_s).await? {
+    let cursor = match start_at(lister, since_s, until_s, Budget::unlimited()).await? {
         Start::Nothing => {
             report.finished = true;
             return Ok(report);
@@ -265,13 +276,10 @@ async fn queue_page(
         .map_err(|e| format!("queueing {} events: {e}", events.len()))
 }
 
-/// The checkpoint's part in a walk: moved after each page once the walk is past `hold`.
+/// The checkpoint's part in a walk: moved after each page.
 struct Moving<'a> {
     checkpoint: &'a Checkpoint,
     read: Position,
-    /// Re-listing before the last run's last event: not moved until the walk passes it.
-    hold: Option<Place>,
-    held_pages: usize,
 }
 
 /// Walks the pages after `cursor`, oldest first, queueing each (and the events up to
@@ -308,32 +316,19 @@ async fn walk(
         report.queued += oldest_first.len();
         report.last = Some(newest.clone());
         if let Some(m) = moving.as_deref_mut() {
-            if let Some(h) = m.hold.clone() {
-                m.held_pages += 1;
-                let passed =
-                    oldest_first.iter().any(|(e, _)| e.id == h.id) || newest.created > h.created;
-                if passed {
-                    m.hold = None;
-                } else if m.held_pages >= OVERLAP_MAX_PAGES {
-                    // A busy quarter of an hour: go on from the last run's last event.
-                    m.hold = None;
-                    cursor = h;
-                    continue;
-                }
+            let to = Position {
+                last: Some(newest.clone()),
+                caught_up: false,
+                version: m.read.version + 1,
+                from_s: None,
+            };
+            if !m.checkpoint.advance(&m.read, &to).await? {
+                tracing::warn!(
+                    "another catch-up moved the checkpoint: this run stops, its events are queued"
+                );
+                return Ok(());
             }
-            if m.hold.is_none() {
-                let to = Position {
-                    last: Some(newest.clone()),
-                    caught_up: false,
-                    version: m.read.version + 1,
-                    from_s: None,
-                };
-                if !m.checkpoint.advance(&m.read, &to).await? {
-                    tracing::warn!("another catch-up moved the checkpoint: this run stops, its events are queued");
-                    return Ok(());
-                }
-                m.read = to;
-            }
+            m.read = to;
         }
         cursor = newest;
         if !page.has_more || past_end {
@@ -343,9 +338,10 @@ async fn walk(
     }
 }
 
-/// One scheduled run at `now_s` within `budget`: from where the last run got (a little before
-/// it when that run had caught up), else from [`FIRST_WINDOW_S`] back; the checkpoint moved
-/// after every page.
+/// One scheduled run at `now_s` within `budget`: from where the last run got, else from
+/// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
+/// event, the [`OVERLAP_S`] before its last event is listed again first, newest first, at most
+/// [`OVERLAP_MAX_PAGES`] pages. The checkpoint moves after every page, only ever forward.
 pub async fn scheduled(
     lister: &dyn EventLister,
     queue: &dyn EventQueue,
@@ -354,33 +350,41 @@ pub async fn scheduled(
     budget: Budget,
 ) -> Result<CatchUpReport, String> {
     let read = checkpoint.read().await?;
-    // A place older than the provider keeps events can no longer be listed after.
+    // A place older than the provider keeps events can no longer be listed after: the run
+    // starts from the oldest events it still lists.
     let oldest_listable = now_s - EVENT_RETENTION_S + 3_600;
-    let last = read.last.clone().filter(|p| p.created > oldest_listable);
-    let (since, hold) = match (&last, read.caught_up) {
-        (Some(p), false) => (p.created, None),
-        (Some(p), true) => (p.created - OVERLAP_S, Some(p.clone())),
-        (None, _) => (
-            read.from_s
-                .unwrap_or(now_s - FIRST_WINDOW_S)
-                .max(oldest_listable),
-            None,
-        ),
+    let stale = read
+        .last
+        .as_ref()
+        .is_some_and(|p| p.created <= oldest_listable);
+    let last = read.last.clone().filter(|_| !stale);
+    let since = match &last {
+        Some(p) if read.caught_up => p.created - OVERLAP_S,
+        Some(p) => p.created,
+        None if stale => oldest_listable,
+        None => read
+            .from_s
+            .unwrap_or(now_s - FIRST_WINDOW_S)
+            .max(oldest_listable),
     };
+    if stale {
+        tracing::warn!(
+            "the catch-up's last event is older than the provider keeps events: this run starts from the oldest it still lists"
+        );
+    }
     let mut report = CatchUpReport {
         since_s: since,
         until_s: now_s,
         ..CatchUpReport::default()
     };
-    let mut moving = Moving {
-        checkpoint,
-        read: read.clone(),
-        hold,
-        held_pages: 0,
-    };
-    let cursor = match (&last, read.caught_up) {
-        (Some(p), false) => p.clone(),
-        _ => match start_at(lister, since, now_s).await? {
+    let cursor = match &last {
+        Some(p) => {
+            if read.caught_up {
+                overlap(lister, queue, p, budget, &mut report).await?;
+            }
+            p.clone()
+        }
+        None => match start_at(lister, since, now_s, budget).await? {
             Start::Nothing => {
                 report.finished = true;
                 return Ok(report);
@@ -393,10 +397,14 @@ pub async fn scheduled(
             }
         },
     };
+    let mut moving = Moving {
+        checkpoint,
+        read: read.clone(),
+    };
     walk(
         lister,
         queue,
-        cursor,
+        cursor.clone(),
         None,
         budget,
         &mut report,
@@ -405,16 +413,49 @@ pub async fn scheduled(
     .await?;
     if report.finished {
         let to = Position {
-            last: report.last.clone().or(moving.read.last.clone()),
+            last: report.last.clone().or(Some(cursor)),
             caught_up: true,
             version: moving.read.version + 1,
             from_s: None,
         };
-        if to.last.is_some() && !checkpoint.advance(&moving.read, &to).await? {
+        if !checkpoint.advance(&moving.read, &to).await? {
             tracing::warn!("another catch-up moved the checkpoint meanwhile");
         }
     }
     Ok(report)
+}
+
+/// Lists again the events created in the [`OVERLAP_S`] before `last` (and `last` itself),
+/// newest first, and queues them: what the last run may have missed because the provider
+/// listed it late. At most [`OVERLAP_MAX_PAGES`] pages; the checkpoint does not move.
+async fn overlap(
+    lister: &dyn EventLister,
+    queue: &dyn EventQueue,
+    last: &Place,
+    budget: Budget,
+    report: &mut CatchUpReport,
+) -> Result<(), String> {
+    let mut after: Option<String> = None;
+    for _ in 0..OVERLAP_MAX_PAGES {
+        if budget.spent(report.pages) {
+            return Ok(());
+        }
+        let page = lister
+            .page_back(last.created - OVERLAP_S, last.created, after.as_deref())
+            .await
+            .map_err(|e| format!("listing the provider's events before {}: {e}", last.id))?;
+        report.pages += 1;
+        let Some((oldest, _)) = page.events.last() else {
+            return Ok(());
+        };
+        after = Some(oldest.id.clone());
+        queue_page(queue, &page.events).await?;
+        report.queued += page.events.len();
+        if !page.has_more {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// The scheduled catch-up's parts, as the event function holds them.

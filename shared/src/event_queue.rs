@@ -31,7 +31,8 @@ fn batches(events: &[(ProviderEvent, String)]) -> Vec<&[(ProviderEvent, String)]
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, (e, body)) in events.iter().enumerate() {
-        let size = body.len() + e.kind.len() + "event_type".len();
+        // The body and its one attribute: name, value and data type all count.
+        let size = body.len() + e.kind.len() + "event_type".len() + "String".len();
         if i > start && (i - start == BATCH_ENTRIES || bytes + size > BATCH_BYTES) {
             out.push(&events[start..i]);
             (start, bytes) = (i, 0);

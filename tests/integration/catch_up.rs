@@ -201,17 +201,27 @@ async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
         .collect();
     let last = at.last.clone().unwrap();
     assert!(
+        !again.is_empty(),
+        "the quarter of an hour before the last event is listed again"
+    );
+    assert!(
         again
             .iter()
-            .all(|created| *created >= last.created - OVERLAP_S - 1),
+            .all(|created| (last.created - OVERLAP_S..=last.created).contains(created)),
         "only the overlap is listed again"
+    );
+    assert!(
+        again.len() <= 1000,
+        "at most ten pages of it: {}",
+        again.len()
     );
     assert!(
         steady.queued <= 30 + again.len() && steady.queued >= 30,
         "{steady:?}"
     );
 
-    // Another run moved the checkpoint since this one read it: this one stops and leaves it.
+    // The checkpoint's writes are conditional on the version read: a run holding an older
+    // read cannot move it back.
     let read = checkpoint.read().await.unwrap();
     let moved = Position {
         version: read.version + 1,
@@ -257,4 +267,44 @@ async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
         checkpoint.read().await.unwrap().last.map(|p| p.id),
         Some("evt_0000249".to_owned())
     );
+}
+
+/// The catch-up did not run for longer than the provider keeps events (a schedule disabled
+/// for weeks): the next run starts from the oldest events the provider still lists, not from
+/// the first run's three days, so nothing the provider can still give is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_listed() {
+    let t = TestStack::new("catch-up-stale").await;
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = now_ms() / 1000;
+    let provider = Provider::default();
+    provider.add(1, now - 40 * 86_400, now - 40 * 86_400);
+    let old = provider.events.lock().unwrap()[0].0.clone();
+    provider.add(600, now - 29 * 86_400, now - 60);
+    let stale = Position {
+        last: Some(payment_core::event_catch_up::Place {
+            id: old.id.clone(),
+            created: old.created,
+        }),
+        caught_up: true,
+        version: 1,
+        from_s: None,
+    };
+    assert!(checkpoint
+        .advance(&Position::default(), &stale)
+        .await
+        .unwrap());
+    let queue = Counted::default();
+    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
+        .await
+        .unwrap();
+    assert!(run.finished, "{run:?}");
+    assert_eq!(run.since_s, now - 30 * 86_400 + 3_600, "{run:?}");
+    let copies = queue.copies.lock().unwrap().clone();
+    assert_eq!(copies.len(), 600, "every event of the last 29 days");
+    assert!(!copies.contains_key(&old.id));
 }

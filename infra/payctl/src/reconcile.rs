@@ -138,7 +138,9 @@ pub async fn reconcile_one_at(
             proof_from_ms: (proof_from > now).then_some(proof_from),
             key_remembered_until_ms: record.first_attempt_at_ms
                 + settings.key_retention.as_millis() as i64,
-            may_replay: record.unknown_outcome,
+            // An attempt that died mid-call (`IN_PROGRESS` past its lease) may have reached the
+            // provider too: the claim never writes the mark, the next claim inherits it.
+            may_replay: record.unknown_outcome || record.status == RecordStatus::InProgress,
         });
     };
     // What the intent stands for, recorded as if its answer had been heard (the amount and
