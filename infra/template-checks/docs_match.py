@@ -2,7 +2,8 @@
 """The README says what the template is: every alarm of template.yaml has its row in "When an
 alarm fires" (and no row names an alarm the template lacks), the counts of alarms and functions
 the README states are the template's, every stack output the README exports exists, the
-conformance check's number of checks is the one its help and the README say, and the
+conformance check's number of checks is the one its help and the README say, docs/design.md
+counts the template's Lambdas, the template claims no IAM-only routes when one is open, and the
 `sqs-once` example in README.md is the one that
 compiles as sqs-once's doc test (sqs-once/README.md).
 
@@ -65,7 +66,7 @@ def conformance_counts(tool_src, help_src, readme):
         [] if said else ["neither the help nor the README says how many checks the conformance check runs"])
 
 
-def check(template, readme, crate_readme):
+def check(template, readme, crate_readme, design=""):
     problems = []
     alarms = resources_of(template, "AWS::CloudWatch::Alarm")
     rows = runbook_alarms(readme)
@@ -80,6 +81,11 @@ def check(template, readme, crate_readme):
         for said in stated_count(readme, noun):
             if said != n:
                 problems.append(f"the README speaks of {said} {noun}; the template has {n}")
+    for said in stated_count(design, "Lambdas"):
+        if said != len(functions):
+            problems.append(f"docs/design.md speaks of the {said} Lambdas; the template has {len(functions)}")
+    if re.search(r"AuthorizationType: NONE", template) and re.search(r"every route is AWS_IAM", template):
+        problems.append("the template says every route is AWS_IAM, but a route's AuthorizationType is NONE")
     outputs = outputs_of(template)
     for name in re.findall(r"\$\(out ([A-Za-z0-9]+)\)", readme):
         if name not in outputs:
@@ -108,9 +114,13 @@ def self_test():
     with_out = template + "Outputs:\n  ApiUrl:\n    Value: x\n"
     assert check(with_out, good + "X=$(out ApiUrl)\n", ex) == []
     assert len(check(with_out, good + "X=$(out ApiURL)\n", ex)) == 1
+    assert check(template, good, ex, "the one Lambdas") == []
+    assert len(check(template, good, ex, "the four Lambdas")) == 1  # design.md's count
+    routes = template + "  R:\n    Type: X\n    Properties:\n      AuthorizationType: NONE\n"
+    assert len(check(routes + "# every route is AWS_IAM\n", good, ex)) == 1
     assert conformance_counts("results.push(with_table(\n" * 2, "in 2 checks", "(2 checks)") == []
     assert len(conformance_counts("results.push(with_table(\n" * 2, "in 3 checks", "(2 checks)")) == 1
-    print("docs_match self-test: 9 cases ok")
+    print("docs_match self-test: 12 cases ok")
 
 
 if __name__ == "__main__":
@@ -119,7 +129,7 @@ if __name__ == "__main__":
         sys.exit(0)
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
     read = lambda p: open(os.path.join(root, p), encoding="utf-8").read()
-    found = check(read("template.yaml"), read("README.md"), read("sqs-once/README.md"))
+    found = check(read("template.yaml"), read("README.md"), read("sqs-once/README.md"), read("docs/design.md"))
     found += conformance_counts(read("infra/payctl/src/conformance/mod.rs"),
                                 read("infra/payctl/src/main.rs"), read("README.md"))
     for p in found:

@@ -136,12 +136,14 @@ async fn start_at(
     since_s: i64,
     now_s: i64,
     budget: Budget,
+    report: &mut CatchUpReport,
 ) -> Result<Start, String> {
     let listing = |e: ProviderError| format!("listing the provider's events: {e}");
     let before = lister
         .page_back(0, since_s - 1, None)
         .await
         .map_err(listing)?;
+    report.pages += 1;
     if let Some((e, _)) = before.events.first() {
         return Ok(Start::After(Place::of(e)));
     }
@@ -157,6 +159,7 @@ async fn start_at(
             .page_back(since_s, now_s, after.as_deref())
             .await
             .map_err(listing)?;
+        report.pages += 1;
         let more = page.has_more;
         if let Some(last) = page.events.into_iter().last() {
             oldest = Some(last);
@@ -237,7 +240,7 @@ pub async fn catch_up(
         until_s,
         ..CatchUpReport::default()
     };
-    let cursor = match start_at(lister, since_s, until_s, Budget::unlimited()).await? {
+    let cursor = match start_at(lister, since_s, until_s, Budget::unlimited(), &mut report).await? {
         Start::Nothing => {
             report.finished = true;
             return Ok(report);
@@ -293,8 +296,11 @@ async fn walk(
     report: &mut CatchUpReport,
     mut moving: Option<&mut Moving<'_>>,
 ) -> Result<(), String> {
+    // Every run walks at least one page forward, whatever the overlap or the start spent of
+    // the budget: no run can repeat the last one's work without progress.
+    let first = report.pages;
     loop {
-        if budget.spent(report.pages) {
+        if report.pages > first && budget.spent(report.pages) {
             return Ok(());
         }
         let page = lister
@@ -316,9 +322,11 @@ async fn walk(
         report.queued += oldest_first.len();
         report.last = Some(newest.clone());
         if let Some(m) = moving.as_deref_mut() {
+            // The last page marks the checkpoint caught up in the same write: a run that dies
+            // right after it still has the next one list the overlap.
             let to = Position {
                 last: Some(newest.clone()),
-                caught_up: false,
+                caught_up: !page.has_more,
                 version: m.read.version + 1,
                 from_s: None,
             };
@@ -352,7 +360,8 @@ pub async fn scheduled(
     let read = checkpoint.read().await?;
     // A place older than the provider keeps events can no longer be listed after: the run
     // starts from the oldest events it still lists.
-    let oldest_listable = now_s - EVENT_RETENTION_S + 3_600;
+    // (Five minutes short of it: the run's calls all land before the provider drops it.)
+    let oldest_listable = now_s - EVENT_RETENTION_S + 300;
     let stale = read
         .last
         .as_ref()
@@ -384,7 +393,7 @@ pub async fn scheduled(
             }
             p.clone()
         }
-        None => match start_at(lister, since, now_s, budget).await? {
+        None => match start_at(lister, since, now_s, budget, &mut report).await? {
             Start::Nothing => {
                 report.finished = true;
                 return Ok(report);
@@ -411,7 +420,7 @@ pub async fn scheduled(
         Some(&mut moving),
     )
     .await?;
-    if report.finished {
+    if report.finished && !moving.read.caught_up {
         let to = Position {
             last: report.last.clone().or(Some(cursor)),
             caught_up: true,
