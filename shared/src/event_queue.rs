@@ -123,9 +123,10 @@ impl EventQueue for SqsEventQueue {
                     .filter_map(|f| f.id().parse().ok())
                     .collect();
                 if let Some(f) = out.failed().iter().find(|f| f.sender_fault()) {
+                    let event = f.id().parse::<usize>().ok().and_then(|i| batch.get(i));
                     return Err(format!(
                         "SQS refused event {}: {} {}",
-                        batch[f.id().parse::<usize>().unwrap_or(0)].0.id,
+                        event.map_or("?", |(e, _)| e.id.as_str()),
                         f.code(),
                         f.message().unwrap_or_default()
                     ));

@@ -38,6 +38,37 @@ use crate::charge::PaymentOutcome;
 /// payment's record beside the reservations so that the refund still shows there.
 pub const RELEASED_PREFIX: &str = "released:";
 
+/// The write that gives back `amount` reserved for `refund_id` on a payment's record, shared by
+/// every path that releases (the refund processor, reconcile, the inbox): `refunds.<rid>` moves
+/// to `released:<rid>`, `refunded_amount` goes down and the record is kept until
+/// `keep_until_s`, only while the reservation is that amount and the TTL is not lowered. `also`
+/// joins the `SET` clause (an event's note).
+pub(crate) fn release_write(
+    update: aws_sdk_dynamodb::types::builders::UpdateBuilder,
+    refund_id: &str,
+    amount: i64,
+    keep_until_s: i64,
+    also: &str,
+) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+    let also = if also.is_empty() {
+        String::new()
+    } else {
+        format!("{also}, ")
+    };
+    update
+        .update_expression(format!(
+            "SET {also}refunded_amount = refunded_amount - :amount, #rel = :amount, \
+             expires_at = :keep REMOVE refunds.#rid"
+        ))
+        .condition_expression(
+            "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+        )
+        .expression_attribute_names("#rid", refund_id)
+        .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
+        .expression_attribute_values(":amount", n(amount))
+        .expression_attribute_values(":keep", n(keep_until_s))
+}
+
 /// The reservations on a payment's record item: refund id → amount.
 pub fn reservations_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, i64> {
     item.get("refunds")
@@ -274,22 +305,15 @@ impl DynamoRefundLedger {
             .transact_items(TransactWriteItem::builder().update(refund).build());
         if let Some(amount) = amount {
             let (k, v) = self.key(payment_id);
-            let payment = Update::builder()
-                .table_name(self.records.table())
-                .key(k, v)
-                .update_expression(
-                    "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
-                     expires_at = :keep REMOVE refunds.#rid",
-                )
-                .condition_expression(
-                    "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
-                )
-                .expression_attribute_names("#rid", refund_id)
-                .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
-                .expression_attribute_values(":amount", n(amount))
-                .expression_attribute_values(":keep", n(keep_until_s))
-                .build()
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let payment = release_write(
+                Update::builder().table_name(self.records.table()).key(k, v),
+                refund_id,
+                amount,
+                keep_until_s,
+                "",
+            )
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             request = request.transact_items(TransactWriteItem::builder().update(payment).build());
         }
         match request.send().await {
@@ -450,22 +474,17 @@ impl RefundLedger for DynamoRefundLedger {
         let mut keep = keep_until_s;
         for wait_ms in [0, 20, 50, 100, 200] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            let update = Update::builder()
-                .table_name(self.records.table())
-                .key(k.clone(), v.clone())
-                .update_expression(
-                    "SET refunded_amount = refunded_amount - :amount, #rel = :amount, \
-                     expires_at = :keep REMOVE refunds.#rid",
-                )
-                .condition_expression(
-                    "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
-                )
-                .expression_attribute_values(":keep", n(keep))
-                .expression_attribute_names("#rid", refund_id)
-                .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
-                .expression_attribute_values(":amount", n(amount))
-                .build()
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let update = release_write(
+                Update::builder()
+                    .table_name(self.records.table())
+                    .key(k.clone(), v.clone()),
+                refund_id,
+                amount,
+                keep,
+                "",
+            )
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             match self.fenced(refund_id, owner, update).await? {
                 Fenced::Applied => return Ok(()),
                 Fenced::LeaseLost => return Err(StoreError::LeaseLost),

@@ -199,6 +199,9 @@ pub const DISPUTE_PREFIX: &str = "dispute:";
 /// that raced this one and kept the record longer makes this one read again).
 const KEEP: &str = "(attribute_not_exists(expires_at) OR expires_at <= :keep)";
 
+/// The `SET` part of every settling write that lists the event applied on the payment's record.
+const APPEND: &str = "events = list_append(if_not_exists(events, :empty), :note)";
+
 fn unavailable<E: std::error::Error + 'static, R: std::fmt::Debug>(
     e: SdkError<E, R>,
 ) -> StoreError {
@@ -368,11 +371,7 @@ impl Settlements for DynamoSettlements {
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
-        let mut set = vec![
-            "outcome.#st = :to",
-            "events = list_append(if_not_exists(events, :empty), :note)",
-            "expires_at = :keep",
-        ];
+        let mut set = vec!["outcome.#st = :to", APPEND, "expires_at = :keep"];
         let mut req = self
             .payment_update(payment_id)
             .condition_expression(format!(
@@ -435,22 +434,16 @@ impl Settlements for DynamoSettlements {
             .expression_attribute_values(":note", one)
             .expression_attribute_values(":empty", empty)
             .expression_attribute_values(":keep", n(keep_until_s));
-        let append =
-            "events = list_append(if_not_exists(events, :empty), :note), expires_at = :keep";
         payment = match release {
-            Some(amount) => payment
-                .update_expression(format!(
-                    "SET {append}, refunded_amount = refunded_amount - :amount, #rel = :amount REMOVE refunds.#rid"
-                ))
-                .condition_expression(format!("refunds.#rid = :amount AND {KEEP}"))
-                .expression_attribute_names("#rid", refund_id)
-                .expression_attribute_names(
-                    "#rel",
-                    format!("{}{refund_id}", crate::refund_ledger::RELEASED_PREFIX),
-                )
-                .expression_attribute_values(":amount", n(amount)),
+            Some(amount) => crate::refund_ledger::release_write(
+                payment,
+                refund_id,
+                amount,
+                keep_until_s,
+                APPEND,
+            ),
             None => payment
-                .update_expression(format!("SET {append}"))
+                .update_expression(format!("SET {APPEND}, expires_at = :keep"))
                 .condition_expression(format!("attribute_exists(#pk) AND {KEEP}"))
                 .expression_attribute_names("#pk", self.payments.layout().attribute.clone()),
         };
@@ -497,23 +490,15 @@ impl Settlements for DynamoSettlements {
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
-        let update = self
-            .payment_update(payment_id)
-            .update_expression(
-                "SET events = list_append(if_not_exists(events, :empty), :note), \
-                 expires_at = :keep, refunded_amount = refunded_amount - :amount, \
-                 #rel = :amount REMOVE refunds.#rid",
-            )
-            .condition_expression(format!("refunds.#rid = :amount AND {KEEP}"))
-            .expression_attribute_names("#rid", refund_id)
-            .expression_attribute_names(
-                "#rel",
-                format!("{}{refund_id}", crate::refund_ledger::RELEASED_PREFIX),
-            )
-            .expression_attribute_values(":amount", n(amount))
-            .expression_attribute_values(":keep", n(keep_until_s))
-            .expression_attribute_values(":note", one)
-            .expression_attribute_values(":empty", empty);
+        let update = crate::refund_ledger::release_write(
+            self.payment_update(payment_id),
+            refund_id,
+            amount,
+            keep_until_s,
+            APPEND,
+        )
+        .expression_attribute_values(":note", one)
+        .expression_attribute_values(":empty", empty);
         self.update(built(update.build())?).await
     }
 
