@@ -389,7 +389,7 @@ pub struct ReceiverConfig {
     pub secret: SigningSecretSource,
     /// `WEBHOOK_TOLERANCE_SECONDS` (default 300, Stripe's libraries'; 0 turns the age check
     /// off): how old a signature's timestamp may be.
-    pub tolerance_s: i64,
+    pub tolerance_s: u64,
 }
 
 impl ReceiverConfig {
@@ -413,10 +413,10 @@ impl ReceiverConfig {
             tolerance_s: number_var(
                 &get,
                 "WEBHOOK_TOLERANCE_SECONDS",
-                crate::stripe_webhook::DEFAULT_TOLERANCE_SECONDS as u64,
+                crate::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
                 0,
                 86_400,
-            )? as i64,
+            )?,
         })
     }
 }

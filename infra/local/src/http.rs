@@ -4,7 +4,8 @@
 //!
 //! Like an `AWS_IAM` route on the emulators, a request without a SigV4 `Authorization` header
 //! is refused with `403`; the signature itself is verified by API Gateway only. A body over the
-//! handler's limit reaches it as one byte more than the limit, so that it answers `413` itself.
+//! handler's limit (by its `Content-Length`, or as read) reaches it as one byte more than the
+//! limit, so that it answers `413` itself; a body declared over the limit is not read.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -98,8 +99,25 @@ async fn route(
     if api.requires_auth(parts.uri.path()) && !parts.headers.contains_key("authorization") {
         return Ok(answer(403, Vec::new(), r#"{"message":"Forbidden"}"#.into()));
     }
-    // Reading stops one byte over the limit: the API answers 413 before parsing.
+    // A body declared over the limit is not read at all, and reading any other stops one
+    // byte over it: the API answers 413 before parsing.
     let limit = api.max_body_bytes();
+    let declared = parts
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        let a = api
+            .handle(HttpRequest {
+                method: parts.method.as_str(),
+                path: parts.uri.path(),
+                headers: &parts.headers,
+                body: &vec![0u8; limit + 1],
+            })
+            .await;
+        return Ok(answer(a.status, a.headers, a.body));
+    }
     let bytes = match Limited::new(body, limit + 1).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<LengthLimitError>() => vec![0u8; limit + 1].into(),
