@@ -10,3 +10,6 @@ start_aws_endpoint
 start_simulator
 cd "$ROOT"
 "$ROOT/target/debug/proving" chaos --template "$ROOT/template.yaml" "$@"
+# The public events route under a 20 s flood of worst-case forged requests (four clients), a
+# genuine signed delivery every second: each answered 200 within 1 s.
+"$ROOT/target/debug/proving" webhook-flood --seconds 20 --clients 4 --deadline-ms 1000 | grep -v '^{'

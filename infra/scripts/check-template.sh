@@ -23,6 +23,9 @@ for t in template.yaml "$out/transformed.json"; do
   log "checkov $t"
   "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact
 done
+log "the public route's throttle against the function behind it and the README's measured cost"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py --self-test
+"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$out/transformed.json" README.md
 log "the README against the template: the alarm runbook, the counts, the sqs-once example"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"

@@ -60,6 +60,10 @@ STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
   --rust-source "$ROOT/shared/src/stripe.rs" --rust-limits "$ROOT/shared/src/stripe_limits.rs"
+# The public events route under a flood: four clients send worst-case forged requests for 8 s
+# while a genuine signed delivery arrives every second; each must be answered 200 within 1 s
+# (make chaos runs it for 20 s on its own).
+"$ROOT/target/debug/proving" webhook-flood --seconds 8 --clients 4 --deadline-ms 1000 | grep -v '^{'
 unset SIM_RECORD # the simulators of the runs below keep no record
 stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
@@ -101,7 +105,15 @@ for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 
 done
 [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
   || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
+# ... and the events route's rows: the worst forged request beside a genuine delivery.
+for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
+  "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \
+  "^\| events route, a body declared over 256 KiB .* \| 413 after [0-9.]+ ms \|$" \
+  "^\| events function, one invocation on one core .*the largest body Lambda accepts"; do
+  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+    || { echo "bench results lack the events route's rows ($line)" >&2; exit 1; }
+done
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
-# self-tests, the install, the smoke run, the contract test, the package check, the e2e run and
-# the bench smoke run count as eleven more passed checks.
-summary 11
+# self-tests, the install, the smoke run, the contract test, the flood, the package check, the
+# e2e run and the bench smoke run count as twelve more passed checks.
+summary 12

@@ -128,6 +128,7 @@ pub struct EventReceiver {
     tolerance_s: u64,
     now_ms: Box<dyn Fn() -> i64 + Send + Sync>,
     macs: AtomicU64,
+    refusals: RefusalLog,
 }
 
 fn system_now_ms() -> i64 {
@@ -136,8 +137,8 @@ fn system_now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// The `SignatureFailures` metric (CloudWatch EMF) of one refused delivery.
-fn signature_failure_metric(reason: &str) -> String {
+/// The `SignatureFailures` metric (CloudWatch EMF) of `count` refused deliveries.
+fn signature_failure_metric(count: u64, reason: &str) -> String {
     serde_json::json!({
         "_aws": {
             "Timestamp": system_now_ms(),
@@ -148,10 +149,43 @@ fn signature_failure_metric(reason: &str) -> String {
             }]
         },
         "Service": "provider-events",
-        "SignatureFailures": 1,
+        "SignatureFailures": count,
         "reason": reason,
     })
     .to_string()
+}
+
+/// Refused deliveries, written at most once per [`Self::GAP`]: the first refusal at once (the
+/// alarm sees it), those within the gap after it counted into the next line. A flood of forged
+/// requests then costs one metric and one log line a second per instance, not two per request;
+/// the count still pending when an instance stops is lost (the metric undercounts a flood).
+struct RefusalLog {
+    pending: Mutex<(u64, Option<Instant>)>,
+}
+
+impl RefusalLog {
+    const GAP: Duration = Duration::from_secs(1);
+
+    /// Counts one refusal at `now`; the count to write, when a line is due.
+    fn tally(&self, now: Instant) -> Option<u64> {
+        let mut pending = self.pending.lock().ok()?;
+        pending.0 += 1;
+        if pending
+            .1
+            .is_some_and(|at| now.saturating_duration_since(at) < Self::GAP)
+        {
+            return None;
+        }
+        pending.1 = Some(now);
+        Some(std::mem::take(&mut pending.0))
+    }
+
+    fn refused(&self, reason: &SignatureError, bytes: usize) {
+        if let Some(count) = self.tally(Instant::now()) {
+            println!("{}", signature_failure_metric(count, &reason.to_string()));
+            tracing::warn!(%reason, bytes, refused = count, "provider events refused: bad signature");
+        }
+    }
 }
 
 impl EventReceiver {
@@ -167,6 +201,9 @@ impl EventReceiver {
             tolerance_s,
             now_ms: Box::new(system_now_ms),
             macs: AtomicU64::new(0),
+            refusals: RefusalLog {
+                pending: Mutex::new((0, None)),
+            },
         }
     }
 
@@ -208,8 +245,7 @@ impl EventReceiver {
 
     async fn verify(&self, signature: Option<&str>, body: &[u8]) -> Result<(), Answer> {
         let refuse = |e: SignatureError| {
-            println!("{}", signature_failure_metric(&e.to_string()));
-            tracing::warn!(reason = %e, bytes = body.len(), "provider event refused: bad signature");
+            self.refusals.refused(&e, body.len());
             refused(400, "signature_invalid", e.to_string())
         };
         // Everything that costs nothing to refuse is refused before the secret is read or the
@@ -454,6 +490,24 @@ mod tests {
             .await;
         assert_eq!(a.status, 200, "{}", a.body);
         assert_eq!(r.macs_computed(), 4);
+    }
+
+    #[test]
+    fn refusals_are_written_at_most_once_a_second_with_their_count() {
+        let log = RefusalLog {
+            pending: Mutex::new((0, None)),
+        };
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(log.tally(at(0)), Some(1), "the first at once");
+        assert_eq!(log.tally(at(10)), None);
+        assert_eq!(log.tally(at(999)), None);
+        assert_eq!(
+            log.tally(at(1000)),
+            Some(3),
+            "the gap's refusals in the next line"
+        );
+        assert_eq!(log.tally(at(5000)), Some(1));
     }
 
     #[tokio::test]

@@ -308,3 +308,36 @@ async fn the_receiver_accepts_exactly_what_stripe_s_verifier_accepts() {
         assert_eq!(queued, expected, "{name}: queued as it came, or nothing");
     }
 }
+
+/// What a forged request can make the route do: with two secrets held, the worst header within
+/// the caps costs two MACs, the shapes past the caps none; a body declared over the limit is
+/// answered 413 without being read; the function refuses the largest event Lambda accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_request_costs_the_route_at_most_one_mac_per_secret() {
+    let costs = proving::webhook::costs(3).await.unwrap();
+    let macs: Vec<(String, f64)> = costs["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["case"].as_str().unwrap().to_owned(),
+                c["macs_per_request"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        macs,
+        [
+            ("genuine delivery".to_owned(), 2.0),
+            ("forged: full header within the caps".to_owned(), 2.0),
+            ("forged: 2,000 hex v1".to_owned(), 0.0),
+            ("forged: 2,000 empty v1".to_owned(), 0.0),
+        ]
+    );
+    assert!(
+        costs["declared_oversized_ms"].as_f64().unwrap() < 1000.0,
+        "{costs}"
+    );
+    assert_eq!(costs["function"].as_array().unwrap().len(), 3);
+}

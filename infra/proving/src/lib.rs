@@ -14,7 +14,9 @@
 //! - the loads and checkers they share: [`load`] and [`api_load`] generate payments with known
 //!   outcomes, [`check`] and [`refund_check`] verify a run from the outside (the provider's
 //!   ledger through [`sim`], the table, the dead-letter queues); [`events_check`] settles a
-//!   scenario through the provider's events.
+//!   scenario through the provider's events;
+//! - [`webhook`]: the public events route under forged requests (its costs in the benchmark,
+//!   a flood in `make test` and `make chaos`).
 //!
 //! Nothing here ships to users, and the operator's `payctl` never depends on it.
 
@@ -32,4 +34,5 @@ pub mod load;
 pub mod prices;
 pub mod refund_check;
 pub mod sim;
+pub mod webhook;
 pub mod wire_count;

@@ -32,6 +32,23 @@ enum Command {
     /// Send payments to a deployed stack and verify what its own event-source mapping and
     /// bootstrap made of them (make e2e-sam).
     E2eCheck(E2eCheckArgs),
+    /// Flood the public events route with worst-case forged requests while a genuine signed
+    /// delivery arrives every second; exits non-zero unless each is answered 200 in time.
+    WebhookFlood(WebhookFloodArgs),
+}
+
+/// The options of `proving webhook-flood`.
+#[derive(Args)]
+pub struct WebhookFloodArgs {
+    /// How long the forgeries are sent, seconds.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Concurrent clients sending forgeries back to back.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Each genuine delivery must be answered 200 within this, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub deadline_ms: u64,
 }
 
 #[tokio::main]
@@ -51,7 +68,23 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Chaos(args) => chaos(args, &sdk).await,
         Command::Bench(args) => bench(args, &sdk).await,
         Command::E2eCheck(args) => e2e_check(args, &sdk).await,
+        Command::WebhookFlood(args) => webhook_flood(args).await,
     }
+}
+
+async fn webhook_flood(args: WebhookFloodArgs) -> Result<()> {
+    let settings = proving::webhook::FloodSettings {
+        duration: Duration::from_secs(args.seconds),
+        clients: args.clients,
+        genuine_every: Duration::from_secs(1),
+        deadline: Duration::from_millis(args.deadline_ms),
+    };
+    let report = proving::webhook::flood(&settings).await?;
+    print!("{}", report.lines(&settings));
+    if !report.failures.is_empty() {
+        anyhow::bail!("the flood: {}", report.failures.join("; "));
+    }
+    Ok(())
 }
 
 /// The options of `proving demo`.

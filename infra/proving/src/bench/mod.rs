@@ -40,6 +40,9 @@ use setup::*;
 pub use setup::{bench_overrides, esm_opts, BenchOptions, CallCounter};
 use throughput::*;
 
+/// Requests of each kind the events route's rows time.
+const WEBHOOK_RUNS: usize = 50;
+
 /// Runs every measurement, prints the table, writes the results.
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<serde_json::Value> {
     std::fs::create_dir_all(&opts.out_dir)?;
@@ -83,6 +86,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     let (cap_many, floor_many) = capacity[&opts.pollers];
     let calls = calls_per_payment(sdk, opts).await?;
     let api = api_measurement(sdk, opts).await?;
+    let webhook = crate::webhook::costs(WEBHOOK_RUNS).await?;
     let mut sizes = BTreeMap::new();
     for (arch, path) in &opts.bootstraps {
         sizes.insert(
@@ -147,6 +151,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         "bootstrap_bytes": sizes,
         "peak_rss_kib": rss,
         "api": api,
+        "webhook": webhook,
     });
     let mut ratios = Vec::new();
     if let Some(peer) = &opts.peer {

@@ -131,6 +131,7 @@ pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
         api["write_units_per_payment"].as_f64().unwrap_or(0.0),
         api["write_requests_per_payment"].as_f64().unwrap_or(0.0),
     ));
+    s.push_str(&crate::webhook::markdown(&r["webhook"]));
     let at = &r["at_latency"];
     let this = &at["contenders"]["this"];
     let (drain, open) = (&this["drain"], &this["open_loop"]);
