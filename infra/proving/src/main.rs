@@ -35,6 +35,13 @@ enum Command {
     /// Flood the public events route with worst-case forged requests while a genuine signed
     /// delivery arrives every second; exits non-zero unless each is answered 200 in time.
     WebhookFlood(WebhookFloodArgs),
+    /// What one request costs the public events route, genuine and worst-case forged (the
+    /// rows `make bench` prints).
+    WebhookCost {
+        /// Requests of each kind.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+    },
 }
 
 /// The options of `proving webhook-flood`.
@@ -69,6 +76,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench(args, &sdk).await,
         Command::E2eCheck(args) => e2e_check(args, &sdk).await,
         Command::WebhookFlood(args) => webhook_flood(args).await,
+        Command::WebhookCost { runs } => {
+            let costs = proving::webhook::costs(runs).await?;
+            print!("{}", proving::webhook::markdown(&costs));
+            Ok(())
+        }
     }
 }
 
