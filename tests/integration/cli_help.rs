@@ -31,7 +31,14 @@ fn every_payctl_option_is_described() {
         "smoke",
         "status",
     ];
-    let proving = vec!["bench", "chaos", "demo", "e2e-check"];
+    let proving = vec![
+        "bench",
+        "chaos",
+        "demo",
+        "e2e-check",
+        "webhook-cost",
+        "webhook-flood",
+    ];
     for (bin, expected) in [("payctl", operator), ("proving", proving)] {
         let commands = described(bin);
         let mut names: Vec<String> = commands.iter().map(|p| p.join(" ")).collect();
