@@ -79,7 +79,8 @@ Control API (not Stripe's):
          {"prefix": "pay_", "fault": F, "times": N, "probability": P, "latency_ms": MS}
          prefix matches the payment (metadata[payment_id], else the Idempotency-Key), or for a
          refund its refund id (metadata[refund_id], else the Idempotency-Key)
-         F: latency | delay_after_commit | 429 | 500_after_commit | drop_after_commit | down
+         F: latency | delay_after_commit | 429 | lock_timeout (a 429 for the object, code
+            lock_timeout, no Stripe-Rate-Limited-Reason) | 500_after_commit | drop_after_commit | down
             | cached_500 (commit, then answer 500 and replay that 500 for the key, as Stripe does
               once execution began) | forget_after (the key is forgotten latency_ms after its
               first use, like Stripe's 24 h key retention; not a per-call fault)
@@ -92,6 +93,12 @@ Control API (not Stripe's):
   POST   /_sim/latency           {"p50_ms": M, "p99_ms": N}: every /v1 answer after a seeded
                                  log-normal time (--latency; 0: at once)
   POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
+  POST   /_sim/rate_limit        {"per_second": R}: the account's limit, as Stripe's: at most R
+                                 /v1 requests a second (a token bucket holding one second's worth),
+                                 the rest answered 429 rate_limit_error with
+                                 Stripe-Rate-Limited-Reason: global-rate (0: no limit, the default)
+  GET    /_sim/rate_limit        {"per_second", "allowed", "refused"}: the /v1 requests let through
+                                 and refused since the limit was set
 
 A request refused by validation (amount, metadata, the return_url rule) saves no result for its
 key, as at Stripe: the same key may then be used with corrected parameters.
@@ -118,6 +125,26 @@ from urllib.parse import parse_qsl, urlsplit
 import events
 
 LOCK = threading.Lock()
+# The account's rate limit (POST /_sim/rate_limit): a token bucket of one second's requests.
+RATE = {"per_second": 0.0, "tokens": 0.0, "at": 0.0, "allowed": 0, "refused": 0}
+
+
+def take_rate_token():
+    """Whether a /v1 request arriving now is within the account's limit (always, with none)."""
+    with LOCK:
+        rate = RATE["per_second"]
+        if rate <= 0:
+            return True
+        now = time.monotonic()
+        RATE["tokens"] = min(rate, RATE["tokens"] + (now - RATE["at"]) * rate)
+        RATE["at"] = now
+        if RATE["tokens"] >= 1:
+            RATE["tokens"] -= 1
+            RATE["allowed"] += 1
+            return True
+        RATE["refused"] += 1
+        return False
+
 STATE = {
     "keys": {},  # key -> {"params": hash, "state": "in_flight"|"done", "status": int, "body": str}
     "charges": {},  # key -> [intent]
@@ -619,6 +646,13 @@ class Handler(BaseHTTPRequestHandler):
                                        f"Invalid Stripe API version: {self.headers.get('Stripe-Version')}",
                                        code="api_version_invalid"))
             return None
+        # The account's rate limit, counted at arrival as Stripe counts it.
+        if not take_rate_token():
+            self.reply(429, error_body("rate_limit_error",
+                                       "Request rate limit exceeded. Learn more about rate limits here "
+                                       "https://stripe.com/docs/rate-limits.", code="rate_limit"),
+                       {"Stripe-Rate-Limited-Reason": "global-rate"})
+            return None
         # The provider's own answer time (the benchmark's realistic latency), seeded.
         with LOCK:
             wait = latency_ms(CONFIG["latency"], CONFIG["latency_rng"])
@@ -663,6 +697,9 @@ class Handler(BaseHTTPRequestHandler):
                 if found is None:
                     return self.reply(404, error_body("invalid_request_error", f"No such {kind}: '{oid}'", code="resource_missing"))
                 return self.reply(200, body)
+        if url.path == "/_sim/rate_limit":
+            with LOCK:
+                return self.reply(200, json.dumps({k: RATE[k] for k in ("per_second", "allowed", "refused")}))
         if url.path == "/_sim/deliveries":
             return self.reply(200, json.dumps(events.deliveries()))
         if url.path == "/_sim/ledger":
@@ -708,6 +745,7 @@ class Handler(BaseHTTPRequestHandler):
                     STATE[n] = {}
                 STATE["rules"] = []
                 STATE["all_intents"] = []
+                RATE.update(per_second=0.0, tokens=0.0, allowed=0, refused=0)
                 events.reset()
             return self.reply(200, '{"ok": true}')
         if path == "/_sim/webhook":
@@ -725,6 +763,17 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 CONFIG["latency"] = model
             return self.reply(200, json.dumps({"p50_ms": body.get("p50_ms", 0), "p99_ms": body.get("p99_ms", 0)}))
+        if path == "/_sim/rate_limit":
+            body = json.loads(self.body() or "{}")
+            try:
+                per_second = float(body.get("per_second", 0))
+            except (TypeError, ValueError):
+                return self.reply(400, json.dumps({"error": "per_second must be a number"}))
+            if per_second < 0:
+                return self.reply(400, json.dumps({"error": "per_second must be 0 or more"}))
+            with LOCK:
+                RATE.update(per_second=per_second, tokens=per_second, at=time.monotonic(), allowed=0, refused=0)
+            return self.reply(200, json.dumps({"per_second": per_second}))
         if path == "/_sim/settle":
             body = json.loads(self.body() or "{}")
             with LOCK:
@@ -828,6 +877,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(503, error_body("api_error", "Service unavailable"), {"Stripe-Should-Retry": "true"})
             if fault == "429":
                 return self.reply(429, error_body("rate_limit_error", "Too many requests"), {"Retry-After": "1"})
+            if fault == "lock_timeout":
+                return self.reply(429, error_body(
+                    "invalid_request_error",
+                    "This object cannot be accessed right now because another API request or Stripe process is "
+                    "currently accessing it. If you see this error intermittently, retry the request.",
+                    code="lock_timeout"))
             entry = STATE["keys"].get(key)
             if entry is not None and (time.time() * 1000 - entry["created_ms"]) > retention_ms(payment):
                 del STATE["keys"][key]  # forgotten, as Stripe forgets keys after 24 hours

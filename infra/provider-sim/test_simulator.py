@@ -266,6 +266,61 @@ class Simulator(unittest.TestCase):
         self.assertEqual((status, err["error"].get("code")), (400, "resource_missing"))
 
 
+class RateLimit(unittest.TestCase):
+    """The account's limit as Stripe applies it: past the rate, 429 rate_limit_error with
+    Stripe-Rate-Limited-Reason: global-rate; a lock on one object is a 429 lock_timeout without
+    the reason header. (A simulator of its own, started as Simulator's.)"""
+
+    setUpClass = classmethod(Simulator.setUpClass.__func__)
+    tearDownClass = classmethod(Simulator.tearDownClass.__func__)
+
+    def raw(self, method, path, form=None, key=None):
+        data = urlencode(form).encode() if form is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", "Bearer sk_test_local")
+        req.add_header("Stripe-Version", CURRENT)
+        if key:
+            req.add_header("Idempotency-Key", key)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, dict(r.headers), json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), json.loads(e.read())
+
+    def control(self, method, path, body=None):
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode() if body is not None else None,
+                                     method=method)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def test_requests_past_the_account_rate_are_refused_with_stripe_s_reason(self):
+        self.control("POST", "/_sim/rate_limit", {"per_second": 5})
+        try:
+            answers = [self.raw("GET", "/v1/payment_intents", None) for _ in range(15)]
+            refused = [a for a in answers if a[0] == 429]
+            # One second's worth at once (5), and what trickles in while the 15 are sent.
+            self.assertGreaterEqual(len(refused), 8, [a[0] for a in answers])
+            self.assertTrue(all(a[0] == 200 for a in answers[:5]))
+            for status, headers, body in refused:
+                self.assertEqual(headers.get("Stripe-Rate-Limited-Reason"), "global-rate")
+                self.assertEqual(body["error"]["type"], "rate_limit_error")
+            counts = self.control("GET", "/_sim/rate_limit")
+            self.assertEqual(counts["allowed"] + counts["refused"], 15)
+            self.assertEqual(counts["refused"], len(refused))
+        finally:
+            self.control("POST", "/_sim/rate_limit", {"per_second": 0})
+        self.assertEqual(self.raw("GET", "/v1/payment_intents")[0], 200)
+
+    def test_a_lock_on_the_object_is_a_429_without_the_rate_reason(self):
+        self.control("POST", "/_sim/faults", {"rules": [{"prefix": "lock-1", "fault": "lock_timeout", "times": 1}]})
+        form = dict(OLD_FORM, off_session="true", **{"metadata[payment_id]": "lock-1"})
+        status, headers, body = self.raw("POST", "/v1/payment_intents", form, "lock-1")
+        self.assertEqual((status, body["error"]["code"]), (429, "lock_timeout"))
+        self.assertNotIn("Stripe-Rate-Limited-Reason", headers)
+        status, _, body = self.raw("POST", "/v1/payment_intents", form, "lock-1")
+        self.assertEqual((status, body["status"]), (200, "succeeded"))
+
+
 class Latency(unittest.TestCase):
     """The benchmark's provider answers after a log-normal time with the median and 99th
     percentile asked for (Stripe-like: 350 ms and 1.5 s), reproducible from its seed."""

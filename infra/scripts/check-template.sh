@@ -26,6 +26,9 @@ done
 log "the public route's throttle against the function behind it and the README's measured cost"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$out/transformed.json" README.md
+log "the provider's pace: one stack rate, the shares, a batch within its timeout"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py --self-test
+"$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$out/transformed.json"
 log "the README against the template: the alarm runbook, the counts, the sqs-once example"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"

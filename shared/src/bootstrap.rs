@@ -113,13 +113,14 @@ pub async fn build_processor_with(
     dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
 ) -> Result<Arc<Processor>, InitError> {
-    let provider = provider_from(config, sdk).await?;
+    let pace = pace_of(config);
+    let provider = paced_provider(config, sdk, &pace).await?;
     let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention)
         .with_refund_window(config.refund_window);
     let store = crate::payment_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
     check_source_queue(config, &queues).await?;
-    Ok(Arc::new(
+    Ok(Arc::new(paced_runner(
         Processor::new(
             Arc::new(work),
             Arc::new(store),
@@ -127,7 +128,8 @@ pub async fn build_processor_with(
             config.settings.clone(),
         )
         .with_metrics(crate::charge::metric_names()),
-    ))
+        pace,
+    )))
 }
 
 /// Builds the refund processor with the DynamoDB, SQS and Stripe adapters: the same
@@ -145,7 +147,8 @@ pub async fn build_refund_processor_on(
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
 ) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
-    let provider = provider_from(config, sdk).await?;
+    let pace = pace_of(config);
+    let provider = paced_provider(config, sdk, &pace).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let ledger =
         crate::refund_ledger::DynamoRefundLedger::new(dynamodb.clone(), &config.idempotency_table)
@@ -163,7 +166,7 @@ pub async fn build_refund_processor_on(
         config.dead_letter_queue_url.clone(),
     );
     check_source_queue(config, &queues).await?;
-    Ok(Arc::new(
+    Ok(Arc::new(paced_runner(
         crate::refund::RefundProcessor::new(
             Arc::new(work),
             Arc::new(store),
@@ -172,7 +175,8 @@ pub async fn build_refund_processor_on(
         )
         .with_clock(clock)
         .with_metrics(crate::refund::metric_names()),
-    ))
+        pace,
+    )))
 }
 
 /// Reads the environment and builds the refund processor: the refund function's whole init.
@@ -195,6 +199,38 @@ pub async fn provider_from(
         config.provider_timeout,
     )
     .map_err(|e| InitError::Http(e.to_string()))
+}
+
+/// The process's request pace of a configuration (`PROVIDER_REQUESTS_PER_SECOND`), shared by
+/// its runner and its provider client; `None` unpaced.
+pub fn pace_of(config: &Config) -> Option<Arc<sqs_once::pace::Pace>> {
+    config
+        .provider_pace
+        .map(|rate| Arc::new(sqs_once::pace::Pace::new(rate)))
+}
+
+/// The provider client of a configuration, paced with `pace` when given.
+async fn paced_provider(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+    pace: &Option<Arc<sqs_once::pace::Pace>>,
+) -> Result<StripeClient, InitError> {
+    let client = provider_from(config, sdk).await?;
+    Ok(match pace {
+        Some(p) => client.with_pace(Arc::clone(p)),
+        None => client,
+    })
+}
+
+/// A runner paced with `pace` when given.
+fn paced_runner<W: sqs_once::Work>(
+    runner: sqs_once::BatchRunner<W>,
+    pace: Option<Arc<sqs_once::pace::Pace>>,
+) -> sqs_once::BatchRunner<W> {
+    match pace {
+        Some(p) => runner.with_pace(p),
+        None => runner,
+    }
 }
 
 /// Reads the environment and builds the processor: the function's whole init.
@@ -257,7 +293,8 @@ pub async fn build_event_processor_on(
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
 ) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
-    let provider = provider_from(config, sdk).await?;
+    let pace = pace_of(config);
+    let provider = paced_provider(config, sdk, &pace).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let settlements =
         crate::settlement::DynamoSettlements::new(dynamodb.clone(), &config.idempotency_table);
@@ -273,7 +310,7 @@ pub async fn build_event_processor_on(
         config.dead_letter_queue_url.clone(),
     );
     check_source_queue(config, &queues).await?;
-    Ok(Arc::new(
+    Ok(Arc::new(paced_runner(
         crate::event_inbox::EventProcessor::new(
             Arc::new(work),
             Arc::new(store),
@@ -282,7 +319,8 @@ pub async fn build_event_processor_on(
         )
         .with_clock(clock)
         .with_metrics(crate::event_inbox::metric_names()),
-    ))
+        pace,
+    )))
 }
 
 /// The scheduled catch-up of a configuration (`None` without `PROVIDER_EVENTS_QUEUE_URL`).
@@ -294,7 +332,9 @@ pub async fn build_catch_up(
         return Ok(None);
     };
     Ok(Some(crate::event_catch_up::ScheduledCatchUp {
-        lister: Arc::new(provider_from(config, sdk).await?),
+        // Its own pace at the instance's rate: a catch-up run and a batch never share an
+        // instance at once (Lambda runs one invocation at a time).
+        lister: Arc::new(paced_provider(config, sdk, &pace_of(config)).await?),
         queue: Arc::new(crate::event_receiver::SqsEventQueue::new(
             aws_sdk_sqs::Client::new(sdk),
             url.clone(),

@@ -68,6 +68,12 @@ pub struct Config {
     /// `PROVIDER_EVENTS_QUEUE_URL` (optional, the event function's): where its scheduled
     /// catch-up queues the events it lists.
     pub provider_events_queue_url: Option<String>,
+    /// Requests a second this process may send the provider (`None`: unpaced), from
+    /// `PROVIDER_REQUESTS_PER_SECOND` (the stack's share of the account's limit), times
+    /// `PROVIDER_SHARE_PERCENT` (default 100: this function's part of it), divided by
+    /// `EVENT_SOURCE_MAX_CONCURRENCY` (default 1: the instances the event-source mapping runs
+    /// at most, which share it). See [`sqs_once::pace`].
+    pub provider_pace: Option<f64>,
 }
 
 /// A configuration problem, naming the variable.
@@ -241,6 +247,7 @@ impl Config {
             payments_table: get("PAYMENTS_TABLE").filter(|v| !v.trim().is_empty()),
             provider_events_queue_url: get("PROVIDER_EVENTS_QUEUE_URL")
                 .filter(|v| !v.trim().is_empty()),
+            provider_pace: provider_pace(&get)?,
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",
@@ -282,6 +289,33 @@ fn required_var(
         Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
         _ => Err(err(var, "is required")),
     }
+}
+
+/// The variables of the provider's pace ([`Config::provider_pace`]): the deployment's; the
+/// local tools pass them only when set in their own environment.
+pub const PACE_VARS: [&str; 3] = [
+    "PROVIDER_REQUESTS_PER_SECOND",
+    "PROVIDER_SHARE_PERCENT",
+    "EVENT_SOURCE_MAX_CONCURRENCY",
+];
+
+/// The process's share of the provider's rate (see [`Config::provider_pace`]).
+fn provider_pace(get: &impl Fn(&str) -> Option<String>) -> Result<Option<f64>, ConfigError> {
+    let total = match get("PROVIDER_REQUESTS_PER_SECOND") {
+        Some(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+            Ok(r) if r.is_finite() && r > 0.0 && r <= 100_000.0 => r,
+            _ => {
+                return Err(err(
+                    "PROVIDER_REQUESTS_PER_SECOND",
+                    format!("must be a number of requests a second above 0, got {v:?}"),
+                ))
+            }
+        },
+        _ => return Ok(None),
+    };
+    let share = number_var(get, "PROVIDER_SHARE_PERCENT", 100, 1, 100)?;
+    let instances = number_var(get, "EVENT_SOURCE_MAX_CONCURRENCY", 1, 1, 10_000)?;
+    Ok(Some(total * share as f64 / 100.0 / instances as f64))
 }
 
 fn number_var(

@@ -567,6 +567,12 @@ impl Work for EventWork {
         self.provider.request_timeout()
     }
 
+    /// Most events are applied from their payload: a read back from the provider takes its
+    /// slot when it is needed, not before the claim.
+    fn paces_first_call(&self, _request: &Self::Request) -> bool {
+        false
+    }
+
     /// An event's record outlives every copy the provider may still send of it.
     fn retention_after(&self, _outcome: &Outcome) -> Option<Duration> {
         Some(EVENT_RECORD_LIFETIME)

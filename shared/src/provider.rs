@@ -73,6 +73,23 @@ pub enum FailureKind {
     /// Any other status this client does not know (a `3xx`, a `418`, ...): nothing says whether
     /// the provider acted, so the outcome is unknown.
     Unexpected,
+    /// Not sent: the process's request pace had no slot before the call's latest start
+    /// ([`sqs_once::pace`]). Nothing reached the provider.
+    NotSent,
+}
+
+/// What a `429` was about (`Stripe-Rate-Limited-Reason`, or the error's `lock_timeout` code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimit {
+    /// The account's limit (`global-rate`, `global-concurrency`), or a `429` that says
+    /// nothing: the process slows down.
+    Account,
+    /// One endpoint's limit (`endpoint-rate`, `endpoint-concurrency`): the process slows
+    /// down (its calls are to few endpoints).
+    Endpoint,
+    /// One object (`resource-specific`, a `lock_timeout`): only that object waits; the rate
+    /// is not the cause.
+    Object,
 }
 
 /// A call that ended without a definitive answer.
@@ -90,6 +107,8 @@ pub struct ProviderError {
     /// The provider replayed a stored error for this key (`Idempotent-Replayed: true` on a
     /// `5xx`): retrying with the key will not change it; only a lookup can tell what happened.
     pub replayed: bool,
+    /// For a `429`, what it was about.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl ProviderError {
@@ -115,6 +134,7 @@ impl ProviderError {
     pub fn retry_now(&self) -> bool {
         self.should_retry != Some(false)
             && self.kind != FailureKind::Misconfigured
+            && self.kind != FailureKind::NotSent
             && !self.replayed
     }
 
@@ -126,6 +146,7 @@ impl ProviderError {
             retry_after: None,
             should_retry: None,
             replayed: false,
+            rate_limit: None,
         }
     }
 }

@@ -10,9 +10,10 @@
 //! The API key is a [`SecretString`]: it is only exposed to build the `Authorization` header and
 //! never appears in a log line or an error.
 //!
-//! Why ~760 lines: ~240 of them are unit tests of the wire format against Stripe's published
+//! Why ~900 lines: ~320 of them are unit tests of the wire format against Stripe's published
 //! fixtures; the adapter itself is ~520.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,10 +21,12 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use sqs_once::pace::Pace;
 
 use crate::domain::PaymentRequest;
 use crate::provider::{
     FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
+    RateLimit,
 };
 
 /// The Stripe API version the project is built and tested against: the one the official
@@ -66,6 +69,8 @@ pub struct StripeClient {
     api_version: String,
     /// Per-call timeout (connect + send + read).
     timeout: Duration,
+    /// The process's request pace (`None`: unpaced).
+    pace: Option<Arc<Pace>>,
 }
 
 impl std::fmt::Debug for StripeClient {
@@ -158,7 +163,42 @@ impl StripeClient {
             api_key,
             api_version: api_version.to_owned(),
             timeout,
+            pace: None,
         })
+    }
+
+    /// Paces every request with `pace` (share it with the runner, see [`sqs_once::pace`]):
+    /// each waits for its slot, a `429` about the account or an endpoint slows the pace down,
+    /// an answer speeds it back up.
+    pub fn with_pace(mut self, pace: Arc<Pace>) -> Self {
+        self.pace = Some(pace);
+        self
+    }
+
+    /// Waits for the request's slot; outside a runner's call, for at most the call timeout.
+    async fn slot(&self) -> Result<(), ProviderError> {
+        match &self.pace {
+            Some(pace) => pace
+                .acquire(self.timeout)
+                .await
+                .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the pace what the provider answered.
+    fn paced(&self, answer: &Result<(StatusCode, HeaderMap, String), ProviderError>) {
+        let (Some(pace), Ok((status, headers, body))) = (&self.pace, answer) else {
+            return;
+        };
+        if *status == StatusCode::TOO_MANY_REQUESTS {
+            match rate_limit_of(headers, body) {
+                RateLimit::Account | RateLimit::Endpoint => pace.slowed(retry_after_of(headers)),
+                RateLimit::Object => {}
+            }
+        } else if !status.is_server_error() {
+            pace.succeeded();
+        }
     }
 
     /// `POST {path}` with a form body and an `Idempotency-Key`: the answer's status, headers
@@ -169,6 +209,7 @@ impl StripeClient {
         idempotency_key: &str,
         form: &[(String, String)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        self.slot().await?;
         let url = format!("{}{path}", self.base_url);
         let sent = self
             .http
@@ -179,7 +220,9 @@ impl StripeClient {
             .form(form)
             .send()
             .await;
-        answer_of(sent, &url).await
+        let answer = answer_of(sent, &url).await;
+        self.paced(&answer);
+        answer
     }
 
     /// `GET {path}?{query}`: the answer's status, headers and body, or a [`ProviderError`]
@@ -189,6 +232,7 @@ impl StripeClient {
         path: &str,
         query: &[(&str, &str)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        self.slot().await?;
         let url = format!("{}{path}", self.base_url);
         let sent = self
             .http
@@ -198,7 +242,9 @@ impl StripeClient {
             .query(query)
             .send()
             .await;
-        answer_of(sent, &url).await
+        let answer = answer_of(sent, &url).await;
+        self.paced(&answer);
+        answer
     }
 
     /// The `Stripe-Version` this client sends.
@@ -333,23 +379,53 @@ pub(crate) fn classify_send_error(e: &reqwest::Error) -> FailureKind {
     }
 }
 
+/// `Retry-After` in whole seconds, when sent.
+fn retry_after_of(headers: &HeaderMap) -> Option<Duration> {
+    header_str(headers, "retry-after")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// What a `429` was about: `Stripe-Rate-Limited-Reason` (`global-rate`, `global-concurrency`,
+/// `endpoint-rate`, `endpoint-concurrency`, `resource-specific`), else the error's code
+/// (`lock_timeout`: another request holds the object); a `429` that says neither is taken as
+/// the account's limit.
+pub(crate) fn rate_limit_of(headers: &HeaderMap, body: &str) -> RateLimit {
+    match header_str(headers, "stripe-rate-limited-reason").map(str::trim) {
+        Some("global-rate" | "global-concurrency") => RateLimit::Account,
+        Some("endpoint-rate" | "endpoint-concurrency") => RateLimit::Endpoint,
+        Some("resource-specific") => RateLimit::Object,
+        _ => {
+            let code = serde_json::from_str::<ErrorBody>(body)
+                .ok()
+                .and_then(|b| b.error.code);
+            if code.as_deref() == Some("lock_timeout") {
+                RateLimit::Object
+            } else {
+                RateLimit::Account
+            }
+        }
+    }
+}
+
 /// Maps one HTTP answer to the contract's outcome classes.
 pub(crate) fn interpret(
     status: StatusCode,
     headers: &HeaderMap,
     body: &str,
 ) -> Result<ProviderResponse, ProviderError> {
-    let retry_after = header_str(headers, "retry-after")
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let retry_after = retry_after_of(headers);
     let should_retry = header_str(headers, "stripe-should-retry").map(|v| v == "true");
     let replayed = header_str(headers, "idempotent-replayed") == Some("true");
+    let rate_limit =
+        (status == StatusCode::TOO_MANY_REQUESTS).then(|| rate_limit_of(headers, body));
     let fail = |kind: FailureKind, message: String| ProviderError {
         kind,
         message,
         retry_after,
         should_retry,
         replayed,
+        rate_limit,
     };
     if status.is_success() {
         return match serde_json::from_str::<IntentBody>(body) {
@@ -547,6 +623,100 @@ pub(crate) mod tests {
                 replayed: true
             }
         );
+    }
+
+    #[test]
+    fn a_429_says_what_it_is_about_and_only_the_rate_s_slow_the_pace() {
+        let lock =
+            r#"{"error":{"type":"invalid_request_error","code":"lock_timeout","message":"x"}}"#;
+        let rate = r#"{"error":{"type":"rate_limit_error","message":"x"}}"#;
+        for (headers, body, want) in [
+            (
+                h(&[("stripe-rate-limited-reason", "global-rate")]),
+                rate,
+                RateLimit::Account,
+            ),
+            (
+                h(&[("stripe-rate-limited-reason", "global-concurrency")]),
+                rate,
+                RateLimit::Account,
+            ),
+            (
+                h(&[("stripe-rate-limited-reason", "endpoint-rate")]),
+                rate,
+                RateLimit::Endpoint,
+            ),
+            (
+                h(&[("stripe-rate-limited-reason", "endpoint-concurrency")]),
+                rate,
+                RateLimit::Endpoint,
+            ),
+            (
+                h(&[("stripe-rate-limited-reason", "resource-specific")]),
+                rate,
+                RateLimit::Object,
+            ),
+            (h(&[]), lock, RateLimit::Object),
+            (h(&[]), rate, RateLimit::Account),
+        ] {
+            let e = interpret(StatusCode::TOO_MANY_REQUESTS, &headers, body).unwrap_err();
+            assert_eq!(
+                (e.kind, e.rate_limit),
+                (FailureKind::RateLimited, Some(want))
+            );
+            assert!(!e.is_ambiguous() && e.retry_now());
+        }
+        let pace = Arc::new(Pace::new(8.0));
+        let client = StripeClient::new(
+            "http://127.0.0.1:9",
+            SecretString::from("sk_test_x".to_owned()),
+            DEFAULT_API_VERSION,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .with_pace(pace.clone());
+        let answer = |status: u16, headers: HeaderMap, body: &str| {
+            Ok((
+                StatusCode::from_u16(status).unwrap(),
+                headers,
+                body.to_owned(),
+            ))
+        };
+        // A lock on one object: the pace is not the cause.
+        client.paced(&answer(429, h(&[]), lock));
+        assert_eq!(pace.rate(), 8.0);
+        client.paced(&answer(
+            429,
+            h(&[("stripe-rate-limited-reason", "global-rate")]),
+            rate,
+        ));
+        assert_eq!(pace.rate(), 4.0);
+        // An answer, even a refusal of the request itself, grows it back; a 5xx does not.
+        client.paced(&answer(500, h(&[]), "{}"));
+        assert_eq!(pace.rate(), 4.0);
+        client.paced(&answer(402, h(&[]), "{}"));
+        assert!((pace.rate() - 4.4).abs() < 1e-9, "{}", pace.rate());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_a_slot_in_time_is_not_sent() {
+        let pace = Arc::new(Pace::new(1.0));
+        let client = StripeClient::new(
+            "http://127.0.0.1:9",
+            SecretString::from("sk_test_x".to_owned()),
+            DEFAULT_API_VERSION,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .with_pace(pace.clone());
+        // The only slot of the next two seconds is taken.
+        pace.book(tokio::time::Instant::now()).unwrap();
+        let latest = tokio::time::Instant::now() + Duration::from_millis(500);
+        let e = sqs_once::pace::within(latest, client.get("/v1/payment_intents/pi_1", &[]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, FailureKind::NotSent);
+        assert!(!e.is_ambiguous() && !e.retry_now(), "{e}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use tracing::{debug, info, warn};
@@ -19,6 +20,9 @@ use crate::record::{
 use crate::redelivery::Redelivery;
 use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
 use crate::settings::CLOCK_SKEW_MS;
+
+/// The time a claim's write may take, between a booked slot and its first call.
+const CLAIM_ALLOWANCE: Duration = Duration::from_secs(1);
 use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
 /// Where the message stands after the claim.
@@ -87,10 +91,50 @@ impl<W: Work> BatchRunner<W> {
             }
         }
 
-        let attempt = match self
-            .claim(msg, &body, &request, &key, now, deadline_ms)
-            .await
-        {
+        // A paced downstream: the first request's slot is booked before anything is claimed,
+        // no later than a call can still be sent in this invocation; a message whose slot would
+        // come later is handed back unattempted (no claim, no receive budget spent).
+        let Some(pace) = self
+            .pace
+            .as_ref()
+            .filter(|_| self.work.paces_first_call(&request))
+        else {
+            return self
+                .claim_and_run(msg, &body, &request, &key, now, deadline_ms, latencies)
+                .await;
+        };
+        let latest_ms = deadline_ms
+            - ms(self.settings.deadline_safety)
+            - self.call_window_ms()
+            - ms(CLAIM_ALLOWANCE);
+        let latest =
+            tokio::time::Instant::now() + Duration::from_millis((latest_ms - now).max(0) as u64);
+        let slot = match pace.book(latest) {
+            Ok(slot) => slot,
+            Err(e) => return Step::Again(e.to_string(), Redelivery::NotAttempted),
+        };
+        tokio::time::sleep_until(slot).await;
+        let now = self.clock.now_ms();
+        pace.with_booked(
+            slot,
+            self.claim_and_run(msg, &body, &request, &key, now, deadline_ms, latencies),
+        )
+        .await
+    }
+
+    /// Claims the record, runs the calls with the heartbeat, and records what they ended in.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_and_run(
+        &self,
+        msg: &SqsMessage,
+        body: &str,
+        request: &W::Request,
+        key: &str,
+        now: i64,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> Step {
+        let attempt = match self.claim(msg, body, request, key, now, deadline_ms).await {
             Ok(Claimed::Owner(attempt)) => attempt,
             Ok(Claimed::Done(d)) => return Step::Done(d),
             Err(again) => return again,
@@ -99,8 +143,8 @@ impl<W: Work> BatchRunner<W> {
 
         // The calls and the heartbeat run together; a lost lease stops the calls.
         let executed = tokio::select! {
-            r = self.execute(&request, &key, &attempt, deadline_ms, latencies) => r,
-            lost = self.heartbeat(msg, &key, &attempt, deadline_ms) => Err(lost),
+            r = self.execute(request, key, &attempt, deadline_ms, latencies) => r,
+            lost = self.heartbeat(msg, key, &attempt, deadline_ms) => Err(lost),
         };
         let owner = &attempt.context.owner;
         match executed {
@@ -111,7 +155,7 @@ impl<W: Work> BatchRunner<W> {
                     .work
                     .retention_after(&outcome)
                     .map(|d| (self.clock.now_ms() + ms(d.max(self.settings.record_ttl))) / 1000);
-                match self.store.complete(&key, owner, &outcome, keep_until).await {
+                match self.store.complete(key, owner, &outcome, keep_until).await {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         return Step::Again(
@@ -131,7 +175,7 @@ impl<W: Work> BatchRunner<W> {
                 crate::failpoint!("after_complete");
                 Step::Done(match self.work.verdict(&outcome) {
                     Verdict::DeadLetter { code, reason } => {
-                        self.dead_letter(msg, &body, &code, &reason, Some(&request), None)
+                        self.dead_letter(msg, body, &code, &reason, Some(request), None)
                             .await
                     }
                     Verdict::Done(label) => Disposition::Done(label),
@@ -147,7 +191,7 @@ impl<W: Work> BatchRunner<W> {
                 not_before,
                 retry_at,
             }) => {
-                self.record_failure(&key, owner, &message, unknown, not_before)
+                self.record_failure(key, owner, &message, unknown, not_before)
                     .await;
                 let when = match (retry_at, not_before) {
                     (Some(t), _) => Redelivery::At(t),
@@ -160,18 +204,11 @@ impl<W: Work> BatchRunner<W> {
                 message,
                 not_before,
             }) => {
-                self.record_failure(&key, owner, &message, true, not_before)
+                self.record_failure(key, owner, &message, true, not_before)
                     .await;
                 Step::Done(
-                    self.dead_letter(
-                        msg,
-                        &body,
-                        "outcome_unknown",
-                        &message,
-                        Some(&request),
-                        None,
-                    )
-                    .await,
+                    self.dead_letter(msg, body, "outcome_unknown", &message, Some(request), None)
+                        .await,
                 )
             }
         }

@@ -174,7 +174,12 @@ impl<W: Work> BatchRunner<W> {
                 break;
             }
             let call_started = tokio::time::Instant::now();
-            let answer = self.work.execute(request, &attempt.context).await;
+            // A paced request waits for its slot only while the call can still end in time.
+            let latest_start =
+                call_started + Duration::from_millis((limit() - sent - window).max(0) as u64);
+            let answer =
+                crate::pace::within(latest_start, self.work.execute(request, &attempt.context))
+                    .await;
             timed(call_started);
             match answer {
                 Ok(r) => return Ok(r),
@@ -239,7 +244,10 @@ impl<W: Work> BatchRunner<W> {
         context: &AttemptContext,
         landing: Option<i64>,
     ) -> Lookup {
-        match self.work.lookup(request, context).await {
+        // Its requests wait for a slot only while the lease outlasts a call.
+        let left = context.lease_end_ms() - self.clock.now_ms() - self.call_window_ms();
+        let latest = tokio::time::Instant::now() + Duration::from_millis(left.max(0) as u64);
+        match crate::pace::within(latest, self.work.lookup(request, context)).await {
             Err(e) => Lookup::Failed(format!("lookup of an unknown outcome failed: {e}")),
             Ok(Some(found)) => {
                 info!(status = %found.status, "lookup settled the unknown outcome");

@@ -11,7 +11,7 @@
 //!   with the heartbeat (private modules `attempt` and `call`), [`lambda`] (the handler).
 //! - Adapters: [`dynamo`] (the record store on DynamoDB), [`queue`] (SQS), [`memory`] (an
 //!   in-memory store with the same conditions, for tests), [`clock`].
-//! - Edges: [`metrics`] (CloudWatch EMF).
+//! - Edges: [`metrics`] (CloudWatch EMF), [`pace`] (the downstream's request rate).
 //!
 //! ## Failure behaviour, in one place
 //!
@@ -30,6 +30,7 @@ pub mod fingerprint;
 pub mod lambda;
 pub mod memory;
 pub mod metrics;
+pub mod pace;
 pub mod queue;
 pub mod record;
 pub mod redelivery;

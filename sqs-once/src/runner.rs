@@ -77,6 +77,8 @@ pub struct BatchRunner<W: Work> {
     pub(crate) clock: Arc<dyn Clock>,
     /// What [`BatchRunner::handle_event`] prints as EMF metrics (`None`: no metrics).
     pub(crate) metrics: Option<crate::metrics::MetricNames>,
+    /// The downstream's request pace (`None`: unpaced).
+    pub(crate) pace: Option<Arc<crate::pace::Pace>>,
 }
 
 /// Epoch ms on this host's clock.
@@ -104,7 +106,18 @@ impl<W: Work> BatchRunner<W> {
             settings,
             clock: crate::clock::system(),
             metrics: None,
+            pace: None,
         }
+    }
+
+    /// Paces the work's downstream requests: a message whose work calls the downstream
+    /// ([`Work::paces_first_call`]) is claimed only once a slot for its first request is booked,
+    /// no later than the invocation allows; one whose slot would come too late is handed back
+    /// unattempted (see [`crate::pace`]). Give the work's client the same pace, to call
+    /// [`crate::pace::Pace::acquire`] before each request.
+    pub fn with_pace(mut self, pace: Arc<crate::pace::Pace>) -> Self {
+        self.pace = Some(pace);
+        self
     }
 
     /// Prints the batch's metrics as EMF lines from [`BatchRunner::handle_event`].

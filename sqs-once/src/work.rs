@@ -205,6 +205,15 @@ pub trait Work: Send + Sync + 'static {
     /// The longest a call may take (the client's timeout).
     fn call_timeout(&self) -> Duration;
 
+    /// Whether executing `request` calls the downstream at once, so that a paced runner
+    /// ([`crate::BatchRunner::with_pace`]) books its first request's slot before claiming it.
+    /// `true` by default; a work that calls the downstream only sometimes (to read back what
+    /// a message does not say) answers `false`, and its calls take their slots as they come.
+    fn paces_first_call(&self, request: &Self::Request) -> bool {
+        let _ = request;
+        true
+    }
+
     /// How long a record completed with `outcome` must be kept from its completion, when that
     /// is longer than the record retention (`None`, the default: the record retention from
     /// the first claim). A payment keeps the record that holds its refund ledger for as long as

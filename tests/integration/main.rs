@@ -19,6 +19,7 @@ mod operations;
 mod operator;
 mod operator_safety;
 mod operator_views;
+mod pace;
 mod proxy;
 mod refunds;
 mod timeline;

@@ -63,12 +63,17 @@ pub fn function_environment(
         "DEAD_LETTER_QUEUE_URL",
         "SOURCE_QUEUE_URL",
     ];
+    // The provider's pace is the deployment's: a local process stands for every instance at
+    // once and the simulator has no limit unless told, so it is paced only when asked.
+    let deployed_only = payment_core::config::PACE_VARS;
     let read = std::cell::RefCell::new(BTreeMap::new());
     let config = Config::from_lookup(|k| {
         let v = if let Some(v) = overrides.get(k) {
             Some(v.clone())
         } else if resource_vars.contains(&k) {
             stack.function_env.get(k).cloned()
+        } else if deployed_only.contains(&k) {
+            std::env::var(k).ok()
         } else {
             std::env::var(k)
                 .ok()

@@ -1,6 +1,9 @@
 //! The toy world of the protocol tests: a [`Work`] (a "job" with an id and an amount) run
 //! against a scripted downstream, in-memory store and queues, a paused clock.
-#![allow(dead_code)] // each test binary uses a part of it
+//!
+//! Why ~510 lines: the work, its scripted downstream, the fake queues and the scripted store
+//! are one world that every protocol test file shares.
+#![allow(dead_code, unused_imports)] // each test binary uses a part of it
 
 pub use std::collections::HashMap;
 pub use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +96,10 @@ pub struct Toy {
     pub timeout: Duration,
     /// `None`: the downstream keeps keys as long as the records live.
     pub key_retention: Mutex<Option<Duration>>,
+    /// The downstream's client paces its requests with it (as a provider client does).
+    pub pace: Mutex<Option<Arc<sqs_once::pace::Pace>>>,
+    /// When each call was sent, in order.
+    pub sent_at: Mutex<Vec<tokio::time::Instant>>,
 }
 
 impl Toy {
@@ -151,6 +158,17 @@ impl Work for Toy {
         }
     }
     async fn execute(&self, job: &Job, _: &AttemptContext) -> Result<Outcome, CallError> {
+        let pace = self.pace.lock().unwrap().clone();
+        if let Some(pace) = pace {
+            pace.acquire(Duration::ZERO).await.map_err(|e| CallError {
+                retry_now: false,
+                ..CallError::transient(e.to_string())
+            })?;
+        }
+        self.sent_at
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
         let id = job.id.clone();
         *self.calls.lock().unwrap().entry(id.clone()).or_default() += 1;
         let b = self

@@ -55,6 +55,12 @@ pub(super) fn resolve(
                 env.insert(k.to_owned(), v);
             }
         }
+        // The provider's pace is the deployment's: a local process stands for every instance
+        // of its function at once, and the simulator limits nothing unless told. Local runs are
+        // paced only when PROVIDER_REQUESTS_PER_SECOND is set in their own environment.
+        for k in payment_core::config::PACE_VARS {
+            env.remove(k);
+        }
         if let Some(logical) = logical.as_str() {
             stack.function_envs.insert(logical.to_owned(), env.clone());
         }

@@ -1,0 +1,290 @@
+//! Pacing calls to a downstream that limits its callers' rate (a payment provider allows an
+//! account so many requests a second, shared with everything else that uses it).
+//!
+//! A [`Pace`] hands out *slots*: times at which one request may start, at most `rate` a second
+//! (the generic cell rate algorithm: each slot is booked `1/rate` after the previous one, none
+//! before now). The runner books a message's first request before it claims the message, no
+//! later than the latest start its invocation allows: a message whose slot would come too late
+//! is handed back as never attempted (no claim written, no receive budget spent), and a slot
+//! booked for a message that then made no call is given back. The downstream's client calls
+//! [`Pace::acquire`] before each request: the first one takes the slot booked for it, later ones
+//! (a retry, a lookup) book their own, no later than the latest start the call loop allows, and
+//! are refused as never sent past it.
+//!
+//! The rate adapts (additive increase, multiplicative decrease): [`Pace::slowed`] when the
+//! downstream says the account or an endpoint is over its limit halves it (at most once per
+//! cut window, down to a floor), and each [`Pace::succeeded`] adds a twentieth of the ceiling
+//! back. A refusal about one object (a lock) is not about the rate: the caller retries that
+//! object later and tells the pace nothing.
+//!
+//! Times are `tokio::time::Instant`s, so tests move them with a paused runtime.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The fraction of the ceiling the rate never drops below.
+const FLOOR_FRACTION: f64 = 0.05;
+
+/// What each success adds back to the rate, as a fraction of the ceiling.
+const INCREASE_FRACTION: f64 = 0.05;
+
+/// Why a request was not started: no slot before the latest start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not sent: no request budget before {latest_in_ms} ms from now (next slot in {next_in_ms} ms)"
+)]
+pub struct NoSlot {
+    /// How far the latest start allowed was, ms.
+    pub latest_in_ms: u64,
+    /// How far the next free slot is, ms.
+    pub next_in_ms: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Requests a second now.
+    rate: f64,
+    /// The next free slot.
+    next: Instant,
+    /// The last multiplicative cut, so that one burst of refusals cuts once.
+    last_cut: Option<Instant>,
+}
+
+/// A per-process request pace. Share one between everything that calls the same downstream.
+#[derive(Debug)]
+pub struct Pace {
+    ceiling: f64,
+    state: Mutex<State>,
+}
+
+tokio::task_local! {
+    /// The slot the runner booked for the running message's first request, and whether a
+    /// request took it.
+    static BOOKED: std::cell::Cell<Option<Instant>>;
+    /// The latest start the call loop allows for the request being made now.
+    static LATEST: Instant;
+}
+
+impl Pace {
+    /// At most `per_second` requests a second (positive).
+    pub fn new(per_second: f64) -> Self {
+        let ceiling = if per_second.is_finite() && per_second > 0.0 {
+            per_second
+        } else {
+            f64::MAX
+        };
+        Self {
+            ceiling,
+            state: Mutex::new(State {
+                rate: ceiling,
+                next: Instant::now(),
+                last_cut: None,
+            }),
+        }
+    }
+
+    /// The configured rate, requests a second.
+    pub fn ceiling(&self) -> f64 {
+        self.ceiling
+    }
+
+    /// The rate now, requests a second.
+    pub fn rate(&self) -> f64 {
+        self.state.lock().map(|s| s.rate).unwrap_or(self.ceiling)
+    }
+
+    fn interval(rate: f64) -> Duration {
+        Duration::from_secs_f64((1.0 / rate).min(3600.0))
+    }
+
+    /// Books the next slot if it is no later than `latest`.
+    pub fn book(&self, latest: Instant) -> Result<Instant, NoSlot> {
+        let now = Instant::now();
+        let Ok(mut s) = self.state.lock() else {
+            return Ok(now);
+        };
+        let slot = s.next.max(now);
+        if slot > latest {
+            return Err(NoSlot {
+                latest_in_ms: latest.saturating_duration_since(now).as_millis() as u64,
+                next_in_ms: slot.saturating_duration_since(now).as_millis() as u64,
+            });
+        }
+        s.next = slot + Self::interval(s.rate);
+        Ok(slot)
+    }
+
+    /// Gives back a slot booked and not used: the next booking may come that much earlier.
+    pub fn give_back(&self, slot: Instant) {
+        if let Ok(mut s) = self.state.lock() {
+            let interval = Self::interval(s.rate);
+            let earlier = s.next.checked_sub(interval).unwrap_or(s.next);
+            s.next = earlier.max(slot).max(Instant::now());
+        }
+    }
+
+    /// Waits for a slot for one request: the one the runner booked for this message's first
+    /// request, else a new one no later than the latest start the call loop set (or `wait`
+    /// from now, outside it).
+    pub async fn acquire(&self, wait: Duration) -> Result<(), NoSlot> {
+        let booked = BOOKED.try_with(|b| b.take()).ok().flatten();
+        let slot = match booked {
+            Some(slot) => slot,
+            None => {
+                let latest = LATEST
+                    .try_with(|l| *l)
+                    .unwrap_or_else(|_| Instant::now() + wait);
+                self.book(latest)?
+            }
+        };
+        tokio::time::sleep_until(slot).await;
+        Ok(())
+    }
+
+    /// The downstream refused a request for the account's or an endpoint's rate: halves the
+    /// rate (once per the interval the new rate gives, so one burst of refusals cuts once),
+    /// not below a twentieth of the ceiling, and moves the next slot `after` on (its
+    /// `Retry-After`, when it gave one).
+    pub fn slowed(&self, after: Option<Duration>) {
+        let now = Instant::now();
+        if let Ok(mut s) = self.state.lock() {
+            let recent = s
+                .last_cut
+                .is_some_and(|at| now.saturating_duration_since(at) < Self::interval(s.rate) * 2);
+            if !recent {
+                s.rate = (s.rate / 2.0).max(self.ceiling * FLOOR_FRACTION);
+                s.last_cut = Some(now);
+            }
+            let pause = after.unwrap_or_else(|| Self::interval(s.rate));
+            s.next = s.next.max(now + pause);
+        }
+    }
+
+    /// A request went through: the rate grows back towards the ceiling.
+    pub fn succeeded(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.rate = (s.rate + self.ceiling * INCREASE_FRACTION).min(self.ceiling);
+        }
+    }
+
+    /// Runs `work` (one message's processing) with `slot` booked for its first request; gives
+    /// the slot back when no request took it.
+    pub async fn with_booked<F: Future>(&self, slot: Instant, work: F) -> F::Output {
+        let cell = std::cell::Cell::new(Some(slot));
+        let (output, cell) = BOOKED
+            .scope(cell, async move {
+                let output = work.await;
+                (output, BOOKED.with(|b| b.take()))
+            })
+            .await;
+        if let Some(unused) = cell {
+            self.give_back(unused);
+        }
+        output
+    }
+}
+
+/// Runs `call` (one call of the downstream) with `latest` as the latest time its requests may
+/// start: a request that would wait for a slot past it is not sent ([`NoSlot`]).
+pub async fn within<F: Future>(latest: Instant, call: F) -> F::Output {
+    LATEST.scope(latest, call).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slots_come_at_the_rate_and_none_past_the_latest_start() {
+        let pace = Pace::new(10.0);
+        let t0 = Instant::now();
+        let slots: Vec<Duration> = (0..5)
+            .map(|_| pace.book(t0 + ms(1000)).unwrap() - t0)
+            .collect();
+        assert_eq!(slots, [ms(0), ms(100), ms(200), ms(300), ms(400)]);
+        assert_eq!(
+            pace.book(t0 + ms(450)).unwrap_err(),
+            NoSlot {
+                latest_in_ms: 450,
+                next_in_ms: 500
+            }
+        );
+        // An unused slot given back is booked again.
+        pace.give_back(t0 + ms(400));
+        assert_eq!(pace.book(t0 + ms(450)).unwrap() - t0, ms(400));
+        // Time passing frees nothing in the past: the next slot is now at the earliest.
+        tokio::time::advance(ms(2000)).await;
+        assert_eq!(pace.book(Instant::now()).unwrap(), Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_refusal_halves_the_rate_once_per_burst_and_successes_restore_it() {
+        let pace = Pace::new(20.0);
+        pace.slowed(None);
+        assert_eq!(pace.rate(), 10.0);
+        // The same burst's other refusals do not cut again.
+        pace.slowed(None);
+        pace.slowed(None);
+        assert_eq!(pace.rate(), 10.0);
+        tokio::time::advance(ms(500)).await;
+        pace.slowed(None);
+        assert_eq!(pace.rate(), 5.0);
+        for _ in 0..10 {
+            tokio::time::advance(ms(1000)).await;
+            pace.slowed(None);
+        }
+        assert_eq!(pace.rate(), 1.0, "never below a twentieth of the ceiling");
+        for _ in 0..100 {
+            pace.succeeded();
+        }
+        assert_eq!(pace.rate(), 20.0, "never above the ceiling");
+        // A Retry-After moves the next slot.
+        let before = Instant::now();
+        pace.slowed(Some(ms(3000)));
+        assert!(pace.book(before + ms(2999)).is_err());
+        assert_eq!(pace.book(before + ms(3000)).unwrap() - before, ms(3000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_request_takes_the_booked_slot_and_later_ones_book_their_own() {
+        let pace = Pace::new(2.0);
+        let t0 = Instant::now();
+        let booked = pace.book(t0 + ms(10_000)).unwrap();
+        let at = pace
+            .with_booked(booked, async {
+                pace.acquire(ms(0)).await.unwrap();
+                let first = Instant::now() - t0;
+                // The second books the next slot (500 ms on), within the call's latest start.
+                within(Instant::now() + ms(600), pace.acquire(ms(0)))
+                    .await
+                    .unwrap();
+                let second = Instant::now() - t0;
+                // A third would start after its latest start: not sent.
+                let third = within(Instant::now() + ms(100), pace.acquire(ms(0))).await;
+                (first, second, third)
+            })
+            .await;
+        assert_eq!((at.0, at.1), (ms(0), ms(500)));
+        assert!(at.2.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_booked_for_a_message_that_made_no_call_is_given_back() {
+        let pace = Pace::new(1.0);
+        let t0 = Instant::now();
+        let booked = pace.book(t0 + ms(10_000)).unwrap();
+        pace.with_booked(booked, async {}).await;
+        assert_eq!(
+            pace.book(t0 + ms(10_000)).unwrap(),
+            t0,
+            "the slot is free again"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! The provider's pace against a provider that limits the account's rate as Stripe does (a
+//! simulator of the test's own, `POST /_sim/rate_limit`: past the rate, `429` with
+//! `Stripe-Rate-Limited-Reason: global-rate`): a backlog drains at the budget with almost no
+//! refusals and nothing dead-lettered; a budget above what the account allows is brought down
+//! by the refusals themselves.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::helpers::*;
+
+/// A simulator of the test's own (the shared one serves the other tests, and the account's
+/// limit is the whole simulator's); stopped when dropped.
+struct OwnSimulator {
+    child: std::process::Child,
+    url: String,
+    _dir: std::path::PathBuf,
+}
+
+impl OwnSimulator {
+    fn start(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sim-{tag}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port_file = dir.join("port");
+        let child = std::process::Command::new("python3")
+            .arg(root().join("infra/provider-sim/simulator.py"))
+            .args(["--port", "0", "--port-file"])
+            .arg(&port_file)
+            .args(["--api-key", "sk_test_local"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting a simulator");
+        let started = Instant::now();
+        while !port_file.exists()
+            || std::fs::read_to_string(&port_file)
+                .unwrap()
+                .trim()
+                .is_empty()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the simulator did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let port = std::fs::read_to_string(&port_file)
+            .unwrap()
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    async fn control(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> serde_json::Value {
+        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.unwrap().json().await.unwrap()
+    }
+}
+
+impl Drop for OwnSimulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn paced_env(sim: &OwnSimulator, per_second: &str) -> BTreeMap<String, String> {
+    let mut env = fast_settings();
+    for (k, v) in [
+        ("PAYMENT_API_URL", sim.url.as_str()),
+        ("PAYMENT_API_KEY", "sk_test_local"),
+        // One local process stands for the event source's every instance.
+        ("PROVIDER_REQUESTS_PER_SECOND", per_second),
+        ("PROVIDER_SHARE_PERCENT", "100"),
+        ("EVENT_SOURCE_MAX_CONCURRENCY", "1"),
+        ("PROVIDER_MAX_ATTEMPTS", "3"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    env
+}
+
+/// The payments of `t` sent at once, drained by four concurrent batches; each charged once.
+async fn drain_backlog(t: &TestStack, n: usize) -> Duration {
+    let bodies: Vec<String> = (0..n)
+        .map(|i| payment(&t.pid(&format!("b{i}")), 100 + i as i64, "pm_card_visa"))
+        .collect();
+    proving::load::send_all(&t.sqs, t.queue_url(), &bodies)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    t.drain(4).await;
+    let took = started.elapsed();
+    for i in 0..n {
+        let pid = t.pid(&format!("b{i}"));
+        assert_eq!(t.charges(&pid).await, 1, "{pid} charged once");
+    }
+    assert!(
+        t.dead_letters().await.is_empty(),
+        "nothing dead-lettered for waiting"
+    );
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_drains_at_the_budget_with_almost_no_refusals() {
+    let sim = OwnSimulator::start("budget");
+    sim.control(
+        reqwest::Method::POST,
+        "/_sim/rate_limit",
+        Some(serde_json::json!({"per_second": 25})),
+    )
+    .await;
+    // The stack's budget within the account's limit: 20 of 25 a second.
+    let t = TestStack::with_env("pace_budget", paced_env(&sim, "20")).await;
+    let n = 120;
+    let took = drain_backlog(&t, n).await;
+    let counts = sim
+        .control(reqwest::Method::GET, "/_sim/rate_limit", None)
+        .await;
+    let (allowed, refused) = (
+        counts["allowed"].as_f64().unwrap(),
+        counts["refused"].as_f64().unwrap(),
+    );
+    println!(
+        "{n} payments: {allowed} requests let through, {refused} refused, drained in {took:?}"
+    );
+    assert!(
+        refused <= 0.05 * (allowed + refused),
+        "at most 5 % refused: {counts}"
+    );
+    assert!(
+        took >= Duration::from_secs_f64(n as f64 / 20.0 * 0.9),
+        "not faster than the budget: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_above_the_account_s_limit_is_brought_down_by_its_refusals() {
+    let sim = OwnSimulator::start("over");
+    sim.control(
+        reqwest::Method::POST,
+        "/_sim/rate_limit",
+        Some(serde_json::json!({"per_second": 5})),
+    )
+    .await;
+    // Told 20 a second where the account allows 5: the global-rate refusals halve the pace.
+    let t = TestStack::with_env("pace_over", paced_env(&sim, "20")).await;
+    let n = 60;
+    drain_backlog(&t, n).await;
+    let counts = sim
+        .control(reqwest::Method::GET, "/_sim/rate_limit", None)
+        .await;
+    let (allowed, refused) = (
+        counts["allowed"].as_f64().unwrap(),
+        counts["refused"].as_f64().unwrap(),
+    );
+    println!("{n} payments at 20/s against 5/s: {allowed} let through, {refused} refused");
+    // Unpaced by the refusals, 20 a second against 5 would be refused three times in four.
+    assert!(
+        refused < 0.5 * (allowed + refused),
+        "the refusals slowed it down: {counts}"
+    );
+}
