@@ -5,14 +5,20 @@
   a PROVIDER_SHARE_PERCENT, and the shares add up to at most 100;
 - its EVENT_SOURCE_MAX_CONCURRENCY is the MaximumConcurrency of its SQS event-source mapping
   (the instances that share the function's part, each pacing to its own share);
-- one batch fits the function's timeout at that pace: BatchSize / (rate x share / 100 /
-  instances) + the provider's timeout <= Timeout (otherwise every batch hands messages back
-  unattempted, and a backlog drains slower than the budget allows).
+- one batch fits the function's timeout at that pace: its last message's slot, (BatchSize - 1)
+  / (rate x share / 100 / instances), is no later than the runner's latest start, Timeout less
+  the provider's timeout, its processing allowance (5 s), the claim's allowance (1 s) and the
+  deadline safety (0.5 s) (otherwise every batch hands messages back unattempted, and a
+  backlog drains slower than the budget allows).
 
 Usage: provider_pace.py TRANSFORMED_JSON; provider_pace.py --self-test
 """
 import json
 import sys
+
+# The provider's processing allowance (5 s), the claim's allowance (1 s), the deadline safety
+# (0.5 s): sqs-once's defaults.
+ALLOWANCES = 6.5
 
 
 def resolve(value, params):
@@ -68,9 +74,10 @@ def check(template):
         batch = number(props.get("BatchSize"), params) or 10
         timeout = number(fn["Properties"].get("Timeout"), params) or 3
         call = number(env.get("PAYMENT_API_TIMEOUT_SECONDS"), params) or 10
-        needed = batch / per_instance + call
-        if needed > timeout:
-            problems.append(f"{name}: a batch of {batch:g} at {per_instance:g} requests a second takes {needed:.1f} s with the last call, over its {timeout:g} s timeout")
+        last_slot = (batch - 1) / per_instance
+        latest = timeout - call - ALLOWANCES
+        if last_slot > latest:
+            problems.append(f"{name}: the last of a batch of {batch:g} at {per_instance:g} requests a second starts {last_slot:.1f} s in, after the latest start of {latest:.1f} s its {timeout:g} s timeout allows")
     if shares > 100:
         problems.append(f"the functions' PROVIDER_SHARE_PERCENT add up to {shares:g}, over 100")
     if len(sources) > 1:
@@ -96,7 +103,7 @@ def self_test():
     assert check(template()) == [], check(template())
     assert len(check(template(share=(60, 50)))) == 1  # over 100
     assert len(check(template(instances=5))) == 1  # not the mapping's MaximumConcurrency
-    # 20 x 40 % / 10 = 0.8 a second: a batch of 50 takes 62.5 s + 10 s; of 60 at 60 %: 50 + 10 s.
+    # 20 x 40 % / 10 = 0.8 a second: the 50th of a batch starts 61 s in; at 60 %, 41 s (<= 43.5).
     assert len(check(template(batch=50))) == 1
     assert len(check(template(rate="2"))) == 2  # 0.12 and 0.08 a second: no batch of 10 fits
     print("provider_pace self-test: 5 cases ok")

@@ -487,6 +487,39 @@ mod tests {
     }
 
     #[test]
+    fn the_provider_s_pace_is_the_stack_s_rate_times_the_share_over_the_instances() {
+        assert_eq!(Config::from_lookup(env(BASE)).unwrap().provider_pace, None);
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let pairs: Vec<_> = BASE.iter().copied().chain(extra.iter().copied()).collect();
+            Config::from_lookup(env(&pairs))
+        };
+        let paced = with(&[
+            ("PROVIDER_REQUESTS_PER_SECOND", "20"),
+            ("PROVIDER_SHARE_PERCENT", "60"),
+            ("EVENT_SOURCE_MAX_CONCURRENCY", "10"),
+        ])
+        .unwrap();
+        assert!((paced.provider_pace.unwrap() - 1.2).abs() < 1e-9);
+        assert_eq!(
+            with(&[("PROVIDER_REQUESTS_PER_SECOND", "12.5")])
+                .unwrap()
+                .provider_pace,
+            Some(12.5)
+        );
+        for (var, bad) in [
+            ("PROVIDER_REQUESTS_PER_SECOND", "0"),
+            ("PROVIDER_REQUESTS_PER_SECOND", "fast"),
+            ("PROVIDER_SHARE_PERCENT", "150"),
+            ("EVENT_SOURCE_MAX_CONCURRENCY", "0"),
+        ] {
+            let mut extra = vec![("PROVIDER_REQUESTS_PER_SECOND", "20")];
+            extra.retain(|(k, _)| *k != var);
+            extra.push((var, bad));
+            assert_eq!(with(&extra).unwrap_err().var, var, "{var}={bad}");
+        }
+    }
+
+    #[test]
     fn each_missing_variable_is_named() {
         for missing in [
             "IDEMPOTENCY_TABLE",

@@ -20,10 +20,10 @@ use crate::record::{
 use crate::redelivery::Redelivery;
 use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
 use crate::settings::CLOCK_SKEW_MS;
+use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
 /// The time a claim's write may take, between a booked slot and its first call.
 const CLAIM_ALLOWANCE: Duration = Duration::from_secs(1);
-use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
 /// Where the message stands after the claim.
 enum Claimed {
@@ -111,7 +111,9 @@ impl<W: Work> BatchRunner<W> {
             tokio::time::Instant::now() + Duration::from_millis((latest_ms - now).max(0) as u64);
         let slot = match pace.book(latest) {
             Ok(slot) => slot,
-            Err(e) => return Step::Again(e.to_string(), Redelivery::NotAttempted),
+            Err(e) => {
+                return Step::Again(e.to_string(), Redelivery::Paced(now + e.next_in_ms as i64))
+            }
         };
         tokio::time::sleep_until(slot).await;
         let now = self.clock.now_ms();

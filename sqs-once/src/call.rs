@@ -177,10 +177,14 @@ impl<W: Work> BatchRunner<W> {
             // A paced request waits for its slot only while the call can still end in time.
             let latest_start =
                 call_started + Duration::from_millis((limit() - sent - window).max(0) as u64);
-            let answer =
+            let (answer, paced_start) =
                 crate::pace::within(latest_start, self.work.execute(request, &attempt.context))
                     .await;
-            timed(call_started);
+            // A paced request may have waited for its slot: it was sent that much later, and
+            // may land that much later.
+            let waited = paced_start.map_or(Duration::ZERO, |at| at - call_started);
+            let sent = sent + ms(waited);
+            timed(call_started + waited);
             match answer {
                 Ok(r) => return Ok(r),
                 Err(e) => {
@@ -247,7 +251,10 @@ impl<W: Work> BatchRunner<W> {
         // Its requests wait for a slot only while the lease outlasts a call.
         let left = context.lease_end_ms() - self.clock.now_ms() - self.call_window_ms();
         let latest = tokio::time::Instant::now() + Duration::from_millis(left.max(0) as u64);
-        match crate::pace::within(latest, self.work.lookup(request, context)).await {
+        match crate::pace::within(latest, self.work.lookup(request, context))
+            .await
+            .0
+        {
             Err(e) => Lookup::Failed(format!("lookup of an unknown outcome failed: {e}")),
             Ok(Some(found)) => {
                 info!(status = %found.status, "lookup settled the unknown outcome");

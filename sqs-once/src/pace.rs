@@ -28,8 +28,13 @@ use tokio::time::Instant;
 /// The fraction of the ceiling the rate never drops below.
 const FLOOR_FRACTION: f64 = 0.05;
 
-/// What each success adds back to the rate, as a fraction of the ceiling.
-const INCREASE_FRACTION: f64 = 0.05;
+/// What each answer adds back to the rate, as a fraction of the ceiling: a halving is undone
+/// over about fifty answers, so one refusal's cut is not spent on the slots already booked.
+const INCREASE_FRACTION: f64 = 0.01;
+
+/// The longest pause a refusal's `Retry-After` imposes (a downstream's hint, not a command
+/// to stop for an hour).
+const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// Why a request was not started: no slot before the latest start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +56,10 @@ struct State {
     next: Instant,
     /// The last multiplicative cut, so that one burst of refusals cuts once.
     last_cut: Option<Instant>,
+    /// The last slot booked (only it can be given back without sharing a slot).
+    last_booked: Option<Instant>,
+    /// No slot before this (a refusal's pause).
+    paused_until: Instant,
 }
 
 /// A per-process request pace. Share one between everything that calls the same downstream.
@@ -64,8 +73,9 @@ tokio::task_local! {
     /// The slot the runner booked for the running message's first request, and whether a
     /// request took it.
     static BOOKED: std::cell::Cell<Option<Instant>>;
-    /// The latest start the call loop allows for the request being made now.
-    static LATEST: Instant;
+    /// The latest start the call loop allows for the requests of the call being made now, and
+    /// when the last of them started (after its slot's wait).
+    static LATEST: (Instant, std::cell::Cell<Option<Instant>>);
 }
 
 impl Pace {
@@ -82,6 +92,8 @@ impl Pace {
                 rate: ceiling,
                 next: Instant::now(),
                 last_cut: None,
+                last_booked: None,
+                paused_until: Instant::now(),
             }),
         }
     }
@@ -114,15 +126,19 @@ impl Pace {
             });
         }
         s.next = slot + Self::interval(s.rate);
+        s.last_booked = Some(slot);
         Ok(slot)
     }
 
-    /// Gives back a slot booked and not used: the next booking may come that much earlier.
+    /// Gives back a slot booked and not used: when it is the last one booked, the next booking
+    /// may take it (not before a refusal's pause); a slot booked before others stays spent (the
+    /// pace then runs a little under its rate, never over it).
     pub fn give_back(&self, slot: Instant) {
         if let Ok(mut s) = self.state.lock() {
-            let interval = Self::interval(s.rate);
-            let earlier = s.next.checked_sub(interval).unwrap_or(s.next);
-            s.next = earlier.max(slot).max(Instant::now());
+            if s.last_booked == Some(slot) {
+                s.next = slot.max(s.paused_until).max(Instant::now()).min(s.next);
+                s.last_booked = None;
+            }
         }
     }
 
@@ -135,12 +151,13 @@ impl Pace {
             Some(slot) => slot,
             None => {
                 let latest = LATEST
-                    .try_with(|l| *l)
+                    .try_with(|l| l.0)
                     .unwrap_or_else(|_| Instant::now() + wait);
                 self.book(latest)?
             }
         };
         tokio::time::sleep_until(slot).await;
+        let _ = LATEST.try_with(|l| l.1.set(Some(Instant::now())));
         Ok(())
     }
 
@@ -158,7 +175,10 @@ impl Pace {
                 s.rate = (s.rate / 2.0).max(self.ceiling * FLOOR_FRACTION);
                 s.last_cut = Some(now);
             }
-            let pause = after.unwrap_or_else(|| Self::interval(s.rate));
+            let pause = after
+                .unwrap_or_else(|| Self::interval(s.rate))
+                .min(MAX_PAUSE);
+            s.paused_until = s.paused_until.max(now + pause);
             s.next = s.next.max(now + pause);
         }
     }
@@ -188,9 +208,17 @@ impl Pace {
 }
 
 /// Runs `call` (one call of the downstream) with `latest` as the latest time its requests may
-/// start: a request that would wait for a slot past it is not sent ([`NoSlot`]).
-pub async fn within<F: Future>(latest: Instant, call: F) -> F::Output {
-    LATEST.scope(latest, call).await
+/// start: a request that would wait for a slot past it is not sent ([`NoSlot`]). Returns the
+/// call's output and when its last paced request started (`None`: none was paced), so that
+/// the caller knows how late what it sent may land.
+pub async fn within<F: Future>(latest: Instant, call: F) -> (F::Output, Option<Instant>) {
+    let started = std::cell::Cell::new(None);
+    LATEST
+        .scope((latest, started), async move {
+            let output = call.await;
+            (output, LATEST.with(|l| l.1.get()))
+        })
+        .await
 }
 
 #[cfg(test)]
@@ -241,7 +269,7 @@ mod tests {
             pace.slowed(None);
         }
         assert_eq!(pace.rate(), 1.0, "never below a twentieth of the ceiling");
-        for _ in 0..100 {
+        for _ in 0..200 {
             pace.succeeded();
         }
         assert_eq!(pace.rate(), 20.0, "never above the ceiling");
@@ -261,18 +289,42 @@ mod tests {
             .with_booked(booked, async {
                 pace.acquire(ms(0)).await.unwrap();
                 let first = Instant::now() - t0;
-                // The second books the next slot (500 ms on), within the call's latest start.
-                within(Instant::now() + ms(600), pace.acquire(ms(0)))
-                    .await
-                    .unwrap();
+                // The second books the next slot (500 ms on), within the call's latest start,
+                // and says when it started.
+                let (sent, started) = within(Instant::now() + ms(600), pace.acquire(ms(0))).await;
+                sent.unwrap();
                 let second = Instant::now() - t0;
+                assert_eq!(started.map(|s| s - t0), Some(second));
                 // A third would start after its latest start: not sent.
-                let third = within(Instant::now() + ms(100), pace.acquire(ms(0))).await;
+                let third = within(Instant::now() + ms(100), pace.acquire(ms(0)))
+                    .await
+                    .0;
                 (first, second, third)
             })
             .await;
         assert_eq!((at.0, at.1), (ms(0), ms(500)));
         assert!(at.2.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_last_slot_comes_back_and_never_into_a_refusal_s_pause() {
+        let pace = Pace::new(10.0);
+        let t0 = Instant::now();
+        let far = t0 + ms(10_000);
+        let (a, b) = (pace.book(far).unwrap(), pace.book(far).unwrap());
+        // A slot booked before another stays spent: giving it back must not hand b's out again.
+        pace.give_back(a);
+        assert_eq!(pace.book(far).unwrap() - t0, ms(200));
+        // The last one booked comes back.
+        let c = pace.book(far).unwrap();
+        pace.give_back(c);
+        assert_eq!(pace.book(far).unwrap(), c);
+        assert!(b < c);
+        // A refusal's pause (clamped to a minute) holds whatever is given back.
+        let d = pace.book(far).unwrap();
+        pace.slowed(Some(Duration::from_secs(3600)));
+        pace.give_back(d);
+        assert_eq!(pace.book(t0 + ms(120_000)).unwrap() - t0, ms(60_000));
     }
 
     #[tokio::test(start_paused = true)]

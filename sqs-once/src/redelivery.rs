@@ -48,6 +48,11 @@ pub enum Redelivery {
     /// the invocation deadline): in a second or two, like [`Redelivery::Soon`]; on the last
     /// receive the message is requeued as a fresh copy instead of being dead-lettered.
     NotAttempted,
+    /// Never attempted: no slot of the downstream's pace before the invocation's cut-off
+    /// ([`crate::pace`]); comes back when the pace has one (epoch ms). On the last receive it
+    /// is requeued however often it was before: waiting for the pace is bounded by the record
+    /// retention (an older message is dead-lettered `request_expired`), not by the receives.
+    Paced(i64),
     /// Not before this epoch ms (a live lease's end, a record's `not_before`, the time a lookup
     /// can prove that no effect exists).
     At(i64),
@@ -255,6 +260,7 @@ pub fn delay_for(
     let until = |t: i64| Duration::from_millis((t - now_ms).max(0) as u64);
     let d = match why {
         Redelivery::Soon | Redelivery::NotAttempted => Duration::from_secs(2),
+        Redelivery::Paced(t) => until(t).max(Duration::from_secs(1)),
         Redelivery::At(t) => until(t) + Duration::from_secs(1),
         Redelivery::Busy(lease_end) if budget.receive_count <= 1 => {
             until(lease_end).min(BUSY_RECHECK) + Duration::from_secs(1)

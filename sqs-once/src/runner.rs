@@ -363,8 +363,9 @@ impl<W: Work> BatchRunner<W> {
             None
         };
         if let Some(why) = why {
-            if when == Redelivery::NotAttempted && budget.exhausted() {
-                if let Some(d) = self.requeue(msg, &budget, &reason).await {
+            let paced = matches!(when, Redelivery::Paced(_));
+            if (when == Redelivery::NotAttempted || paced) && budget.exhausted() {
+                if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
                     return d;
                 }
             }
@@ -391,7 +392,7 @@ impl<W: Work> BatchRunner<W> {
     /// as often as the queue allows receives).
     async fn requeue_behind(&self, msg: &SqsMessage, reason: String) -> Disposition {
         let budget = self.budget_of(msg).await;
-        match self.requeue(msg, &budget, &reason).await {
+        match self.requeue(msg, &budget, &reason, false).await {
             Some(d) => d,
             None => self.give_back(msg, reason, Redelivery::NotAttempted).await,
         }
@@ -399,13 +400,14 @@ impl<W: Work> BatchRunner<W> {
 
     /// Sends a fresh copy of a message that was never attempted and is on its last receive,
     /// then deletes it: only attempts spend the budget. `None` when it cannot (no queue port
-    /// support, requeued as often as the queue allows receives, the send failed): the caller
-    /// dead-letters it then, with the reason.
+    /// support, requeued as often as the queue allows receives unless it only `waited` for the
+    /// downstream's pace, the send failed): the caller dead-letters it then, with the reason.
     async fn requeue(
         &self,
         msg: &SqsMessage,
         budget: &Budget,
         reason: &str,
+        waited: bool,
     ) -> Option<Disposition> {
         let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) else {
             return None;
@@ -418,7 +420,7 @@ impl<W: Work> BatchRunner<W> {
             .unwrap_or(0);
         // Never attempted in a whole budget of deliveries, that many times: something keeps
         // every invocation from reaching it (a batch larger than an invocation can finish).
-        if requeued >= budget.max_receive_count.unwrap_or(0) {
+        if !waited && requeued >= budget.max_receive_count.unwrap_or(0) {
             return None;
         }
         let mut attributes: Vec<(String, String)> = msg

@@ -129,3 +129,32 @@ async fn the_pace_is_shared_by_a_batch_s_concurrent_messages_and_by_retries() {
         "every attempt the settings allow"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_message_that_waited_for_the_pace_on_its_last_receive_is_requeued_not_dead_lettered() {
+    let (w, pace) = paced_world(0.5, 10);
+    *w.queues.max_receives.lock().unwrap() = Some(3);
+    // The next two seconds' slot is taken (another message of the instance): with the deadline
+    // 5 s away, the latest first call is 1.5 s from now.
+    pace.book(tokio::time::Instant::now()).unwrap();
+    let now = w.clock.now_ms();
+    let mut last = msg_at("m-last", &body("p-last", 100), None, now - 60_000, 3);
+    // Requeued as often as the queue allows receives already: waiting has no such cap.
+    let mut copies = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+    copies.string_value = Some("3".into());
+    copies.data_type = Some("Number".into());
+    last.message_attributes.insert("requeued".into(), copies);
+    let (r, s) = w.processor.handle_batch(vec![last], now + 5_000).await;
+    assert_eq!(failures(&r), Vec::<String>::new(), "the copy replaces it");
+    assert!(
+        w.queues.dead().is_empty(),
+        "never dead-lettered for waiting"
+    );
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1);
+    assert!(
+        w.store.get("p-last").await.unwrap().is_none(),
+        "never claimed"
+    );
+    assert_eq!(w.downstream.calls("p-last"), 0);
+    assert_eq!(s.retried, 1);
+}
