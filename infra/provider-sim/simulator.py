@@ -95,7 +95,7 @@ Control API (not Stripe's):
   POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
   POST   /_sim/rate_limit        {"per_second": R}: the account's limit, as Stripe's: at most R
                                  /v1 requests a second (a token bucket holding one second's worth),
-                                 the rest answered 429 rate_limit_error with
+                                 the rest answered 429 (code rate_limit) with
                                  Stripe-Rate-Limited-Reason: global-rate (0: no limit, the default)
   GET    /_sim/rate_limit        {"per_second", "allowed", "refused"}: the /v1 requests let through
                                  and refused since the limit was set
@@ -648,7 +648,7 @@ class Handler(BaseHTTPRequestHandler):
             return None
         # The account's rate limit, counted at arrival as Stripe counts it.
         if not take_rate_token():
-            self.reply(429, error_body("rate_limit_error",
+            self.reply(429, error_body("invalid_request_error",
                                        "Request rate limit exceeded. Learn more about rate limits here "
                                        "https://stripe.com/docs/rate-limits.", code="rate_limit"),
                        {"Stripe-Rate-Limited-Reason": "global-rate"})
@@ -876,7 +876,7 @@ class Handler(BaseHTTPRequestHandler):
             if fault == "down":
                 return self.reply(503, error_body("api_error", "Service unavailable"), {"Stripe-Should-Retry": "true"})
             if fault == "429":
-                return self.reply(429, error_body("rate_limit_error", "Too many requests"), {"Retry-After": "1"})
+                return self.reply(429, error_body("invalid_request_error", "Too many requests", code="rate_limit"), {"Retry-After": "1"})
             if fault == "lock_timeout":
                 return self.reply(429, error_body(
                     "invalid_request_error",

@@ -267,7 +267,7 @@ class Simulator(unittest.TestCase):
 
 
 class RateLimit(unittest.TestCase):
-    """The account's limit as Stripe applies it: past the rate, 429 rate_limit_error with
+    """The account's limit as Stripe applies it: past the rate, 429 (code rate_limit) with
     Stripe-Rate-Limited-Reason: global-rate; a lock on one object is a 429 lock_timeout without
     the reason header. (A simulator of its own, started as Simulator's.)"""
 
@@ -303,7 +303,10 @@ class RateLimit(unittest.TestCase):
             self.assertTrue(all(a[0] == 200 for a in answers[:5]))
             for status, headers, body in refused:
                 self.assertEqual(headers.get("Stripe-Rate-Limited-Reason"), "global-rate")
-                self.assertEqual(body["error"]["type"], "rate_limit_error")
+                # Stripe's error types are api_error, card_error, idempotency_error and
+                # invalid_request_error (the stripe package's definitions); a rate limit is the
+                # last, with the code rate_limit.
+                self.assertEqual((body["error"]["type"], body["error"]["code"]), ("invalid_request_error", "rate_limit"))
             counts = self.control("GET", "/_sim/rate_limit")
             self.assertEqual(counts["allowed"] + counts["refused"], 15)
             self.assertEqual(counts["refused"], len(refused))

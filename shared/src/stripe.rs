@@ -625,11 +625,24 @@ pub(crate) mod tests {
         );
     }
 
+    /// A client of nothing that answers, paced with `pace`.
+    fn paced_client(pace: &Arc<Pace>) -> StripeClient {
+        StripeClient::new(
+            "http://127.0.0.1:9",
+            SecretString::from("sk_test_x".to_owned()),
+            DEFAULT_API_VERSION,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .with_pace(Arc::clone(pace))
+    }
+
     #[test]
     fn a_429_says_what_it_is_about_and_only_the_rate_s_slow_the_pace() {
         let lock =
             r#"{"error":{"type":"invalid_request_error","code":"lock_timeout","message":"x"}}"#;
-        let rate = r#"{"error":{"type":"rate_limit_error","message":"x"}}"#;
+        let rate =
+            r#"{"error":{"type":"invalid_request_error","code":"rate_limit","message":"x"}}"#;
         for (headers, body, want) in [
             (
                 h(&[("stripe-rate-limited-reason", "global-rate")]),
@@ -667,14 +680,7 @@ pub(crate) mod tests {
             assert!(!e.is_ambiguous() && e.retry_now());
         }
         let pace = Arc::new(Pace::new(8.0));
-        let client = StripeClient::new(
-            "http://127.0.0.1:9",
-            SecretString::from("sk_test_x".to_owned()),
-            DEFAULT_API_VERSION,
-            Duration::from_secs(1),
-        )
-        .unwrap()
-        .with_pace(pace.clone());
+        let client = paced_client(&pace);
         let answer = |status: u16, headers: HeaderMap, body: &str| {
             Ok((
                 StatusCode::from_u16(status).unwrap(),
@@ -701,14 +707,7 @@ pub(crate) mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_without_a_slot_in_time_is_not_sent() {
         let pace = Arc::new(Pace::new(1.0));
-        let client = StripeClient::new(
-            "http://127.0.0.1:9",
-            SecretString::from("sk_test_x".to_owned()),
-            DEFAULT_API_VERSION,
-            Duration::from_secs(1),
-        )
-        .unwrap()
-        .with_pace(pace.clone());
+        let client = paced_client(&pace);
         // The only slot of the next two seconds is taken.
         pace.book(tokio::time::Instant::now()).unwrap();
         let latest = tokio::time::Instant::now() + Duration::from_millis(500);

@@ -54,17 +54,30 @@ impl OwnSimulator {
         }
     }
 
-    async fn control(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> serde_json::Value {
-        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.url));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        req.send().await.unwrap().json().await.unwrap()
+    /// The account's limit, requests a second (`POST /_sim/rate_limit`).
+    async fn limit(&self, per_second: u32) {
+        reqwest::Client::new()
+            .post(format!("{}/_sim/rate_limit", self.url))
+            .json(&serde_json::json!({ "per_second": per_second }))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+    }
+
+    /// The `/v1` requests let through and refused since the limit was set.
+    async fn counts(&self) -> (f64, f64) {
+        let counts: serde_json::Value = reqwest::get(format!("{}/_sim/rate_limit", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (
+            counts["allowed"].as_f64().unwrap(),
+            counts["refused"].as_f64().unwrap(),
+        )
     }
 }
 
@@ -116,29 +129,18 @@ async fn drain_backlog(t: &TestStack, n: usize) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_drains_at_the_budget_with_almost_no_refusals() {
     let sim = OwnSimulator::start("budget");
-    sim.control(
-        reqwest::Method::POST,
-        "/_sim/rate_limit",
-        Some(serde_json::json!({"per_second": 25})),
-    )
-    .await;
+    sim.limit(25).await;
     // The stack's budget within the account's limit: 20 of 25 a second.
     let t = TestStack::with_env("pace_budget", paced_env(&sim, "20")).await;
     let n = 120;
     let took = drain_backlog(&t, n).await;
-    let counts = sim
-        .control(reqwest::Method::GET, "/_sim/rate_limit", None)
-        .await;
-    let (allowed, refused) = (
-        counts["allowed"].as_f64().unwrap(),
-        counts["refused"].as_f64().unwrap(),
-    );
+    let (allowed, refused) = sim.counts().await;
     println!(
         "{n} payments: {allowed} requests let through, {refused} refused, drained in {took:?}"
     );
     assert!(
         refused <= 0.05 * (allowed + refused),
-        "at most 5 % refused: {counts}"
+        "at most 5 % refused: {allowed} let through, {refused} refused"
     );
     assert!(
         took >= Duration::from_secs_f64(n as f64 / 20.0 * 0.9),
@@ -149,27 +151,16 @@ async fn a_backlog_drains_at_the_budget_with_almost_no_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_above_the_account_s_limit_is_brought_down_by_its_refusals() {
     let sim = OwnSimulator::start("over");
-    sim.control(
-        reqwest::Method::POST,
-        "/_sim/rate_limit",
-        Some(serde_json::json!({"per_second": 5})),
-    )
-    .await;
+    sim.limit(5).await;
     // Told 20 a second where the account allows 5: the global-rate refusals halve the pace.
     let t = TestStack::with_env("pace_over", paced_env(&sim, "20")).await;
     let n = 60;
     drain_backlog(&t, n).await;
-    let counts = sim
-        .control(reqwest::Method::GET, "/_sim/rate_limit", None)
-        .await;
-    let (allowed, refused) = (
-        counts["allowed"].as_f64().unwrap(),
-        counts["refused"].as_f64().unwrap(),
-    );
+    let (allowed, refused) = sim.counts().await;
     println!("{n} payments at 20/s against 5/s: {allowed} let through, {refused} refused");
     // Unpaced by the refusals, 20 a second against 5 would be refused three times in four.
     assert!(
         refused < 0.5 * (allowed + refused),
-        "the refusals slowed it down: {counts}"
+        "the refusals slowed it down: {allowed} let through, {refused} refused"
     );
 }
