@@ -93,12 +93,17 @@ Control API (not Stripe's):
   POST   /_sim/latency           {"p50_ms": M, "p99_ms": N}: every /v1 answer after a seeded
                                  log-normal time (--latency; 0: at once)
   POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
-  POST   /_sim/rate_limit        {"per_second": R}: the account's limit, as Stripe's: at most R
-                                 /v1 requests a second (a token bucket holding one second's worth),
-                                 the rest answered 429 (code rate_limit) with
-                                 Stripe-Rate-Limited-Reason: global-rate (0: no limit, the default)
-  GET    /_sim/rate_limit        {"per_second", "allowed", "refused"}: the /v1 requests let through
-                                 and refused since the limit was set
+  POST   /_sim/rate_limit        {"per_second": R, "endpoint_per_second": E}: the account's limits,
+                                 as Stripe's: at most R /v1 requests a second in all and E to
+                                 each endpoint (a method and a path with its ids left out:
+                                 POST /v1/payment_intents and GET /v1/payment_intents/{id} are
+                                 two), each a token bucket holding one second's worth; the rest
+                                 answered 429 (code rate_limit) with Stripe-Rate-Limited-Reason
+                                 global-rate or endpoint-rate. E defaults to Stripe's 25 (0: none);
+                                 R 0: no limit at all, the default
+  GET    /_sim/rate_limit        {"per_second", "endpoint_per_second", "allowed", "refused",
+                                 "refused_by_reason"}: the /v1 requests let through and refused
+                                 since the limits were set
 
 A request refused by validation (amount, metadata, the return_url rule) saves no result for its
 key, as at Stripe: the same key may then be used with corrected parameters.
@@ -125,25 +130,51 @@ from urllib.parse import parse_qsl, urlsplit
 import events
 
 LOCK = threading.Lock()
-# The account's rate limit (POST /_sim/rate_limit): a token bucket of one second's requests.
-RATE = {"per_second": 0.0, "tokens": 0.0, "at": 0.0, "allowed": 0, "refused": 0}
+# The account's rate limits (POST /_sim/rate_limit): token buckets of one second's requests, one
+# for the account and one per endpoint.
+RATE = {"per_second": 0.0, "endpoint_per_second": 0.0, "buckets": {}, "allowed": 0, "refused": 0,
+        "refused_by_reason": {}}
+
+# Stripe's default limit of each endpoint, requests a second (docs.stripe.com/rate-limits).
+DEFAULT_ENDPOINT_PER_SECOND = 25.0
 
 
-def take_rate_token():
-    """Whether a /v1 request arriving now is within the account's limit (always, with none)."""
+def endpoint_of(method, path):
+    """The endpoint a request counts against: its method and path, with the object's id left out
+    (/v1/payment_intents/pi_1/confirm is POST /v1/payment_intents/{id}/confirm)."""
+    parts = path.strip("/").split("/")
+    if len(parts) >= 3:
+        parts[2] = "{id}"
+    return method + " /" + "/".join(parts)
+
+
+def take_rate_token(endpoint):
+    """None when a /v1 request arriving now to `endpoint` is within the account's limits (always,
+    with none); else the reason it is refused (global-rate, endpoint-rate)."""
     with LOCK:
         rate = RATE["per_second"]
         if rate <= 0:
-            return True
+            return None
         now = time.monotonic()
-        RATE["tokens"] = min(rate, RATE["tokens"] + (now - RATE["at"]) * rate)
-        RATE["at"] = now
-        if RATE["tokens"] >= 1:
-            RATE["tokens"] -= 1
-            RATE["allowed"] += 1
-            return True
-        RATE["refused"] += 1
-        return False
+        limits = [("global-rate", "", rate)]
+        if RATE["endpoint_per_second"] > 0:
+            limits.append(("endpoint-rate", endpoint, RATE["endpoint_per_second"]))
+        buckets = []
+        for reason, name, per_second in limits:
+            tokens, at = RATE["buckets"].get(name, (per_second, now))
+            tokens = min(per_second, tokens + (now - at) * per_second)
+            buckets.append((reason, name, tokens))
+        for reason, name, tokens in buckets:
+            if tokens < 1:
+                RATE["refused"] += 1
+                RATE["refused_by_reason"][reason] = RATE["refused_by_reason"].get(reason, 0) + 1
+                for _, n, t in buckets:
+                    RATE["buckets"][n] = (t, now)
+                return reason
+        for _, name, tokens in buckets:
+            RATE["buckets"][name] = (tokens - 1, now)
+        RATE["allowed"] += 1
+        return None
 
 STATE = {
     "keys": {},  # key -> {"params": hash, "state": "in_flight"|"done", "status": int, "body": str}
@@ -647,11 +678,12 @@ class Handler(BaseHTTPRequestHandler):
                                        code="api_version_invalid"))
             return None
         # The account's rate limit, counted at arrival as Stripe counts it.
-        if not take_rate_token():
+        refused = take_rate_token(endpoint_of(self.command, url.path))
+        if refused:
             self.reply(429, error_body("invalid_request_error",
                                        "Request rate limit exceeded. Learn more about rate limits here "
                                        "https://stripe.com/docs/rate-limits.", code="rate_limit"),
-                       {"Stripe-Rate-Limited-Reason": "global-rate"})
+                       {"Stripe-Rate-Limited-Reason": refused})
             return None
         # The provider's own answer time (the benchmark's realistic latency), seeded.
         with LOCK:
@@ -699,7 +731,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(200, body)
         if url.path == "/_sim/rate_limit":
             with LOCK:
-                return self.reply(200, json.dumps({k: RATE[k] for k in ("per_second", "allowed", "refused")}))
+                return self.reply(200, json.dumps({k: RATE[k] for k in ("per_second", "endpoint_per_second", "allowed",
+                                                                        "refused", "refused_by_reason")}))
         if url.path == "/_sim/deliveries":
             return self.reply(200, json.dumps(events.deliveries()))
         if url.path == "/_sim/ledger":
@@ -767,13 +800,16 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.body() or "{}")
             try:
                 per_second = float(body.get("per_second", 0))
+                endpoint = float(body.get("endpoint_per_second", DEFAULT_ENDPOINT_PER_SECOND))
             except (TypeError, ValueError):
-                return self.reply(400, json.dumps({"error": "per_second must be a number"}))
-            if per_second < 0:
-                return self.reply(400, json.dumps({"error": "per_second must be 0 or more"}))
+                return self.reply(400, json.dumps({"error": "per_second and endpoint_per_second must be numbers"}))
+            if per_second < 0 or endpoint < 0:
+                return self.reply(400, json.dumps({"error": "per_second and endpoint_per_second must be 0 or more"}))
             with LOCK:
-                RATE.update(per_second=per_second, tokens=per_second, at=time.monotonic(), allowed=0, refused=0)
-            return self.reply(200, json.dumps({"per_second": per_second}))
+                RATE.update(per_second=per_second, endpoint_per_second=endpoint if per_second > 0 else 0.0,
+                            buckets={}, allowed=0, refused=0, refused_by_reason={})
+                limits = {k: RATE[k] for k in ("per_second", "endpoint_per_second")}
+            return self.reply(200, json.dumps(limits))
         if path == "/_sim/settle":
             body = json.loads(self.body() or "{}")
             with LOCK:

@@ -314,6 +314,28 @@ class RateLimit(unittest.TestCase):
             self.control("POST", "/_sim/rate_limit", {"per_second": 0})
         self.assertEqual(self.raw("GET", "/v1/payment_intents")[0], 200)
 
+    def test_each_endpoint_has_its_own_limit_as_stripe_s_do(self):
+        # Stripe: every endpoint 25 a second unless raised; GET /v1/payment_intents/{id} for
+        # different ids is one endpoint, POST /v1/payment_intents another.
+        self.assertEqual(self.control("POST", "/_sim/rate_limit", {"per_second": 100}),
+                         {"per_second": 100, "endpoint_per_second": 25})
+        self.control("POST", "/_sim/rate_limit", {"per_second": 100, "endpoint_per_second": 5})
+        try:
+            answers = [self.raw("GET", f"/v1/payment_intents/pi_missing_{i}") for i in range(15)]
+            refused = [a for a in answers if a[0] == 429]
+            self.assertGreaterEqual(len(refused), 8, [a[0] for a in answers])
+            self.assertTrue(all(a[0] == 404 for a in answers[:5]))
+            for status, headers, body in refused:
+                self.assertEqual(headers.get("Stripe-Rate-Limited-Reason"), "endpoint-rate")
+                self.assertEqual(body["error"]["code"], "rate_limit")
+            # Another endpoint is within its own limit and the account's.
+            self.assertEqual(self.raw("GET", "/v1/payment_intents")[0], 200)
+            counts = self.control("GET", "/_sim/rate_limit")
+            self.assertEqual(counts["refused_by_reason"], {"endpoint-rate": len(refused)})
+            self.assertEqual(counts["allowed"], 16 - len(refused))
+        finally:
+            self.control("POST", "/_sim/rate_limit", {"per_second": 0})
+
     def test_a_lock_on_the_object_is_a_429_without_the_rate_reason(self):
         self.control("POST", "/_sim/faults", {"rules": [{"prefix": "lock-1", "fault": "lock_timeout", "times": 1}]})
         form = dict(OLD_FORM, off_session="true", **{"metadata[payment_id]": "lock-1"})

@@ -72,8 +72,10 @@ bash "$ROOT/infra/scripts/e2e-sam.sh"
 # A smoke run of the benchmark (tiny N, debug build): every measurement must still work.
 # At the provider's latency too: a small drain and open loop per contender, the retry rows with
 # a 20 s visibility timeout (the peer's retry waits it out).
+# The provider-rate rows drain 60 payments per account and contender.
 PROVING_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 \
-  --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --out "$RUN_DIR/bench-smoke"
+  --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --rate-payments 60 \
+  --out "$RUN_DIR/bench-smoke"
 # Its results say when, at which commit, on what machine and emulator, with how many payments.
 grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
   || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }
@@ -105,6 +107,16 @@ for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 
 done
 [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
   || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
+# ... the provider-rate rows: each account, both contenders, every payment charged once or
+# dead-lettered (the run fails otherwise), and the goals;
+for line in "^\| the provider's rate: 60 payments queued at once" \
+  "^\| rate, this project, sandbox: 25/s in all, 25/s an endpoint; .* \| [0-9.]+ payments/s sustained.* [0-9]+ dead letters" \
+  "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
+  "^\| rate, the peer, live: " "^\| rate, this project, raised: 250/s in all, 200/s an endpoint; .* over 20 instances" \
+  "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"; do
+  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+    || { echo "bench results lack the provider-rate rows ($line)" >&2; exit 1; }
+done
 # ... and the events route's rows: the worst forged request beside a genuine delivery.
 for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
   "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \

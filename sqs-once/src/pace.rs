@@ -11,6 +11,13 @@
 //! (a retry, a lookup) book their own, no later than the latest start the call loop allows, and
 //! are refused as never sent past it.
 //!
+//! An instance works in batches: between its batches it waits for the slowest call of the last
+//! one, the queue's answer and the next receive, and its slots meanwhile go unused. A slot no
+//! more than [`CATCH_UP`] in the past is still handed out, so that an instance at work makes up
+//! that gap and keeps its rate over the drain; one idle longer (an empty queue) starts afresh
+//! at its rate, so that instances woken together by a backlog do not burst. Over any window of
+//! `T`, a pace hands out at most `rate × (T + CATCH_UP) + 1` slots.
+//!
 //! The rate adapts (additive increase, multiplicative decrease): [`Pace::slowed`] when the
 //! downstream says the account or an endpoint is over its limit halves it (at most once per
 //! cut window, down to a floor), and each [`Pace::succeeded`] adds a twentieth of the ceiling
@@ -31,6 +38,9 @@ const FLOOR_FRACTION: f64 = 0.05;
 /// What each answer adds back to the rate, as a fraction of the ceiling: a halving is undone
 /// over about fifty answers, so one refusal's cut is not spent on the slots already booked.
 const INCREASE_FRACTION: f64 = 0.01;
+
+/// How far in the past the next slot may be and still be handed out (see the module's doc).
+pub const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// The longest pause a refusal's `Retry-After` imposes (a downstream's hint, not a command
 /// to stop for an hour).
@@ -112,13 +122,20 @@ impl Pace {
         Duration::from_secs_f64((1.0 / rate).min(3600.0))
     }
 
-    /// Books the next slot if it is no later than `latest`.
+    /// Books the next slot if it is no later than `latest`. It may be in the past (up to
+    /// [`CATCH_UP`]): the request may start at once.
     pub fn book(&self, latest: Instant) -> Result<Instant, NoSlot> {
         let now = Instant::now();
         let Ok(mut s) = self.state.lock() else {
             return Ok(now);
         };
-        let slot = s.next.max(now);
+        // A slot of a working instance's gap between batches is still its own; an idle
+        // instance's next slot is now.
+        let slot = if now.saturating_duration_since(s.next) <= CATCH_UP {
+            s.next
+        } else {
+            now
+        };
         if slot > latest {
             return Err(NoSlot {
                 latest_in_ms: latest.saturating_duration_since(now).as_millis() as u64,
@@ -250,6 +267,33 @@ mod tests {
         // Time passing frees nothing in the past: the next slot is now at the earliest.
         tokio::time::advance(ms(2000)).await;
         assert_eq!(pace.book(Instant::now()).unwrap(), Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_working_instance_makes_up_the_gap_between_its_batches_and_an_idle_one_does_not() {
+        let pace = Pace::new(10.0);
+        let t0 = Instant::now();
+        let far = t0 + ms(60_000);
+        // A batch of five: slots at the rate.
+        for i in 0..5 {
+            assert_eq!(pace.book(far).unwrap() - t0, ms(100 * i));
+        }
+        // Its slowest call ends 700 ms in: the slots at 500 and 600 went unused. The next batch
+        // takes them at once, then the rate goes on.
+        tokio::time::advance(ms(700)).await;
+        let next: Vec<Duration> = (0..4).map(|_| pace.book(far).unwrap() - t0).collect();
+        assert_eq!(next, [ms(500), ms(600), ms(700), ms(800)]);
+        // Over the whole: 9 slots from 0 to 800 ms, never more than the rate allows.
+        // Idle longer than CATCH_UP (the queue was empty): the next slot is now, no burst.
+        tokio::time::advance(CATCH_UP + ms(1000)).await;
+        let now = Instant::now();
+        assert_eq!(pace.book(far).unwrap(), now);
+        assert_eq!(pace.book(far).unwrap() - now, ms(100));
+        // A next slot exactly CATCH_UP behind is still handed out; a millisecond more is not.
+        tokio::time::advance(ms(1200)).await;
+        assert_eq!(Instant::now() - pace.book(far).unwrap(), CATCH_UP);
+        tokio::time::advance(ms(1201)).await;
+        assert_eq!(pace.book(far).unwrap(), Instant::now());
     }
 
     #[tokio::test(start_paused = true)]

@@ -250,6 +250,16 @@ pub struct BenchArgs {
     /// template's).
     #[arg(long)]
     pub retry_visibility_timeout: Option<i32>,
+    /// Backlog drained against the provider limited to 25 and to 100 requests a second, with
+    /// the merchant's own traffic beside it (no duplicates).
+    #[arg(long, default_value_t = 2000)]
+    pub rate_payments: usize,
+    /// Only the provider-rate rows (written to provider-rate.json and .md beside the results).
+    #[arg(long)]
+    pub only_rate: bool,
+    /// The accounts of the provider-rate rows (repeatable: sandbox, live, raised; default all).
+    #[arg(long = "rate-account")]
+    pub rate_accounts: Vec<String>,
     /// ARCH=PATH of a release bootstrap (repeatable).
     #[arg(long = "bootstrap")]
     pub bootstraps: Vec<String>,
@@ -305,6 +315,9 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         open_loop_payments,
         open_loop_rate,
         retry_visibility_timeout,
+        rate_payments,
+        only_rate,
+        rate_accounts,
         bootstraps,
         emulator,
         out,
@@ -337,6 +350,9 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             open_loop_payments,
             open_loop_rate,
             retry_visibility_timeout,
+            rate_payments,
+            only_rate,
+            rate_accounts,
             peer: peer_bootstrap.zip(peer_python).map(|(bootstrap, python)| {
                 proving::compare::PeerOptions {
                     bootstrap,

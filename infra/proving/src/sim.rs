@@ -193,6 +193,36 @@ impl SimClient {
         .await
     }
 
+    /// The account's rate limits, as Stripe's: at most `per_second` `/v1` requests a second
+    /// in all and `endpoint_per_second` to each endpoint, the rest answered `429` (0: no
+    /// limit). Starts its counts afresh.
+    pub async fn set_rate_limit(&self, per_second: f64, endpoint_per_second: f64) -> Result<()> {
+        self.control(
+            "/_sim/rate_limit",
+            &serde_json::json!({ "per_second": per_second, "endpoint_per_second": endpoint_per_second }),
+        )
+        .await
+    }
+
+    /// The `/v1` requests let through and refused since the limit was last set.
+    pub async fn rate_counts(&self) -> Result<(u64, u64)> {
+        let counts: Value = self
+            .http
+            .get(format!("{}/_sim/rate_limit", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?
+            .json()
+            .await?;
+        let count = |k: &str| {
+            counts[k]
+                .as_u64()
+                .with_context(|| format!("the simulator's rate counts lack {k}: {counts}"))
+        };
+        Ok((count("allowed")?, count("refused")?))
+    }
+
     /// Closes a dispute as the card network decided it (`won` or lost).
     pub async fn close_dispute(&self, dispute_id: &str, won: bool) -> Result<()> {
         let path = format!("/_sim/disputes/{}/close", encode(dispute_id));

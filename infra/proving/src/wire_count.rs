@@ -25,6 +25,10 @@ pub struct OpCount {
 
 type Counts = Arc<Mutex<BTreeMap<String, OpCount>>>;
 
+/// Names a kind of request beyond its operation, from the operation and the body (a
+/// processor's claims among its DynamoDB writes): counted under that name too.
+pub type Classify = fn(&str, &[u8]) -> Option<&'static str>;
+
 /// The relay, listening on an ephemeral loopback port until dropped.
 pub struct CountingRelay {
     url: String,
@@ -50,6 +54,12 @@ const HOP_BY_HOP: [&str; 5] = [
 impl CountingRelay {
     /// Relays to `upstream` (the AWS endpoint URL).
     pub async fn start(upstream: &str) -> Result<Self> {
+        Self::start_classified(upstream, |_, _| None).await
+    }
+
+    /// Relays to `upstream`, counting each request under its operation and also under the
+    /// name `classify` gives it, if any.
+    pub async fn start_classified(upstream: &str, classify: Classify) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let counts: Counts = Arc::default();
@@ -62,7 +72,13 @@ impl CountingRelay {
                 let (counts, client, upstream) = (shared.clone(), client.clone(), upstream.clone());
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        relay(counts.clone(), client.clone(), upstream.clone(), req)
+                        relay(
+                            counts.clone(),
+                            classify,
+                            client.clone(),
+                            upstream.clone(),
+                            req,
+                        )
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -90,6 +106,7 @@ impl CountingRelay {
 
 async fn relay(
     counts: Counts,
+    classify: Classify,
     client: reqwest::Client,
     upstream: String,
     req: Request<Incoming>,
@@ -106,6 +123,11 @@ async fn relay(
         .unwrap_or("other")
         .to_owned();
     if let Ok(mut c) = counts.lock() {
+        if let Some(kind) = classify(&op, &body) {
+            let e = c.entry(kind.to_owned()).or_default();
+            e.calls += 1;
+            e.request_bytes += body.len() as u64;
+        }
         let e = c.entry(op).or_default();
         e.calls += 1;
         e.request_bytes += body.len() as u64;

@@ -58,11 +58,15 @@ pub(super) fn resolve(
         // The provider's pace is the deployment's: a local process stands for every instance
         // of its function at once, and the simulator limits nothing unless told. Local runs are
         // paced only when PROVIDER_REQUESTS_PER_SECOND is set in their own environment.
-        for k in payment_core::config::PACE_VARS {
-            env.remove(k);
-        }
+        let pace: BTreeMap<String, String> = payment_core::config::PACE_VARS
+            .iter()
+            .filter_map(|k| env.remove(*k).map(|v| (k.to_string(), v)))
+            .collect();
         if let Some(logical) = logical.as_str() {
             stack.function_envs.insert(logical.to_owned(), env.clone());
+            if !pace.is_empty() {
+                stack.deployed_pace.insert(logical.to_owned(), pace);
+            }
         }
         let sam_event = get(&props, "Events")
             .and_then(|e| e.as_mapping())

@@ -119,6 +119,11 @@ pub struct Stack {
     pub event_sources: BTreeMap<String, EventSource>,
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
+    /// What each function paces its provider calls to when deployed, by logical id: the
+    /// template's `payment_core::config::PACE_VARS`, resolved. They are left out of
+    /// [`Stack::function_envs`] (a local process stands for every instance at once); the
+    /// benchmark runs the deployed pace with one process per instance.
+    pub deployed_pace: BTreeMap<String, BTreeMap<String, String>>,
     /// What provisioning did to each resource: `created`, `exists` or `updated`, by name.
     pub report: Vec<(String, &'static str)>,
 }
@@ -240,6 +245,7 @@ pub async fn provision(
         tables: BTreeMap::new(),
         function_env: BTreeMap::new(),
         function_envs: BTreeMap::new(),
+        deployed_pace: BTreeMap::new(),
         event_sources: BTreeMap::new(),
         report: Vec::new(),
         event_source: EventSource {

@@ -28,6 +28,7 @@ use payctl::template::{memory_size_mb, PROCESSOR};
 mod api;
 mod calls;
 mod latency;
+mod rate;
 mod report;
 pub mod retries;
 mod setup;
@@ -46,15 +47,26 @@ const WEBHOOK_RUNS: usize = 50;
 /// Runs every measurement, prints the table, writes the results.
 pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<serde_json::Value> {
     std::fs::create_dir_all(&opts.out_dir)?;
-    println!(
-        "benchmark: {} payments (+10% duplicates), 1 and {} concurrent batches",
-        opts.payments, opts.pollers
-    );
     let contenders: &[Contender] = if opts.peer.is_some() {
         &[Contender::This, Contender::Peer]
     } else {
         &[Contender::This]
     };
+    if opts.only_rate {
+        let rows = rate::measure(sdk, opts, contenders).await?;
+        let md = rate::markdown(&rows);
+        std::fs::write(
+            opts.out_dir.join("provider-rate.json"),
+            serde_json::to_string_pretty(&rows)?,
+        )?;
+        std::fs::write(opts.out_dir.join("provider-rate.md"), &md)?;
+        println!("{md}");
+        return Ok(rows);
+    }
+    println!(
+        "benchmark: {} payments (+10% duplicates), 1 and {} concurrent batches",
+        opts.payments, opts.pollers
+    );
     // At each concurrency: the stack alone, then this, the peer, this, the peer, then the
     // stack alone again. The ceiling is the better of the two stack-alone runs, so that neither
     // noise nor the emulator's drift lowers it; each contender keeps the better of its two.
@@ -132,6 +144,9 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         Ok((retries?, runs?))
     })
     .await?;
+    // Against a provider that limits the account's rate, with the merchant's traffic beside:
+    // alone, since the limit is the whole simulator's.
+    let provider_rate = rate::measure(sdk, opts, contenders).await?;
     let at_latency = json!({
         "p50_ms": opts.latency.0,
         "p99_ms": opts.latency.1,
@@ -142,6 +157,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         "run": run_facts(opts),
         "retries": retries,
         "at_latency": at_latency,
+        "provider_rate": provider_rate,
         "payments": opts.payments,
         "throughput": [one, many],
         "stack_capacity_per_second": {"1": cap_one, opts.pollers.to_string(): cap_many},

@@ -154,6 +154,7 @@ pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
         f(&open["send_to_charged_ms"]["p99"]),
         f(&open["send_to_charged_ms"]["max"]),
     ));
+    s.push_str(&super::rate::markdown(&r["provider_rate"]));
     for c in r["calls_per_payment"].as_array().into_iter().flatten() {
         s.push_str(&format!(
             "| calls: {} | {} DynamoDB, {} SQS, {} provider |\n",

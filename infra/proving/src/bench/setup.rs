@@ -134,6 +134,12 @@ pub struct BenchOptions {
     pub open_loop_rate: f64,
     /// The payments queue's visibility timeout in the retry rows (`None`: the template's).
     pub retry_visibility_timeout: Option<i32>,
+    /// Backlog of the provider-rate rows (no duplicates).
+    pub rate_payments: usize,
+    /// Measure only the provider-rate rows.
+    pub only_rate: bool,
+    /// The provider-rate rows' accounts by name (empty: all).
+    pub rate_accounts: Vec<String>,
 }
 
 /// This machine's architecture, as Lambda names it: the only bootstrap that runs here.
