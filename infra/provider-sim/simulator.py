@@ -24,6 +24,8 @@ API (Stripe's wire format):
         above 99999999: 400 amount_too_large; a three-decimal currency not ending in 0: 400
       - metadata: more than 50 keys, a key over 40 characters or with [ ], a value over 500:
         400 parameter_invalid; an empty value unsets the key (it is not stored)
+      - without confirm=true the intent is only created: requires_payment_method (no
+        payment_method) or requires_confirmation, nothing charged
       - payment_method decides the result (Stripe's test methods):
         pm_card_visa (and any other pm_*) -> 200 succeeded
         pm_card_chargeDeclined -> 402 card_declined / generic_decline; ...InsufficientFunds,
@@ -139,12 +141,17 @@ RATE = {"per_second": 0.0, "endpoint_per_second": 0.0, "buckets": {}, "allowed":
 DEFAULT_ENDPOINT_PER_SECOND = 25.0
 
 
+# An object's id in a path: a prefix, an underscore, and letters with a digit or a capital
+# (pi_3MtwBw..., ch_merchant_1); collections and actions (search, confirm, line_items) are words.
+OBJECT_ID = re.compile(r"[a-z]+_[A-Za-z0-9_]*[0-9A-Z][A-Za-z0-9_]*")
+
+
 def endpoint_of(method, path):
-    """The endpoint a request counts against: its method and path, with the object's id left out
-    (/v1/payment_intents/pi_1/confirm is POST /v1/payment_intents/{id}/confirm)."""
-    parts = path.strip("/").split("/")
-    if len(parts) >= 3:
-        parts[2] = "{id}"
+    """The endpoint a request counts against: its method and path, with objects' ids left out
+    (/v1/payment_intents/pi_1/confirm is POST /v1/payment_intents/{id}/confirm, and
+    GET /v1/payment_intents/search an endpoint of its own)."""
+    parts = [("{id}" if i >= 2 and OBJECT_ID.fullmatch(p) else p)
+             for i, p in enumerate(path.strip("/").split("/"))]
     return method + " /" + "/".join(parts)
 
 
@@ -575,6 +582,14 @@ def execute(form, key, version):
     }
     if pm == "pm_card_invalid":
         return 400, error_body("invalid_request_error", "No such PaymentMethod: 'pm_card_invalid'", code="resource_missing")
+    if form.get("confirm") != "true":
+        # Created, not confirmed (a checkout's first step, as Stripe's): nothing is charged
+        # until it is confirmed (POST /v1/payment_intents/PI/confirm).
+        intent["status"] = "requires_confirmation" if pm else "requires_payment_method"
+        STATE["intents"].setdefault(key, []).append(intent)
+        STATE["all_intents"].append(intent)
+        emit("payment_intent.created", intent)
+        return 200, json.dumps(intent)
 
     def book(status):
         intent["status"] = status

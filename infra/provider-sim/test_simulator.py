@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlencode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import simulator as SIMULATOR  # noqa: E402  (its pure functions; the server runs as a process)
 CURRENT = "2026-10-28.endive"
 OLD_FORM = {"amount": "1999", "currency": "usd", "customer": "cus_1", "payment_method": "pm_card_visa",
             "confirm": "true"}
@@ -183,6 +185,25 @@ class Simulator(unittest.TestCase):
         self.assertTrue(before <= at <= after, (before, at, after))
         self.assertEqual(len(ledger["charges"]["booked-at"]), 1)
 
+    def test_an_intent_created_without_confirm_charges_nothing(self):
+        # Stripe: a PaymentIntent is created requires_payment_method (or requires_confirmation
+        # with a payment method) and charges nothing until it is confirmed. (The simulator once
+        # answered it succeeded and booked a charge.)
+        status, intent = self.call("POST", "/v1/payment_intents", {"amount": "1000", "currency": "usd"},
+                                   "created-only")
+        self.assertEqual((status, intent["status"]), (200, "requires_payment_method"))
+        status, intent = self.call("POST", "/v1/payment_intents", {"amount": "1000", "currency": "usd",
+                                                                   "payment_method": "pm_card_visa"},
+                                   "created-with-method")
+        self.assertEqual((status, intent["status"]), (200, "requires_confirmation"))
+        for key in ("created-only", "created-with-method"):
+            ledger = self.call("GET", "/_sim/ledger", query={"key": key})[1]
+            self.assertEqual(ledger["charges"], {}, key)
+        # Confirmed by the merchant, it charges.
+        status, confirmed = self.call("POST", f"/v1/payment_intents/{intent['id']}/confirm",
+                                      {"return_url": "https://example.com/back"}, "confirm-created")
+        self.assertEqual((status, confirmed["status"]), (200, "succeeded"), confirmed)
+
     def test_ach_debits_answer_processing_and_settle_later_with_an_event(self):
         status, intent = self.pay("ach-ok", payment_method="pm_usBankAccount_success")
         self.assertEqual((status, intent["status"]), (200, "processing"))
@@ -328,13 +349,25 @@ class RateLimit(unittest.TestCase):
             for status, headers, body in refused:
                 self.assertEqual(headers.get("Stripe-Rate-Limited-Reason"), "endpoint-rate")
                 self.assertEqual(body["error"]["code"], "rate_limit")
-            # Another endpoint is within its own limit and the account's.
+            # Other endpoints are within their own limits and the account's: the list, and the
+            # search, which is not a retrieve of an object called "search".
             self.assertEqual(self.raw("GET", "/v1/payment_intents")[0], 200)
+            self.assertNotEqual(self.raw("GET", "/v1/payment_intents/search?query=x")[0], 429)
             counts = self.control("GET", "/_sim/rate_limit")
             self.assertEqual(counts["refused_by_reason"], {"endpoint-rate": len(refused)})
-            self.assertEqual(counts["allowed"], 16 - len(refused))
+            self.assertEqual(counts["allowed"], 17 - len(refused))
         finally:
             self.control("POST", "/_sim/rate_limit", {"per_second": 0})
+
+    def test_an_endpoint_is_a_method_and_a_path_without_its_objects_ids(self):
+        endpoint = SIMULATOR.endpoint_of
+        self.assertEqual(endpoint("POST", "/v1/payment_intents/pi_3MtwBwLkdIwHu7ix28a3tqPa/confirm"),
+                         "POST /v1/payment_intents/{id}/confirm")
+        self.assertEqual(endpoint("GET", "/v1/payment_intents/pi_merchant_7"), "GET /v1/payment_intents/{id}")
+        self.assertEqual(endpoint("GET", "/v1/payment_intents/search"), "GET /v1/payment_intents/search")
+        self.assertEqual(endpoint("POST", "/v1/payment_intents"), "POST /v1/payment_intents")
+        self.assertEqual(endpoint("GET", "/v1/checkout/sessions/cs_test_a1B2/line_items"),
+                         "GET /v1/checkout/sessions/{id}/line_items")
 
     def test_a_lock_on_the_object_is_a_429_without_the_rate_reason(self):
         self.control("POST", "/_sim/faults", {"rules": [{"prefix": "lock-1", "fault": "lock_timeout", "times": 1}]})

@@ -112,7 +112,7 @@ done
 for line in "^\| the provider's rate: 60 payments queued at once" \
   "^\| rate, this project, sandbox: 25/s in all, 25/s an endpoint; .* \| [0-9.]+ payments/s sustained.* [0-9]+ dead letters" \
   "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
-  "^\| rate, the peer, live: " "^\| rate, this project, raised: 250/s in all, 200/s an endpoint; .* over 20 instances" \
+  "^\| rate, the peer, live: " "^\| rate, this project, raised: 300/s in all, 200/s an endpoint; .* over 20 instances" \
   "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"; do
   grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
     || { echo "bench results lack the provider-rate rows ($line)" >&2; exit 1; }

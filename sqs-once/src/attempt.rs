@@ -107,8 +107,16 @@ impl<W: Work> BatchRunner<W> {
             - ms(self.settings.deadline_safety)
             - self.call_window_ms()
             - ms(CLAIM_ALLOWANCE);
-        let latest =
-            tokio::time::Instant::now() + Duration::from_millis((latest_ms - now).max(0) as u64);
+        if latest_ms <= now {
+            // It waited (for a permit) past the last start a call could end from: handed back
+            // unattempted, as one whose slot would come too late, not claimed to fail.
+            return Step::Again(
+                "not attempted: no call could start and end before this invocation's deadline"
+                    .to_owned(),
+                Redelivery::Paced(now),
+            );
+        }
+        let latest = tokio::time::Instant::now() + Duration::from_millis((latest_ms - now) as u64);
         let slot = match pace.book(latest) {
             Ok(slot) => slot,
             Err(e) => {

@@ -14,13 +14,15 @@
 //! An instance works in batches: between its batches it waits for the slowest call of the last
 //! one, the queue's answer and the next receive, and its slots meanwhile go unused. A slot no
 //! more than [`CATCH_UP`] in the past is still handed out, so that an instance at work makes up
-//! that gap and keeps its rate over the drain; one idle longer (an empty queue) starts afresh
-//! at its rate, so that instances woken together by a backlog do not burst. Over any window of
-//! `T`, a pace hands out at most `rate × (T + CATCH_UP) + 1` slots.
+//! that gap and keeps its rate over the drain; one idle longer (an empty queue), or one that
+//! never handed out a slot (a new instance), starts at its rate, so that instances woken
+//! together by a backlog do not burst. Over any window of `T`, a pace hands out at most
+//! `rate × (T + CATCH_UP) + 1` slots (a request starts at its slot, or later by the claim's
+//! write).
 //!
 //! The rate adapts (additive increase, multiplicative decrease): [`Pace::slowed`] when the
 //! downstream says the account or an endpoint is over its limit halves it (at most once per
-//! cut window, down to a floor), and each [`Pace::succeeded`] adds a twentieth of the ceiling
+//! cut window, down to a floor), and each [`Pace::succeeded`] adds a hundredth of the ceiling
 //! back. A refusal about one object (a lock) is not about the rate: the caller retries that
 //! object later and tells the pace nothing.
 //!
@@ -70,6 +72,8 @@ struct State {
     last_booked: Option<Instant>,
     /// No slot before this (a refusal's pause).
     paused_until: Instant,
+    /// Whether a slot was ever handed out: a new pace has no gap to make up.
+    worked: bool,
 }
 
 /// A per-process request pace. Share one between everything that calls the same downstream.
@@ -104,6 +108,7 @@ impl Pace {
                 last_cut: None,
                 last_booked: None,
                 paused_until: Instant::now(),
+                worked: false,
             }),
         }
     }
@@ -131,7 +136,7 @@ impl Pace {
         };
         // A slot of a working instance's gap between batches is still its own; an idle
         // instance's next slot is now.
-        let slot = if now.saturating_duration_since(s.next) <= CATCH_UP {
+        let slot = if s.next >= now || (s.worked && now - s.next <= CATCH_UP) {
             s.next
         } else {
             now
@@ -144,6 +149,7 @@ impl Pace {
         }
         s.next = slot + Self::interval(s.rate);
         s.last_booked = Some(slot);
+        s.worked = true;
         Ok(slot)
     }
 
@@ -153,7 +159,8 @@ impl Pace {
     pub fn give_back(&self, slot: Instant) {
         if let Ok(mut s) = self.state.lock() {
             if s.last_booked == Some(slot) {
-                s.next = slot.max(s.paused_until).max(Instant::now()).min(s.next);
+                // In the past, it is handed out again while within CATCH_UP of now.
+                s.next = slot.max(s.paused_until).min(s.next);
                 s.last_booked = None;
             }
         }
@@ -294,6 +301,24 @@ mod tests {
         assert_eq!(Instant::now() - pace.book(far).unwrap(), CATCH_UP);
         tokio::time::advance(ms(1201)).await;
         assert_eq!(pace.book(far).unwrap(), Instant::now());
+        // A slot in the past given back unused is handed out again.
+        tokio::time::advance(ms(300)).await;
+        let past = pace.book(far).unwrap();
+        assert!(past < Instant::now());
+        pace.give_back(past);
+        assert_eq!(pace.book(far).unwrap(), past);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_instance_starts_at_its_rate_however_long_its_init_took() {
+        // The pace is made at init; the first batch comes later: no gap to make up.
+        let pace = Pace::new(10.0);
+        tokio::time::advance(ms(500)).await;
+        let now = Instant::now();
+        let slots: Vec<Duration> = (0..3)
+            .map(|_| pace.book(now + ms(60_000)).unwrap() - now)
+            .collect();
+        assert_eq!(slots, [ms(0), ms(100), ms(200)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -158,3 +158,32 @@ async fn a_message_that_waited_for_the_pace_on_its_last_receive_is_requeued_not_
     assert_eq!(w.downstream.calls("p-last"), 0);
     assert_eq!(s.retried, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_message_that_waited_for_a_permit_past_its_latest_start_is_handed_back_unclaimed() {
+    // One message at a time; the first answers in 3 s. Latest first call: the deadline (6 s)
+    // less the safety, the call's window and the claim's allowance: 2.5 s. The second gets its
+    // permit at 3 s, still time enough for the runner to start it, too late to call.
+    let (w, _pace) = paced_world(100.0, 1);
+    w.downstream
+        .set("p0", Behaviour::Slow(Duration::from_secs(3)));
+    *w.queues.max_receives.lock().unwrap() = Some(3);
+    let now = w.clock.now_ms();
+    let batch = vec![
+        msg("m0", &body("p0", 100), None),
+        msg_at("m1", &body("p1", 100), None, now - 60_000, 3),
+    ];
+    let (r, _) = w.processor.handle_batch(batch, now + 6_000).await;
+    assert_eq!(w.downstream.calls("p0"), 1);
+    assert_eq!(w.downstream.calls("p1"), 0);
+    assert!(
+        w.store.get("p1").await.unwrap().is_none(),
+        "never claimed: waiting is not an attempt"
+    );
+    assert!(
+        w.queues.dead().is_empty(),
+        "on its last receive, requeued rather than dead-lettered"
+    );
+    assert_eq!(failures(&r), Vec::<String>::new(), "the copy replaces it");
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1);
+}

@@ -117,6 +117,17 @@ fn encode(v: &str) -> String {
 }
 
 /// The control API.
+/// What the simulator's limiter let through and refused (`GET /_sim/rate_limit`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RateCounts {
+    /// Requests let through.
+    pub allowed: u64,
+    /// Requests refused `429`.
+    pub refused: u64,
+    /// The refused by `Stripe-Rate-Limited-Reason`.
+    pub refused_by_reason: std::collections::BTreeMap<String, u64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct SimClient {
     /// Base URL, e.g. `http://127.0.0.1:12111`.
@@ -204,8 +215,9 @@ impl SimClient {
         .await
     }
 
-    /// The `/v1` requests let through and refused since the limit was last set.
-    pub async fn rate_counts(&self) -> Result<(u64, u64)> {
+    /// The `/v1` requests let through and refused since the limits were last set, and the
+    /// refused by reason (`global-rate`, `endpoint-rate`).
+    pub async fn rate_counts(&self) -> Result<RateCounts> {
         let counts: Value = self
             .http
             .get(format!("{}/_sim/rate_limit", self.base))
@@ -215,12 +227,8 @@ impl SimClient {
             .error_for_status()?
             .json()
             .await?;
-        let count = |k: &str| {
-            counts[k]
-                .as_u64()
-                .with_context(|| format!("the simulator's rate counts lack {k}: {counts}"))
-        };
-        Ok((count("allowed")?, count("refused")?))
+        serde_json::from_value(counts.clone())
+            .with_context(|| format!("the simulator's rate counts: {counts}"))
     }
 
     /// Closes a dispute as the card network decided it (`won` or lost).

@@ -1,8 +1,8 @@
 //! The provider's rate: a backlog drained against a provider that limits the account as Stripe
-//! does (the simulator's `/_sim/rate_limit`: past the limit, `429` with
-//! `Stripe-Rate-Limited-Reason: global-rate`), at the provider's answer time, while the
-//! merchant's own traffic uses 30 % of the limit, for each contender, with the template's
-//! concurrency (one function process per instance the event source may run).
+//! does (the simulator's `/_sim/rate_limit`: past the account's rate or an endpoint's, `429`
+//! with `Stripe-Rate-Limited-Reason: global-rate` or `endpoint-rate`), at the provider's answer
+//! time, while the merchant's own traffic uses 30 % of the limit, for each contender, with the
+//! template's concurrency (one function process per instance the event source may run).
 //!
 //! Three accounts, each with Stripe's limits (docs.stripe.com/rate-limits): the account's
 //! requests a second and each endpoint's (25 unless Stripe raised it; the processor's charges all
@@ -11,21 +11,23 @@
 //! - a sandbox: 25 in all, 25 an endpoint, the template's defaults;
 //! - live mode: 100 in all, 25 an endpoint, `ProviderRequestsPerSecond` 35 (the payments' part,
 //!   21 a second, within the endpoint's 25);
-//! - an account whose limits Stripe raised (250 in all, 200 an endpoint) with
-//!   `ProviderRequestsPerSecond` 170 and `MaximumConcurrency` 20: the payments' part is 102 a
-//!   second, the README's lowest capacity tier.
+//! - an account whose limits Stripe raised (300 in all, 200 an endpoint) with
+//!   `ProviderRequestsPerSecond` 180 and `MaximumConcurrency` 20: the payments' part is 108 a
+//!   second, sized for the README's lowest capacity tier, 100 payments a second sustained.
 //!
 //! The processor's budget is its part of the stack's (the template's `PROVIDER_SHARE_PERCENT`);
 //! the floor is the backlog ÷ that budget, for both contenders (the peer knows no budget: a
-//! ratio under 1 is capacity taken from the merchant). The merchant's own traffic is reads
-//! spread over three endpoints at 30 % of the account's limit. What is measured:
+//! ratio under 1 is capacity taken from the merchant). The merchant's own traffic runs at 30 %
+//! of the account's limit: one request in ten a checkout's `POST /v1/payment_intents`
+//! (created, not confirmed), the rest reads of three other endpoints. Only the payment
+//! processor runs: each row is the payments' part of the budget. What is measured:
 //!
 //! - drain time ÷ floor;
 //! - the function's provider requests, and the share refused `429` (the simulator's counts
 //!   less the merchant's own);
 //! - provider requests per charge, claims per payment (the conditional write that takes a
 //!   payment, counted on the wire), deliveries per payment;
-//! - dead letters; no payment charged twice, every payment charged or dead-lettered;
+//! - dead letters; no payment charged twice, every payment charged or dead-lettered (by id);
 //! - the merchant's requests and how many of them were refused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,21 +82,29 @@ const ACCOUNTS: [Account; 3] = [
     },
     Account {
         name: "raised",
-        limit: 250.0,
+        limit: 300.0,
         endpoint_limit: 200.0,
         parameters: &[
-            ("ProviderRequestsPerSecond", "170"),
+            ("ProviderRequestsPerSecond", "180"),
             ("MaximumConcurrency", "20"),
         ],
         tier: Some(100.0),
     },
 ];
 
-/// The endpoints the merchant's own traffic reads, in turn.
-const MERCHANT_READS: [&str; 3] = [
-    "/v1/payment_intents/pi_merchant_",
-    "/v1/charges/ch_merchant_",
-    "/v1/refunds/re_merchant_",
+/// The merchant's own traffic, in turn: a checkout's first step (a PaymentIntent created, not
+/// confirmed: the endpoint the processor charges through) and reads of three other endpoints.
+const MERCHANT_REQUESTS: [(&str, &str); 10] = [
+    ("POST", "/v1/payment_intents"),
+    ("GET", "/v1/payment_intents/pi_merchant_"),
+    ("GET", "/v1/charges/ch_merchant_"),
+    ("GET", "/v1/refunds/re_merchant_"),
+    ("GET", "/v1/payment_intents/pi_merchant_"),
+    ("GET", "/v1/charges/ch_merchant_"),
+    ("GET", "/v1/refunds/re_merchant_"),
+    ("GET", "/v1/payment_intents/pi_merchant_"),
+    ("GET", "/v1/charges/ch_merchant_"),
+    ("GET", "/v1/refunds/re_merchant_"),
 ];
 
 /// The merchant's own traffic, as a share of the account's limit.
@@ -158,15 +168,17 @@ pub(super) async fn measure(
     }))
 }
 
-/// The merchant's own traffic: `per_second` reads of the account ([`MERCHANT_READS`] in turn)
-/// sent on a fixed schedule until `stop`, whatever the answers; returns (sent, refused `429`,
-/// other failures).
+/// The merchant's own traffic: `per_second` requests ([`MERCHANT_REQUESTS`] in turn) sent on a
+/// fixed schedule until `stop`, whatever the answers; returns (sent, refused `429`). Any other
+/// failure is an error: every request must reach the account's limiter, or the function's
+/// requests (the simulator's counts less these) would be miscounted.
 async fn merchant(
     base: String,
     key: String,
+    tag: String,
     per_second: f64,
     stop: Arc<AtomicBool>,
-) -> Result<(u64, u64, u64)> {
+) -> Result<(u64, u64)> {
     let http = reqwest::Client::new();
     let interval = Duration::from_secs_f64(1.0 / per_second);
     let started = tokio::time::Instant::now();
@@ -174,26 +186,34 @@ async fn merchant(
     let mut sent = 0u64;
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep_until(started + interval * sent as u32).await;
-        let request = http
-            .get(format!(
-                "{base}{}{sent}",
-                MERCHANT_READS[sent as usize % MERCHANT_READS.len()]
-            ))
-            .bearer_auth(&key)
-            .send();
-        requests.spawn(async move { request.await.map(|r| r.status().as_u16()) });
+        let (method, path) = MERCHANT_REQUESTS[sent as usize % MERCHANT_REQUESTS.len()];
+        let request = if method == "POST" {
+            http.post(format!("{base}{path}"))
+                .header("Idempotency-Key", format!("{tag}-checkout-{sent}"))
+                .form(&[("amount", "1000"), ("currency", "usd")])
+        } else {
+            http.get(format!("{base}{path}{sent}"))
+        }
+        .bearer_auth(&key)
+        .send();
+        requests.spawn(async move {
+            let answer = request.await.context("the merchant's request")?;
+            let status = answer.status().as_u16();
+            let body = answer.text().await.unwrap_or_default();
+            Ok::<_, anyhow::Error>((status, body))
+        });
         sent += 1;
     }
-    let (mut refused, mut failed) = (0, 0);
+    let mut refused = 0;
     while let Some(answer) = requests.join_next().await {
-        match answer? {
-            Ok(429) => refused += 1,
-            // What the merchant read does not exist: the answer is the account's, not an error.
-            Ok(200 | 404) => {}
-            _ => failed += 1,
+        match answer?? {
+            (429, _) => refused += 1,
+            // What the merchant reads does not exist: the answer is the account's all the same.
+            (200 | 404, _) => {}
+            (status, body) => bail!("the merchant's request was answered {status}: {body}"),
         }
     }
-    Ok((sent, refused, failed))
+    Ok((sent, refused))
 }
 
 /// One contender drains `opts.rate_payments` payments against `account`'s limits, the stack
@@ -204,7 +224,6 @@ async fn drain(
     who: Contender,
     account: &Account,
 ) -> Result<Value> {
-    let limit = account.limit;
     let name = unique_stack_name(&format!("rate{}", who.label()));
     let mut provision_opts = ProvisionOptions {
         stack_name: name.clone(),
@@ -217,6 +236,24 @@ async fn drain(
             .insert(k.to_string(), v.to_string());
     }
     let stack = provision(sdk, &opts.template, &provision_opts).await?;
+    // The stack goes whatever the run ends in.
+    let run = drain_on(sdk, opts, who, account, &name, &stack).await;
+    let gone = teardown(sdk, &stack).await;
+    let run = run?;
+    gone?;
+    Ok(run)
+}
+
+/// [`drain`] on its provisioned stack.
+async fn drain_on(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+    who: Contender,
+    account: &Account,
+    name: &str,
+    stack: &payctl::template::Stack,
+) -> Result<Value> {
+    let limit = account.limit;
     let pace = stack
         .deployed_pace
         .get(PROCESSOR)
@@ -231,7 +268,7 @@ async fn drain(
     let instances = number("EVENT_SOURCE_MAX_CONCURRENCY")? as usize;
     let budget =
         number("PROVIDER_REQUESTS_PER_SECOND")? * number("PROVIDER_SHARE_PERCENT")? / 100.0;
-    let (program, mut env) = opts.function_under_test(who, &stack)?;
+    let (program, mut env) = opts.function_under_test(who, stack)?;
     if who == Contender::This {
         env.extend(pace.clone());
     }
@@ -240,10 +277,10 @@ async fn drain(
     let relay = CountingRelay::start_classified(&upstream, claims_of(who)).await?;
     env.insert("AWS_ENDPOINT_URL".to_owned(), relay.url().to_owned());
     let sim = simulator_of(&env)?;
-    let (functions, _) = spawn_functions(opts, &name, who, &program, &env, instances).await?;
+    let (functions, _) = spawn_functions(opts, name, who, &program, &env, instances).await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let n = opts.rate_payments.max(1);
-    let ids: Vec<String> = (0..n).map(|i| payment_id(&name, i)).collect();
+    let ids: Vec<String> = (0..n).map(|i| payment_id(name, i)).collect();
     let bodies: Vec<String> = ids
         .iter()
         .enumerate()
@@ -256,6 +293,7 @@ async fn drain(
     let foreground = tokio::spawn(merchant(
         env.get("PAYMENT_API_URL").cloned().unwrap_or_default(),
         env.get("PAYMENT_API_KEY").cloned().unwrap_or_default(),
+        name.to_owned(),
         limit * FOREGROUND_SHARE,
         stop.clone(),
     ));
@@ -265,7 +303,7 @@ async fn drain(
         sqs.clone(),
         EsmOptions {
             max_duration: Duration::from_secs(1800),
-            ..esm_opts(&stack, instances)
+            ..esm_opts(stack, instances)
         },
     )
     .await;
@@ -273,13 +311,13 @@ async fn drain(
     for f in functions {
         f.stop().await?;
     }
-    let (fg_sent, fg_refused, fg_failed) = foreground.await??;
-    let (allowed, refused) = sim.rate_counts().await?;
+    let merchant_answers = foreground.await;
+    let counts = sim.rate_counts().await;
     sim.set_rate_limit(0.0, 0.0).await?;
-    let stats = stats?;
+    let (stats, (merchant_sent, merchant_refused), counts) = (stats?, merchant_answers??, counts?);
     // An invocation that failed (Powertools' batch processor raises when every record of a
     // batch failed) hands its whole batch back: counted, not a failure of the run; what it
-    // means for the money is checked below.
+    // means for the money is checked here.
     let ledger = sim.ledger().await?;
     let charges = |id: &String| ledger.charges.get(id).map(Vec::len).unwrap_or(0);
     if let Some(twice) = ids.iter().find(|id| charges(id) > 1) {
@@ -289,7 +327,31 @@ async fn drain(
             charges(twice)
         );
     }
+    let dead: std::collections::BTreeSet<String> = dead_lettered(
+        &sqs,
+        stack
+            .queues
+            .get("PaymentsDeadLetterQueue")
+            .context("the template has no PaymentsDeadLetterQueue")?,
+    )
+    .await?;
+    let lost: Vec<&String> = ids
+        .iter()
+        .filter(|id| charges(id) == 0 && !dead.contains(*id))
+        .collect();
+    if !lost.is_empty() {
+        bail!(
+            "{}: {} of {n} payments neither charged nor dead-lettered: {:?}",
+            who.label(),
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        );
+    }
     let charged = ids.iter().filter(|id| charges(id) == 1).count();
+    let charged_and_dead = ids
+        .iter()
+        .filter(|id| charges(id) == 1 && dead.contains(*id))
+        .count();
     // The rate between the tenth and the ninetieth percentile of the charges: the drain's pace
     // without its start and its last batches (each instance's last batch ends on its own).
     let mut charged_at: Vec<i64> = ids
@@ -311,20 +373,6 @@ async fn drain(
         }
         _ => 0.0,
     };
-    let dead_letters = dead_letters(
-        &sqs,
-        stack
-            .queues
-            .get("PaymentsDeadLetterQueue")
-            .context("the template has no PaymentsDeadLetterQueue")?,
-    )
-    .await?;
-    if charged + dead_letters as usize != n {
-        bail!(
-            "{}: {charged} of {n} payments charged and {dead_letters} dead-lettered: the rest are lost",
-            who.label()
-        );
-    }
     let mut wire = relay.counts();
     let claims = wire.remove("claim").map(|c| c.calls).unwrap_or(0);
     if (claims as usize) < charged {
@@ -340,14 +388,17 @@ async fn drain(
         .max()
         .unwrap_or(started_ms);
     let seconds = ((last - started_ms) as f64 / 1000.0).max(1e-3);
-    let requests = (allowed + refused).saturating_sub(fg_sent);
-    let function_refused = refused.saturating_sub(fg_refused);
+    // The function's requests: what the limiter saw, less the merchant's (each of which
+    // reached it: any other answer failed the run).
+    let requests = (counts.allowed + counts.refused).saturating_sub(merchant_sent);
+    let function_refused = counts.refused.saturating_sub(merchant_refused);
     let floor = n as f64 / budget;
-    teardown(sdk, &stack).await?;
     println!(
-        "provider rate, {}, {}: {n} payments in {seconds:.1} s (floor {floor:.1} s), {requests} requests, {function_refused} refused, {claims} claims, {dead_letters} dead letters; the merchant's {fg_sent} requests, {fg_refused} refused",
+        "provider rate, {}, {}: {n} payments in {seconds:.1} s (floor {floor:.1} s), {requests} requests, {function_refused} refused, {claims} claims, {} dead letters; the merchant's {merchant_sent} requests, {merchant_refused} refused; refused by reason {:?}",
         who.label(),
-        account.name
+        account.name,
+        dead.len(),
+        counts.refused_by_reason
     );
     Ok(json!({
         "function": who.label(),
@@ -366,6 +417,7 @@ async fn drain(
         "sustained_payments_per_second": sustained,
         "provider_requests": requests,
         "refused": function_refused,
+        "refused_by_reason_all": counts.refused_by_reason,
         "refused_share": function_refused as f64 / (requests.max(1)) as f64,
         "provider_requests_per_charge": requests as f64 / charged.max(1) as f64,
         "claims_per_payment": claims as f64 / n as f64,
@@ -376,42 +428,58 @@ async fn drain(
         "billed_ms_per_payment": stats.billed_ms as f64 / n as f64,
         "wire_per_payment": crate::compare::wire_per_payment(&wire, n),
         "charged": charged,
-        "dead_letters": dead_letters,
+        "dead_letters": dead.len(),
+        "charged_and_dead_lettered": charged_and_dead,
         "merchant": {
             "per_second": limit * FOREGROUND_SHARE,
-            "requests": fg_sent,
-            "refused": fg_refused,
-            "failed": fg_failed,
+            "requests": merchant_sent,
+            "refused": merchant_refused,
         },
     }))
 }
 
-/// Messages in a dead-letter queue: visible, in flight and delayed.
-async fn dead_letters(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<u64> {
-    use aws_sdk_sqs::types::QueueAttributeName as A;
-    let attrs = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(A::ApproximateNumberOfMessages)
-        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
-        .attribute_names(A::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
-        .context("counting dead letters")?;
-    Ok(attrs
-        .attributes()
-        .into_iter()
-        .flatten()
-        .filter_map(|(_, v)| v.parse::<u64>().ok())
-        .sum())
+/// The payment ids of the messages in a dead-letter queue (each received once and left
+/// invisible: the stack is torn down next).
+async fn dead_lettered(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+) -> Result<std::collections::BTreeSet<String>> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut empty = 0;
+    while empty < 2 {
+        let got = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(600)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+            .context("reading the dead letters")?;
+        let messages = got.messages();
+        if messages.is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        for m in messages {
+            let body = m.body().unwrap_or_default();
+            let id = serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
+                .with_context(|| format!("a dead letter without a payment_id: {body}"))?;
+            ids.insert(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// The rows, with this project's goals and whether each was met.
 pub(super) fn markdown(r: &Value) -> String {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     let mut s = format!(
-        "| the provider's rate: {} payments queued at once, the provider answering in p50 {:.0} / p99 {:.0} ms, the merchant's own reads at {:.0} % of the account's limit over three endpoints | |\n",
+        "| the provider's rate: {} payments queued at once, the provider answering in p50 {:.0} / p99 {:.0} ms, the merchant's own traffic at {:.0} % of the account's limit (one request in ten a checkout's `POST /v1/payment_intents`, the rest reads of three other endpoints); the payment processor alone | |\n",
         r["payments"],
         f(&r["latency_ms"]["p50"]),
         f(&r["latency_ms"]["p99"]),
@@ -449,7 +517,7 @@ pub(super) fn markdown(r: &Value) -> String {
             None => (mark(ratio <= GOAL_DRAIN_OVER_FLOOR), ""),
         };
         s.push_str(&format!(
-            "| rate, {name}, {}: {:.0}/s in all, {:.0}/s an endpoint; `ProviderRequestsPerSecond` {}, the payments' part {:.1}/s over {} instances | {sustained:.1} payments/s sustained{sustained_mark}, {:.1} overall: drained in {:.1} s = {ratio:.2}× the floor ({:.1} s){drain_mark}; {} provider requests, {:.1} % refused `429`{}; {per_charge:.3} provider requests per charge{}; {claims:.3} claims per payment{}; {:.2} deliveries per payment; {} invocations failed; {dead} dead letters{}; the merchant's {} requests: {merchant_refused} refused{} |\n",
+            "| rate, {name}, {}: {:.0}/s in all, {:.0}/s an endpoint; `ProviderRequestsPerSecond` {}, the payments' part {:.1}/s over {} instances | {sustained:.1} payments/s sustained{sustained_mark}, {:.1} overall: drained in {:.1} s = {ratio:.2}× the floor ({:.1} s){drain_mark}; {} provider requests, {:.1} % refused `429`{}; {per_charge:.3} provider requests per charge{}; {claims:.3} claims per payment{}; {:.2} deliveries per payment; {} invocations failed; {dead} dead letters{}; the merchant's {} requests: {merchant_refused} refused{}; the limiter's refusals by reason (both clients): {} |\n",
             run["account"].as_str().unwrap_or("?"),
             f(&run["limit_per_second"]),
             f(&run["endpoint_limit_per_second"]),
@@ -469,6 +537,15 @@ pub(super) fn markdown(r: &Value) -> String {
             mark(dead == 0),
             run["merchant"]["requests"],
             mark(merchant_refused == 0),
+            run["refused_by_reason_all"]
+                .as_object()
+                .filter(|o| !o.is_empty())
+                .map(|o| o
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_else(|| "none".into()),
         ));
     }
     s.push_str(&format!(
