@@ -13,8 +13,8 @@
 //! ([`crate::wire_count`]), so that a Python process is counted like the `bootstrap`.
 //!
 //! [`run`] is the run, in the order it measures; each measurement has its module
-//! (`throughput`, `calls`, `api`, [`retries`]), over the stacks and options of `setup`, and
-//! `report` writes the results. The peer's environment, the cost model, the comparison's
+//! (`throughput`, `calls`, `api`, [`retries`], `rate`), over the stacks and options of `setup`,
+//! and `report` writes the results. The peer's environment, the cost model, the comparison's
 //! report and the chart are in [`crate::compare`].
 
 use std::collections::BTreeMap;
@@ -54,7 +54,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     };
     if opts.only_rate {
         let rows = rate::measure(sdk, opts, contenders).await?;
-        let md = rate::markdown(&rows);
+        let md = rate_markdown(&rows);
         std::fs::write(
             opts.out_dir.join("provider-rate.json"),
             serde_json::to_string_pretty(&rows)?,

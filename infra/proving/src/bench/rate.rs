@@ -111,9 +111,9 @@ const MERCHANT_REQUESTS: [(&str, &str); 10] = [
 const FOREGROUND_SHARE: f64 = 0.3;
 
 /// The goals this project's rows are held to.
-const GOAL_DRAIN_OVER_FLOOR: f64 = 1.1;
-const GOAL_REFUSED_SHARE: f64 = 0.02;
-const GOAL_PER_PAYMENT: f64 = 1.05;
+pub(super) const GOAL_DRAIN_OVER_FLOOR: f64 = 1.1;
+pub(super) const GOAL_REFUSED_SHARE: f64 = 0.02;
+pub(super) const GOAL_PER_PAYMENT: f64 = 1.05;
 
 /// The request that takes a payment, among a contender's DynamoDB writes: this project's claim
 /// is the conditional `UpdateItem` that adds an attempt; the peer's (Powertools' persistence
@@ -473,84 +473,4 @@ async fn dead_lettered(
         }
     }
     Ok(ids)
-}
-
-/// The rows, with this project's goals and whether each was met.
-pub(super) fn markdown(r: &Value) -> String {
-    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-    let mut s = format!(
-        "| the provider's rate: {} payments queued at once, the provider answering in p50 {:.0} / p99 {:.0} ms, the merchant's own traffic at {:.0} % of the account's limit (one request in ten a checkout's `POST /v1/payment_intents`, the rest reads of three other endpoints); the payment processor alone | |\n",
-        r["payments"],
-        f(&r["latency_ms"]["p50"]),
-        f(&r["latency_ms"]["p99"]),
-        100.0 * f(&r["foreground_share_of_limit"]),
-    );
-    for run in r["runs"].as_array().into_iter().flatten() {
-        let who = run["function"].as_str().unwrap_or("?");
-        let name = if who == "this" {
-            "this project"
-        } else {
-            "the peer"
-        };
-        let mark = |met: bool| {
-            if who != "this" {
-                ""
-            } else if met {
-                " (goal met)"
-            } else {
-                " (GOAL MISSED)"
-            }
-        };
-        let (ratio, share, per_charge, claims) = (
-            f(&run["drain_over_floor"]),
-            f(&run["refused_share"]),
-            f(&run["provider_requests_per_charge"]),
-            f(&run["claims_per_payment"]),
-        );
-        let (dead, merchant_refused) = (
-            run["dead_letters"].as_u64().unwrap_or(u64::MAX),
-            run["merchant"]["refused"].as_u64().unwrap_or(u64::MAX),
-        );
-        let sustained = f(&run["sustained_payments_per_second"]);
-        let (drain_mark, sustained_mark) = match run["tier_payments_per_second"].as_f64() {
-            Some(tier) => ("", mark(sustained >= tier)),
-            None => (mark(ratio <= GOAL_DRAIN_OVER_FLOOR), ""),
-        };
-        s.push_str(&format!(
-            "| rate, {name}, {}: {:.0}/s in all, {:.0}/s an endpoint; `ProviderRequestsPerSecond` {}, the payments' part {:.1}/s over {} instances | {sustained:.1} payments/s sustained{sustained_mark}, {:.1} overall: drained in {:.1} s = {ratio:.2}× the floor ({:.1} s){drain_mark}; {} provider requests, {:.1} % refused `429`{}; {per_charge:.3} provider requests per charge{}; {claims:.3} claims per payment{}; {:.2} deliveries per payment; {} invocations failed; {dead} dead letters{}; the merchant's {} requests: {merchant_refused} refused{}; the limiter's refusals by reason (both clients): {} |\n",
-            run["account"].as_str().unwrap_or("?"),
-            f(&run["limit_per_second"]),
-            f(&run["endpoint_limit_per_second"]),
-            run["provider_requests_per_second"],
-            f(&run["budget_per_second"]),
-            run["instances"],
-            f(&run["payments"]) / f(&run["seconds"]),
-            f(&run["seconds"]),
-            f(&run["floor_seconds"]),
-            run["provider_requests"],
-            100.0 * share,
-            mark(share <= GOAL_REFUSED_SHARE),
-            mark(per_charge <= GOAL_PER_PAYMENT),
-            mark(claims <= GOAL_PER_PAYMENT),
-            f(&run["deliveries_per_payment"]),
-            run["function_errors"],
-            mark(dead == 0),
-            run["merchant"]["requests"],
-            mark(merchant_refused == 0),
-            run["refused_by_reason_all"]
-                .as_object()
-                .filter(|o| !o.is_empty())
-                .map(|o| o
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_else(|| "none".into()),
-        ));
-    }
-    s.push_str(&format!(
-        "| rate goals (this project) | drain ≤ {GOAL_DRAIN_OVER_FLOOR}× the floor (a capacity tier's account: its payments a second sustained, the charges' 10th to 90th percentile), ≤ {:.0} % refused, ≤ {GOAL_PER_PAYMENT} provider requests per charge and claims per payment, 0 dead letters, 0 of the merchant's requests refused |\n",
-        100.0 * GOAL_REFUSED_SHARE
-    ));
-    s
 }
