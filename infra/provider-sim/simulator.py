@@ -439,6 +439,9 @@ def confirm_intent(intent_id, form):
                                "requires_payment_method, requires_confirmation, requires_action to be confirmed.",
                                code="payment_intent_unexpected_state")
     pm = form.get("payment_method") or intent.get("payment_method")
+    if not pm:
+        return 400, error_body("invalid_request_error",
+                               "You cannot confirm this PaymentIntent because it's missing a payment method.")
     intent["payment_method"] = pm
     intent.pop("last_payment_error", None)
     key = intent.get("metadata", {}).get("payment_id") or intent_id
@@ -793,7 +796,8 @@ class Handler(BaseHTTPRequestHandler):
                     STATE[n] = {}
                 STATE["rules"] = []
                 STATE["all_intents"] = []
-                RATE.update(per_second=0.0, tokens=0.0, allowed=0, refused=0)
+                RATE.update(per_second=0.0, endpoint_per_second=0.0, buckets={}, allowed=0, refused=0,
+                            refused_by_reason={})
                 events.reset()
             return self.reply(200, '{"ok": true}')
         if path == "/_sim/webhook":

@@ -108,12 +108,13 @@ impl<W: Work> BatchRunner<W> {
             - self.call_window_ms()
             - ms(CLAIM_ALLOWANCE);
         if latest_ms <= now {
-            // It waited (for a permit) past the last start a call could end from: handed back
-            // unattempted, as one whose slot would come too late, not claimed to fail.
+            // It waited for a permit past the last start a call could end from (a batch larger
+            // than the invocation can finish): handed back unattempted, as the runner hands
+            // back what it cannot start, not claimed to fail.
             return Step::Again(
                 "not attempted: no call could start and end before this invocation's deadline"
                     .to_owned(),
-                Redelivery::Paced(now),
+                Redelivery::NotAttempted,
             );
         }
         let latest = tokio::time::Instant::now() + Duration::from_millis((latest_ms - now) as u64);

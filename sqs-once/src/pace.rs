@@ -271,7 +271,7 @@ mod tests {
         // An unused slot given back is booked again.
         pace.give_back(t0 + ms(400));
         assert_eq!(pace.book(t0 + ms(450)).unwrap() - t0, ms(400));
-        // Time passing frees nothing in the past: the next slot is now at the earliest.
+        // Idle longer than CATCH_UP frees nothing in the past: the next slot is now.
         tokio::time::advance(ms(2000)).await;
         assert_eq!(pace.book(Instant::now()).unwrap(), Instant::now());
     }
@@ -299,7 +299,8 @@ mod tests {
         // A next slot exactly CATCH_UP behind is still handed out; a millisecond more is not.
         tokio::time::advance(ms(1200)).await;
         assert_eq!(Instant::now() - pace.book(far).unwrap(), CATCH_UP);
-        tokio::time::advance(ms(1201)).await;
+        // The next is now 900 ms behind; 101 ms on, it is 1,001 ms behind.
+        tokio::time::advance(ms(101)).await;
         assert_eq!(pace.book(far).unwrap(), Instant::now());
         // A slot in the past given back unused is handed out again.
         tokio::time::advance(ms(300)).await;

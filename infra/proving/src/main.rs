@@ -250,8 +250,9 @@ pub struct BenchArgs {
     /// template's).
     #[arg(long)]
     pub retry_visibility_timeout: Option<i32>,
-    /// Backlog drained against the provider limited to 25 and to 100 requests a second, with
-    /// the merchant's own traffic beside it (no duplicates).
+    /// Backlog drained against the provider limited to 25, 100 and 300 requests a second
+    /// (sandbox, live mode, raised limits), with the merchant's own traffic beside it (no
+    /// duplicates).
     #[arg(long, default_value_t = 2000)]
     pub rate_payments: usize,
     /// Only the provider-rate rows (written to provider-rate.json and .md beside the results).

@@ -112,6 +112,8 @@ const FOREGROUND_SHARE: f64 = 0.3;
 
 /// The goals this project's rows are held to.
 pub(super) const GOAL_DRAIN_OVER_FLOOR: f64 = 1.1;
+/// The smallest backlog the goals are judged on.
+pub(super) const GOALS_FROM_PAYMENTS: u64 = 1000;
 pub(super) const GOAL_REFUSED_SHARE: f64 = 0.02;
 pub(super) const GOAL_PER_PAYMENT: f64 = 1.05;
 
@@ -208,8 +210,10 @@ async fn merchant(
     while let Some(answer) = requests.join_next().await {
         match answer?? {
             (429, _) => refused += 1,
-            // What the merchant reads does not exist: the answer is the account's all the same.
-            (200 | 404, _) => {}
+            // What the merchant reads does not exist: the account's answer all the same (an
+            // unknown URL's 404 would have skipped the limiter, and fails the run).
+            (200, _) => {}
+            (404, body) if body.contains("resource_missing") => {}
             (status, body) => bail!("the merchant's request was answered {status}: {body}"),
         }
     }
