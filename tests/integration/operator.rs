@@ -158,6 +158,91 @@ async fn progress_while_running_and_the_summary_on_ctrl_c() {
     );
 }
 
+/// The first Ctrl-C stops receiving and lets the batch in flight finish: every payment the
+/// provider charged is acknowledged and counted, no record is left in progress, nothing is left
+/// invisible in the queue. (The run used to abandon its pollers: charged, counted 0, the
+/// records `IN_PROGRESS` and the messages invisible for the visibility timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_ctrl_c_finishes_the_batch_in_flight_and_counts_it() {
+    let t = TestStack::new("op-stop").await;
+    let prefix = t.pid("slow");
+    // Within the client's timeout (2 s in the fast settings).
+    t.fault(&prefix, "latency", None, 1500).await;
+    let pids: Vec<String> = (0..5).map(|i| format!("{prefix}-{i}")).collect();
+    for pid in &pids {
+        t.send(&payment(pid, 100, "pm_card_visa")).await;
+    }
+    let child = payctl_run(&t, &["--json"]).spawn().unwrap();
+    // Claimed: the batch is with the provider, which answers in 1.5 s.
+    t.wait_for_claim(&pids[0]).await;
+    let pid_of = child.id().expect("a running child") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
+    assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("stopped after its batch")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stopping: nothing more is received"), "{err}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the --json summary");
+    let mut charged = 0;
+    for pid in &pids {
+        let n = t.charges(pid).await;
+        assert!(n <= 1, "{pid} charged {n} times");
+        charged += n;
+        if n == 1 {
+            let record = t.record(pid).await.expect("a record");
+            assert_eq!(
+                record.status,
+                sqs_once::record::RecordStatus::Completed,
+                "{pid}: finished, not left in progress"
+            );
+        }
+    }
+    assert!(charged >= 1, "the batch in flight was charged: {err}");
+    assert_eq!(summary["charged"], charged as u64, "counted: {summary}");
+    assert_eq!(summary["interrupted"], true);
+    assert_eq!(summary["left_in_flight"], 0);
+    // What was charged was acknowledged; what was never received is still there, visible.
+    assert_eq!(t.depth().await as usize, pids.len() - charged, "{err}");
+    t.sim.clear_faults_for(&prefix).await.unwrap();
+}
+
+/// A second Ctrl-C stops at once and says what it left in flight and when that comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_stops_at_once_and_says_what_it_left() {
+    let t = TestStack::new("op-stop2").await;
+    let pid = t.pid("slow");
+    t.fault(&pid, "latency", None, 10_000).await;
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let child = payctl_run(&t, &["--json"]).spawn().unwrap();
+    t.wait_for_claim(&pid).await;
+    let pid_of = child.id().expect("a running child") as i32;
+    for _ in 0..2 {
+        // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
+        assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let out = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .expect("stopped at once")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "stopped at once, 1 left in flight: they come back within the visibility timeout"
+        ),
+        "{err}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the --json summary");
+    assert_eq!(summary["left_in_flight"], 1, "{summary}");
+    t.sim.clear_faults_for(&pid).await.unwrap();
+}
+
 /// `payctl provision` is safe to run again (it reports what exists and updates what differs),
 /// prints the local provider rather than the template's default, and refuses a real AWS account
 /// unless told.

@@ -148,6 +148,9 @@ pub struct EsmStats {
     pub billed_ms: u64,
     /// When each deleted message was deleted (ms since the epoch): its acknowledgement.
     pub acked_at_ms: Vec<i64>,
+    /// Messages received and handed to the function, not yet answered: what a run stopped at
+    /// once leaves in flight (they come back after the queue's visibility timeout).
+    pub in_flight: u64,
 }
 
 impl EsmStats {
@@ -263,6 +266,21 @@ pub async fn run_observed(
     opts: EsmOptions,
     stats: Arc<Mutex<EsmStats>>,
 ) -> Result<()> {
+    let (_keep, never) = tokio::sync::watch::channel(false);
+    run_until(function, sqs, opts, stats, never).await
+}
+
+/// [`run_observed`] until `stop` turns true: from then on no poller receives again, and each
+/// finishes the batch it holds (the function answers it, what it processed is acknowledged)
+/// before it returns. A caller that wants to stop at once drops the future instead;
+/// [`EsmStats::in_flight`] then says how many messages it left.
+pub async fn run_until(
+    function: impl Into<Function>,
+    sqs: aws_sdk_sqs::Client,
+    opts: EsmOptions,
+    stats: Arc<Mutex<EsmStats>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
     let pollers = opts.pollers.max(1);
     let targets: Vec<Target> = match function.into() {
         Function::InProcess(p) => (0..pollers).map(|_| Target::InProcess(p.clone())).collect(),
@@ -288,16 +306,20 @@ pub async fn run_observed(
     let started = Instant::now();
     let mut pollers = Vec::new();
     for target in targets {
-        let (sqs, opts, arn, region, stats) = (
+        let (sqs, opts, arn, region, stats, stop) = (
             sqs.clone(),
             opts.clone(),
             arn.clone(),
             region.clone(),
             stats.clone(),
+            stop.clone(),
         );
         pollers.push(tokio::spawn(async move {
             let mut idle = 0u32;
             loop {
+                if *stop.borrow() {
+                    return Ok(());
+                }
                 if started.elapsed() > opts.max_duration {
                     bail!("the queue did not drain within {:?}", opts.max_duration);
                 }
@@ -374,11 +396,13 @@ async fn invoke(
     let records: Vec<SqsMessage> = batch.iter().map(|m| to_record(m, arn, region)).collect();
     let deadline_ms = now_ms() + opts.function_timeout.as_millis() as i64;
     let n = records.len() as u64;
+    stats.lock().await.in_flight += n;
     let invoked = Instant::now();
     let result =
         tokio::time::timeout(opts.function_timeout, target.call(records, deadline_ms)).await;
     let billed = invoked.elapsed().as_micros().div_ceil(1000) as u64;
     let mut s = stats.lock().await;
+    s.in_flight -= n;
     s.invocations += 1;
     s.received += n;
     s.billed_ms += billed;

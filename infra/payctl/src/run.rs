@@ -38,8 +38,11 @@ pub struct RunSummary {
     pub timeouts: u64,
     /// Invocations that failed as a whole.
     pub function_errors: u64,
-    /// Stopped by Ctrl-C before the queue drained.
+    /// Stopped by Ctrl-C or SIGTERM before the queue drained.
     pub interrupted: bool,
+    /// Messages a run stopped at once (a second signal) left with the function: they come back
+    /// after the queue's visibility timeout.
+    pub left_in_flight: u64,
 }
 
 impl RunSummary {
@@ -72,6 +75,7 @@ impl RunSummary {
             timeouts: stats.timeouts,
             function_errors: stats.function_errors,
             interrupted,
+            left_in_flight: stats.in_flight,
         }
     }
 
@@ -141,7 +145,45 @@ impl RunSummary {
             dead,
             self.timeouts,
             self.function_errors
-        )
+        ) + &if self.left_in_flight > 0 {
+            format!(
+                "; {} left in flight, back after the queue's visibility timeout",
+                self.left_in_flight
+            )
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// When messages received now come back if nobody answers them: the visibility timeout given
+/// to the receives, else the queue's, from now (an extension the function made was earlier).
+pub async fn back_after_visibility(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    given: Option<i32>,
+) -> String {
+    let seconds = match given {
+        Some(s) => Some(s as i64),
+        None => sqs
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .ok()
+            .and_then(|a| {
+                a.attributes()
+                    .and_then(|m| m.get(&aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout))
+                    .and_then(|v| v.parse().ok())
+            }),
+    };
+    match seconds {
+        Some(s) => format!(
+            "within the visibility timeout ({s} s): by {}",
+            crate::time::utc(sqs_once::runner::now_ms() + s * 1000)
+        ),
+        None => "after the queue's visibility timeout".to_owned(),
     }
 }
 

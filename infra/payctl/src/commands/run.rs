@@ -137,11 +137,12 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             Duration::from_secs(5),
         )
     });
-    let run = esm::run_observed(
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let run = esm::run_until(
         processor,
-        sqs,
+        sqs.clone(),
         esm::EsmOptions {
-            queue_url,
+            queue_url: queue_url.clone(),
             batch_size,
             batching_window: Duration::from_secs_f64(batching_window.max(0.0)),
             visibility_timeout,
@@ -152,15 +153,36 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             max_duration: Duration::from_secs(max_seconds),
         },
         stats.clone(),
+        stopping,
     );
-    // Ctrl-C (SIGINT) and a stop (SIGTERM: kill, systemd, a container's end) both end the run
-    // with its summary, and the shell's exit status for that signal (130, 143).
+    tokio::pin!(run);
+    // Ctrl-C (SIGINT) and a stop (SIGTERM: kill, systemd, a container's end): the first stops
+    // receiving and lets the batches in flight finish and be acknowledged within their
+    // deadline; a second stops at once. Either way the summary, and the shell's exit status for
+    // that signal (130, 143).
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("listening for SIGTERM")?;
-    let (ended, stopped_by) = tokio::select! {
-        r = run => (r, None),
-        _ = tokio::signal::ctrl_c() => (Ok(()), Some(130)),
-        _ = terminate.recv() => (Ok(()), Some(143)),
+    let mut stopped_by = None;
+    let ended = loop {
+        let signal = tokio::select! {
+            r = &mut run => break r,
+            _ = tokio::signal::ctrl_c() => 130,
+            _ = terminate.recv() => 143,
+        };
+        if stopped_by.is_some() {
+            let left = stats.lock().await.in_flight;
+            eprintln!(
+                "stopped at once, {left} left in flight: they come back {}",
+                payctl::run::back_after_visibility(&sqs, &queue_url, visibility_timeout).await
+            );
+            break Ok(());
+        }
+        stopped_by = Some(signal);
+        let _ = stop.send(true);
+        eprintln!(
+            "stopping: nothing more is received; what is in flight ({}) finishes within its deadline ({function_timeout} s at most). Again to stop at once.",
+            stats.lock().await.in_flight
+        );
     };
     let interrupted = stopped_by.is_some();
     let summary = RunSummary::of(&*stats.lock().await, interrupted);
