@@ -151,6 +151,8 @@ pub struct EsmStats {
     /// Messages received and handed to the function, not yet answered: what a run stopped at
     /// once leaves in flight (they come back after the queue's visibility timeout).
     pub in_flight: u64,
+    /// Messages of the invocations that timed out or failed whole: all come back.
+    pub in_failed_batches: u64,
 }
 
 impl EsmStats {
@@ -168,6 +170,7 @@ impl EsmStats {
         self.summary.merge(&other.summary);
         self.billed_ms += other.billed_ms;
         self.acked_at_ms.extend_from_slice(&other.acked_at_ms);
+        self.in_failed_batches += other.in_failed_batches;
     }
 }
 
@@ -409,6 +412,7 @@ async fn invoke(
     let response = match result {
         Err(_) => {
             s.timeouts += 1;
+            s.in_failed_batches += n;
             warn!(
                 messages = n,
                 "invocation timed out; its messages come back after the visibility timeout"
@@ -418,6 +422,7 @@ async fn invoke(
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Answer::FunctionError(e))) => {
             s.function_errors += 1;
+            s.in_failed_batches += n;
             warn!(messages = n, error = %e, "function error; the whole batch comes back");
             return Ok(());
         }

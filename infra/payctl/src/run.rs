@@ -21,6 +21,10 @@ pub struct RunSummary {
     pub charged: u32,
     /// Payments declined (recorded, final).
     pub declined: u32,
+    /// Payments whose card needs the customer (`requires_action`): recorded, nothing charged.
+    pub requires_action: u32,
+    /// Payments the provider is still settling (`processing`): recorded, settled by its event.
+    pub processing: u32,
     /// Refunds made (a refund run).
     pub refunded: u32,
     /// The provider's events that changed a payment, a refund or a dispute (an events run).
@@ -34,10 +38,14 @@ pub struct RunSummary {
     pub retried: u32,
     /// Messages dead-lettered, by `error_code`.
     pub dead_lettered: BTreeMap<String, u32>,
+    /// Messages finished under another label (`payment_unknown`, a refund released, ...).
+    pub other_done: BTreeMap<String, u32>,
     /// Invocations that hit the function timeout.
     pub timeouts: u64,
     /// Invocations that failed as a whole.
     pub function_errors: u64,
+    /// The messages of those invocations: they all come back.
+    pub in_failed_batches: u64,
     /// Stopped by Ctrl-C or SIGTERM before the queue drained.
     pub interrupted: bool,
     /// Messages a run stopped at once (a second signal) left with the function: they come back
@@ -45,7 +53,37 @@ pub struct RunSummary {
     pub left_in_flight: u64,
 }
 
+/// The labels the summary counts under a name of their own; any other lands in `other_done`.
+const NAMED_LABELS: [&str; 9] = [
+    payment_core::charge::labels::CHARGED,
+    payment_core::charge::labels::DECLINED,
+    payment_core::charge::labels::REQUIRES_ACTION,
+    payment_core::charge::labels::PROCESSING,
+    payment_core::refund::REFUNDED,
+    payment_core::event_inbox::labels::APPLIED,
+    payment_core::event_inbox::labels::UNCHANGED,
+    payment_core::event_inbox::labels::FOREIGN,
+    payment_core::event_inbox::labels::UNHANDLED,
+];
+
 impl RunSummary {
+    /// The deliveries the buckets account for: every one received falls in exactly one, so
+    /// this equals `received`.
+    pub fn accounted(&self) -> u64 {
+        let done = self.charged
+            + self.declined
+            + self.requires_action
+            + self.processing
+            + self.refunded
+            + self.events_applied
+            + self.events_unchanged
+            + self.other_done.values().sum::<u32>()
+            + self.duplicates
+            + self.retried
+            + self.dead_lettered.values().sum::<u32>();
+        done as u64 + self.in_failed_batches
+    }
+
     /// The summary of what the mapping counted.
     pub fn of(stats: &EsmStats, interrupted: bool) -> Self {
         Self {
@@ -53,6 +91,17 @@ impl RunSummary {
             received: stats.received,
             charged: stats.summary.done(payment_core::charge::labels::CHARGED),
             declined: stats.summary.done(payment_core::charge::labels::DECLINED),
+            requires_action: stats
+                .summary
+                .done(payment_core::charge::labels::REQUIRES_ACTION),
+            processing: stats.summary.done(payment_core::charge::labels::PROCESSING),
+            other_done: stats
+                .summary
+                .done
+                .iter()
+                .filter(|(label, _)| !NAMED_LABELS.contains(&label.as_str()))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
             refunded: stats.summary.done(payment_core::refund::REFUNDED),
             events_applied: stats
                 .summary
@@ -74,20 +123,25 @@ impl RunSummary {
                 .collect(),
             timeouts: stats.timeouts,
             function_errors: stats.function_errors,
+            in_failed_batches: stats.in_failed_batches,
             interrupted,
             left_in_flight: stats.in_flight,
         }
     }
 
     /// Nothing was handled and something failed: the run's exit status is then non-zero.
-    /// Handled: charged, declined, a duplicate, or dead-lettered for what the message itself
-    /// is (bad input, a reused key, the provider's refusal, too old). Failed: handed back to
+    /// Handled: charged, declined, waiting for the customer or the provider (recorded), a
+    /// duplicate, or dead-lettered for what the message itself is (bad input, a reused key,
+    /// the provider's refusal, too old). Failed: handed back to
     /// come again, given up on (`retries_exhausted`), left unknown (`outcome_unknown`), timed
     /// out, or a whole batch failed (a wrong table or queue, provider down, a bad key).
     pub fn all_failed(&self) -> bool {
         let for_content = |code: &str| crate::dlq::never_redriven(code).is_some();
         let handled = (self.charged
             + self.declined
+            + self.requires_action
+            + self.processing
+            + self.other_done.values().sum::<u32>()
             + self.refunded
             + self.events_applied
             + self.events_unchanged
@@ -126,7 +180,7 @@ impl RunSummary {
             )
         };
         format!(
-            "{}{} deliveries in {} batches: {}{} charged, {} declined, {} duplicates, {} retried later, {} dead-lettered{codes}; {} timeouts, {} failed batches",
+            "{}{} deliveries in {} batches: {}{} charged, {} declined, {} requires_action, {} processing, {}{} duplicates, {} retried later, {} dead-lettered{codes}; {} timeouts, {} failed batches ({} messages, all coming back)",
             if self.interrupted { "interrupted: " } else { "" },
             self.received,
             self.invocations,
@@ -140,11 +194,18 @@ impl RunSummary {
             },
             self.charged,
             self.declined,
+            self.requires_action,
+            self.processing,
+            self.other_done
+                .iter()
+                .map(|(k, v)| format!("{v} {k}, "))
+                .collect::<String>(),
             self.duplicates,
             self.retried,
             dead,
             self.timeouts,
-            self.function_errors
+            self.function_errors,
+            self.in_failed_batches
         ) + &if self.left_in_flight > 0 {
             format!(
                 "; {} left in flight, back after the queue's visibility timeout",
