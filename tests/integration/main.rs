@@ -18,6 +18,7 @@ mod late_events;
 mod operations;
 mod operator;
 mod operator_safety;
+mod operator_stop;
 mod operator_views;
 mod pace;
 mod proxy;
