@@ -441,7 +441,10 @@ def confirm_intent(intent_id, form):
     pm = form.get("payment_method") or intent.get("payment_method")
     if not pm:
         return 400, error_body("invalid_request_error",
-                               "You cannot confirm this PaymentIntent because it's missing a payment method.")
+                               "You cannot confirm this PaymentIntent because it's missing a payment method. You can "
+                               "either update the PaymentIntent with a payment method and then confirm it again, or "
+                               "confirm it again directly with a payment method.",
+                               code="payment_intent_unexpected_state")
     intent["payment_method"] = pm
     intent.pop("last_payment_error", None)
     key = intent.get("metadata", {}).get("payment_id") or intent_id

@@ -199,9 +199,9 @@ class Simulator(unittest.TestCase):
         # Confirmed with no payment method, Stripe refuses it.
         created = self.call("GET", "/v1/payment_intents", query={"limit": "100"})[1]["data"]
         bare = next(i for i in created if i["status"] == "requires_payment_method" and i["payment_method"] is None)
-        status, _ = self.call("POST", f"/v1/payment_intents/{bare['id']}/confirm", {"return_url": "https://example.com/b"},
-                              "confirm-bare")
-        self.assertEqual(status, 400)
+        status, refused = self.call("POST", f"/v1/payment_intents/{bare['id']}/confirm",
+                                    {"return_url": "https://example.com/b"}, "confirm-bare")
+        self.assertEqual((status, refused["error"]["code"]), (400, "payment_intent_unexpected_state"))
         for key in ("created-only", "created-with-method"):
             ledger = self.call("GET", "/_sim/ledger", query={"key": key})[1]
             self.assertEqual(ledger["charges"], {}, key)
