@@ -21,6 +21,13 @@ pub(crate) fn payctl_run(t: &TestStack, args: &[&str]) -> tokio::process::Comman
     cmd
 }
 
+/// Sends a child this test spawned SIGINT, as Ctrl-C does.
+pub(crate) fn ctrl_c(child: &tokio::process::Child) {
+    let pid = child.id().expect("a running child") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and SIGINT.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+}
+
 /// A wrong table or queue fails at start, in one line that names it and the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_or_queue_is_named_with_its_fix_before_anything_runs() {
@@ -139,9 +146,7 @@ async fn progress_while_running_and_the_summary_on_ctrl_c() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(6)).await; // at least one progress line
-    let pid_of = child.id().expect("a running child") as i32;
-    // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
-    assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+    ctrl_c(&child);
     let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .expect("stopped on Ctrl-C")

@@ -3,7 +3,7 @@
 //! bucket of the summary.
 
 use crate::helpers::*;
-use crate::operator::payctl_run;
+use crate::operator::{ctrl_c, payctl_run};
 use std::time::Duration;
 
 /// The first Ctrl-C stops receiving and lets the batch in flight finish: every payment the
@@ -23,9 +23,7 @@ async fn the_first_ctrl_c_finishes_the_batch_in_flight_and_counts_it() {
     let child = payctl_run(&t, &["--json"]).spawn().unwrap();
     // Claimed: the batch is with the provider, which answers in 1.5 s.
     t.wait_for_claim(&pids[0]).await;
-    let pid_of = child.id().expect("a running child") as i32;
-    // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
-    assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+    ctrl_c(&child);
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .expect("stopped after its batch")
@@ -67,10 +65,8 @@ async fn a_second_ctrl_c_stops_at_once_and_says_what_it_left() {
     t.send(&payment(&pid, 100, "pm_card_visa")).await;
     let child = payctl_run(&t, &["--json"]).spawn().unwrap();
     t.wait_for_claim(&pid).await;
-    let pid_of = child.id().expect("a running child") as i32;
     for _ in 0..2 {
-        // SAFETY: kill(2) with a pid this test spawned and SIGINT, as Ctrl-C sends.
-        assert_eq!(unsafe { libc::kill(pid_of, libc::SIGINT) }, 0);
+        ctrl_c(&child);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let out = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())

@@ -183,6 +183,19 @@ impl SimClient {
         Ok(())
     }
 
+    /// Reads a JSON answer of the simulator.
+    async fn read<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Ok(self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
     /// Posts a JSON body to a control route.
     async fn control(&self, path: &str, body: &Value) -> Result<()> {
         self.http
@@ -218,17 +231,7 @@ impl SimClient {
     /// The `/v1` requests let through and refused since the limits were last set, and the
     /// refused by reason (`global-rate`, `endpoint-rate`).
     pub async fn rate_counts(&self) -> Result<RateCounts> {
-        let counts: Value = self
-            .http
-            .get(format!("{}/_sim/rate_limit", self.base))
-            .send()
-            .await
-            .context("contacting the provider simulator")?
-            .error_for_status()?
-            .json()
-            .await?;
-        serde_json::from_value(counts.clone())
-            .with_context(|| format!("the simulator's rate counts: {counts}"))
+        self.read("/_sim/rate_limit").await
     }
 
     /// Closes a dispute as the card network decided it (`won` or lost).
@@ -245,15 +248,7 @@ impl SimClient {
 
     /// Per event id: how many delivery attempts, and whether one was acknowledged.
     pub async fn deliveries(&self) -> Result<HashMap<String, Delivery>> {
-        Ok(self
-            .http
-            .get(format!("{}/_sim/deliveries", self.base))
-            .send()
-            .await
-            .context("contacting the provider simulator")?
-            .error_for_status()?
-            .json()
-            .await?)
+        self.read("/_sim/deliveries").await
     }
 
     /// The whole ledger.
@@ -277,14 +272,6 @@ impl SimClient {
     }
 
     async fn ledger_query(&self, query: &str) -> Result<Ledger> {
-        Ok(self
-            .http
-            .get(format!("{}/_sim/ledger{query}", self.base))
-            .send()
-            .await
-            .context("contacting the provider simulator")?
-            .error_for_status()?
-            .json()
-            .await?)
+        self.read(&format!("/_sim/ledger{query}")).await
     }
 }

@@ -331,14 +331,22 @@ async fn drain_on(
             charges(twice)
         );
     }
-    let dead: std::collections::BTreeSet<String> = dead_lettered(
+    let dead = crate::check::drain_dlq(
         &sqs,
         stack
             .queues
             .get("PaymentsDeadLetterQueue")
             .context("the template has no PaymentsDeadLetterQueue")?,
     )
-    .await?;
+    .await?
+    .into_iter()
+    .map(|letter| {
+        serde_json::from_str::<Value>(&letter.body)
+            .ok()
+            .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
+            .with_context(|| format!("a dead letter without a payment_id: {}", letter.body))
+    })
+    .collect::<Result<std::collections::BTreeSet<String>>>()?;
     let lost: Vec<&String> = ids
         .iter()
         .filter(|id| charges(id) == 0 && !dead.contains(*id))
@@ -440,41 +448,4 @@ async fn drain_on(
             "refused": merchant_refused,
         },
     }))
-}
-
-/// The payment ids of the messages in a dead-letter queue (each received once and left
-/// invisible: the stack is torn down next).
-async fn dead_lettered(
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
-) -> Result<std::collections::BTreeSet<String>> {
-    let mut ids = std::collections::BTreeSet::new();
-    let mut empty = 0;
-    while empty < 2 {
-        let got = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(10)
-            .visibility_timeout(600)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
-            .context("reading the dead letters")?;
-        let messages = got.messages();
-        if messages.is_empty() {
-            empty += 1;
-            continue;
-        }
-        empty = 0;
-        for m in messages {
-            let body = m.body().unwrap_or_default();
-            let id = serde_json::from_str::<Value>(body)
-                .ok()
-                .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
-                .with_context(|| format!("a dead letter without a payment_id: {body}"))?;
-            ids.insert(id);
-        }
-    }
-    Ok(ids)
 }
