@@ -56,6 +56,14 @@ CARGO_TARGET_DIR="$ROOT/target" cargo install --quiet --debug --locked --path "$
 # The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
 # in the contract test too).
 STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
+# The demo, small: money totals per currency, and every count adding up (a delivery, refund or
+# provider event not in exactly one bucket is a violation: RESULT would say FAILED).
+"$ROOT/target/debug/proving" demo --template "$ROOT/template.yaml" --payments 40 >"$RUN_DIR/demo.log" 2>&1 \
+  || { cat "$RUN_DIR/demo.log" >&2; echo "the small demo failed" >&2; exit 1; }
+grep -E "^(payments charged once|refund messages sent|refund processor|provider events|  at the inbox|local event source|RESULT)" "$RUN_DIR/demo.log"
+grep -qE "^payments charged once: +[0-9]+ \([0-9.]+ [a-z]{3}( \+ [0-9.]+ [a-z]{3})+\)$" "$RUN_DIR/demo.log" \
+  || { echo "the demo's charged total is not per currency" >&2; exit 1; }
+grep -q "^RESULT: OK" "$RUN_DIR/demo.log" || { echo "the demo's counts do not add up" >&2; exit 1; }
 # The contract test: every request the processors sent in the run above, checked against the
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
@@ -127,5 +135,5 @@ for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]
 done
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
 # self-tests, the install, the smoke run, the contract test, the flood, the package check, the
-# e2e run and the bench smoke run count as twelve more passed checks.
-summary 12
+# e2e run, the bench smoke run and the small demo count as thirteen more passed checks.
+summary 13

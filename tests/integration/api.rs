@@ -33,7 +33,7 @@ fn api_config(t: &TestStack) -> ApiConfig {
     .expect("the API's configuration from the template")
 }
 
-fn relay_config(t: &TestStack) -> RelayConfig {
+pub(crate) fn relay_config(t: &TestStack) -> RelayConfig {
     RelayConfig::from_lookup(|k| {
         t.stack
             .var_of("OutboxRelayFunction", k)
@@ -58,7 +58,7 @@ async fn relay(t: &TestStack) -> StreamMapping {
         .expect("relaying the outbox stream")
 }
 
-async fn client(url: &str) -> ApiClient {
+pub(crate) async fn client(url: &str) -> ApiClient {
     let sdk = payment_core::bootstrap::sdk_config().await;
     ApiClient::new(url, &sdk).expect("API client")
 }
@@ -110,7 +110,7 @@ async fn relayed(mapping: &StreamMapping, n: u64) {
 
 /// Items of the payments table: each must be a payment row with its outbox fields (the
 /// message, `created_at`), the only kind of item the API writes.
-async fn rows(t: &TestStack) -> usize {
+pub(crate) async fn rows(t: &TestStack) -> usize {
     let sdk = payment_core::bootstrap::sdk_config().await;
     let out = aws_sdk_dynamodb::Client::new(&sdk)
         .scan()
@@ -130,7 +130,7 @@ async fn rows(t: &TestStack) -> usize {
     out.items().len()
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -139,6 +139,16 @@ fn free_port() -> u16 {
 
 /// `payctl api serve` as its own process (so that a failpoint can kill it).
 async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> tokio::process::Child {
+    api_process_with(t, port, failpoints, std::process::Stdio::null()).await
+}
+
+/// `payctl api serve` as its own process, its stderr to `stderr`.
+pub(crate) async fn api_process_with(
+    t: &TestStack,
+    port: u16,
+    failpoints: Option<&str>,
+    stderr: std::process::Stdio,
+) -> tokio::process::Child {
     let config = api_config(t);
     let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
     cmd.args(["api", "serve", "--address", &format!("127.0.0.1:{port}")])
@@ -147,7 +157,7 @@ async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> toki
         .env_remove("FAILPOINTS")
         .kill_on_drop(true)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stderr(stderr);
     if let Some(f) = failpoints {
         cmd.env("FAILPOINTS", f);
     }

@@ -1,7 +1,8 @@
-//! `payctl run` stopped and summed up: the first Ctrl-C lets the batch in flight finish and
-//! counts it, a second stops at once and says what it left; every delivery falls in exactly one
-//! bucket of the summary.
+//! `payctl run`, `relay` and `api serve` stopped and summed up: the first Ctrl-C lets what is
+//! in flight finish and counts it, a second stops at once and says what it left; every delivery
+//! falls in exactly one bucket of the run's summary.
 
+use crate::api::{api_process_with, client, free_port, relay_config, rows};
 use crate::helpers::*;
 use crate::operator::{ctrl_c, payctl_run};
 use std::time::Duration;
@@ -148,4 +149,104 @@ async fn every_delivery_falls_in_exactly_one_bucket_of_the_summary() {
         err.contains("1 charged, 1 declined, 1 requires_action, 1 processing"),
         "{err}"
     );
+}
+
+/// `payctl api serve`'s first Ctrl-C answers the request it is handling (the payment written,
+/// its answer on its way) before it exits, then accepts no more. (It used to die with the
+/// request: the client saw a broken connection after the write.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_serve_answers_the_request_in_flight_before_it_stops() {
+    let t = TestStack::new("op-stop-api").await;
+    let port = free_port();
+    // The write commits, then the answer waits 2 s: the Ctrl-C comes in between.
+    let child = api_process_with(
+        &t,
+        port,
+        Some("api_after_write=sleep(2000)"),
+        std::process::Stdio::piped(),
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{port}");
+    let c = client(&url).await;
+    let key = t.pid("p1");
+    let body = r#"{"amount":2500,"currency":"usd","customer_id":"cus_stop","payment_method":"pm_card_visa"}"#;
+    let request = {
+        let key = key.clone();
+        tokio::spawn(async move { c.create(&key, body).await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rows(&t).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API never wrote the payment"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ctrl_c(&child);
+    let answer = request.await.unwrap().expect("answered, not cut off");
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("stopped once the request was answered")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the requests being answered (1) are finished first"),
+        "{err}"
+    );
+    assert!(err.contains("stopped: every request was answered"), "{err}");
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err(),
+        "no longer listening"
+    );
+}
+
+/// `payctl relay`'s first Ctrl-C finishes the send under way and says how many payments it
+/// relayed. (It used to exit 0 at once with nothing said.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_finishes_its_send_and_counts_it_when_stopped() {
+    let t = TestStack::new("op-stop-relay").await;
+    let port = free_port();
+    let _api = api_process_with(&t, port, None, std::process::Stdio::null()).await;
+    let c = client(&format!("http://127.0.0.1:{port}")).await;
+    let key = t.pid("p1");
+    let body = r#"{"amount":2500,"currency":"usd","customer_id":"cus_stop","payment_method":"pm_card_visa"}"#;
+    assert_eq!(c.create(&key, body).await.unwrap().status, 202);
+    let config = relay_config(&t);
+    // The message is sent, then the relay waits 2 s before it moves on: the Ctrl-C comes in
+    // between.
+    let child = tokio::process::Command::new(root().join("target/debug/payctl"))
+        .args([
+            "relay",
+            "--table",
+            t.stack.payments_table().unwrap(),
+            "--queue-url",
+            &config.queue_url,
+        ])
+        .env("FAILPOINTS", "relay_after_send=sleep(2000)")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while t.depth().await == 0 {
+        assert!(std::time::Instant::now() < deadline, "nothing relayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ctrl_c(&child);
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("stopped once the send was finished")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stopped; payments relayed to the queue: 1"),
+        "{err}"
+    );
+    assert_eq!(t.depth().await, 1, "sent once");
 }

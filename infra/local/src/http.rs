@@ -6,11 +6,15 @@
 //! is refused with `403`; the signature itself is verified by API Gateway only. A body over the
 //! handler's limit (by its `Content-Length`, or as read) reaches it as one byte more than the
 //! limit, so that it answers `413` itself; a body declared over the limit is not read.
+//!
+//! [`LocalHttp::stop`] stops like a drained load balancer: no new connection is accepted, the
+//! requests being handled are answered, idle connections are closed.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
@@ -64,10 +68,29 @@ pub trait HttpHandler: Send + Sync + 'static {
     }
 }
 
-/// A running local API; stops when dropped.
+/// A running local API; stops at once when dropped, or after what it is answering with
+/// [`LocalHttp::stop`].
 pub struct LocalHttp {
     url: String,
     server: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a request while its handler runs.
+struct Handling(Arc<AtomicUsize>);
+
+impl Handling {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for LocalHttp {
@@ -93,8 +116,10 @@ fn answer(
 
 async fn route(
     api: Arc<dyn HttpHandler>,
+    in_flight: Arc<AtomicUsize>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let _handling = Handling::start(&in_flight);
     let (parts, body) = req.into_parts();
     if api.requires_auth(parts.uri.path()) && !parts.headers.contains_key("authorization") {
         return Ok(answer(403, Vec::new(), r#"{"message":"Forbidden"}"#.into()));
@@ -140,31 +165,66 @@ async fn route(
 impl LocalHttp {
     /// Serves `api` on `address` (`127.0.0.1:0` for an ephemeral port).
     pub async fn start(api: Arc<dyn HttpHandler>, address: &str) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind(address).await?;
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("listening on {address}"))?;
         let url = format!("http://{}", listener.local_addr()?);
+        let (stop, mut stopping) = tokio::sync::watch::channel(false);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let counted = in_flight.clone();
         let server = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
+            let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+            loop {
+                let stream = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(_) => continue,
+                    },
+                    _ = stopping.wait_for(|s| *s) => break,
+                };
                 let api = api.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| route(api.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                let counted = counted.clone();
+                let service =
+                    hyper::service::service_fn(move |req| route(api.clone(), counted.clone(), req));
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = connection.await;
                 });
             }
+            drop(listener);
+            graceful.shutdown().await;
         });
-        Ok(Self { url, server })
+        Ok(Self {
+            url,
+            server,
+            stop,
+            in_flight,
+        })
+    }
+
+    /// The requests being answered now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The count of requests being answered, readable after [`LocalHttp::stop`] took the
+    /// server.
+    pub fn in_flight_gauge(&self) -> Arc<AtomicUsize> {
+        self.in_flight.clone()
+    }
+
+    /// Stops accepting, answers the requests being handled, closes the connections; returns
+    /// when all are closed.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.stop.send(true);
+        (&mut self.server).await?;
+        Ok(())
     }
 
     /// The base URL (`http://127.0.0.1:PORT`).
     pub fn url(&self) -> &str {
         &self.url
-    }
-
-    /// Serves until the task is cancelled (for `payctl api serve`).
-    pub async fn wait(mut self) -> Result<()> {
-        (&mut self.server).await?;
-        Ok(())
     }
 }

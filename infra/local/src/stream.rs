@@ -42,11 +42,23 @@ pub struct StreamStats {
     pub retries: AtomicU64,
 }
 
-/// A running mapping; stops when dropped.
+/// A running mapping; stops at once when dropped, or after the records it is handling with
+/// [`StreamMapping::stop`].
 pub struct StreamMapping {
     task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
     /// What it did so far.
     pub stats: Arc<StreamStats>,
+}
+
+impl StreamMapping {
+    /// Reads no more: the records being handled are finished, then the mapping ends. What it
+    /// did is in `stats`.
+    pub async fn stop(mut self) -> Result<Arc<StreamStats>> {
+        let _ = self.stop.send(true);
+        (&mut self.task).await?;
+        Ok(self.stats.clone())
+    }
 }
 
 impl Drop for StreamMapping {
@@ -78,18 +90,31 @@ pub async fn start(
         .to_owned();
     let stats = Arc::new(StreamStats::default());
     let counts = stats.clone();
+    let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
         let mut iterators: HashMap<String, Option<String>> = HashMap::new();
-        loop {
-            if let Err(e) = pass(&streams, &stream_arn, &*handler, &mut iterators, &counts).await {
-                warn!(error = %e, "reading the stream failed; retrying");
-                counts.retries.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(500)).await;
+        while !*stopping.borrow() {
+            let pause = match pass(&streams, &stream_arn, &*handler, &mut iterators, &counts).await
+            {
+                Ok(()) => Duration::from_millis(100),
+                Err(e) => {
+                    // The whole chain: "describing the stream ...: dispatch failure: Connection
+                    // refused", not its first line alone.
+                    warn!(
+                        error = format!("{e:#}"),
+                        "reading the stream failed; retrying"
+                    );
+                    counts.retries.fetch_add(1, Ordering::Relaxed);
+                    Duration::from_millis(600)
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stopping.wait_for(|s| *s) => {}
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    Ok(StreamMapping { task, stats })
+    Ok(StreamMapping { task, stop, stats })
 }
 
 async fn iterator(
@@ -154,7 +179,8 @@ async fn pass(
             .shard_iterator(it)
             .limit(100)
             .send()
-            .await?;
+            .await
+            .with_context(|| format!("reading the shard {shard} of {stream_arn}"))?;
         let records: Vec<Record> = out
             .records()
             .iter()

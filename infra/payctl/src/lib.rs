@@ -14,6 +14,7 @@
 //! - [`api`], [`client`]: the payments API served locally, and its SigV4-signing client;
 //! - [`conformance`]: whether an endpoint keeps what the protocol relies on;
 //! - [`smoke`]: a provider account checked with the processors' own client;
+//! - [`stop`]: how the long-running commands are stopped (a signal to finish, a second to stop);
 //! - [`time`]: times as operators read them.
 //!
 //! It depends on [`lambda_local`] for the local event-source and stream mappings; never on the
@@ -35,5 +36,6 @@ pub mod run;
 pub mod send;
 pub mod smoke;
 pub mod status;
+pub mod stop;
 pub mod template;
 pub mod time;

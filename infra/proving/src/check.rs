@@ -78,11 +78,46 @@ pub async fn drain_dlq(sqs: &aws_sdk_sqs::Client, dlq_url: &str) -> Result<Vec<D
     Ok(out)
 }
 
+/// Totals by currency, each in its own units: `1234.50 usd + 12000 jpy` (never one sum of
+/// different currencies).
+pub fn money(amounts: &BTreeMap<String, i64>) -> String {
+    if amounts.is_empty() {
+        return "nothing".into();
+    }
+    amounts
+        .iter()
+        .map(|(currency, minor)| payment_core::stripe_limits::display(*minor, currency))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// Every delivery of a drain in exactly one bucket: each label done, duplicates, dead letters,
+/// handed back; and their sum, which is the deliveries received when nothing was lost.
+pub fn buckets(summary: &sqs_once::BatchSummary) -> (String, u32) {
+    let mut parts: Vec<(String, u32)> = summary
+        .done
+        .iter()
+        .map(|(label, n)| (label.clone(), *n))
+        .collect();
+    parts.push(("duplicates".into(), summary.duplicates));
+    parts.push(("dead-lettered".into(), summary.dead_lettered_total()));
+    parts.push(("handed back".into(), summary.retried));
+    let sum = parts.iter().map(|(_, n)| n).sum();
+    let text = parts
+        .iter()
+        .map(|(l, n)| format!("{n} {l}"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    (text, sum)
+}
+
 /// The verdict of a run.
 #[derive(Debug, Default)]
 pub struct Verdict {
     /// Distinct valid payments that were charged (ledger).
     pub charged: usize,
+    /// What they were charged, minor units by currency (ledger).
+    pub charged_amounts: BTreeMap<String, i64>,
     /// Payments charged more than once (ledger). Must be 0.
     pub double_charged: usize,
     /// Declines recorded.
@@ -116,7 +151,11 @@ impl Verdict {
             "messages accounted for:   {} = {} completed + {} dead-lettered",
             self.accounted, self.accounted_completed, self.accounted_dead_lettered
         );
-        println!("payments charged once:    {}", self.charged);
+        println!(
+            "payments charged once:    {} ({})",
+            self.charged,
+            money(&self.charged_amounts)
+        );
         println!("double charges:           {}", self.double_charged);
         println!("declined (recorded):      {}", self.declined);
         println!(
@@ -289,6 +328,10 @@ pub fn verify(
                             bad(format!("payment {id} should be charged once, the provider booked {charges}"));
                         } else {
                             v.charged += 1;
+                            if let Some(c) = ledger.charges.get(*id).and_then(|c| c.first()) {
+                                *v.charged_amounts.entry(c.currency.clone()).or_default() +=
+                                    c.amount;
+                            }
                         }
                         let booked = ledger
                             .charges
@@ -376,4 +419,32 @@ pub fn verify(
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn money_keeps_each_currency_in_its_own_units() {
+        let amounts = BTreeMap::from([("jpy".to_owned(), 12_000), ("usd".to_owned(), 123_450)]);
+        assert_eq!(money(&amounts), "12000 jpy + 1234.50 usd");
+        assert_eq!(money(&BTreeMap::new()), "nothing");
+    }
+
+    #[test]
+    fn every_delivery_is_in_one_bucket_and_the_buckets_add_up() {
+        let mut s = sqs_once::BatchSummary::default();
+        s.done.insert("charged".into(), 3);
+        s.done.insert("declined".into(), 1);
+        s.duplicates = 2;
+        s.dead_lettered.insert("invalid_message".into(), 1);
+        s.retried = 4;
+        let (text, sum) = buckets(&s);
+        assert_eq!(
+            text,
+            "3 charged + 1 declined + 2 duplicates + 1 dead-lettered + 4 handed back"
+        );
+        assert_eq!(sum, 11);
+    }
 }

@@ -265,17 +265,35 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     verdict.print_counts(sent.len());
     println!("provider calls:           {calls} (retries with the same key included)");
     refund_verdict.print(bodies.len());
+    let (refund_buckets, refund_sum) = crate::check::buckets(&refund_stats.summary);
     println!(
-        "refund processor:         {} refunded, {} duplicates, {} retried",
-        refund_stats.summary.done(payment_core::refund::REFUNDED),
-        refund_stats.summary.duplicates,
-        refund_stats.summary.retried
+        "refund processor:         {} deliveries = {refund_buckets} + {} in batches that failed as a whole",
+        refund_stats.received, refund_stats.in_failed_batches
     );
     events.print();
+    let (payment_buckets, payment_sum) = crate::check::buckets(&stats.summary);
     println!(
-        "local event source:       {} invocations, {} deliveries, {} timeouts; processor counted {} charged, {} duplicates, {} retried",
-        stats.invocations, stats.received, stats.timeouts, stats.summary.done(payment_core::charge::labels::CHARGED), stats.summary.duplicates, stats.summary.retried
+        "local event source:       {} invocations, {} timeouts; {} deliveries = {payment_buckets} + {} in batches that failed as a whole",
+        stats.invocations, stats.timeouts, stats.received, stats.in_failed_batches
     );
+    for (what, received, sum) in [
+        (
+            "payments",
+            stats.received,
+            u64::from(payment_sum) + stats.in_failed_batches,
+        ),
+        (
+            "refunds",
+            refund_stats.received,
+            u64::from(refund_sum) + refund_stats.in_failed_batches,
+        ),
+    ] {
+        if received != sum {
+            verdict.violations.push(format!(
+                "the {what} processor received {received} deliveries and accounted for {sum}"
+            ));
+        }
+    }
     println!(
         "took:                     {:.1} s",
         started.elapsed().as_secs_f64()

@@ -234,14 +234,38 @@ where
 pub struct EventsRun {
     /// The verdict.
     pub verdict: EventsVerdict,
-    /// Events the inbox applied, then left unchanged or suppressed as duplicates.
-    pub applied: u32,
-    /// Deliveries suppressed as duplicates, and events that changed nothing.
-    pub repeats: u32,
-    /// Webhook deliveries the simulator made, and of how many events.
-    pub deliveries: (u32, usize),
+    /// What the inbox made of the deliveries: by label, duplicates, dead letters.
+    pub inbox: sqs_once::BatchSummary,
+    /// Webhook deliveries the simulator made, of how many events, and how many the route
+    /// accepted (answered 2xx: each is one message for the inbox).
+    pub deliveries: (u32, usize, u32),
     /// Events the catch-up queued again, and how many of them it applied (must be 0).
     pub catch_up: (usize, u32),
+}
+
+impl EventsRun {
+    /// Each accepted delivery's one outcome at the inbox, by name; they add up to the accepted
+    /// deliveries when nothing was lost.
+    pub fn outcomes(&self) -> Vec<(String, u32)> {
+        use payment_core::event_inbox::labels;
+        let mut out: Vec<(String, u32)> = [
+            labels::APPLIED,
+            labels::UNCHANGED,
+            labels::FOREIGN,
+            labels::UNHANDLED,
+        ]
+        .iter()
+        .map(|l| (l.to_string(), self.inbox.done(l)))
+        .collect();
+        for (label, n) in &self.inbox.done {
+            if !out.iter().any(|(l, _)| l == label) {
+                out.push((label.clone(), *n));
+            }
+        }
+        out.push(("duplicates".into(), self.inbox.duplicates));
+        out.push(("dead-lettered".into(), self.inbox.dead_lettered_total()));
+        out
+    }
 }
 
 /// The demo's events phase on a provisioned `stack`: the scenario's payments through
@@ -260,6 +284,8 @@ pub async fn demo_phase(
     let since = sqs_once::runner::now_ms() / 1000 - 1;
     let config = crate::functions::event_config_for(stack, overrides)?;
     let sim = SimClient::new(&config.payment_api_url);
+    // The simulator keeps every delivery it made: this phase's are those after these.
+    let before = sim.deliveries().await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let inbox = payment_core::bootstrap::build_event_processor(&config, sdk).await?;
     let queue_url = config
@@ -296,17 +322,40 @@ pub async fn demo_phase(
         },
     )
     .await?;
-    let s = summary
+    // No more deliveries, then what the last ones queued: every accepted delivery is counted.
+    sim.webhook(json!({"url": null})).await?;
+    let last = crate::functions::drain_source(inbox.clone(), &sqs, source, 2).await?;
+    let mut s = summary
         .into_inner()
         .map_err(|_| anyhow::anyhow!("poisoned"))?;
-    run.applied = s.done(payment_core::event_inbox::labels::APPLIED);
-    run.repeats = s.duplicates + s.done(payment_core::event_inbox::labels::UNCHANGED);
-    let deliveries = sim.deliveries().await?;
+    s.merge(&last.summary);
+    run.inbox = s;
+    let statuses: Vec<Vec<u16>> = sim
+        .deliveries()
+        .await?
+        .into_iter()
+        .map(|(id, d)| {
+            let earlier = before.get(&id).map_or(0, |b| b.statuses.len());
+            d.statuses[earlier.min(d.statuses.len())..].to_vec()
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
     run.deliveries = (
-        deliveries.values().map(|d| d.attempts).sum(),
-        deliveries.len(),
+        statuses.iter().map(|s| s.len() as u32).sum(),
+        statuses.len(),
+        statuses
+            .iter()
+            .flatten()
+            .filter(|s| (200..300).contains(*s))
+            .count() as u32,
     );
-    sim.webhook(json!({"url": null})).await?;
+    let outcomes: u32 = run.outcomes().iter().map(|(_, n)| n).sum();
+    if outcomes != run.deliveries.2 {
+        run.verdict.violations.push(format!(
+            "the route accepted {} deliveries, the inbox accounted for {outcomes}",
+            run.deliveries.2
+        ));
+    }
 
     // The same window listed again, as the scheduled catch-up would after an outage.
     let provider = payment_core::bootstrap::provider_from(&config, sdk).await?;
@@ -342,9 +391,20 @@ pub async fn demo_phase(
 impl EventsRun {
     /// The summary lines.
     pub fn print(&self) {
+        let (made, events, accepted) = self.deliveries;
+        let outcomes = self.outcomes();
         println!(
-            "provider events:          {} deliveries of {} events by the simulator; the inbox applied {}, and suppressed or left unchanged {} repeats",
-            self.deliveries.0, self.deliveries.1, self.applied, self.repeats
+            "provider events:          {made} deliveries of {events} events by the simulator: {accepted} accepted by the route, {} refused (sent again)",
+            made - accepted
+        );
+        println!(
+            "  at the inbox:           {} = {}",
+            outcomes
+                .iter()
+                .map(|(l, n)| format!("{n} {l}"))
+                .collect::<Vec<_>>()
+                .join(" + "),
+            outcomes.iter().map(|(_, n)| n).sum::<u32>()
         );
         println!(
             "settled through events:   {}",

@@ -121,8 +121,8 @@ pub fn bodies(plans: &[PlannedRefund]) -> Vec<String> {
 pub struct RefundVerdict {
     /// Refunds the provider made for the planned refund ids.
     pub refunded: usize,
-    /// Their total, minor units.
-    pub amount: i64,
+    /// What they returned, minor units by currency.
+    pub amounts: BTreeMap<String, i64>,
     /// Dead letters by code.
     pub dead_lettered: BTreeMap<String, usize>,
     /// Reservations of refunds whose outcome is unsettled (dead-lettered `outcome_unknown` or
@@ -137,8 +137,10 @@ impl RefundVerdict {
     /// The counts, for a run's summary.
     pub fn print(&self, sent: usize) {
         println!(
-            "refund messages sent:     {sent} ({} refunds issued, {} minor units; dead-lettered {:?})",
-            self.refunded, self.amount, self.dead_lettered
+            "refund messages sent:     {sent} ({} refunds issued, returning {}; dead-lettered {:?})",
+            self.refunded,
+            crate::check::money(&self.amounts),
+            self.dead_lettered
         );
         println!(
             "refund ledger:            every reservation is a refund the provider made, of its amount, but {} unsettled",
@@ -211,7 +213,9 @@ pub fn verify(
             .map(|r| r.amount)
             .sum();
         v.refunded += booked.len();
-        v.amount += amount;
+        for r in booked.iter().filter(|r| r.moved_money()) {
+            *v.amounts.entry(r.currency.clone()).or_default() += r.amount;
+        }
         let e = refunded_per_payment.entry(&p.payment_id).or_default();
         e.0 += amount;
         e.1 += booked.len();
@@ -341,6 +345,7 @@ mod tests {
                 status: "succeeded".into(),
                 id: format!("re_{rid}"),
                 amount,
+                currency: "usd".into(),
                 payment_intent: "pi_1".into(),
             }],
         )

@@ -14,6 +14,9 @@ pub struct Charge {
     pub id: String,
     /// Minor units.
     pub amount: i64,
+    /// Lowercase ISO code.
+    #[serde(default)]
+    pub currency: String,
     /// `succeeded`: the simulator books only what moved money as a charge.
     pub status: String,
 }
@@ -25,6 +28,9 @@ pub struct Refund {
     pub id: String,
     /// Minor units.
     pub amount: i64,
+    /// Lowercase ISO code.
+    #[serde(default)]
+    pub currency: String,
     /// The PaymentIntent refunded.
     pub payment_intent: String,
     /// `succeeded`, `pending`, or `failed` / `canceled` (no money moved).

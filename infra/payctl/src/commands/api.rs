@@ -183,6 +183,7 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     };
     payctl::aws::announce(sdk, &format!("serving the payments API over {table}")).await;
     let has_events = events.is_some();
+    let mut signals = payctl::stop::Signals::listen()?;
     let server = payctl::api::serve(std::sync::Arc::new(api), events, &address).await?;
     eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
     if has_events {
@@ -192,6 +193,21 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             payment_core::event_receiver::EVENTS_PATH
         );
     }
-    server.wait().await?;
-    Ok(())
+    let status = signals.next().await;
+    eprintln!(
+        "stopping: no new connection is accepted; the requests being answered ({}) are finished first. Again to stop at once.",
+        server.in_flight()
+    );
+    let in_flight = server.in_flight_gauge();
+    tokio::select! {
+        stopped = server.stop() => {
+            stopped?;
+            eprintln!("stopped: every request was answered");
+        }
+        _ = signals.next() => eprintln!(
+            "stopped at once, requests cut off unanswered: {}; a client sending again with the same Idempotency-Key gets the payment created once",
+            in_flight.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+    }
+    std::process::exit(status);
 }

@@ -82,10 +82,26 @@ pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     } = args;
     let relay = std::sync::Arc::new(payctl::relay::relay_for(&queue_url, &group_by, sdk)?);
     payctl::aws::announce(sdk, &format!("relaying the outbox of {table}")).await;
-    let _mapping = payctl::relay::start(sdk, &table, relay).await?;
-    eprintln!("relaying the outbox of {table} to {queue_url} until stopped");
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+    let mut signals = payctl::stop::Signals::listen()?;
+    let mapping = payctl::relay::start(sdk, &table, relay).await?;
+    eprintln!("relaying the outbox of {table} to {queue_url} until stopped (Ctrl-C)");
+    let status = signals.next().await;
+    let stats = mapping.stats.clone();
+    eprintln!("stopping: the entries being sent are finished first. Again to stop at once.");
+    let relayed = |s: &lambda_local::stream::StreamStats| {
+        s.handled.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    tokio::select! {
+        stopped = mapping.stop() => {
+            stopped?;
+            eprintln!("stopped; payments relayed to the queue: {}", relayed(&stats));
+        }
+        _ = signals.next() => eprintln!(
+            "stopped at once; payments relayed to the queue: {}; a send that was under way is sent again by the next relay (it reads the stream from its start, and the processor charges each payment once)",
+            relayed(&stats)
+        ),
+    }
+    std::process::exit(status);
 }
 
 /// The options of `payctl outbox`.

@@ -160,14 +160,12 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     // receiving and lets the batches in flight finish and be acknowledged within their
     // deadline; a second stops at once. Either way the summary, and the shell's exit status for
     // that signal (130, 143).
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("listening for SIGTERM")?;
+    let mut signals = payctl::stop::Signals::listen()?;
     let mut stopped_by = None;
     let ended = loop {
         let signal = tokio::select! {
             r = &mut run => break r,
-            _ = tokio::signal::ctrl_c() => 130,
-            _ = terminate.recv() => 143,
+            s = signals.next() => s,
         };
         if stopped_by.is_some() {
             let left = stats.lock().await.in_flight;
