@@ -1,6 +1,6 @@
 //! `payctl run`, `relay` and `api serve` stopped and summed up: the first Ctrl-C lets what is
 //! in flight finish and counts it, a second stops at once and says what it left; every delivery
-//! falls in exactly one bucket of the run's summary.
+//! falls in exactly one bucket of the run's summary; AWS faults are ridden out, not a stop.
 
 use crate::api::{api_process_with, client, free_port, relay_config, rows};
 use crate::helpers::*;
@@ -249,4 +249,53 @@ async fn relay_finishes_its_send_and_counts_it_when_stopped() {
         "{err}"
     );
     assert_eq!(t.depth().await, 1, "sent once");
+}
+
+/// `payctl run` rides out AWS faults as Lambda's pollers do: with the fault proxy throttling,
+/// answering `500`, stalling or losing the answer of 40 % of its AWS calls (10 % each), it backs
+/// off, goes on, drains the queue and exits 0; each payment is charged once, and the summary
+/// says how many failures it rode out. (It used to exit 1 after the SDK's retries:
+/// `receiving messages: ... ThrottlingException`, `deleting processed messages: ...`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payctl_run_rides_out_aws_faults_and_drains() {
+    let t = TestStack::new("op-faults").await;
+    let proxy = proving::aws_faults::FaultProxy::start(&required_env("AWS_ENDPOINT_URL"), 0.4, 11)
+        .await
+        .expect("the fault proxy");
+    let pids: Vec<String> = (0..20).map(|i| t.pid(&format!("p{i:02}"))).collect();
+    for pid in &pids {
+        t.send(&payment(pid, 100, "pm_card_visa")).await;
+    }
+    let out = payctl_run(
+        &t,
+        &[
+            "--until-empty",
+            "--json",
+            "--pollers",
+            "2",
+            "--max-seconds",
+            "240",
+        ],
+    )
+    .env("AWS_ENDPOINT_URL", &proxy.url)
+    // The SDK's own retries off: every fault reaches the poller (and the processor).
+    .env("AWS_MAX_ATTEMPTS", "1")
+    .output()
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{err}", proxy.counts.summary());
+    let summary: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the --json summary");
+    for pid in &pids {
+        assert_eq!(t.charges(pid).await, 1, "{pid}: {summary}");
+    }
+    assert!(proxy.counts.total() > 0, "{}", proxy.counts.summary());
+    assert!(
+        summary["aws_failures"].as_u64().unwrap() > 0,
+        "rode some out: {summary}; {}",
+        proxy.counts.summary()
+    );
+    assert!(err.contains("rode out"), "{err}");
+    assert_eq!(t.depth().await, 0, "drained");
 }

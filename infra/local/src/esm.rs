@@ -7,6 +7,11 @@
 //! its deadline, and with `ReportBatchItemFailures` deletes exactly the messages that were not
 //! reported. A timed-out invocation deletes nothing: its messages come back after the
 //! visibility timeout, as on Lambda.
+//!
+//! Like Lambda's pollers it rides out a passing AWS failure (throttled, a `5xx`, a timeout, a
+//! lost answer): it backs off and polls again, and a delete that keeps failing leaves its
+//! messages to come back (the record absorbs them). Only what polling again cannot fix (a queue
+//! that does not exist, access refused) or the run's time limit ends it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage, SqsMessageAttribute};
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
+use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
@@ -153,6 +162,11 @@ pub struct EsmStats {
     pub in_flight: u64,
     /// Messages of the invocations that timed out or failed whole: all come back.
     pub in_failed_batches: u64,
+    /// Messages processed whose delete failed (after its tries): they come back after the
+    /// visibility timeout, and their records absorb them.
+    pub unacknowledged: u64,
+    /// Passing AWS failures the pollers rode out (backed off and tried again).
+    pub aws_failures: u64,
 }
 
 impl EsmStats {
@@ -171,6 +185,70 @@ impl EsmStats {
         self.billed_ms += other.billed_ms;
         self.acked_at_ms.extend_from_slice(&other.acked_at_ms);
         self.in_failed_batches += other.in_failed_batches;
+        self.unacknowledged += other.unacknowledged;
+        self.aws_failures += other.aws_failures;
+    }
+}
+
+/// Tries of a delete after its first failure (about 6 s in all).
+const DELETE_TRIES: u32 = 5;
+
+/// Error codes of a passing failure besides throttling and `5xx`: calling again can succeed.
+const PASSING_CODES: [&str; 6] = [
+    "RequestThrottled",
+    "TooManyRequestsException",
+    "KmsThrottled",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "ServiceUnavailable",
+];
+
+/// Whether an AWS call's failure is passing (throttled, a `5xx`, a timeout, a connection lost
+/// or refused, an unreadable answer): calling again later can succeed, so a poller backs off
+/// and goes on, as Lambda's do. Anything else (a queue that does not exist, access refused, a
+/// request the service refuses) is a configuration error that calling again cannot fix.
+pub fn passing<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool {
+    match e {
+        SdkError::ConstructionFailure(_) => false,
+        SdkError::ServiceError(_) => {
+            let code = e.code().unwrap_or_default();
+            let code = code.rsplit('#').next().unwrap_or(code);
+            let status = e.raw_response().map(|r| r.status().as_u16()).unwrap_or(0);
+            status >= 500
+                || status == 429
+                || code.contains("Throttl")
+                || code.starts_with("Internal")
+                || PASSING_CODES.contains(&code)
+        }
+        _ => true,
+    }
+}
+
+/// Waits between tries after a passing failure: 200 ms doubling to 10 s, each with up to a
+/// fifth more at random so that pollers do not try in step.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// The wait before the next try (and counts the failure).
+    pub fn wait(&mut self) -> Duration {
+        let base = 200u64 << self.failures.min(6);
+        self.failures += 1;
+        let base = base.min(10_000);
+        let jitter = (now_ms().unsigned_abs() ^ (u64::from(self.failures) * 7919)) % (base / 5 + 1);
+        Duration::from_millis(base + jitter)
+    }
+
+    /// A call succeeded: the next failure waits the shortest time again.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Failures in a row.
+    pub fn failures(&self) -> u32 {
+        self.failures
     }
 }
 
@@ -189,6 +267,15 @@ pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<Str
 
 /// Messages visible, in flight and delayed, as SQS approximates them.
 pub async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<[i64; 3]> {
+    counts(sqs, queue_url)
+        .await
+        .context("reading the queue depth")
+}
+
+async fn counts(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+) -> Result<[i64; 3], SdkError<GetQueueAttributesError, HttpResponse>> {
     let names = [
         QueueAttributeName::ApproximateNumberOfMessages,
         QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
@@ -199,8 +286,7 @@ pub async fn queue_counts(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<
         .queue_url(queue_url)
         .set_attribute_names(Some(names.to_vec()))
         .send()
-        .await
-        .context("reading the queue depth")?;
+        .await?;
     let count = |k: &QueueAttributeName| {
         out.attributes()
             .and_then(|a| a.get(k))
@@ -300,13 +386,44 @@ pub async fn run_until(
                 .collect()
         }
     };
-    let arn = queue_arn(&sqs, &opts.queue_url).await?;
+    let started = Instant::now();
+    let arn = {
+        let mut backoff = Backoff::default();
+        let (_keep, mut never) = tokio::sync::watch::channel(false);
+        loop {
+            match sqs
+                .get_queue_attributes()
+                .queue_url(&opts.queue_url)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+            {
+                Ok(out) => {
+                    break out
+                        .attributes()
+                        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+                        .context("the endpoint returned no QueueArn")?
+                }
+                Err(e) if started.elapsed() < opts.max_duration => {
+                    ride_out(
+                        e,
+                        "reading the queue's ARN",
+                        &opts.queue_url,
+                        &mut backoff,
+                        &mut never,
+                        &stats,
+                    )
+                    .await?
+                }
+                Err(e) => return Err(fatal(e, "reading the queue's ARN", &opts.queue_url)),
+            }
+        }
+    };
     let region = sqs
         .config()
         .region()
         .map(|r| r.to_string())
         .unwrap_or_default();
-    let started = Instant::now();
     let mut pollers = Vec::new();
     for target in targets {
         let (sqs, opts, arn, region, stats, stop) = (
@@ -317,8 +434,11 @@ pub async fn run_until(
             stats.clone(),
             stop.clone(),
         );
+        let mut stop = stop;
         pollers.push(tokio::spawn(async move {
             let mut idle = 0u32;
+            let mut backoff = Backoff::default();
+            let url = opts.queue_url.clone();
             loop {
                 if *stop.borrow() {
                     return Ok(());
@@ -326,18 +446,31 @@ pub async fn run_until(
                 if started.elapsed() > opts.max_duration {
                     bail!("the queue did not drain within {:?}", opts.max_duration);
                 }
-                let batch = receive_batch(&sqs, &opts).await?;
+                let batch = match receive_batch(&sqs, &opts).await {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        let doing = "receiving messages from";
+                        ride_out(e, doing, &url, &mut backoff, &mut stop, &stats).await?;
+                        continue;
+                    }
+                };
+                backoff.reset();
                 if batch.is_empty() {
                     if opts.until_empty {
                         // Two empty looks in a row, so a message between receive and depth
                         // check is not missed.
-                        if queue_depth(&sqs, &opts.queue_url).await? == 0 {
-                            idle += 1;
-                            if idle >= 2 {
-                                return Ok(());
+                        match counts(&sqs, &url).await {
+                            Ok(c) if c.iter().sum::<i64>() == 0 => {
+                                idle += 1;
+                                if idle >= 2 {
+                                    return Ok(());
+                                }
                             }
-                        } else {
-                            idle = 0;
+                            Ok(_) => idle = 0,
+                            Err(e) => {
+                                let doing = "reading the depth of";
+                                ride_out(e, doing, &url, &mut backoff, &mut stop, &stats).await?;
+                            }
                         }
                     }
                     continue;
@@ -353,10 +486,54 @@ pub async fn run_until(
     Ok(())
 }
 
+/// A configuration error, in one line: what was being done, to which queue, and the service's
+/// code and message (never the SDK's debug dump).
+fn fatal<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
+    e: SdkError<E, HttpResponse>,
+    doing: &str,
+    queue: &str,
+) -> anyhow::Error {
+    match (e.code(), e.message()) {
+        (Some(code), message) => anyhow::anyhow!(
+            "{doing} {queue}: {code}: {}",
+            message.unwrap_or("no message")
+        ),
+        (None, _) => anyhow::anyhow!("{doing} {queue}: {}", crate::cause_chain(&e)),
+    }
+}
+
+/// After a failed call: a passing failure is logged with its cause, counted, and waited out
+/// (a stop cuts the wait short); a configuration error ends the poller.
+async fn ride_out<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
+    e: SdkError<E, HttpResponse>,
+    doing: &str,
+    queue: &str,
+    backoff: &mut Backoff,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    stats: &Mutex<EsmStats>,
+) -> Result<()> {
+    if !passing(&e) {
+        return Err(fatal(e, doing, queue));
+    }
+    let wait = backoff.wait();
+    stats.lock().await.aws_failures += 1;
+    warn!(
+        error = %crate::cause_chain(&e),
+        failures_in_a_row = backoff.failures(),
+        retry_in_ms = wait.as_millis() as u64,
+        "{doing} {queue} failed; backing off and trying again"
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    Ok(())
+}
+
 async fn receive_batch(
     sqs: &aws_sdk_sqs::Client,
     opts: &EsmOptions,
-) -> Result<Vec<aws_sdk_sqs::types::Message>> {
+) -> Result<Vec<aws_sdk_sqs::types::Message>, SdkError<ReceiveMessageError, HttpResponse>> {
     let window_end = Instant::now() + opts.batching_window;
     let mut batch = Vec::new();
     loop {
@@ -371,8 +548,7 @@ async fn receive_batch(
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
-            .await
-            .context("receiving messages")?;
+            .await?;
         let got = out.messages().len();
         batch.extend(out.messages().iter().cloned());
         if batch.len() >= opts.batch_size.clamp(1, 10) as usize
@@ -457,18 +633,104 @@ async fn invoke(
                     .build()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let out = sqs
-            .delete_message_batch()
-            .queue_url(&opts.queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .context("deleting processed messages")?;
-        let ok = out.successful().len();
+        // A delete that fails is tried again (the receipt handles hold until the visibility
+        // timeout); one that keeps failing is left: its messages come back and their records
+        // absorb them.
+        let mut backoff = Backoff::default();
+        let ok = loop {
+            match sqs
+                .delete_message_batch()
+                .queue_url(&opts.queue_url)
+                .set_entries(Some(entries.clone()))
+                .send()
+                .await
+            {
+                Ok(out) => {
+                    if let Some(f) = out.failed().first() {
+                        warn!(
+                            messages = out.failed().len(),
+                            code = f.code(),
+                            "the queue did not confirm deleting processed messages: any it still holds come back after the visibility timeout, and their records absorb them"
+                        );
+                    }
+                    break out.successful().len();
+                }
+                Err(e) if passing(&e) && backoff.failures() < DELETE_TRIES => {
+                    let wait = backoff.wait();
+                    stats.lock().await.aws_failures += 1;
+                    warn!(error = %crate::cause_chain(&e), retry_in_ms = wait.as_millis() as u64, "deleting processed messages failed; trying again");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => {
+                    warn!(
+                        error = %crate::cause_chain(&e),
+                        messages = entries.len(),
+                        "deleting processed messages failed: they come back after the visibility timeout, and their records absorb them"
+                    );
+                    break 0;
+                }
+            }
+        };
         let at = now_ms();
         let mut s = stats.lock().await;
         s.acked_at_ms.extend(std::iter::repeat_n(at, ok));
+        s.unacknowledged += (entries.len() - ok) as u64;
     }
     info!(messages = n, failures = failed.len(), "invocation done");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_sqs::error::ErrorMetadata;
+    use aws_smithy_types::body::SdkBody;
+
+    fn service(status: u16, code: &str) -> SdkError<ReceiveMessageError, HttpResponse> {
+        let raw = HttpResponse::new(status.try_into().unwrap(), SdkBody::empty());
+        let err = ReceiveMessageError::generic(ErrorMetadata::builder().code(code).build());
+        SdkError::service_error(err, raw)
+    }
+
+    #[test]
+    fn throttling_5xx_and_lost_answers_are_passing_a_missing_queue_is_not() {
+        assert!(passing(&service(400, "ThrottlingException")));
+        assert!(passing(&service(
+            400,
+            "com.amazonaws.sqs#ThrottlingException"
+        )));
+        assert!(passing(&service(400, "RequestThrottled")));
+        assert!(passing(&service(500, "InternalServerError")));
+        assert!(passing(&service(503, "ServiceUnavailable")));
+        assert!(passing(
+            &SdkError::<ReceiveMessageError, HttpResponse>::timeout_error("slow")
+        ));
+        assert!(!passing(&service(
+            400,
+            "AWS.SimpleQueueService.NonExistentQueue"
+        )));
+        assert!(!passing(&service(400, "QueueDoesNotExist")));
+        assert!(!passing(&service(403, "AccessDenied")));
+        assert!(!passing(
+            &SdkError::<ReceiveMessageError, HttpResponse>::construction_failure("no region")
+        ));
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_ten_seconds_and_starts_over_after_a_success() {
+        let mut b = Backoff::default();
+        let waits: Vec<u128> = (0..8).map(|_| b.wait().as_millis()).collect();
+        assert!((200..=240).contains(&waits[0]), "{waits:?}");
+        assert!((400..=480).contains(&waits[1]), "{waits:?}");
+        assert!(waits[7] >= 10_000 && waits[7] <= 12_000, "{waits:?}");
+        b.reset();
+        assert!(b.wait().as_millis() <= 240);
+    }
+
+    #[test]
+    fn a_cause_chain_is_one_line_without_debug() {
+        let e = anyhow::anyhow!("connection refused").context("dispatch failure");
+        let line = crate::cause_chain(e.as_ref());
+        assert_eq!(line, "dispatch failure: connection refused");
+    }
 }

@@ -21,3 +21,19 @@ pub mod esm;
 pub mod http;
 pub mod runtime_api;
 pub mod stream;
+
+/// An error and its causes in one line, each cause's message once (`dispatch failure: ...:
+/// connection closed before message completed`): what a log line or an operator needs, never a
+/// `Debug` dump.
+pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}

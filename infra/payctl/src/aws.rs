@@ -64,28 +64,48 @@ where
 
 /// Fails with one line naming the table (as `resource` describes it) and the fix when it
 /// cannot be described.
+///
+/// A passing failure (throttled, `5xx`, a timeout) is tried again, up to `CHECK_TRIES` times.
 pub async fn check_table(sdk: &aws_config::SdkConfig, table: &str, resource: &str) -> Result<()> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    if let Err(e) = ddb.describe_table().table_name(table).send().await {
-        bail!(explain(&e, resource, &endpoint(sdk)));
+    let mut backoff = lambda_local::esm::Backoff::default();
+    loop {
+        match ddb.describe_table().table_name(table).send().await {
+            Ok(_) => return Ok(()),
+            Err(e) if lambda_local::esm::passing(&e) && backoff.failures() < CHECK_TRIES => {
+                tokio::time::sleep(backoff.wait()).await
+            }
+            Err(e) => bail!(explain(&e, resource, &endpoint(sdk))),
+        }
     }
-    Ok(())
 }
+
+/// Tries of a start-up check after a passing failure (a few seconds in all): the endpoint
+/// that does not answer at all is reported after them.
+const CHECK_TRIES: u32 = 4;
 
 /// Fails with one line naming the queue (as `resource` describes it) and the fix when its
 /// attributes cannot be read.
+///
+/// A passing failure is tried again, like the table's.
 pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    if let Err(e) = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-    {
-        bail!(explain(&e, resource, &endpoint(sdk)));
+    let mut backoff = lambda_local::esm::Backoff::default();
+    loop {
+        match sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if lambda_local::esm::passing(&e) && backoff.failures() < CHECK_TRIES => {
+                tokio::time::sleep(backoff.wait()).await
+            }
+            Err(e) => bail!(explain(&e, resource, &endpoint(sdk))),
+        }
     }
-    Ok(())
 }
 
 /// Fails fast, naming the variable and the fix, when the processor's table or queues cannot be

@@ -51,6 +51,11 @@ pub struct RunSummary {
     /// Messages a run stopped at once (a second signal) left with the function: they come back
     /// after the queue's visibility timeout.
     pub left_in_flight: u64,
+    /// Passing AWS failures (throttled, `5xx`, timeouts, lost answers) the pollers rode out.
+    pub aws_failures: u64,
+    /// Processed messages whose delete kept failing: they come back after the visibility
+    /// timeout and are absorbed as duplicates.
+    pub unacknowledged: u64,
 }
 
 /// The labels the summary counts under a name of their own; any other lands in `other_done`.
@@ -126,6 +131,8 @@ impl RunSummary {
             in_failed_batches: stats.in_failed_batches,
             interrupted,
             left_in_flight: stats.in_flight,
+            aws_failures: stats.aws_failures,
+            unacknowledged: stats.unacknowledged,
         }
     }
 
@@ -210,6 +217,13 @@ impl RunSummary {
             format!(
                 "; {} left in flight, back after the queue's visibility timeout",
                 self.left_in_flight
+            )
+        } else {
+            String::new()
+        } + &if self.aws_failures > 0 {
+            format!(
+                "; rode out {} AWS failures ({} processed messages not deleted: they come back as duplicates)",
+                self.aws_failures, self.unacknowledged
             )
         } else {
             String::new()
