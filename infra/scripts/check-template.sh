@@ -29,6 +29,9 @@ log "the public route's throttle against the function behind it and the README's
 log "the provider's pace: one stack rate, the shares, a batch within its timeout"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$out/transformed.json"
+log "the operations dashboard: outcomes, dead letters, oldest ages, the provider's errors, every alarm"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py --self-test
+"$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py "$out/transformed.json" "$ROOT"
 log "the README against the template: the alarm runbook, the counts, the sqs-once example"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"

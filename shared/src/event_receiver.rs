@@ -158,40 +158,19 @@ fn signature_failure_metric(count: u64, reason: &str) -> String {
     .to_string()
 }
 
-/// Refused deliveries, written one line each up to [`Self::LINES`] a second; those past it
-/// counted into the next second's first line. A misconfigured secret's refusals are each
-/// written at once (the alarm counts them); a flood of forged requests costs at most that many
-/// metric and log lines a second per instance, not two per request (the count still pending
-/// when an instance stops is lost: the metric undercounts a flood, never a few refusals).
-struct RefusalLog {
-    /// (the current second's start, lines written in it, refusals not written yet)
-    state: Mutex<(Option<Instant>, u32, u64)>,
-}
+/// Refused deliveries, written one line each up to [`crate::telemetry::LineBudget::LINES`] a
+/// second; those past it counted into the next second's first line. A misconfigured secret's
+/// refusals are each written at once (the alarm counts them); a flood of forged requests costs
+/// at most that many metric and log lines a second per instance, not two per request.
+struct RefusalLog(crate::telemetry::LineBudget);
 
 impl RefusalLog {
-    const WINDOW: Duration = Duration::from_secs(1);
-    const LINES: u32 = 10;
-
     fn new() -> Self {
-        Self {
-            state: Mutex::new((None, 0, 0)),
-        }
+        Self(crate::telemetry::LineBudget::new())
     }
 
-    /// Counts one refusal at `now`; the count to write, when a line is due.
     fn tally(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().ok()?;
-        let (start, lines, pending) = &mut *state;
-        *pending += 1;
-        if start.is_none_or(|at| now.saturating_duration_since(at) >= Self::WINDOW) {
-            *start = Some(now);
-            *lines = 0;
-        }
-        if *lines >= Self::LINES {
-            return None;
-        }
-        *lines += 1;
-        Some(std::mem::take(pending))
+        self.0.tally(now)
     }
 
     fn refused(&self, reason: &SignatureError, bytes: usize) {

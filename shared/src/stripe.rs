@@ -186,6 +186,33 @@ impl StripeClient {
         }
     }
 
+    /// Counts the provider's refusals (`429`) and errors (a `5xx`, no answer) as metrics (in a
+    /// Lambda function: EMF lines for the dashboard, at most ten a second each), and tells the
+    /// pace what the provider answered.
+    fn observed(&self, answer: &Result<(StatusCode, HeaderMap, String), ProviderError>) {
+        static RATE_LIMITED: crate::telemetry::LineBudget = crate::telemetry::LineBudget::new();
+        static ERRORS: crate::telemetry::LineBudget = crate::telemetry::LineBudget::new();
+        let metric = match answer {
+            Ok((status, _, _)) if *status == StatusCode::TOO_MANY_REQUESTS => {
+                Some(("ProviderRateLimited", &RATE_LIMITED))
+            }
+            Ok((status, _, _)) if status.is_server_error() => Some(("ProviderErrors", &ERRORS)),
+            Err(_) => Some(("ProviderErrors", &ERRORS)),
+            Ok(_) => None,
+        };
+        if let Some((name, budget)) = metric {
+            if crate::telemetry::metrics_on() {
+                if let Some(count) = budget.tally(std::time::Instant::now()) {
+                    println!(
+                        "{}",
+                        crate::telemetry::provider_metric(name, count, sqs_once::runner::now_ms())
+                    );
+                }
+            }
+        }
+        self.paced(answer);
+    }
+
     /// Tells the pace what the provider answered.
     fn paced(&self, answer: &Result<(StatusCode, HeaderMap, String), ProviderError>) {
         let (Some(pace), Ok((status, headers, body))) = (&self.pace, answer) else {
@@ -221,7 +248,7 @@ impl StripeClient {
             .send()
             .await;
         let answer = answer_of(sent, &url).await;
-        self.paced(&answer);
+        self.observed(&answer);
         answer
     }
 
@@ -243,7 +270,7 @@ impl StripeClient {
             .send()
             .await;
         let answer = answer_of(sent, &url).await;
-        self.paced(&answer);
+        self.observed(&answer);
         answer
     }
 

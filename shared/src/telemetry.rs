@@ -6,7 +6,78 @@
 /// call does nothing). A plain level, not per-module directives: the regex engine those need
 /// would grow every bootstrap.
 pub fn init() {
+    METRICS.store(true, std::sync::atomic::Ordering::Relaxed);
     init_with(false);
+}
+
+/// Whether this process writes EMF metric lines on stdout: a Lambda function's does ([`init`]);
+/// a local process (`payctl run`) keeps its stdout for its own output.
+static METRICS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True in a Lambda function (after [`init`]).
+pub fn metrics_on() -> bool {
+    METRICS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One EMF line of the `Provider` namespace, with no dimension: `name` (`ProviderRateLimited`,
+/// `ProviderErrors`) counted `count` times. The dashboard and the alarms read them as is.
+pub fn provider_metric(name: &str, count: u64, now_ms: i64) -> String {
+    serde_json::json!({
+        "_aws": {
+            "Timestamp": now_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": "Provider",
+                "Dimensions": [[]],
+                "Metrics": [{"Name": name, "Unit": "Count"}]
+            }]
+        },
+        name: count,
+    })
+    .to_string()
+}
+
+/// A budget of lines a second for something that can happen at any rate (refused deliveries,
+/// the provider's refusals): the first [`LineBudget::LINES`] of each second are written at
+/// once; those past it are counted into the next second's first line (a count still pending
+/// when the process stops is lost: a flood is undercounted, a few events never are).
+pub struct LineBudget {
+    /// (the current second's start, lines written in it, events not written yet)
+    state: std::sync::Mutex<(Option<std::time::Instant>, u32, u64)>,
+}
+
+impl Default for LineBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LineBudget {
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+    /// Lines a second.
+    pub const LINES: u32 = 10;
+
+    /// A budget with nothing counted.
+    pub const fn new() -> Self {
+        Self {
+            state: std::sync::Mutex::new((None, 0, 0)),
+        }
+    }
+
+    /// Counts one event at `now`; the count to write, when a line is due.
+    pub fn tally(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = self.state.lock().ok()?;
+        let (start, lines, pending) = &mut *state;
+        *pending += 1;
+        if start.is_none_or(|at| now.saturating_duration_since(at) >= Self::WINDOW) {
+            *start = Some(now);
+            *lines = 0;
+        }
+        if *lines >= Self::LINES {
+            return None;
+        }
+        *lines += 1;
+        Some(std::mem::take(pending))
+    }
 }
 
 /// [`init`] with a timestamp on every line, for processes outside Lambda (`payctl run`, the
@@ -37,4 +108,34 @@ fn init_with(timed: bool) {
     } else {
         builder.without_time().try_init()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_provider_metric_is_an_emf_line_without_dimensions() {
+        let line: serde_json::Value =
+            serde_json::from_str(&super::provider_metric("ProviderRateLimited", 3, 1_000)).unwrap();
+        let m = &line["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(m["Namespace"], "Provider");
+        assert_eq!(m["Dimensions"], serde_json::json!([[]]));
+        assert_eq!(m["Metrics"][0]["Name"], "ProviderRateLimited");
+        assert_eq!(line["ProviderRateLimited"], 3);
+        assert_eq!(line["_aws"]["Timestamp"], 1_000);
+    }
+
+    #[test]
+    fn a_line_budget_writes_ten_a_second_and_carries_the_rest() {
+        let budget = super::LineBudget::new();
+        let t0 = std::time::Instant::now();
+        for _ in 0..10 {
+            assert_eq!(budget.tally(t0), Some(1));
+        }
+        assert_eq!(budget.tally(t0), None);
+        assert_eq!(budget.tally(t0), None);
+        assert_eq!(
+            budget.tally(t0 + std::time::Duration::from_secs(1)),
+            Some(3)
+        );
+    }
 }

@@ -18,6 +18,7 @@ fn every_payctl_option_is_described() {
         "events catch-up",
         "events checkpoint",
         "get",
+        "health",
         "history",
         "outbox pending",
         "outbox republish",

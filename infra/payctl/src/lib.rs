@@ -9,6 +9,7 @@
 //! - [`status`], [`records`], [`refunds`]: a payment's record, dead letter and refunds, and
 //!   every record of a table;
 //! - [`dlq`]: listing, showing and redriving dead letters home;
+//! - [`health`]: whether the system keeps up, in one view (`payctl health`);
 //! - [`reconcile`]: settling unknown or stuck payments from the provider's records;
 //! - [`relay`], [`republish`]: the outbox relay on a local stream mapping, and what it gave up on;
 //! - [`api`], [`client`]: the payments API served locally, and its SigV4-signing client;
@@ -26,6 +27,7 @@ pub mod client;
 pub mod conformance;
 pub mod dead_letter_codes;
 pub mod dlq;
+pub mod health;
 pub mod reconcile;
 pub mod reconcile_refund;
 pub mod records;

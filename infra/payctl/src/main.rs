@@ -46,6 +46,11 @@ enum Command {
     Status(commands::status::StatusArgs),
     /// What happened to a payment, in time order, from its record and dead letter.
     History(commands::status::HistoryArgs),
+    /// Whether the system keeps up: per queue what waits, is in flight and how old the oldest
+    /// is; dead letters by code; records in progress, stalled and unknown; the events
+    /// catch-up's place; the stack's alarms (--stack-name). Exits 0 when healthy, 2 when
+    /// something needs a person, 1 on an error. --watch N reads again every N seconds.
+    Health(commands::health::HealthArgs),
     /// The dead-letter queues: list, show (by message id, source message id or payment id),
     /// redrive.
     Dlq(commands::dlq::DlqArgs),
@@ -112,6 +117,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Status(args) => commands::status::status(args, &sdk).await,
         Command::History(args) => commands::status::history(args, &sdk).await,
         Command::Dlq(args) => commands::dlq::dlq(args, &sdk).await,
+        Command::Health(args) => commands::health::health(args, &sdk).await,
         Command::Reconcile(args) => commands::reconcile::reconcile(args, &sdk).await,
         Command::Events(args) => commands::events::events(args, &sdk).await,
         Command::Outbox(args) => commands::outbox::outbox(args, &sdk).await,

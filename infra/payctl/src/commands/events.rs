@@ -149,7 +149,7 @@ async fn checkpoint(
         .as_secs() as i64;
     let to = match (set, since) {
         (None, None) => {
-            println!("{}", describe(&read, now));
+            println!("{}", payctl::health::describe_checkpoint(&read, now));
             return Ok(());
         }
         (Some(id), _) => {
@@ -191,28 +191,6 @@ async fn checkpoint(
     {
         bail!("a catch-up run moved the checkpoint while it was set; nothing was changed: run the command again");
     }
-    println!("set: {}", describe(&to, now));
+    println!("set: {}", payctl::health::describe_checkpoint(&to, now));
     Ok(())
-}
-
-/// The checkpoint in words.
-fn describe(p: &payment_core::event_catch_up::Position, now: i64) -> String {
-    match (&p.last, p.from_s) {
-        (Some(last), _) => format!(
-            "the catch-up queued through {} (created {}, {} ago); {}",
-            last.id,
-            payctl::time::utc(last.created * 1000),
-            payctl::time::in_words((now - last.created) * 1000),
-            if p.caught_up {
-                "it had reached the newest event: the next run starts 15 minutes before it"
-            } else {
-                "it stopped before the newest event: the next run goes on from it"
-            }
-        ),
-        (None, Some(from)) => format!(
-            "no run since it was set: the next run starts from {}",
-            payctl::time::utc(from * 1000)
-        ),
-        (None, None) => "no run yet: the first run lists the last 3 days".to_owned(),
-    }
 }

@@ -4,6 +4,7 @@ pub mod api;
 pub mod checks;
 pub mod dlq;
 pub mod events;
+pub mod health;
 pub mod outbox;
 pub mod reconcile;
 pub mod run;

@@ -1,0 +1,450 @@
+//! `payctl health`: whether the system is keeping up, in one view. Per queue what waits, what
+//! is being processed and how old the oldest message is; the dead letters by code; the records
+//! in progress and left unknown; the catch-up's place; and on AWS the stack's alarms.
+//!
+//! It only reads. The dead letters are read like `payctl dlq list` (each held a moment, then
+//! released); the records by a scan of the idempotency table that reads only their status
+//! fields. The oldest message's age comes from CloudWatch (`ApproximateAgeOfOldestMessage`,
+//! which AWS publishes and local emulators do not); a local run shows the oldest dead letter's
+//! age, read from the letters themselves.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde::Serialize;
+
+/// A queue the processors read.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueHealth {
+    /// What it carries (`payments`, `refunds`, `provider events`).
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// Messages waiting to be received.
+    pub waiting: i64,
+    /// Messages received and not yet deleted (being processed, or handed back with a delay).
+    pub in_flight: i64,
+    /// Messages delayed (sent with a delay).
+    pub delayed: i64,
+    /// The oldest message's age, seconds, when CloudWatch has it.
+    pub oldest_age_s: Option<f64>,
+}
+
+/// A dead-letter queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetterHealth {
+    /// Whose dead letters (`payments`, ...).
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// Letters read.
+    pub total: usize,
+    /// By `error_code` (`none` for a letter without one).
+    pub by_code: BTreeMap<String, usize>,
+    /// The oldest letter's age in the queue, seconds.
+    pub oldest_age_s: Option<u64>,
+    /// More than [`MAX_LETTERS`] letters: the counts are of the first ones read.
+    pub capped: bool,
+}
+
+/// Letters read from each dead-letter queue at most.
+pub const MAX_LETTERS: usize = 1000;
+
+/// One work's records (payments, refunds, events) in the idempotency table.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecordHealth {
+    /// Finished: an outcome is stored.
+    pub completed: u64,
+    /// Claimed by an attempt whose lease has not run out: being processed now.
+    pub in_progress: u64,
+    /// Claimed by an attempt whose lease ran out: a crash or a timeout; the next delivery
+    /// takes it over.
+    pub stalled: u64,
+    /// The last attempt failed in a retryable way; the next delivery may claim it.
+    pub failed: u64,
+    /// Not finished, and a call's outcome is unknown (it may have reached the provider):
+    /// settled by the next delivery's lookup, or by `payctl reconcile` once dead-lettered.
+    pub unknown: u64,
+    /// The oldest unfinished record's first attempt, seconds ago.
+    pub oldest_unfinished_s: Option<u64>,
+}
+
+/// A CloudWatch alarm of the stack.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlarmHealth {
+    /// Its name.
+    pub name: String,
+    /// `OK`, `ALARM` or `INSUFFICIENT_DATA`.
+    pub state: String,
+}
+
+/// The whole view.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    /// When it was read, UTC.
+    pub at: String,
+    /// The queues the processors read.
+    pub queues: Vec<QueueHealth>,
+    /// Their dead-letter queues.
+    pub dead_letters: Vec<DeadLetterHealth>,
+    /// The records by work (`payment`, `refund`, `event`), when the table was given.
+    pub records: BTreeMap<String, RecordHealth>,
+    /// Where the catch-up of the provider's events stands, when the table was given.
+    pub catch_up: Option<String>,
+    /// The stack's alarms (`None`: no stack name given; empty: the endpoint has none).
+    pub alarms: Option<Vec<AlarmHealth>>,
+    /// What needs a person, one line each; empty when healthy.
+    pub attention: Vec<String>,
+}
+
+/// What to read.
+#[derive(Debug, Clone, Default)]
+pub struct HealthTargets {
+    /// (name, URL) of each queue the processors read.
+    pub queues: Vec<(String, String)>,
+    /// (name, URL) of each dead-letter queue.
+    pub dead_letter_queues: Vec<(String, String)>,
+    /// The idempotency table.
+    pub table: Option<String>,
+    /// The stack whose alarms to read (their names start with it).
+    pub stack_name: Option<String>,
+}
+
+/// Reads the view.
+pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Result<Health> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let cloudwatch = aws_sdk_cloudwatch::Client::new(sdk);
+    let now_ms = sqs_once::runner::now_ms();
+    let mut health = Health {
+        at: crate::time::utc(now_ms),
+        queues: Vec::new(),
+        dead_letters: Vec::new(),
+        records: BTreeMap::new(),
+        catch_up: None,
+        alarms: None,
+        attention: Vec::new(),
+    };
+    for (name, url) in &targets.queues {
+        let [waiting, in_flight, delayed] = lambda_local::esm::queue_counts(&sqs, url)
+            .await
+            .with_context(|| format!("reading the {name} queue {url}"))?;
+        health.queues.push(QueueHealth {
+            name: name.clone(),
+            url: url.clone(),
+            waiting,
+            in_flight,
+            delayed,
+            oldest_age_s: oldest_age(&cloudwatch, url).await,
+        });
+    }
+    for (name, url) in &targets.dead_letter_queues {
+        let letters = crate::dlq::list(&sqs, url, MAX_LETTERS + 1)
+            .await
+            .with_context(|| format!("reading the {name} dead-letter queue {url}"))?;
+        let capped = letters.len() > MAX_LETTERS;
+        let letters = &letters[..letters.len().min(MAX_LETTERS)];
+        let mut by_code = BTreeMap::new();
+        for l in letters {
+            *by_code
+                .entry(l.error_code.clone().unwrap_or_else(|| "none".into()))
+                .or_default() += 1;
+        }
+        if !letters.is_empty() {
+            health.attention.push(format!(
+                "{name}: {} dead letters: read them with payctl dlq list, fix the cause, then payctl dlq redrive",
+                letters.len()
+            ));
+        }
+        health.dead_letters.push(DeadLetterHealth {
+            name: name.clone(),
+            url: url.clone(),
+            total: letters.len(),
+            by_code,
+            oldest_age_s: letters.iter().map(|l| l.age.as_secs()).max(),
+            capped,
+        });
+    }
+    if let Some(table) = &targets.table {
+        health.records = records(sdk, table, now_ms).await?;
+        for (work, r) in &health.records {
+            if r.unknown > 0 {
+                health.attention.push(format!(
+                    "{work} records: {} with an unknown outcome: the next delivery's lookup settles them; dead-lettered ones need payctl reconcile",
+                    r.unknown
+                ));
+            }
+        }
+        let checkpoint = payment_core::event_catch_up::Checkpoint::new(
+            aws_sdk_dynamodb::Client::new(sdk),
+            table,
+        );
+        let read = checkpoint
+            .read()
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("reading the catch-up's checkpoint")?;
+        health.catch_up = Some(describe_checkpoint(&read, now_ms / 1000));
+    }
+    if let Some(stack) = &targets.stack_name {
+        let alarms = alarms(&cloudwatch, stack).await?;
+        for a in alarms.iter().filter(|a| a.state == "ALARM") {
+            health
+                .attention
+                .push(format!("the alarm {} is firing: see the runbook", a.name));
+        }
+        health.alarms = Some(alarms);
+    }
+    Ok(health)
+}
+
+/// The records of the table by work, from their status fields alone.
+async fn records(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    now_ms: i64,
+) -> Result<BTreeMap<String, RecordHealth>> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let works = [
+        ("payment", payment_core::payment_keys()),
+        ("refund", payment_core::refund_keys()),
+        ("event", payment_core::event_keys()),
+    ];
+    let mut out: BTreeMap<String, RecordHealth> = works
+        .iter()
+        .map(|(w, _)| ((*w).to_owned(), RecordHealth::default()))
+        .collect();
+    let mut start: Option<HashMap<String, AttributeValue>> = None;
+    loop {
+        let page = ddb
+            .scan()
+            .table_name(table)
+            .projection_expression("#pk, #s, unknown_outcome, lease_expires_at, first_attempt_at")
+            .expression_attribute_names("#pk", "pk")
+            .expression_attribute_names("#s", "status")
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .with_context(|| format!("scanning the idempotency table {table}"))?;
+        for item in page.items() {
+            let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+            let number = |k: &str| {
+                item.get(k)
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|n| n.parse::<i64>().ok())
+            };
+            let Some(pk) = text("pk") else { continue };
+            let Some((work, _)) = works
+                .iter()
+                .find(|(_, layout)| pk.starts_with(&layout.record_prefix))
+            else {
+                continue; // a dead-letter mark, the checkpoint, another item
+            };
+            let r = out.entry((*work).to_owned()).or_default();
+            let unknown = item
+                .get("unknown_outcome")
+                .and_then(|v| v.as_bool().ok())
+                .copied()
+                .unwrap_or(false);
+            match text("status").as_deref() {
+                Some("COMPLETED") => {
+                    r.completed += 1;
+                    continue;
+                }
+                Some("IN_PROGRESS") if number("lease_expires_at").unwrap_or(0) > now_ms => {
+                    r.in_progress += 1
+                }
+                Some("IN_PROGRESS") => r.stalled += 1,
+                _ => r.failed += 1,
+            }
+            if unknown {
+                r.unknown += 1;
+            }
+            if let Some(first) = number("first_attempt_at") {
+                let age = ((now_ms - first).max(0) / 1000) as u64;
+                r.oldest_unfinished_s = Some(r.oldest_unfinished_s.map_or(age, |a| a.max(age)));
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// The queue's `ApproximateAgeOfOldestMessage` over the last ten minutes (the newest minute's
+/// maximum), when CloudWatch has it.
+async fn oldest_age(cloudwatch: &aws_sdk_cloudwatch::Client, url: &str) -> Option<f64> {
+    let name = url.rsplit('/').next()?;
+    let now = std::time::SystemTime::now();
+    let out = cloudwatch
+        .get_metric_statistics()
+        .namespace("AWS/SQS")
+        .metric_name("ApproximateAgeOfOldestMessage")
+        .dimensions(
+            aws_sdk_cloudwatch::types::Dimension::builder()
+                .name("QueueName")
+                .value(name)
+                .build(),
+        )
+        .start_time((now - std::time::Duration::from_secs(600)).into())
+        .end_time(now.into())
+        .period(60)
+        .statistics(aws_sdk_cloudwatch::types::Statistic::Maximum)
+        .send()
+        .await
+        .ok()?;
+    out.datapoints()
+        .iter()
+        .filter_map(|d| Some((d.timestamp()?.secs(), d.maximum()?)))
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, age)| age)
+}
+
+/// The stack's alarms: those whose name starts with the stack's name (CloudFormation names an
+/// alarm `<stack>-<LogicalId>-<suffix>`).
+async fn alarms(cloudwatch: &aws_sdk_cloudwatch::Client, stack: &str) -> Result<Vec<AlarmHealth>> {
+    let mut out = Vec::new();
+    let mut token = None;
+    loop {
+        let page = cloudwatch
+            .describe_alarms()
+            .alarm_name_prefix(format!("{stack}-"))
+            .set_next_token(token.take())
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!(lambda_local::cause_chain(&e)))
+            .with_context(|| format!("reading the alarms of the stack {stack}"))?;
+        for a in page.metric_alarms() {
+            out.push(AlarmHealth {
+                name: a.alarm_name().unwrap_or_default().to_owned(),
+                state: a
+                    .state_value()
+                    .map(|s| s.as_str().to_owned())
+                    .unwrap_or_default(),
+            });
+        }
+        match page.next_token() {
+            Some(t) => token = Some(t.to_owned()),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Where the catch-up stands, for people.
+pub fn describe_checkpoint(p: &payment_core::event_catch_up::Position, now_s: i64) -> String {
+    match (&p.last, p.from_s) {
+        (Some(last), _) => format!(
+            "the catch-up queued through {} (created {}, {} ago); {}",
+            last.id,
+            crate::time::utc(last.created * 1000),
+            crate::time::in_words((now_s - last.created) * 1000),
+            if p.caught_up {
+                "it had reached the newest event: the next run starts 15 minutes before it"
+            } else {
+                "it stopped before the newest event: the next run goes on from it"
+            }
+        ),
+        (None, Some(from)) => format!(
+            "no run since it was set: the next run starts from {}",
+            crate::time::utc(from * 1000)
+        ),
+        (None, None) => "no run yet: the first run lists the last 3 days".to_owned(),
+    }
+}
+
+fn age(seconds: Option<f64>) -> String {
+    match seconds {
+        Some(s) => crate::time::in_words((s * 1000.0) as i64),
+        None => "-".into(),
+    }
+}
+
+impl Health {
+    /// The view for people: a table per part, then what needs attention.
+    pub fn text(&self) -> String {
+        let mut out = format!("health at {}\n\n", self.at);
+        out += &format!(
+            "{:<18} {:>8} {:>10} {:>8}  oldest\n",
+            "queue", "waiting", "in flight", "delayed"
+        );
+        for q in &self.queues {
+            out += &format!(
+                "{:<18} {:>8} {:>10} {:>8}  {}\n",
+                q.name,
+                q.waiting,
+                q.in_flight,
+                q.delayed,
+                age(q.oldest_age_s)
+            );
+        }
+        if self.queues.iter().any(|q| q.oldest_age_s.is_none()) {
+            out += "(oldest: CloudWatch's ApproximateAgeOfOldestMessage; - where the endpoint publishes none)\n";
+        }
+        out += "\ndead letters\n";
+        for d in &self.dead_letters {
+            let codes = d
+                .by_code
+                .iter()
+                .map(|(c, n)| format!("{c} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            out += &format!(
+                "  {:<16} {}{}{}\n",
+                d.name,
+                if d.capped {
+                    format!("more than {MAX_LETTERS}")
+                } else {
+                    d.total.to_string()
+                },
+                if codes.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {codes}")
+                },
+                d.oldest_age_s
+                    .map(|s| format!("; oldest {}", crate::time::in_words(s as i64 * 1000)))
+                    .unwrap_or_default()
+            );
+        }
+        if !self.records.is_empty() {
+            out += "\nrecords          completed  in progress  stalled  failed  unknown  oldest unfinished\n";
+            for (work, r) in &self.records {
+                out += &format!(
+                    "  {:<14} {:>9} {:>12} {:>8} {:>7} {:>8}  {}\n",
+                    work,
+                    r.completed,
+                    r.in_progress,
+                    r.stalled,
+                    r.failed,
+                    r.unknown,
+                    age(r.oldest_unfinished_s.map(|s| s as f64))
+                );
+            }
+        }
+        if let Some(c) = &self.catch_up {
+            out += &format!("\nevents catch-up: {c}\n");
+        }
+        match &self.alarms {
+            None => out += "\nalarms: give --stack-name to read the stack's alarms\n",
+            Some(a) if a.is_empty() => {
+                out += "\nalarms: none on this endpoint (payctl provision creates none; sam deploy does)\n"
+            }
+            Some(a) => {
+                out += "\nalarms\n";
+                for alarm in a {
+                    out += &format!("  {:<60} {}\n", alarm.name, alarm.state);
+                }
+            }
+        }
+        if self.attention.is_empty() {
+            out += "\nhealthy: no dead letters, no unknown outcome, no alarm firing\n";
+        } else {
+            out += "\nneeds attention:\n";
+            for a in &self.attention {
+                out += &format!("  - {a}\n");
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The operations dashboard in the transformed template shows what `payctl health` shows:
+
+- exactly one AWS::CloudWatch::Dashboard, whose body (an Fn::Sub of JSON) names only the
+  stack's resources and pseudo parameters and parses as JSON once substituted;
+- its metric widgets show charges, declines and requires_action (`Charged`, `Declined`,
+  `RequiresAction`), the provider's errors and 429s (`ProviderErrors`, `ProviderRateLimited`),
+  the depth of every dead-letter queue and the oldest message of every queue that has one;
+- every custom metric it names is one the code publishes (its namespace and name appear in the
+  Rust sources as EMF names), so a renamed metric cannot leave an empty graph;
+- its alarm widget lists every alarm of the stack.
+
+Usage: dashboard.py TRANSFORMED_JSON REPO_ROOT; dashboard.py --self-test
+"""
+import json
+import pathlib
+import re
+import sys
+
+REQUIRED_CUSTOM = ["Charged", "Declined", "RequiresAction", "ProviderErrors", "ProviderRateLimited"]
+SQS_METRICS = {"ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage"}
+
+
+def published_names(root):
+    """Quoted strings of the Rust sources: the EMF namespaces and metric names are among them."""
+    names = set()
+    for path in pathlib.Path(root).glob("*/src/**/*.rs"):
+        names.update(re.findall(r'"([A-Za-z]+)"', path.read_text()))
+    return names
+
+
+def substituted(body, resources):
+    """The body with each ${X} or ${X.Attr} replaced; the names that are not the stack's."""
+    unknown = []
+
+    def one(match):
+        name = match.group(1).split(".")[0]
+        if not name.startswith("AWS::") and name not in resources:
+            unknown.append(match.group(1))
+        return "x-" + match.group(1).replace(".", "-").replace("::", "-")
+
+    return re.sub(r"\$\{([^}!]+)\}", one, body), unknown
+
+
+def check(template, published):
+    problems = []
+    resources = template.get("Resources", {})
+    dashboards = [r for r in resources.values() if r.get("Type") == "AWS::CloudWatch::Dashboard"]
+    if len(dashboards) != 1:
+        return [f"{len(dashboards)} dashboards in the template, not one"]
+    body = dashboards[0]["Properties"].get("DashboardBody")
+    if isinstance(body, dict) and "Fn::Sub" in body:
+        body = body["Fn::Sub"]
+    if not isinstance(body, str):
+        return ["the dashboard's body is not a string or an Fn::Sub of one"]
+    text, unknown = substituted(body, resources)
+    problems += [f"the dashboard names ${{{u}}}, which is not the stack's" for u in unknown]
+    try:
+        widgets = json.loads(text)["widgets"]
+    except (ValueError, KeyError) as e:
+        return problems + [f"the dashboard's body is not JSON with widgets: {e}"]
+    metrics, alarms = [], set()
+    for w in widgets:
+        props = w.get("properties", {})
+        if w.get("type") == "metric":
+            metrics += [m for m in props.get("metrics", []) if isinstance(m, list) and len(m) >= 2]
+        if w.get("type") == "alarm":
+            alarms.update(props.get("alarms", []))
+    names = {m[1] for m in metrics}
+    for want in REQUIRED_CUSTOM:
+        if want not in names:
+            problems.append(f"the dashboard does not show {want}")
+    for m in metrics:
+        ns, name = m[0], m[1]
+        if ns == "AWS/SQS":
+            if name not in SQS_METRICS:
+                problems.append(f"the dashboard shows AWS/SQS {name}, not a metric this check knows")
+        elif not ns.startswith("AWS/") and (ns not in published or name not in published):
+            problems.append(f"the dashboard shows {ns} {name}, which the code does not publish")
+    shown = {(m[1], m[3]) for m in metrics if m[0] == "AWS/SQS" and len(m) >= 4}
+    dlqs, sources = set(), set()
+    for name, r in resources.items():
+        if r.get("Type") != "AWS::SQS::Queue":
+            continue
+        target = r.get("Properties", {}).get("RedrivePolicy", {}).get("deadLetterTargetArn", {})
+        dlq = target.get("Fn::GetAtt", [None])[0] if isinstance(target, dict) else None
+        if dlq:
+            dlqs.add(dlq)
+            sources.add(name)
+    for q in sorted(dlqs):
+        if ("ApproximateNumberOfMessagesVisible", f"x-{q}-QueueName") not in shown:
+            problems.append(f"the dashboard does not show the depth of the dead-letter queue {q}")
+    for q in sorted(sources):
+        if ("ApproximateAgeOfOldestMessage", f"x-{q}-QueueName") not in shown:
+            problems.append(f"the dashboard does not show the oldest message of {q}")
+    for name, r in resources.items():
+        if r.get("Type") == "AWS::CloudWatch::Alarm" and f"x-{name}-Arn" not in alarms:
+            problems.append(f"the dashboard's alarm widget does not list {name}")
+    return problems
+
+
+def self_test():
+    published = {"PaymentProcessor", "Charged", "Declined", "RequiresAction", "Provider",
+                 "ProviderErrors", "ProviderRateLimited"}
+    body = json.dumps({"widgets": [
+        {"type": "metric", "properties": {"metrics": [
+            ["PaymentProcessor", "Charged"], ["PaymentProcessor", "Declined"],
+            ["PaymentProcessor", "RequiresAction"], ["Provider", "ProviderErrors"],
+            ["Provider", "ProviderRateLimited"],
+            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", "${Dlq.QueueName}"],
+            ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", "${Q.QueueName}"]]}},
+        {"type": "alarm", "properties": {"alarms": ["${A.Arn}"]}}]})
+    good = {"Resources": {
+        "Dlq": {"Type": "AWS::SQS::Queue"},
+        "Q": {"Type": "AWS::SQS::Queue", "Properties": {"RedrivePolicy": {
+            "deadLetterTargetArn": {"Fn::GetAtt": ["Dlq", "Arn"]}}}},
+        "A": {"Type": "AWS::CloudWatch::Alarm"},
+        "D": {"Type": "AWS::CloudWatch::Dashboard", "Properties": {"DashboardBody": {"Fn::Sub": body}}}}}
+    assert check(good, published) == [], check(good, published)
+
+    def variant(change):
+        t = json.loads(json.dumps(good))
+        change(t["Resources"])
+        return check(t, published)
+
+    def refused(change, want):
+        problems = variant(change)
+        assert any(want in p for p in problems), (want, problems)
+
+    refused(lambda r: r.update({"B": {"Type": "AWS::CloudWatch::Alarm"}}), "does not list B")
+    refused(lambda r: r["D"]["Properties"].update(
+        {"DashboardBody": {"Fn::Sub": body.replace("Declined", "Declines")}}), "does not show Declined")
+    refused(lambda r: r["D"]["Properties"].update(
+        {"DashboardBody": {"Fn::Sub": body.replace("ProviderErrors", "ProviderFailures")}}),
+        "Provider ProviderFailures, which the code does not publish")
+    refused(lambda r: r["D"]["Properties"].update(
+        {"DashboardBody": {"Fn::Sub": body.replace("${Q.QueueName}", "${Gone.QueueName}")}}), "${Gone.QueueName}")
+    refused(lambda r: r.update({"Q2": {"Type": "AWS::SQS::Queue", "Properties": {"RedrivePolicy": {
+        "deadLetterTargetArn": {"Fn::GetAtt": ["Dlq2", "Arn"]}}}}, "Dlq2": {"Type": "AWS::SQS::Queue"}}),
+        "dead-letter queue Dlq2")
+    refused(lambda r: r.pop("D"), "0 dashboards")
+    print("dashboard.py self-test: 6 bad dashboards refused, the good one passes")
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
+    template = json.loads(pathlib.Path(sys.argv[1]).read_text())
+    problems = check(template, published_names(sys.argv[2]))
+    for p in problems:
+        print(f"dashboard: {p}", file=sys.stderr)
+    if problems:
+        sys.exit(1)
+    print("dashboard: every outcome, dead-letter queue, oldest age, provider error metric and alarm is shown")
+
+
+if __name__ == "__main__":
+    main()

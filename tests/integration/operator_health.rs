@@ -1,0 +1,120 @@
+//! `payctl health`: the queues, the dead letters by code, the records, the catch-up and the
+//! stack's alarms in one view, with an exit status a script can act on.
+
+use crate::helpers::*;
+use crate::operator::payctl_run;
+
+fn health(t: &TestStack, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+    cmd.arg("health")
+        .args(args)
+        .env("PAYMENTS_QUEUE_URL", t.queue_url())
+        .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
+        .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+        .env_remove("REFUNDS_QUEUE_URL")
+        .env_remove("REFUNDS_DEAD_LETTER_QUEUE_URL")
+        .env_remove("PROVIDER_EVENTS_QUEUE_URL")
+        .env_remove("PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL");
+    cmd
+}
+
+/// Healthy after a charge (exit 0); after a dead letter it names its code and exits 2; the
+/// oldest message's age comes from CloudWatch where the endpoint has it; a firing alarm of the
+/// stack is shown and needs attention. (There was no such view: only `dlq list`'s JSON lines.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_shows_queues_dead_letters_records_and_alarms() {
+    let t = TestStack::new("op-health").await;
+    let pid = t.pid("p1");
+    t.send(&payment(&pid, 100, "pm_card_visa")).await;
+    let out = payctl_run(&t, &["--until-empty"]).output().await.unwrap();
+    assert!(out.status.success());
+
+    let out = health(&t, &[]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("healthy: no dead letters"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("payment")
+                && l.split_whitespace().nth(1) == Some("1")),
+        "one completed payment record: {text}"
+    );
+
+    t.send("{not json").await;
+    let out = payctl_run(&t, &["--until-empty"]).output().await.unwrap();
+    assert!(out.status.success());
+    // The payments queue's oldest message, as AWS publishes it.
+    let sdk = payment_core::bootstrap::sdk_config().await;
+    let cw = aws_sdk_cloudwatch::Client::new(&sdk);
+    let queue_name = t.queue_url().rsplit('/').next().unwrap().to_owned();
+    cw.put_metric_data()
+        .namespace("AWS/SQS")
+        .metric_data(
+            aws_sdk_cloudwatch::types::MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(
+                    aws_sdk_cloudwatch::types::Dimension::builder()
+                        .name("QueueName")
+                        .value(&queue_name)
+                        .build(),
+                )
+                .value(42.0)
+                .timestamp(std::time::SystemTime::now().into())
+                .build(),
+        )
+        .send()
+        .await
+        .expect("putting the metric");
+    // A firing alarm of the stack, named as CloudFormation names them.
+    let alarm = format!("{}-DeadLetterDepthAlarm-ABC123", t.name);
+    cw.put_metric_alarm()
+        .alarm_name(&alarm)
+        .namespace("AWS/SQS")
+        .metric_name("ApproximateNumberOfMessagesVisible")
+        .statistic(aws_sdk_cloudwatch::types::Statistic::Maximum)
+        .period(60)
+        .evaluation_periods(1)
+        .threshold(0.0)
+        .comparison_operator(aws_sdk_cloudwatch::types::ComparisonOperator::GreaterThanThreshold)
+        .send()
+        .await
+        .expect("putting the alarm");
+    cw.set_alarm_state()
+        .alarm_name(&alarm)
+        .state_value(aws_sdk_cloudwatch::types::StateValue::Alarm)
+        .state_reason("a dead letter")
+        .send()
+        .await
+        .expect("setting its state");
+
+    let out = health(&t, &["--json", "--stack-name", &t.name])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "needs attention: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON reading");
+    assert_eq!(h["dead_letters"][0]["total"], 1, "{h}");
+    assert_eq!(h["dead_letters"][0]["by_code"]["invalid_json"], 1, "{h}");
+    assert_eq!(h["queues"][0]["oldest_age_s"], 42.0, "{h}");
+    assert_eq!(h["records"]["payment"]["completed"], 1, "{h}");
+    assert_eq!(h["alarms"][0]["name"], alarm.as_str(), "{h}");
+    assert_eq!(h["alarms"][0]["state"], "ALARM", "{h}");
+    let attention = h["attention"].to_string();
+    assert!(
+        attention.contains("payments: 1 dead letters"),
+        "{attention}"
+    );
+    assert!(
+        attention.contains(&format!("the alarm {alarm} is firing")),
+        "{attention}"
+    );
+}
