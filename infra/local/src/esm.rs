@@ -13,14 +13,13 @@
 //! messages to come back (the record absorbs them). Only what polling again cannot fix (a queue
 //! that does not exist, access refused) or the run's time limit ends it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage, SqsMessageAttribute};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_sqs::config::http::HttpResponse;
-use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
 use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
 use aws_sdk_sqs::types::{
@@ -31,6 +30,9 @@ use sqs_once::{BatchRunner, BatchSummary, Work};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+pub use crate::sqs_event::to_record;
+
+use crate::faults::{delete_processed, ride_out, Backoff};
 use crate::runtime_api::RuntimeApi;
 
 /// A batch handler in this process: any `sqs_once::BatchRunner`.
@@ -190,68 +192,6 @@ impl EsmStats {
     }
 }
 
-/// Tries of a delete after its first failure (about 6 s in all).
-const DELETE_TRIES: u32 = 5;
-
-/// Error codes of a passing failure besides throttling and `5xx`: calling again can succeed.
-const PASSING_CODES: [&str; 6] = [
-    "RequestThrottled",
-    "TooManyRequestsException",
-    "KmsThrottled",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "ServiceUnavailable",
-];
-
-/// Whether an AWS call's failure is passing (throttled, a `5xx`, a timeout, a connection lost
-/// or refused, an unreadable answer): calling again later can succeed, so a poller backs off
-/// and goes on, as Lambda's do. Anything else (a queue that does not exist, access refused, a
-/// request the service refuses) is a configuration error that calling again cannot fix.
-pub fn passing<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool {
-    match e {
-        SdkError::ConstructionFailure(_) => false,
-        SdkError::ServiceError(_) => {
-            let code = e.code().unwrap_or_default();
-            let code = code.rsplit('#').next().unwrap_or(code);
-            let status = e.raw_response().map(|r| r.status().as_u16()).unwrap_or(0);
-            status >= 500
-                || status == 429
-                || code.contains("Throttl")
-                || code.starts_with("Internal")
-                || PASSING_CODES.contains(&code)
-        }
-        _ => true,
-    }
-}
-
-/// Waits between tries after a passing failure: 200 ms doubling to 10 s, each with up to a
-/// fifth more at random so that pollers do not try in step.
-#[derive(Debug, Default)]
-pub struct Backoff {
-    failures: u32,
-}
-
-impl Backoff {
-    /// The wait before the next try (and counts the failure).
-    pub fn wait(&mut self) -> Duration {
-        let base = 200u64 << self.failures.min(6);
-        self.failures += 1;
-        let base = base.min(10_000);
-        let jitter = (now_ms().unsigned_abs() ^ (u64::from(self.failures) * 7919)) % (base / 5 + 1);
-        Duration::from_millis(base + jitter)
-    }
-
-    /// A call succeeded: the next failure waits the shortest time again.
-    pub fn reset(&mut self) {
-        self.failures = 0;
-    }
-
-    /// Failures in a row.
-    pub fn failures(&self) -> u32 {
-        self.failures
-    }
-}
-
 /// Looks up the queue's ARN (the records' `eventSourceARN`).
 pub async fn queue_arn(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<String> {
     sqs.get_queue_attributes()
@@ -299,40 +239,6 @@ async fn counts(
 /// Messages visible + in flight + delayed.
 pub async fn queue_depth(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<i64> {
     Ok(queue_counts(sqs, queue_url).await?.iter().sum())
-}
-
-/// The Lambda SQS event record of a received message, as Lambda's event source builds it.
-pub fn to_record(m: &aws_sdk_sqs::types::Message, arn: &str, region: &str) -> SqsMessage {
-    let mut r = SqsMessage::default();
-    r.message_id = m.message_id().map(str::to_owned);
-    r.receipt_handle = m.receipt_handle().map(str::to_owned);
-    r.body = m.body().map(str::to_owned);
-    r.md5_of_body = m.md5_of_body().map(str::to_owned);
-    r.attributes = m
-        .attributes()
-        .map(|a| {
-            a.iter()
-                .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    r.message_attributes = m
-        .message_attributes()
-        .map(|a| {
-            a.iter()
-                .map(|(k, v)| {
-                    let mut attr = SqsMessageAttribute::default();
-                    attr.string_value = v.string_value().map(str::to_owned);
-                    attr.data_type = Some(v.data_type().to_owned());
-                    (k.clone(), attr)
-                })
-                .collect::<HashMap<_, _>>()
-        })
-        .unwrap_or_default();
-    r.event_source_arn = Some(arn.to_owned());
-    r.event_source = Some("aws:sqs".to_owned());
-    r.aws_region = Some(region.to_owned());
-    r
 }
 
 /// Polls until drained (with `until_empty`) or forever, invoking the function per batch.
@@ -387,38 +293,9 @@ pub async fn run_until(
         }
     };
     let started = Instant::now();
-    let arn = {
-        let mut backoff = Backoff::default();
-        let (_keep, mut never) = tokio::sync::watch::channel(false);
-        loop {
-            match sqs
-                .get_queue_attributes()
-                .queue_url(&opts.queue_url)
-                .attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-            {
-                Ok(out) => {
-                    break out
-                        .attributes()
-                        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-                        .context("the endpoint returned no QueueArn")?
-                }
-                Err(e) if started.elapsed() < opts.max_duration => {
-                    ride_out(
-                        e,
-                        "reading the queue's ARN",
-                        &opts.queue_url,
-                        &mut backoff,
-                        &mut never,
-                        &stats,
-                    )
-                    .await?
-                }
-                Err(e) => return Err(fatal(e, "reading the queue's ARN", &opts.queue_url)),
-            }
-        }
-    };
+    let (arn, failures) =
+        crate::faults::queue_arn_riding_out(&sqs, &opts.queue_url, opts.max_duration).await?;
+    stats.lock().await.aws_failures += failures;
     let region = sqs
         .config()
         .region()
@@ -450,7 +327,8 @@ pub async fn run_until(
                     Ok(batch) => batch,
                     Err(e) => {
                         let doing = "receiving messages from";
-                        ride_out(e, doing, &url, &mut backoff, &mut stop, &stats).await?;
+                        ride_out(e, doing, &url, &mut backoff, &mut stop).await?;
+                        stats.lock().await.aws_failures += 1;
                         continue;
                     }
                 };
@@ -469,7 +347,8 @@ pub async fn run_until(
                             Ok(_) => idle = 0,
                             Err(e) => {
                                 let doing = "reading the depth of";
-                                ride_out(e, doing, &url, &mut backoff, &mut stop, &stats).await?;
+                                ride_out(e, doing, &url, &mut backoff, &mut stop).await?;
+                                stats.lock().await.aws_failures += 1;
                             }
                         }
                     }
@@ -482,50 +361,6 @@ pub async fn run_until(
     }
     for p in pollers {
         p.await.context("poller task failed")??;
-    }
-    Ok(())
-}
-
-/// A configuration error, in one line: what was being done, to which queue, and the service's
-/// code and message (never the SDK's debug dump).
-fn fatal<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
-    e: SdkError<E, HttpResponse>,
-    doing: &str,
-    queue: &str,
-) -> anyhow::Error {
-    match (e.code(), e.message()) {
-        (Some(code), message) => anyhow::anyhow!(
-            "{doing} {queue}: {code}: {}",
-            message.unwrap_or("no message")
-        ),
-        (None, _) => anyhow::anyhow!("{doing} {queue}: {}", crate::cause_chain(&e)),
-    }
-}
-
-/// After a failed call: a passing failure is logged with its cause, counted, and waited out
-/// (a stop cuts the wait short); a configuration error ends the poller.
-async fn ride_out<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
-    e: SdkError<E, HttpResponse>,
-    doing: &str,
-    queue: &str,
-    backoff: &mut Backoff,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
-    stats: &Mutex<EsmStats>,
-) -> Result<()> {
-    if !passing(&e) {
-        return Err(fatal(e, doing, queue));
-    }
-    let wait = backoff.wait();
-    stats.lock().await.aws_failures += 1;
-    warn!(
-        error = %crate::cause_chain(&e),
-        failures_in_a_row = backoff.failures(),
-        retry_in_ms = wait.as_millis() as u64,
-        "{doing} {queue} failed; backing off and trying again"
-    );
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => {}
-        _ = stop.wait_for(|s| *s) => {}
     }
     Ok(())
 }
@@ -633,104 +468,13 @@ async fn invoke(
                     .build()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // A delete that fails is tried again (the receipt handles hold until the visibility
-        // timeout); one that keeps failing is left: its messages come back and their records
-        // absorb them.
-        let mut backoff = Backoff::default();
-        let ok = loop {
-            match sqs
-                .delete_message_batch()
-                .queue_url(&opts.queue_url)
-                .set_entries(Some(entries.clone()))
-                .send()
-                .await
-            {
-                Ok(out) => {
-                    if let Some(f) = out.failed().first() {
-                        warn!(
-                            messages = out.failed().len(),
-                            code = f.code(),
-                            "the queue did not confirm deleting processed messages: any it still holds come back after the visibility timeout, and their records absorb them"
-                        );
-                    }
-                    break out.successful().len();
-                }
-                Err(e) if passing(&e) && backoff.failures() < DELETE_TRIES => {
-                    let wait = backoff.wait();
-                    stats.lock().await.aws_failures += 1;
-                    warn!(error = %crate::cause_chain(&e), retry_in_ms = wait.as_millis() as u64, "deleting processed messages failed; trying again");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => {
-                    warn!(
-                        error = %crate::cause_chain(&e),
-                        messages = entries.len(),
-                        "deleting processed messages failed: they come back after the visibility timeout, and their records absorb them"
-                    );
-                    break 0;
-                }
-            }
-        };
+        let (ok, failures) = delete_processed(sqs, &opts.queue_url, entries.clone()).await;
         let at = now_ms();
         let mut s = stats.lock().await;
+        s.aws_failures += failures;
         s.acked_at_ms.extend(std::iter::repeat_n(at, ok));
         s.unacknowledged += (entries.len() - ok) as u64;
     }
     info!(messages = n, failures = failed.len(), "invocation done");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use aws_sdk_sqs::error::ErrorMetadata;
-    use aws_smithy_types::body::SdkBody;
-
-    fn service(status: u16, code: &str) -> SdkError<ReceiveMessageError, HttpResponse> {
-        let raw = HttpResponse::new(status.try_into().unwrap(), SdkBody::empty());
-        let err = ReceiveMessageError::generic(ErrorMetadata::builder().code(code).build());
-        SdkError::service_error(err, raw)
-    }
-
-    #[test]
-    fn throttling_5xx_and_lost_answers_are_passing_a_missing_queue_is_not() {
-        assert!(passing(&service(400, "ThrottlingException")));
-        assert!(passing(&service(
-            400,
-            "com.amazonaws.sqs#ThrottlingException"
-        )));
-        assert!(passing(&service(400, "RequestThrottled")));
-        assert!(passing(&service(500, "InternalServerError")));
-        assert!(passing(&service(503, "ServiceUnavailable")));
-        assert!(passing(
-            &SdkError::<ReceiveMessageError, HttpResponse>::timeout_error("slow")
-        ));
-        assert!(!passing(&service(
-            400,
-            "AWS.SimpleQueueService.NonExistentQueue"
-        )));
-        assert!(!passing(&service(400, "QueueDoesNotExist")));
-        assert!(!passing(&service(403, "AccessDenied")));
-        assert!(!passing(
-            &SdkError::<ReceiveMessageError, HttpResponse>::construction_failure("no region")
-        ));
-    }
-
-    #[test]
-    fn the_backoff_doubles_to_ten_seconds_and_starts_over_after_a_success() {
-        let mut b = Backoff::default();
-        let waits: Vec<u128> = (0..8).map(|_| b.wait().as_millis()).collect();
-        assert!((200..=240).contains(&waits[0]), "{waits:?}");
-        assert!((400..=480).contains(&waits[1]), "{waits:?}");
-        assert!(waits[7] >= 10_000 && waits[7] <= 12_000, "{waits:?}");
-        b.reset();
-        assert!(b.wait().as_millis() <= 240);
-    }
-
-    #[test]
-    fn a_cause_chain_is_one_line_without_debug() {
-        let e = anyhow::anyhow!("connection refused").context("dispatch failure");
-        let line = crate::cause_chain(e.as_ref());
-        assert_eq!(line, "dispatch failure: connection refused");
-    }
 }

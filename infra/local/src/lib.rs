@@ -18,8 +18,10 @@
 //! processors, the outbox relay and the payments API in.
 
 pub mod esm;
+pub mod faults;
 pub mod http;
 pub mod runtime_api;
+pub mod sqs_event;
 pub mod stream;
 
 /// An error and its causes in one line, each cause's message once (`dispatch failure: ...:

@@ -68,11 +68,11 @@ where
 /// A passing failure (throttled, `5xx`, a timeout) is tried again, up to `CHECK_TRIES` times.
 pub async fn check_table(sdk: &aws_config::SdkConfig, table: &str, resource: &str) -> Result<()> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let mut backoff = lambda_local::esm::Backoff::default();
+    let mut backoff = lambda_local::faults::Backoff::default();
     loop {
         match ddb.describe_table().table_name(table).send().await {
             Ok(_) => return Ok(()),
-            Err(e) if lambda_local::esm::passing(&e) && backoff.failures() < CHECK_TRIES => {
+            Err(e) if lambda_local::faults::passing(&e) && backoff.failures() < CHECK_TRIES => {
                 tokio::time::sleep(backoff.wait()).await
             }
             Err(e) => bail!(explain(&e, resource, &endpoint(sdk))),
@@ -90,7 +90,7 @@ const CHECK_TRIES: u32 = 4;
 /// A passing failure is tried again, like the table's.
 pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    let mut backoff = lambda_local::esm::Backoff::default();
+    let mut backoff = lambda_local::faults::Backoff::default();
     loop {
         match sqs
             .get_queue_attributes()
@@ -100,7 +100,7 @@ pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str)
             .await
         {
             Ok(_) => return Ok(()),
-            Err(e) if lambda_local::esm::passing(&e) && backoff.failures() < CHECK_TRIES => {
+            Err(e) if lambda_local::faults::passing(&e) && backoff.failures() < CHECK_TRIES => {
                 tokio::time::sleep(backoff.wait()).await
             }
             Err(e) => bail!(explain(&e, resource, &endpoint(sdk))),
