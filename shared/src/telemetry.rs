@@ -81,7 +81,8 @@ impl LineBudget {
 }
 
 /// [`init`] with a timestamp on every line, for processes outside Lambda (`payctl run`, the
-/// local API and relay), where nothing else stamps the lines.
+/// local API and relay), where nothing else stamps the lines; on a terminal, short text lines
+/// instead of JSON, so that the log does not bury the progress and the summary.
 pub fn init_timed() {
     init_with(true);
 }
@@ -95,6 +96,17 @@ fn init_with(timed: bool) {
                 .ok()
         })
         .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    // A person at a terminal reads one short line an event; anything else (Lambda, a file, a
+    // pipe) gets one JSON object a line.
+    if timed && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let _ = tracing_subscriber::fmt()
+            .compact()
+            .with_max_level(level)
+            .with_target(false)
+            .with_writer(std::io::stderr)
+            .try_init();
+        return;
+    }
     let builder = tracing_subscriber::fmt()
         .json()
         .with_max_level(level)

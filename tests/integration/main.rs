@@ -17,6 +17,7 @@ mod helpers;
 mod late_events;
 mod operations;
 mod operator;
+mod operator_errors;
 mod operator_health;
 mod operator_safety;
 mod operator_stop;

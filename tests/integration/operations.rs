@@ -181,7 +181,7 @@ async fn dlq_list_and_show_give_the_whole_dead_letter() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (ok, listed, said) = payctl(&["list"]);
+    let (ok, listed, said) = payctl(&["list", "--json"]);
     assert!(ok, "{said}");
     let line: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
     assert_eq!(line["error_code"], "provider_rejected");

@@ -79,12 +79,12 @@ pub(crate) async fn delete_processed(
             }
             Err(e) if passing(&e) && backoff.failures() < DELETE_TRIES => {
                 let wait = backoff.wait();
-                warn!(error = %crate::cause_chain(&e), retry_in_ms = wait.as_millis() as u64, "deleting processed messages failed; trying again");
+                warn!(error = %sdk_error_line(&e), retry_in_ms = wait.as_millis() as u64, "deleting processed messages failed; trying again");
                 tokio::time::sleep(wait).await;
             }
             Err(e) => {
                 warn!(
-                    error = %crate::cause_chain(&e),
+                    error = %sdk_error_line(&e),
                     messages = entries.len(),
                     "deleting processed messages failed: they come back after the visibility timeout, and their records absorb them"
                 );
@@ -153,20 +153,26 @@ impl Backoff {
     }
 }
 
-/// A configuration error, in one line: what was being done, to which queue, and the service's
-/// code and message (never the SDK's debug dump).
+/// An SDK error in one line: the service's code and message when it answered, else the chain
+/// of causes (never the SDK's `Debug` dump of the request and response).
+pub fn sdk_error_line<E, R>(e: &SdkError<E, R>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + 'static,
+{
+    match (e.code(), e.message()) {
+        (Some(code), message) => format!("{code}: {}", message.unwrap_or("no message")),
+        (None, _) => crate::cause_chain(e),
+    }
+}
+
+/// A configuration error, in one line: what was being done, to which queue, and why.
 pub(crate) fn fatal<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
     e: SdkError<E, HttpResponse>,
     doing: &str,
     queue: &str,
 ) -> anyhow::Error {
-    match (e.code(), e.message()) {
-        (Some(code), message) => anyhow::anyhow!(
-            "{doing} {queue}: {code}: {}",
-            message.unwrap_or("no message")
-        ),
-        (None, _) => anyhow::anyhow!("{doing} {queue}: {}", crate::cause_chain(&e)),
-    }
+    anyhow::anyhow!("{doing} {queue}: {}", sdk_error_line(&e))
 }
 
 /// After a failed call: a passing failure is logged with its cause, counted, and waited out
@@ -185,7 +191,7 @@ pub(crate) async fn ride_out<
     }
     let wait = backoff.wait();
     warn!(
-        error = %crate::cause_chain(&e),
+        error = %sdk_error_line(&e),
         failures_in_a_row = backoff.failures(),
         retry_in_ms = wait.as_millis() as u64,
         "{doing} {queue} failed; backing off and trying again"

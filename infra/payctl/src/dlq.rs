@@ -46,6 +46,32 @@ pub struct DeadLetterInfo {
 }
 
 impl DeadLetterInfo {
+    /// One line for people: the message id, the code, whose it is, its age and the error
+    /// message's first 100 characters (`dlq show` has it whole).
+    pub fn line(&self) -> String {
+        let whose = self
+            .payment_id
+            .clone()
+            .or_else(|| body_field(&self.body, "refund_id"))
+            .or_else(|| body_field(&self.body, "id"))
+            .unwrap_or_else(|| "-".into());
+        let message = self.error_message.clone().unwrap_or_default();
+        let short: String = message.chars().take(100).collect();
+        format!(
+            "{}  {:<24} {:<28} {:>9} ago  {}{}",
+            self.message_id,
+            self.error_code.as_deref().unwrap_or("max_receives"),
+            whose,
+            crate::time::in_words(self.age.as_millis() as i64),
+            short,
+            if short.len() < message.len() {
+                "…"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// Everything about the dead letter, for `dlq list` (one line each) and `dlq show`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -226,11 +252,40 @@ pub async fn list(
 
 pub use crate::dead_letter_codes::{check_filter, never_redriven, KNOWN_CODES, NEVER_REDRIVEN};
 
+/// The variables of the queues a dead-letter queue can belong to (as `payctl env` exports them).
+const SOURCE_QUEUE_VARS: [&str; 3] = [
+    "PAYMENTS_QUEUE_URL",
+    "REFUNDS_QUEUE_URL",
+    "PROVIDER_EVENTS_QUEUE_URL",
+];
+
+/// The ARN a queue's redrive policy sends its dead letters to, if it has one.
+async fn dead_letter_target(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<Option<String>> {
+    let policy = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!(lambda_local::faults::sdk_error_line(&e)))
+        .with_context(|| format!("reading the redrive policy of {queue_url}"))?
+        .attributes()
+        .and_then(|a| {
+            a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+                .cloned()
+        });
+    Ok(policy
+        .as_deref()
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned)))
+}
+
 /// The queue whose redrive policy names the dead-letter queue `dlq_url`: the only place its
 /// messages can be processed (a refund sent to the payments queue would be refused as an
 /// invalid payment and never redriven again: lost). A `given` queue is checked against its own
 /// redrive policy; without one, SQS is asked (`ListDeadLetterSourceQueues`) and exactly one
-/// source must answer.
+/// source must answer; where the endpoint cannot answer that, the queues of this shell's
+/// environment ([`SOURCE_QUEUE_VARS`]) whose redrive policy names the DLQ are the sources.
 pub async fn home_queue(
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,
@@ -238,23 +293,7 @@ pub async fn home_queue(
 ) -> Result<String> {
     let dlq_arn = lambda_local::esm::queue_arn(sqs, dlq_url).await?;
     if let Some(queue_url) = given {
-        let policy = sqs
-            .get_queue_attributes()
-            .queue_url(queue_url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
-            .send()
-            .await
-            .with_context(|| format!("reading the redrive policy of {queue_url}"))?
-            .attributes()
-            .and_then(|a| {
-                a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
-                    .cloned()
-            });
-        let target = policy
-            .as_deref()
-            .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-            .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned));
-        return match target {
+        return match dead_letter_target(sqs, queue_url).await? {
             Some(t) if t == dlq_arn => Ok(queue_url.to_owned()),
             Some(t) => anyhow::bail!(
                 "{queue_url} does not dead-letter to {dlq_url} (its redrive policy names {t}): its processor would refuse these messages, and they would be lost; pass the queue whose redrive policy names this DLQ (the refunds' DLQ goes back to REFUNDS_QUEUE_URL), or leave --queue-url out"
@@ -264,19 +303,34 @@ pub async fn home_queue(
             ),
         };
     }
-    let sources = sqs
+    let sources = match sqs
         .list_dead_letter_source_queues()
         .queue_url(dlq_url)
         .send()
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "this endpoint cannot say which queue dead-letters to {dlq_url} (ListDeadLetterSourceQueues: {}): pass --queue-url, which is checked against its redrive policy",
-                aws_sdk_sqs::error::DisplayErrorContext(&e)
-            )
-        })?
-        .queue_urls()
-        .to_vec();
+    {
+        Ok(out) => out.queue_urls().to_vec(),
+        Err(e) => {
+            // An endpoint without ListDeadLetterSourceQueues (ministack): the stack's queues
+            // this shell knows, each checked against its redrive policy.
+            let mut homes = Vec::new();
+            for var in SOURCE_QUEUE_VARS {
+                if let Ok(url) = std::env::var(var) {
+                    if dead_letter_target(sqs, &url).await?.as_deref() == Some(dlq_arn.as_str()) {
+                        homes.push(url);
+                    }
+                }
+            }
+            if homes.is_empty() {
+                anyhow::bail!(
+                    "this endpoint cannot say which queue dead-letters to {dlq_url} (ListDeadLetterSourceQueues: {}), and none of {} names it in its redrive policy: pass --queue-url, which is checked against its redrive policy",
+                    lambda_local::faults::sdk_error_line(&e),
+                    SOURCE_QUEUE_VARS.join(", ")
+                );
+            }
+            homes
+        }
+    };
     match sources.as_slice() {
         [one] => Ok(one.clone()),
         [] => anyhow::bail!("no queue dead-letters to {dlq_url}: nothing to redrive to"),

@@ -313,7 +313,7 @@ async fn alarms(cloudwatch: &aws_sdk_cloudwatch::Client, stack: &str) -> Result<
             .set_next_token(token.take())
             .send()
             .await
-            .map_err(|e| anyhow::anyhow!(lambda_local::cause_chain(&e)))
+            .map_err(|e| anyhow::anyhow!(lambda_local::faults::sdk_error_line(&e)))
             .with_context(|| format!("reading the alarms of the stack {stack}"))?;
         for a in page.metric_alarms() {
             out.push(AlarmHealth {

@@ -100,14 +100,19 @@ async fn run(cli: Cli) -> Result<()> {
     // FAILPOINTS=name=action;... (debug builds with the failpoints feature only).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
+    payctl::aws::check_explicit(cli.profile.as_deref(), cli.region.as_deref())?;
+    // Loaded before the log subscriber exists: an unset region is one line below, not the
+    // SDK's warnings about the instance metadata service it tried instead.
+    let sdk = payctl::aws::sdk_config(cli.region, cli.profile).await;
+    if sdk.region().is_none() && !matches!(cli.command, Command::Smoke(_)) {
+        anyhow::bail!("no AWS region is set: export AWS_REGION (us-east-1 for a local emulator; the local scripts write it to .local/env), pass --region, or give the profile a region");
+    }
     if matches!(
         cli.command,
         Command::Run(_) | Command::Api(_) | Command::Relay(_)
     ) {
         payment_core::telemetry::init_timed();
     }
-    payctl::aws::check_explicit(cli.profile.as_deref(), cli.region.as_deref())?;
-    let sdk = payctl::aws::sdk_config(cli.region, cli.profile).await;
     match cli.command {
         Command::Provision(args) => commands::stack::provision(args, &sdk).await,
         Command::Env(args) => commands::stack::env(args, &sdk).await,

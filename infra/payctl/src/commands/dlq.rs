@@ -5,9 +5,10 @@ use clap::{Args, Subcommand};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
-    /// List dead letters, one JSON line each: error_code, error_message, payment_id,
-    /// source_message_id, first_sent_at, age, receive count (as SQS counts it), every attribute
-    /// and the body.
+    /// List dead letters, one line each: message id, error_code, payment or refund id, age and
+    /// the error message's start. With --json, each whole on one JSON line: error_code,
+    /// error_message, payment_id, source_message_id, first_sent_at, age, receive count (as SQS
+    /// counts it), every attribute and the body.
     List {
         /// The dead-letter queue (the stack's DeadLetterQueueUrl output).
         #[arg(long, env = "DEAD_LETTER_QUEUE_URL")]
@@ -15,6 +16,9 @@ pub enum DlqCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         max: usize,
+        /// Each dead letter whole, one JSON line each.
+        #[arg(long)]
+        json: bool,
     },
     /// Show a dead letter by its message id or source_message_id, or every dead letter of a
     /// payment or a refund by its id.
@@ -82,10 +86,14 @@ pub async fn dlq(args: DlqArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         .await?;
     }
     match command {
-        DlqCommand::List { dlq_url, max } => {
+        DlqCommand::List { dlq_url, max, json } => {
             let letters = payctl::dlq::list(&sqs, &dlq_url, max).await?;
             for l in &letters {
-                println!("{}", l.to_json());
+                if json {
+                    println!("{}", l.to_json());
+                } else {
+                    println!("{}", l.line());
+                }
             }
             eprintln!(
                 "{} dead letters (listing receives each one: its receive_count grew by one)",
