@@ -29,11 +29,46 @@ pub fn payment_body_in(
     .to_string()
 }
 
+/// Which batches of ten a send has had accepted so far.
+#[derive(Debug, Default)]
+pub struct Progress(std::sync::Mutex<std::collections::BTreeSet<usize>>);
+
+impl Progress {
+    fn accepted(&self, chunk: usize) {
+        if let Ok(mut done) = self.0.lock() {
+            done.insert(chunk);
+        }
+    }
+
+    /// Of `total` bodies: how many the queue accepted, and the first one it has not (every
+    /// body before it was accepted), if any.
+    pub fn done(&self, total: usize) -> (usize, Option<usize>) {
+        let done = self.0.lock().map(|d| d.clone()).unwrap_or_default();
+        let sent = done
+            .iter()
+            .map(|c| (total - (c * 10).min(total)).min(10))
+            .sum();
+        let first_missing = (0..total.div_ceil(10)).find(|c| !done.contains(c));
+        (sent, first_missing.map(|c| c * 10))
+    }
+}
+
 /// Sends bodies in batches of ten, eight batches at a time; returns each message's id in order.
 pub async fn send_all(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     bodies: &[String],
+) -> Result<Vec<String>> {
+    send_all_observed(sqs, queue_url, bodies, &Progress::default()).await
+}
+
+/// [`send_all`], marking in `progress` each batch the queue accepted (an interrupted send can
+/// say what went).
+pub async fn send_all_observed(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    bodies: &[String],
+    progress: &Progress,
 ) -> Result<Vec<String>> {
     let chunks: Vec<(usize, &[String])> = bodies.chunks(10).enumerate().collect();
     let results: Vec<(usize, HashMap<String, String>)> = stream::iter(chunks)
@@ -67,6 +102,7 @@ pub async fn send_all(
                 .iter()
                 .map(|s| (s.id().to_owned(), s.message_id().to_owned()))
                 .collect();
+            progress.accepted(ci);
             Ok::<_, anyhow::Error>((ci, ids))
         })
         .buffer_unordered(8)

@@ -62,7 +62,7 @@ pub struct PayArgs {
     #[arg(long, env = "PAYMENTS_API_URL")]
     pub api_url: String,
     /// Minor units (1999 is 19.99 USD).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::send::minor_units)]
     pub amount: i64,
     /// ISO 4217 code.
     #[arg(long)]

@@ -27,6 +27,11 @@ pub struct SendArgs {
     /// Payment id prefix of generated payments.
     #[arg(long, default_value = "pay")]
     pub prefix: String,
+    /// Send the bodies as they are, even those the processor would dead-letter (to try the
+    /// DLQ); by default each is checked with the processor's own validation first, and none is
+    /// sent when one fails.
+    #[arg(long)]
+    pub no_validate: bool,
 }
 
 /// Runs `payctl send`.
@@ -38,6 +43,7 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         generate,
         first,
         prefix,
+        no_validate,
     } = args;
     payctl::aws::check_queue(
         sdk,
@@ -75,8 +81,30 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     } else {
         bail!("give --body, --file or --generate");
     };
+    if !no_validate {
+        check_bodies(&bodies)?;
+    }
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    let ids = payctl::send::send_all(&sqs, &queue_url, &bodies).await?;
+    let progress = payctl::send::Progress::default();
+    let mut signals = payctl::stop::Signals::listen()?;
+    let ids = tokio::select! {
+        ids = payctl::send::send_all_observed(&sqs, &queue_url, &bodies, &progress) => ids?,
+        status = signals.next() => {
+            let (sent, from) = progress.done(bodies.len());
+            eprintln!("interrupted: {sent} of {} messages sent", bodies.len());
+            if let (Some(n), Some(from)) = (generate, from) {
+                eprintln!(
+                    "every payment before {prefix}-{:06} was sent: go on with --generate {} --first {} (any after it that went already are copies, charged once)",
+                    first + from,
+                    n - from,
+                    first + from
+                );
+            } else if let Some(from) = from {
+                eprintln!("every body before line {} was sent: send from it again (copies of those that went are charged once)", from + 1);
+            }
+            std::process::exit(status);
+        }
+    };
     println!("sent {} messages", ids.len());
     if let Some(n) = generate.filter(|n| *n > 0) {
         let last = first + n - 1;
@@ -86,6 +114,46 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Refuses the bodies the processor would dead-letter, with its own reasons: nothing is sent.
+fn check_bodies(bodies: &[String]) -> Result<()> {
+    let bad: Vec<String> = bodies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| {
+            payment_core::domain::PaymentRequest::parse(b)
+                .err()
+                .map(|e| format!("body {}: {}: {e}", i + 1, e.code()))
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} of {} bodies would be dead-lettered by the processor, so nothing was sent: {}{}; fix them, or pass --no-validate to send them as they are (to try the dead-letter queue)",
+        bad.len(),
+        bodies.len(),
+        bad.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
+        if bad.len() > 3 { "; ..." } else { "" }
+    )
+}
+
+/// Parses an amount in minor units, explaining them when given a decimal or a negative number.
+pub fn minor_units(text: &str) -> Result<i64, String> {
+    let explain = "amounts are whole minor units: cents for usd (19.99 usd is 1999), yen for jpy (which has no minor unit: 500 is 500 jpy)";
+    if text.contains('.') || text.contains(',') {
+        let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+        return Err(format!(
+            "{text:?} is not a whole number: {explain}; did you mean {}?",
+            digits.trim_start_matches('0')
+        ));
+    }
+    match text.trim().parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        Ok(_) => Err(format!("{text} is not positive: {explain}")),
+        Err(_) => Err(format!("{text:?} is not a number: {explain}")),
+    }
 }
 
 /// The options of `payctl send-refund`.
@@ -104,7 +172,7 @@ pub struct SendRefundArgs {
     #[arg(long)]
     pub refund_id: Option<String>,
     /// Minor units (default: what is left of the charge).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = minor_units)]
     pub amount: Option<i64>,
     /// duplicate, fraudulent or requested_by_customer.
     #[arg(long)]
