@@ -116,3 +116,45 @@ async fn refunds_show_in_status_and_history() {
         "{history}"
     );
 }
+
+/// `payctl status` of a payment the API accepted and the processor has not seen says so: when
+/// it was accepted and what it waits for, exit 0, as `payctl get` says `pending`. (It exited 1
+/// with "no record and no dead letter".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_accepted_payment_not_yet_processed_says_what_it_waits_for() {
+    let t = TestStack::new("op-accepted").await;
+    let (_server, c) = crate::api::served(&t).await;
+    let key = t.pid("p1");
+    let body = r#"{"amount":2500,"currency":"usd","customer_id":"cus_acc","payment_method":"pm_card_visa"}"#;
+    assert_eq!(c.create(&key, body).await.unwrap().status, 202);
+    let status = |json: bool| {
+        let mut cmd =
+            std::process::Command::new(crate::helpers::root().join("target/debug/payctl"));
+        cmd.args(["status", &key])
+            .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+            .env("PAYMENTS_TABLE", t.stack.payments_table().unwrap());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let out = status(false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("{key}: accepted by the API at ")),
+        "{text}"
+    );
+    assert!(
+        text.contains("not processed yet: waiting for the outbox relay"),
+        "{text}"
+    );
+    let out = status(true);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["state"], "accepted");
+    assert_eq!(doc["amount"], 2500);
+}

@@ -49,6 +49,46 @@ pub struct StatusArgs {
     /// The whole record as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The payments table of the API (the stack's PaymentsTableName output): a payment the API
+    /// accepted that the processor has not seen yet is found there.
+    #[arg(long, env = "PAYMENTS_TABLE")]
+    pub payments_table: Option<String>,
+}
+
+/// A payment the API accepted (its row in the payments table) that has no record yet: when,
+/// and what it waits for.
+async fn accepted_only(
+    sdk: &aws_config::SdkConfig,
+    payments_table: &str,
+    idempotency_table: &str,
+    id: &str,
+) -> Result<Option<serde_json::Value>> {
+    use payment_core::api::PaymentsStore;
+    let store = payment_core::payments_table::DynamoPayments::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        payments_table,
+        idempotency_table,
+    );
+    let Some(p) = store.payment(id).await.map_err(|e| {
+        anyhow::anyhow!(
+            "reading {id} in the payments table {payments_table}: {}",
+            e.0
+        )
+    })?
+    else {
+        return Ok(None);
+    };
+    let now_ms = sqs_once::runner::now_ms();
+    Ok(Some(serde_json::json!({
+        "payment_id": p.id,
+        "kind": "payment",
+        "state": "accepted",
+        "accepted_at": payctl::time::utc(p.created * 1000),
+        "accepted_ago": payctl::time::in_words(now_ms - p.created * 1000),
+        "amount": p.amount,
+        "currency": p.currency,
+        "waiting_for": "the outbox relay (the payments table's stream) to put it on the payments queue, then the processor; payctl get says pending meanwhile, and payctl outbox pending lists those older than a minute",
+    })))
 }
 
 /// Runs `payctl status`.
@@ -57,6 +97,7 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         payment_id,
         table,
         json,
+        payments_table,
     } = args;
     let (record, mark, refunds) = match find(sdk, &table, &payment_id).await? {
         Found::Payment(record, mark) => {
@@ -76,6 +117,27 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
                 }
             }
             return Ok(());
+        }
+        Found::Nothing if payments_table.is_some() => {
+            let payments_table = payments_table.as_deref().unwrap_or_default();
+            match accepted_only(sdk, payments_table, &table, &payment_id).await? {
+                Some(doc) if json => {
+                    println!("{}", serde_json::to_string_pretty(&doc)?);
+                    return Ok(());
+                }
+                Some(doc) => {
+                    println!(
+                        "{payment_id}: accepted by the API at {} ({} ago), {} {}; not processed yet: waiting for {}",
+                        doc["accepted_at"].as_str().unwrap_or_default(),
+                        doc["accepted_ago"].as_str().unwrap_or_default(),
+                        doc["amount"],
+                        doc["currency"].as_str().unwrap_or_default(),
+                        doc["waiting_for"].as_str().unwrap_or_default()
+                    );
+                    return Ok(());
+                }
+                None => bail!("{payment_id} has no record and no dead letter in {table}, as a payment or as a refund, and no row in the payments table {payments_table}: never sent, expired after IDEMPOTENCY_TTL, or refused as invalid_json / invalid_payment / invalid_refund (payctl dlq list shows those)"),
+            }
         }
         Found::Nothing => bail!("{payment_id} has no record and no dead letter in {table}, as a payment or as a refund: not processed yet, never sent, expired after IDEMPOTENCY_TTL, or refused as invalid_json / invalid_payment / invalid_refund (payctl dlq list shows those)"),
     };
