@@ -13,7 +13,7 @@ ensure_deploy_tools
 ensure_tool_venv peer "$ROOT/infra/requirements-peer.txt" "aws_lambda_powertools, awslambdaric, boto3"
 bash "$ROOT/infra/scripts/package.sh" arm64
 bash "$ROOT/infra/scripts/package.sh" x86_64
-cargo build --quiet --profile "$profile" --bin proving
+build --profile "$profile" --bin proving
 dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 start_simulator
 start_ministack
@@ -21,7 +21,7 @@ cd "$ROOT"
 pin() { grep -E "^$1==" "$2" | sed 's/==/ /'; }
 BENCH_EMULATOR="$(pin ministack "$ROOT/infra/requirements-ministack.txt")" \
 BENCH_PEER="Powertools for AWS Lambda (Python): $(pin aws-lambda-powertools "$ROOT/infra/requirements-peer.txt"), $(pin awslambdaric "$ROOT/infra/requirements-peer.txt"), $("$ROOT/.venv-peer/bin/python" --version)" \
-"$ROOT/target/$dir/proving" bench --template "$ROOT/template.yaml" \
+"$TARGET/$dir/proving" bench --template "$ROOT/template.yaml" \
   --bootstrap "arm64=$ROOT/.aws-sam/build-arm64/PaymentProcessorFunction/bootstrap" \
   --bootstrap "x86_64=$ROOT/.aws-sam/build-x86_64/PaymentProcessorFunction/bootstrap" \
   --peer-bootstrap "$ROOT/infra/peer/bootstrap" --peer-python "$ROOT/.venv-peer/bin/python" "$@"

@@ -5,11 +5,11 @@ source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
 # The checker (proving) runs its processors as `payctl run` processes of the same build.
-cargo build --quiet --bin payctl --bin proving
+build --bin payctl --bin proving
 start_aws_endpoint
 start_simulator
 cd "$ROOT"
-"$ROOT/target/debug/proving" chaos --template "$ROOT/template.yaml" "$@"
+"$BIN/proving" chaos --template "$ROOT/template.yaml" "$@"
 # The public events route under a 20 s flood of worst-case forged requests (four clients), a
 # genuine signed delivery every second: each answered 200 within 1 s.
-"$ROOT/target/debug/proving" webhook-flood --seconds 20 --clients 4 --deadline-ms 1000 | grep -v '^{'
+"$BIN/proving" webhook-flood --seconds 20 --clients 4 --deadline-ms 1000 | grep -v '^{'

@@ -4,7 +4,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
-cargo build --quiet --bin payctl --bin proving
+build --bin payctl --bin proving
 start_aws_endpoint
 start_simulator
-"$ROOT/target/debug/proving" demo --template "$ROOT/template.yaml" "$@"
+"$BIN/proving" demo --template "$ROOT/template.yaml" "$@"

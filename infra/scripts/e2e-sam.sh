@@ -14,7 +14,7 @@ trap stop_started EXIT
 ensure_venv
 ensure_deploy_tools
 bash "$ROOT/infra/scripts/package.sh" x86_64
-cargo build --quiet --bin payctl --bin proving
+build --bin payctl --bin proving
 start_simulator
 
 start_ministack
@@ -36,7 +36,7 @@ helper fix-stack "$stack"
 declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
 check() {
-  "$ROOT/target/debug/proving" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
+  "$BIN/proving" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
     --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" \
     --refunds-queue-url "${out[RefundsQueueUrl]}" --refunds-dlq-url "${out[RefundsDeadLetterQueueUrl]}" "$@"
 }

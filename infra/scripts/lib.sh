@@ -3,21 +3,43 @@
 # shellcheck shell=bash
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Where cargo builds: CARGO_TARGET_DIR when set (a relative one is the root's), else target/.
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+export CARGO_TARGET_DIR="$TARGET"
+BIN="$TARGET/debug"
 VENV="$ROOT/.venv"
 RUN_DIR="$ROOT/.local/run"
 STARTED_PIDS=()
 
 log() { echo "[local-stack] $*" >&2; }
 
+# The project's virtualenv: the provider simulator and the checks need only the standard
+# library; moto is installed only for LOCAL_AWS=moto.
 ensure_venv() {
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating the virtualenv $VENV"
     python3 -m venv "$VENV"
   fi
-  if ! "$VENV/bin/python" -c 'import moto, flask' 2>/dev/null; then
-    log "installing moto[server] into $VENV"
+  if [ "${LOCAL_AWS:-ministack}" = moto ] && ! "$VENV/bin/python" -c 'import moto' 2>/dev/null; then
+    log "installing moto[server] into $VENV (LOCAL_AWS=moto)"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/infra/requirements.txt"
   fi
+}
+
+# cargo build ARGS, saying what it builds and how long it took; on a terminal cargo shows its
+# progress bar, elsewhere (CI) one line before and one after. A first build compiles the AWS
+# SDK: about ten minutes on two cores; later ones take seconds.
+build() {
+  local started=$SECONDS
+  if [ -t 2 ]; then
+    log "building ($*) into $TARGET"
+    cargo build "$@"
+  else
+    log "building ($*) into $TARGET: a first build takes about ten minutes on two cores"
+    cargo build --quiet "$@"
+  fi
+  log "built in $((SECONDS - started)) s"
 }
 
 # The deployment tools live in their own virtualenvs: aws-sam-cli and checkov pin conflicting
@@ -74,7 +96,7 @@ wait_for_url() { # url, seconds
 # starts ministack on a free port (LOCAL_AWS=moto starts moto server instead) and exports
 # AWS_ENDPOINT_URL for it. Then `payctl conformance` must pass: an endpoint that breaks what the
 # protocol relies on (moto 5.2's conditional UpdateItem is not atomic) is refused, naming the
-# failed check. Needs target/debug/payctl built.
+# failed check. Needs payctl built ($BIN/payctl).
 start_aws_endpoint() {
   export AWS_REGION="${AWS_REGION:-us-east-1}" AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
   export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
@@ -111,10 +133,18 @@ write_env_file() {
 # Refuses the endpoint unless it keeps the protocol's semantics (payctl conformance).
 check_conformance() {
   mkdir -p "$RUN_DIR"
-  log "checking $AWS_ENDPOINT_URL with payctl conformance"
-  if ! "$ROOT/target/debug/payctl" conformance >"$RUN_DIR/conformance.log" 2>&1; then
+  if [ ! -x "$BIN/payctl" ]; then
+    log "payctl is not built at $BIN/payctl (CARGO_TARGET_DIR=$TARGET): build it first (cargo build --bin payctl)"
+    return 1
+  fi
+  log "checking $AWS_ENDPOINT_URL with payctl conformance (9 checks, a few seconds)"
+  if ! "$BIN/payctl" conformance >"$RUN_DIR/conformance.log" 2>&1; then
     cat "$RUN_DIR/conformance.log" >&2
-    log "refusing $AWS_ENDPOINT_URL: it fails the conformance check above; use ministack (the default) or LocalStack"
+    if grep -q "^  FAIL " "$RUN_DIR/conformance.log"; then
+      log "refusing $AWS_ENDPOINT_URL: it fails the conformance checks above; use ministack (the default) or LocalStack"
+    else
+      log "payctl conformance could not check $AWS_ENDPOINT_URL: the error above says why"
+    fi
     return 1
   fi
   grep -E "^all " "$RUN_DIR/conformance.log" | sed 's/^/[local-stack] /' >&2
@@ -152,7 +182,7 @@ start_ministack() {
   export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
   export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
   mkdir -p "$RUN_DIR"
-  log "starting ministack on 127.0.0.1:$port"
+  log "starting ministack on 127.0.0.1:$port (waiting up to 60 s for it to answer)"
   (cd "$RUN_DIR" && BIND_HOST=127.0.0.1 GATEWAY_PORT=$port exec "$ROOT/.venv-ministack/bin/ministack") >"$RUN_DIR/ministack.log" 2>&1 &
   STARTED_PIDS+=($!)
   wait_for_url "$AWS_ENDPOINT_URL/_ministack/health" 60

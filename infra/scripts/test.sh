@@ -9,7 +9,7 @@ bash "$ROOT/infra/scripts/check-template.sh"
 # operator's crates apart from the proving ground (and the checker's own cases).
 "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" --self-test
 "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" "$ROOT"
-cargo build --quiet --workspace --all-targets
+build --workspace --all-targets
 # The generic crate as a crate of its own: it packages (metadata, README, licenses, no path
 # dependency) and the packaged copy builds; its docs build with warnings as errors; it builds
 # with the toolchain of its stated MSRV.
@@ -31,6 +31,8 @@ ensure_contract_tools
 "$VENV/bin/python" "$ROOT/infra/provider-sim/test_simulator.py"
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" --self-test
 start_aws_endpoint
+# The scripts themselves: CARGO_TARGET_DIR, a missing binary named, nothing extra installed.
+bash "$ROOT/infra/scripts/check-scripts.sh"
 mkdir -p "$RUN_DIR"
 export SIM_RECORD="$RUN_DIR/provider-requests.jsonl"
 rm -f "$SIM_RECORD"
@@ -51,14 +53,14 @@ if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the cargo tests o
   exit 0
 fi
 # The README's install of payctl works (a debug install, from the build above).
-CARGO_TARGET_DIR="$ROOT/target" cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
+CARGO_TARGET_DIR="$TARGET" cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
 "$RUN_DIR/install/bin/payctl" --version
 # The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
 # in the contract test too).
-STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$ROOT/target/debug/payctl" smoke
+STRIPE_TEST_KEY="$PAYMENT_API_KEY" "$BIN/payctl" smoke
 # The demo, small: money totals per currency, and every count adding up (a delivery, refund or
 # provider event not in exactly one bucket is a violation: RESULT would say FAILED).
-"$ROOT/target/debug/proving" demo --template "$ROOT/template.yaml" --payments 40 >"$RUN_DIR/demo.log" 2>&1 \
+"$BIN/proving" demo --template "$ROOT/template.yaml" --payments 40 >"$RUN_DIR/demo.log" 2>&1 \
   || { cat "$RUN_DIR/demo.log" >&2; echo "the small demo failed" >&2; exit 1; }
 grep -E "^(payments charged once|refund messages sent|refund processor|provider events|  at the inbox|local event source|RESULT)" "$RUN_DIR/demo.log"
 grep -qE "^payments charged once: +[0-9]+ \([0-9.]+ [a-z]{3}( \+ [0-9.]+ [a-z]{3})+\)$" "$RUN_DIR/demo.log" \
@@ -71,7 +73,7 @@ grep -q "^RESULT: OK" "$RUN_DIR/demo.log" || { echo "the demo's counts do not ad
 # The public events route under a flood: four clients send worst-case forged requests for 8 s
 # while a genuine signed delivery arrives every second; each must be answered 200 within 1 s
 # (make chaos runs it for 20 s on its own).
-"$ROOT/target/debug/proving" webhook-flood --seconds 8 --clients 4 --deadline-ms 1000 | grep -v '^{'
+"$BIN/proving" webhook-flood --seconds 8 --clients 4 --deadline-ms 1000 | grep -v '^{'
 unset SIM_RECORD # the simulators of the runs below keep no record
 stop_started
 # The deployed shape: the arm64 package, then sam deploy onto ministack with the x86_64 one.
@@ -135,5 +137,6 @@ for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]
 done
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
 # self-tests, the install, the smoke run, the contract test, the flood, the package check, the
-# e2e run, the bench smoke run and the small demo count as thirteen more passed checks.
-summary 13
+# e2e run, the bench smoke run, the small demo and the scripts' check count as fourteen more
+# passed checks.
+summary 14

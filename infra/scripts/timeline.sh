@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
 ensure_venv
 cd "$ROOT"
-cargo build --quiet --workspace --all-targets
+build --workspace --all-targets
 start_aws_endpoint
 start_simulator
 cargo test --quiet --test integration -- timeline --nocapture

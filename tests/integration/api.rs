@@ -150,7 +150,7 @@ pub(crate) async fn api_process_with(
     stderr: std::process::Stdio,
 ) -> tokio::process::Child {
     let config = api_config(t);
-    let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
+    let mut cmd = tokio::process::Command::new(bin("payctl"));
     cmd.args(["api", "serve", "--address", &format!("127.0.0.1:{port}")])
         .env("PAYMENTS_TABLE", &config.payments_table)
         .env("IDEMPOTENCY_TABLE", &config.idempotency_table)
@@ -243,7 +243,7 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
     assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
 
     let config = relay_config(&t);
-    let status = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let status = tokio::process::Command::new(bin("payctl"))
         .args([
             "relay",
             "--table",
@@ -381,7 +381,7 @@ async fn rows_the_processor_never_saw_are_republished() {
     assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
     let config = relay_config(&t);
     let payctl = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+        let mut cmd = std::process::Command::new(bin("payctl"));
         cmd.args(["outbox"])
             .args(args)
             .args(["--table", t.stack.payments_table().unwrap()])
@@ -501,7 +501,7 @@ async fn payctl_pay_and_get_sign_their_requests() {
     );
     let key = t.pid("cli");
     let payctl = |args: &[&str]| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(args)
             .args(["--api-url", server.url()])
             .output()

@@ -26,7 +26,7 @@ async fn a_card_number_is_kept_nowhere() {
     t.send(&body).await;
 
     // The processor as its own process, logging at debug level.
-    let payctl = root().join("target/debug/payctl");
+    let payctl = bin("payctl");
     let run = tokio::process::Command::new(&payctl)
         .args([
             "run",

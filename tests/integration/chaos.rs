@@ -5,13 +5,13 @@
 //! that fails after pending and a dispute through the provider's events, applied by event
 //! processes that crash the same way.
 
-use crate::helpers::root;
+use crate::helpers::{bin, root};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_of_300_payments_charges_each_once_and_loses_nothing() {
     // The checker runs its processors as `payctl run` processes of the same build.
-    let proving = root().join("target/debug/proving");
-    for bin in [&proving, &root().join("target/debug/payctl")] {
+    let proving = bin("proving");
+    for bin in [&proving, &bin("payctl")] {
         assert!(
             bin.exists(),
             "build payctl and proving first (make test does): {}",

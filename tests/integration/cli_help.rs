@@ -1,7 +1,7 @@
 //! The command-line tools describe themselves: every command and option says what it is for,
 //! the README's tables name every command, and each binary holds only its own room's commands.
 
-use crate::helpers::root;
+use crate::helpers::{root, target_dir};
 
 /// Every command and option of `payctl` and of the proving ground says what it is for in
 /// `--help`, the README's command tables name every command, and `payctl` lists the operator's
@@ -50,7 +50,7 @@ fn every_payctl_option_is_described() {
 
 /// The command paths of `bin`, each checked to describe every option, and named in the README.
 fn described(bin: &str) -> Vec<Vec<String>> {
-    let exe = root().join("target/debug").join(bin);
+    let exe = target_dir().join("debug").join(bin);
     let help = |args: &[String]| {
         let out = std::process::Command::new(&exe)
             .args(args)

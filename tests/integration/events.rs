@@ -420,7 +420,7 @@ async fn a_dispute_holds_its_amount_from_refunds_until_won() {
         "{got}"
     );
     let payctl = |args: &[&str]| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(args)
             .args(["--table", &t.config.idempotency_table])
             .output()

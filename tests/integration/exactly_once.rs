@@ -147,7 +147,7 @@ async fn a_killed_workers_charged_payment_is_finished_by_another_process() {
     // The provider books the charge, then holds the answer: the worker dies meanwhile.
     t.fault(&pid, "delay_after_commit", Some(1), 20_000).await;
     t.send(&payment(&pid, 4200, "pm_card_visa")).await;
-    let payctl = root().join("target/debug/payctl");
+    let payctl = bin("payctl");
     assert!(payctl.exists(), "build payctl first: {}", payctl.display());
     let spawn = |until_empty: bool| {
         let mut cmd = tokio::process::Command::new(&payctl);

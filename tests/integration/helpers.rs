@@ -36,6 +36,20 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Where cargo builds: CARGO_TARGET_DIR when set (a relative one is the root's), else target/.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if PathBuf::from(&dir).is_absolute() => PathBuf::from(dir),
+        Some(dir) => root().join(dir),
+        None => root().join("target"),
+    }
+}
+
+/// A binary of the workspace's debug build (`payctl`, `proving`).
+pub fn bin(name: &str) -> PathBuf {
+    target_dir().join("debug").join(name)
+}
+
 /// One test's private stack.
 pub struct TestStack {
     /// Unique name: prefix of resources and of payment ids.

@@ -250,7 +250,7 @@ async fn t09_crash_after_charge_completes_on_redelivery_with_one_charge() {
     t.fault(&pid, "delay_after_commit", Some(1), 30_000).await;
     t.send(&payment(&pid, 9900, "pm_card_visa")).await;
 
-    let payctl = root().join("target/debug/payctl");
+    let payctl = bin("payctl");
     assert!(
         payctl.exists(),
         "build payctl first (make test does): {}",

@@ -89,7 +89,7 @@ async fn redrive_keeps_what_is_never_redriven_and_refuses_unknown_codes() {
         .await
         .unwrap();
 
-    let cli = std::process::Command::new(root().join("target/debug/payctl"))
+    let cli = std::process::Command::new(bin("payctl"))
         .args([
             "dlq",
             "redrive",
@@ -169,7 +169,7 @@ async fn dlq_list_and_show_give_the_whole_dead_letter() {
     t.drain(1).await;
     let dlq_url = t.config.dead_letter_queue_url.clone();
     let payctl = |args: &[&str]| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(["dlq"])
             .args(args)
             .args(["--dlq-url", &dlq_url])
@@ -249,7 +249,7 @@ async fn a_redrive_goes_back_to_the_queue_that_dead_letters_to_the_dlq() {
         wrong.to_string().contains("does not dead-letter to"),
         "{wrong}"
     );
-    let cli = std::process::Command::new(root().join("target/debug/payctl"))
+    let cli = std::process::Command::new(bin("payctl"))
         .args([
             "dlq",
             "redrive",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::helpers::*;
 
 pub(crate) fn payctl_run(t: &TestStack, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(root().join("target/debug/payctl"));
+    let mut cmd = tokio::process::Command::new(bin("payctl"));
     cmd.args(["run", "--queue-url", t.queue_url()])
         .args(args)
         .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
@@ -82,7 +82,7 @@ async fn a_missing_table_or_queue_is_named_with_its_fix_before_anything_runs() {
         ],
         vec!["status", "p", "--table", "no-such-table"],
     ] {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(&args)
             .env("RUST_BACKTRACE", "1")
             .output()
@@ -170,7 +170,7 @@ async fn progress_while_running_and_the_summary_on_ctrl_c() {
 async fn provision_is_idempotent_and_guards_real_aws() {
     let name = format!("prov-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let provision = |extra: &[&str], local: bool| {
-        let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+        let mut cmd = std::process::Command::new(bin("payctl"));
         cmd.args(["provision", "--template"])
             .arg(root().join("template.yaml"))
             .args(["--stack-name", &name])
@@ -241,7 +241,7 @@ async fn provision_is_idempotent_and_guards_real_aws() {
 /// A shell without credentials or an endpoint gets a hint, not an IMDS error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shell_without_credentials_is_told_what_to_set() {
-    let out = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let out = tokio::process::Command::new(bin("payctl"))
         .args([
             "--region",
             "us-east-1",
@@ -304,7 +304,7 @@ async fn status_and_history_read_like_an_operator_needs() {
         .unwrap();
     t.drain(1).await;
     let payctl = |args: &[&str]| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(args)
             .args(["--table", &t.config.idempotency_table])
             .output()

@@ -14,7 +14,7 @@ fn lines(text: &str) -> usize {
 /// instance metadata service it tried instead.
 #[test]
 fn no_region_is_one_line_naming_aws_region() {
-    let out = std::process::Command::new(root().join("target/debug/payctl"))
+    let out = std::process::Command::new(bin("payctl"))
         .args([
             "run",
             "--queue-url",
@@ -42,7 +42,7 @@ fn no_region_is_one_line_naming_aws_region() {
 async fn a_busy_address_is_named() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
-    let out = std::process::Command::new(root().join("target/debug/payctl"))
+    let out = std::process::Command::new(bin("payctl"))
         .args(["api", "serve", "--address", &address])
         .env("PAYMENTS_TABLE", "t")
         .env("IDEMPOTENCY_TABLE", "i")
@@ -69,7 +69,7 @@ async fn dlq_redrive_finds_the_home_queue_from_the_environment() {
     let out = payctl_run(&t, &["--until-empty"]).output().await.unwrap();
     assert!(out.status.success());
     assert_eq!(t.depth().await, 0);
-    let out = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let out = tokio::process::Command::new(bin("payctl"))
         .args(["dlq", "redrive", "--force"])
         .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
         .env("PAYMENTS_QUEUE_URL", t.queue_url())
@@ -99,7 +99,7 @@ async fn dlq_redrive_finds_the_home_queue_from_the_environment() {
     );
     assert_eq!(t.depth().await, 1, "back in the payments queue");
     // Without the environment's queues it says what to pass, in one line.
-    let out = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let out = tokio::process::Command::new(bin("payctl"))
         .args(["dlq", "redrive"])
         .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
         .env_remove("PAYMENTS_QUEUE_URL")
@@ -116,7 +116,7 @@ async fn dlq_redrive_finds_the_home_queue_from_the_environment() {
 }
 
 fn payctl(t: &TestStack, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(root().join("target/debug/payctl"))
+    std::process::Command::new(bin("payctl"))
         .args(args)
         .env("PAYMENTS_QUEUE_URL", t.queue_url())
         .output()
@@ -167,7 +167,7 @@ async fn send_refuses_what_the_processor_would_dead_letter() {
 #[test]
 fn amounts_explain_minor_units() {
     let run = |amount: &str| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(["pay", "--api-url", "http://127.0.0.1:1", "--amount", amount])
             .args(["--currency", "usd", "--customer", "cus_1"])
             .output()
@@ -191,7 +191,7 @@ fn amounts_explain_minor_units() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_generate_says_how_many_went_and_how_to_go_on() {
     let t = TestStack::new("op-send-int").await;
-    let child = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let child = tokio::process::Command::new(bin("payctl"))
         .args(["send", "--generate", "20000", "--prefix", &t.name])
         .env("PAYMENTS_QUEUE_URL", t.queue_url())
         .stdout(std::process::Stdio::piped())

@@ -5,7 +5,7 @@ use crate::helpers::*;
 use crate::operator::payctl_run;
 
 fn health(t: &TestStack, args: &[&str]) -> std::process::Command {
-    let mut cmd = std::process::Command::new(root().join("target/debug/payctl"));
+    let mut cmd = std::process::Command::new(bin("payctl"));
     cmd.arg("health")
         .args(args)
         .env("PAYMENTS_QUEUE_URL", t.queue_url())

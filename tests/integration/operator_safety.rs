@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::root;
+use crate::helpers::{bin, root};
 
 /// One request as a stub API saw it.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ async fn stub_api(answers: Vec<(u16, &'static str)>) -> (String, Arc<Mutex<Vec<S
 }
 
 fn payctl() -> std::process::Command {
-    std::process::Command::new(root().join("target/debug/payctl"))
+    std::process::Command::new(bin("payctl"))
 }
 
 /// The key payctl said it would use, from the first line of its stderr.
@@ -88,7 +88,7 @@ fn retry_command(stderr: &str) -> String {
     let cmd = stderr[at..].lines().next().unwrap().trim().to_owned();
     cmd.replacen(
         "payctl",
-        &format!("'{}'", root().join("target/debug/payctl").display()),
+        &format!("'{}'", bin("payctl").display()),
         1,
     )
 }
@@ -241,7 +241,7 @@ async fn run_prints_its_summary_when_stopped_with_sigterm() {
 async fn payctl_env_reads_the_stack_as_provisioned_and_changes_nothing() {
     use aws_sdk_sqs::types::QueueAttributeName;
     let name = format!("env-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let bin = root().join("target/debug/payctl");
+    let bin = bin("payctl");
     let missing = payctl()
         .args(["env", "--stack-name", &name])
         .current_dir(root())

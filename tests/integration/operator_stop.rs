@@ -218,7 +218,7 @@ async fn relay_finishes_its_send_and_counts_it_when_stopped() {
     let config = relay_config(&t);
     // The message is sent, then the relay waits 2 s before it moves on: the Ctrl-C comes in
     // between.
-    let child = tokio::process::Command::new(root().join("target/debug/payctl"))
+    let child = tokio::process::Command::new(bin("payctl"))
         .args([
             "relay",
             "--table",

@@ -27,7 +27,7 @@ async fn a_payment_sent_to_the_queue_exists_for_the_api() {
 /// refund's own id reads in `status` and `history` as a refund.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_show_in_status_and_history() {
-    use crate::helpers::root;
+    use crate::helpers::bin;
     let t = TestStack::new("refund-views").await;
     let pid = t.pid("p1");
     t.send(&payment(&pid, 2000, "pm_card_visa")).await;
@@ -59,7 +59,7 @@ async fn refunds_show_in_status_and_history() {
         .await
         .unwrap();
     let payctl = |args: &[&str]| {
-        let out = std::process::Command::new(root().join("target/debug/payctl"))
+        let out = std::process::Command::new(bin("payctl"))
             .args(args)
             .args(["--table", &t.config.idempotency_table])
             .output()
@@ -129,7 +129,7 @@ async fn status_of_an_accepted_payment_not_yet_processed_says_what_it_waits_for(
     assert_eq!(c.create(&key, body).await.unwrap().status, 202);
     let status = |json: bool| {
         let mut cmd =
-            std::process::Command::new(crate::helpers::root().join("target/debug/payctl"));
+            std::process::Command::new(crate::helpers::bin("payctl"));
         cmd.args(["status", &key])
             .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
             .env("PAYMENTS_TABLE", t.stack.payments_table().unwrap());

@@ -311,7 +311,7 @@ async fn reconcile_settles_a_refund_whose_answer_was_lost() {
     );
     tokio::time::sleep(std::time::Duration::from_millis(3_500)).await; // past not_before
     let reconcile = |args: &[&str]| {
-        std::process::Command::new(root().join("target/debug/payctl"))
+        std::process::Command::new(bin("payctl"))
             .arg("reconcile")
             .args(args)
             .args(["--table", &t.config.idempotency_table])
@@ -336,7 +336,7 @@ async fn reconcile_settles_a_refund_whose_answer_was_lost() {
     let said = String::from_utf8_lossy(&again.stdout);
     assert_eq!(again.status.code(), Some(0), "{said}");
     assert!(said.contains("already COMPLETED (succeeded)"), "{said}");
-    let status = std::process::Command::new(root().join("target/debug/payctl"))
+    let status = std::process::Command::new(bin("payctl"))
         .args(["status", &rid, "--table", &t.config.idempotency_table])
         .output()
         .unwrap();
@@ -394,7 +394,7 @@ async fn reconcile_gives_back_a_refund_the_provider_failed_after_its_answer_was_
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(3_500)).await; // past not_before
-    let out = std::process::Command::new(root().join("target/debug/payctl"))
+    let out = std::process::Command::new(bin("payctl"))
         .args(["reconcile", &rid, "--table", &t.config.idempotency_table])
         .output()
         .unwrap();
