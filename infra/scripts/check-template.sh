@@ -23,16 +23,16 @@ for t in template.yaml "$out/transformed.json"; do
   log "checkov $t"
   "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact
 done
-log "the public route's throttle against the function behind it and the README's measured cost"
+log "the public route's throttle against the function behind it and the measured cost docs/events.md states"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py --self-test
-"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$out/transformed.json" README.md
+"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$out/transformed.json" docs/events.md
 log "the provider's pace: one stack rate, the shares, a batch within its timeout"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$out/transformed.json"
 log "the operations dashboard: outcomes, dead letters, oldest ages, the provider's errors, every alarm"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py "$out/transformed.json" "$ROOT"
-log "the README against the template: the alarm runbook, the counts, the sqs-once example"
+log "the README and docs/ against the template: the alarm runbook, the counts, the sqs-once example"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"
 log "template checks passed"

@@ -124,7 +124,7 @@ write_env_file() {
   mkdir -p "$(dirname "$ENV_FILE")"
   : >"$ENV_FILE"
   local v
-  for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PAYMENT_API_URL PAYMENT_API_KEY; do
+  for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PAYMENT_API_URL PAYMENT_API_KEY WEBHOOK_SECRET; do
     if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}" >>"$ENV_FILE"; fi
   done
   ENV_WRITTEN="$(cat "$ENV_FILE")"
@@ -150,12 +150,15 @@ check_conformance() {
   grep -E "^all " "$RUN_DIR/conformance.log" | sed 's/^/[local-stack] /' >&2
 }
 
-# Starts the provider simulator on a free port; exports PAYMENT_API_URL and PAYMENT_API_KEY.
+# Starts the provider simulator on a free port; exports PAYMENT_API_URL and PAYMENT_API_KEY, and
+# WEBHOOK_SECRET: the secret the events route verifies with (`payctl api serve`) and the
+# simulator signs its deliveries with once told where to deliver (POST /_sim/webhook).
 start_simulator() {
   mkdir -p "$RUN_DIR"
   local portfile="$RUN_DIR/sim.port.$$"
   rm -f "$portfile"
   export PAYMENT_API_KEY="${PAYMENT_API_KEY:-sk_test_local}"
+  export WEBHOOK_SECRET="${WEBHOOK_SECRET:-whsec_local_$(python3 -c 'import secrets; print(secrets.token_hex(16))')}"
   local record=()
   # SIM_RECORD=FILE: every request the simulator receives is appended there (the contract test).
   if [ -n "${SIM_RECORD:-}" ]; then record=(--record "$SIM_RECORD"); fi

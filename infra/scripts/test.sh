@@ -66,6 +66,8 @@ grep -E "^(payments charged once|refund messages sent|refund processor|provider 
 grep -qE "^payments charged once: +[0-9]+ \([0-9.]+ [a-z]{3}( \+ [0-9.]+ [a-z]{3})+\)$" "$RUN_DIR/demo.log" \
   || { echo "the demo's charged total is not per currency" >&2; exit 1; }
 grep -q "^RESULT: OK" "$RUN_DIR/demo.log" || { echo "the demo's counts do not add up" >&2; exit 1; }
+# The README's quick start, run as written in a fresh shell with its own stack.
+bash "$ROOT/infra/scripts/check-quick-start.sh"
 # The contract test: every request the processors sent in the run above, checked against the
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
@@ -137,6 +139,6 @@ for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]
 done
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
 # self-tests, the install, the smoke run, the contract test, the flood, the package check, the
-# e2e run, the bench smoke run, the small demo and the scripts' check count as fourteen more
-# passed checks.
-summary 14
+# e2e run, the bench smoke run, the small demo, the scripts' check and the quick start count as
+# fifteen more passed checks.
+summary 15

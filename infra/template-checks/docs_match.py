@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README says what the template is: every alarm of template.yaml has its row in "When an
+"""The README and its docs/ pages say what the template is: every alarm of template.yaml has its row in "When an
 alarm fires" (and no row names an alarm the template lacks), the counts of alarms and functions
 the README states are the template's, every stack output the README exports exists, the
 conformance check's number of checks is the one its help and the README say, docs/design.md
@@ -32,8 +32,10 @@ def resources_of(template_text, kind):
 
 def runbook_alarms(readme):
     """The alarms named in the first column of the "When an alarm fires" table."""
-    at = readme.index("### When an alarm fires")
-    table = readme[at:].split("\n### ", 1)[0]
+    found = re.search(r"^#{2,3} When an alarm fires$", readme, flags=re.M)
+    if not found:
+        raise ValueError('no "When an alarm fires" section')
+    table = re.split(r"\n#{2,3} ", readme[found.end():], maxsplit=1)[0]
     return [m.group(1) for m in re.finditer(r"^\| `([A-Za-z0-9]+)`", table, flags=re.M)]
 
 
@@ -129,9 +131,13 @@ if __name__ == "__main__":
         sys.exit(0)
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
     read = lambda p: open(os.path.join(root, p), encoding="utf-8").read()
-    found = check(read("template.yaml"), read("README.md"), read("sqs-once/README.md"), read("docs/design.md"))
+    # The user's documentation: the README and the pages it leads to (the design is its own).
+    pages = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(root, "docs"))
+                                   if f.endswith(".md") and f != "design.md")
+    docs = "\n".join(read(p) for p in pages)
+    found = check(read("template.yaml"), docs, read("sqs-once/README.md"), read("docs/design.md"))
     found += conformance_counts(read("infra/payctl/src/conformance/mod.rs"),
-                                read("infra/payctl/src/main.rs"), read("README.md"))
+                                read("infra/payctl/src/main.rs"), docs)
     for p in found:
         print(p, file=sys.stderr)
     if found:

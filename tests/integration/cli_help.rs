@@ -139,7 +139,14 @@ fn described(bin: &str) -> Vec<Vec<String>> {
         "options without a description: {undescribed:#?}"
     );
     // And the README's command table names every command.
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    // The README and the docs/ pages it leads to.
+    let mut readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    for page in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let path = page.expect("a docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            readme += &std::fs::read_to_string(&path).expect("a docs/ page");
+        }
+    }
     let missing: Vec<String> = commands
         .iter()
         .map(|p| format!("`{bin} {}", p.join(" ")))
