@@ -118,3 +118,35 @@ async fn health_shows_queues_dead_letters_records_and_alarms() {
         "{attention}"
     );
 }
+
+/// On a terminal `payctl run`'s log is short text lines, not JSON objects burying the progress
+/// and the summary (a pseudo-terminal from util-linux's `script`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_the_run_logs_text_not_json() {
+    let t = TestStack::new("op-tty").await;
+    t.send(&payment(&t.pid("p1"), 100, "pm_card_visa")).await;
+    t.send("{not json").await;
+    let command = format!(
+        "{} run --until-empty --queue-url {}",
+        bin("payctl").display(),
+        t.queue_url()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+        .env("DEAD_LETTER_QUEUE_URL", &t.config.dead_letter_queue_url)
+        .envs(fast_settings())
+        .output()
+        .expect("util-linux script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 charged"), "the summary: {text}");
+    assert!(
+        text.contains("message dead-lettered"),
+        "the log line: {text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.trim_start().starts_with('{')),
+        "no JSON line on a terminal: {text}"
+    );
+}

@@ -86,11 +86,7 @@ fn retry_command(stderr: &str) -> String {
         .find("payctl pay ")
         .unwrap_or_else(|| panic!("an exact retry command: {stderr}"));
     let cmd = stderr[at..].lines().next().unwrap().trim().to_owned();
-    cmd.replacen(
-        "payctl",
-        &format!("'{}'", bin("payctl").display()),
-        1,
-    )
+    cmd.replacen("payctl", &format!("'{}'", bin("payctl").display()), 1)
 }
 
 /// A `503` (or anything else that may have stored the payment) ends with the command that

@@ -128,8 +128,7 @@ async fn status_of_an_accepted_payment_not_yet_processed_says_what_it_waits_for(
     let body = r#"{"amount":2500,"currency":"usd","customer_id":"cus_acc","payment_method":"pm_card_visa"}"#;
     assert_eq!(c.create(&key, body).await.unwrap().status, 202);
     let status = |json: bool| {
-        let mut cmd =
-            std::process::Command::new(crate::helpers::bin("payctl"));
+        let mut cmd = std::process::Command::new(crate::helpers::bin("payctl"));
         cmd.args(["status", &key])
             .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
             .env("PAYMENTS_TABLE", t.stack.payments_table().unwrap());
