@@ -88,7 +88,12 @@ async fn the_function_binary_behind_the_runtime_api() {
     let metrics: Vec<serde_json::Value> = output
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v.get("_aws").is_some() && v.get("Reason").is_none())
+        // The batch's lines (the provider's error metrics are lines of their own namespace).
+        .filter(|v| {
+            v.get("_aws").is_some()
+                && v.get("Reason").is_none()
+                && v["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "PaymentProcessor"
+        })
         .collect();
     assert_eq!(
         metrics.len() as u64,

@@ -182,7 +182,7 @@ fn amounts_explain_minor_units() {
     );
     let err = run("-100");
     assert!(
-        err.contains("-100 is not positive: amounts are whole minor units"),
+        err.contains("-100 is negative: amounts are whole minor units"),
         "{err}"
     );
 }

@@ -383,7 +383,17 @@ async fn receive_batch(
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
-            .await?;
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            // Messages already received are invoked, not dropped: dropped, they would stay
+            // invisible for the visibility timeout with a delivery counted against them.
+            Err(e) if !batch.is_empty() => {
+                warn!(error = %crate::faults::sdk_error_line(&e), messages = batch.len(), "receiving more messages for the batch failed; invoking with those received");
+                return Ok(batch);
+            }
+            Err(e) => return Err(e),
+        };
         let got = out.messages().len();
         batch.extend(out.messages().iter().cloned());
         if batch.len() >= opts.batch_size.clamp(1, 10) as usize

@@ -104,7 +104,8 @@ pub(crate) async fn delete_processed(
 }
 
 /// Error codes of a passing failure besides throttling and `5xx`: calling again can succeed.
-const PASSING_CODES: [&str; 6] = [
+const PASSING_CODES: [&str; 7] = [
+    "OverLimit",
     "RequestThrottled",
     "TooManyRequestsException",
     "KmsThrottled",
@@ -129,6 +130,13 @@ pub fn passing<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool {
                 || code.contains("Throttl")
                 || code.starts_with("Internal")
                 || PASSING_CODES.contains(&code)
+        }
+        // A connection refused or reset, a timeout, an answer cut off are passing; what the
+        // SDK could not even send (no credentials found, no endpoint resolved) is not.
+        SdkError::DispatchFailure(d) => {
+            d.is_io()
+                || d.is_timeout()
+                || d.as_other() == Some(aws_smithy_types::retry::ErrorKind::TransientError)
         }
         _ => true,
     }
@@ -247,6 +255,26 @@ mod tests {
         assert!(!passing(
             &SdkError::<ReceiveMessageError, HttpResponse>::construction_failure("no region")
         ));
+    }
+
+    #[test]
+    fn a_lost_connection_is_passing_missing_credentials_are_not() {
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        let dispatch =
+            |c: ConnectorError| SdkError::<ReceiveMessageError, HttpResponse>::dispatch_failure(c);
+        assert!(passing(&dispatch(ConnectorError::io(
+            "connection refused".into()
+        ))));
+        assert!(passing(&dispatch(ConnectorError::timeout("slow".into()))));
+        assert!(passing(&dispatch(ConnectorError::other(
+            "connection closed before message completed".into(),
+            Some(aws_smithy_types::retry::ErrorKind::TransientError)
+        ))));
+        assert!(!passing(&dispatch(ConnectorError::other(
+            "no credentials in the chain".into(),
+            None
+        ))));
+        assert!(passing(&service(403, "OverLimit")));
     }
 
     #[test]

@@ -68,8 +68,8 @@ pub trait HttpHandler: Send + Sync + 'static {
     }
 }
 
-/// A running local API; stops at once when dropped, or after what it is answering with
-/// [`LocalHttp::stop`].
+/// A running local API; stops accepting when dropped (the connections open then are closed
+/// once answered), or stops and waits for them with [`LocalHttp::stop`].
 pub struct LocalHttp {
     url: String,
     server: tokio::task::JoinHandle<()>,
@@ -175,18 +175,27 @@ impl LocalHttp {
         let server = tokio::spawn(async move {
             let graceful = hyper_util::server::graceful::GracefulShutdown::new();
             loop {
-                let stream = tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => stream,
-                        Err(_) => continue,
-                    },
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
                     _ = stopping.wait_for(|s| *s) => break,
+                };
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        // Out of file descriptors, say: wait rather than spin.
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
                 };
                 let api = api.clone();
                 let counted = counted.clone();
                 let service =
                     hyper::service::service_fn(move |req| route(api.clone(), counted.clone(), req));
+                // A client that connects and sends nothing is dropped after 10 s, so that a
+                // graceful stop never waits on it.
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(std::time::Duration::from_secs(10))
                     .serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {

@@ -140,7 +140,15 @@ pub async fn check_processor_resources(
 /// The SDK configuration of a command: the default chain (environment, `AWS_ENDPOINT_URL`,
 /// profile files), with `--region` and `--profile` when given.
 pub async fn sdk_config(region: Option<String>, profile: Option<String>) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    // Every attempt ends: a connection that goes silent (a laptop asleep, an emulator wedged)
+    // is a timeout to ride out or report, never a command that hangs. The longest call payctl
+    // makes, a receive, waits 1 s for messages.
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .operation_attempt_timeout(std::time::Duration::from_secs(30))
+        .build();
+    let mut loader =
+        aws_config::defaults(aws_config::BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(region) = region {
         loader = loader.region(aws_config::Region::new(region));
     }

@@ -170,10 +170,16 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         other => std::env::var(other).ok(),
     })?;
     let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
+    let set = |v: &str| std::env::var(v).is_ok_and(|s| !s.trim().is_empty());
     let webhook = ["WEBHOOK_SECRET", "WEBHOOK_SECRET_ARN"]
         .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
-    let events = if webhook {
+        .any(|v| set(v));
+    // The route needs its queue too: a shell with the local scripts' secret and no stack
+    // variables serves the payments API alone, and says so.
+    if webhook && !set("PROVIDER_EVENTS_QUEUE_URL") {
+        eprintln!("payctl: no provider-events route: WEBHOOK_SECRET is set but PROVIDER_EVENTS_QUEUE_URL is not (eval \"$(payctl env --stack-name NAME)\" sets both)");
+    }
+    let events = if webhook && set("PROVIDER_EVENTS_QUEUE_URL") {
         let config = payment_core::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
         Some(std::sync::Arc::new(
             payment_core::bootstrap::build_receiver(&config, sdk),

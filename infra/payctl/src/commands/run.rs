@@ -169,10 +169,14 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         };
         if stopped_by.is_some() {
             let left = stats.lock().await.in_flight;
-            eprintln!(
-                "stopped at once, {left} left in flight: they come back {}",
-                payctl::run::back_after_visibility(&sqs, &queue_url, visibility_timeout).await
-            );
+            // At most a second for the queue's timeout: stopping at once must not wait on AWS.
+            let back = tokio::time::timeout(
+                Duration::from_secs(1),
+                payctl::run::back_after_visibility(&sqs, &queue_url, visibility_timeout),
+            )
+            .await
+            .unwrap_or_else(|_| "after the queue's visibility timeout".to_owned());
+            eprintln!("stopped at once, {left} left in flight: they come back {back}");
             break Ok(());
         }
         stopped_by = Some(signal);

@@ -150,8 +150,9 @@ pub fn minor_units(text: &str) -> Result<i64, String> {
         ));
     }
     match text.trim().parse::<i64>() {
-        Ok(n) if n > 0 => Ok(n),
-        Ok(_) => Err(format!("{text} is not positive: {explain}")),
+        // Zero reaches the API or the processor, which refuse it with the currency's minimum.
+        Ok(n) if n >= 0 => Ok(n),
+        Ok(_) => Err(format!("{text} is negative: {explain}")),
         Err(_) => Err(format!("{text:?} is not a number: {explain}")),
     }
 }

@@ -79,6 +79,22 @@ async fn accepted_only(
         return Ok(None);
     };
     let now_ms = sqs_once::runner::now_ms();
+    // The row outlives the processor's record (twice its retention and a day): a row older
+    // than that retention whose record is gone was processed or dead-lettered long ago.
+    let retention_s = (p.expires_at_s - p.created - 86_400) / 2;
+    if p.expires_at_s > 0 && retention_s > 0 && now_ms / 1000 > p.created + retention_s {
+        return Ok(Some(serde_json::json!({
+            "payment_id": p.id,
+            "kind": "payment",
+            "state": "record_expired",
+            "accepted_at": payctl::time::utc(p.created * 1000),
+            "accepted_ago": payctl::time::in_words(now_ms - p.created * 1000),
+            "amount": p.amount,
+            "currency": p.currency,
+            "waiting_for": serde_json::Value::Null,
+            "note": format!("accepted longer ago than the processor keeps its records ({}): what became of it is no longer in the idempotency table; payctl get answers from the API's row, and the provider's dashboard has the charge", payctl::time::in_words(retention_s * 1000)),
+        })));
+    }
     Ok(Some(serde_json::json!({
         "payment_id": p.id,
         "kind": "payment",
@@ -87,7 +103,7 @@ async fn accepted_only(
         "accepted_ago": payctl::time::in_words(now_ms - p.created * 1000),
         "amount": p.amount,
         "currency": p.currency,
-        "waiting_for": "the outbox relay (the payments table's stream) to put it on the payments queue, then the processor; payctl get says pending meanwhile, and payctl outbox pending lists those older than a minute",
+        "waiting_for": "the outbox relay (the payments table's stream) to put it on the payments queue, then the processor; payctl get says pending meanwhile. Waiting for minutes: payctl outbox pending lists what the relay never sent, and payctl dlq show ID finds a message SQS dead-lettered before it was attempted (max_receives)",
     })))
 }
 
@@ -123,6 +139,17 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
             match accepted_only(sdk, payments_table, &table, &payment_id).await? {
                 Some(doc) if json => {
                     println!("{}", serde_json::to_string_pretty(&doc)?);
+                    return Ok(());
+                }
+                Some(doc) if doc["state"] == "record_expired" => {
+                    println!(
+                        "{payment_id}: accepted by the API at {} ({} ago), {} {}; {}",
+                        doc["accepted_at"].as_str().unwrap_or_default(),
+                        doc["accepted_ago"].as_str().unwrap_or_default(),
+                        doc["amount"],
+                        doc["currency"].as_str().unwrap_or_default(),
+                        doc["note"].as_str().unwrap_or_default()
+                    );
                     return Ok(());
                 }
                 Some(doc) => {
