@@ -1,4 +1,4 @@
-.PHONY: demo test chaos timeline check-template package e2e-sam bench lint fmt build install
+.PHONY: demo test test-localstack chaos timeline check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -13,6 +13,13 @@ demo:
 ## The whole test suite, with its own emulator and simulator.
 test:
 	bash infra/scripts/test.sh
+
+## The LocalStack tier: LocalStack's runtime in host mode (no Docker, no account, Python 3.13,
+## pinned in infra/requirements-localstack.txt) serves SQS and CloudFormation: the conformance
+## check, the processors' tests with SQS on LocalStack and DynamoDB on ministack, the template's
+## queues through its CloudFormation. CI runs it after make test.
+test-localstack:
+	bash infra/scripts/test-localstack.sh
 
 ## The chaos checker: processes crashing at random failpoints against a faulty provider, their
 ## AWS calls throttled, refused, stalled and answers lost (CHAOS_AWS_FAULTS of the calls).

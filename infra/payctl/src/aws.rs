@@ -7,16 +7,41 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
-/// Where the SDK sends its calls, for messages: `AWS_ENDPOINT_URL`, or AWS and the region.
+/// The services payctl calls and the SDK's standard variable that sends one elsewhere.
+const SERVICE_ENDPOINTS: [(&str, &str); 5] = [
+    ("SQS", "AWS_ENDPOINT_URL_SQS"),
+    ("DynamoDB", "AWS_ENDPOINT_URL_DYNAMODB"),
+    ("DynamoDB Streams", "AWS_ENDPOINT_URL_DYNAMODB_STREAMS"),
+    ("CloudWatch", "AWS_ENDPOINT_URL_CLOUDWATCH"),
+    ("CloudFormation", "AWS_ENDPOINT_URL_CLOUDFORMATION"),
+];
+
+/// Where the SDK sends its calls, for messages: `AWS_ENDPOINT_URL`, or AWS and the region;
+/// and each service a per-service variable sends elsewhere (`AWS_ENDPOINT_URL_SQS`, ...), so
+/// that a split stack (SQS on LocalStack, DynamoDB on ministack) says which serves which.
 pub fn endpoint(sdk: &aws_config::SdkConfig) -> String {
-    std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| {
+    let base = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| {
         format!(
             "AWS ({})",
             sdk.region()
                 .map(|r| r.to_string())
                 .unwrap_or_else(|| "no region set".into())
         )
-    })
+    });
+    let own: Vec<String> = SERVICE_ENDPOINTS
+        .iter()
+        .filter_map(|(service, var)| {
+            std::env::var(var)
+                .ok()
+                .filter(|u| !u.trim().is_empty())
+                .map(|u| format!("{service} at {u}"))
+        })
+        .collect();
+    if own.is_empty() {
+        base
+    } else {
+        format!("{base} ({})", own.join(", "))
+    }
 }
 
 /// One line for an SDK error about `resource`: what is wrong and what to do, never the SDK's

@@ -5,7 +5,7 @@ use clap::Args;
 
 /// Runs `payctl conformance`.
 pub async fn conformance(sdk: &aws_config::SdkConfig) -> Result<()> {
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS".into());
+    let endpoint = payctl::aws::endpoint(sdk);
     let results = payctl::conformance::run(sdk).await;
     payctl::conformance::report(&endpoint, &results)?;
     Ok(())

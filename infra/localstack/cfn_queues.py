@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The template's queues through a CloudFormation endpoint (LocalStack's, in make
+test-localstack): every AWS::SQS::Queue of template.yaml with what it depends on (the KMS key,
+the dead-letter queues), the parameters at their defaults, as one stack; then each queue's
+attributes read back: its visibility timeout, retention and KMS key as the template sets them,
+and each source queue's redrive policy naming its dead-letter queue with the template's
+MaxReceiveCount. Deletes the stack after.
+
+Usage: cfn_queues.py TEMPLATE (the endpoint from AWS_ENDPOINT_URL_CLOUDFORMATION / _SQS)
+"""
+import json
+import os
+import sys
+import time
+import uuid
+
+import boto3
+import yaml
+
+
+class Loader(yaml.SafeLoader):
+    pass
+
+
+def tag(name):
+    def construct(loader, node):
+        if isinstance(node, yaml.ScalarNode):
+            value = loader.construct_scalar(node)
+            if name == "Fn::GetAtt":
+                value = value.split(".", 1)
+        elif isinstance(node, yaml.SequenceNode):
+            value = loader.construct_sequence(node, deep=True)
+        else:
+            value = loader.construct_mapping(node, deep=True)
+        return {name: value}
+    return construct
+
+
+for short in ["Ref", "GetAtt", "Sub", "If", "Equals", "Not", "And", "Or", "Join", "Select", "Split",
+              "FindInMap", "GetAZs", "ImportValue", "Condition", "Base64", "Cidr"]:
+    Loader.add_constructor(f"!{short}", tag("Ref" if short == "Ref" else
+                                            "Condition" if short == "Condition" else f"Fn::{short}"))
+
+
+def refs(value):
+    """The resources a value names (Ref, GetAtt, ${X} in Sub)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Ref" and isinstance(v, str):
+                yield v
+            elif k == "Fn::GetAtt":
+                yield v[0]
+            elif k == "Fn::Sub":
+                text = v if isinstance(v, str) else v[0]
+                import re
+                for m in re.findall(r"\$\{([A-Za-z0-9]+)", text):
+                    yield m
+                if not isinstance(v, str):
+                    yield from refs(v[1])
+            else:
+                yield from refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from refs(v)
+
+
+def condition_names(value):
+    """The conditions a value names (a resource's Condition, Fn::If, Condition in a condition)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Condition" and isinstance(v, str):
+                yield v
+            elif k == "Fn::If":
+                yield v[0]
+                yield from condition_names(v[1:])
+            else:
+                yield from condition_names(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from condition_names(v)
+
+
+def main():
+    template = yaml.load(open(sys.argv[1]), Loader=Loader)
+    resources = template["Resources"]
+    keep = {n for n, r in resources.items() if r["Type"] == "AWS::SQS::Queue"}
+    todo = list(keep)
+    while todo:
+        for dep in refs(resources[todo.pop()]):
+            if dep in resources and dep not in keep:
+                keep.add(dep)
+                todo.append(dep)
+    params = template.get("Parameters", {})
+    conditions = template.get("Conditions", {})
+    # The conditions and parameters those resources use, and those the conditions use.
+    used_conditions = set()
+    todo = [resources[n] for n in keep]
+    while todo:
+        value = todo.pop()
+        for c in condition_names(value):
+            if c in conditions and c not in used_conditions:
+                used_conditions.add(c)
+                todo.append(conditions[c])
+    named = set()
+    for v in [resources[n] for n in keep] + [conditions[c] for c in used_conditions]:
+        named.update(refs(v))
+    body = {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Parameters": {p: params[p] for p in sorted(named) if p in params},
+        "Conditions": {c: conditions[c] for c in sorted(used_conditions)},
+        "Resources": {n: resources[n] for n in sorted(keep)},
+    }
+    if not body["Conditions"]:
+        del body["Conditions"]
+    cfn = boto3.client("cloudformation")
+    sqs = boto3.client("sqs")
+    name = f"lsq-{uuid.uuid4().hex[:8]}"
+    cfn.create_stack(StackName=name, TemplateBody=json.dumps(body))
+    deadline = time.time() + 120
+    while True:
+        status = cfn.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+        if status.endswith("_COMPLETE") or status.endswith("_FAILED"):
+            break
+        if time.time() > deadline:
+            sys.exit(f"cfn_queues: {name} still {status} after 120 s")
+        time.sleep(1)
+    if status != "CREATE_COMPLETE":
+        events = cfn.describe_stack_events(StackName=name)["StackEvents"]
+        reasons = [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events
+                   if e.get("ResourceStatus", "").endswith("FAILED")]
+        sys.exit(f"cfn_queues: {name} ended {status}: {reasons}")
+    physical = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                for r in cfn.describe_stack_resources(StackName=name)["StackResources"]}
+    problems, checked = [], 0
+    queues = sorted(n for n in keep if resources[n]["Type"] == "AWS::SQS::Queue")
+    arns = {}
+    for q in queues:
+        url = physical[q]
+        attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        arns[q] = attrs["QueueArn"]
+    for q in queues:
+        props = resources[q].get("Properties", {})
+        attrs = sqs.get_queue_attributes(QueueUrl=physical[q], AttributeNames=["All"])["Attributes"]
+        want_visibility = props.get("VisibilityTimeout")
+        if isinstance(want_visibility, dict):
+            want_visibility = params[want_visibility["Ref"]]["Default"]
+        if want_visibility is not None and int(attrs.get("VisibilityTimeout", -1)) != int(want_visibility):
+            problems.append(f"{q}: VisibilityTimeout {attrs.get('VisibilityTimeout')}, the template sets {want_visibility}")
+        if "MessageRetentionPeriod" in props and int(attrs["MessageRetentionPeriod"]) != int(props["MessageRetentionPeriod"]):
+            problems.append(f"{q}: MessageRetentionPeriod {attrs['MessageRetentionPeriod']}, the template sets {props['MessageRetentionPeriod']}")
+        if "KmsMasterKeyId" in props and not attrs.get("KmsMasterKeyId"):
+            problems.append(f"{q}: no KmsMasterKeyId, the template sets one")
+        redrive = props.get("RedrivePolicy")
+        if redrive:
+            dlq = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
+            count = redrive["maxReceiveCount"]
+            if isinstance(count, dict):
+                count = params[count["Ref"]]["Default"]
+            got = json.loads(attrs.get("RedrivePolicy", "{}"))
+            if got.get("deadLetterTargetArn") != arns[dlq] or int(got.get("maxReceiveCount", -1)) != int(count):
+                problems.append(f"{q}: RedrivePolicy {got}, the template names {dlq} ({arns[dlq]}) after {count}")
+        checked += 1
+    cfn.delete_stack(StackName=name)
+    for p in problems:
+        print(f"cfn_queues: {p}", file=sys.stderr)
+    if problems:
+        sys.exit(1)
+    print(f"cfn_queues: CloudFormation created the template's {checked} queues ({', '.join(queues)}) "
+          f"with {len(keep) - checked} resource(s) they depend on; each queue's attributes and redrive policy are the template's")
+
+
+if __name__ == "__main__":
+    main()
