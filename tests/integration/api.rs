@@ -137,6 +137,29 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// `payctl relay` of the stack's outbox as its own process, with `failpoints`, its stderr to
+/// `stderr`.
+pub(crate) fn relay_process(
+    t: &TestStack,
+    failpoints: &str,
+    stderr: std::process::Stdio,
+) -> tokio::process::Command {
+    let config = relay_config(t);
+    let mut cmd = tokio::process::Command::new(bin("payctl"));
+    cmd.args([
+        "relay",
+        "--table",
+        t.stack.payments_table().unwrap(),
+        "--queue-url",
+        &config.queue_url,
+    ])
+    .env("FAILPOINTS", failpoints)
+    .kill_on_drop(true)
+    .stdout(std::process::Stdio::null())
+    .stderr(stderr);
+    cmd
+}
+
 /// `payctl api serve` as its own process (so that a failpoint can kill it).
 async fn api_process(t: &TestStack, port: u16, failpoints: Option<&str>) -> tokio::process::Child {
     api_process_with(t, port, failpoints, std::process::Stdio::null()).await
@@ -242,20 +265,7 @@ async fn relay_killed_after_sending_sends_again_and_the_payment_is_charged_once(
     let key = t.pid("p1");
     assert_eq!(c.create(&key, BODY).await.unwrap().status, 202);
 
-    let config = relay_config(&t);
-    let status = tokio::process::Command::new(bin("payctl"))
-        .args([
-            "relay",
-            "--table",
-            t.stack.payments_table().unwrap(),
-            "--queue-url",
-            &config.queue_url,
-        ])
-        .env("FAILPOINTS", "relay_after_send=return")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
+    let status = relay_process(&t, "relay_after_send=return", std::process::Stdio::null()).status();
     let status = tokio::time::timeout(Duration::from_secs(30), status)
         .await
         .expect("the relay crashed at its failpoint within 30 s")

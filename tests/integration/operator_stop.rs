@@ -2,7 +2,7 @@
 //! in flight finish and counts it, a second stops at once and says what it left; every delivery
 //! falls in exactly one bucket of the run's summary; AWS faults are ridden out, not a stop.
 
-use crate::api::{api_process_with, client, free_port, relay_config, rows};
+use crate::api::{api_process_with, client, free_port, relay_process, rows};
 use crate::helpers::*;
 use crate::operator::{ctrl_c, payctl_run};
 use std::time::Duration;
@@ -215,23 +215,15 @@ async fn relay_finishes_its_send_and_counts_it_when_stopped() {
     let key = t.pid("p1");
     let body = r#"{"amount":2500,"currency":"usd","customer_id":"cus_stop","payment_method":"pm_card_visa"}"#;
     assert_eq!(c.create(&key, body).await.unwrap().status, 202);
-    let config = relay_config(&t);
     // The message is sent, then the relay waits 2 s before it moves on: the Ctrl-C comes in
     // between.
-    let child = tokio::process::Command::new(bin("payctl"))
-        .args([
-            "relay",
-            "--table",
-            t.stack.payments_table().unwrap(),
-            "--queue-url",
-            &config.queue_url,
-        ])
-        .env("FAILPOINTS", "relay_after_send=sleep(2000)")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = relay_process(
+        &t,
+        "relay_after_send=sleep(2000)",
+        std::process::Stdio::piped(),
+    )
+    .spawn()
+    .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while t.depth().await == 0 {
         assert!(std::time::Instant::now() < deadline, "nothing relayed");

@@ -89,41 +89,47 @@ where
 
 /// Fails with one line naming the table (as `resource` describes it) and the fix when it
 /// cannot be described.
-///
-/// A passing failure (throttled, `5xx`, a timeout) is tried again, up to `CHECK_TRIES` times.
 pub async fn check_table(sdk: &aws_config::SdkConfig, table: &str, resource: &str) -> Result<()> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let mut backoff = lambda_local::faults::Backoff::default();
-    loop {
-        match ddb.describe_table().table_name(table).send().await {
-            Ok(_) => return Ok(()),
-            Err(e) if lambda_local::faults::passing(&e) && backoff.failures() < CHECK_TRIES => {
-                tokio::time::sleep(backoff.wait()).await
-            }
-            Err(e) => bail!(explain(&e, resource, &endpoint(sdk))),
-        }
-    }
+    check(sdk, resource, || {
+        ddb.describe_table().table_name(table).send()
+    })
+    .await
+}
+
+/// Fails with one line naming the queue (as `resource` describes it) and the fix when its
+/// attributes cannot be read.
+pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    check(sdk, resource, || {
+        sqs.get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+    })
+    .await
 }
 
 /// Tries of a start-up check after a passing failure (a few seconds in all): the endpoint
 /// that does not answer at all is reported after them.
 const CHECK_TRIES: u32 = 4;
 
-/// Fails with one line naming the queue (as `resource` describes it) and the fix when its
-/// attributes cannot be read.
-///
-/// A passing failure is tried again, like the table's.
-pub async fn check_queue(sdk: &aws_config::SdkConfig, url: &str, resource: &str) -> Result<()> {
-    let sqs = aws_sdk_sqs::Client::new(sdk);
+/// A start-up check: `call` tried again after a passing failure (throttled, `5xx`, a
+/// timeout), up to [`CHECK_TRIES`] times; any other failure, or the last, explained in one line.
+async fn check<T, E, Fut>(
+    sdk: &aws_config::SdkConfig,
+    resource: &str,
+    call: impl Fn() -> Fut,
+) -> Result<()>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    Fut: std::future::Future<
+        Output = Result<T, SdkError<E, aws_sdk_sqs::config::http::HttpResponse>>,
+    >,
+{
     let mut backoff = lambda_local::faults::Backoff::default();
     loop {
-        match sqs
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-        {
+        match call().await {
             Ok(_) => return Ok(()),
             Err(e) if lambda_local::faults::passing(&e) && backoff.failures() < CHECK_TRIES => {
                 tokio::time::sleep(backoff.wait()).await

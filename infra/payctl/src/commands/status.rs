@@ -141,25 +141,20 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
                     println!("{}", serde_json::to_string_pretty(&doc)?);
                     return Ok(());
                 }
-                Some(doc) if doc["state"] == "record_expired" => {
-                    println!(
-                        "{payment_id}: accepted by the API at {} ({} ago), {} {}; {}",
-                        doc["accepted_at"].as_str().unwrap_or_default(),
-                        doc["accepted_ago"].as_str().unwrap_or_default(),
-                        doc["amount"],
-                        doc["currency"].as_str().unwrap_or_default(),
-                        doc["note"].as_str().unwrap_or_default()
-                    );
-                    return Ok(());
-                }
                 Some(doc) => {
+                    let now = match doc["note"].as_str() {
+                        Some(note) => note.to_owned(),
+                        None => format!(
+                            "not processed yet: waiting for {}",
+                            doc["waiting_for"].as_str().unwrap_or_default()
+                        ),
+                    };
                     println!(
-                        "{payment_id}: accepted by the API at {} ({} ago), {} {}; not processed yet: waiting for {}",
+                        "{payment_id}: accepted by the API at {} ({} ago), {} {}; {now}",
                         doc["accepted_at"].as_str().unwrap_or_default(),
                         doc["accepted_ago"].as_str().unwrap_or_default(),
                         doc["amount"],
                         doc["currency"].as_str().unwrap_or_default(),
-                        doc["waiting_for"].as_str().unwrap_or_default()
                     );
                     return Ok(());
                 }
