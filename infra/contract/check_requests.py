@@ -11,7 +11,7 @@ and checks, per request:
   the nesting (`metadata[k]`, `created[gte]`) and the type (integer, boolean, enum value, string,
   map) that Stripe's definition gives; required parameters are present;
 - `Stripe-Version` is the version the package pins, and the project's default
-  (`DEFAULT_API_VERSION` in shared/src/stripe.rs) is that version too;
+  (`DEFAULT_API_VERSION` in shared/src/stripe/client.rs) is that version too;
 - the project's rules: every POST has an Idempotency-Key (refunds' begin `refund:`, payments'
   never do); a confirmation is off-session (`confirm=true` with `off_session=true`, which needs
   no `return_url`); amounts within Stripe's per-currency minimum and eight digits (three-decimal
@@ -23,8 +23,8 @@ and over the whole run, that the traffic covered what it must (`--require`): pay
 list lookups by customer, refunds and their lists, retries with one key, a zero-decimal
 currency, metadata with characters a form encoding must escape.
 
-Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe.rs]
-                         [--rust-limits shared/src/stripe_limits.rs] [--require ...]
+Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe/client.rs]
+                         [--rust-limits shared/src/domain/limits.rs] [--require ...]
        check_requests.py --self-test   (the checker refuses what it must: today's old form, ...)
 """
 
@@ -302,7 +302,7 @@ def check(records, pinned, rust_version):
 
 
 def rust_limits(path):
-    """The project's own table of Stripe's limits (shared/src/stripe_limits.rs), to compare."""
+    """The project's own table of Stripe's limits (shared/src/domain/limits.rs), to compare."""
     text = open(path).read()
     block = lambda name: text[text.index(f"pub const {name}"):].split("];", 1)[0]
     minimums = {c: int(n.replace("_", "")) for c, n in re.findall(r'\("([a-z]{3})", ([0-9_]+)\)', block("MINIMUMS"))}
@@ -369,8 +369,8 @@ def self_test(pinned):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recorded", nargs="?")
-    ap.add_argument("--rust-source", help="shared/src/stripe.rs, whose DEFAULT_API_VERSION must be the package's")
-    ap.add_argument("--rust-limits", help="shared/src/stripe_limits.rs, whose table must be this checker's")
+    ap.add_argument("--rust-source", help="shared/src/stripe/client.rs, whose DEFAULT_API_VERSION must be the package's")
+    ap.add_argument("--rust-limits", help="shared/src/domain/limits.rs, whose table must be this checker's")
     ap.add_argument("--require", default=",".join(REQUIREMENTS), help="what the traffic must cover")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()

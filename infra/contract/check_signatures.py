@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Webhook signatures as the official `stripe` package verifies them: the authority the
-project's verifier (`payment_core::stripe_webhook`) and the simulator's signer are held to.
+project's verifier (`payment_core::stripe::webhook`) and the simulator's signer are held to.
 
 Reads a JSON list of cases on stdin; each is {"name", "body" (text) or "body_hex" (bytes),
 "held": [secrets], "tolerance", and either "header" (given as is, or null for none; each

@@ -71,7 +71,7 @@ bash "$ROOT/infra/scripts/check-quick-start.sh"
 # The contract test: every request the processors sent in the run above, checked against the
 # official stripe package's parameter definitions and pinned version.
 "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
-  --rust-source "$ROOT/shared/src/stripe.rs" --rust-limits "$ROOT/shared/src/stripe_limits.rs"
+  --rust-source "$ROOT/shared/src/stripe/client.rs" --rust-limits "$ROOT/shared/src/domain/limits.rs"
 # The public events route under a flood: four clients send worst-case forged requests for 8 s
 # while a genuine signed delivery arrives every second; each must be answered 200 within 1 s
 # (make chaos runs it for 20 s on its own).

@@ -16,8 +16,8 @@ use common::Queues;
 use payment_core::provider::{
     FoundRefund, ProviderError, RefundCall, RefundProvider, RefundResponse,
 };
-use payment_core::refund::{RefundProcessor, RefundWork};
-use payment_core::refund_ledger::{InMemoryRefundLedger, RefundLedger, RefundablePayment};
+use payment_core::refunds::ledger::{InMemoryRefundLedger, RefundLedger, RefundablePayment};
+use payment_core::refunds::work::{RefundProcessor, RefundWork};
 use payment_core::PaymentOutcome;
 use sqs_once::memory::InMemoryStore;
 use sqs_once::record::RecordStatus;
@@ -85,7 +85,7 @@ impl RefundLedger for Yielding {
         seen: &RefundablePayment,
         owner: &str,
         keep: i64,
-    ) -> Result<payment_core::refund_ledger::Reservation, sqs_once::record::StoreError> {
+    ) -> Result<payment_core::refunds::ledger::Reservation, sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
         self.0.reserve(pid, rid, amount, seen, owner, keep).await
     }
@@ -445,7 +445,7 @@ async fn a_three_decimal_refund_off_stripe_s_grid_is_refused_before_any_reservat
 
 #[test]
 fn refund_messages_are_validated_naming_the_field() {
-    use payment_core::refund::RefundRequest;
+    use payment_core::refunds::work::RefundRequest;
     let code = |b: &str| RefundRequest::parse(b).unwrap_err().code;
     assert_eq!(code("{nope"), "invalid_json");
     assert_eq!(code(r#"{"refund_id":"r1"}"#), "invalid_refund");
@@ -479,9 +479,13 @@ async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
     w.store.insert(sqs_once::record::IdempotencyRecord {
         key: "r1".into(),
         status: RecordStatus::InProgress,
-        payload_hash: payment_core::refund::RefundRequest::parse(&refund("r1", "p1", Some(40)))
-            .unwrap()
-            .fingerprint(),
+        payload_hash: payment_core::refunds::work::RefundRequest::parse(&refund(
+            "r1",
+            "p1",
+            Some(40),
+        ))
+        .unwrap()
+        .fingerprint(),
         lease_owner: Some("dead".into()),
         lease_expires_at_ms: now - 60_000,
         attempts: 1,

@@ -15,7 +15,7 @@ use lambda_local::http::LocalHttp;
 use lambda_local::stream::StreamMapping;
 use payctl::client::{Answer, ApiClient};
 use payment_core::api::PaymentsApi;
-use payment_core::config::{ApiConfig, RelayConfig};
+use payment_core::edges::config::{ApiConfig, RelayConfig};
 
 use crate::helpers::*;
 use crate::proxy::AnswerDroppingProxy;
@@ -44,28 +44,28 @@ pub(crate) fn relay_config(t: &TestStack) -> RelayConfig {
 }
 
 async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalHttp {
-    let api: PaymentsApi = payment_core::bootstrap::build_api(&api_config(t), ddb);
+    let api: PaymentsApi = payment_core::edges::bootstrap::build_api(&api_config(t), ddb);
     payctl::api::serve(Arc::new(api), None, "127.0.0.1:0")
         .await
         .expect("serving the API")
 }
 
 async fn relay(t: &TestStack) -> StreamMapping {
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let relay = payment_core::bootstrap::build_relay(&relay_config(t), &sdk);
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let relay = payment_core::edges::bootstrap::build_relay(&relay_config(t), &sdk);
     payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
         .await
         .expect("relaying the outbox stream")
 }
 
 pub(crate) async fn client(url: &str) -> ApiClient {
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     ApiClient::new(url, &sdk).expect("API client")
 }
 
 /// The stack's API served in this process, and a signing client for it.
 pub(crate) async fn served(t: &TestStack) -> (LocalHttp, ApiClient) {
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let server = serve(t, aws_sdk_dynamodb::Client::new(&sdk)).await;
     let c = client(server.url()).await;
     (server, c)
@@ -73,7 +73,7 @@ pub(crate) async fn served(t: &TestStack) -> (LocalHttp, ApiClient) {
 
 /// The stack's API whose DynamoDB calls go through `proxy`, and a signing client for it.
 async fn served_through(t: &TestStack, proxy: &AnswerDroppingProxy) -> (LocalHttp, ApiClient) {
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let through_proxy = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&sdk)
             .endpoint_url(&proxy.url)
@@ -111,7 +111,7 @@ async fn relayed(mapping: &StreamMapping, n: u64) {
 /// Items of the payments table: each must be a payment row with its outbox fields (the
 /// message, `created_at`), the only kind of item the API writes.
 pub(crate) async fn rows(t: &TestStack) -> usize {
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let out = aws_sdk_dynamodb::Client::new(&sdk)
         .scan()
         .table_name(t.stack.payments_table().unwrap())
@@ -495,7 +495,7 @@ async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payctl_pay_and_get_sign_their_requests() {
     let t = TestStack::new("api-cli").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let server = serve(&t, aws_sdk_dynamodb::Client::new(&sdk)).await;
     let unsigned = reqwest::Client::new()
         .post(format!("{}/v1/payments", server.url()))
@@ -566,7 +566,7 @@ async fn payctl_pay_and_get_sign_their_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_payment_once() {
     let t = TestStack::new("aws-faults").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let proxy = proving::aws_faults::FaultProxy::start(&required_env("AWS_ENDPOINT_URL"), 0.2, 5)
         .await
         .expect("the fault proxy");
@@ -583,7 +583,8 @@ async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_paymen
     let server = serve(&t, ddb.clone()).await;
     let c = client(server.url()).await;
     let rc = relay_config(&t);
-    let relay = payment_core::outbox::Relay::new(sqs.clone(), rc.queue_url.clone(), rc.group_by);
+    let relay =
+        payment_core::payments::outbox::Relay::new(sqs.clone(), rc.queue_url.clone(), rc.group_by);
     let mapping = payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
         .await
         .expect("relaying the outbox stream");
@@ -604,7 +605,7 @@ async fn under_aws_faults_the_api_the_relay_and_the_processor_charge_each_paymen
     relayed(&mapping, keys.len() as u64).await;
     let mut config = t.config.clone();
     config.source_queue_url = None;
-    let processor = payment_core::bootstrap::build_processor_with(&config, &sdk, ddb, sqs)
+    let processor = payment_core::edges::bootstrap::build_processor_with(&config, &sdk, ddb, sqs)
         .await
         .expect("the processor");
     lambda_local::esm::run(processor, t.sqs.clone(), t.esm_options(2))

@@ -95,7 +95,7 @@ async fn a_card_number_is_kept_nowhere() {
     assert!(!leaks(&attr("error_message").unwrap_or_default()));
 
     // The API refuses it without echoing it, stores nothing, and logs nothing of it.
-    let config = payment_core::config::ApiConfig::from_lookup(|k| {
+    let config = payment_core::edges::config::ApiConfig::from_lookup(|k| {
         t.stack
             .var_of("PaymentsApiFunction", k)
             .ok()
@@ -127,7 +127,7 @@ async fn a_card_number_is_kept_nowhere() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let client = payctl::client::ApiClient::new(&format!("http://127.0.0.1:{port}"), &sdk).unwrap();
     let api_body = serde_json::json!({
         "amount": 100, "currency": "usd", "customer_id": "cus_card",

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use payment_core::event_catch_up::{
+use payment_core::events::catch_up::{
     scheduled, Budget, Checkpoint, EventLister, EventPage, Position, FIRST_WINDOW_S, OVERLAP_S,
     PAGE_SIZE,
 };
-use payment_core::event_receiver::EventQueue;
+use payment_core::events::queue::EventQueue;
+use payment_core::provider::event::ProviderEvent;
 use payment_core::provider::ProviderError;
-use payment_core::provider_event::ProviderEvent;
 use sqs_once::runner::now_ms;
 
 use crate::helpers::*;
@@ -127,7 +127,7 @@ fn budget(pages: usize) -> Budget {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
     let t = TestStack::new("catch-up-backlog").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let checkpoint = Checkpoint::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,
@@ -242,7 +242,7 @@ async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
     let t = TestStack::new("catch-up-new").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let checkpoint = Checkpoint::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,
@@ -276,7 +276,7 @@ async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_listed() {
     let t = TestStack::new("catch-up-stale").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let checkpoint = Checkpoint::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,
@@ -287,7 +287,7 @@ async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_li
     let old = provider.events.lock().unwrap()[0].0.clone();
     provider.add(600, now - 29 * 86_400, now - 60);
     let stale = Position {
-        last: Some(payment_core::event_catch_up::Place {
+        last: Some(payment_core::events::catch_up::Place {
             id: old.id.clone(),
             created: old.created,
         }),
@@ -316,7 +316,7 @@ async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_li
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_overlap_never_stops_a_run_from_going_forward() {
     let t = TestStack::new("catch-up-busy").await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let checkpoint = Checkpoint::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,
@@ -327,7 +327,7 @@ async fn a_busy_overlap_never_stops_a_run_from_going_forward() {
     let last = provider.events.lock().unwrap()[1_499].0.clone();
     provider.add(300, now - 600, now - 60);
     let at = Position {
-        last: Some(payment_core::event_catch_up::Place {
+        last: Some(payment_core::events::catch_up::Place {
             id: last.id.clone(),
             created: last.created,
         }),

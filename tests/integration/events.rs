@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-use payment_core::event_catch_up::EventLister;
-use payment_core::event_inbox::EventProcessor;
-use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
-use payment_core::provider_event::ProviderEvent;
-use payment_core::settlement::{DynamoSettlements, PaymentState, Settlements};
+use payment_core::events::catch_up::EventLister;
+use payment_core::events::inbox::EventProcessor;
+use payment_core::events::queue::SqsEventQueue;
+use payment_core::events::settlement::{DynamoSettlements, PaymentState, Settlements};
+use payment_core::provider::event::ProviderEvent;
+use payment_core::stripe::receiver::{EventReceiver, FixedSecrets, EVENTS_PATH};
 use payment_core::stripe::StripeClient;
 use proving::check::drain_dlq;
 use secrecy::SecretString;
@@ -40,11 +41,11 @@ pub(crate) struct Events {
 pub(crate) async fn events(t: &TestStack) -> Events {
     let config = proving::demo::event_config_for(&t.stack, &fast_settings())
         .expect("the event function's configuration");
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let queue_url = config.provider_events_queue_url.clone().unwrap();
     let queue = || SqsEventQueue::new(t.sqs.clone(), queue_url.clone());
     Events {
-        processor: payment_core::bootstrap::build_event_processor(&config, &sdk)
+        processor: payment_core::edges::bootstrap::build_event_processor(&config, &sdk)
             .await
             .expect("building the event processor"),
         receiver: EventReceiver::new(
@@ -54,7 +55,7 @@ pub(crate) async fn events(t: &TestStack) -> Events {
         ),
         queue: queue(),
         dlq_url: config.dead_letter_queue_url.clone(),
-        provider: payment_core::bootstrap::provider_from(&config, &sdk)
+        provider: payment_core::edges::bootstrap::provider_from(&config, &sdk)
             .await
             .expect("the provider client"),
         settlements: DynamoSettlements::new(
@@ -118,7 +119,7 @@ impl Events {
     /// Delivers a body as the provider does (signed now); the receiver's status.
     async fn deliver(&self, body: &str) -> u16 {
         let header =
-            payment_core::stripe_webhook::sign(&[SECRET], now_ms() / 1000, body.as_bytes());
+            payment_core::stripe::webhook::sign(&[SECRET], now_ms() / 1000, body.as_bytes());
         self.receiver
             .handle("POST", EVENTS_PATH, Some(&header), body.as_bytes())
             .await
@@ -164,10 +165,10 @@ pub(crate) fn kinds(events: &[(ProviderEvent, String)]) -> Vec<&str> {
     events.iter().map(|(e, _)| e.kind.as_str()).collect()
 }
 
-async fn refund_processor(t: &TestStack) -> Arc<payment_core::refund::RefundProcessor> {
+async fn refund_processor(t: &TestStack) -> Arc<payment_core::refunds::work::RefundProcessor> {
     let config = proving::demo::refund_config_for(&t.stack, &fast_settings()).unwrap();
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    payment_core::bootstrap::build_refund_processor(&config, &sdk)
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    payment_core::edges::bootstrap::build_refund_processor(&config, &sdk)
         .await
         .unwrap()
 }
@@ -184,7 +185,7 @@ pub(crate) async fn refund(t: &TestStack, bodies: &[String]) -> lambda_local::es
 }
 
 pub(crate) fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
-    payment_core::refund::RefundRequest {
+    payment_core::refunds::work::RefundRequest {
         refund_id: rid.into(),
         payment_id: pid.into(),
         amount,
@@ -284,11 +285,11 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
         let pid = pid.clone();
         let table = t.config.idempotency_table.clone();
         async move {
-            let ledger = payment_core::refund_ledger::DynamoRefundLedger::new(
-                aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await),
+            let ledger = payment_core::refunds::ledger::DynamoRefundLedger::new(
+                aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
                 &table,
             );
-            use payment_core::refund_ledger::RefundLedger;
+            use payment_core::refunds::ledger::RefundLedger;
             ledger.payment(&pid).await.unwrap().unwrap().refunded
         }
     };
@@ -302,8 +303,8 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
     let stats = e.drain(&t).await;
     assert_eq!(stats.summary.done("applied"), 1, "{:?}", stats.summary);
     assert_eq!(refunded(&t).await, 0, "given back once");
-    let view = payment_core::refund_view::after_charge_of(
-        &aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await),
+    let view = payment_core::api::view::after_charge_of(
+        &aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
         &t.config.idempotency_table,
         &pid,
     )
@@ -467,7 +468,7 @@ async fn the_catch_up_applies_every_missed_event_once() {
     .await;
     // Nothing was delivered: the endpoint was down.
     let until = now_ms() / 1000 + 1;
-    let report = payment_core::event_catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
+    let report = payment_core::events::catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
         .await
         .unwrap();
     // Each bank debit's `processing` and `succeeded` (a creation is not a type the inbox takes).
@@ -477,7 +478,7 @@ async fn the_catch_up_applies_every_missed_event_once() {
     for pid in &pids {
         assert_eq!(e.payment(pid).await.status.as_deref(), Some("succeeded"));
     }
-    payment_core::event_catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
+    payment_core::events::catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
         .await
         .unwrap();
     let second = e.drain(&t).await;
@@ -529,7 +530,7 @@ async fn foreign_and_unknown_events_are_counted_and_forged_ones_refused() {
         serde_json::json!({"id": "pi_x", "object": "payment_intent", "status": "succeeded"}),
     );
     let wrong =
-        payment_core::stripe_webhook::sign(&["whsec_wrong"], now_ms() / 1000, forged.as_bytes());
+        payment_core::stripe::webhook::sign(&["whsec_wrong"], now_ms() / 1000, forged.as_bytes());
     let answer = e
         .receiver
         .handle("POST", EVENTS_PATH, Some(&wrong), forged.as_bytes())
@@ -556,10 +557,10 @@ async fn foreign_and_unknown_events_are_counted_and_forged_ones_refused() {
 /// and the next run (from a quarter of an hour before its last event) applies nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
-    use payment_core::event_catch_up::{scheduled, Budget, Checkpoint, Position};
+    use payment_core::events::catch_up::{scheduled, Budget, Checkpoint, Position};
     let t = TestStack::new("ev-scheduled").await;
     let e = events(&t).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let checkpoint = Checkpoint::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,

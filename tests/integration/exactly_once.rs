@@ -102,13 +102,13 @@ async fn a_lost_claim_answer_is_our_own_claim_not_busy() {
         &format!("payment#{pid}"),
     )
     .await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let dynamodb = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&sdk)
             .endpoint_url(&proxy.url)
             .build(),
     );
-    let processor = payment_core::bootstrap::build_processor_with(
+    let processor = payment_core::edges::bootstrap::build_processor_with(
         &t.config,
         &sdk,
         dynamodb,
@@ -225,8 +225,8 @@ async fn twenty_concurrent_copies_send_one_provider_request() {
 async fn reconcile_settles_from_the_provider_and_never_charges() {
     use payctl::reconcile::{self, Action, ReconcileSettings};
     let t = TestStack::with_env("reconcile", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let provider = payment_core::bootstrap::provider_from(&t.config, &sdk)
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let provider = payment_core::edges::bootstrap::provider_from(&t.config, &sdk)
         .await
         .unwrap();
     let settings = ReconcileSettings {
@@ -330,8 +330,8 @@ async fn reconcile_settles_from_the_provider_and_never_charges() {
 async fn reconcile_says_a_redrive_is_safe_at_once_after_an_outage_that_reached_nothing() {
     use payctl::reconcile::{self, ReconcileSettings};
     let t = TestStack::with_env("reconcile-outage", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let provider = payment_core::bootstrap::provider_from(&t.config, &sdk)
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let provider = payment_core::edges::bootstrap::provider_from(&t.config, &sdk)
         .await
         .unwrap();
     let settings = ReconcileSettings {

@@ -95,7 +95,7 @@ async fn lost_lease_stops_the_work() {
     // Once the worker holds the record, another owner takes it.
     let claimed = t.wait_for_claim(&pid).await;
     assert_eq!(claimed.status.as_str(), "IN_PROGRESS");
-    aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await)
+    aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await)
         .update_item()
         .table_name(&t.config.idempotency_table)
         .key("pk", AttributeValue::S(format!("payment#{pid}")))
@@ -248,9 +248,9 @@ async fn a_message_is_dead_lettered_with_a_reason_before_its_queues_retention_de
         .await
         .expect("a 60-second retention");
     // The template's functions name their source queue: such a horizon is refused at init.
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     assert!(t.config.source_queue_url.is_some());
-    let refused = payment_core::bootstrap::build_processor(&t.config, &sdk).await;
+    let refused = payment_core::edges::bootstrap::build_processor(&t.config, &sdk).await;
     let e = refused
         .err()
         .expect("a horizon beyond the retention refused at init");
@@ -259,7 +259,7 @@ async fn a_message_is_dead_lettered_with_a_reason_before_its_queues_retention_de
     let mut config = t.config.clone();
     config.source_queue_url = None;
     let mut t = t;
-    t.processor = payment_core::bootstrap::build_processor(&config, &sdk)
+    t.processor = payment_core::edges::bootstrap::build_processor(&config, &sdk)
         .await
         .expect("the processor");
     let pid = t.pid("p1");

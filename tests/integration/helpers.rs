@@ -14,7 +14,7 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use lambda_local::esm::{self, EsmOptions};
 use payctl::template::{provision, ProvisionOptions, Stack};
-use payment_core::config::Config;
+use payment_core::edges::config::Config;
 use payment_core::Processor;
 use proving::check::{drain_dlq, DeadLetterSeen};
 use proving::sim::{Ledger, SimClient};
@@ -143,7 +143,7 @@ impl TestStack {
             .unwrap_or_else(|| required_env("PAYMENT_API_URL"));
         let short = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("{}-{}", test.replace('_', "-"), &short[..8]);
-        let sdk = payment_core::bootstrap::sdk_config().await;
+        let sdk = payment_core::edges::bootstrap::sdk_config().await;
         let stack = provision(
             &sdk,
             &root().join("template.yaml"),
@@ -159,7 +159,7 @@ impl TestStack {
         .expect("provisioning from template.yaml");
         let config = proving::demo::config_for(&stack, &env).expect("function configuration");
         assert_eq!(config.payment_api_url, sim_url);
-        let processor = payment_core::bootstrap::build_processor(&config, &sdk)
+        let processor = payment_core::edges::bootstrap::build_processor(&config, &sdk)
             .await
             .expect("building the processor");
         let store = payment_core::payment_store(

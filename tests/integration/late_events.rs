@@ -4,7 +4,7 @@
 //! one of our payment ids lands nowhere.
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
 use sqs_once::runner::now_ms;
 
 use crate::events::{events, kinds, refund, refund_body};
@@ -13,7 +13,7 @@ use crate::helpers::*;
 const DAY_S: i64 = 86_400;
 
 async fn ddb() -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await)
+    aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await)
 }
 
 /// The TTL (`expires_at`) of the idempotency table's item `pk`.

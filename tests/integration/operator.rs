@@ -209,7 +209,7 @@ async fn provision_is_idempotent_and_guards_real_aws() {
         changed.contains(&format!("updated  queue {name}-PaymentsQueue")),
         "{changed}"
     );
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let url = urls(&second)["PaymentsQueue"].as_str().unwrap().to_owned();
     let attrs = sqs

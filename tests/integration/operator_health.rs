@@ -49,7 +49,7 @@ async fn health_shows_queues_dead_letters_records_and_alarms() {
     let out = payctl_run(&t, &["--until-empty"]).output().await.unwrap();
     assert!(out.status.success());
     // The payments queue's oldest message, as AWS publishes it.
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let cw = aws_sdk_cloudwatch::Client::new(&sdk);
     let queue_name = t.queue_url().rsplit('/').next().unwrap().to_owned();
     cw.put_metric_data()

@@ -271,7 +271,7 @@ async fn payctl_env_reads_the_stack_as_provisioned_and_changes_nothing() {
         "{}",
         String::from_utf8_lossy(&provisioned.stderr)
     );
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let queue = sqs
         .get_queue_url()

@@ -34,8 +34,8 @@ async fn refunds_show_in_status_and_history() {
     t.drain(1).await;
     let config = proving::demo::refund_config_for(&t.stack, &crate::helpers::fast_settings())
         .expect("the refund function's configuration");
-    let sdk = payment_core::bootstrap::sdk_config().await;
-    let processor = payment_core::bootstrap::build_refund_processor(&config, &sdk)
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let processor = payment_core::edges::bootstrap::build_refund_processor(&config, &sdk)
         .await
         .expect("building the refund processor");
     let source = &t.stack.event_sources[payctl::template::REFUND_PROCESSOR];
@@ -43,7 +43,7 @@ async fn refunds_show_in_status_and_history() {
     let bodies: Vec<String> = [(&r1, 500), (&r2, 1000)]
         .iter()
         .map(|(rid, amount)| {
-            payment_core::refund::RefundRequest {
+            payment_core::refunds::work::RefundRequest {
                 refund_id: (*rid).clone(),
                 payment_id: pid.clone(),
                 amount: Some(*amount),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use payctl::template::REFUND_PROCESSOR;
-use payment_core::refund::RefundProcessor;
+use payment_core::refunds::work::RefundProcessor;
 use proving::check::drain_dlq;
 use sqs_once::IdempotencyStore;
 
@@ -26,9 +26,9 @@ async fn refunds(t: &TestStack) -> Refunds {
 async fn refunds_with(t: &TestStack, settings: BTreeMap<String, String>) -> Refunds {
     let config = proving::demo::refund_config_for(&t.stack, &settings)
         .expect("the refund function's configuration");
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     Refunds {
-        processor: payment_core::bootstrap::build_refund_processor(&config, &sdk)
+        processor: payment_core::edges::bootstrap::build_refund_processor(&config, &sdk)
             .await
             .expect("building the refund processor"),
         queue_url: t.stack.event_sources[REFUND_PROCESSOR].queue_url.clone(),
@@ -37,7 +37,7 @@ async fn refunds_with(t: &TestStack, settings: BTreeMap<String, String>) -> Refu
 }
 
 fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
-    payment_core::refund::RefundRequest {
+    payment_core::refunds::work::RefundRequest {
         refund_id: rid.into(),
         payment_id: pid.into(),
         amount,
@@ -69,7 +69,7 @@ impl Refunds {
 
 /// The refunded total on the payment's record.
 async fn refunded_total(t: &TestStack, pid: &str) -> i64 {
-    let ddb = aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await);
+    let ddb = aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await);
     let item = ddb
         .get_item()
         .table_name(&t.config.idempotency_table)
@@ -178,7 +178,7 @@ async fn only_a_charged_payment_is_refunded_and_the_rest_is_the_default() {
 /// attempt whose lease was taken over can neither reserve nor release; the owner can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
-    use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger, Reservation};
+    use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger, Reservation};
     use sqs_once::record::{ClaimRequest, IdempotencyStore, StoreError};
 
     let t = TestStack::new("refund-fence").await;
@@ -186,13 +186,13 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     t.send(&payment(&pid, 1000, "pm_card_visa")).await;
     t.drain(1).await;
     assert_charged_once(&t, &pid).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
     let ledger = DynamoRefundLedger::new(ddb.clone(), &t.config.idempotency_table);
     let refunds = sqs_once::DynamoStore::new(
         ddb,
         t.config.idempotency_table.clone(),
-        payment_core::refund::refund_keys(),
+        payment_core::refund_keys(),
     );
     let rid = format!("{pid}-r1");
     let now = sqs_once::runner::now_ms();
@@ -246,7 +246,7 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
 /// not yet charged is what makes a refund wait instead (read on the real table).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
-    use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+    use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
     let t = TestStack::new("refund-unknown").await;
     let r = refunds(&t).await;
     proving::load::send_all(
@@ -270,7 +270,7 @@ async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
     let body =
         r#"{"amount":1999,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}"#;
     assert_eq!(client.create(&accepted, body).await.unwrap().status, 202);
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let ledger = DynamoRefundLedger::new(
         aws_sdk_dynamodb::Client::new(&sdk),
         &t.config.idempotency_table,
@@ -411,7 +411,7 @@ async fn reconcile_gives_back_a_refund_the_provider_failed_after_its_answer_was_
     );
     assert_eq!(refunded_total(&t, &pid).await, 0, "given back");
     let record = payment_core::refund_store(
-        aws_sdk_dynamodb::Client::new(&payment_core::bootstrap::sdk_config().await),
+        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
         &t.config.idempotency_table,
     )
     .get(&rid)

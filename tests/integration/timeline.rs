@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use payctl::template::{EventSource, EVENT_PROCESSOR, REFUND_PROCESSOR};
-use payment_core::event_inbox::ProviderObjects;
+use payment_core::events::inbox::ProviderObjects;
+use payment_core::provider::event::ProviderEvent;
 use payment_core::provider::RefundProvider;
-use payment_core::provider_event::ProviderEvent;
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
 use proving::check::drain_dlq;
 use sqs_once::clock::{Clock, ShiftedClock};
 use sqs_once::{BatchRunner, BatchSummary, Work};
@@ -45,8 +45,8 @@ struct Calendar {
     t: TestStack,
     e: Events,
     clock: Arc<ShiftedClock>,
-    refunds: Arc<payment_core::refund::RefundProcessor>,
-    inbox: Arc<payment_core::event_inbox::EventProcessor>,
+    refunds: Arc<payment_core::refunds::work::RefundProcessor>,
+    inbox: Arc<payment_core::events::inbox::EventProcessor>,
     ddb: aws_sdk_dynamodb::Client,
     day: i64,
     payments: BTreeMap<&'static str, Payment>,
@@ -299,7 +299,7 @@ impl Calendar {
                 .disputes
                 .get(&intent)
                 .filter(|d| {
-                    payment_core::provider_event::dispute_holds_amount(
+                    payment_core::provider::event::dispute_holds_amount(
                         d["status"].as_str().unwrap_or(""),
                     )
                 })
@@ -336,18 +336,24 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
     // One attempt per delivery: the charge whose answer is lost stays unknown for reconcile.
     let t = TestStack::with_env("timeline", env(&[("PROVIDER_MAX_ATTEMPTS", "1")])).await;
     let e = events(&t).await;
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let clock = Arc::new(ShiftedClock::new());
     let refund_config = proving::demo::refund_config_for(&t.stack, &fast_settings()).unwrap();
     let event_config = proving::demo::event_config_for(&t.stack, &fast_settings()).unwrap();
-    let refunds =
-        payment_core::bootstrap::build_refund_processor_on(&refund_config, &sdk, clock.clone())
-            .await
-            .unwrap();
-    let inbox =
-        payment_core::bootstrap::build_event_processor_on(&event_config, &sdk, clock.clone())
-            .await
-            .unwrap();
+    let refunds = payment_core::edges::bootstrap::build_refund_processor_on(
+        &refund_config,
+        &sdk,
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let inbox = payment_core::edges::bootstrap::build_event_processor_on(
+        &event_config,
+        &sdk,
+        clock.clone(),
+    )
+    .await
+    .unwrap();
     let methods = [
         ("card", 1000, "pm_card_visa"),
         ("debit", 2000, "pm_usBankAccount_success"),
@@ -406,7 +412,7 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
 
     // Day 1: reconcile settles the lost answer from the provider.
     c.go_to(1).await;
-    let provider = payment_core::bootstrap::provider_from(&c.t.config, &sdk)
+    let provider = payment_core::edges::bootstrap::provider_from(&c.t.config, &sdk)
         .await
         .unwrap();
     let settings = payctl::reconcile::ReconcileSettings {

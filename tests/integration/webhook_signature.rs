@@ -5,9 +5,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use payment_core::event_receiver::{EventQueue, EventReceiver, FixedSecrets, EVENTS_PATH};
-use payment_core::provider_event::ProviderEvent;
-use payment_core::stripe_webhook::{sign, SignatureCheck, SignatureError};
+use payment_core::events::queue::EventQueue;
+use payment_core::provider::event::ProviderEvent;
+use payment_core::stripe::receiver::{EventReceiver, FixedSecrets, EVENTS_PATH};
+use payment_core::stripe::webhook::{sign, SignatureCheck, SignatureError};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use sqs_once::runner::now_ms;
@@ -227,12 +228,12 @@ async fn the_receiver_accepts_exactly_what_stripe_s_verifier_accepts() {
     };
     let verdicts = stripe_verdicts(&cases);
     assert_eq!(verdicts.len(), cases.as_array().unwrap().len());
-    let api_config = payment_core::config::ApiConfig::from_lookup(|k| match k {
+    let api_config = payment_core::edges::config::ApiConfig::from_lookup(|k| match k {
         "PAYMENTS_TABLE" | "IDEMPOTENCY_TABLE" => Some("not-used-by-the-events-route".into()),
         _ => None,
     })
     .unwrap();
-    let sdk = payment_core::bootstrap::sdk_config().await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let http = reqwest::Client::new();
     for (case, v) in cases.as_array().unwrap().iter().zip(&verdicts) {
         let name = case["name"].as_str().unwrap();
@@ -277,8 +278,10 @@ async fn the_receiver_accepts_exactly_what_stripe_s_verifier_accepts() {
         // The route, as the provider reaches it: no IAM signature, the raw bytes.
         let queue = Arc::new(Memory::default());
         let receiver = EventReceiver::new(Arc::new(FixedSecrets(held)), queue.clone(), tolerance);
-        let api =
-            payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(&sdk));
+        let api = payment_core::edges::bootstrap::build_api(
+            &api_config,
+            aws_sdk_dynamodb::Client::new(&sdk),
+        );
         let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0")
             .await
             .unwrap();

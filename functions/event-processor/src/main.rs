@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
-use payment_core::event_catch_up::{Budget, ScheduledCatchUp};
-use payment_core::event_inbox::EventProcessor;
+use payment_core::events::catch_up::{Budget, ScheduledCatchUp};
+use payment_core::events::inbox::EventProcessor;
 use payment_core::telemetry;
 use serde_json::Value;
 
@@ -53,7 +53,7 @@ async fn handle(
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let (processor, catch_up) = payment_core::bootstrap::event_processor_from_env().await?;
+    let (processor, catch_up) = payment_core::edges::bootstrap::event_processor_from_env().await?;
     let catch_up = Arc::new(catch_up);
     lambda_runtime::run(service_fn(|event| {
         handle(Arc::clone(&processor), Arc::clone(&catch_up), event)

@@ -1,14 +1,14 @@
 //! The `outbox-relay` Lambda: DynamoDB stream batches of the payments table in (the `INSERT`s
 //! of payment rows), payment messages on the payments queue out (`ReportBatchItemFailures`).
 //!
-//! Everything but the runtime glue lives in `payment_core::outbox`.
+//! Everything but the runtime glue lives in `payment_core::payments::outbox`.
 
 use std::sync::Arc;
 
 use aws_lambda_events::event::dynamodb::Event;
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
-use payment_core::outbox::{entry_from_image, Relay};
+use payment_core::payments::outbox::{entry_from_image, Relay};
 use payment_core::telemetry;
 use tracing::{error, info};
 
@@ -62,6 +62,6 @@ async fn handle(
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let relay = payment_core::bootstrap::relay_from_env().await?;
+    let relay = payment_core::edges::bootstrap::relay_from_env().await?;
     lambda_runtime::run(service_fn(|event| handle(Arc::clone(&relay), event))).await
 }

@@ -17,7 +17,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let processor = payment_core::bootstrap::processor_from_env().await?;
+    let processor = payment_core::edges::bootstrap::processor_from_env().await?;
     lambda_runtime::run(service_fn(|event| {
         let processor = Arc::clone(&processor);
         async move { processor.handle_event(event).await }

@@ -38,6 +38,6 @@ async fn handle(api: Arc<PaymentsApi>, request: Request) -> Result<Response<Body
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let api = payment_core::bootstrap::api_from_env().await?;
+    let api = payment_core::edges::bootstrap::api_from_env().await?;
     lambda_http::run(service_fn(|request| handle(Arc::clone(&api), request))).await
 }

@@ -1,11 +1,11 @@
 //! The `provider-events` Lambda: `POST /v1/provider-events` from API Gateway (no IAM auth:
 //! the provider signs with `Stripe-Signature` instead), verified and queued; everything but the
-//! HTTP glue lives in `payment_core::event_receiver`.
+//! HTTP glue lives in `payment_core::stripe::receiver`.
 
 use std::sync::Arc;
 
 use lambda_http::{service_fn, Body, Error, Request, Response};
-use payment_core::event_receiver::EventReceiver;
+use payment_core::stripe::receiver::EventReceiver;
 use payment_core::telemetry;
 
 async fn handle(receiver: Arc<EventReceiver>, request: Request) -> Result<Response<Body>, Error> {
@@ -33,6 +33,6 @@ async fn handle(receiver: Arc<EventReceiver>, request: Request) -> Result<Respon
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let receiver = payment_core::bootstrap::receiver_from_env().await?;
+    let receiver = payment_core::edges::bootstrap::receiver_from_env().await?;
     lambda_http::run(service_fn(|request| handle(Arc::clone(&receiver), request))).await
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use lambda_local::http::{HttpAnswer, HttpHandler, HttpRequest, LocalHttp};
 use payment_core::api::{PaymentsApi, MAX_REQUEST_BYTES};
-use payment_core::event_receiver::{EventReceiver, EVENTS_PATH, MAX_EVENT_BYTES};
+use payment_core::stripe::receiver::{EventReceiver, EVENTS_PATH, MAX_EVENT_BYTES};
 
 struct Api {
     payments: Arc<PaymentsApi>,

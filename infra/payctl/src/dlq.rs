@@ -84,7 +84,7 @@ impl DeadLetterInfo {
             "age_seconds": self.age.as_secs(),
             "receive_count": self.receive_count,
             "receive_count_means": "times SQS has handed out this dead letter, listings included (each list or show receives it once); a message SQS moved by itself also counts its deliveries from the source queue",
-            "card_data_masked": self.attributes.get(payment_core::charge::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
+            "card_data_masked": self.attributes.get(payment_core::payments::charge::CARD_DATA_MASKED).is_some_and(|v| v == "true"),
             "attributes": self.attributes,
             "sqs_attributes": self.system_attributes,
             "body": self.body,
@@ -285,7 +285,7 @@ async fn dead_letter_target(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Resul
 /// invalid payment and never redriven again: lost). A `given` queue is checked against its own
 /// redrive policy; without one, SQS is asked (`ListDeadLetterSourceQueues`) and exactly one
 /// source must answer; where the endpoint cannot answer that, the queues of this shell's
-/// environment ([`SOURCE_QUEUE_VARS`]) whose redrive policy names the DLQ are the sources.
+/// environment (`SOURCE_QUEUE_VARS`) whose redrive policy names the DLQ are the sources.
 pub async fn home_queue(
     sqs: &aws_sdk_sqs::Client,
     dlq_url: &str,

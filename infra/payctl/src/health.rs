@@ -175,7 +175,7 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
                 ));
             }
         }
-        let checkpoint = payment_core::event_catch_up::Checkpoint::new(
+        let checkpoint = payment_core::events::catch_up::Checkpoint::new(
             aws_sdk_dynamodb::Client::new(sdk),
             table,
         );
@@ -332,7 +332,7 @@ async fn alarms(cloudwatch: &aws_sdk_cloudwatch::Client, stack: &str) -> Result<
 }
 
 /// Where the catch-up stands, for people.
-pub fn describe_checkpoint(p: &payment_core::event_catch_up::Position, now_s: i64) -> String {
+pub fn describe_checkpoint(p: &payment_core::events::catch_up::Position, now_s: i64) -> String {
     match (&p.last, p.from_s) {
         (Some(last), _) => format!(
             "the catch-up queued through {} (created {}, {} ago); {}",

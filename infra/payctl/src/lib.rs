@@ -20,6 +20,11 @@
 //!
 //! It depends on [`lambda_local`] for the local event-source and stream mappings; never on the
 //! proving ground.
+//!
+//! Why flat (20 files with `main.rs`): each file is the engine of one operator task, read as
+//! the list above reads, with its arguments and `--help` text in `commands/`; the multi-file
+//! ones (`template`, `conformance`) have folders, and the few uses between these files go one
+//! way (the layout check's module rule holds them to it).
 
 pub mod api;
 pub mod aws;

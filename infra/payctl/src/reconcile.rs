@@ -65,7 +65,7 @@ pub struct ReconcileSettings {
     /// `PROVIDER_SEARCH_LAG_SECONDS`.
     pub search_lag: Duration,
     /// `REFUND_WINDOW_DAYS`: a charge settled here is kept that long from now, as a
-    /// completion would keep it ([`payment_core::charge::lifetime_after`]).
+    /// completion would keep it ([`payment_core::payments::charge::lifetime_after`]).
     pub refund_window: Duration,
 }
 
@@ -145,11 +145,11 @@ pub async fn reconcile_one_at(
     };
     // What the intent stands for, recorded as if its answer had been heard (the amount and
     // currency are the provider's: reconcile has no request).
-    let mut outcome = payment_core::charge::outcome_of_found(f);
+    let mut outcome = payment_core::payments::charge::outcome_of_found(f);
     if outcome.is_declined() {
         outcome.reason = Some(format!("found at the provider as {}", f.status));
     }
-    let keep = payment_core::charge::lifetime_after(&outcome, settings.refund_window)
+    let keep = payment_core::payments::charge::lifetime_after(&outcome, settings.refund_window)
         .map(|d| (now / 1000 + d.as_secs() as i64).max(record.expires_at_s));
     match store
         .settle(id.as_str(), &outcome.to_outcome(), now, keep)

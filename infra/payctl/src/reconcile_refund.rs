@@ -10,7 +10,7 @@
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
 use payment_core::provider::RefundProvider;
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
 use sqs_once::record::{IdempotencyRecord, IdempotencyStore, Outcome, RecordStatus, StoreError};
 use sqs_once::runner::now_ms;
 

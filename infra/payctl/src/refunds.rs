@@ -4,7 +4,7 @@
 //! applied.
 
 use anyhow::Result;
-use payment_core::refund_view::{state_of, AfterCharge, RefundView};
+use payment_core::api::view::{state_of, AfterCharge, RefundView};
 use serde_json::{json, Value};
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
@@ -15,7 +15,7 @@ pub async fn of_payment(
     table: &str,
     payment_id: &str,
 ) -> Result<Option<AfterCharge>> {
-    Ok(payment_core::refund_view::after_charge_of(ddb, table, payment_id).await?)
+    Ok(payment_core::api::view::after_charge_of(ddb, table, payment_id).await?)
 }
 
 /// The refund processor's records in the idempotency table `table`.
@@ -168,7 +168,7 @@ mod tests {
                 },
             ],
             disputed_amount: 700,
-            disputes: vec![payment_core::refund_view::DisputeView {
+            disputes: vec![payment_core::api::view::DisputeView {
                 dispute_id: "dp_1".into(),
                 status: "needs_response".into(),
                 amount: 700,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use aws_sdk_dynamodbstreams::types::{AttributeValue, OperationType, Record};
 use lambda_local::stream::{self, Handled, StreamHandler, StreamMapping};
-use payment_core::outbox::{OutboxEntry, Relay, PAYMENT_KIND};
+use payment_core::payments::outbox::{OutboxEntry, Relay, PAYMENT_KIND};
 
 /// The relay as a stream function.
 struct OutboxRelay(Arc<Relay>);
@@ -68,10 +68,10 @@ pub async fn start(
 /// The outbox relay for a queue and a FIFO group rule (validated like the Lambda's
 /// environment).
 pub fn relay_for(queue_url: &str, group_by: &str, sdk: &aws_config::SdkConfig) -> Result<Relay> {
-    let config = payment_core::config::RelayConfig::from_lookup(|k| match k {
+    let config = payment_core::edges::config::RelayConfig::from_lookup(|k| match k {
         "PAYMENTS_QUEUE_URL" => Some(queue_url.to_owned()),
         "FIFO_GROUP_BY" => Some(group_by.to_owned()),
         _ => None,
     })?;
-    Ok(payment_core::bootstrap::build_relay(&config, sdk))
+    Ok(payment_core::edges::bootstrap::build_relay(&config, sdk))
 }

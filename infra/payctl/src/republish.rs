@@ -8,9 +8,9 @@
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
+use payment_core::api::table::DynamoPayments;
 use payment_core::api::PaymentsStore;
-use payment_core::outbox::{OutboxEntry, Relay, RelayReport, PAYMENT_KIND};
-use payment_core::payments_table::DynamoPayments;
+use payment_core::payments::outbox::{OutboxEntry, Relay, RelayReport, PAYMENT_KIND};
 
 /// Payment rows (with their outbox fields) created before `before_ms`, oldest first.
 async fn rows_before(

@@ -60,15 +60,15 @@ pub struct RunSummary {
 
 /// The labels the summary counts under a name of their own; any other lands in `other_done`.
 const NAMED_LABELS: [&str; 9] = [
-    payment_core::charge::labels::CHARGED,
-    payment_core::charge::labels::DECLINED,
-    payment_core::charge::labels::REQUIRES_ACTION,
-    payment_core::charge::labels::PROCESSING,
-    payment_core::refund::REFUNDED,
-    payment_core::event_inbox::labels::APPLIED,
-    payment_core::event_inbox::labels::UNCHANGED,
-    payment_core::event_inbox::labels::FOREIGN,
-    payment_core::event_inbox::labels::UNHANDLED,
+    payment_core::payments::charge::labels::CHARGED,
+    payment_core::payments::charge::labels::DECLINED,
+    payment_core::payments::charge::labels::REQUIRES_ACTION,
+    payment_core::payments::charge::labels::PROCESSING,
+    payment_core::refunds::work::REFUNDED,
+    payment_core::events::inbox::labels::APPLIED,
+    payment_core::events::inbox::labels::UNCHANGED,
+    payment_core::events::inbox::labels::FOREIGN,
+    payment_core::events::inbox::labels::UNHANDLED,
 ];
 
 impl RunSummary {
@@ -94,12 +94,18 @@ impl RunSummary {
         Self {
             invocations: stats.invocations,
             received: stats.received,
-            charged: stats.summary.done(payment_core::charge::labels::CHARGED),
-            declined: stats.summary.done(payment_core::charge::labels::DECLINED),
+            charged: stats
+                .summary
+                .done(payment_core::payments::charge::labels::CHARGED),
+            declined: stats
+                .summary
+                .done(payment_core::payments::charge::labels::DECLINED),
             requires_action: stats
                 .summary
-                .done(payment_core::charge::labels::REQUIRES_ACTION),
-            processing: stats.summary.done(payment_core::charge::labels::PROCESSING),
+                .done(payment_core::payments::charge::labels::REQUIRES_ACTION),
+            processing: stats
+                .summary
+                .done(payment_core::payments::charge::labels::PROCESSING),
             other_done: stats
                 .summary
                 .done
@@ -107,12 +113,12 @@ impl RunSummary {
                 .filter(|(label, _)| !NAMED_LABELS.contains(&label.as_str()))
                 .map(|(k, v)| (k.clone(), *v))
                 .collect(),
-            refunded: stats.summary.done(payment_core::refund::REFUNDED),
+            refunded: stats.summary.done(payment_core::refunds::work::REFUNDED),
             events_applied: stats
                 .summary
-                .done(payment_core::event_inbox::labels::APPLIED),
+                .done(payment_core::events::inbox::labels::APPLIED),
             events_unchanged: {
-                use payment_core::event_inbox::labels::{FOREIGN, UNCHANGED, UNHANDLED};
+                use payment_core::events::inbox::labels::{FOREIGN, UNCHANGED, UNHANDLED};
                 [UNCHANGED, FOREIGN, UNHANDLED]
                     .iter()
                     .map(|l| stats.summary.done(l))

@@ -86,10 +86,10 @@ pub fn describe(
                 if let Some(code) = &o.decline_code {
                     out.push(format!("  decline code     {code}"));
                 }
-                if o.label() == Some(payment_core::charge::labels::REQUIRES_ACTION) {
+                if o.label() == Some(payment_core::payments::charge::labels::REQUIRES_ACTION) {
                     out.push(format!(
                         "  merchant must    {}",
-                        payment_core::charge::requires_action_hint(
+                        payment_core::payments::charge::requires_action_hint(
                             o.provider_payment_id.as_deref()
                         )
                     ));

@@ -86,7 +86,7 @@ pub fn money(amounts: &BTreeMap<String, i64>) -> String {
     }
     amounts
         .iter()
-        .map(|(currency, minor)| payment_core::stripe_limits::display(*minor, currency))
+        .map(|(currency, minor)| payment_core::domain::limits::display(*minor, currency))
         .collect::<Vec<_>>()
         .join(" + ")
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use payment_core::config::{ApiConfig, RelayConfig};
+use payment_core::edges::config::{ApiConfig, RelayConfig};
 use payment_core::Processor;
 use serde_json::json;
 
@@ -88,7 +88,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     .collect();
     let config = config_for(&stack, &overrides)?;
     let sim = SimClient::new(&config.payment_api_url);
-    let processor = payment_core::bootstrap::build_processor(&config, sdk).await?;
+    let processor = payment_core::edges::bootstrap::build_processor(&config, sdk).await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
 
@@ -135,7 +135,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
                 .ok()
                 .map(str::to_owned)
         })?;
-        let api = Arc::new(payment_core::bootstrap::build_api(&api_config, ddb.clone()));
+        let api = Arc::new(payment_core::edges::bootstrap::build_api(
+            &api_config,
+            ddb.clone(),
+        ));
         let server = payctl::api::serve(api, None, "127.0.0.1:0").await?;
         let relay_config = RelayConfig::from_lookup(|k| {
             stack
@@ -143,7 +146,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
                 .ok()
                 .map(str::to_owned)
         })?;
-        let relay = Arc::new(payment_core::bootstrap::build_relay(&relay_config, sdk));
+        let relay = Arc::new(payment_core::edges::bootstrap::build_relay(
+            &relay_config,
+            sdk,
+        ));
         let mapping = payctl::relay::start(sdk, stack.payments_table()?, relay).await?;
         let client = ApiClient::new(server.url(), sdk)?;
         println!(
@@ -200,7 +206,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &DemoOptions) -> Result<Verd
     // Refunds of what was charged: whole, partial, racing for the same charge, and of payments
     // that were not charged; each message sent twice, through the refund processor.
     let refund_config = refund_config_for(&stack, &overrides)?;
-    let refunder = payment_core::bootstrap::build_refund_processor(&refund_config, sdk).await?;
+    let refunder =
+        payment_core::edges::bootstrap::build_refund_processor(&refund_config, sdk).await?;
     let refunds = crate::refund_check::plan(&run_id, &records, opts.payments / 10);
     let source = &stack.event_sources[payctl::template::REFUND_PROCESSOR];
     let bodies = crate::refund_check::bodies(&refunds);

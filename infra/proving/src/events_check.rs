@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
-use payment_core::settlement::{DynamoSettlements, Settlements};
+use payment_core::events::settlement::{DynamoSettlements, Settlements};
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
 use serde_json::json;
 
 use crate::sim::SimClient;
@@ -48,7 +48,7 @@ pub fn payment_bodies(prefix: &str) -> Vec<String> {
 
 /// The refund of the whole charge of the payment whose refunds fail.
 pub fn refund_bodies(prefix: &str) -> Vec<String> {
-    vec![payment_core::refund::RefundRequest {
+    vec![payment_core::refunds::work::RefundRequest {
         refund_id: format!("{prefix}-ev-refund-fails-r1"),
         payment_id: format!("{prefix}-ev-refund-fails"),
         amount: None,
@@ -81,7 +81,8 @@ pub async fn serve_endpoint(
     queue_url: &str,
     secret: &str,
 ) -> Result<(lambda_local::http::LocalHttp, String)> {
-    use payment_core::event_receiver::{EventReceiver, FixedSecrets, SqsEventQueue, EVENTS_PATH};
+    use payment_core::events::queue::SqsEventQueue;
+    use payment_core::stripe::receiver::{EventReceiver, FixedSecrets, EVENTS_PATH};
     use std::sync::Arc;
     let receiver = EventReceiver::new(
         Arc::new(FixedSecrets(vec![secret.to_owned().into()])),
@@ -89,15 +90,16 @@ pub async fn serve_endpoint(
             aws_sdk_sqs::Client::new(sdk),
             queue_url.to_owned(),
         )),
-        payment_core::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
+        payment_core::stripe::webhook::DEFAULT_TOLERANCE_SECONDS,
     );
-    let api_config = payment_core::config::ApiConfig::from_lookup(|k| {
+    let api_config = payment_core::edges::config::ApiConfig::from_lookup(|k| {
         stack
             .var_of("PaymentsApiFunction", k)
             .ok()
             .map(str::to_owned)
     })?;
-    let api = payment_core::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
+    let api =
+        payment_core::edges::bootstrap::build_api(&api_config, aws_sdk_dynamodb::Client::new(sdk));
     let server = payctl::api::serve(Arc::new(api), Some(Arc::new(receiver)), "127.0.0.1:0").await?;
     let endpoint = format!("{}{EVENTS_PATH}", server.url());
     point_webhook(sim, &endpoint, secret).await?;
@@ -247,7 +249,7 @@ impl EventsRun {
     /// Each accepted delivery's one outcome at the inbox, by name; they add up to the accepted
     /// deliveries when nothing was lost.
     pub fn outcomes(&self) -> Vec<(String, u32)> {
-        use payment_core::event_inbox::labels;
+        use payment_core::events::inbox::labels;
         let mut out: Vec<(String, u32)> = [
             labels::APPLIED,
             labels::UNCHANGED,
@@ -276,18 +278,18 @@ pub async fn demo_phase(
     stack: &payctl::template::Stack,
     overrides: &BTreeMap<String, String>,
     payments: std::sync::Arc<payment_core::Processor>,
-    refunds: std::sync::Arc<payment_core::refund::RefundProcessor>,
+    refunds: std::sync::Arc<payment_core::refunds::work::RefundProcessor>,
     prefix: &str,
 ) -> Result<EventsRun> {
     use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-    use payment_core::event_receiver::SqsEventQueue;
+    use payment_core::events::queue::SqsEventQueue;
     let since = sqs_once::runner::now_ms() / 1000 - 1;
     let config = crate::functions::event_config_for(stack, overrides)?;
     let sim = SimClient::new(&config.payment_api_url);
     // The simulator keeps every delivery it made: this phase's are those after these.
     let before = sim.deliveries().await?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    let inbox = payment_core::bootstrap::build_event_processor(&config, sdk).await?;
+    let inbox = payment_core::edges::bootstrap::build_event_processor(&config, sdk).await?;
     let queue_url = config
         .provider_events_queue_url
         .clone()
@@ -358,10 +360,10 @@ pub async fn demo_phase(
     }
 
     // The same window listed again, as the scheduled catch-up would after an outage.
-    let provider = payment_core::bootstrap::provider_from(&config, sdk).await?;
+    let provider = payment_core::edges::bootstrap::provider_from(&config, sdk).await?;
     let queue = SqsEventQueue::new(sqs.clone(), queue_url);
     let until = sqs_once::runner::now_ms() / 1000 + 1;
-    let report = payment_core::event_catch_up::catch_up(&provider, &queue, since, until)
+    let report = payment_core::events::catch_up::catch_up(&provider, &queue, since, until)
         .await
         .map_err(anyhow::Error::msg)?;
     let again = crate::functions::drain_source(inbox, &sqs, source, 2).await?;
@@ -369,7 +371,7 @@ pub async fn demo_phase(
         report.queued,
         again
             .summary
-            .done(payment_core::event_inbox::labels::APPLIED),
+            .done(payment_core::events::inbox::labels::APPLIED),
     );
     if run.catch_up.1 != 0 {
         run.verdict.violations.push(format!(

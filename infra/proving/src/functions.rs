@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use lambda_local::esm::{self, EsmOptions, EsmStats};
 use payctl::template::Stack;
-use payment_core::config::Config;
+use payment_core::edges::config::Config;
 
 /// Builds the processor's configuration the way the deployed function gets it: the template's
 /// environment, with the stack's resources, and the process environment for everything else
@@ -65,7 +65,7 @@ pub fn function_environment(
     ];
     // The provider's pace is the deployment's: a local process stands for every instance at
     // once and the simulator has no limit unless told, so it is paced only when asked.
-    let deployed_only = payment_core::config::PACE_VARS;
+    let deployed_only = payment_core::edges::config::PACE_VARS;
     let read = std::cell::RefCell::new(BTreeMap::new());
     let config = Config::from_lookup(|k| {
         let v = if let Some(v) = overrides.get(k) {

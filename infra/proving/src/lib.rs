@@ -19,6 +19,10 @@
 //!   a flood in `make test` and `make chaos`).
 //!
 //! Nothing here ships to users, and the operator's `payctl` never depends on it.
+//!
+//! Why flat (15 files with `main.rs`): each file is one load or one outside check that the
+//! runs above combine, named as the list names them; the multi-file runs (`chaos`, `compare`,
+//! `bench`) have folders.
 
 pub mod api_load;
 pub mod aws_faults;

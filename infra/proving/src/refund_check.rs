@@ -15,8 +15,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
-use payment_core::refund::{refund_keys, RefundRequest};
-use payment_core::refund_ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refund_keys;
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refunds::work::RefundRequest;
 use payment_core::PaymentOutcome;
 use sqs_once::record::{IdempotencyRecord, RecordStatus};
 
@@ -178,7 +179,7 @@ pub fn verify(
     plans: &[PlannedRefund],
     ledger: &Ledger,
     records: &HashMap<String, IdempotencyRecord>,
-    payments: &HashMap<String, Option<payment_core::refund_ledger::RefundablePayment>>,
+    payments: &HashMap<String, Option<payment_core::refunds::ledger::RefundablePayment>>,
     dlq: &[DeadLetterSeen],
 ) -> RefundVerdict {
     let mut v = RefundVerdict::default();
@@ -316,7 +317,7 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use payment_core::refund_ledger::RefundablePayment;
+    use payment_core::refunds::ledger::RefundablePayment;
     use payment_core::PaymentOutcome;
 
     fn charged(refunds: &[(&str, i64)]) -> RefundablePayment {

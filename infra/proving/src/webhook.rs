@@ -14,11 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use payment_core::event_receiver::{
-    EventQueue, EventReceiver, FixedSecrets, EVENTS_PATH, MAX_EVENT_BYTES,
-};
-use payment_core::provider_event::ProviderEvent;
-use payment_core::stripe_webhook::{
+use payment_core::events::queue::EventQueue;
+use payment_core::provider::event::ProviderEvent;
+use payment_core::stripe::receiver::{EventReceiver, FixedSecrets, EVENTS_PATH, MAX_EVENT_BYTES};
+use payment_core::stripe::webhook::{
     sign, SignatureCheck, DEFAULT_TOLERANCE_SECONDS, MAX_HEADER_BYTES, MAX_HEADER_ITEMS,
 };
 use secrecy::SecretString;
@@ -65,12 +64,13 @@ impl Route {
             queued.clone(),
             DEFAULT_TOLERANCE_SECONDS,
         ));
-        let config = payment_core::config::ApiConfig::from_lookup(|k| match k {
+        let config = payment_core::edges::config::ApiConfig::from_lookup(|k| match k {
             "PAYMENTS_TABLE" | "IDEMPOTENCY_TABLE" => Some("not-used-by-the-events-route".into()),
             _ => None,
         })?;
-        let sdk = payment_core::bootstrap::sdk_config().await;
-        let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(&sdk));
+        let sdk = payment_core::edges::bootstrap::sdk_config().await;
+        let api =
+            payment_core::edges::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(&sdk));
         let server =
             payctl::api::serve(Arc::new(api), Some(receiver.clone()), "127.0.0.1:0").await?;
         Ok(Self {

@@ -164,12 +164,13 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
                 idempotency_table,
             },
     } = args;
-    let config = payment_core::config::ApiConfig::from_lookup(|k| match k {
+    let config = payment_core::edges::config::ApiConfig::from_lookup(|k| match k {
         "PAYMENTS_TABLE" => Some(table.clone()),
         "IDEMPOTENCY_TABLE" => Some(idempotency_table.clone()),
         other => std::env::var(other).ok(),
     })?;
-    let api = payment_core::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
+    let api =
+        payment_core::edges::bootstrap::build_api(&config, aws_sdk_dynamodb::Client::new(sdk));
     let set = |v: &str| std::env::var(v).is_ok_and(|s| !s.trim().is_empty());
     let webhook = ["WEBHOOK_SECRET", "WEBHOOK_SECRET_ARN"]
         .iter()
@@ -180,9 +181,10 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         eprintln!("payctl: no provider-events route: WEBHOOK_SECRET is set but PROVIDER_EVENTS_QUEUE_URL is not (eval \"$(payctl env --stack-name NAME)\" sets both)");
     }
     let events = if webhook && set("PROVIDER_EVENTS_QUEUE_URL") {
-        let config = payment_core::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
+        let config =
+            payment_core::edges::config::ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
         Some(std::sync::Arc::new(
-            payment_core::bootstrap::build_receiver(&config, sdk),
+            payment_core::edges::bootstrap::build_receiver(&config, sdk),
         ))
     } else {
         None
@@ -196,7 +198,7 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         eprintln!(
             "provider events on {}{} (the webhook endpoint)",
             server.url(),
-            payment_core::event_receiver::EVENTS_PATH
+            payment_core::stripe::receiver::EVENTS_PATH
         );
     }
     let status = signals.next().await;

@@ -94,11 +94,11 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         &format!("queueing the provider's events to {queue_url}"),
     )
     .await;
-    let queue = payment_core::event_receiver::SqsEventQueue::new(
+    let queue = payment_core::events::queue::SqsEventQueue::new(
         aws_sdk_sqs::Client::new(sdk),
         queue_url.clone(),
     );
-    let report = payment_core::event_catch_up::catch_up(&client, &queue, since_s, until_s)
+    let report = payment_core::events::catch_up::catch_up(&client, &queue, since_s, until_s)
         .await
         .map_err(anyhow::Error::msg)
         .context(
@@ -131,7 +131,7 @@ async fn checkpoint(
     since: Option<String>,
     provider: super::ProviderArgs,
 ) -> Result<()> {
-    use payment_core::event_catch_up::{Checkpoint, Position, EVENT_RETENTION_S};
+    use payment_core::events::catch_up::{Checkpoint, Position, EVENT_RETENTION_S};
     payctl::aws::check_table(
         sdk,
         table,

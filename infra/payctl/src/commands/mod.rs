@@ -42,16 +42,16 @@ impl ProviderArgs {
             std::env::var("PAYMENT_API_KEY"),
         ) {
             (Some(arn), _) if !arn.trim().is_empty() => {
-                payment_core::config::ApiKeySource::SecretArn(arn.clone())
+                payment_core::edges::config::ApiKeySource::SecretArn(arn.clone())
             }
             (_, Ok(key)) if !key.trim().is_empty() => {
-                payment_core::config::ApiKeySource::Plain(key.into())
+                payment_core::edges::config::ApiKeySource::Plain(key.into())
             }
             _ => anyhow::bail!(
                 "set PAYMENT_API_KEY_SECRET_ARN (or PAYMENT_API_KEY for local use): {why}"
             ),
         };
-        let key = payment_core::bootstrap::resolve_api_key(&source, sdk).await?;
+        let key = payment_core::edges::bootstrap::resolve_api_key(&source, sdk).await?;
         Ok(payment_core::stripe::StripeClient::new(
             &self.payment_api_url,
             key,

@@ -45,7 +45,7 @@ async fn split_by_age(
     table: &str,
     records_table: &str,
     before_ms: i64,
-) -> Result<(Vec<payment_core::outbox::OutboxEntry>, usize)> {
+) -> Result<(Vec<payment_core::payments::outbox::OutboxEntry>, usize)> {
     let all = payctl::republish::unseen(ddb, table, records_table, i64::MAX).await?;
     let (old, young): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.created_at < before_ms);
     Ok((old, young.len()))

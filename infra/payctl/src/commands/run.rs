@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use lambda_local::esm;
-use payment_core::config::Config;
+use payment_core::edges::config::Config;
 use std::time::Duration;
 
 /// The processors `payctl run` can run.
@@ -117,13 +117,13 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     .await?;
     payctl::aws::announce(sdk, &format!("processing {queue_url}")).await;
     let processor: esm::Function = match work {
-        WorkKind::Payments => payment_core::bootstrap::build_processor(&config, sdk)
+        WorkKind::Payments => payment_core::edges::bootstrap::build_processor(&config, sdk)
             .await?
             .into(),
-        WorkKind::Refunds => payment_core::bootstrap::build_refund_processor(&config, sdk)
+        WorkKind::Refunds => payment_core::edges::bootstrap::build_refund_processor(&config, sdk)
             .await?
             .into(),
-        WorkKind::Events => payment_core::bootstrap::build_event_processor(&config, sdk)
+        WorkKind::Events => payment_core::edges::bootstrap::build_event_processor(&config, sdk)
             .await?
             .into(),
     };

@@ -192,7 +192,7 @@ pub async fn send_refund(args: SendRefundArgs, sdk: &aws_config::SdkConfig) -> R
     } = args;
     let body = match (body, payment_id, refund_id) {
         (Some(b), _, _) => b,
-        (None, Some(payment_id), Some(refund_id)) => payment_core::refund::RefundRequest {
+        (None, Some(payment_id), Some(refund_id)) => payment_core::refunds::work::RefundRequest {
             refund_id,
             payment_id,
             amount,
@@ -202,7 +202,7 @@ pub async fn send_refund(args: SendRefundArgs, sdk: &aws_config::SdkConfig) -> R
         _ => bail!("give --body, or --payment-id with --refund-id"),
     };
     // A refund the processor would refuse is refused here, with the same reason.
-    payment_core::refund::RefundRequest::parse(&body)
+    payment_core::refunds::work::RefundRequest::parse(&body)
         .map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
     payctl::aws::check_queue(
         sdk,

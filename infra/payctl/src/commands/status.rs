@@ -64,7 +64,7 @@ async fn accepted_only(
     id: &str,
 ) -> Result<Option<serde_json::Value>> {
     use payment_core::api::PaymentsStore;
-    let store = payment_core::payments_table::DynamoPayments::new(
+    let store = payment_core::api::table::DynamoPayments::new(
         aws_sdk_dynamodb::Client::new(sdk),
         payments_table,
         idempotency_table,

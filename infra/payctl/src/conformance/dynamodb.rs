@@ -205,9 +205,9 @@ pub(super) async fn conditional_put_one_winner(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<String> {
+    use payment_core::api::table::DynamoPayments;
     use payment_core::api::{Creation, PaymentsStore, StoredPayment};
-    use payment_core::outbox::OutboxEntry;
-    use payment_core::payments_table::DynamoPayments;
+    use payment_core::payments::outbox::OutboxEntry;
     let stream = StreamSpecification::builder()
         .stream_enabled(true)
         .stream_view_type(StreamViewType::NewImage)
@@ -363,7 +363,10 @@ pub(super) async fn stream_insert_images(
         .table_name(table)
         .key(
             "pk",
-            s(&format!("{}put-0", payment_core::outbox::PAYMENT_PREFIX)),
+            s(&format!(
+                "{}put-0",
+                payment_core::payments::outbox::PAYMENT_PREFIX
+            )),
         )
         .update_expression("SET touched_at = :t")
         .expression_attribute_values(":t", AttributeValue::N("1".into()))

@@ -58,7 +58,7 @@ pub(super) fn resolve(
         // The provider's pace is the deployment's: a local process stands for every instance
         // of its function at once, and the simulator limits nothing unless told. Local runs are
         // paced only when PROVIDER_REQUESTS_PER_SECOND is set in their own environment.
-        let pace: BTreeMap<String, String> = payment_core::config::PACE_VARS
+        let pace: BTreeMap<String, String> = payment_core::edges::config::PACE_VARS
             .iter()
             .filter_map(|k| env.remove(*k).map(|v| (k.to_string(), v)))
             .collect();

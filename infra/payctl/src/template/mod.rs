@@ -120,7 +120,7 @@ pub struct Stack {
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
     /// What each function paces its provider calls to when deployed, by logical id: the
-    /// template's `payment_core::config::PACE_VARS`, resolved. They are left out of
+    /// template's `payment_core::edges::config::PACE_VARS`, resolved. They are left out of
     /// [`Stack::function_envs`] (a local process stands for every instance at once); the
     /// benchmark runs the deployed pace with one process per instance.
     pub deployed_pace: BTreeMap<String, BTreeMap<String, String>>,

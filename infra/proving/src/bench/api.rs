@@ -24,7 +24,7 @@ pub(super) async fn api_measurement(
     opts: &BenchOptions,
 ) -> Result<serde_json::Value> {
     use futures::stream::{self, StreamExt};
-    use payment_core::config::{ApiConfig, RelayConfig};
+    use payment_core::edges::config::{ApiConfig, RelayConfig};
     let (name, stack) = bench_stack(sdk, opts, "bench-api").await?;
     let env_of = |function: &'static str| {
         let stack = &stack;
@@ -37,16 +37,16 @@ pub(super) async fn api_measurement(
             .interceptor(writes.clone())
             .build(),
     );
-    let api = payment_core::bootstrap::build_api(
+    let api = payment_core::edges::bootstrap::build_api(
         &ApiConfig::from_lookup(env_of("PaymentsApiFunction"))?,
         ddb.clone(),
     );
     let server = payctl::api::serve(Arc::new(api), None, "127.0.0.1:0").await?;
     let relay_config = RelayConfig::from_lookup(env_of("OutboxRelayFunction"))?;
-    let relay = payment_core::bootstrap::build_relay(&relay_config, sdk);
+    let relay = payment_core::edges::bootstrap::build_relay(&relay_config, sdk);
     let _mapping = payctl::relay::start(sdk, stack.payments_table()?, Arc::new(relay)).await?;
     let config = config_for(&stack, &bench_overrides())?;
-    let processor = payment_core::bootstrap::build_processor_with(
+    let processor = payment_core::edges::bootstrap::build_processor_with(
         &config,
         sdk,
         ddb.clone(),

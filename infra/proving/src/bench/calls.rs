@@ -28,14 +28,14 @@ pub(super) struct BareCalls {
 impl BareCalls {
     async fn new(
         sdk: &aws_config::SdkConfig,
-        config: &payment_core::config::Config,
+        config: &payment_core::edges::config::Config,
     ) -> Result<Self> {
         Ok(Self {
             store: payment_core::payment_store(
                 aws_sdk_dynamodb::Client::new(sdk),
                 &config.idempotency_table,
             ),
-            provider: payment_core::bootstrap::provider_from(config, sdk).await?,
+            provider: payment_core::edges::bootstrap::provider_from(config, sdk).await?,
         })
     }
 
@@ -59,14 +59,15 @@ impl BareCalls {
             return Ok(());
         }
         let response = self.provider.create_payment(&req).await?;
-        let (outcome, dead_letter) = payment_core::charge::outcome_of(&req, &response);
+        let (outcome, dead_letter) = payment_core::payments::charge::outcome_of(&req, &response);
         if let Some((code, why)) = dead_letter {
             bail!("{}: {code}: {why}", req.payment_id.as_str());
         }
         // The same write as the processor's: a charge's record kept for the refund window.
         let outcome = outcome.to_outcome();
-        let keep = (outcome.status == "succeeded")
-            .then(|| now / 1000 + payment_core::charge::DEFAULT_REFUND_WINDOW.as_secs() as i64);
+        let keep = (outcome.status == "succeeded").then(|| {
+            now / 1000 + payment_core::payments::charge::DEFAULT_REFUND_WINDOW.as_secs() as i64
+        });
         self.store
             .complete(req.payment_id.as_str(), "bare", &outcome, keep)
             .await?;
@@ -125,7 +126,7 @@ pub(super) async fn emulator_capacity(
 /// One capacity poller: drains the queue with bare calls; returns the CPU seconds they took.
 pub(super) async fn bare_poller(
     sdk: aws_config::SdkConfig,
-    config: payment_core::config::Config,
+    config: payment_core::edges::config::Config,
     url: String,
 ) -> Result<f64> {
     let sqs = aws_sdk_sqs::Client::new(&sdk);

@@ -245,7 +245,8 @@ pub(super) async fn instrumented_stack(
             .build(),
     );
     let processor =
-        payment_core::bootstrap::build_processor_with(&config, sdk, ddb, sqs.clone()).await?;
+        payment_core::edges::bootstrap::build_processor_with(&config, sdk, ddb, sqs.clone())
+            .await?;
     Ok(Instrumented {
         stack,
         processor,

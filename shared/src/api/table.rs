@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 use aws_sdk_dynamodb::Client;
 
 use crate::api::{Creation, PaymentsStore, StoredPayment, Unavailable};
-use crate::outbox::{OutboxEntry, PAYMENT_KIND, PAYMENT_PREFIX};
+use crate::payments::outbox::{OutboxEntry, PAYMENT_KIND, PAYMENT_PREFIX};
 use sqs_once::dynamo::{get_n, get_s, n, s, DynamoStore};
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord};
 
@@ -77,7 +77,7 @@ impl DynamoPayments {
         idempotency_table: impl Into<String>,
     ) -> Self {
         Self {
-            records: crate::payment_store(client.clone(), &idempotency_table.into()),
+            records: crate::payments::payment_store(client.clone(), &idempotency_table.into()),
             client,
             table: table.into(),
         }
@@ -159,8 +159,8 @@ impl PaymentsStore for DynamoPayments {
     async fn after_charge(
         &self,
         id: &str,
-    ) -> Result<Option<crate::refund_view::AfterCharge>, Unavailable> {
-        crate::refund_view::after_charge_of(&self.client, self.records.table(), id)
+    ) -> Result<Option<crate::api::view::AfterCharge>, Unavailable> {
+        crate::api::view::after_charge_of(&self.client, self.records.table(), id)
             .await
             .map_err(|e| Unavailable(e.to_string()))
     }

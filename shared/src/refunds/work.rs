@@ -3,7 +3,7 @@
 //! A message `{"refund_id", "payment_id", "amount"?, "reason"?}` asks to refund (part of) a
 //! payment. The refund's record is `refund#<refund_id>`; the provider gets
 //! `POST /v1/refunds` with `Idempotency-Key: refund:<refund_id>`. Before the call the amount is
-//! reserved on the payment's record ([`crate::refund_ledger`]), so all refunds of a payment
+//! reserved on the payment's record ([`crate::refunds::ledger`]), so all refunds of a payment
 //! together never exceed its charge. Without an amount, what is left of the charge is
 //! refunded (fixed at the reservation, so a retry refunds the same).
 //!
@@ -31,7 +31,7 @@ use sqs_once::{AttemptContext, CallError, Outcome, Rejection, Verdict, Work};
 
 use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
 use crate::provider::{RefundCall, RefundProvider, RefundResponse};
-use crate::refund_ledger::{RefundLedger, RefundablePayment, Reservation};
+use crate::refunds::ledger::{RefundLedger, RefundablePayment, Reservation};
 
 /// The batch runner over refunds: the refund-processor Lambda's whole handler.
 pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
@@ -41,8 +41,6 @@ pub const REFUNDED: &str = "refunded";
 
 /// The dead-letter code of a refund whose payment is known nowhere.
 pub const PAYMENT_UNKNOWN: &str = "payment_unknown";
-
-pub use crate::refund_keys;
 
 /// Reasons Stripe accepts for a refund.
 pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
@@ -172,7 +170,7 @@ impl RefundWork {
             provider,
             ledger,
             key_retention,
-            refund_window: crate::charge::DEFAULT_REFUND_WINDOW,
+            refund_window: crate::payments::charge::DEFAULT_REFUND_WINDOW,
             clock: sqs_once::clock::system(),
         }
     }
@@ -221,7 +219,7 @@ impl RefundWork {
             .outcome
             .as_ref()
             .map(|o| o.status.as_str())
-            .filter(|s| crate::provider_event::payment_settling(s))
+            .filter(|s| crate::provider::event::payment_settling(s))
         {
             // Not charged yet, not refused either: the provider settles it later (a bank
             // debit in days, a customer's authentication whenever they come back).
@@ -336,7 +334,7 @@ impl Work for RefundWork {
             Err(refused) => return Ok(refused),
         };
         if let Some(a) = r.amount {
-            if let Err(why) = crate::stripe_limits::check_refund_amount(a, &currency) {
+            if let Err(why) = crate::domain::limits::check_refund_amount(a, &currency) {
                 return Ok(rejected("invalid_refund", why));
             }
         }
@@ -376,7 +374,7 @@ impl Work for RefundWork {
                 "idempotency_key_reused",
                 format!(
                     "the provider refused the key {} of refund_id {}: {message}",
-                    crate::stripe_refund::refund_key(&r.refund_id),
+                    crate::domain::refund_key(&r.refund_id),
                     r.refund_id
                 ),
             ),

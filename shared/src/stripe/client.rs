@@ -899,7 +899,7 @@ pub(crate) mod tests {
     /// Stripe's published example of an API object (`tests/fixtures/stripe`).
     pub(crate) fn fixture(name: &str) -> serde_json::Value {
         use std::io::Read;
-        let gz: &[u8] = include_bytes!("../tests/fixtures/stripe/fixtures3.json.gz");
+        let gz: &[u8] = include_bytes!("../../tests/fixtures/stripe/fixtures3.json.gz");
         let mut text = String::new();
         flate2::read::GzDecoder::new(gz)
             .read_to_string(&mut text)
@@ -934,7 +934,7 @@ pub(crate) mod tests {
                 r#"{"payment_id":"p1","amount":1099,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa"}"#,
             )
             .unwrap();
-            let (o, dead) = crate::charge::outcome_of(&request, &r);
+            let (o, dead) = crate::payments::charge::outcome_of(&request, &r);
             assert!(dead.is_none());
             assert_eq!(o.is_charge(), status == "succeeded", "{status}");
         }

@@ -16,7 +16,7 @@ use sqs_once::settings::{Settings, DEFAULT_TTL_SECONDS};
 /// How long Stripe remembers an idempotency key.
 pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-pub use crate::charge::MAX_CLOCK_SKEW;
+pub use crate::payments::charge::MAX_CLOCK_SKEW;
 
 /// Where the provider's API key comes from.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub struct Config {
     /// `PROVIDER_SEARCH_LAG_SECONDS`, `RETRY_HORIZON_SECONDS`, `QUEUE_MAX_RECEIVE_COUNT`,
     /// `RETENTION_MARGIN_SECONDS`, default the visibility timeout).
     pub settings: Settings,
-    /// `REFUND_WINDOW_DAYS` (default 365, [`crate::charge::DEFAULT_REFUND_WINDOW`]): how long
+    /// `REFUND_WINDOW_DAYS` (default 365, [`crate::payments::charge::DEFAULT_REFUND_WINDOW`]): how long
     /// after a charge refunds are accepted; the charge's record, which holds its refund
     /// ledger, is kept that long (never less than the record retention).
     pub refund_window: Duration,
@@ -251,7 +251,7 @@ impl Config {
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",
-                    crate::charge::DEFAULT_REFUND_WINDOW.as_secs() / 86_400,
+                    crate::payments::charge::DEFAULT_REFUND_WINDOW.as_secs() / 86_400,
                     1,
                     3_650,
                 )? * 86_400,
@@ -386,7 +386,7 @@ pub struct RelayConfig {
     /// `PAYMENTS_QUEUE_URL`: the processor's queue (the stack's reference, never built by hand).
     pub queue_url: String,
     /// `FIFO_GROUP_BY` (`customer`, the default, or `payment`): a FIFO queue's message groups.
-    pub group_by: crate::outbox::GroupBy,
+    pub group_by: crate::payments::outbox::GroupBy,
 }
 
 impl RelayConfig {
@@ -395,7 +395,7 @@ impl RelayConfig {
         let group = get("FIFO_GROUP_BY").unwrap_or_default();
         Ok(Self {
             queue_url: required_var(&get, "PAYMENTS_QUEUE_URL")?,
-            group_by: crate::outbox::GroupBy::parse(&group).ok_or_else(|| {
+            group_by: crate::payments::outbox::GroupBy::parse(&group).ok_or_else(|| {
                 err(
                     "FIFO_GROUP_BY",
                     format!("must be customer or payment, got {group:?}"),
@@ -447,7 +447,7 @@ impl ReceiverConfig {
             tolerance_s: number_var(
                 &get,
                 "WEBHOOK_TOLERANCE_SECONDS",
-                crate::stripe_webhook::DEFAULT_TOLERANCE_SECONDS,
+                crate::stripe::webhook::DEFAULT_TOLERANCE_SECONDS,
                 0,
                 86_400,
             )?,

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::event_catch_up::{EventLister, EventPage, Place, EVENT_TYPES, PAGE_SIZE};
+use crate::events::catch_up::{EventLister, EventPage, Place, EVENT_TYPES, PAGE_SIZE};
+use crate::provider::event::{DisputeChange, PaymentChange, ProviderEvent, RefundChange, Subject};
 use crate::provider::{FailureKind, PaymentProvider, ProviderError};
-use crate::provider_event::{DisputeChange, PaymentChange, ProviderEvent, RefundChange, Subject};
 use crate::stripe::{listing, StripeClient};
 
 /// The provider's objects as they are now, for the events inbox.
 #[async_trait]
-impl crate::event_inbox::ProviderObjects for StripeClient {
+impl crate::events::inbox::ProviderObjects for StripeClient {
     fn request_timeout(&self) -> Duration {
         PaymentProvider::request_timeout(self)
     }

@@ -3,9 +3,9 @@
 //! once, out of order, and retries for days; the catch-up feeds the same events again).
 //!
 //! Applying is itself repeatable: every change is a conditional write that names the state it
-//! moves from ([`crate::settlement`]), so an attempt that crashed after its write and runs
+//! moves from ([`crate::events::settlement`]), so an attempt that crashed after its write and runs
 //! again finds the state moved and changes nothing. The rules are in
-//! [`crate::provider_event`].
+//! [`crate::provider::event`].
 //!
 //! What an event finds:
 //! - its object was not created by this system: neither its metadata nor the PaymentIntent
@@ -35,13 +35,13 @@ use sqs_once::{AttemptContext, CallError, Fingerprint, Outcome, Rejection, Work}
 
 use sqs_once::clock::Clock;
 
-use crate::provider::ProviderError;
-use crate::provider_event::{
+use crate::events::settlement::{EventNote, Settlements};
+use crate::provider::event::{
     dispute_holds_amount, dispute_step, payment_current, payment_step, refund_current,
     refund_returns_nothing, refund_step, DisputeChange, PaymentChange, ProviderEvent, RefundChange,
     Step, Subject,
 };
-use crate::settlement::{EventNote, Settlements};
+use crate::provider::ProviderError;
 
 /// The batch labels of the inbox.
 pub mod labels {

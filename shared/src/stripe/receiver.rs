@@ -1,8 +1,8 @@
 //! `POST /v1/provider-events`: where the provider delivers its events. Nothing is applied
-//! here: the receiver verifies `Stripe-Signature` over the raw body ([`crate::stripe_webhook`])
+//! here: the receiver verifies `Stripe-Signature` over the raw body ([`crate::stripe::webhook`])
 //! and answers `2xx` only once the event is durably in the provider-events queue, so that any
 //! failure before that makes the provider deliver again (Stripe retries for up to three days).
-//! The inbox ([`crate::event_inbox`]) applies what the queue holds, once per event id.
+//! The inbox ([`crate::events::inbox`]) applies what the queue holds, once per event id.
 //!
 //! Answers: `200` queued; `400` a missing, malformed, wrong or stale signature, or a body that
 //! is not an event (nothing stored); `413` a body over [`MAX_EVENT_BYTES`]; `503` the queue or
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::provider_event::ProviderEvent;
-use crate::stripe_webhook::{SignatureCheck, SignatureError, SignedHeader};
+use crate::provider::event::ProviderEvent;
+use crate::stripe::webhook::{SignatureCheck, SignatureError, SignedHeader};
 
 /// The route.
 pub const EVENTS_PATH: &str = "/v1/provider-events";
@@ -99,7 +99,7 @@ impl SigningSecrets for SecretsManagerSecrets {
     }
 }
 
-pub use crate::event_queue::{EventQueue, SqsEventQueue};
+use crate::events::queue::EventQueue;
 
 /// An HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,7 +335,7 @@ impl EventReceiver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stripe_webhook::sign;
+    use crate::stripe::webhook::sign;
 
     const NOW: i64 = 1_800_000_000;
 

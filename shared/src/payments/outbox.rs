@@ -213,8 +213,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::api::table::payment_to_item;
     use crate::api::StoredPayment;
-    use crate::payments_table::payment_to_item;
     use serde_dynamo::AttributeValue as A;
 
     fn image(item: HashMap<String, aws_sdk_dynamodb::types::AttributeValue>) -> serde_dynamo::Item {

@@ -14,24 +14,30 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::currency::is_known_currency;
+use crate::domain::currency::is_known_currency;
 
 /// Largest body the processor accepts; larger bodies are `invalid_payment` (SQS allows 256 KiB,
 /// a valid payment with maximal metadata is well under this).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Largest amount in minor units, for every currency (Stripe's eight digits); the smallest
-/// depends on the currency ([`crate::stripe_limits`]).
-pub use crate::stripe_limits::MAX_AMOUNT;
-use crate::stripe_limits::{
+/// depends on the currency ([`crate::domain::limits`]).
+pub use crate::domain::limits::MAX_AMOUNT;
+use crate::domain::limits::{
     check_amount, MAX_DESCRIPTION_LEN, MAX_METADATA_KEY_LEN, MAX_METADATA_VALUE_LEN,
 };
 const MAX_ID_LEN: usize = 255;
 /// Stripe accepts at most 50 metadata keys and the processor adds `metadata[payment_id]`, so a
 /// message may carry 49.
-const MAX_METADATA_KEYS: usize = crate::stripe_limits::MAX_METADATA_KEYS - 1;
+const MAX_METADATA_KEYS: usize = crate::domain::limits::MAX_METADATA_KEYS - 1;
 /// The prefix of the refunds' idempotency keys at the provider (`refund:<refund_id>`): Stripe's
 /// keys are account-wide, so no payment id may begin with it.
 pub const REFUND_KEY_PREFIX: &str = "refund:";
+
+/// A refund's `Idempotency-Key` at the provider: `refund:<refund_id>`, stable for the life of
+/// the refund (every retry and takeover sends the same).
+pub fn refund_key(refund_id: &str) -> String {
+    format!("{REFUND_KEY_PREFIX}{refund_id}")
+}
 
 /// Why a message body cannot be processed. Always terminal: the message goes to the DLQ.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,7 +129,7 @@ impl fmt::Display for PaymentId {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Money {
     /// Minor units (cents for `usd`), within Stripe's limits for the currency
-    /// ([`crate::stripe_limits::check_amount`]).
+    /// ([`crate::domain::limits::check_amount`]).
     pub amount: i64,
     /// Lowercase ISO 4217 code from the project's list.
     pub currency: String,

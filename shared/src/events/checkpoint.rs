@@ -1,6 +1,6 @@
 //! The scheduled catch-up's place: the last event it queued, whether that run reached the
 //! newest, and a version that every write is conditional on, in one item of the idempotency
-//! table. Moved by [`crate::event_catch_up`] after every page, shown and set by
+//! table. Moved by [`crate::events::catch_up`] after every page, shown and set by
 //! `payctl events checkpoint`.
 
 use aws_sdk_dynamodb::error::SdkError;
@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
 use sqs_once::dynamo::{get_n, get_s, n, s};
 
-use crate::provider_event::ProviderEvent;
+use crate::provider::event::ProviderEvent;
 
 /// How far before its last event a run that had caught up starts again: events created near
 /// the end of the last run may have been listed after it ran.

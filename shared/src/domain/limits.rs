@@ -145,10 +145,10 @@ mod tests {
     fn the_minimum_table_is_sorted_and_every_code_is_known() {
         assert!(MINIMUMS.windows(2).all(|w| w[0].0 < w[1].0));
         for (c, _) in MINIMUMS {
-            assert!(crate::currency::is_known_currency(c), "{c}");
+            assert!(crate::domain::currency::is_known_currency(c), "{c}");
         }
         for c in ZERO_DECIMAL.iter().chain(THREE_DECIMAL.iter()) {
-            assert!(crate::currency::is_known_currency(c), "{c}");
+            assert!(crate::domain::currency::is_known_currency(c), "{c}");
         }
     }
 

@@ -7,7 +7,7 @@
 use serde::Serialize;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus, StoreError};
 
-use crate::settlement::EventNote;
+use crate::events::settlement::EventNote;
 
 /// One refund of a payment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -103,7 +103,7 @@ pub async fn after_charge_of(
     table: &str,
     payment_id: &str,
 ) -> Result<Option<AfterCharge>, StoreError> {
-    let payments = crate::payment_store(client.clone(), table);
+    let payments = crate::payments::payment_store(client.clone(), table);
     let out = client
         .get_item()
         .table_name(table)
@@ -120,14 +120,14 @@ pub async fn after_charge_of(
     let Some(item) = out.item() else {
         return Ok(None);
     };
-    let reserved = crate::refund_ledger::reservations_of(item);
-    let released = crate::refund_ledger::released_of(item);
-    let disputes = crate::settlement::disputes_of(item);
-    let mut events = crate::settlement::events_of(item);
+    let reserved = crate::refunds::ledger::reservations_of(item);
+    let released = crate::refunds::ledger::released_of(item);
+    let disputes = crate::events::settlement::disputes_of(item);
+    let mut events = crate::events::settlement::events_of(item);
     if reserved.is_empty() && released.is_empty() && disputes.is_empty() && events.is_empty() {
         return Ok(None);
     }
-    let store = crate::refund_store(client.clone(), table);
+    let store = crate::refunds::refund_store(client.clone(), table);
     let mut refunds = Vec::new();
     for (rid, amount) in reserved.iter().chain(released.iter()) {
         let (record, mark) = store.record_and_mark(rid).await?;

@@ -23,10 +23,10 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::charge::{rejection_code, PaymentOutcome};
+use crate::api::view::AfterCharge;
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
-use crate::outbox::OutboxEntry;
-use crate::refund_view::AfterCharge;
+use crate::payments::charge::{rejection_code, PaymentOutcome};
+use crate::payments::outbox::OutboxEntry;
 use sqs_once::clock::Clock;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
@@ -518,8 +518,12 @@ fn status_from(record: Option<&IdempotencyRecord>, mark: Option<&DeadLetterMark>
             StatusView {
                 provider_payment_id: o.provider_payment_id.clone(),
                 decline_code: o.decline_code.clone(),
-                next_action: (o.label() == Some(crate::charge::labels::REQUIRES_ACTION))
-                    .then(|| crate::charge::requires_action_hint(o.provider_payment_id.as_deref())),
+                next_action: (o.label() == Some(crate::payments::charge::labels::REQUIRES_ACTION))
+                    .then(|| {
+                        crate::payments::charge::requires_action_hint(
+                            o.provider_payment_id.as_deref(),
+                        )
+                    }),
                 ..view(&o.status)
             }
         }
@@ -883,7 +887,7 @@ mod tests {
             "q".into(),
             AfterCharge {
                 refunded_amount: 500,
-                refunds: vec![crate::refund_view::RefundView {
+                refunds: vec![crate::api::view::RefundView {
                     refund_id: "rf-1".into(),
                     amount: 500,
                     state: "succeeded".into(),

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::provider_event::ProviderEvent;
+use crate::provider::event::ProviderEvent;
 
 /// Where verified events go.
 #[async_trait]

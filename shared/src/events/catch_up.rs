@@ -24,10 +24,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::Serialize;
 
-pub use crate::event_checkpoint::{Checkpoint, Place, Position, CHECKPOINT_KEY, OVERLAP_S};
-use crate::event_receiver::EventQueue;
+pub use crate::events::checkpoint::{Checkpoint, Place, Position, CHECKPOINT_KEY, OVERLAP_S};
+use crate::events::queue::EventQueue;
+use crate::provider::event::ProviderEvent;
 use crate::provider::{FailureKind, ProviderError};
-use crate::provider_event::ProviderEvent;
 
 /// The event types the inbox applies: what the catch-up lists (Stripe's `types[]` takes up to
 /// 20), and what to select when registering the endpoint.
@@ -349,7 +349,7 @@ async fn walk(
 /// One scheduled run at `now_s` within `budget`: from where the last run got, else from
 /// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
 /// event, the [`OVERLAP_S`] before its last event is listed again first, newest first, at most
-/// [`OVERLAP_MAX_PAGES`] pages. The checkpoint moves after every page, only ever forward.
+/// `OVERLAP_MAX_PAGES` pages. The checkpoint moves after every page, only ever forward.
 pub async fn scheduled(
     lister: &dyn EventLister,
     queue: &dyn EventQueue,

@@ -58,7 +58,7 @@ impl EventNote {
         )
     }
 
-    /// Reads a note written by [`EventNote::encode`].
+    /// Reads a note written by `EventNote::encode`.
     pub fn decode(text: &str) -> Option<Self> {
         let mut parts = text.splitn(4, '|');
         Some(Self {
@@ -240,8 +240,8 @@ impl DynamoSettlements {
     /// The settlements of the records in the idempotency table `table`.
     pub fn new(client: Client, table: &str) -> Self {
         Self {
-            payments: crate::payment_store(client.clone(), table),
-            refunds: crate::refund_store(client.clone(), table),
+            payments: crate::payments::payment_store(client.clone(), table),
+            refunds: crate::refunds::refund_store(client.clone(), table),
             client,
         }
     }
@@ -322,8 +322,8 @@ impl Settlements for DynamoSettlements {
             disputed: get_n(&item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
             events: events_of(&item),
-            refunds: crate::refund_ledger::reservations_of(&item),
-            released: crate::refund_ledger::released_of(&item),
+            refunds: crate::refunds::ledger::reservations_of(&item),
+            released: crate::refunds::ledger::released_of(&item),
         }))
     }
 
@@ -435,7 +435,7 @@ impl Settlements for DynamoSettlements {
             .expression_attribute_values(":empty", empty)
             .expression_attribute_values(":keep", n(keep_until_s));
         payment = match release {
-            Some(amount) => crate::refund_ledger::release_write(
+            Some(amount) => crate::refunds::ledger::release_write(
                 payment,
                 refund_id,
                 amount,
@@ -490,7 +490,7 @@ impl Settlements for DynamoSettlements {
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
-        let update = crate::refund_ledger::release_write(
+        let update = crate::refunds::ledger::release_write(
             self.payment_update(payment_id),
             refund_id,
             amount,

@@ -32,7 +32,7 @@ use aws_sdk_dynamodb::Client;
 use sqs_once::dynamo::{get_n, n, s, DynamoStore};
 use sqs_once::record::{RecordStatus, StoreError};
 
-use crate::charge::PaymentOutcome;
+use crate::payments::charge::PaymentOutcome;
 
 /// The prefix of a refund's amount given back (its refund moved no money), kept on the
 /// payment's record beside the reservations so that the refund still shows there.
@@ -193,8 +193,8 @@ impl DynamoRefundLedger {
     /// The ledger of the payments in the idempotency table `table`.
     pub fn new(client: Client, table: &str) -> Self {
         Self {
-            records: crate::payment_store(client.clone(), table),
-            refund_records: crate::refund_store(client.clone(), table),
+            records: crate::payments::payment_store(client.clone(), table),
+            refund_records: crate::refunds::refund_store(client.clone(), table),
             client,
             payments_table: None,
         }
@@ -384,7 +384,10 @@ impl RefundLedger for DynamoRefundLedger {
             .table_name(table)
             .key(
                 "pk",
-                s(&format!("{}{payment_id}", crate::outbox::PAYMENT_PREFIX)),
+                s(&format!(
+                    "{}{payment_id}",
+                    crate::payments::outbox::PAYMENT_PREFIX
+                )),
             )
             .projection_expression("pk")
             .consistent_read(true)

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use secrecy::SecretString;
 
 use crate::api::PaymentsApi;
-use crate::config::{
+use crate::edges::config::{
     ApiConfig, ApiKeySource, Config, ReceiverConfig, RelayConfig, SigningSecretSource,
 };
 use sqs_once::SqsQueues;
 
-use crate::charge::{PaymentWork, Processor};
-use crate::outbox::Relay;
-use crate::payments_table::DynamoPayments;
+use crate::api::table::DynamoPayments;
+use crate::payments::charge::{PaymentWork, Processor};
+use crate::payments::outbox::Relay;
 use crate::stripe::StripeClient;
 
 /// Why the processor could not be built (fails the init).
@@ -21,7 +21,7 @@ use crate::stripe::StripeClient;
 pub enum InitError {
     /// A configuration variable is missing or invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::edges::config::ConfigError),
     /// The API key could not be read from Secrets Manager.
     #[error("reading the API key from PAYMENT_API_KEY_SECRET_ARN failed: {0}")]
     Secret(String),
@@ -117,7 +117,7 @@ pub async fn build_processor_with(
     let provider = paced_provider(config, sdk, &pace).await?;
     let work = PaymentWork::new(Arc::new(provider), config.provider_key_retention)
         .with_refund_window(config.refund_window);
-    let store = crate::payment_store(dynamodb, &config.idempotency_table);
+    let store = crate::payments::payment_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(sqs, config.dead_letter_queue_url.clone());
     check_source_queue(config, &queues).await?;
     Ok(Arc::new(paced_runner(
@@ -127,7 +127,7 @@ pub async fn build_processor_with(
             Arc::new(queues),
             config.settings.clone(),
         )
-        .with_metrics(crate::charge::metric_names()),
+        .with_metrics(crate::payments::charge::metric_names()),
         pace,
     )))
 }
@@ -137,7 +137,7 @@ pub async fn build_processor_with(
 pub async fn build_refund_processor(
     config: &Config,
     sdk: &aws_config::SdkConfig,
-) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+) -> Result<Arc<crate::refunds::work::RefundProcessor>, InitError> {
     build_refund_processor_on(config, sdk, sqs_once::clock::system()).await
 }
 
@@ -146,41 +146,44 @@ pub async fn build_refund_processor_on(
     config: &Config,
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
-) -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+) -> Result<Arc<crate::refunds::work::RefundProcessor>, InitError> {
     let pace = pace_of(config);
     let provider = paced_provider(config, sdk, &pace).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
-    let ledger =
-        crate::refund_ledger::DynamoRefundLedger::new(dynamodb.clone(), &config.idempotency_table)
-            .with_payments_table(config.payments_table.clone());
-    let work = crate::refund::RefundWork::new(
+    let ledger = crate::refunds::ledger::DynamoRefundLedger::new(
+        dynamodb.clone(),
+        &config.idempotency_table,
+    )
+    .with_payments_table(config.payments_table.clone());
+    let work = crate::refunds::work::RefundWork::new(
         Arc::new(provider),
         Arc::new(ledger),
         config.provider_key_retention,
     )
     .with_refund_window(config.refund_window)
     .with_clock(Arc::clone(&clock));
-    let store = crate::refund_store(dynamodb, &config.idempotency_table);
+    let store = crate::refunds::refund_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
         config.dead_letter_queue_url.clone(),
     );
     check_source_queue(config, &queues).await?;
     Ok(Arc::new(paced_runner(
-        crate::refund::RefundProcessor::new(
+        crate::refunds::work::RefundProcessor::new(
             Arc::new(work),
             Arc::new(store),
             Arc::new(queues),
             config.settings.clone(),
         )
         .with_clock(clock)
-        .with_metrics(crate::refund::metric_names()),
+        .with_metrics(crate::refunds::work::metric_names()),
         pace,
     )))
 }
 
 /// Reads the environment and builds the refund processor: the refund function's whole init.
-pub async fn refund_processor_from_env() -> Result<Arc<crate::refund::RefundProcessor>, InitError> {
+pub async fn refund_processor_from_env(
+) -> Result<Arc<crate::refunds::work::RefundProcessor>, InitError> {
     let config = Config::from_env()?;
     let sdk = sdk_config().await;
     build_refund_processor(&config, &sdk).await
@@ -283,7 +286,7 @@ pub fn build_relay(config: &RelayConfig, sdk: &aws_config::SdkConfig) -> Relay {
 pub async fn build_event_processor(
     config: &Config,
     sdk: &aws_config::SdkConfig,
-) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
+) -> Result<Arc<crate::events::inbox::EventProcessor>, InitError> {
     build_event_processor_on(config, sdk, sqs_once::clock::system()).await
 }
 
@@ -292,33 +295,35 @@ pub async fn build_event_processor_on(
     config: &Config,
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
-) -> Result<Arc<crate::event_inbox::EventProcessor>, InitError> {
+) -> Result<Arc<crate::events::inbox::EventProcessor>, InitError> {
     let pace = pace_of(config);
     let provider = paced_provider(config, sdk, &pace).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
-    let settlements =
-        crate::settlement::DynamoSettlements::new(dynamodb.clone(), &config.idempotency_table);
-    let work = crate::event_inbox::EventWork::new(
+    let settlements = crate::events::settlement::DynamoSettlements::new(
+        dynamodb.clone(),
+        &config.idempotency_table,
+    );
+    let work = crate::events::inbox::EventWork::new(
         Arc::new(settlements),
         Arc::new(provider),
         config.refund_window,
     )
     .with_clock(Arc::clone(&clock));
-    let store = crate::event_store(dynamodb, &config.idempotency_table);
+    let store = crate::events::event_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
         config.dead_letter_queue_url.clone(),
     );
     check_source_queue(config, &queues).await?;
     Ok(Arc::new(paced_runner(
-        crate::event_inbox::EventProcessor::new(
+        crate::events::inbox::EventProcessor::new(
             Arc::new(work),
             Arc::new(store),
             Arc::new(queues),
             config.settings.clone(),
         )
         .with_clock(clock)
-        .with_metrics(crate::event_inbox::metric_names()),
+        .with_metrics(crate::events::inbox::metric_names()),
         pace,
     )))
 }
@@ -327,19 +332,19 @@ pub async fn build_event_processor_on(
 pub async fn build_catch_up(
     config: &Config,
     sdk: &aws_config::SdkConfig,
-) -> Result<Option<crate::event_catch_up::ScheduledCatchUp>, InitError> {
+) -> Result<Option<crate::events::catch_up::ScheduledCatchUp>, InitError> {
     let Some(url) = &config.provider_events_queue_url else {
         return Ok(None);
     };
-    Ok(Some(crate::event_catch_up::ScheduledCatchUp {
+    Ok(Some(crate::events::catch_up::ScheduledCatchUp {
         // Its own pace at the instance's rate: a catch-up run and a batch never share an
         // instance at once (Lambda runs one invocation at a time).
         lister: Arc::new(paced_provider(config, sdk, &pace_of(config)).await?),
-        queue: Arc::new(crate::event_receiver::SqsEventQueue::new(
+        queue: Arc::new(crate::events::queue::SqsEventQueue::new(
             aws_sdk_sqs::Client::new(sdk),
             url.clone(),
         )),
-        checkpoint: crate::event_catch_up::Checkpoint::new(
+        checkpoint: crate::events::catch_up::Checkpoint::new(
             aws_sdk_dynamodb::Client::new(sdk),
             &config.idempotency_table,
         ),
@@ -349,8 +354,8 @@ pub async fn build_catch_up(
 /// The event function's parts: the inbox and, with `PROVIDER_EVENTS_QUEUE_URL`, its
 /// scheduled catch-up.
 pub type EventFunction = (
-    Arc<crate::event_inbox::EventProcessor>,
-    Option<crate::event_catch_up::ScheduledCatchUp>,
+    Arc<crate::events::inbox::EventProcessor>,
+    Option<crate::events::catch_up::ScheduledCatchUp>,
 );
 
 /// Reads the environment and builds the events inbox and its scheduled catch-up: the event
@@ -368,18 +373,19 @@ pub async fn event_processor_from_env() -> Result<EventFunction, InitError> {
 pub fn build_receiver(
     config: &ReceiverConfig,
     sdk: &aws_config::SdkConfig,
-) -> crate::event_receiver::EventReceiver {
-    use crate::event_receiver::{FixedSecrets, SecretsManagerSecrets, SqsEventQueue};
-    let secrets: Arc<dyn crate::event_receiver::SigningSecrets> = match &config.secret {
+) -> crate::stripe::receiver::EventReceiver {
+    use crate::events::queue::SqsEventQueue;
+    use crate::stripe::receiver::{FixedSecrets, SecretsManagerSecrets};
+    let secrets: Arc<dyn crate::stripe::receiver::SigningSecrets> = match &config.secret {
         SigningSecretSource::SecretArn(arn) => Arc::new(SecretsManagerSecrets::new(
             aws_sdk_secretsmanager::Client::new(sdk),
             arn.clone(),
         )),
         SigningSecretSource::Plain(text) => Arc::new(FixedSecrets(
-            crate::stripe_webhook::SignatureCheck::parse_secrets(text),
+            crate::stripe::webhook::SignatureCheck::parse_secrets(text),
         )),
     };
-    crate::event_receiver::EventReceiver::new(
+    crate::stripe::receiver::EventReceiver::new(
         secrets,
         Arc::new(SqsEventQueue::new(
             aws_sdk_sqs::Client::new(sdk),
@@ -391,7 +397,7 @@ pub fn build_receiver(
 
 /// Reads the environment (`PROVIDER_EVENTS_QUEUE_URL`, `WEBHOOK_SECRET_ARN`,
 /// `WEBHOOK_TOLERANCE_SECONDS`) and builds the receiver: the provider-events function's init.
-pub async fn receiver_from_env() -> Result<Arc<crate::event_receiver::EventReceiver>, InitError> {
+pub async fn receiver_from_env() -> Result<Arc<crate::stripe::receiver::EventReceiver>, InitError> {
     let config = ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
     let sdk = sdk_config().await;
     Ok(Arc::new(build_receiver(&config, &sdk)))

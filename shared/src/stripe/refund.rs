@@ -32,12 +32,6 @@ struct RefundList {
     has_more: bool,
 }
 
-/// The refund's `Idempotency-Key` at the provider: `refund:<refund_id>`, stable for the life
-/// of the refund (every retry and takeover sends the same).
-pub fn refund_key(refund_id: &str) -> String {
-    format!("{}{refund_id}", crate::domain::REFUND_KEY_PREFIX)
-}
-
 impl StripeClient {
     /// The form body of a refund.
     pub fn refund_fields(call: &RefundCall) -> Vec<(String, String)> {
@@ -111,7 +105,7 @@ impl RefundProvider for StripeClient {
         let (status, headers, body) = self
             .post_form(
                 "/v1/refunds",
-                &refund_key(&call.refund_id),
+                &crate::domain::refund_key(&call.refund_id),
                 &Self::refund_fields(call),
             )
             .await?;
@@ -166,13 +160,13 @@ mod tests {
 
     #[test]
     fn refund_keys_cannot_be_payment_ids() {
-        assert_eq!(refund_key("rf-1"), "refund:rf-1");
-        assert!(crate::domain::PaymentId::parse(&refund_key("rf-1")).is_err());
+        assert_eq!(crate::domain::refund_key("rf-1"), "refund:rf-1");
+        assert!(crate::domain::PaymentId::parse(&crate::domain::refund_key("rf-1")).is_err());
     }
 
     #[test]
     fn stripe_s_own_refund_parses() {
-        let re = crate::stripe::tests::fixture("refund");
+        let re = crate::stripe::client::tests::fixture("refund");
         assert_eq!(re["object"], "refund");
         let r = interpret_refund(StatusCode::OK, &HeaderMap::new(), &re.to_string()).unwrap();
         assert_eq!(

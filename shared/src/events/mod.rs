@@ -1,0 +1,26 @@
+//! Applying what the provider finishes later, once per event, in any order: the inbox
+//! ([`inbox`], a [`sqs_once::Work`] keyed by the event id), what an event settles on the
+//! payment's and the refund's records ([`settlement`]), the provider-events queue that the
+//! receiver and the catch-up feed ([`queue`]), and the catch-up of missed events with its place
+//! ([`catch_up`], [`checkpoint`]). The ports the provider's adapter implements for it
+//! ([`inbox::ProviderObjects`], [`catch_up::EventLister`]) are declared here, by their user.
+//!
+//! May use: provider, payments, refunds (a settled refund gives its amount back
+//! through the refund ledger).
+
+pub mod catch_up;
+pub mod checkpoint;
+pub mod inbox;
+pub mod queue;
+pub mod settlement;
+
+/// Where the events inbox's records live in the idempotency table: `event#<evt_id>`, marks at
+/// `event_dead_letter#<evt_id>`.
+pub fn event_keys() -> sqs_once::KeyLayout {
+    sqs_once::KeyLayout::named("event")
+}
+
+/// The events inbox's records in the idempotency table `table`.
+pub fn event_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
+    sqs_once::DynamoStore::new(client, table, event_keys())
+}

@@ -1,0 +1,21 @@
+//! Refunding charged payments: the refund as a second [`sqs_once::Work`] ([`work`]), and the
+//! ledger on the payment's own record that keeps refunds from adding up to more than the charge
+//! however many run at once ([`ledger`]).
+//!
+//! May use: domain, provider, payments (a refund reads the charge's stored outcome and fences
+//! its writes by the payment's record).
+
+pub mod ledger;
+pub mod work;
+
+/// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
+/// `refund_dead_letter#<id>` (beside [`crate::payments::payment_keys`]: the refund ledger
+/// fences its writes by a refund's record, so both works' layouts sit below both).
+pub fn refund_keys() -> sqs_once::KeyLayout {
+    sqs_once::KeyLayout::named("refund")
+}
+
+/// The refund processor's records in the idempotency table `table`.
+pub fn refund_store(client: aws_sdk_dynamodb::Client, table: &str) -> sqs_once::DynamoStore {
+    sqs_once::DynamoStore::new(client, table, refund_keys())
+}
