@@ -8,13 +8,17 @@
 3. The operator's crate (infra/payctl) and the laptop's Lambda (infra/local) never depend on
    the proving ground (infra/proving).
 4. No compiled Python (`__pycache__`, `.pyc`) is tracked.
-5. No flat folder: a crate folder holding more than a dozen Rust files says why at the top of
-   its root file (`lib.rs`, `main.rs` or `mod.rs`: a line with "Why flat"), or is split.
+5. No flat folder: a folder anywhere in the repository holding more than a dozen Rust files
+   says why at the top of its root file (`lib.rs`, `main.rs`, `mod.rs` or the `<folder>.rs`
+   beside it: a line with "Why flat"), or is split.
 6. No circle of rooms: a crate's rooms are its top-level folders and files; no two rooms use
-   each other, directly or around a longer loop, even where no two modules do.
-7. A folder says what it may use: a line "May use: a, b (...)." in its `mod.rs` names the rooms
-   it uses, all of them and nothing else ("nothing else" / "every other folder" allowed).
-   Required in the crates of ROOMED; checked wherever it is written.
+   each other, directly or around a longer loop, even where no two modules do (a use through
+   the crate root's `pub use`, a `{...}` group or `super::super::` counts).
+7. A room says what it may use: a line "May use: a, b (...)." in its root file (a folder's
+   `mod.rs`, a top-level file itself) names the rooms it uses, all of them and nothing else
+   ("nothing else" / "every other folder" allowed). Required in the crates of ROOMED; checked
+   wherever it is written. Unit tests aside (the `#[cfg(test)] mod tests` at a file's end), as
+   in rule 2: a test may build its fixture from a floor above.
 
 Usage: check_layout.py [ROOT]  (exit 1 naming each breach); check_layout.py --self-test
 """
@@ -36,22 +40,72 @@ def module_name(src, path):
 
 
 def code_of(text):
-    """The text without comments and without the unit-test module at its end."""
+    """The code alone: no comments, no string or char literals, no unit-test module at its end."""
     text = re.sub(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod tests\s*\{.*", "", text, flags=re.S)
-    return "\n".join(l for l in text.split("\n") if not l.strip().startswith("//"))
+    text = re.sub(r"'(?:\\.|[^'\\\n])'", "''", text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def expand_groups(code):
+    """`crate::{a::X, b::{c, d}}` written out as `crate::a::X crate::b::c crate::b::d`."""
+    head = re.compile(r"\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{")
+    while True:
+        m = head.search(code)
+        if not m:
+            return code
+        depth, i = 1, m.end()
+        while i < len(code) and depth:
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        inner = code[m.end():i - 1]
+        items, depth, cur = [], 0, ""
+        for ch in inner:
+            if ch == "," and depth == 0:
+                items.append(cur)
+                cur = ""
+                continue
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            cur += ch
+        items.append(cur)
+        paths = [m.group(1) + "::" + it.strip() for it in items if it.strip() and it.strip() != "self"]
+        if any(it.strip() == "self" for it in items):
+            paths.append(m.group(1))
+        code = code[:m.start()] + " " + " ".join(paths) + " " + code[i:]
+
+
+def root_exports(lib_text, mods):
+    """The crate root's `pub use` names, each with the module it names: `crate::payment_store`
+    is a use of `payments` as surely as `crate::payments::payment_store`."""
+    found = {}
+    for path in re.findall(r"\bpub use ((?:[A-Za-z_][A-Za-z0-9_]*::)+[A-Za-z_][A-Za-z0-9_]*)",
+                           expand_groups(code_of(lib_text).replace("pub use ", "pub use crate::"))):
+        parts = path.split("::")
+        if parts[0] == "crate":
+            parts = parts[1:]
+        for n in range(len(parts) - 1, 0, -1):
+            if "::".join(parts[:n]) in mods:
+                found[parts[-1]] = "::".join(parts[:n])
+                break
+    return found
 
 
 def edges_of(files):
     """files: {module: text}. Returns {module: set(modules it uses)}."""
     mods = set(files)
+    exports = root_exports(files.get("", ""), mods)
     edges = {m: set() for m in mods}
+    ident = r"(?:[A-Za-z_][A-Za-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*"
     for m, text in files.items():
-        code = code_of(text)
-        parent = "::".join(m.split("::")[:-1])
+        code = expand_groups(code_of(text))
+        parts_of_m = m.split("::") if m else []
 
         def add(target):
-            # the longest known module that the path names (crate::a::b names a::b, or a)
             parts = target.split("::")
+            if parts[0] in exports and parts[0] not in mods:
+                parts = exports[parts[0]].split("::") + parts[1:]
+            # the longest known module that the path names (crate::a::b names a::b, or a)
             for n in range(len(parts), 0, -1):
                 cand = "::".join(parts[:n])
                 if cand in mods:
@@ -59,13 +113,20 @@ def edges_of(files):
                         edges[m].add(cand)
                     return
 
-        for path in re.findall(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", code):
+        for path in re.findall(r"\bcrate::(" + ident + ")", code):
             add(path)
-        for path in re.findall(r"\bsuper::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", code):
-            add(parent + "::" + path if parent else path)
-        if parent != m and re.search(r"\bsuper::(\*|\{|[A-Z])", code):
-            if parent in mods:
-                edges[m].add(parent)
+        for supers, path in re.findall(r"(?<![A-Za-z0-9_:])((?:super::)+)(" + ident + ")", code):
+            up = supers.count("super::")
+            base = parts_of_m[:-up] if up <= len(parts_of_m) else []
+            add("::".join(base + [path]))
+            if "::".join(base) in mods and not re.match(r"[a-z_][a-z0-9_]*(::|$)", path):
+                # super::Item: an item of the ancestor module itself
+                if "::".join(base) != m:
+                    edges[m].add("::".join(base))
+        for supers in re.findall(r"(?<![A-Za-z0-9_:])((?:super::)+)\*", code):
+            base = "::".join(parts_of_m[:-supers.count("super::")])
+            if base in mods and base != m:
+                edges[m].add(base)
         for child in re.findall(r"^\s*(?:pub(?:\([a-z]+\))? )?use ([a-z_][a-z0-9_]*)::", code, flags=re.M):
             add(m + "::" + child if m else child)
     return edges
@@ -105,17 +166,25 @@ def rooms_of(edges):
 
 
 def declared_uses(text):
-    """The rooms a folder's `mod.rs` says it may use, or None when it says nothing."""
+    """The rooms a room's root file says it may use: None when it says nothing, "all", a set,
+    or a string that says why the line cannot be read."""
     doc = " ".join(l.strip()[3:].strip() for l in text.split("\n") if l.strip().startswith("//!"))
-    m = re.search(r"May use: (.*?)(?:\.(?:\s|$)|$)", doc)
-    if not m:
+    doc = re.sub(r"\([^)]*\)", "", doc).replace("`", "")
+    found = re.findall(r"May use: (.*?)(?:\.(?:\s|$)|$)", doc)
+    if not found:
         return None
-    said = re.sub(r"\([^)]*\)", "", m.group(1))
-    if said.strip().startswith("every other folder"):
+    if len(found) > 1:
+        return "it says \"May use:\" twice"
+    said = found[0].strip()
+    if said == "every other folder":
         return "all"
-    if said.strip().startswith("nothing"):
+    if said in ("nothing", "nothing else"):
         return set()
-    return {w.strip() for w in said.split(",") if w.strip()}
+    words = [w.strip() for w in re.split(r",|\band\b", said) if w.strip()]
+    odd = [w for w in words if not re.fullmatch(r"[a-z_][a-z0-9_]*", w)]
+    if odd:
+        return f"its \"May use:\" names {odd}, which are not room names (list them, comma-separated)"
+    return set(words)
 
 
 def room_breaches(crate, files, edges, required):
@@ -124,34 +193,56 @@ def room_breaches(crate, files, edges, required):
     rooms = rooms_of(edges)
     for c in cycles(rooms):
         breaches.append(f"{crate}: rooms in a circle: {' -> '.join(c)}")
-    folders = {m for m in files if m and "::" not in m and any(k.startswith(m + "::") for k in files)}
-    for folder in sorted(folders):
-        said = declared_uses(files[folder])
-        uses = rooms.get(folder, set())
+    for room in sorted(m for m in files if m and "::" not in m):
+        folder = any(k.startswith(room + "::") for k in files)
+        where = f"{crate}/{room}/mod.rs" if folder else f"{crate}/{room}.rs"
+        said = declared_uses(files[room])
+        uses = rooms.get(room, set())
         if said is None:
             if required:
-                breaches.append(f"{crate}/{folder}/mod.rs: says nothing of what it may use (a line \"May use: ...\")")
+                breaches.append(f"{where}: says nothing of what it may use (a line \"May use: ...\")")
+            continue
+        if isinstance(said, str) and said != "all":
+            breaches.append(f"{where}: {said}")
             continue
         if said == "all":
             continue
         unknown = said - set(rooms)
         if unknown:
-            breaches.append(f"{crate}/{folder}/mod.rs: may use {', '.join(sorted(unknown))}, which is no room of the crate")
+            breaches.append(f"{where}: may use {', '.join(sorted(unknown))}, which is no room of the crate")
         extra = uses - said
         if extra:
-            breaches.append(f"{crate}/{folder}: uses {', '.join(sorted(extra))} but its mod.rs does not say it may")
+            breaches.append(f"{crate}/{room}: uses {', '.join(sorted(extra))} but {where} does not say it may")
         stale = (said & set(rooms)) - uses
         if stale:
-            breaches.append(f"{crate}/{folder}/mod.rs: says it may use {', '.join(sorted(stale))}, which it does not use (say what is true)")
+            breaches.append(f"{where}: says it may use {', '.join(sorted(stale))}, which it does not use (say what is true)")
     return breaches
 
 
+def flat_folders(root):
+    """Every folder of Rust files in the repository: {path: (its .rs files, [its root files'
+    texts])}. A folder's root file is its lib.rs, main.rs or mod.rs, or the `<folder>.rs`
+    beside it."""
+    folders = {}
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in ("target", ".git", "node_modules") and not x.startswith(".")]
+        rs = [n for n in names if n.endswith(".rs")]
+        if not rs:
+            continue
+        roots = [os.path.join(d, n) for n in ("lib.rs", "main.rs", "mod.rs") if n in names]
+        beside = d.rstrip(os.sep) + ".rs"
+        if os.path.isfile(beside):
+            roots.append(beside)
+        folders[os.path.relpath(d, root)] = (len(rs), [open(p, encoding="utf-8").read() for p in roots])
+    return folders
+
+
 def flat_breaches(folders):
-    """Rule 5. folders: {folder path: (number of .rs files in it, text of its root files)}."""
+    """Rule 5. folders: {folder path: (number of .rs files in it, [texts of its root files])}."""
     breaches = []
-    for folder, (count, root_text) in sorted(folders.items()):
-        head = "\n".join(root_text.split("\n")[:40])
-        if count > FLAT and "Why flat" not in head:
+    for folder, (count, roots) in sorted(folders.items()):
+        said = any("Why flat" in "\n".join(text.split("\n")[:40]) for text in roots)
+        if count > FLAT and not said:
             breaches.append(f"{folder}: {count} Rust files side by side (over {FLAT}) and no \"Why flat\" at the top of its root file: split it by capability, or say why")
     return breaches
 
@@ -170,13 +261,7 @@ def check(root):
         for c in cycles(edges):
             breaches.append(f"{crate}: modules in a circle: {' -> '.join(x or 'lib' for x in c)}")
         breaches.extend(room_breaches(crate, files, edges, crate in ROOMED))
-        folders = {}
-        for d, _, names in os.walk(src):
-            rs = [n for n in names if n.endswith(".rs")]
-            roots = [n for n in ("lib.rs", "main.rs", "mod.rs") if n in names]
-            text = "\n".join(open(os.path.join(d, n), encoding="utf-8").read() for n in roots)
-            folders[os.path.relpath(d, root)] = (len(rs), text)
-        breaches.extend(flat_breaches(folders))
+    breaches.extend(flat_breaches(flat_folders(root)))
     for d, dirs, names in os.walk(root):
         dirs[:] = [x for x in dirs if x not in ("target", ".git") and not x.startswith(".venv") and not x.startswith(".aws-sam")]
         for n in names:
@@ -222,27 +307,54 @@ def self_test():
     assert cycles(e) == [], cycles(e)
     found = room_breaches("c", rooms, e, True)
     assert found == ["c: rooms in a circle: a -> b -> a"], found
-    # a folder that uses a room it does not name, and one that names a room it does not use
+    cases = 2
+    # the same circle through the crate root's re-export, through a group, through super::super
+    for via in ("fn f() { crate::w_fn() }", "use crate::{a::{w, x}};", "use super::super::a::w;"):
+        hidden = dict(rooms, **{"": "pub mod a;\npub mod b;\npub use a::w::w_fn;", "b::z": via})
+        assert room_breaches("c", hidden, edges_of(hidden), True) == ["c: rooms in a circle: a -> b -> a"], (via, room_breaches("c", hidden, edges_of(hidden), True))
+        cases += 1
+    # a use in a comment, a string or a test is no use
+    quiet_use = dict(rooms, **{"b::z": 'fn f() { g("crate::a::w") } // crate::a::w\n/* crate::a::w */\n#[cfg(test)]\nmod tests { use crate::a::w; }'})
+    assert cycles(rooms_of(edges_of(quiet_use))) == [], rooms_of(edges_of(quiet_use))
+    # a room that uses a room it does not name, and one that names a room it does not use
     floors = {"a": "//! May use: nothing else.\nmod x;", "a::x": "use crate::b::y;",
-              "b": "//! May use: a, t (logs).\nmod y;", "b::y": "", "t": ""}
+              "b": "//! May use: a, t (logs).\nmod y;", "b::y": "", "t": "//! May use: nothing else."}
     found = room_breaches("c", floors, edges_of(floors), True)
-    assert found == ["c/a: uses b but its mod.rs does not say it may",
+    assert found == ["c/a: uses b but c/a/mod.rs does not say it may",
                      "c/b/mod.rs: says it may use a, t, which it does not use (say what is true)"], found
-    # said nothing, where it must; said a room that does not exist
+    # a file room must say it too: here t uses a and says nothing
+    files_too = dict(floors, **{"t": "use crate::a::x;"})
+    assert "c/t.rs: says nothing of what it may use" in " ".join(room_breaches("c", files_too, edges_of(files_too), True))
+    # said nothing where it must; said a room that does not exist; said it twice; said prose
     quiet = {"a": "mod x;", "a::x": "", "b": "//! May use: q.\nmod y;", "b::y": ""}
     found = room_breaches("c", quiet, edges_of(quiet), True)
     assert found[0].startswith("c/a/mod.rs: says nothing") and "q, which is no room" in found[1], found
     assert room_breaches("c", quiet, edges_of(quiet), False) == [found[1]]
-    # a true declaration over two lines, with a reason in brackets, passes
-    good = {"a": "//! May use: b (its\n//! records), t.\nmod x;", "a::x": "use crate::b::y;\nuse crate::t::log;",
-            "b": "//! May use: nothing else.\nmod y;", "b::y": "", "t": "", "e": "//! May use: every other folder.\nmod z;",
-            "e::z": "use crate::a::x;"}
+    twice = {"a": "//! May use: b.\n//! May use: b.\nmod x;", "a::x": "use crate::b::y;", "b": "//! May use: nothing else.\nmod y;", "b::y": ""}
+    assert "twice" in " ".join(room_breaches("c", twice, edges_of(twice), True))
+    prose = dict(twice, a="//! May use: every other folder except b.\nmod x;")
+    assert "not room names" in " ".join(room_breaches("c", prose, edges_of(prose), True))
+    # a true declaration over two lines, in backticks, with "and", with a reason in brackets, passes
+    good = {"a": "//! May use: `b` (its\n//! records, e.g. x. y) and t.\nmod x;", "a::x": "use crate::b::y;\nuse crate::t::log;",
+            "b": "//! May use: nothing else.\nmod y;", "b::y": "", "t": "//! May use: nothing else.",
+            "e": "//! May use: every other folder.\nmod z;", "e::z": "use crate::a::x;"}
     assert room_breaches("c", good, edges_of(good), True) == [], room_breaches("c", good, edges_of(good), True)
-    # flat folders
-    assert flat_breaches({"s/src": (13, "//! a crate")})[0].startswith("s/src: 13 Rust files")
-    assert flat_breaches({"s/src": (13, "//! Why flat: each file is one public module")}) == []
-    assert flat_breaches({"s/src": (12, "")}) == []
-    print("check_layout self-test: 16 cases ok")
+    cases += 8
+    # flat folders, and the scan that finds them
+    assert flat_breaches({"s/src": (13, ["//! a crate"])})[0].startswith("s/src: 13 Rust files")
+    assert flat_breaches({"s/src": (13, ["//! Why flat: each file is one public module"])}) == []
+    assert flat_breaches({"s/src": (12, [])}) == []
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(os.path.join(tmp, "t", "many"))
+        for i in range(13):
+            open(os.path.join(tmp, "t", "many", f"m{i}.rs"), "w").close()
+        assert flat_breaches(flat_folders(tmp))[0].startswith(os.path.join("t", "many") + ": 13")
+        with open(os.path.join(tmp, "t", "many.rs"), "w") as f:
+            f.write("//! Why flat: one test a file\n")
+        assert flat_breaches(flat_folders(tmp)) == []
+    cases += 5
+    print(f"check_layout self-test: {7 + 1 + cases} cases ok")
 
 
 if __name__ == "__main__":
@@ -255,4 +367,4 @@ if __name__ == "__main__":
         print(b, file=sys.stderr)
     if found:
         sys.exit(1)
-    print(f"layout: no module or room circles in {len(CRATES)} crates; every folder of {', '.join(ROOMED)} says what it may use, truly; no folder over {FLAT} files or file over {LIMIT} lines without a reason; payctl and lambda-local stand apart from the proving ground")
+    print(f"layout: no module or room circles in {len(CRATES)} crates; every room of {', '.join(ROOMED)} says what it may use, truly; no folder over {FLAT} files or file over {LIMIT} lines without a reason; payctl and lambda-local stand apart from the proving ground")

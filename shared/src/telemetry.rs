@@ -1,4 +1,6 @@
 //! Structured JSON logs and CloudWatch Embedded Metric Format (EMF) metrics.
+//!
+//! May use: nothing else (the floors above log through it).
 
 /// Installs the JSON log subscriber (level from `RUST_LOG`: `error`, `warn`, `info`, `debug`,
 /// `trace` or `off`; default `info`). Each line carries the current span's fields, so every

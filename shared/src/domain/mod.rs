@@ -2,7 +2,7 @@
 //! request ([`PaymentRequest`], its ids and its errors), the currencies, and Stripe's published
 //! limits with their sources. Pure: no AWS, no Lambda, no I/O.
 //!
-//! May use: nothing else in the crate (every other folder stands on this one).
+//! May use: nothing else (every other folder stands on this one).
 
 pub mod currency;
 pub mod limits;

@@ -507,6 +507,12 @@ pub fn looks_like_card_number(value: &str) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn refund_keys_cannot_be_payment_ids() {
+        assert_eq!(refund_key("rf-1"), "refund:rf-1");
+        assert!(PaymentId::parse(&refund_key("rf-1")).is_err());
+    }
+
     fn body(overrides: serde_json::Value) -> String {
         let mut base = serde_json::json!({
             "payment_id": "pay_7Hq2", "amount": 1999, "currency": "usd", "customer_id": "cus_42",

@@ -6,7 +6,7 @@
 //! On the payment's record (`payment#<id>`):
 //! - `outcome.status` (and `outcome.decline_code`): the payment's settled status;
 //! - `dispute:<dp_id>`: a map of the dispute's `status` and `amount`; `disputed_amount`: what
-//!   open and lost disputes hold (not refundable, see `refund_ledger`);
+//!   open and lost disputes hold (not refundable, see [`crate::refunds::ledger`]);
 //! - `events`: a list of the events applied to the payment and its refunds, each
 //!   `"<created>|<evt_id>|<type>|<what changed>"`, in the order applied (`payctl history`
 //!   sorts them by `created`).

@@ -9,8 +9,8 @@ pub mod ledger;
 pub mod work;
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
-/// `refund_dead_letter#<id>` (beside [`crate::payments::payment_keys`]: the refund ledger
-/// fences its writes by a refund's record, so both works' layouts sit below both).
+/// `refund_dead_letter#<id>` (the same table as [`crate::payments::payment_keys`]'s; the
+/// refund ledger writes on both records, so it stands on this floor, above payments).
 pub fn refund_keys() -> sqs_once::KeyLayout {
     sqs_once::KeyLayout::named("refund")
 }
