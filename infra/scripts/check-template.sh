@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Offline checks of template.yaml: cfn-lint, sam validate --lint, the SAM-transformed template
-# linted again and checked for least privilege, and checkov on both (skips are justified beside them in the template).
+# Offline checks of template.yaml: cfn-lint, sam validate --lint, then each shape the template
+# takes (the provider's events by webhook, by EventBridge, or both) resolved from the
+# SAM-transformed template and linted, checked for least privilege, by checkov (skips are
+# justified beside them in the template), and by the project's own checks.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 ensure_deploy_tools
@@ -13,25 +15,52 @@ log "cfn-lint template.yaml"
 "$ROOT/.venv-sam/bin/cfn-lint" template.yaml
 log "sam validate --lint"
 "$ROOT/.venv-sam/bin/sam" validate --template template.yaml --region "$AWS_REGION" --lint
-log "SAM transform, then cfn-lint on the result"
+log "SAM transform"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed.json"
-"$ROOT/.venv-sam/bin/cfn-lint" "$out/transformed.json"
-log "least privilege on the transformed template (what SAM adds included)"
-"$ROOT/.venv-sam/bin/python" infra/template-checks/least_privilege.py --self-test
-"$ROOT/.venv-sam/bin/python" infra/template-checks/least_privilege.py "$out/transformed.json"
-for t in template.yaml "$out/transformed.json"; do
-  log "checkov $t"
-  "$ROOT/.venv-checkov/bin/checkov" -f "$t" --framework cloudformation --skip-download --quiet --compact
+for c in shape least_privilege route_throttle provider_pace dashboard eventbridge; do
+  "$ROOT/.venv-sam/bin/python" "infra/template-checks/$c.py" --self-test
 done
-log "the public route's throttle against the function behind it and the measured cost docs/events.md states"
-"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py --self-test
-"$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$out/transformed.json" docs/events.md
-log "the provider's pace: one stack rate, the shares, a batch within its timeout"
-"$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py --self-test
-"$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$out/transformed.json"
-log "the operations dashboard: outcomes, dead letters, oldest ages, the provider's errors, every alarm"
-"$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py --self-test
-"$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py "$out/transformed.json" "$ROOT"
+# Each way the provider's events can arrive is a shape of its own: every check reads each one.
+account="arn:aws:secretsmanager:$AWS_REGION:111111111111:secret"
+key="PaymentApiKeySecretArn=$account:provider-key"
+webhook="WebhookSecretArn=$account:webhook-secret"
+source="StripeEventSourceName=aws.partner/stripe.com/ed_test_check"
+shape_params() {
+  case "$1" in
+    webhook) echo "$key ProviderEventsDelivery=webhook $webhook" ;;
+    eventbridge) echo "$key ProviderEventsDelivery=eventbridge $source" ;;
+    both) echo "$key ProviderEventsDelivery=both $webhook $source" ;;
+  esac
+}
+for delivery in webhook eventbridge both; do
+  # shellcheck disable=SC2046
+  set -- $(shape_params "$delivery")
+  log "[$delivery] cfn-lint on the template and on its transform, with this shape's parameters"
+  "$ROOT/.venv-sam/bin/cfn-lint" --parameters "$@" -- template.yaml
+  "$ROOT/.venv-sam/bin/cfn-lint" --parameters "$@" -- "$out/transformed.json"
+  shape="$out/shape-$delivery.json"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed.json" "$shape" "$@"
+  log "[$delivery] least privilege (what SAM adds included)"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/least_privilege.py "$shape"
+  log "[$delivery] checkov"
+  "$ROOT/.venv-checkov/bin/checkov" -f "$shape" --framework cloudformation --skip-download --quiet --compact
+  log "[$delivery] the public route's throttle against the function behind it and the measured cost docs/events.md states"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/route_throttle.py "$shape" docs/events.md
+  log "[$delivery] the provider's pace: one stack rate, the shares, a batch within its timeout"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$shape"
+  log "[$delivery] the operations dashboard: outcomes, dead letters, oldest ages, the provider's errors, every alarm"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py "$shape" "$ROOT"
+  log "[$delivery] how the events arrive, and only that way"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/eventbridge.py "$shape" "$ROOT" "$delivery"
+done
+log "a shape whose parameters the template's Rules refuse is refused"
+if "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed.json" "$out/refused.json" \
+    "$key" ProviderEventsDelivery=eventbridge 2>"$out/refused.txt"; then
+  echo "the template accepts eventbridge delivery without StripeEventSourceName" >&2; exit 1
+fi
+grep -q "needs StripeEventSourceName" "$out/refused.txt"
+log "checkov template.yaml"
+"$ROOT/.venv-checkov/bin/checkov" -f template.yaml --framework cloudformation --skip-download --quiet --compact
 log "the README and docs/ against the template: the alarm runbook, the counts, the sqs-once example"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py --self-test
 "$ROOT/.venv-sam/bin/python" infra/template-checks/docs_match.py "$ROOT"

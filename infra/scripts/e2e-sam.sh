@@ -7,7 +7,11 @@
 # the queue (the raw-queue path), with payments the provider finishes later (bank debits, a refund
 # that fails after pending, a dispute) settled through the simulator's signed events delivered
 # to the deployed endpoint; then the event function's scheduled catch-up, invoked as its
-# schedule does. Stops what it started.
+# schedule does. Then the EventBridge shape: a second stack deployed with
+# ProviderEventsDelivery=eventbridge on a partner event source created as Stripe creates it,
+# checked to have no public route, no webhook function and no secret, and the same events
+# scenario settled through its partner bus and rule (proving's partner side publishes the
+# simulator's events there). Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
@@ -54,3 +58,31 @@ echo "$report"
 "$ROOT/.venv-sam/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["queued"] >= 10, r' "$report" \
   || { echo "the scheduled catch-up queued too few of the run's events: $report" >&2; exit 1; }
 helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120
+
+log "the EventBridge shape: no public route, no secret; Stripe's events through the partner bus"
+eb="$stack-eb"
+source_name="local.partner/stripe.com/ed_${eb//-/_}"
+helper partner-source "$source_name"
+"$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
+  --stack-name "$eb" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
+  --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
+  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+  ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20
+helper fix-stack "$eb"
+declare -A ebout
+while IFS='=' read -r k v; do ebout[$k]=$v; done < <(helper outputs "$eb")
+resources=$(helper resources "$eb")
+for gone in ProviderEventsFunction ProviderEventsRoute SignatureFailuresAlarm; do
+  if grep -q "^$gone=" <<<"$resources"; then echo "the EventBridge shape has $gone" >&2; exit 1; fi
+done
+for here in StripeEventBus StripeEventsRule StripeEventsDeadLetterQueue StripeEventsUndeliveredAlarm; do
+  grep -q "^$here=" <<<"$resources" || { echo "the EventBridge shape lacks $here" >&2; exit 1; }
+done
+[ -z "${ebout[ProviderEventsUrl]:-}" ] || { echo "the EventBridge shape has a ProviderEventsUrl" >&2; exit 1; }
+"$BIN/proving" e2e-check --queue-url "${ebout[PaymentsQueueUrl]}" --dlq-url "${ebout[DeadLetterQueueUrl]}" \
+  --table "${ebout[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" \
+  --refunds-queue-url "${ebout[RefundsQueueUrl]}" --refunds-dlq-url "${ebout[RefundsDeadLetterQueueUrl]}" \
+  --prefix "$eb" --events-bus "${ebout[StripeEventBusName]}" --events-source "$source_name" \
+  --events-dlq-url "${ebout[ProviderEventsDeadLetterQueueUrl]}"
+helper drained "${ebout[ProviderEventsQueueUrl]}" "${ebout[StripeEventsDeadLetterQueueUrl]}" 120
+log "e2e-sam: the webhook shape and the EventBridge shape both deployed and settled"

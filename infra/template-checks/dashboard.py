@@ -49,10 +49,20 @@ def check(template, published):
     if len(dashboards) != 1:
         return [f"{len(dashboards)} dashboards in the template, not one"]
     body = dashboards[0]["Properties"].get("DashboardBody")
+    variables = {}
     if isinstance(body, dict) and "Fn::Sub" in body:
         body = body["Fn::Sub"]
+        if isinstance(body, list) and len(body) == 2 and isinstance(body[1], dict):
+            body, variables = body
     if not isinstance(body, str):
         return ["the dashboard's body is not a string or an Fn::Sub of one"]
+    # The Fn::Sub's own variables (one shape's widgets, resolved by shape.py) go in first.
+    for name, value in variables.items():
+        if isinstance(value, dict) and "Fn::Sub" in value:
+            value = value["Fn::Sub"]
+        if not isinstance(value, str):
+            return [f"the dashboard's variable {name} is not a string (resolve the template's shape first)"]
+        body = body.replace("${" + name + "}", value)
     text, unknown = substituted(body, resources)
     problems += [f"the dashboard names ${{{u}}}, which is not the stack's" for u in unknown]
     try:
@@ -87,6 +97,13 @@ def check(template, published):
         if dlq:
             dlqs.add(dlq)
             sources.add(name)
+    # Where EventBridge leaves what a rule cannot deliver is a dead-letter queue too.
+    for r in resources.values():
+        if r.get("Type") == "AWS::Events::Rule":
+            for target in r.get("Properties", {}).get("Targets", []):
+                arn = target.get("DeadLetterConfig", {}).get("Arn", {})
+                if isinstance(arn, dict) and arn.get("Fn::GetAtt", [None])[0] in resources:
+                    dlqs.add(arn["Fn::GetAtt"][0])
     for q in sorted(dlqs):
         if ("ApproximateNumberOfMessagesVisible", f"x-{q}-QueueName") not in shown:
             problems.append(f"the dashboard does not show the depth of the dead-letter queue {q}")
@@ -139,7 +156,15 @@ def self_test():
         "deadLetterTargetArn": {"Fn::GetAtt": ["Dlq2", "Arn"]}}}}, "Dlq2": {"Type": "AWS::SQS::Queue"}}),
         "dead-letter queue Dlq2")
     refused(lambda r: r.pop("D"), "0 dashboards")
-    print("dashboard.py self-test: 6 bad dashboards refused, the good one passes")
+    # A shape's widgets as Fn::Sub variables: the alarm of that shape must be in them.
+    split = body.replace('"${A.Arn}"', '${Alarms}')
+    as_variables = lambda alarms: lambda r: r["D"]["Properties"].update(
+        {"DashboardBody": {"Fn::Sub": [split, {"Alarms": alarms}]}})
+    assert variant(as_variables({"Fn::Sub": '"${A.Arn}"'})) == [], variant(as_variables({"Fn::Sub": '"${A.Arn}"'}))
+    refused(as_variables('"x"'), "does not list A")
+    refused(lambda r: r.update({"EbDlq": {"Type": "AWS::SQS::Queue"}, "Rule": {"Type": "AWS::Events::Rule", "Properties": {
+        "Targets": [{"DeadLetterConfig": {"Arn": {"Fn::GetAtt": ["EbDlq", "Arn"]}}}]}}}), "dead-letter queue EbDlq")
+    print("dashboard.py self-test: 8 bad dashboards refused, the good ones pass")
 
 
 def main():

@@ -6,6 +6,9 @@
                            (non-zero exit on a function error)
   drained QUEUE DLQ SECS   wait until QUEUE is empty (visible and in flight); fail if it is not
                            within SECS or if DLQ holds anything
+  partner-source NAME      create the EventBridge partner event source NAME in the caller's
+                           account, as Stripe does when its EventBridge destination is created
+  resources STACK          print the stack's resources as LOGICAL_ID=TYPE lines
   fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
                            - event-source mapping numbers given by !Ref are stored as strings and
                              stop its SQS polling: write them back as integers;
@@ -56,6 +59,21 @@ def fix_stack(stack):
                 print(f"table {table}: TTL on expires_at enabled", file=sys.stderr)
 
 
+def partner_source(name):
+    account = boto3.client("sts").get_caller_identity()["Account"]
+    events = boto3.client("events")
+    try:
+        print(events.create_partner_event_source(Name=name, Account=account)["EventSourceArn"])
+    except events.exceptions.ResourceAlreadyExistsException:
+        print(name)
+
+
+def resources(stack):
+    cf = boto3.client("cloudformation")
+    for r in cf.describe_stack_resources(StackName=stack)["StackResources"]:
+        print(f"{r['LogicalResourceId']}={r['ResourceType']}")
+
+
 def invoke(function, payload):
     out = boto3.client("lambda").invoke(FunctionName=function, Payload=payload.encode())
     answer = out["Payload"].read().decode()
@@ -82,4 +100,5 @@ def drained(queue, dlq, secs):
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained}[cmd](*args)
+    {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained,
+     "partner-source": partner_source, "resources": resources}[cmd](*args)

@@ -82,7 +82,11 @@ def check(template, readme):
                 problems.append(f"the public route {key} has no throttle of its own in {stage_name}'s RouteSettings")
                 continue
             depends = stage.get("DependsOn", [])
-            if name not in ([depends] if isinstance(depends, str) else depends):
+            depends = [depends] if isinstance(depends, str) else depends
+            # A conditional route is waited for through a handle whose Metadata refers to it.
+            through = [d for d in depends
+                       if {"Ref": name} in resources.get(d, {}).get("Metadata", {}).values()]
+            if name not in depends and not through:
                 problems.append(f"{stage_name} names the route {key} in RouteSettings but does not depend on {name}")
             rate = number(settings.get("ThrottlingRateLimit"), params)
             burst = number(settings.get("ThrottlingBurstLimit"), params)
@@ -134,12 +138,18 @@ def self_test():
     assert check(template(), readme) == [], check(template(), readme)
     assert len(check(template(settings=False), readme)) == 1
     assert len(check(template(depends=()), readme)) == 1
+    handle = template(depends=("Ready",))
+    handle["Resources"]["Ready"] = {"Type": "AWS::CloudFormation::WaitConditionHandle",
+                                    "Metadata": {"Route": {"Ref": "EventsRoute"}}}
+    assert check(handle, readme) == [], check(handle, readme)
+    handle["Resources"]["Ready"]["Metadata"]["Route"] = "none"
+    assert len(check(handle, readme)) == 1
     assert len(check(template(burst=50), readme)) == 1  # a burst over the reserved concurrency
     assert len(check(template(rate=40), readme)) == 1  # below what is delivered
     assert len(check(template(reserved=5, burst=5), readme)) == 1  # 100/s x 0.1 s = 10 > 5
     assert len(check(template(memory=512), readme)) == 1  # measured at another size
     assert len(check(template(), "nothing said")) == 2
-    print("route_throttle self-test: 8 cases ok")
+    print("route_throttle self-test: 10 cases ok")
 
 
 if __name__ == "__main__":

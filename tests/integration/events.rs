@@ -36,6 +36,9 @@ pub(crate) struct Events {
     pub(crate) provider: StripeClient,
     pub(crate) settlements: DynamoSettlements,
     pub(crate) since_s: i64,
+    /// Set when the stack takes the events through EventBridge: deliveries are published on
+    /// its partner bus, as Stripe's destination does, instead of posted to the receiver.
+    pub(crate) partner: Option<proving::partner::PartnerBus>,
 }
 
 pub(crate) async fn events(t: &TestStack) -> Events {
@@ -63,6 +66,26 @@ pub(crate) async fn events(t: &TestStack) -> Events {
             &config.idempotency_table,
         ),
         since_s: now_ms() / 1000 - 5,
+        partner: None,
+    }
+}
+
+/// The event side of a stack provisioned [`TestStack::through_eventbridge`]: what the tests
+/// deliver goes through its partner bus and rule.
+pub(crate) async fn events_through_eventbridge(t: &TestStack) -> Events {
+    let route = t
+        .stack
+        .event_bridge
+        .clone()
+        .expect("the stack takes its events through EventBridge");
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    Events {
+        partner: Some(proving::partner::PartnerBus::new(
+            &sdk,
+            &route.bus,
+            &route.source,
+        )),
+        ..events(t).await
     }
 }
 
@@ -126,8 +149,21 @@ impl Events {
             .status
     }
 
-    /// Delivers each event `copies` times at once, in the order given.
+    /// Delivers each event `copies` times at once, in the order given: signed to the
+    /// receiver, or published on the partner bus when the stack takes its events there.
     pub(crate) async fn deliver_all(&self, events: &[(ProviderEvent, String)], copies: usize) {
+        if let Some(partner) = &self.partner {
+            for event in events {
+                let each = futures::future::join_all(
+                    (0..copies).map(|_| partner.publish(std::slice::from_ref(event))),
+                )
+                .await;
+                for published in each {
+                    published.expect("publishing on the partner bus");
+                }
+            }
+            return;
+        }
         for (e, body) in events {
             let statuses = futures::future::join_all((0..copies).map(|_| self.deliver(body))).await;
             assert!(statuses.iter().all(|s| *s == 200), "{}: {statuses:?}", e.id);
@@ -201,6 +237,12 @@ pub(crate) fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
 async fn an_async_payment_settles_through_its_events_once_in_any_order() {
     let t = TestStack::new("ev-async").await;
     let e = events(&t).await;
+    async_payments_settle(&t, &e).await;
+}
+
+/// The scenario of [`an_async_payment_settles_through_its_events_once_in_any_order`], on
+/// whichever delivery `e` makes.
+pub(crate) async fn async_payments_settle(t: &TestStack, e: &Events) {
     let (ok, closed, auth) = (t.pid("ach-ok"), t.pid("ach-closed"), t.pid("auth"));
     t.send(&payment(&ok, 1500, "pm_usBankAccount_success"))
         .await;
@@ -223,7 +265,7 @@ async fn an_async_payment_settles_through_its_events_once_in_any_order() {
         })
         .await;
     e.deliver_all(&listed, 5).await;
-    let stats = e.drain(&t).await;
+    let stats = e.drain(t).await;
     assert_eq!(
         stats.summary.done("applied"),
         2,
@@ -244,17 +286,17 @@ async fn an_async_payment_settles_through_its_events_once_in_any_order() {
         (a.status.as_deref(), a.events.len()),
         (Some("requires_action"), 0)
     );
-    assert_eq!(e.dead_letters(&t).await, 0);
+    assert_eq!(e.dead_letters(t).await, 0);
 
     // The same events again (a late `processing` included) change nothing.
     e.deliver_all(&listed, 1).await;
-    let again = e.drain(&t).await;
+    let again = e.drain(t).await;
     assert_eq!(again.summary.done("applied"), 0, "{:?}", again.summary);
     assert_eq!(e.payment(&ok).await.status.as_deref(), Some("succeeded"));
 
     // Refundable now; the declined one is not.
     let stats = refund(
-        &t,
+        t,
         &[
             refund_body(&format!("{ok}-r"), &ok, None),
             refund_body(&format!("{closed}-r"), &closed, None),
@@ -274,12 +316,18 @@ async fn an_async_payment_settles_through_its_events_once_in_any_order() {
 async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
     let t = TestStack::new("ev-refund").await;
     let e = events(&t).await;
+    failed_refund_gives_back(&t, &e).await;
+}
+
+/// The scenario of [`a_refund_that_fails_after_pending_gives_its_amount_back_once`], on
+/// whichever delivery `e` makes.
+pub(crate) async fn failed_refund_gives_back(t: &TestStack, e: &Events) {
     let pid = t.pid("p");
     t.send(&payment(&pid, 1000, "pm_card_refundFail")).await;
     t.drain(1).await;
-    assert_charged_once(&t, &pid).await;
+    assert_charged_once(t, &pid).await;
     let r1 = format!("{pid}-r1");
-    let stats = refund(&t, &[refund_body(&r1, &pid, Some(1000))]).await;
+    let stats = refund(t, &[refund_body(&r1, &pid, Some(1000))]).await;
     assert_eq!(stats.summary.done("refunded"), 1);
     let refunded = |t: &TestStack| {
         let pid = pid.clone();
@@ -293,16 +341,16 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
             ledger.payment(&pid).await.unwrap().unwrap().refunded
         }
     };
-    assert_eq!(refunded(&t).await, 1000, "reserved while pending");
+    assert_eq!(refunded(t).await, 1000, "reserved while pending");
 
     let ids = [r1.clone()];
     let listed = e
         .listed(&ids, |l| kinds(l).contains(&"refund.failed"))
         .await;
     e.deliver_all(&listed, 3).await;
-    let stats = e.drain(&t).await;
+    let stats = e.drain(t).await;
     assert_eq!(stats.summary.done("applied"), 1, "{:?}", stats.summary);
-    assert_eq!(refunded(&t).await, 0, "given back once");
+    assert_eq!(refunded(t).await, 0, "given back once");
     let view = payment_core::api::view::after_charge_of(
         &aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
         &t.config.idempotency_table,
@@ -323,9 +371,9 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
 
     // The amount can be refunded again.
     let r2 = format!("{pid}-r2");
-    let stats = refund(&t, &[refund_body(&r2, &pid, Some(1000))]).await;
+    let stats = refund(t, &[refund_body(&r2, &pid, Some(1000))]).await;
     assert_eq!(stats.summary.done("refunded"), 1, "{:?}", stats.summary);
-    assert_eq!(refunded(&t).await, 1000);
+    assert_eq!(refunded(t).await, 1000);
     // ... and its failure gives it back too; the events of r1 delivered again change nothing.
     let ids = [r2.clone()];
     let listed2 = e
@@ -333,16 +381,16 @@ async fn a_refund_that_fails_after_pending_gives_its_amount_back_once() {
         .await;
     e.deliver_all(&listed2, 2).await;
     e.deliver_all(&listed, 1).await;
-    let stats = e.drain(&t).await;
+    let stats = e.drain(t).await;
     assert_eq!(stats.summary.done("applied"), 1, "{:?}", stats.summary);
-    assert_eq!(refunded(&t).await, 0);
+    assert_eq!(refunded(t).await, 0);
     // The provider's books: two refunds, both failed; none counted.
     let books = t.sim.ledger().await.unwrap();
     for rid in [&r1, &r2] {
         assert_eq!(books.refunds[rid].len(), 1, "{rid}");
         assert_eq!(books.refunds[rid][0].status, "failed", "{rid}");
     }
-    assert_eq!(e.dead_letters(&t).await, 0);
+    assert_eq!(e.dead_letters(t).await, 0);
 }
 
 /// A dispute holds its amount from refunds until it is won.

@@ -5,7 +5,7 @@
 //! exports `AWS_ENDPOINT_URL`, `PAYMENT_API_URL` and `PAYMENT_API_KEY`. Without them the tests
 //! fail with a message saying so: a test that cannot run is a failing test.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,14 +135,56 @@ impl TestStack {
         max_receive_count: i32,
         visibility: i32,
     ) -> Self {
+        let name = Self::unique_name(test);
+        Self::build_named(
+            name,
+            env,
+            fifo,
+            max_receive_count,
+            visibility,
+            HashMap::new(),
+        )
+        .await
+    }
+
+    /// `test` and eight random hex digits: a stack name no other run uses.
+    pub fn unique_name(test: &str) -> String {
+        let short = uuid::Uuid::new_v4().simple().to_string();
+        format!("{}-{}", test.replace('_', "-"), &short[..8])
+    }
+
+    /// A stack whose provider events arrive through Stripe's EventBridge destination
+    /// (`ProviderEventsDelivery` `eventbridge`, or `both` with the webhook): the partner event
+    /// source is created first, as Stripe creates it, then the stack on it.
+    pub async fn through_eventbridge(test: &str, delivery: &str) -> Self {
+        let name = Self::unique_name(test);
+        let source = proving::partner::local_source(&name);
+        let sdk = payment_core::edges::bootstrap::sdk_config().await;
+        proving::partner::create_source(&sdk, &source)
+            .await
+            .expect("creating the partner event source");
+        let parameters = HashMap::from([
+            ("ProviderEventsDelivery".to_owned(), delivery.to_owned()),
+            ("StripeEventSourceName".to_owned(), source),
+        ]);
+        Self::build_named(name, BTreeMap::new(), false, 5, VISIBILITY, parameters).await
+    }
+
+    /// Provisions the stack `name` with every option, the template's parameters too.
+    pub async fn build_named(
+        name: String,
+        env: BTreeMap<String, String>,
+        fifo: bool,
+        max_receive_count: i32,
+        visibility: i32,
+        parameters: HashMap<String, String>,
+    ) -> Self {
         required_env("AWS_ENDPOINT_URL");
         // A test with a provider of its own (a simulator it started) names it in `env`.
         let sim_url = env
             .get("PAYMENT_API_URL")
             .cloned()
             .unwrap_or_else(|| required_env("PAYMENT_API_URL"));
-        let short = uuid::Uuid::new_v4().simple().to_string();
-        let name = format!("{}-{}", test.replace('_', "-"), &short[..8]);
         let sdk = payment_core::edges::bootstrap::sdk_config().await;
         let stack = provision(
             &sdk,
@@ -152,6 +194,7 @@ impl TestStack {
                 visibility_timeout: Some(visibility),
                 max_receive_count: Some(max_receive_count),
                 fifo,
+                parameters,
                 ..Default::default()
             },
         )

@@ -3,12 +3,16 @@
 //! DLQ and table from `template.yaml` and uses its own payment ids, so tests run in parallel.
 //!
 //! The numbered tests are the acceptance list of the consumer's issue.
+//!
+//! Why flat (25 files): each file is one test module, named for what it proves; the name is the
+//! filter (`cargo test --test integration events::`) and the docs cite tests by it.
 
 mod api;
 mod card_data;
 mod catch_up;
 mod chaos;
 mod cli_help;
+mod eventbridge;
 mod events;
 mod exactly_once;
 mod failures;

@@ -12,7 +12,7 @@ use payment_core::api::{PaymentsApi, MAX_REQUEST_BYTES};
 use payment_core::stripe::receiver::{EventReceiver, EVENTS_PATH, MAX_EVENT_BYTES};
 
 struct Api {
-    payments: Arc<PaymentsApi>,
+    payments: Option<Arc<PaymentsApi>>,
     events: Option<Arc<EventReceiver>>,
 }
 
@@ -54,8 +54,16 @@ impl HttpHandler for Api {
                 body: a.body,
             };
         }
-        let a = self
-            .payments
+        let Some(payments) = &self.payments else {
+            return HttpAnswer {
+                status: 404,
+                headers: Vec::new(),
+                body: format!(
+                    r#"{{"error":{{"type":"invalid_request_error","message":"only POST {EVENTS_PATH} is served here"}}}}"#
+                ),
+            };
+        };
+        let a = payments
             .handle(
                 request.method,
                 request.path,
@@ -80,8 +88,21 @@ pub async fn serve(
 ) -> Result<LocalHttp> {
     LocalHttp::start(
         Arc::new(Api {
-            payments: api,
+            payments: Some(api),
             events,
+        }),
+        address,
+    )
+    .await
+}
+
+/// Serves the provider-events route alone on `address`: the webhook endpoint of a stack whose
+/// payments API is elsewhere (or of the partner's side of a local EventBridge run).
+pub async fn serve_events(events: Arc<EventReceiver>, address: &str) -> Result<LocalHttp> {
+    LocalHttp::start(
+        Arc::new(Api {
+            payments: None,
+            events: Some(events),
         }),
         address,
     )

@@ -2,7 +2,7 @@
 //! resource an operator named (one line with the fix, instead of an SDK error dump), and the
 //! start-up checks of the commands that need a table or a queue.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
@@ -208,15 +208,26 @@ pub fn check_explicit(profile: Option<&str>, region: Option<&str>) -> Result<()>
 /// Says on stderr where a command that writes is about to write: `what`, the endpoint, and the
 /// account of the credentials (STS `GetCallerIdentity`; "unknown" when it does not answer).
 pub async fn announce(sdk: &aws_config::SdkConfig, what: &str) {
+    let account = account(sdk)
+        .await
+        .unwrap_or_else(|_| "unknown (GetCallerIdentity did not answer)".to_owned());
+    eprintln!("payctl: {what} on {}, account {account}", endpoint(sdk));
+}
+
+/// The account of the credentials (STS `GetCallerIdentity`, waiting at most 5 s).
+pub async fn account(sdk: &aws_config::SdkConfig) -> Result<String> {
     let sts = aws_sdk_sts::Client::new(sdk);
-    let asked = tokio::time::timeout(
+    let id = tokio::time::timeout(
         std::time::Duration::from_secs(5),
         sts.get_caller_identity().send(),
     )
-    .await;
-    let account = match asked {
-        Ok(Ok(id)) => id.account().unwrap_or("unknown").to_owned(),
-        _ => "unknown (GetCallerIdentity did not answer)".to_owned(),
-    };
-    eprintln!("payctl: {what} on {}, account {account}", endpoint(sdk));
+    .await
+    .context("GetCallerIdentity did not answer in 5 s")?
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "GetCallerIdentity: {}",
+            aws_sdk_sts::error::DisplayErrorContext(&e)
+        )
+    })?;
+    Ok(id.account().unwrap_or("unknown").to_owned())
 }

@@ -40,13 +40,31 @@ pub struct E2eOptions {
     pub events: Option<E2eEvents>,
 }
 
-/// The deployed provider-events endpoint.
+/// How the deployed stack takes the provider's events.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// The public route: `ProviderEventsUrl` and its signing secret.
+    Webhook {
+        /// `ProviderEventsUrl`.
+        url: String,
+        /// Its signing secret.
+        secret: String,
+    },
+    /// Stripe's EventBridge destination: the partner bus (`StripeEventBusName`) on the partner
+    /// source, published on by the partner's side ([`crate::partner`]).
+    EventBridge {
+        /// `StripeEventBusName`.
+        bus: String,
+        /// The partner event source (`StripeEventSourceName`).
+        source: String,
+    },
+}
+
+/// The deployed stack's provider events.
 #[derive(Debug, Clone)]
 pub struct E2eEvents {
-    /// `ProviderEventsUrl`.
-    pub url: String,
-    /// Its signing secret.
-    pub secret: String,
+    /// How they arrive.
+    pub delivery: Delivery,
     /// `ProviderEventsDeadLetterQueueUrl`.
     pub dlq_url: String,
 }
@@ -299,21 +317,33 @@ async fn events_phase(
     use crate::events_check as ev;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let sim = SimClient::new(&opts.sim_url);
-    // A forged delivery is refused before anything is queued.
-    let forged = reqwest::Client::new()
-        .post(&events.url)
-        .header("Stripe-Signature", format!("t={},v1={}", sqs_once::runner::now_ms() / 1000, "0".repeat(64)))
-        .body(r#"{"id":"evt_forged","object":"event","type":"payment_intent.succeeded","created":1,"data":{"object":{}}}"#)
-        .send()
-        .await?;
-    if forged.status().as_u16() != 400 {
-        verdict.violations.push(format!(
-            "the deployed endpoint answered a forged delivery with {}",
-            forged.status()
-        ));
+    // The partner's side of EventBridge lives as long as the phase.
+    let mut _partner = None;
+    match &events.delivery {
+        Delivery::Webhook { url, secret } => {
+            // A forged delivery is refused before anything is queued.
+            let forged = reqwest::Client::new()
+                .post(url)
+                .header("Stripe-Signature", format!("t={},v1={}", sqs_once::runner::now_ms() / 1000, "0".repeat(64)))
+                .body(r#"{"id":"evt_forged","object":"event","type":"payment_intent.succeeded","created":1,"data":{"object":{}}}"#)
+                .send()
+                .await?;
+            if forged.status().as_u16() != 400 {
+                verdict.violations.push(format!(
+                    "the deployed endpoint answered a forged delivery with {}",
+                    forged.status()
+                ));
+            }
+            ev::point_webhook(&sim, url, secret).await?;
+            println!("provider events: the simulator delivers to the deployed {url} (a forged delivery was refused)");
+        }
+        Delivery::EventBridge { bus, source } => {
+            let secret = format!("whsec_partner_{}", uuid::Uuid::new_v4().simple());
+            let (server, endpoint) = crate::partner::serve(sdk, &sim, bus, source, &secret).await?;
+            _partner = Some(server);
+            println!("provider events: the simulator's deliveries reach {endpoint}, which publishes each on the deployed partner bus {bus} as {source} (half of them twice, out of order); the stack's rule takes them to its queue");
+        }
     }
-    ev::point_webhook(&sim, &events.url, &events.secret).await?;
-    println!("provider events: the simulator delivers to the deployed {} (a forged delivery was refused)", events.url);
     let p = format!("{}-events", opts.prefix);
     send_all(&sqs, &opts.queue_url, &ev::payment_bodies(&p)).await?;
     wait_drained(&sqs, &opts.queue_url, started, opts.max_duration).await?;

@@ -398,13 +398,21 @@ pub struct E2eCheckArgs {
     /// The deployed provider-events endpoint (the stack's ProviderEventsUrl output): the
     /// simulator delivers its events there, and a scenario of payments the provider finishes
     /// later is checked settled through them. Needs the refunds queue too.
-    #[arg(long, requires_all = ["events_secret", "events_dlq_url", "refunds_queue_url"])]
+    #[arg(long, requires_all = ["events_secret", "events_dlq_url", "refunds_queue_url"], conflicts_with = "events_bus")]
     pub events_url: Option<String>,
     /// The endpoint's signing secret (the one in the stack's WebhookSecretArn).
     #[arg(long, requires = "events_url")]
     pub events_secret: Option<String>,
+    /// Instead of the endpoint: the deployed partner event bus (the stack's StripeEventBusName
+    /// output, ProviderEventsDelivery=eventbridge); the simulator's events are published on it
+    /// as Stripe's EventBridge destination does, under --events-source.
+    #[arg(long, requires_all = ["events_source", "events_dlq_url", "refunds_queue_url"])]
+    pub events_bus: Option<String>,
+    /// The partner event source the bus is on (the stack's StripeEventSourceName).
+    #[arg(long, requires = "events_bus")]
+    pub events_source: Option<String>,
     /// The provider events' dead-letter queue (the stack's ProviderEventsDeadLetterQueueUrl).
-    #[arg(long, requires = "events_url")]
+    #[arg(long)]
     pub events_dlq_url: Option<String>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 300)]
@@ -424,9 +432,22 @@ pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Resul
         refunds_dlq_url,
         events_url,
         events_secret,
+        events_bus,
+        events_source,
         events_dlq_url,
         max_seconds,
     } = args;
+    let delivery = match (events_url, events_bus) {
+        (Some(url), _) => Some(proving::e2e::Delivery::Webhook {
+            url,
+            secret: events_secret.unwrap_or_default(),
+        }),
+        (None, Some(bus)) => Some(proving::e2e::Delivery::EventBridge {
+            bus,
+            source: events_source.unwrap_or_default(),
+        }),
+        (None, None) => None,
+    };
     let verdict = proving::e2e::run(
         sdk,
         &proving::e2e::E2eOptions {
@@ -438,9 +459,8 @@ pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Resul
             max_duration: Duration::from_secs(max_seconds),
             api_url,
             refunds: refunds_queue_url.zip(refunds_dlq_url),
-            events: events_url.map(|url| proving::e2e::E2eEvents {
-                url,
-                secret: events_secret.unwrap_or_default(),
+            events: delivery.map(|delivery| proving::e2e::E2eEvents {
+                delivery,
                 dlq_url: events_dlq_url.unwrap_or_default(),
             }),
         },

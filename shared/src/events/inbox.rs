@@ -529,8 +529,9 @@ impl EventWork {
 impl Work for EventWork {
     type Request = ProviderEvent;
 
+    /// A Stripe event, or EventBridge's envelope of one: the same event either way.
     fn parse(&self, body: &str) -> Result<ProviderEvent, Rejection> {
-        ProviderEvent::parse(body)
+        ProviderEvent::parse_queued(body)
     }
 
     fn key(&self, event: &ProviderEvent) -> String {

@@ -43,11 +43,58 @@ struct WireData {
     object: Value,
 }
 
+/// What Amazon EventBridge puts on the queue for Stripe's EventBridge event destination: its
+/// envelope (`version`, `id`, `source`, `account`, `time`, `region`, `resources`), the event's
+/// type in `detail-type` and Stripe's event object in `detail`.
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "detail-type")]
+    detail_type: String,
+    detail: Value,
+}
+
 impl ProviderEvent {
     /// Reads an event body; anything that is not a Stripe `event` object is refused.
     pub fn parse(body: &str) -> Result<Self, Rejection> {
         let w: Wire = serde_json::from_str(body)
             .map_err(|e| Rejection::new("invalid_event", format!("not a provider event: {e}")))?;
+        Self::from_wire(w)
+    }
+
+    /// Reads a message of the provider-events queue: a Stripe event as the webhook route and
+    /// the catch-up queue it, or EventBridge's envelope of one (Stripe's EventBridge
+    /// destination, through the stack's rule). The event is the same either way (its id is
+    /// the inbox's key, so an event that comes both ways is applied once); an envelope whose
+    /// `detail-type` is not the event's `type` is refused.
+    pub fn parse_queued(body: &str) -> Result<Self, Rejection> {
+        let value: Value = serde_json::from_str(body)
+            .map_err(|e| Rejection::new("invalid_event", format!("not a provider event: {e}")))?;
+        if value.get("detail").is_none() || value.get("detail-type").is_none() {
+            return Self::parse(body);
+        }
+        let envelope: Envelope = serde_json::from_value(value).map_err(|e| {
+            Rejection::new("invalid_event", format!("not an EventBridge event: {e}"))
+        })?;
+        let w: Wire = serde_json::from_value(envelope.detail).map_err(|e| {
+            Rejection::new(
+                "invalid_event",
+                format!("EventBridge's detail is not a provider event: {e}"),
+            )
+        })?;
+        let event = Self::from_wire(w)?;
+        if event.kind != envelope.detail_type {
+            return Err(Rejection::new(
+                "invalid_event",
+                format!(
+                    "EventBridge's detail-type {:?} is not the event's type {:?} ({})",
+                    envelope.detail_type, event.kind, event.id
+                ),
+            ));
+        }
+        Ok(event)
+    }
+
+    fn from_wire(w: Wire) -> Result<Self, Rejection> {
         if w.object != "event" || !w.id.starts_with("evt_") || w.id.len() > 255 {
             return Err(Rejection::new(
                 "invalid_event",
@@ -432,6 +479,58 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn an_eventbridge_envelope_carries_the_same_event() {
+        let stripe = json!({"id": "evt_9", "object": "event", "type": "refund.failed", "created": 7,
+                            "api_version": "2026-10-28.endive",
+                            "data": {"object": {"id": "re_1", "object": "refund", "status": "failed"}}});
+        let envelope = |detail_type: &str, detail: Value| {
+            json!({"version": "0", "id": "0c7b1c34-5f0e-4a4f-9c3e-6b0d1f2a3b4c",
+                   "detail-type": detail_type, "source": "aws.partner/stripe.com/ed_test_1",
+                   "account": "111111111111", "time": "2026-12-03T10:00:00Z", "region": "us-east-1",
+                   "resources": [], "detail": detail})
+            .to_string()
+        };
+        let raw = ProviderEvent::parse_queued(&stripe.to_string()).unwrap();
+        let through =
+            ProviderEvent::parse_queued(&envelope("refund.failed", stripe.clone())).unwrap();
+        assert_eq!(raw, through);
+        assert_eq!(raw, ProviderEvent::parse(&stripe.to_string()).unwrap());
+        for (body, why) in [
+            (
+                envelope("refund.created", stripe.clone()),
+                "is not the event's type",
+            ),
+            (
+                envelope("refund.failed", json!({"id": "re_1", "object": "refund"})),
+                "detail is not a provider event",
+            ),
+            (
+                envelope(
+                    "refund.failed",
+                    json!({"id": "ch_1", "object": "event", "type": "refund.failed",
+                                             "created": 1, "data": {"object": {}}}),
+                ),
+                "not a provider event",
+            ),
+            (
+                json!({"detail-type": 3, "detail": stripe.clone()}).to_string(),
+                "not an EventBridge event",
+            ),
+        ] {
+            let refused = ProviderEvent::parse_queued(&body).unwrap_err();
+            assert_eq!(refused.code, "invalid_event", "{body}");
+            assert!(refused.message.contains(why), "{}: {body}", refused.message);
+        }
+        // The webhook route takes Stripe's own events only: an envelope posted there is refused.
+        assert_eq!(
+            ProviderEvent::parse(&envelope("refund.failed", stripe))
+                .unwrap_err()
+                .code,
+            "invalid_event"
+        );
     }
 
     #[test]

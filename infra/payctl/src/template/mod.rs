@@ -1,7 +1,9 @@
 //! Provisioning a local endpoint from `template.yaml` itself, so local and deployed never drift.
 //!
-//! Reads the SAM template, creates every `AWS::SQS::Queue` (dead-letter targets first) and
-//! every `AWS::DynamoDB::Table` through the official SDK clients, and resolves the function's
+//! Reads the SAM template, keeps the resources of the shape its parameters choose (their
+//! `Condition`s evaluated), creates every `AWS::SQS::Queue` (dead-letter targets first), every
+//! `AWS::DynamoDB::Table` and the EventBridge partner bus with its rule (when the shape has
+//! one) through the official SDK clients, and resolves the function's
 //! environment and its SQS event source (batch size, batching window, timeout) with the
 //! intrinsic functions the template uses (`Ref`, `Fn::GetAtt`, `Fn::Sub`, short and long form).
 //!
@@ -16,6 +18,8 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use serde_yaml_ng::Value;
 
+mod conditions;
+mod events;
 mod functions;
 mod queues;
 mod resolve;
@@ -64,6 +68,9 @@ pub fn unique_stack_name(prefix: &str) -> String {
 /// Deletes what [`provision`] created (its queues and tables), so that a long local run does
 /// not leave the emulator holding every earlier run's data.
 pub async fn teardown(sdk: &aws_config::SdkConfig, stack: &Stack) -> Result<()> {
+    if let Some(route) = &stack.event_bridge {
+        events::teardown(&aws_sdk_eventbridge::Client::new(sdk), route).await?;
+    }
     let sqs = aws_sdk_sqs::Client::new(sdk);
     for url in stack.queues.values() {
         sqs.delete_queue()
@@ -100,6 +107,17 @@ pub struct EventSource {
     pub report_batch_item_failures: bool,
 }
 
+/// Stripe's events through EventBridge in a local stack: the bus and rule created, by name.
+#[derive(Debug, Clone)]
+pub struct EventBridgeRoute {
+    /// The partner event bus (named for its source).
+    pub bus: String,
+    /// The rule on it.
+    pub rule: String,
+    /// The partner event source the bus is on.
+    pub source: String,
+}
+
 /// What was created.
 #[derive(Debug, Clone)]
 pub struct Stack {
@@ -126,6 +144,9 @@ pub struct Stack {
     pub deployed_pace: BTreeMap<String, BTreeMap<String, String>>,
     /// What provisioning did to each resource: `created`, `exists` or `updated`, by name.
     pub report: Vec<(String, &'static str)>,
+    /// The partner event bus and its rule, when the shape takes Stripe's events through
+    /// EventBridge (`ProviderEventsDelivery` `eventbridge` or `both`).
+    pub event_bridge: Option<EventBridgeRoute>,
 }
 
 impl Stack {
@@ -207,7 +228,7 @@ pub async fn provision(
         .with_context(|| format!("reading {}", template_path.display()))?;
     let doc: Value = serde_yaml_ng::from_str(&text)
         .with_context(|| format!("parsing {}", template_path.display()))?;
-    let resources = get(&doc, "Resources")
+    let all_resources = get(&doc, "Resources")
         .and_then(|r| r.as_mapping())
         .ok_or_else(|| anyhow!("template has no Resources"))?;
 
@@ -225,6 +246,8 @@ pub async fn provision(
         }
     }
     parameters.extend(opts.parameters.clone());
+    let shape = conditions::Conditions::new(&doc, &parameters).resources(all_resources)?;
+    let resources = &shape;
     let mut r = Resolver {
         stack_name: &opts.stack_name,
         region: sdk
@@ -248,6 +271,7 @@ pub async fn provision(
         deployed_pace: BTreeMap::new(),
         event_sources: BTreeMap::new(),
         report: Vec::new(),
+        event_bridge: None,
         event_source: EventSource {
             queue_url: String::new(),
             queue_arn: String::new(),
@@ -271,5 +295,7 @@ pub async fn provision(
         queues::remember_settings(&sqs, &opts, &stack).await?;
     }
     tables::create(&ddb, sdk, &opts, &mut r, &mut stack, resources).await?;
+    let eventbridge = aws_sdk_eventbridge::Client::new(sdk);
+    events::create(&eventbridge, opts.read_only, &mut r, &mut stack, resources).await?;
     functions::resolve(&doc, &opts, &mut r, stack, resources)
 }
