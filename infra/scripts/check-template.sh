@@ -59,6 +59,11 @@ if "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed
   echo "the template accepts eventbridge delivery without StripeEventSourceName" >&2; exit 1
 fi
 grep -q "needs StripeEventSourceName" "$out/refused.txt"
+if "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed.json" "$out/refused.json" \
+    "$key" ProviderEventsDelivery=both "$source" 2>"$out/refused.txt"; then
+  echo "the template accepts webhook delivery without WebhookSecretArn" >&2; exit 1
+fi
+grep -q "needs WebhookSecretArn" "$out/refused.txt"
 log "checkov template.yaml"
 "$ROOT/.venv-checkov/bin/checkov" -f template.yaml --framework cloudformation --skip-download --quiet --compact
 log "the README and docs/ against the template: the alarm runbook, the counts, the sqs-once example"

@@ -29,13 +29,14 @@ def published_names(root):
     return names
 
 
-def substituted(body, resources):
-    """The body with each ${X} or ${X.Attr} replaced; the names that are not the stack's."""
+def substituted(body, resources, parameters=()):
+    """The body with each ${X} or ${X.Attr} replaced; the names that are neither the stack's
+    resources nor its parameters."""
     unknown = []
 
     def one(match):
         name = match.group(1).split(".")[0]
-        if not name.startswith("AWS::") and name not in resources:
+        if not name.startswith("AWS::") and name not in resources and name not in parameters:
             unknown.append(match.group(1))
         return "x-" + match.group(1).replace(".", "-").replace("::", "-")
 
@@ -63,7 +64,7 @@ def check(template, published):
         if not isinstance(value, str):
             return [f"the dashboard's variable {name} is not a string (resolve the template's shape first)"]
         body = body.replace("${" + name + "}", value)
-    text, unknown = substituted(body, resources)
+    text, unknown = substituted(body, resources, template.get("Parameters", {}))
     problems += [f"the dashboard names ${{{u}}}, which is not the stack's" for u in unknown]
     try:
         widgets = json.loads(text)["widgets"]

@@ -4,12 +4,15 @@
 - webhook: no event bus and no rule on one;
 - eventbridge: no public route, no function holding the webhook's signing secret, and nothing
   that names WebhookSecretArn;
-- eventbridge or both: one bus on the partner event source StripeEventSourceName; one rule on
-  it whose pattern names that source alone and exactly the event types the inbox applies (the
-  `EVENT_TYPES` of shared/src/events/catch_up.rs); its one target the queue the event processor
-  reads, with a retry policy and a dead-letter queue that an alarm watches; EventBridge may send
-  to the queue and to that DLQ only as that rule (aws:SourceArn), and may use their KMS key only
-  as that rule.
+- eventbridge or both: one bus named for and on the partner event source StripeEventSourceName;
+  one rule on it whose pattern is that source alone and exactly the event types the inbox
+  applies (the `EVENT_TYPES` of shared/src/events/catch_up.rs), nothing else; its one target the
+  queue the event processor reads, retried for at least an hour, with a dead-letter queue that
+  the stack's key does not encrypt and an alarm watches from its first message, and an alarm on
+  what could not even be dead-lettered; EventBridge may send to the queue and to that DLQ only as
+  that rule (aws:SourceArn, written out so that the rule waits for the policies), and may use
+  the queue's key only as that rule, to decrypt and make data keys;
+- webhook: no bus, no rule, and nothing that lets EventBridge send or use the key.
 
 Usage: eventbridge.py SHAPE_JSON REPO_ROOT DELIVERY; eventbridge.py --self-test
 """
@@ -38,18 +41,41 @@ def refers(value, name):
             or "${" + name + "}" in text or "${" + name + "." in text)
 
 
-def grants(resources, queue, rule):
-    """(conditioned, unconditioned) Allow statements to EventBridge on `queue` in its policies."""
-    good, bad = [], []
-    for r in of_type(resources, "AWS::SQS::QueuePolicy").values():
-        props = r.get("Properties", {})
-        for st in props.get("PolicyDocument", {}).get("Statement", []):
-            principal = json.dumps(st.get("Principal", ""))
-            if st.get("Effect") != "Allow" or SERVICE not in principal or not refers(st.get("Resource"), queue):
-                continue
-            arn = st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn")
-            (good if arn is not None and refers(arn, rule) else bad).append(st)
-    return good, bad
+def rule_arn(rule):
+    """The rule's ARN as the policies must write it: on the partner bus, by the rule's name."""
+    name = rule.get("Properties", {}).get("Name")
+    name = name.get("Fn::Sub") if isinstance(name, dict) else name
+    if not isinstance(name, str):
+        return None
+    return {"Fn::Sub": "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/${StripeEventSourceName}/" + name}
+
+
+def service_statements(statements):
+    return [st for st in statements if st.get("Effect") == "Allow" and SERVICE in json.dumps(st.get("Principal", ""))]
+
+
+def queue_grants(resources):
+    """Every Allow to EventBridge in the queue policies, with the policy's logical id."""
+    out = []
+    for name, r in of_type(resources, "AWS::SQS::QueuePolicy").items():
+        for st in service_statements(r.get("Properties", {}).get("PolicyDocument", {}).get("Statement", [])):
+            out.append((name, st))
+    return out
+
+
+def key_grants(resources):
+    out = []
+    for name, r in of_type(resources, "AWS::KMS::Key").items():
+        for st in service_statements(r.get("Properties", {}).get("KeyPolicy", {}).get("Statement", [])):
+            out.append((name, st))
+    return out
+
+
+def number(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def check(template, types, delivery):
@@ -63,6 +89,8 @@ def check(template, types, delivery):
     if delivery == "webhook":
         if buses or rules:
             problems.append(f"the webhook shape has an event bus or a rule on one: {sorted(buses) + sorted(rules)}")
+        if queue_grants(resources) or key_grants(resources):
+            problems.append("the webhook shape still lets EventBridge send to a queue or use the key")
         if not public:
             problems.append("the webhook shape has no public route for the provider's events")
         return problems
@@ -78,7 +106,8 @@ def check(template, types, delivery):
         return problems + [f"{len(buses)} event buses, not one on Stripe's partner event source"]
     bus_name, bus = next(iter(buses.items()))
     props = bus.get("Properties", {})
-    if not refers(props.get("EventSourceName"), "StripeEventSourceName") or not refers(props.get("Name"), "StripeEventSourceName"):
+    on_source = [{"Ref": "StripeEventSourceName"}, {"Fn::Sub": "${StripeEventSourceName}"}]
+    if props.get("EventSourceName") not in on_source or props.get("Name") not in on_source:
         problems.append(f"{bus_name} is not named for and on the partner event source StripeEventSourceName")
     on_bus = {k: r for k, r in rules.items() if refers(r["Properties"].get("EventBusName"), bus_name)}
     if len(on_bus) != 1:
@@ -86,9 +115,10 @@ def check(template, types, delivery):
     rule_name, rule = next(iter(on_bus.items()))
     rp = rule["Properties"]
     pattern = rp.get("EventPattern", {})
-    source = pattern.get("source")
-    if not (isinstance(source, list) and len(source) == 1 and refers(source[0], "StripeEventSourceName")):
-        problems.append(f"{rule_name}'s pattern does not name the partner source alone: {json.dumps(source)}")
+    if set(pattern) != {"source", "detail-type"}:
+        problems.append(f"{rule_name}'s pattern matches on {sorted(pattern)}, not on the source and the type alone")
+    if pattern.get("source") != [{"Ref": "StripeEventSourceName"}]:
+        problems.append(f"{rule_name}'s pattern does not name the partner source alone: {json.dumps(pattern.get('source'))}")
     detail_types = pattern.get("detail-type", [])
     if sorted(detail_types) != sorted(types) or len(set(detail_types)) != len(detail_types):
         missing = sorted(set(types) - set(detail_types))
@@ -96,6 +126,9 @@ def check(template, types, delivery):
         problems.append(f"{rule_name}'s detail-type is not the inbox's EVENT_TYPES (missing {missing}, extra {extra})")
     if rp.get("State", "ENABLED") != "ENABLED":
         problems.append(f"{rule_name} is not enabled")
+    arn = rule_arn(rule)
+    if arn is None:
+        problems.append(f"{rule_name} has no Name of its own, so no policy can name its ARN before it exists")
     targets = rp.get("Targets", [])
     if len(targets) != 1:
         return problems + [f"{rule_name} has {len(targets)} targets, not the provider-events queue alone"]
@@ -104,81 +137,127 @@ def check(template, types, delivery):
                  if refers(r["Properties"].get("EventSourceArn"), "ProviderEventsQueue")]
     if not refers(target.get("Arn"), "ProviderEventsQueue") or not consumers:
         problems.append(f"{rule_name}'s target is not the provider-events queue the event processor reads: {json.dumps(target.get('Arn'))}")
-    if "RetryPolicy" not in target:
-        problems.append(f"{rule_name}'s target has no retry policy")
+    retry = target.get("RetryPolicy", {})
+    attempts, age = number(retry.get("MaximumRetryAttempts")), number(retry.get("MaximumEventAgeInSeconds"))
+    if attempts is None or age is None or attempts < 10 or age < 3600:
+        problems.append(f"{rule_name}'s target gives up too soon (MaximumRetryAttempts {attempts}, MaximumEventAgeInSeconds {age}; at least 10 and an hour)")
     dlq = target.get("DeadLetterConfig", {}).get("Arn", {})
     dlq = dlq.get("Fn::GetAtt", [None])[0] if isinstance(dlq, dict) else None
     if dlq not in resources:
         problems.append(f"{rule_name}'s target has no dead-letter queue of the stack")
     else:
-        watched = [a for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
+        if "KmsMasterKeyId" in resources[dlq].get("Properties", {}):
+            problems.append(f"{dlq} is encrypted with a key of the stack: when the key refuses EventBridge, what the queue could not take is lost with it (use SqsManagedSseEnabled)")
+        watched = [a["Properties"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
                    if any(refers(d.get("Value"), dlq) for d in a["Properties"].get("Dimensions", []))]
-        if not watched:
-            problems.append(f"no alarm watches {dlq}, where EventBridge leaves what it cannot deliver")
+        if not any(a.get("MetricName") == "ApproximateNumberOfMessagesVisible" and number(a.get("Threshold")) == 0
+                   and a.get("ComparisonOperator") == "GreaterThanThreshold" for a in watched):
+            problems.append(f"no alarm fires on the first message in {dlq}, where EventBridge leaves what it cannot deliver")
+    lost = [a for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
+            if a["Properties"].get("Namespace") == "AWS/Events"
+            and a["Properties"].get("MetricName") == "InvocationsFailedToBeSentToDlq"]
+    if not lost:
+        problems.append("no alarm on InvocationsFailedToBeSentToDlq: events EventBridge could not even dead-letter would go unseen")
+    depends = rule.get("DependsOn", [])
+    depends = [depends] if isinstance(depends, str) else depends
+    grants = queue_grants(resources)
     for queue in ["ProviderEventsQueue"] + ([dlq] if dlq in resources else []):
-        good, bad = grants(resources, queue, rule_name)
+        mine = [(p, st) for p, st in grants if refers(st.get("Resource"), queue) or st.get("Resource") == "*"]
+        good = [(p, st) for p, st in mine if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") == arn]
         if not good:
-            problems.append(f"EventBridge may not send to {queue} as {rule_name} (a queue policy with aws:SourceArn)")
-        for st in bad:
-            problems.append(f"{queue}'s policy lets EventBridge send without naming {rule_name}: {st.get('Sid')}")
-        key = resources.get(queue, {}).get("Properties", {}).get("KmsMasterKeyId")
-        key = key.get("Ref") if isinstance(key, dict) else None
-        if key in resources:
-            statements = resources[key]["Properties"].get("KeyPolicy", {}).get("Statement", [])
-            usable = [st for st in statements if SERVICE in json.dumps(st.get("Principal", ""))
-                      and "rule/" in json.dumps(st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn", ""))]
-            if not usable:
-                problems.append(f"EventBridge may not use {queue}'s key {key} as the rule (a key policy statement with its aws:SourceArn)")
+            problems.append(f"EventBridge may not send to {queue} as {rule_name} (a queue policy with aws:SourceArn of the rule, written out)")
+        for p, _ in good:
+            if p not in depends:
+                problems.append(f"{rule_name} does not wait for {p}: events it matches before the policy exists are refused")
+    for p, st in grants:
+        if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") != arn:
+            problems.append(f"{p} lets EventBridge send without naming {rule_name}: {st.get('Sid')}")
+    key = resources.get("ProviderEventsQueue", {}).get("Properties", {}).get("KmsMasterKeyId")
+    key = key.get("Ref") if isinstance(key, dict) else None
+    if key in resources:
+        usable = [st for k, st in key_grants(resources) if k == key
+                  and st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") == arn]
+        if not usable:
+            problems.append(f"EventBridge may not use the queue's key {key} as {rule_name} (a key policy statement with its aws:SourceArn)")
+    for k, st in key_grants(resources):
+        actions = set(st.get("Action", []) if isinstance(st.get("Action"), list) else [st.get("Action")])
+        if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") != arn:
+            problems.append(f"{k} lets EventBridge use it without naming {rule_name}: {st.get('Sid')}")
+        elif not actions <= {"kms:Decrypt", "kms:GenerateDataKey"}:
+            problems.append(f"{k} gives EventBridge more than it needs to send: {sorted(actions)}")
     return problems
 
 
 def self_test():
     types = ["payment_intent.succeeded", "refund.failed"]
+    arn = {"Fn::Sub": "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/${StripeEventSourceName}/${AWS::StackName}-x"}
+    allow = lambda queue: {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": "sqs:SendMessage",
+                           "Resource": {"Fn::GetAtt": [queue, "Arn"]}, "Condition": {"ArnEquals": {"aws:SourceArn": arn}}}
     good = {"Resources": {
         "Key": {"Type": "AWS::KMS::Key", "Properties": {"KeyPolicy": {"Statement": [
-            {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": ["kms:GenerateDataKey"],
-             "Condition": {"ArnEquals": {"aws:SourceArn": {"Fn::Sub": "arn:aws:events:r:a:rule/${StripeEventSourceName}/x"}}}}]}}},
+            {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+             "Condition": {"ArnEquals": {"aws:SourceArn": arn}}}]}}},
         "ProviderEventsQueue": {"Type": "AWS::SQS::Queue", "Properties": {"KmsMasterKeyId": {"Ref": "Key"}}},
-        "Dlq": {"Type": "AWS::SQS::Queue", "Properties": {"KmsMasterKeyId": {"Ref": "Key"}}},
+        "Dlq": {"Type": "AWS::SQS::Queue", "Properties": {"SqsManagedSseEnabled": True}},
         "Map": {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {"EventSourceArn": {"Fn::GetAtt": ["ProviderEventsQueue", "Arn"]}}},
         "Bus": {"Type": "AWS::Events::EventBus", "Properties": {"Name": {"Fn::Sub": "${StripeEventSourceName}"},
                                                                "EventSourceName": {"Fn::Sub": "${StripeEventSourceName}"}}},
-        "Rule": {"Type": "AWS::Events::Rule", "Properties": {
-            "EventBusName": {"Ref": "Bus"}, "State": "ENABLED",
+        "Rule": {"Type": "AWS::Events::Rule", "DependsOn": ["Policy", "DlqPolicy"], "Properties": {
+            "Name": {"Fn::Sub": "${AWS::StackName}-x"}, "EventBusName": {"Ref": "Bus"}, "State": "ENABLED",
             "EventPattern": {"source": [{"Ref": "StripeEventSourceName"}], "detail-type": list(types)},
-            "Targets": [{"Id": "q", "Arn": {"Fn::GetAtt": ["ProviderEventsQueue", "Arn"]}, "RetryPolicy": {},
+            "Targets": [{"Id": "q", "Arn": {"Fn::GetAtt": ["ProviderEventsQueue", "Arn"]},
+                         "RetryPolicy": {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400},
                          "DeadLetterConfig": {"Arn": {"Fn::GetAtt": ["Dlq", "Arn"]}}}]}},
-        "Policy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [
-            {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Resource": {"Fn::GetAtt": ["ProviderEventsQueue", "Arn"]},
-             "Condition": {"ArnEquals": {"aws:SourceArn": {"Fn::GetAtt": ["Rule", "Arn"]}}}},
-            {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Resource": {"Fn::GetAtt": ["Dlq", "Arn"]},
-             "Condition": {"ArnEquals": {"aws:SourceArn": {"Fn::GetAtt": ["Rule", "Arn"]}}}}]}}},
-        "Alarm": {"Type": "AWS::CloudWatch::Alarm", "Properties": {"Dimensions": [
-            {"Name": "QueueName", "Value": {"Fn::GetAtt": ["Dlq", "QueueName"]}}]}},
+        "Policy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [allow("ProviderEventsQueue")]}}},
+        "DlqPolicy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [allow("Dlq")]}}},
+        "Alarm": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "MetricName": "ApproximateNumberOfMessagesVisible", "Threshold": 0, "ComparisonOperator": "GreaterThanThreshold",
+            "Dimensions": [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["Dlq", "QueueName"]}}]}},
+        "Lost": {"Type": "AWS::CloudWatch::Alarm", "Properties": {"Namespace": "AWS/Events",
+                                                                 "MetricName": "InvocationsFailedToBeSentToDlq"}},
     }}
     assert check(good, types, "eventbridge") == [], check(good, types, "eventbridge")
+    cases = 1
 
     def refused(change, want, delivery="eventbridge"):
+        nonlocal cases
         t = json.loads(json.dumps(good))
         change(t["Resources"])
         problems = check(t, types, delivery)
         assert any(want in p for p in problems), (want, problems)
+        cases += 1
 
     rule = lambda r: r["Rule"]["Properties"]
+    other = {"Fn::Sub": arn["Fn::Sub"].replace("-x", "-y")}
     refused(lambda r: rule(r)["EventPattern"]["detail-type"].pop(), "missing ['refund.failed']")
     refused(lambda r: rule(r)["EventPattern"]["detail-type"].append("customer.created"), "extra ['customer.created']")
     refused(lambda r: rule(r)["EventPattern"].pop("source"), "partner source alone")
+    refused(lambda r: rule(r)["EventPattern"].update({"source": [{"prefix": "aws.partner/stripe.com"}]}), "partner source alone")
+    refused(lambda r: rule(r)["EventPattern"].update({"detail": {"livemode": [True]}}), "not on the source and the type alone")
+    refused(lambda r: r["Bus"]["Properties"].update({"Name": {"Fn::Sub": "${StripeEventSourceName}-x"}}), "not named for and on")
     refused(lambda r: rule(r)["Targets"][0].pop("DeadLetterConfig"), "no dead-letter queue")
-    refused(lambda r: r.pop("Alarm"), "no alarm watches Dlq")
+    refused(lambda r: rule(r)["Targets"][0].update({"RetryPolicy": {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60}}), "gives up too soon")
+    refused(lambda r: r["Dlq"]["Properties"].update({"KmsMasterKeyId": {"Ref": "Key"}}), "encrypted with a key of the stack")
+    refused(lambda r: r.pop("Alarm"), "no alarm fires on the first message in Dlq")
+    refused(lambda r: r["Alarm"]["Properties"].update({"MetricName": "NumberOfMessagesSent", "Threshold": 1000}), "no alarm fires on the first message")
+    refused(lambda r: r.pop("Lost"), "InvocationsFailedToBeSentToDlq")
     refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0].pop("Condition"),
             "lets EventBridge send without naming Rule")
-    refused(lambda r: r["Key"]["Properties"]["KeyPolicy"]["Statement"].clear(), "may not use ProviderEventsQueue's key")
+    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"].append(
+        {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": "sqs:*", "Resource": "*"}), "lets EventBridge send without naming Rule")
+    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0]["Condition"]["ArnEquals"].update(
+        {"aws:SourceArn": {"Fn::GetAtt": ["Rule", "Arn"]}}), "may not send to ProviderEventsQueue")
+    refused(lambda r: r["Rule"].pop("DependsOn"), "does not wait for Policy")
+    refused(lambda r: rule(r).update({"Name": {"Fn::Sub": "${AWS::StackName}-y"}}), "lets EventBridge use it without naming Rule")
+    refused(lambda r: r["Key"]["Properties"]["KeyPolicy"]["Statement"][0].update({"Action": ["kms:Encrypt", "kms:Decrypt"]}), "more than it needs")
+    refused(lambda r: r["Key"]["Properties"]["KeyPolicy"]["Statement"][0]["Condition"]["ArnEquals"].update({"aws:SourceArn": other}), "may not use the queue's key")
     refused(lambda r: r.update({"Route": {"Type": "AWS::ApiGatewayV2::Route", "Properties": {"RouteKey": "POST /e"}}}),
             "has a public route")
     refused(lambda r: r.update({"Fn": {"Type": "AWS::Lambda::Function", "Properties": {
         "Environment": {"Variables": {"WEBHOOK_SECRET_ARN": {"Ref": "WebhookSecretArn"}}}}}}), "names WebhookSecretArn")
     refused(lambda r: None, "has an event bus or a rule", delivery="webhook")
-    print("eventbridge.py self-test: 10 bad shapes refused, the good one passes")
+    refused(lambda r: [r.pop(k) for k in ("Bus", "Rule")], "still lets EventBridge send", delivery="webhook")
+    print(f"eventbridge.py self-test: {cases - 1} bad shapes refused, the good one passes")
 
 
 def main():

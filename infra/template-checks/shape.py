@@ -7,13 +7,15 @@ for some parameter values, so that the offline checks read each shape the templa
 - a resource or an output whose Condition is false is left out;
 - every Fn::If is replaced by the branch its condition picks, and AWS::NoValue removes the
   key or the list item that holds it;
-- the Rules are asserted: a shape whose parameters a rule refuses is refused here too (CloudFormation
-  refuses to create it), naming the rule's AssertDescription.
+- a value outside the parameter's AllowedValues or AllowedPattern is refused, and the Rules are
+  asserted: a shape whose parameters a rule refuses is refused here too (CloudFormation refuses
+  to create it), naming the rule's AssertDescription.
 
 Usage: shape.py TEMPLATE_JSON OUT_JSON [Name=Value ...]; shape.py --self-test
 """
 import copy
 import json
+import re
 import sys
 
 NO_VALUE = object()
@@ -33,6 +35,12 @@ def parameter_values(template, given):
     unknown = set(given) - set(template.get("Parameters", {}))
     if unknown:
         raise Refused(f"no such parameter: {', '.join(sorted(unknown))}")
+    for name, value in given.items():
+        p = template["Parameters"][name]
+        if "AllowedValues" in p and value not in [str(v) for v in p["AllowedValues"]]:
+            raise Refused(f"{name}={value} is not one of {p['AllowedValues']}")
+        if "AllowedPattern" in p and not re.fullmatch(p["AllowedPattern"], value):
+            raise Refused(f"{name}={value} does not match {p['AllowedPattern']}")
     return values
 
 
@@ -149,7 +157,16 @@ def self_test():
         raise AssertionError("an unknown parameter was accepted")
     except Refused as e:
         assert "Moed" in str(e)
-    print("shape.py self-test: 4 cases ok")
+    t["Parameters"]["Mode"]["AllowedValues"] = ["a", "b"]
+    t["Parameters"]["Name"]["AllowedPattern"] = "^$|^n[0-9]*$"
+    for given, why in (({"Mode": "B", "Name": "n"}, "not one of"), ({"Mode": "b", "Name": "x"}, "does not match")):
+        try:
+            shape(t, given)
+            raise AssertionError(f"{given} was accepted")
+        except Refused as e:
+            assert why in str(e), e
+    assert set(shape(t, {"Mode": "b", "Name": "n1"})["Resources"]) == {"OnlyB", "Always"}
+    print("shape.py self-test: 7 cases ok")
 
 
 def main():

@@ -292,6 +292,12 @@ pub(crate) async fn async_payments_settle(t: &TestStack, e: &Events) {
     e.deliver_all(&listed, 1).await;
     let again = e.drain(t).await;
     assert_eq!(again.summary.done("applied"), 0, "{:?}", again.summary);
+    assert_eq!(
+        again.summary.duplicates as usize,
+        listed.len(),
+        "each came again and was known: {:?}",
+        again.summary
+    );
     assert_eq!(e.payment(&ok).await.status.as_deref(), Some("succeeded"));
 
     // Refundable now; the declined one is not.
@@ -383,6 +389,12 @@ pub(crate) async fn failed_refund_gives_back(t: &TestStack, e: &Events) {
     e.deliver_all(&listed, 1).await;
     let stats = e.drain(t).await;
     assert_eq!(stats.summary.done("applied"), 1, "{:?}", stats.summary);
+    assert_eq!(
+        stats.summary.duplicates as usize,
+        listed2.len() + listed.len(),
+        "r2's second copies and r1's events again, each known: {:?}",
+        stats.summary
+    );
     assert_eq!(refunded(t).await, 0);
     // The provider's books: two refunds, both failed; none counted.
     let books = t.sim.ledger().await.unwrap();

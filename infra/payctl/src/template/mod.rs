@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_yaml_ng::Value;
 
 mod conditions;
@@ -217,6 +217,15 @@ pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
     }
 }
 
+fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
 /// Creates the template's queues and tables on the endpoint of `sdk` and resolves every
 /// function's environment and every SQS event source (the payment processor's first).
 pub async fn provision(
@@ -242,6 +251,20 @@ pub async fn provision(
                     _ => continue,
                 };
                 parameters.insert(k.to_owned(), d);
+            }
+        }
+    }
+    for (name, value) in &opts.parameters {
+        let declared = get(&doc, "Parameters")
+            .and_then(|p| get(p, name))
+            .with_context(|| format!("the template has no parameter {name}"))?;
+        if let Some(allowed) = get(declared, "AllowedValues").and_then(|a| a.as_sequence()) {
+            let allowed: Vec<String> = allowed.iter().filter_map(text_of).collect();
+            if !allowed.contains(value) {
+                bail!(
+                    "{name}={value} is not one of the template's {}",
+                    allowed.join(", ")
+                );
             }
         }
     }
