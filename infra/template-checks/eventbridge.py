@@ -55,12 +55,24 @@ def service_statements(statements):
 
 
 def queue_grants(resources):
-    """Every Allow to EventBridge in the queue policies, with the policy's logical id."""
+    """Every Allow to EventBridge or to anyone in the queue policies: (policy, the queues it is
+    attached to, the statement)."""
     out = []
     for name, r in of_type(resources, "AWS::SQS::QueuePolicy").items():
-        for st in service_statements(r.get("Properties", {}).get("PolicyDocument", {}).get("Statement", [])):
-            out.append((name, st))
+        props = r.get("Properties", {})
+        for st in props.get("PolicyDocument", {}).get("Statement", []):
+            anyone = st.get("Principal") in ("*", {"AWS": "*"})
+            if service_statements([st]) or (st.get("Effect") == "Allow" and anyone):
+                out.append((name, props.get("Queues", []), st))
     return out
+
+
+def key_of(queue):
+    """The stack key a queue is encrypted with (Ref or GetAtt of it), or None."""
+    key = queue.get("Properties", {}).get("KmsMasterKeyId")
+    if isinstance(key, dict):
+        return key.get("Ref") or (key.get("Fn::GetAtt") or [None])[0]
+    return None
 
 
 def key_grants(resources):
@@ -89,7 +101,7 @@ def check(template, types, delivery):
     if delivery == "webhook":
         if buses or rules:
             problems.append(f"the webhook shape has an event bus or a rule on one: {sorted(buses) + sorted(rules)}")
-        if queue_grants(resources) or key_grants(resources):
+        if [g for g in queue_grants(resources) if service_statements([g[2]])] or key_grants(resources):
             problems.append("the webhook shape still lets EventBridge send to a queue or use the key")
         if not public:
             problems.append("the webhook shape has no public route for the provider's events")
@@ -146,34 +158,47 @@ def check(template, types, delivery):
     if dlq not in resources:
         problems.append(f"{rule_name}'s target has no dead-letter queue of the stack")
     else:
-        if "KmsMasterKeyId" in resources[dlq].get("Properties", {}):
-            problems.append(f"{dlq} is encrypted with a key of the stack: when the key refuses EventBridge, what the queue could not take is lost with it (use SqsManagedSseEnabled)")
+        if resources[dlq].get("Properties", {}).get("SqsManagedSseEnabled") is not True \
+                or "KmsMasterKeyId" in resources[dlq].get("Properties", {}):
+            problems.append(f"{dlq} is not encrypted by SQS alone (SqsManagedSseEnabled): under a key of the stack, what the queue could not take when the key refuses EventBridge is lost with it")
         watched = [a["Properties"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
                    if any(refers(d.get("Value"), dlq) for d in a["Properties"].get("Dimensions", []))]
         if not any(a.get("MetricName") == "ApproximateNumberOfMessagesVisible" and number(a.get("Threshold")) == 0
                    and a.get("ComparisonOperator") == "GreaterThanThreshold" for a in watched):
             problems.append(f"no alarm fires on the first message in {dlq}, where EventBridge leaves what it cannot deliver")
-    lost = [a for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
+    def dimension(alarm, name):
+        return next((d.get("Value") for d in alarm.get("Dimensions", []) if d.get("Name") == name), None)
+
+    lost = [a["Properties"] for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
             if a["Properties"].get("Namespace") == "AWS/Events"
             and a["Properties"].get("MetricName") == "InvocationsFailedToBeSentToDlq"]
-    if not lost:
-        problems.append("no alarm on InvocationsFailedToBeSentToDlq: events EventBridge could not even dead-letter would go unseen")
+    if not any(dimension(a, "RuleName") == rp.get("Name") and dimension(a, "EventBusName") in on_source
+               and number(a.get("Threshold")) == 0 and a.get("ComparisonOperator") == "GreaterThanThreshold"
+               for a in lost):
+        problems.append(f"no alarm fires on the first of {rule_name}'s InvocationsFailedToBeSentToDlq (its RuleName and EventBusName dimensions): events EventBridge could not even dead-letter would go unseen")
     depends = rule.get("DependsOn", [])
     depends = [depends] if isinstance(depends, str) else depends
     grants = queue_grants(resources)
     for queue in ["ProviderEventsQueue"] + ([dlq] if dlq in resources else []):
-        mine = [(p, st) for p, st in grants if refers(st.get("Resource"), queue) or st.get("Resource") == "*"]
-        good = [(p, st) for p, st in mine if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") == arn]
+        policies = [p for p, r in of_type(resources, "AWS::SQS::QueuePolicy").items()
+                    if any(refers(q, queue) for q in r.get("Properties", {}).get("Queues", []))]
+        if len(policies) > 1:
+            problems.append(f"{queue} has {len(policies)} queue policies: one replaces the other")
+        mine = [(p, st) for p, queues, st in grants
+                if any(refers(q, queue) for q in queues) and (refers(st.get("Resource"), queue) or st.get("Resource") == "*")]
+        good = [(p, st) for p, st in mine if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") == arn
+                and st.get("Action") in ("sqs:SendMessage", ["sqs:SendMessage"])]
         if not good:
             problems.append(f"EventBridge may not send to {queue} as {rule_name} (a queue policy with aws:SourceArn of the rule, written out)")
         for p, _ in good:
             if p not in depends:
                 problems.append(f"{rule_name} does not wait for {p}: events it matches before the policy exists are refused")
-    for p, st in grants:
+    for p, _, st in grants:
         if st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") != arn:
-            problems.append(f"{p} lets EventBridge send without naming {rule_name}: {st.get('Sid')}")
-    key = resources.get("ProviderEventsQueue", {}).get("Properties", {}).get("KmsMasterKeyId")
-    key = key.get("Ref") if isinstance(key, dict) else None
+            problems.append(f"{p} lets EventBridge (or anyone) send without naming {rule_name}: {st.get('Sid')}")
+        elif st.get("Action") not in ("sqs:SendMessage", ["sqs:SendMessage"]):
+            problems.append(f"{p} gives EventBridge more than sqs:SendMessage: {st.get('Action')}")
+    key = key_of(resources.get("ProviderEventsQueue", {}))
     if key in resources:
         usable = [st for k, st in key_grants(resources) if k == key
                   and st.get("Condition", {}).get("ArnEquals", {}).get("aws:SourceArn") == arn]
@@ -208,13 +233,18 @@ def self_test():
             "Targets": [{"Id": "q", "Arn": {"Fn::GetAtt": ["ProviderEventsQueue", "Arn"]},
                          "RetryPolicy": {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400},
                          "DeadLetterConfig": {"Arn": {"Fn::GetAtt": ["Dlq", "Arn"]}}}]}},
-        "Policy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [allow("ProviderEventsQueue")]}}},
-        "DlqPolicy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [allow("Dlq")]}}},
+        "Policy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"Queues": [{"Ref": "ProviderEventsQueue"}],
+                                                                  "PolicyDocument": {"Statement": [allow("ProviderEventsQueue")]}}},
+        "DlqPolicy": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"Queues": [{"Ref": "Dlq"}],
+                                                                     "PolicyDocument": {"Statement": [allow("Dlq")]}}},
         "Alarm": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
             "MetricName": "ApproximateNumberOfMessagesVisible", "Threshold": 0, "ComparisonOperator": "GreaterThanThreshold",
             "Dimensions": [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["Dlq", "QueueName"]}}]}},
-        "Lost": {"Type": "AWS::CloudWatch::Alarm", "Properties": {"Namespace": "AWS/Events",
-                                                                 "MetricName": "InvocationsFailedToBeSentToDlq"}},
+        "Lost": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "Namespace": "AWS/Events", "MetricName": "InvocationsFailedToBeSentToDlq", "Threshold": 0,
+            "ComparisonOperator": "GreaterThanThreshold",
+            "Dimensions": [{"Name": "EventBusName", "Value": {"Ref": "StripeEventSourceName"}},
+                           {"Name": "RuleName", "Value": {"Fn::Sub": "${AWS::StackName}-x"}}]}},
     }}
     assert check(good, types, "eventbridge") == [], check(good, types, "eventbridge")
     cases = 1
@@ -237,14 +267,25 @@ def self_test():
     refused(lambda r: r["Bus"]["Properties"].update({"Name": {"Fn::Sub": "${StripeEventSourceName}-x"}}), "not named for and on")
     refused(lambda r: rule(r)["Targets"][0].pop("DeadLetterConfig"), "no dead-letter queue")
     refused(lambda r: rule(r)["Targets"][0].update({"RetryPolicy": {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60}}), "gives up too soon")
-    refused(lambda r: r["Dlq"]["Properties"].update({"KmsMasterKeyId": {"Ref": "Key"}}), "encrypted with a key of the stack")
+    refused(lambda r: r["Dlq"]["Properties"].update({"KmsMasterKeyId": {"Ref": "Key"}}), "not encrypted by SQS alone")
     refused(lambda r: r.pop("Alarm"), "no alarm fires on the first message in Dlq")
     refused(lambda r: r["Alarm"]["Properties"].update({"MetricName": "NumberOfMessagesSent", "Threshold": 1000}), "no alarm fires on the first message")
     refused(lambda r: r.pop("Lost"), "InvocationsFailedToBeSentToDlq")
-    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0].pop("Condition"),
-            "lets EventBridge send without naming Rule")
+    refused(lambda r: r["Lost"]["Properties"]["Dimensions"].pop(0), "InvocationsFailedToBeSentToDlq")
+    refused(lambda r: r["Lost"]["Properties"].update({"Threshold": 1000}), "InvocationsFailedToBeSentToDlq")
+    refused(lambda r: r["Dlq"]["Properties"].update({"SqsManagedSseEnabled": False}), "not encrypted by SQS alone")
+    refused(lambda r: r["Policy"]["Properties"].update({"Queues": [{"Ref": "Dlq"}]}), "may not send to ProviderEventsQueue")
+    refused(lambda r: r.update({"Policy2": {"Type": "AWS::SQS::QueuePolicy", "Properties": {
+        "Queues": [{"Ref": "ProviderEventsQueue"}], "PolicyDocument": {"Statement": []}}}}), "2 queue policies")
+    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0].update({"Action": "sqs:*"}), "more than sqs:SendMessage")
     refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"].append(
-        {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": "sqs:*", "Resource": "*"}), "lets EventBridge send without naming Rule")
+        {"Effect": "Allow", "Principal": "*", "Action": "sqs:SendMessage", "Resource": "*"}), "or anyone")
+    refused(lambda r: [r["ProviderEventsQueue"]["Properties"].update({"KmsMasterKeyId": {"Fn::GetAtt": ["Key", "Arn"]}}),
+                       r["Key"]["Properties"]["KeyPolicy"]["Statement"].clear()], "may not use the queue's key")
+    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0].pop("Condition"),
+            "send without naming Rule")
+    refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"].append(
+        {"Effect": "Allow", "Principal": {"Service": SERVICE}, "Action": "sqs:*", "Resource": "*"}), "send without naming Rule")
     refused(lambda r: r["Policy"]["Properties"]["PolicyDocument"]["Statement"][0]["Condition"]["ArnEquals"].update(
         {"aws:SourceArn": {"Fn::GetAtt": ["Rule", "Arn"]}}), "may not send to ProviderEventsQueue")
     refused(lambda r: r["Rule"].pop("DependsOn"), "does not wait for Policy")
