@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The template's queues through a CloudFormation endpoint (LocalStack's, in make
 test-localstack): every AWS::SQS::Queue of template.yaml with what it depends on (the KMS key,
-the dead-letter queues), the parameters at their defaults, as one stack; then each queue's
-attributes read back: its visibility timeout, retention and KMS key as the template sets them,
-and each source queue's redrive policy naming its dead-letter queue with the template's
-MaxReceiveCount. Deletes the stack after.
+the dead-letter queues), the parameters at their defaults unless given, as one stack; then
+each queue's attributes read back: its visibility timeout, retention, KMS key or SQS's own
+encryption and redrive-allow policy as the template sets them, and each source queue's redrive
+policy naming its dead-letter queue with the template's MaxReceiveCount. A queue the template
+has that the stack did not create (its condition false under the parameters) is an error: give
+the parameters that create every queue. Deletes the stack after.
 
-Usage: cfn_queues.py TEMPLATE (the endpoint from AWS_ENDPOINT_URL_CLOUDFORMATION / _SQS)
+Usage: cfn_queues.py TEMPLATE [--param NAME=VALUE ...]
+       (the endpoint from AWS_ENDPOINT_URL_CLOUDFORMATION / _SQS)
 """
+import argparse
 import json
 import os
 import sys
@@ -80,8 +84,36 @@ def condition_names(value):
             yield from condition_names(v)
 
 
+def substitute(value, arn, stack):
+    """A value with each Fn::Sub of pseudo parameters written out (partition, region and
+    account from a queue ARN of the stack)."""
+    if isinstance(value, dict):
+        if list(value) == ["Fn::Sub"] and isinstance(value["Fn::Sub"], str):
+            _, partition, _, region, account, _ = arn.split(":", 5)
+            text = value["Fn::Sub"]
+            for k, v in {"AWS::Partition": partition, "AWS::Region": region,
+                         "AWS::AccountId": account, "AWS::StackName": stack}.items():
+                text = text.replace("${" + k + "}", v)
+            return text
+        return {k: substitute(v, arn, stack) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, arn, stack) for v in value]
+    return value
+
+
 def main():
-    template = yaml.load(open(sys.argv[1]), Loader=Loader)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("template")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter's value for the stack (repeatable)")
+    args = parser.parse_args()
+    template = yaml.load(open(args.template), Loader=Loader)
+    given = {}
+    for p in args.param:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            sys.exit(f"cfn_queues: --param {p!r} is not NAME=VALUE")
+        given[key] = value
     resources = template["Resources"]
     keep = {n for n, r in resources.items() if r["Type"] == "AWS::SQS::Queue"}
     todo = list(keep)
@@ -112,10 +144,25 @@ def main():
     }
     if not body["Conditions"]:
         del body["Conditions"]
+    unknown = sorted(set(given) - set(params))
+    if unknown:
+        sys.exit(f"cfn_queues: the template has no parameter {', '.join(unknown)}")
+    # A value for a parameter the queues do not use changes nothing: leave it out.
+    values = {p: given[p] for p in given if p in body["Parameters"]}
+    for p, value in values.items():
+        if "AllowedValues" in params[p] and value not in [str(v) for v in params[p]["AllowedValues"]]:
+            sys.exit(f"cfn_queues: {p}={value} is not among {params[p]['AllowedValues']}")
+
+    def value_of(v):
+        """A property's value: a Ref to a parameter is the value given, else its default."""
+        if isinstance(v, dict) and "Ref" in v:
+            return values.get(v["Ref"], params[v["Ref"]]["Default"])
+        return v
     cfn = boto3.client("cloudformation")
     sqs = boto3.client("sqs")
     name = f"lsq-{uuid.uuid4().hex[:8]}"
-    cfn.create_stack(StackName=name, TemplateBody=json.dumps(body))
+    cfn.create_stack(StackName=name, TemplateBody=json.dumps(body),
+                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(values.items())])
     deadline = time.time() + 120
     while True:
         status = cfn.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
@@ -134,6 +181,12 @@ def main():
     problems, checked = [], 0
     queues = sorted(n for n in keep if resources[n]["Type"] == "AWS::SQS::Queue")
     arns = {}
+    missing = [q for q in queues if q not in physical]
+    if missing:
+        cfn.delete_stack(StackName=name)
+        sys.exit("cfn_queues: the stack did not create " + ", ".join(
+            f"{q} (condition {resources[q].get('Condition')})" for q in missing)
+            + f" under {values or 'the defaults'}: give the parameters (--param) that create every queue")
     for q in queues:
         url = physical[q]
         attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -141,21 +194,22 @@ def main():
     for q in queues:
         props = resources[q].get("Properties", {})
         attrs = sqs.get_queue_attributes(QueueUrl=physical[q], AttributeNames=["All"])["Attributes"]
-        want_visibility = props.get("VisibilityTimeout")
-        if isinstance(want_visibility, dict):
-            want_visibility = params[want_visibility["Ref"]]["Default"]
+        want_visibility = value_of(props.get("VisibilityTimeout"))
         if want_visibility is not None and int(attrs.get("VisibilityTimeout", -1)) != int(want_visibility):
             problems.append(f"{q}: VisibilityTimeout {attrs.get('VisibilityTimeout')}, the template sets {want_visibility}")
         if "MessageRetentionPeriod" in props and int(attrs["MessageRetentionPeriod"]) != int(props["MessageRetentionPeriod"]):
             problems.append(f"{q}: MessageRetentionPeriod {attrs['MessageRetentionPeriod']}, the template sets {props['MessageRetentionPeriod']}")
         if "KmsMasterKeyId" in props and not attrs.get("KmsMasterKeyId"):
             problems.append(f"{q}: no KmsMasterKeyId, the template sets one")
+        if props.get("SqsManagedSseEnabled") is True and attrs.get("SqsManagedSseEnabled") != "true":
+            problems.append(f"{q}: SqsManagedSseEnabled {attrs.get('SqsManagedSseEnabled')}, the template sets true")
+        allow = substitute(props.get("RedriveAllowPolicy"), arns[q], name)
+        if allow is not None and json.loads(attrs.get("RedriveAllowPolicy", "{}")) != allow:
+            problems.append(f"{q}: RedriveAllowPolicy {attrs.get('RedriveAllowPolicy')}, the template sets {allow}")
         redrive = props.get("RedrivePolicy")
         if redrive:
             dlq = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
-            count = redrive["maxReceiveCount"]
-            if isinstance(count, dict):
-                count = params[count["Ref"]]["Default"]
+            count = value_of(redrive["maxReceiveCount"])
             got = json.loads(attrs.get("RedrivePolicy", "{}"))
             if got.get("deadLetterTargetArn") != arns[dlq] or int(got.get("maxReceiveCount", -1)) != int(count):
                 problems.append(f"{q}: RedrivePolicy {got}, the template names {dlq} ({arns[dlq]}) after {count}")
@@ -166,7 +220,8 @@ def main():
     if problems:
         sys.exit(1)
     print(f"cfn_queues: CloudFormation created the template's {checked} queues ({', '.join(queues)}) "
-          f"with {len(keep) - checked} resource(s) they depend on; each queue's attributes and redrive policy are the template's")
+          f"with {len(keep) - checked} resource(s) they depend on, under {values or 'the defaults'}; "
+          "each queue's attributes and redrive policy are the template's")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ grep -qE "^test result: ok\. (1[0-9]|[2-9][0-9]) passed" "$RUN_DIR/localstack-te
   || { echo "test-localstack: the processors' tests did not all pass on LocalStack's SQS" >&2; exit 1; }
 
 # 3. The template's queues through LocalStack's CloudFormation, then their attributes.
-"$LS_VENV/bin/python" "$ROOT/infra/localstack/cfn_queues.py" "$ROOT/template.yaml"
+# With both ways of delivering events: every queue of the template, EventBridge's DLQ too.
+"$LS_VENV/bin/python" "$ROOT/infra/localstack/cfn_queues.py" "$ROOT/template.yaml" \
+  --param ProviderEventsDelivery=both
 
 echo "test-localstack: LocalStack $version served SQS (the conformance check, the processors' tests) and CloudFormation (the template's queues); DynamoDB and its streams were ministack's"
