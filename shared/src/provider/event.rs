@@ -53,12 +53,14 @@ struct Envelope {
     detail: Value,
 }
 
+fn not_an_event(e: serde_json::Error) -> Rejection {
+    Rejection::new("invalid_event", format!("not a provider event: {e}"))
+}
+
 impl ProviderEvent {
     /// Reads an event body; anything that is not a Stripe `event` object is refused.
     pub fn parse(body: &str) -> Result<Self, Rejection> {
-        let w: Wire = serde_json::from_str(body)
-            .map_err(|e| Rejection::new("invalid_event", format!("not a provider event: {e}")))?;
-        Self::from_wire(w)
+        Self::from_wire(serde_json::from_str(body).map_err(not_an_event)?)
     }
 
     /// Reads a message of the provider-events queue: a Stripe event as the webhook route and
@@ -67,9 +69,10 @@ impl ProviderEvent {
     /// the inbox's key, so an event that comes both ways is applied once); an envelope whose
     /// `detail-type` is not the event's `type` is refused.
     pub fn parse_queued(body: &str) -> Result<Self, Rejection> {
-        let value: Value = serde_json::from_str(body)
-            .map_err(|e| Rejection::new("invalid_event", format!("not a provider event: {e}")))?;
+        let value: Value = serde_json::from_str(body).map_err(not_an_event)?;
         if value.get("detail").is_none() || value.get("detail-type").is_none() {
+            // From the text again, not from `value`: a body with a key twice stays refused, as
+            // the route refuses it (a `Value` keeps the last one).
             return Self::parse(body);
         }
         let envelope: Envelope = serde_json::from_value(value).map_err(|e| {

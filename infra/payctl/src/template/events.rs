@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use aws_sdk_eventbridge::types::{DeadLetterConfig, RetryPolicy, RuleState, Target};
 use serde_yaml_ng::{Mapping, Value};
 
-use super::resolve::{get, intrinsic, Resolver};
+use super::resolve::{get, intrinsic, of_type, Resolver};
 use super::{EventBridgeRoute, Stack};
 
 /// A template value as JSON, its intrinsic functions resolved.
@@ -40,14 +40,6 @@ fn to_json(r: &Resolver<'_>, v: &Value) -> Result<serde_json::Value> {
     })
 }
 
-fn of_type<'m>(resources: &'m Mapping, kind: &str) -> Vec<(&'m str, &'m Value)> {
-    resources
-        .iter()
-        .filter(|(_, v)| get(v, "Type").and_then(|t| t.as_str()) == Some(kind))
-        .filter_map(|(k, v)| Some((k.as_str()?, v)))
-        .collect()
-}
-
 /// Creates the shape's partner bus, its rule and the rule's target (nothing when the shape has
 /// no bus). In `read_only` mode only names them.
 pub(super) async fn create(
@@ -63,10 +55,7 @@ pub(super) async fn create(
     };
     let props = get(bus, "Properties").cloned().unwrap_or(Value::Null);
     let resolved = |key: &str| -> Result<String> {
-        get(&props, key)
-            .map(|v| r.resolve(v))
-            .transpose()?
-            .flatten()
+        r.string(get(&props, key))?
             .filter(|s| !s.is_empty())
             .with_context(|| {
                 format!("{bus_logical} has no {key}: give the stack StripeEventSourceName")
@@ -114,10 +103,8 @@ pub(super) async fn create(
         ));
     };
     let props = get(rule, "Properties").cloned().unwrap_or(Value::Null);
-    let rule_name = get(&props, "Name")
-        .map(|v| r.resolve(v))
-        .transpose()?
-        .flatten()
+    let rule_name = r
+        .string(get(&props, "Name"))?
         .unwrap_or_else(|| super::local_name(r.stack_name, rule_logical, false));
     let pattern = to_json(
         r,
@@ -144,9 +131,7 @@ pub(super) async fn create(
             .into_iter()
             .flatten()
         {
-            let field = |key: &str| -> Result<Option<String>> {
-                Ok(get(t, key).map(|v| r.resolve(v)).transpose()?.flatten())
-            };
+            let field = |key: &str| r.string(get(t, key));
             let arn = field("Arn")?.ok_or_else(|| anyhow!("{rule_logical}'s target has no Arn"))?;
             let mut target = Target::builder()
                 .id(field("Id")?.unwrap_or_else(|| "target".to_owned()))

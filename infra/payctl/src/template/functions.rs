@@ -30,10 +30,7 @@ pub(super) fn resolve(
             .and_then(intrinsic)
             .filter(|(f, _)| f == "Ref")
             .and_then(|(_, arg)| arg.as_str().map(str::to_owned));
-        let source = get(&props, "EventSourceArn")
-            .map(|v| r.resolve(v))
-            .transpose()?
-            .flatten();
+        let source = r.string(get(&props, "EventSourceArn"))?;
         if let (Some(function), Some(source)) = (function, source) {
             if stack.queue_arns.values().any(|a| *a == source) {
                 mappings.insert(function, props);
@@ -80,11 +77,8 @@ pub(super) fn resolve(
         else {
             continue;
         };
-        let queue_arn = get(&ep, "Queue")
-            .or_else(|| get(&ep, "EventSourceArn"))
-            .map(|v| r.resolve(v))
-            .transpose()?
-            .flatten()
+        let queue_arn = r
+            .string(get(&ep, "Queue").or_else(|| get(&ep, "EventSourceArn")))?
             .ok_or_else(|| anyhow!("SQS event without a resolvable Queue"))?;
         let queue_url = stack
             .queue_arns

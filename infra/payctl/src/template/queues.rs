@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_yaml_ng::{Mapping, Value};
 
-use super::resolve::{get, Resolver};
+use super::resolve::{get, of_type, Resolver};
 use super::{local_name, missing, ProvisionOptions, Stack};
 
 /// Creates (or updates) every queue whose references resolve, until all exist.
@@ -20,11 +20,7 @@ pub(super) async fn create(
     resources: &Mapping,
 ) -> Result<()> {
     // Queues: create those whose references resolve, until all exist (DLQs come first).
-    let mut pending: Vec<(&str, &Value)> = resources
-        .iter()
-        .filter(|(_, v)| get(v, "Type").and_then(|t| t.as_str()) == Some("AWS::SQS::Queue"))
-        .filter_map(|(k, v)| Some((k.as_str()?, v)))
-        .collect();
+    let mut pending = of_type(resources, "AWS::SQS::Queue");
     while !pending.is_empty() {
         let before = pending.len();
         let mut still = Vec::new();
@@ -55,13 +51,7 @@ pub(super) async fn create(
                 still.push((logical, res));
                 continue;
             }
-            let fifo = opts.fifo
-                || get(&props, "FifoQueue")
-                    .map(|v| r.resolve(v))
-                    .transpose()?
-                    .flatten()
-                    .as_deref()
-                    == Some("true");
+            let fifo = opts.fifo || r.string(get(&props, "FifoQueue"))?.as_deref() == Some("true");
             let simple = [
                 ("VisibilityTimeout", QueueAttributeName::VisibilityTimeout),
                 (
@@ -81,11 +71,7 @@ pub(super) async fn create(
                 ("KmsMasterKeyId", QueueAttributeName::KmsMasterKeyId),
             ];
             for (prop, attr) in simple {
-                if let Some(v) = get(&props, prop)
-                    .map(|v| r.resolve(v))
-                    .transpose()?
-                    .flatten()
-                {
+                if let Some(v) = r.string(get(&props, prop))? {
                     attributes.insert(attr, v);
                 }
             }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde_yaml_ng::Value;
+use serde_yaml_ng::{Mapping, Value};
 
 pub(super) fn tag_name(tag: &serde_yaml_ng::value::Tag) -> String {
     tag.to_string().trim_start_matches('!').to_owned()
@@ -124,6 +124,11 @@ impl Resolver<'_> {
         Ok(Some(out))
     }
 
+    /// A property's value as a string (`None` when it is absent or does not resolve here).
+    pub(super) fn string(&self, v: Option<&Value>) -> Result<Option<String>> {
+        Ok(v.map(|v| self.resolve(v)).transpose()?.flatten())
+    }
+
     pub(super) fn int(&self, v: Option<&Value>) -> Result<Option<i64>> {
         match v {
             None => Ok(None),
@@ -136,6 +141,15 @@ impl Resolver<'_> {
             },
         }
     }
+}
+
+/// The template's resources of one `Type`, with their logical ids.
+pub(super) fn of_type<'m>(resources: &'m Mapping, kind: &str) -> Vec<(&'m str, &'m Value)> {
+    resources
+        .iter()
+        .filter(|(_, v)| get(v, "Type").and_then(|t| t.as_str()) == Some(kind))
+        .filter_map(|(k, v)| Some((k.as_str()?, v)))
+        .collect()
 }
 
 pub(super) fn get<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
