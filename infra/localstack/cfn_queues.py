@@ -101,6 +101,24 @@ def substitute(value, arn, stack):
     return value
 
 
+def delete(cfn, name):
+    """Deletes the stack and waits for it to be gone: LocalStack's runtime, stopped while a
+    deletion is still running, may never exit (seen with localstack-core 2026.3)."""
+    cfn.delete_stack(StackName=name)
+    deadline = time.time() + 120
+    while True:
+        try:
+            stacks = cfn.describe_stacks(StackName=name)["Stacks"]
+        except cfn.exceptions.ClientError:
+            return  # no such stack any more
+        status = stacks[0]["StackStatus"] if stacks else "DELETE_COMPLETE"
+        if status == "DELETE_COMPLETE":
+            return
+        if status.endswith("_FAILED") or time.time() > deadline:
+            sys.exit(f"cfn_queues: deleting {name} ended {status}")
+        time.sleep(1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("template")
@@ -183,7 +201,7 @@ def main():
     arns = {}
     missing = [q for q in queues if q not in physical]
     if missing:
-        cfn.delete_stack(StackName=name)
+        delete(cfn, name)
         sys.exit("cfn_queues: the stack did not create " + ", ".join(
             f"{q} (condition {resources[q].get('Condition')})" for q in missing)
             + f" under {values or 'the defaults'}: give the parameters (--param) that create every queue")
@@ -214,7 +232,7 @@ def main():
             if got.get("deadLetterTargetArn") != arns[dlq] or int(got.get("maxReceiveCount", -1)) != int(count):
                 problems.append(f"{q}: RedrivePolicy {got}, the template names {dlq} ({arns[dlq]}) after {count}")
         checked += 1
-    cfn.delete_stack(StackName=name)
+    delete(cfn, name)
     for p in problems:
         print(f"cfn_queues: {p}", file=sys.stderr)
     if problems:

@@ -201,7 +201,22 @@ stop_started() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
   done
   for pid in "${STARTED_PIDS[@]:-}"; do
-    [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+    [ -n "$pid" ] && stop_process "$pid" 30
   done
   STARTED_PIDS=()
+}
+
+stop_process() { # pid, seconds: SIGTERM, then SIGKILL if it has not exited within the seconds
+  # A server that hangs on its way out must not hold the run until CI's deadline.
+  local pid=$1 seconds=$2 waited=0
+  kill "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((seconds * 10)) ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "process $pid ($(ps -o comm= -p "$pid" 2>/dev/null || echo '?')) did not stop within ${seconds} s of SIGTERM: killed"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
 }

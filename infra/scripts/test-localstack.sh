@@ -10,7 +10,8 @@ source "$(dirname "$0")/lib.sh"
 LS_DIR="$RUN_DIR/localstack"
 LS_PID=""
 stop_localstack() {
-  if [ -n "$LS_PID" ]; then kill "$LS_PID" 2>/dev/null || true; wait "$LS_PID" 2>/dev/null || true; fi
+  # Its shutdown has been seen to hang (a CloudFormation deletion still running): bounded.
+  if [ -n "$LS_PID" ]; then stop_process "$LS_PID" 30; fi
   rm -rf "$LS_DIR"
   stop_started
 }
