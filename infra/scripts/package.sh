@@ -9,8 +9,8 @@ ensure_deploy_tools
 export PATH="$ROOT/.venv-sam/bin:$PATH" SAM_CLI_TELEMETRY=0
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
 case "$arch" in
-  arm64) target=aarch64-unknown-linux-gnu machine=183 ;;
-  x86_64) target=x86_64-unknown-linux-gnu machine=62 ;;
+  arm64) target=aarch64-unknown-linux-gnu machine=183 lambda_arch=(--arm64) ;;
+  x86_64) target=x86_64-unknown-linux-gnu machine=62 lambda_arch=() ;;
   *) echo "unknown architecture $arch" >&2; exit 2 ;;
 esac
 # cargo-lambda cross-compiles with zig; the Rust standard library of the target comes from rustup.
@@ -19,7 +19,29 @@ if ! rustup target list --installed | grep -qx "$target"; then
   rustup target add "$target"
 fi
 cd "$ROOT"
+# sam build runs `cargo lambda build --release [--arm64] --bin NAME` once per function, one after
+# the other, and each final binary's whole-program optimisation (lto, one codegen unit) uses one
+# core for about a minute. The same command for every binary at once lets cargo run those in
+# parallel; sam build's own per-function commands then find them up to date (the same command,
+# flags and target directory, and the features are resolved for the whole workspace either way).
+mapfile -t binaries < <(sed -n 's/^ *Binary: *\([a-z0-9_-]*\) *$/\1/p' template.yaml)
+[ "${#binaries[@]}" -gt 0 ] || { echo "template.yaml names no BuildProperties Binary" >&2; exit 1; }
+started=$SECONDS
+cargo lambda build --release "${lambda_arch[@]}" $(printf -- '--bin %s ' "${binaries[@]}")
+log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s"
+built_at() { # each bootstrap's newest build in cargo's folder (cargo-lambda moves the linked copy)
+  for b in "${binaries[@]}"; do
+    find "$TARGET/$target/release/deps" -maxdepth 1 -type f -name "${b//-/_}-*" ! -name '*.d' -printf '%T@\n' | sort -n | tail -1
+  done
+}
+before=$(built_at)
+started=$SECONDS
 sam build --template template.yaml --build-dir ".aws-sam/build-$arch" --parameter-overrides "Architecture=$arch"
+if [ "$(built_at)" = "$before" ]; then
+  log "sam build of $arch in $((SECONDS - started)) s: its cargo commands found the bootstraps up to date"
+else
+  log "sam build of $arch in $((SECONDS - started)) s: its cargo commands built again (they differ from the one above, which saved nothing)"
+fi
 for function in PaymentProcessorFunction RefundProcessorFunction PaymentsApiFunction OutboxRelayFunction ProviderEventsFunction EventProcessorFunction; do
 "$ROOT/.venv-sam/bin/python" - ".aws-sam/build-$arch/$function/bootstrap" "$machine" "$arch" <<'PY'
 import os, struct, sys
