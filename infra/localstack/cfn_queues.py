@@ -109,13 +109,19 @@ def delete(cfn, name):
     while True:
         try:
             stacks = cfn.describe_stacks(StackName=name)["Stacks"]
-        except cfn.exceptions.ClientError:
-            return  # no such stack any more
+        except cfn.exceptions.ClientError as e:
+            # AWS and LocalStack answer a deleted stack with a ValidationError "does not exist";
+            # any other error is not a deletion finished.
+            if e.response["Error"]["Code"] == "ValidationError" and "does not exist" in str(e):
+                return
+            raise
         status = stacks[0]["StackStatus"] if stacks else "DELETE_COMPLETE"
         if status == "DELETE_COMPLETE":
             return
-        if status.endswith("_FAILED") or time.time() > deadline:
+        if status.endswith("_FAILED"):
             sys.exit(f"cfn_queues: deleting {name} ended {status}")
+        if time.time() > deadline:
+            sys.exit(f"cfn_queues: {name} still {status} 120 s after its deletion began")
         time.sleep(1)
 
 
@@ -201,10 +207,13 @@ def main():
     arns = {}
     missing = [q for q in queues if q not in physical]
     if missing:
-        delete(cfn, name)
-        sys.exit("cfn_queues: the stack did not create " + ", ".join(
+        # Said before the deletion, which could fail on its own.
+        print("cfn_queues: the stack did not create " + ", ".join(
             f"{q} (condition {resources[q].get('Condition')})" for q in missing)
-            + f" under {values or 'the defaults'}: give the parameters (--param) that create every queue")
+            + f" under {values or 'the defaults'}: give the parameters (--param) that create every queue",
+            file=sys.stderr)
+        delete(cfn, name)
+        sys.exit(1)
     for q in queues:
         url = physical[q]
         attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]

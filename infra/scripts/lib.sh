@@ -197,8 +197,9 @@ stop_started() {
   if [ -n "${ENV_WRITTEN:-}" ] && [ "$(cat "$ENV_FILE" 2>/dev/null)" = "$ENV_WRITTEN" ]; then
     rm -f "$ENV_FILE"
   fi
+  # All asked to stop at once (they shut down side by side), then each waited for.
   for pid in "${STARTED_PIDS[@]:-}"; do
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    [ -n "$pid" ] && our_child "$pid" && kill "$pid" 2>/dev/null || true
   done
   for pid in "${STARTED_PIDS[@]:-}"; do
     [ -n "$pid" ] && stop_process "$pid" 30
@@ -206,13 +207,28 @@ stop_started() {
   STARTED_PIDS=()
 }
 
+# Whether pid is still a process this script started (its parent is this shell): the number of
+# one that ended long ago may belong to another process by now.
+our_child() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) } # after the command's name: state, parent, ...
+  # shellcheck disable=SC2086
+  set -- $stat
+  [ "${2:-}" = "$$" ]
+}
+
 stop_process() { # pid, seconds: SIGTERM, then SIGKILL if it has not exited within the seconds
   # A server that hangs on its way out must not hold the run until CI's deadline.
-  local pid=$1 seconds=$2 waited=0
-  kill "$pid" 2>/dev/null || return 0
-  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((seconds * 10)) ]; do
+  local pid=$1 seconds=$2 deadline
+  if ! our_child "$pid"; then
+    wait "$pid" 2>/dev/null || true
+    return 0
+  fi
+  deadline=$((SECONDS + seconds))
+  kill "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
     sleep 0.1
-    waited=$((waited + 1))
   done
   if kill -0 "$pid" 2>/dev/null; then
     log "process $pid ($(ps -o comm= -p "$pid" 2>/dev/null || echo '?')) did not stop within ${seconds} s of SIGTERM: killed"

@@ -25,7 +25,9 @@ cd "$ROOT"
 # parallel; sam build's own per-function commands then find them up to date (the same command,
 # flags and target directory, and the features are resolved for the whole workspace either way).
 mapfile -t binaries < <(sed -n 's/^ *Binary: *\([a-z0-9_-]*\) *$/\1/p' template.yaml)
-[ "${#binaries[@]}" -gt 0 ] || { echo "template.yaml names no BuildProperties Binary" >&2; exit 1; }
+methods=$(grep -c '^ *BuildMethod: *rust-cargolambda *$' template.yaml || true)
+[ "${#binaries[@]}" -gt 0 ] && [ "${#binaries[@]}" -eq "$methods" ] \
+  || { echo "template.yaml: ${#binaries[@]} plain 'Binary: name' lines for $methods rust-cargolambda functions" >&2; exit 1; }
 started=$SECONDS
 cargo lambda build --release "${lambda_arch[@]}" $(printf -- '--bin %s ' "${binaries[@]}")
 log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s"
