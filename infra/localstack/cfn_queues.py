@@ -19,6 +19,7 @@ import time
 import uuid
 
 import boto3
+from botocore.exceptions import WaiterError
 import yaml
 
 
@@ -102,27 +103,15 @@ def substitute(value, arn, stack):
 
 
 def delete(cfn, name):
-    """Deletes the stack and waits for it to be gone: LocalStack's runtime, stopped while a
+    """Deletes the stack and waits for it to be gone (boto3's waiter: a stack that no longer
+    exists counts as deleted, DELETE_FAILED as an error): LocalStack's runtime, stopped while a
     deletion is still running, may never exit (seen with localstack-core 2026.3)."""
     cfn.delete_stack(StackName=name)
-    deadline = time.time() + 120
-    while True:
-        try:
-            stacks = cfn.describe_stacks(StackName=name)["Stacks"]
-        except cfn.exceptions.ClientError as e:
-            # AWS and LocalStack answer a deleted stack with a ValidationError "does not exist";
-            # any other error is not a deletion finished.
-            if e.response["Error"]["Code"] == "ValidationError" and "does not exist" in str(e):
-                return
-            raise
-        status = stacks[0]["StackStatus"] if stacks else "DELETE_COMPLETE"
-        if status == "DELETE_COMPLETE":
-            return
-        if status.endswith("_FAILED"):
-            sys.exit(f"cfn_queues: deleting {name} ended {status}")
-        if time.time() > deadline:
-            sys.exit(f"cfn_queues: {name} still {status} 120 s after its deletion began")
-        time.sleep(1)
+    try:
+        cfn.get_waiter("stack_delete_complete").wait(
+            StackName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+    except WaiterError as e:
+        sys.exit(f"cfn_queues: deleting {name}: {e}")
 
 
 def main():
