@@ -1,4 +1,4 @@
-.PHONY: demo test test-localstack chaos timeline check-template package e2e-sam bench lint fmt build install
+.PHONY: demo test test-fast test-localstack chaos timeline check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -10,9 +10,16 @@ ARGS ?=
 demo:
 	bash infra/scripts/demo.sh $(ARGS)
 
-## The whole test suite, with its own emulator and simulator.
+## The whole test suite, with its own emulator and simulator; prints where its time went.
 test:
 	bash infra/scripts/test.sh
+
+## A contributor's loop: the build, then the unit, protocol, integration and doc tests against
+## their own emulator and simulator; no template checks, packages or deploys (make test is the
+## whole suite). TESTS=... filters them as cargo test does (TESTS=events:: say).
+TESTS ?=
+test-fast:
+	bash infra/scripts/test.sh --fast $(TESTS)
 
 ## The LocalStack tier: LocalStack's runtime in host mode (no Docker, no account, Python 3.13,
 ## pinned in infra/requirements-localstack.txt) serves SQS and CloudFormation: the conformance

@@ -67,6 +67,65 @@ ensure_deploy_tools() {
   ensure_tool_venv checkov "$ROOT/infra/requirements-checkov.txt" checkov
 }
 
+# LocalStack's runtime (make test-localstack) in its own virtualenv, with Python 3.13 or newer.
+LS_VENV="$ROOT/.venv-localstack"
+# Python 3.13 or newer: on the PATH, else pyenv's.
+find_python313() {
+  local candidate
+  for candidate in python3.14 python3.13 python3 "$HOME"/.pyenv/versions/3.1[3-9]*/bin/python3; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+ensure_localstack_venv() {
+  local python
+  if [ ! -x "$LS_VENV/bin/python" ]; then
+    python=$(find_python313) || {
+      log "LocalStack's runtime needs Python 3.13 or newer (localstack 2026.3 imports warnings.deprecated); none was found on the PATH or under ~/.pyenv/versions: install one (pyenv install 3.13) and run again"
+      return 1
+    }
+    log "creating $LS_VENV with $python"
+    "$python" -m venv "$LS_VENV"
+  fi
+  if ! cmp -s "$ROOT/infra/requirements-localstack.txt" "$LS_VENV/.requirements"; then
+    log "installing localstack-core and its pinned dependencies into $LS_VENV (a few minutes the first time)"
+    "$LS_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/infra/requirements-localstack.txt"
+    cp "$ROOT/infra/requirements-localstack.txt" "$LS_VENV/.requirements"
+  fi
+}
+
+# Every virtualenv a CI run uses, installed side by side (pip waits on the network and the disk,
+# so this runs beside the first build): the suite's, the deployment tools', the stripe package,
+# ministack, the Powertools peer; LocalStack's too with --localstack.
+ensure_all_venvs() {
+  ensure_venv
+  local pids=() pid status=0
+  (ensure_deploy_tools) & pids+=($!)
+  # (one command after another, not joined by &&: errexit must hold inside each)
+  (
+    ensure_contract_tools
+    ensure_ministack_venv
+    ensure_peer_tools
+  ) &
+  pids+=($!)
+  if [ "${1:-}" = --localstack ]; then (ensure_localstack_venv) & pids+=($!); fi
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+  return "$status"
+}
+
+ensure_ministack_venv() {
+  ensure_tool_venv ministack "$ROOT/infra/requirements-ministack.txt" "ministack, samtranslator"
+}
+
+# The Powertools (Python) peer the benchmark compares with.
+ensure_peer_tools() {
+  ensure_tool_venv peer "$ROOT/infra/requirements-peer.txt" "aws_lambda_powertools, awslambdaric, boto3"
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
@@ -180,7 +239,7 @@ start_simulator() {
 # Starts ministack (with the SAM translator) on a free port and exports AWS_ENDPOINT_URL for it.
 # AWS_ENDPOINT_URL is in ministack's own environment too, so the functions it runs reach it.
 start_ministack() {
-  ensure_tool_venv ministack "$ROOT/infra/requirements-ministack.txt" "ministack, samtranslator"
+  ensure_ministack_venv
   local port; port=$(free_port)
   export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
   export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
@@ -235,4 +294,100 @@ stop_process() { # pid, seconds: SIGTERM, then SIGKILL if it has not exited with
     kill -KILL "$pid" 2>/dev/null || true
   fi
   wait "$pid" 2>/dev/null || true
+}
+
+# Where the time goes: each phase of a run is timed and appended to PHASES_FILE (name, seconds,
+# how it ran); phase_table prints them as a table at the end of make test and of .ci/run, so a
+# change that makes the suite slower says so in its own run. The phase under way is in
+# PHASES_FILE.current (name, start): one that fails or is stopped is the table's last row.
+PHASES_FILE="${PHASES_FILE:-}"
+phases_begin() { # starts a table of this run's own unless one is already being written
+  if [ -z "$PHASES_FILE" ]; then
+    mkdir -p "$RUN_DIR"
+    PHASES_FILE="$RUN_DIR/phases.$$.tsv"
+    PHASES_OWNED=1
+    : >"$PHASES_FILE"
+  fi
+  export PHASES_FILE
+}
+phase_started() { # name [start, epoch seconds]
+  [ -z "$PHASES_FILE" ] || printf '%s\t%s\n' "$1" "${2:-$(date +%s)}" >"$PHASES_FILE.current"
+}
+phase() { # name command...: runs the command in the foreground (errexit applies inside it)
+  local name=$1 started=$SECONDS
+  shift
+  phase_started "$name"
+  "$@"
+  [ -z "$PHASES_FILE" ] || {
+    printf '%s\t%d\tforeground\n' "$name" "$((SECONDS - started))" >>"$PHASES_FILE"
+    rm -f "$PHASES_FILE.current"
+  }
+}
+# A phase beside the foreground: its output goes to the file phase_log NAME prints, shown when it
+# fails; phase_wait NAME waits for it and fails the run if it failed.
+declare -A PHASE_PIDS=()
+phase_log() { # name: its log, $RUN_DIR/phase-<the name's letters and digits, the rest as ->.log
+  local slug
+  slug=$(tr -cs 'a-zA-Z0-9' '-' <<<"$1")
+  echo "$RUN_DIR/phase-${slug%-}.log"
+}
+phase_bg() { # name command...
+  local name=$1 log
+  shift
+  mkdir -p "$RUN_DIR"
+  log=$(phase_log "$name")
+  (
+    started=$SECONDS
+    "$@"
+    [ -z "$PHASES_FILE" ] || printf '%s\t%d\tbeside the foreground\n' "$name" "$((SECONDS - started))" >>"$PHASES_FILE"
+  ) >"$log" 2>&1 &
+  PHASE_PIDS[$name]=$!
+  log "$name: started beside the run (its output: $log)"
+}
+phase_wait() { # name
+  local name=$1 pid=${PHASE_PIDS[$1]} started=$SECONDS status=0
+  phase_started "waiting for $name"
+  wait "$pid" || status=$?
+  unset "PHASE_PIDS[$name]"
+  if [ "$status" -ne 0 ]; then
+    cat "$(phase_log "$name")" >&2
+    log "$name failed (exit $status): its output is above"
+    phase_started "$name (beside the run)" "$(($(date +%s) - SECONDS + started))"
+    return "$status"
+  fi
+  [ -z "$PHASES_FILE" ] || rm -f "$PHASES_FILE.current"
+  if [ $((SECONDS - started)) -gt 0 ] && [ -n "$PHASES_FILE" ]; then
+    printf '%s\t%d\tforeground\n' "waiting for $name" "$((SECONDS - started))" >>"$PHASES_FILE"
+  fi
+}
+# Stops the phases still running beside (an early failure must not leave a build running).
+phases_stop() {
+  local name
+  for name in "${!PHASE_PIDS[@]}"; do
+    kill_tree "${PHASE_PIDS[$name]}"
+    wait "${PHASE_PIDS[$name]}" 2>/dev/null || true
+  done
+  PHASE_PIDS=()
+}
+kill_tree() { # pid: SIGTERM to it (first: it must not go on to its next command) and all below it
+  local child children
+  children=$(pgrep -P "$1" 2>/dev/null || true)
+  kill "$1" 2>/dev/null || true
+  for child in $children; do kill_tree "$child"; done
+}
+phase_table() { # [title]: the table of every phase so far; one that failed or was stopped last
+  [ -n "$PHASES_FILE" ] && [ -f "$PHASES_FILE" ] || return 0
+  if [ -f "$PHASES_FILE.current" ]; then
+    awk -F '\t' -v now="$(date +%s)" '{ printf "%s\t%d\tFAILED or stopped\n", $1, now - $2 }' \
+      "$PHASES_FILE.current" >>"$PHASES_FILE"
+    rm -f "$PHASES_FILE.current"
+  fi
+  echo
+  echo "${1:-Where the time went} (wall time; phases beside the foreground overlap it):"
+  echo
+  awk -F '\t' '
+    function t(s) { return sprintf("%d:%02d", int(s / 60), s % 60) }
+    { printf "| %-62s | %7s | %s\n", $1, t($2), $3; if ($3 != "beside the foreground") sum += $2 }
+    END { printf "| %-62s | %7s |\n", "foreground in all", t(sum) }' "$PHASES_FILE"
+  echo
 }

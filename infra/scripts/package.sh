@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
 # make package: `sam build` of the functions (BuildMethod: rust-cargolambda, cargo-lambda and
 # zig from PyPI), then checks that each bootstrap is an ELF of the wanted architecture.
-# Usage: package.sh [arm64|x86_64]   (default arm64)
+# Usage: package.sh [arm64|x86_64] [--cross-check]   (default arm64)
+#
+# --cross-check (make test's arm64 package): the same code, dependencies, optimisation level,
+# zig linker and sam build packaging, without the release profile's whole-program link (lto = true,
+# one codegen unit), which takes a core for about a minute a binary. What it cannot catch, a
+# failure or size change of the whole-program link on arm64 alone, `make package` (arm64, the
+# template's default) and `make bench` build in full; make test runs the x86_64 package, the one
+# it deploys and runs, with the whole-program link. The cross-check's bootstraps are not the
+# product: the build folder says so (.aws-sam/build-arm64/CROSS-CHECK), and the next full package
+# builds again (cargo sees another profile).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 arch="${1:-arm64}"
+cross_check=""
+case "${2:-}" in
+  "") ;;
+  --cross-check)
+    cross_check=1
+    export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
+    ;;
+  *) echo "package.sh: unknown option ${2}" >&2; exit 2 ;;
+esac
 ensure_deploy_tools
 export PATH="$ROOT/.venv-sam/bin:$PATH" SAM_CLI_TELEMETRY=0
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
@@ -30,7 +48,7 @@ methods=$(grep -c '^ *BuildMethod: *rust-cargolambda *$' template.yaml || true)
   || { echo "template.yaml: ${#binaries[@]} plain 'Binary: name' lines for $methods rust-cargolambda functions" >&2; exit 1; }
 started=$SECONDS
 cargo lambda build --release "${lambda_arch[@]}" $(printf -- '--bin %s ' "${binaries[@]}")
-log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s"
+log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s${cross_check:+ (cross-check: no whole-program link)}"
 built_at() { # each bootstrap's newest build in cargo's folder (cargo-lambda moves the linked copy)
   for b in "${binaries[@]}"; do
     find "$TARGET/$target/release/deps" -maxdepth 1 -type f -name "${b//-/_}-*" ! -name '*.d' -printf '%T@\n' | sort -n | tail -1
@@ -39,6 +57,11 @@ built_at() { # each bootstrap's newest build in cargo's folder (cargo-lambda mov
 before=$(built_at)
 started=$SECONDS
 sam build --template template.yaml --build-dir ".aws-sam/build-$arch" --parameter-overrides "Architecture=$arch"
+if [ -n "$cross_check" ]; then
+  echo "These bootstraps are make test's cross-check (package.sh $arch --cross-check): built without the whole-program link, not the product. make package ARCH=$arch builds the product." >".aws-sam/build-$arch/CROSS-CHECK"
+else
+  rm -f ".aws-sam/build-$arch/CROSS-CHECK"
+fi
 if [ "$(built_at)" = "$before" ]; then
   log "sam build of $arch in $((SECONDS - started)) s: its cargo commands found the bootstraps up to date"
 else

@@ -17,33 +17,7 @@ stop_localstack() {
 }
 trap stop_localstack EXIT
 
-# Python 3.13 or newer: on the PATH, else pyenv's.
-find_python() {
-  local candidate
-  for candidate in python3.14 python3.13 python3 "$HOME"/.pyenv/versions/3.1[3-9]*/bin/python3; do
-    if command -v "$candidate" >/dev/null 2>&1 \
-      && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null; then
-      command -v "$candidate"
-      return 0
-    fi
-  done
-  return 1
-}
-LS_VENV="$ROOT/.venv-localstack"
-if [ ! -x "$LS_VENV/bin/python" ]; then
-  python=$(find_python) || {
-    log "LocalStack's runtime needs Python 3.13 or newer (localstack 2026.3 imports warnings.deprecated); none was found on the PATH or under ~/.pyenv/versions: install one (pyenv install 3.13) and run again"
-    exit 1
-  }
-  log "creating $LS_VENV with $python"
-  "$python" -m venv "$LS_VENV"
-fi
-if ! cmp -s "$ROOT/infra/requirements-localstack.txt" "$LS_VENV/.requirements"; then
-  log "installing localstack-core and its pinned dependencies into $LS_VENV (a few minutes the first time)"
-  "$LS_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/infra/requirements-localstack.txt"
-  cp "$ROOT/infra/requirements-localstack.txt" "$LS_VENV/.requirements"
-fi
-
+ensure_localstack_venv
 ensure_venv
 build --bin payctl --bin proving
 # DynamoDB, its streams and the rest: ministack (started on a free port unless AWS_ENDPOINT_URL
@@ -77,7 +51,7 @@ log "SQS at $LS_URL (LocalStack $version), DynamoDB and its streams at $AWS_ENDP
 #    lettered with its code, a worker killed after the charge and taken over by another process,
 #    a crash after the charge, a redrive after a fix, refunds (whole, partial, racing).
 cd "$ROOT"
-cargo test --quiet --test integration -- --test-threads 2 \
+cargo test --quiet --test integration -- --test-threads 8 \
   t01_ t02_ t03_ t05_ t08_ t09_ \
   a_killed_workers_charged_payment_is_finished_by_another_process \
   redrive_after_a_fix_charges_once_even_when_redriven_twice \
