@@ -100,10 +100,15 @@ ensure_localstack_venv() {
 
 # Every virtualenv a CI run uses, installed side by side (pip waits on the network and the disk,
 # so this runs beside the first build): the suite's, the deployment tools', the stripe package,
-# ministack, the Powertools peer; LocalStack's too with --localstack.
+# ministack, the Powertools peer; LocalStack's too with --localstack; with --fast, the suite's and
+# ministack's alone (make test-fast).
 ensure_all_venvs() {
   ensure_venv
   local pids=() pid status=0
+  if [ "${1:-}" = --fast ]; then # make test-fast: the emulator alone
+    ensure_ministack_venv
+    return 0
+  fi
   (ensure_deploy_tools) & pids+=($!)
   # (one command after another, not joined by &&: errexit must hold inside each)
   (
@@ -325,7 +330,7 @@ phase() { # name command...: runs the command in the foreground (errexit applies
 }
 # A phase beside the foreground: its output goes to the file phase_log NAME prints, shown when it
 # fails; phase_wait NAME waits for it and fails the run if it failed.
-declare -A PHASE_PIDS=()
+declare -A PHASE_PIDS=() PHASE_STARTS=()
 phase_log() { # name: its log, $RUN_DIR/phase-<the name's letters and digits, the rest as ->.log
   local slug
   slug=$(tr -cs 'a-zA-Z0-9' '-' <<<"$1")
@@ -342,17 +347,19 @@ phase_bg() { # name command...
     [ -z "$PHASES_FILE" ] || printf '%s\t%d\tbeside the foreground\n' "$name" "$((SECONDS - started))" >>"$PHASES_FILE"
   ) >"$log" 2>&1 &
   PHASE_PIDS[$name]=$!
+  PHASE_STARTS[$name]=$(date +%s)
   log "$name: started beside the run (its output: $log)"
 }
 phase_wait() { # name
   local name=$1 pid=${PHASE_PIDS[$1]} started=$SECONDS status=0
   phase_started "waiting for $name"
   wait "$pid" || status=$?
-  unset "PHASE_PIDS[$name]"
+  # (quoted whole: a name with a quote in it must not leave the key behind)
+  unset -v 'PHASE_PIDS[$name]'
   if [ "$status" -ne 0 ]; then
     cat "$(phase_log "$name")" >&2
     log "$name failed (exit $status): its output is above"
-    phase_started "$name (beside the run)" "$(($(date +%s) - SECONDS + started))"
+    phase_started "$name (beside the run, from its start)" "${PHASE_STARTS[$name]}"
     return "$status"
   fi
   [ -z "$PHASES_FILE" ] || rm -f "$PHASES_FILE.current"

@@ -9,16 +9,19 @@
 # failure or size change of the whole-program link on arm64 alone, `make package` (arm64, the
 # template's default) and `make bench` build in full; make test runs the x86_64 package, the one
 # it deploys and runs, with the whole-program link. The cross-check's bootstraps are not the
-# product: the build folder says so (.aws-sam/build-arm64/CROSS-CHECK), and the next full package
-# builds again (cargo sees another profile).
+# product: they go to a folder of their own, .aws-sam/cross-check/build-ARCH (with a CROSS-CHECK
+# note), never to .aws-sam/build-ARCH that sam deploy takes, and sam build's build.toml there is
+# its own (an x86_64 sam build may run beside).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 arch="${1:-arm64}"
 cross_check=""
+build_dir=".aws-sam/build-$arch"
 case "${2:-}" in
   "") ;;
   --cross-check)
     cross_check=1
+    build_dir=".aws-sam/cross-check/build-$arch"
     export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
     ;;
   *) echo "package.sh: unknown option ${2}" >&2; exit 2 ;;
@@ -56,11 +59,9 @@ built_at() { # each bootstrap's newest build in cargo's folder (cargo-lambda mov
 }
 before=$(built_at)
 started=$SECONDS
-sam build --template template.yaml --build-dir ".aws-sam/build-$arch" --parameter-overrides "Architecture=$arch"
+sam build --template template.yaml --build-dir "$build_dir" --parameter-overrides "Architecture=$arch"
 if [ -n "$cross_check" ]; then
-  echo "These bootstraps are make test's cross-check (package.sh $arch --cross-check): built without the whole-program link, not the product. make package ARCH=$arch builds the product." >".aws-sam/build-$arch/CROSS-CHECK"
-else
-  rm -f ".aws-sam/build-$arch/CROSS-CHECK"
+  echo "These bootstraps are make test's cross-check (package.sh $arch --cross-check): built without the whole-program link, not the product. make package ARCH=$arch builds the product." >"$build_dir/CROSS-CHECK"
 fi
 if [ "$(built_at)" = "$before" ]; then
   log "sam build of $arch in $((SECONDS - started)) s: its cargo commands found the bootstraps up to date"
@@ -68,7 +69,7 @@ else
   log "sam build of $arch in $((SECONDS - started)) s: its cargo commands built again (they differ from the one above, which saved nothing)"
 fi
 for function in PaymentProcessorFunction RefundProcessorFunction PaymentsApiFunction OutboxRelayFunction ProviderEventsFunction EventProcessorFunction; do
-"$ROOT/.venv-sam/bin/python" - ".aws-sam/build-$arch/$function/bootstrap" "$machine" "$arch" <<'PY'
+"$ROOT/.venv-sam/bin/python" - "$build_dir/$function/bootstrap" "$machine" "$arch" <<'PY'
 import os, struct, sys
 path, machine, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with open(path, "rb") as f:

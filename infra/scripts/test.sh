@@ -27,7 +27,7 @@ finish() {
 }
 trap finish EXIT
 phases_begin
-phase_bg "virtualenvs" ensure_all_venvs
+phase_bg "virtualenvs" ensure_all_venvs ${fast:+--fast}
 phase "build (debug: the workspace, all targets)" build --workspace --all-targets
 phase_wait "virtualenvs"
 whole=""
@@ -78,8 +78,8 @@ crate_checks() {
 if [ -n "$whole" ]; then
   phase_bg "release package x86_64" x86_64_package
   phase_bg "release package arm64 (cross-check)" arm64_cross_check
-  phase_bg "sqs-once as a crate, payctl's install" crate_checks
 fi
+[ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl's install" crate_checks
 if [ -z "$fast" ]; then
   phase "template checks (three shapes)" bash "$ROOT/infra/scripts/check-template.sh"
   # The house rules of the tree: no module circles, no file over 500 lines without a reason, the
@@ -103,7 +103,7 @@ phase "AWS endpoint (ministack) and its conformance" start_aws_endpoint
 mkdir -p "$RUN_DIR"
 export SIM_RECORD="$RUN_DIR/provider-requests.jsonl"
 rm -f "$SIM_RECORD"
-start_simulator
+phase "the provider simulator" start_simulator
 cd "$ROOT"
 # One closing line over every test binary (plus the script checks that passed).
 summary() {
@@ -127,7 +127,8 @@ if [ -n "$fast" ]; then # the cargo tests alone
   exit 0
 fi
 if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the checks before and the cargo tests
-  summary 5 # the template and layout checks, the two self-tests, the scripts' check
+  phase_wait "sqs-once as a crate, payctl's install"
+  summary 7 # the template and layout checks, the crate checks, the two self-tests, the install, the scripts' check
   exit 0
 fi
 # The smoke run of the README's "Use it with Stripe", against the simulator (its requests are
@@ -173,55 +174,58 @@ phase_wait "sqs-once as a crate, payctl's install"
 grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl's install")"
 phase_wait "release package arm64 (cross-check)"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package arm64 (cross-check)")"
-# Its results say when, at which commit, on what machine and emulator, with how many payments.
-grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 20 payments" "$RUN_DIR/bench-smoke/results.md" \
-  || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; exit 1; }
-# ... the retry rows: one transient failure charged once with no dead letter, an outage as long as
-# the horizon dead-letters nothing;
-for line in "^\| one transient provider failure .*\| [0-9.]+ s, [0-9]+ deliveries, 1 charge, 0 dead letters" \
-  "^\| an outage as long as the retry horizon .*\| 0 \([0-9]+ deliveries, 1 charge"; do
-  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-    || { echo "bench results lack the retry rows ($line)" >&2; exit 1; }
-done
-# ... and the peer path: the comparison with the Powertools peer, the concurrent-duplicate case
-# (each charged once), the rows at the provider's latency (per batch, billed, send -> charged,
-# the cost there, one transient failure), both cost tables, the API's write units and the
-# goals line, in the Markdown and the PNG.
-for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \
-  "^\| \*\*total\*\* \| [0-9.]+ \| [0-9.]+ \|$" \
-  "^\| at the provider's latency \(log-normal, p50 350 ms, p99 1500 ms\): 20 payments drained" \
-  "^\| at the provider's latency: an open loop of 4 payments/s \(20 payments" \
-  "^\| payments/s per concurrent batch, at the provider's latency \(p50 350 ms, p99 1500 ms\) \| [0-9.]+ \| [0-9.]+ \|" \
-  "^\| billed duration per payment, at the provider's latency .* \| [0-9.]+ ms \| [0-9.]+ ms \|" \
-  "^\| send → charged p99, an open loop of 4 payments/s arriving, 4 batches, at the provider's latency .* \| [0-9]+ ms \| [0-9]+ ms \|" \
-  "^\| cost of a million payments on AWS, at the provider's latency .* \| \\\$[0-9.]+ \| \\\$[0-9.]+ \|" \
-  "^\| one transient provider failure \(every call of the first delivery answers 429\) → charged after, queue visibility timeout 20 s \| [0-9.]+ s \| [0-9.]+ s \|" \
-  "^Cost of a million payments on AWS, the provider answering at its latency" \
-  "^\| DynamoDB write units per payment accepted through the API .* \| [0-9.]+ \(" \
-  "^Goals: .*billed duration per payment ≤ 1/8 .*(met|NOT met).*API write units per payment ≤ 3 .*(met|NOT met)"; do
-  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-    || { echo "bench results lack the peer comparison ($line)" >&2; exit 1; }
-done
-[ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
-  || { echo "bench.png lacks the comparison panel" >&2; exit 1; }
-# ... the provider-rate rows: each account, both contenders, every payment charged once or
-# dead-lettered (the run fails otherwise), and the goals;
-for line in "^\| the provider's rate: 30 payments queued at once" \
-  "^\| rate, this project, sandbox: 25/s in all, 25/s an endpoint; .* \| [0-9.]+ payments/s sustained.* [0-9]+ dead letters" \
-  "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
-  "^\| rate, the peer, live: " "^\| rate, this project, raised: 300/s in all, 200/s an endpoint; .* over 20 instances" \
-  "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"; do
-  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-    || { echo "bench results lack the provider-rate rows ($line)" >&2; exit 1; }
-done
-# ... and the events route's rows: the worst forged request beside a genuine delivery.
-for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
-  "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \
-  "^\| events route, a body declared over 256 KiB .* \| 413 after [0-9.]+ ms \|$" \
-  "^\| events function, one invocation on one core .*the largest body Lambda accepts"; do
-  grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-    || { echo "bench results lack the events route's rows ($line)" >&2; exit 1; }
-done
+bench_results() {
+  # Its results say when, at which commit, on what machine and emulator, with how many payments.
+  grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 20 payments" "$RUN_DIR/bench-smoke/results.md" \
+    || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; return 1; }
+  # ... the retry rows: one transient failure charged once with no dead letter, an outage as long as
+  # the horizon dead-letters nothing;
+  for line in "^\| one transient provider failure .*\| [0-9.]+ s, [0-9]+ deliveries, 1 charge, 0 dead letters" \
+    "^\| an outage as long as the retry horizon .*\| 0 \([0-9]+ deliveries, 1 charge"; do
+    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+      || { echo "bench results lack the retry rows ($line)" >&2; return 1; }
+  done
+  # ... and the peer path: the comparison with the Powertools peer, the concurrent-duplicate case
+  # (each charged once), the rows at the provider's latency (per batch, billed, send -> charged,
+  # the cost there, one transient failure), both cost tables, the API's write units and the
+  # goals line, in the Markdown and the PNG.
+  for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \
+    "^\| \*\*total\*\* \| [0-9.]+ \| [0-9.]+ \|$" \
+    "^\| at the provider's latency \(log-normal, p50 350 ms, p99 1500 ms\): 20 payments drained" \
+    "^\| at the provider's latency: an open loop of 4 payments/s \(20 payments" \
+    "^\| payments/s per concurrent batch, at the provider's latency \(p50 350 ms, p99 1500 ms\) \| [0-9.]+ \| [0-9.]+ \|" \
+    "^\| billed duration per payment, at the provider's latency .* \| [0-9.]+ ms \| [0-9.]+ ms \|" \
+    "^\| send → charged p99, an open loop of 4 payments/s arriving, 4 batches, at the provider's latency .* \| [0-9]+ ms \| [0-9]+ ms \|" \
+    "^\| cost of a million payments on AWS, at the provider's latency .* \| \\\$[0-9.]+ \| \\\$[0-9.]+ \|" \
+    "^\| one transient provider failure \(every call of the first delivery answers 429\) → charged after, queue visibility timeout 20 s \| [0-9.]+ s \| [0-9.]+ s \|" \
+    "^Cost of a million payments on AWS, the provider answering at its latency" \
+    "^\| DynamoDB write units per payment accepted through the API .* \| [0-9.]+ \(" \
+    "^Goals: .*billed duration per payment ≤ 1/8 .*(met|NOT met).*API write units per payment ≤ 3 .*(met|NOT met)"; do
+    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+      || { echo "bench results lack the peer comparison ($line)" >&2; return 1; }
+  done
+  [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
+    || { echo "bench.png lacks the comparison panel" >&2; return 1; }
+  # ... the provider-rate rows: each account, both contenders, every payment charged once or
+  # dead-lettered (the run fails otherwise), and the goals;
+  for line in "^\| the provider's rate: 30 payments queued at once" \
+    "^\| rate, this project, sandbox: 25/s in all, 25/s an endpoint; .* \| [0-9.]+ payments/s sustained.* [0-9]+ dead letters" \
+    "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
+    "^\| rate, the peer, live: " "^\| rate, this project, raised: 300/s in all, 200/s an endpoint; .* over 20 instances" \
+    "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"; do
+    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+      || { echo "bench results lack the provider-rate rows ($line)" >&2; return 1; }
+  done
+  # ... and the events route's rows: the worst forged request beside a genuine delivery.
+  for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
+    "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \
+    "^\| events route, a body declared over 256 KiB .* \| 413 after [0-9.]+ ms \|$" \
+    "^\| events function, one invocation on one core .*the largest body Lambda accepts"; do
+    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+      || { echo "bench results lack the events route's rows ($line)" >&2; return 1; }
+  done
+}
+phase "the bench smoke's results checked" bench_results
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
 # self-tests, the install, the smoke run, the contract test, the flood, the package check, the
 # e2e run, the bench smoke run, the small demo, the scripts' check and the quick start count as
