@@ -158,6 +158,11 @@ flood() { "$BIN/proving" webhook-flood --seconds 8 --clients 4 --deadline-ms 100
 phase "the events route under a flood (8 s)" flood
 unset SIM_RECORD # the simulators of the runs below keep no record
 stop_started
+# TEST_LOCALSTACK=1 (.ci/run): the LocalStack tier (make test-localstack, its own endpoints and
+# simulator) runs here, where the suite would otherwise wait for the x86_64 package's links.
+if [ -n "${TEST_LOCALSTACK:-}" ]; then
+  phase "make test-localstack (while the x86_64 package builds)" bash "$ROOT/infra/scripts/test-localstack.sh"
+fi
 # The deployed shape: sam deploy onto ministack with the x86_64 package built beside the tests.
 phase_wait "release package x86_64"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package x86_64")"
