@@ -80,16 +80,15 @@ if [ -n "$whole" ]; then
   phase_bg "release package arm64 (cross-check)" arm64_cross_check
 fi
 [ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl's install" crate_checks
-if [ -z "$fast" ]; then
-  phase "template checks (three shapes)" bash "$ROOT/infra/scripts/check-template.sh"
-  # The house rules of the tree: no module circles, no file over 500 lines without a reason, the
-  # operator's crates apart from the proving ground (and the checker's own cases).
-  layout_check() {
-    "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" --self-test
-    "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" "$ROOT"
-  }
-  phase "layout check" layout_check
-fi
+# The offline checks (about a core for 40 s, no endpoint), beside the cargo tests, which leave
+# about a core idle: the template's (three shapes), then the house rules of the tree (no module
+# circles, no file over 500 lines without a reason, the operator's crates apart from the proving
+# ground, and the checker's own cases).
+offline_checks() {
+  bash "$ROOT/infra/scripts/check-template.sh"
+  "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" --self-test
+  "$VENV/bin/python" "$ROOT/infra/layout/check_layout.py" "$ROOT"
+}
 # The provider simulator refuses what a current Stripe account refuses, as Stripe refuses it;
 # the contract checker refuses what Stripe's definitions refuse (each bad case on its own).
 self_tests() {
@@ -121,7 +120,10 @@ cargo_tests() {
   set -e
   [ "$status" -eq 0 ] || { summary 0; return "$status"; }
 }
+[ -n "$fast" ] || phase_bg "template and layout checks" offline_checks
 phase "cargo test: unit, protocol, integration, doc tests" cargo_tests "$@"
+[ -n "$fast" ] || phase_wait "template and layout checks"
+[ -n "$fast" ] || grep -E "template checks passed|^layout:" "$(phase_log "template and layout checks")"
 if [ -n "$fast" ]; then # the cargo tests alone
   summary 0
   exit 0
