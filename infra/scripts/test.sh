@@ -184,21 +184,27 @@ grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl's instal
 phase_wait "release package arm64 (cross-check)"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package arm64 (cross-check)")"
 bench_results() {
+  # results_have WHAT PATTERN...: each pattern (grep -E) is a line of the smoke run's results.md.
+  results_have() {
+    local what=$1 line
+    shift
+    for line in "$@"; do
+      grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
+        || { echo "bench results lack $what ($line)" >&2; return 1; }
+    done
+  }
   # Its results say when, at which commit, on what machine and emulator, with how many payments.
   grep -qE "^Run 20[0-9-]+T.* at commit [0-9a-f]+ on .* cores, .* against ministack [0-9.]+: 40 payments" "$RUN_DIR/bench-smoke/results.md" \
     || { echo "bench results lack their date, commit, machine, emulator or sizes" >&2; return 1; }
   # ... the retry rows: one transient failure charged once with no dead letter, an outage as long as
   # the horizon dead-letters nothing;
-  for line in "^\| one transient provider failure .*\| [0-9.]+ s, [0-9]+ deliveries, 1 charge, 0 dead letters" \
-    "^\| an outage as long as the retry horizon .*\| 0 \([0-9]+ deliveries, 1 charge"; do
-    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-      || { echo "bench results lack the retry rows ($line)" >&2; return 1; }
-  done
+  results_have "the retry rows" "^\| one transient provider failure .*\| [0-9.]+ s, [0-9]+ deliveries, 1 charge, 0 dead letters" \
+    "^\| an outage as long as the retry horizon .*\| 0 \([0-9]+ deliveries, 1 charge"
   # ... and the peer path: the comparison with the Powertools peer, the concurrent-duplicate case
   # (each charged once), the rows at the provider's latency (per batch, billed, send -> charged,
   # the cost there, one transient failure), both cost tables, the API's write units and the
   # goals line, in the Markdown and the PNG.
-  for line in "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \
+  results_have "the peer comparison" "^### Against the Powertools peer" "^\| this \| [0-9.]+ s \| 1 \| 1 \|$" "^\| peer \| [0-9.]+ s \| 1 \| 1 \|$" \
     "^\| \*\*total\*\* \| [0-9.]+ \| [0-9.]+ \|$" \
     "^\| at the provider's latency \(log-normal, p50 350 ms, p99 1500 ms\): 20 payments drained" \
     "^\| at the provider's latency: an open loop of 4 payments/s \(20 payments" \
@@ -209,30 +215,21 @@ bench_results() {
     "^\| one transient provider failure \(every call of the first delivery answers 429\) → charged after, queue visibility timeout 20 s \| [0-9.]+ s \| [0-9.]+ s \|" \
     "^Cost of a million payments on AWS, the provider answering at its latency" \
     "^\| DynamoDB write units per payment accepted through the API .* \| [0-9.]+ \(" \
-    "^Goals: .*billed duration per payment ≤ 1/8 .*(met|NOT met).*API write units per payment ≤ 3 .*(met|NOT met)"; do
-    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-      || { echo "bench results lack the peer comparison ($line)" >&2; return 1; }
-  done
+    "^Goals: .*billed duration per payment ≤ 1/8 .*(met|NOT met).*API write units per payment ≤ 3 .*(met|NOT met)"
   [ "$(head -c 24 "$RUN_DIR/bench-smoke/bench.png" | tail -c 8 | od -An -tu1 | awk '{print $3 * 256 + $4}')" = 1800 ] \
     || { echo "bench.png lacks the comparison panel" >&2; return 1; }
   # ... the provider-rate rows: each account, both contenders, every payment charged once or
   # dead-lettered (the run fails otherwise), and the goals;
-  for line in "^\| the provider's rate: 30 payments queued at once" \
+  results_have "the provider-rate rows" "^\| the provider's rate: 30 payments queued at once" \
     "^\| rate, this project, sandbox: 25/s in all, 25/s an endpoint; .* \| [0-9.]+ payments/s sustained.* [0-9]+ dead letters" \
     "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
     "^\| rate, the peer, live: " "^\| rate, this project, raised: 300/s in all, 200/s an endpoint; .* over 20 instances" \
-    "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"; do
-    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-      || { echo "bench results lack the provider-rate rows ($line)" >&2; return 1; }
-  done
+    "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"
   # ... and the events route's rows: the worst forged request beside a genuine delivery.
-  for line in "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
+  results_have "the events route's rows" "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
     "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \
     "^\| events route, a body declared over 256 KiB .* \| 413 after [0-9.]+ ms \|$" \
-    "^\| events function, one invocation on one core .*the largest body Lambda accepts"; do
-    grep -qE "$line" "$RUN_DIR/bench-smoke/results.md" \
-      || { echo "bench results lack the events route's rows ($line)" >&2; return 1; }
-  done
+    "^\| events function, one invocation on one core .*the largest body Lambda accepts"
 }
 phase "the bench smoke's results checked" bench_results
 # The crate checks, the template checks, the layout check, the simulator's and the checker's
