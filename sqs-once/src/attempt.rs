@@ -22,8 +22,40 @@ use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
 use crate::settings::CLOCK_SKEW_MS;
 use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
-/// The time a claim's write may take, between a booked slot and its first call.
-const CLAIM_ALLOWANCE: Duration = Duration::from_secs(1);
+/// The time a claim's write is given between a booked slot and its first call until claims
+/// have been measured (see [`ClaimTimes`]).
+const CLAIM_ALLOWANCE_UNMEASURED: Duration = Duration::from_secs(1);
+
+/// How many of the latest claims the allowance is measured over.
+const CLAIMS_MEASURED: usize = 32;
+
+/// The time a claim's write takes, measured: the allowance between a booked slot and the first
+/// call is the slowest of the latest [`CLAIMS_MEASURED`] claims, doubled, plus 100 ms (a
+/// throttled table whose SDK retries take seconds widens it at once; it narrows again as
+/// fast claims push the slow ones out). A claim slower than the allowance still ends well: the
+/// attempt finds too little of its lease left, sends nothing, and is handed back as never
+/// attempted ([`crate::call::CallFailure::NotSent`]).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimTimes(Mutex<std::collections::VecDeque<Duration>>);
+
+impl ClaimTimes {
+    fn record(&self, took: Duration) {
+        if let Ok(mut v) = self.0.lock() {
+            if v.len() == CLAIMS_MEASURED {
+                v.pop_front();
+            }
+            v.push_back(took);
+        }
+    }
+
+    /// The allowance a claim is given before a booked slot's call.
+    pub(crate) fn allowance(&self) -> Duration {
+        match self.0.lock().ok().and_then(|v| v.iter().max().copied()) {
+            Some(slowest) => slowest * 2 + Duration::from_millis(100),
+            None => CLAIM_ALLOWANCE_UNMEASURED,
+        }
+    }
+}
 
 /// Where the message stands after the claim.
 enum Claimed {
@@ -49,15 +81,32 @@ impl<W: Work> BatchRunner<W> {
         deadline_ms: i64,
         latencies: &Mutex<Vec<f64>>,
     ) -> Disposition {
+        self.process_step(msg, deadline_ms, latencies).await.0
+    }
+
+    /// [`BatchRunner::process`], also saying when the downstream's pace has its next slot if
+    /// the message only waited for it (its FIFO followers then wait with it).
+    pub(crate) async fn process_step(
+        &self,
+        msg: &SqsMessage,
+        deadline_ms: i64,
+        latencies: &Mutex<Vec<f64>>,
+    ) -> (Disposition, Option<i64>) {
         match self.decide(msg, deadline_ms, latencies).await {
             Step::Done(d) => {
                 // A success is a debug line: at the default level a batch logs its counts (the
                 // EMF line) and one line per message that did not simply succeed (dead-lettered
                 // and handed-back messages say so where it happens).
                 debug!(disposition = %d, "message done");
-                d
+                (d, None)
             }
-            Step::Again(reason, when) => self.give_back(msg, reason, when).await,
+            Step::Again(reason, when) => {
+                let paced = match when {
+                    Redelivery::Paced(at) => Some(at),
+                    _ => None,
+                };
+                (self.give_back(msg, reason, when).await, paced)
+            }
         }
     }
 
@@ -106,7 +155,7 @@ impl<W: Work> BatchRunner<W> {
         let latest_ms = deadline_ms
             - ms(self.settings.deadline_safety)
             - self.call_window_ms()
-            - ms(CLAIM_ALLOWANCE);
+            - ms(self.claim_times.allowance());
         if latest_ms <= now {
             // It waited for a permit past the last start a call could end from (a batch larger
             // than the invocation can finish): handed back unattempted, as the runner hands
@@ -196,6 +245,24 @@ impl<W: Work> BatchRunner<W> {
                 "lease lost while working; another attempt owns the key".into(),
                 Redelivery::Soon,
             ),
+            Err(CallFailure::NotSent {
+                message,
+                next_slot_ms,
+            }) => {
+                // Nothing reached the downstream: the record is released as it was (its mark
+                // and `not_before` are the inherited ones) and the message comes back as never
+                // attempted, when the pace has a slot.
+                self.record_failure(
+                    key,
+                    owner,
+                    &message,
+                    attempt.context.inherited_unknown,
+                    attempt.landing_ms,
+                )
+                .await;
+                let when = next_slot_ms.map_or(Redelivery::NotAttempted, Redelivery::Paced);
+                Step::Again(message, when)
+            }
             Err(CallFailure::Transient {
                 message,
                 unknown,
@@ -310,7 +377,10 @@ impl<W: Work> BatchRunner<W> {
             landing_ms: landing,
         };
         let existing = loop {
-            let existing = match self.store.claim(&claim).await {
+            let started = tokio::time::Instant::now();
+            let claimed = self.store.claim(&claim).await;
+            self.claim_times.record(started.elapsed());
+            let existing = match claimed {
                 Ok(ClaimResult::Claimed { previous }) => {
                     let unknown = inherits_unknown_outcome(previous.as_ref());
                     if let Some(p) = &previous {
@@ -471,5 +541,30 @@ fn last_landing(previous: &IdempotencyRecord) -> Option<i64> {
     match (previous.not_before_ms, lease) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claim_allowance_is_the_slowest_recent_claim_doubled() {
+        let t = ClaimTimes::default();
+        assert_eq!(
+            t.allowance(),
+            CLAIM_ALLOWANCE_UNMEASURED,
+            "nothing measured yet"
+        );
+        t.record(Duration::from_millis(20));
+        t.record(Duration::from_millis(2_000));
+        assert_eq!(t.allowance(), Duration::from_millis(4_100));
+        // The slow one is forgotten once as many fast ones came after it.
+        for _ in 0..CLAIMS_MEASURED - 1 {
+            t.record(Duration::from_millis(20));
+        }
+        assert_eq!(t.allowance(), Duration::from_millis(4_100));
+        t.record(Duration::from_millis(20));
+        assert_eq!(t.allowance(), Duration::from_millis(140));
     }
 }

@@ -4,7 +4,10 @@
 //! A call is sent only while the lease outlasts the call timeout plus the processing
 //! allowance, so no call of an attempt can land after its lease ended. An outcome left unknown
 //! is settled by a [`Work::lookup`] before any call that could land after the downstream forgot
-//! the key, and whenever the downstream replays an error for it.
+//! the key (a paced call may wait for its slot until the lease allows: it is looked up first
+//! whenever the lease ends after the key may be forgotten), and whenever the downstream
+//! replays an error for it. An attempt that sent nothing because the pace had no slot in time
+//! ends [`CallFailure::NotSent`]: waiting is not an attempt.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -89,6 +92,7 @@ impl<W: Work> BatchRunner<W> {
     /// timeout plus the processing allowance, so no call of this attempt can land after its
     /// lease ended. An unknown outcome is settled by a lookup before any call that could land
     /// after the downstream forgot the key, and whenever the downstream replays an error.
+    /// Nothing sent because the pace had no slot in time: [`CallFailure::NotSent`].
     pub(crate) async fn execute(
         &self,
         request: &W::Request,
@@ -128,6 +132,9 @@ impl<W: Work> BatchRunner<W> {
         let mut must_look = attempt.context.inherited_unknown;
         let mut landing = attempt.landing_ms;
         let mut last: Option<CallError> = None;
+        // Whether any call of this attempt reached the downstream, and the pace's last refusal.
+        let mut sent_any = false;
+        let mut refused: Option<i64> = None;
         let transient =
             |message: String, mark: bool, landing: Option<i64>, retry_at| CallFailure::Transient {
                 message,
@@ -150,9 +157,13 @@ impl<W: Work> BatchRunner<W> {
                 }
                 tokio::time::sleep(pause).await;
             }
-            if must_look && self.clock.now_ms() + window >= forget_at {
+            // The latest this call may land: it starts by `bound - window` (after waiting for
+            // its slot, when paced), and ends within its window.
+            let bound = limit();
+            if must_look && bound >= forget_at {
                 // The downstream may have forgotten the key by the time this call lands: a
-                // blind call could act a second time. Look first.
+                // blind call could act a second time. Look first. (`bound`, not the time now:
+                // a paced call may wait for its slot until its latest start.)
                 match self.settle(request, &attempt.context, landing).await {
                     Lookup::Found(found) => return Ok(found),
                     Lookup::Nothing => {
@@ -166,23 +177,46 @@ impl<W: Work> BatchRunner<W> {
                         landing,
                         Some(at),
                     )),
+                    Lookup::NotSent(at) if !sent_any => {
+                        return Err(CallFailure::NotSent {
+                            message: "not sent: the lookup of the unknown outcome had no request slot in time".into(),
+                            next_slot_ms: Some(at),
+                        })
+                    }
+                    Lookup::NotSent(_) => return Err(transient(
+                        "the lookup of the unknown outcome had no request slot in time".into(),
+                        true,
+                        landing,
+                        None,
+                    )),
                     Lookup::Failed(e) => return Err(transient(e, true, landing, None)),
                 }
             }
             let sent = self.clock.now_ms();
-            if limit() - sent <= window {
+            let bound = bound.min(limit());
+            if bound - sent <= window {
                 break;
             }
             let call_started = tokio::time::Instant::now();
             // A paced request waits for its slot only while the call can still end in time.
             let latest_start =
-                call_started + Duration::from_millis((limit() - sent - window).max(0) as u64);
-            let (answer, paced_start) =
+                call_started + Duration::from_millis((bound - sent - window).max(0) as u64);
+            let (answer, requests) =
                 crate::pace::within(latest_start, self.work.execute(request, &attempt.context))
                     .await;
+            if answer.is_err() && requests.none_sent() {
+                // Nothing reached the downstream: the pace had no slot before the latest start.
+                refused = requests
+                    .refused
+                    .map(|r| self.clock.now_ms() + r.next_in_ms as i64);
+            } else {
+                sent_any = true;
+            }
             // A paced request may have waited for its slot: it was sent that much later, and
             // may land that much later.
-            let waited = paced_start.map_or(Duration::ZERO, |at| at - call_started);
+            let waited = requests
+                .last_start
+                .map_or(Duration::ZERO, |at| at - call_started);
             let sent = sent + ms(waited);
             timed(call_started + waited);
             match answer {
@@ -223,12 +257,27 @@ impl<W: Work> BatchRunner<W> {
                                 landing,
                                 Some(at),
                             )),
+                            Lookup::NotSent(at) => Err(transient(
+                                format!("the downstream replays an error ({e}); its lookup had no request slot in time"),
+                                true,
+                                landing,
+                                Some(at),
+                            )),
                             Lookup::Failed(msg) => Err(transient(msg, true, landing, None)),
                         };
                     }
                     last = Some(e);
                 }
             }
+        }
+        if !sent_any {
+            // Only waited (for a slot, or for a claim slower than its allowance): not an attempt.
+            return Err(CallFailure::NotSent {
+                message: last.map(|e| e.to_string()).unwrap_or_else(|| {
+                    "not sent: too little of the lease was left to call the downstream".into()
+                }),
+                next_slot_ms: refused,
+            });
         }
         Err(transient(
             last.map(|e| e.to_string())
@@ -251,10 +300,15 @@ impl<W: Work> BatchRunner<W> {
         // Its requests wait for a slot only while the lease outlasts a call.
         let left = context.lease_end_ms() - self.clock.now_ms() - self.call_window_ms();
         let latest = tokio::time::Instant::now() + Duration::from_millis(left.max(0) as u64);
-        match crate::pace::within(latest, self.work.lookup(request, context))
-            .await
-            .0
-        {
+        let (answer, requests) =
+            crate::pace::within(latest, self.work.lookup(request, context)).await;
+        match answer {
+            Err(_) if requests.none_sent() => Lookup::NotSent(
+                self.clock.now_ms()
+                    + requests
+                        .refused
+                        .map_or(0, |r| r.next_in_ms.min(i64::MAX as u64) as i64),
+            ),
             Err(e) => Lookup::Failed(format!("lookup of an unknown outcome failed: {e}")),
             Ok(Some(found)) => {
                 info!(status = %found.status, "lookup settled the unknown outcome");
@@ -288,6 +342,8 @@ enum Lookup {
     Nothing,
     /// Nothing yet, but the lookup may lag behind a recent call: look again at this epoch ms.
     TooSoon(i64),
+    /// Not sent: the pace had no slot for it in time; the next one is at this epoch ms.
+    NotSent(i64),
     /// The lookup failed (transient).
     Failed(String),
 }
@@ -314,6 +370,15 @@ pub(crate) enum CallFailure {
         message: String,
         /// The record's `not_before`.
         not_before: Option<i64>,
+    },
+    /// Nothing reached the downstream in this attempt: the pace had no slot before the latest
+    /// start a call allowed (or too little of the lease was left after the claim). The record
+    /// is released as it was, and the message handed back as never attempted.
+    NotSent {
+        /// Why, for the log and the record's `last_error`.
+        message: String,
+        /// When the pace has its next slot, epoch ms (`None`: not a pace refusal).
+        next_slot_ms: Option<i64>,
     },
     /// Another attempt took the record over: stop, complete nothing.
     LeaseLost,

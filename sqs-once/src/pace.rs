@@ -87,9 +87,9 @@ tokio::task_local! {
     /// The slot the runner booked for the running message's first request, and whether a
     /// request took it.
     static BOOKED: std::cell::Cell<Option<Instant>>;
-    /// The latest start the call loop allows for the requests of the call being made now, and
-    /// when the last of them started (after its slot's wait).
-    static LATEST: (Instant, std::cell::Cell<Option<Instant>>);
+    /// The latest start the call loop allows for the requests of the call being made now, when
+    /// the last of them started (after its slot's wait), and the last refusal (no slot in time).
+    static LATEST: (Instant, std::cell::Cell<Option<Instant>>, std::cell::Cell<Option<NoSlot>>);
 }
 
 impl Pace {
@@ -177,7 +177,9 @@ impl Pace {
                 let latest = LATEST
                     .try_with(|l| l.0)
                     .unwrap_or_else(|_| Instant::now() + wait);
-                self.book(latest)?
+                self.book(latest).inspect_err(|refused| {
+                    let _ = LATEST.try_with(|l| l.2.set(Some(*refused)));
+                })?
             }
         };
         tokio::time::sleep_until(slot).await;
@@ -231,16 +233,41 @@ impl Pace {
     }
 }
 
+/// What the paced requests of one call did (see [`within`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// When the last paced request started, after its slot's wait (`None`: none started).
+    pub last_start: Option<Instant>,
+    /// The last request the pace refused: no slot before the latest start, so it was not sent.
+    pub refused: Option<NoSlot>,
+}
+
+impl Requests {
+    /// True when the call sent nothing because the pace had no slot in time: a request was
+    /// refused and none started. (A call whose requests are not paced reports neither.)
+    pub fn none_sent(&self) -> bool {
+        self.refused.is_some() && self.last_start.is_none()
+    }
+}
+
 /// Runs `call` (one call of the downstream) with `latest` as the latest time its requests may
 /// start: a request that would wait for a slot past it is not sent ([`NoSlot`]). Returns the
-/// call's output and when its last paced request started (`None`: none was paced), so that
-/// the caller knows how late what it sent may land.
-pub async fn within<F: Future>(latest: Instant, call: F) -> (F::Output, Option<Instant>) {
-    let started = std::cell::Cell::new(None);
+/// call's output and what its paced requests did: when the last one started, so that the
+/// caller knows how late what it sent may land, and whether the pace refused one.
+pub async fn within<F: Future>(latest: Instant, call: F) -> (F::Output, Requests) {
+    let cells = (
+        latest,
+        std::cell::Cell::new(None),
+        std::cell::Cell::new(None),
+    );
     LATEST
-        .scope((latest, started), async move {
+        .scope(cells, async move {
             let output = call.await;
-            (output, LATEST.with(|l| l.1.get()))
+            let requests = LATEST.with(|l| Requests {
+                last_start: l.1.get(),
+                refused: l.2.get(),
+            });
+            (output, requests)
         })
         .await
 }
@@ -361,14 +388,15 @@ mod tests {
                 let first = Instant::now() - t0;
                 // The second books the next slot (500 ms on), within the call's latest start,
                 // and says when it started.
-                let (sent, started) = within(Instant::now() + ms(600), pace.acquire(ms(0))).await;
+                let (sent, requests) = within(Instant::now() + ms(600), pace.acquire(ms(0))).await;
                 sent.unwrap();
                 let second = Instant::now() - t0;
-                assert_eq!(started.map(|s| s - t0), Some(second));
-                // A third would start after its latest start: not sent.
-                let third = within(Instant::now() + ms(100), pace.acquire(ms(0)))
-                    .await
-                    .0;
+                assert_eq!(requests.last_start.map(|s| s - t0), Some(second));
+                assert!(!requests.none_sent());
+                // A third would start after its latest start: not sent, and the call says so.
+                let (third, requests) = within(Instant::now() + ms(100), pace.acquire(ms(0))).await;
+                assert!(requests.none_sent(), "{requests:?}");
+                assert_eq!(requests.refused.map(|r| r.next_in_ms), Some(500));
                 (first, second, third)
             })
             .await;

@@ -79,6 +79,8 @@ pub struct BatchRunner<W: Work> {
     pub(crate) metrics: Option<crate::metrics::MetricNames>,
     /// The downstream's request pace (`None`: unpaced).
     pub(crate) pace: Option<Arc<crate::pace::Pace>>,
+    /// How long claims take, for the allowance between a booked slot and its call.
+    pub(crate) claim_times: crate::attempt::ClaimTimes,
 }
 
 /// Epoch ms on this host's clock.
@@ -107,6 +109,7 @@ impl<W: Work> BatchRunner<W> {
             clock: crate::clock::system(),
             metrics: None,
             pace: None,
+            claim_times: Default::default(),
         }
     }
 
@@ -186,24 +189,30 @@ impl<W: Work> BatchRunner<W> {
                 // one goes after it, whatever its receive count: handed back in place, a
                 // follower received fewer times would come before the copy (m1, m3, m2').
                 let mut moved_to_end = false;
+                // The message that blocks the group only waited for the downstream's pace (its
+                // next slot, epoch ms): its followers wait with it, as it does, without a cap
+                // on their copies (waiting is bounded by the record retention, not receives).
+                let mut waiting: Option<i64> = None;
                 for msg in group {
                     if blocked {
                         let reason = "an earlier message of its FIFO group failed".to_owned();
+                        let when = waiting.map_or(Redelivery::NotAttempted, Redelivery::Paced);
                         let d = if moved_to_end {
-                            this.requeue_behind(&msg, reason).await
+                            this.requeue_behind(&msg, reason, waiting.is_some()).await
                         } else {
-                            this.give_back(&msg, reason, Redelivery::NotAttempted).await
+                            this.give_back(&msg, reason, when).await
                         };
                         moved_to_end |= matches!(d, Disposition::Requeued(_));
                         out.push((d, Vec::new()));
                         continue;
                     }
-                    let (d, latencies) =
+                    let (d, latencies, paced) =
                         this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
                     // A requeued message goes to the end of its group: what follows it waits too,
                     // and goes there after it.
                     blocked = matches!(d, Disposition::Retry { .. } | Disposition::Requeued(_));
                     moved_to_end |= matches!(d, Disposition::Requeued(_));
+                    waiting = paced.filter(|_| blocked);
                     out.push((d, latencies));
                 }
                 out
@@ -265,14 +274,15 @@ impl<W: Work> BatchRunner<W> {
     }
 
     /// Runs one message in its own task so that a panic stays inside it; starts it only with
-    /// time enough to execute, and stops it at the cutoff.
+    /// time enough to execute, and stops it at the cutoff. Also says when the pace has its next
+    /// slot if the message only waited for it.
     async fn run_isolated(
         self: &Arc<Self>,
         msg: &Arc<SqsMessage>,
         deadline_ms: i64,
         cutoff: tokio::time::Instant,
         permits: &Arc<Semaphore>,
-    ) -> (Disposition, Vec<f64>) {
+    ) -> (Disposition, Vec<f64>, Option<i64>) {
         let not_started = || "not started: the invocation deadline is near".to_owned();
         let Ok(Ok(_permit)) =
             tokio::time::timeout_at(cutoff, permits.clone().acquire_owned()).await
@@ -281,6 +291,7 @@ impl<W: Work> BatchRunner<W> {
                 self.give_back(msg, not_started(), Redelivery::NotAttempted)
                     .await,
                 Vec::new(),
+                None,
             );
         };
         let needed = self.work.call_timeout() + self.settings.deadline_safety;
@@ -289,6 +300,7 @@ impl<W: Work> BatchRunner<W> {
                 self.give_back(msg, not_started(), Redelivery::NotAttempted)
                     .await,
                 Vec::new(),
+                None,
             );
         }
         let message_id = msg.message_id.clone().unwrap_or_default();
@@ -305,8 +317,8 @@ impl<W: Work> BatchRunner<W> {
         let mut task = tokio::spawn(
             async move {
                 let latencies = Mutex::new(Vec::new());
-                let d = this.process(&task_msg, deadline_ms, &latencies).await;
-                (d, latencies.into_inner().unwrap_or_default())
+                let (d, paced) = this.process_step(&task_msg, deadline_ms, &latencies).await;
+                (d, latencies.into_inner().unwrap_or_default(), paced)
             }
             .instrument(span.clone()),
         );
@@ -333,6 +345,7 @@ impl<W: Work> BatchRunner<W> {
         (
             self.give_back(msg, reason, when).instrument(span).await,
             Vec::new(),
+            None,
         )
     }
 
@@ -363,8 +376,10 @@ impl<W: Work> BatchRunner<W> {
             None
         };
         if let Some(why) = why {
+            // Never attempted: on its last receive, or at its queue's retention margin, it goes
+            // back as a fresh copy (a new receive count and retention), not to the DLQ.
             let paced = matches!(when, Redelivery::Paced(_));
-            if (when == Redelivery::NotAttempted || paced) && budget.exhausted() {
+            if when == Redelivery::NotAttempted || paced {
                 if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
                     return d;
                 }
@@ -389,10 +404,11 @@ impl<W: Work> BatchRunner<W> {
     /// A FIFO follower behind a message of its group that went to the group's end as a fresh
     /// copy: it follows it there, in order, whatever its own receive count. Handed back as any
     /// unattempted message when it cannot be copied (the queue port refused, or it was copied
-    /// as often as the queue allows receives).
-    async fn requeue_behind(&self, msg: &SqsMessage, reason: String) -> Disposition {
+    /// as often as the queue allows receives while the group did not only wait for the pace:
+    /// `waited`).
+    async fn requeue_behind(&self, msg: &SqsMessage, reason: String, waited: bool) -> Disposition {
         let budget = self.budget_of(msg).await;
-        match self.requeue(msg, &budget, &reason, false).await {
+        match self.requeue(msg, &budget, &reason, waited).await {
             Some(d) => d,
             None => self.give_back(msg, reason, Redelivery::NotAttempted).await,
         }

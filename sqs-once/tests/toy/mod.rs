@@ -247,6 +247,8 @@ pub struct FakeQueues {
     pub max_receives: Mutex<Option<u32>>,
     /// Fresh copies of messages requeued without an attempt.
     pub requeued: Mutex<Vec<Requeue>>,
+    /// The source queue's `MessageRetentionPeriod` (`None`: not known).
+    pub retention: Mutex<Option<Duration>>,
 }
 
 #[async_trait]
@@ -265,6 +267,12 @@ impl QueueOps for FakeQueues {
     }
     async fn max_receive_count(&self, _: &str) -> Result<Option<u32>, QueueError> {
         Ok(*self.max_receives.lock().unwrap())
+    }
+    async fn limits(&self, _: &str) -> Result<sqs_once::queue::QueueLimits, QueueError> {
+        Ok(sqs_once::queue::QueueLimits {
+            max_receive_count: *self.max_receives.lock().unwrap(),
+            retention: *self.retention.lock().unwrap(),
+        })
     }
     async fn requeue(&self, copy: &Requeue) -> Result<(), QueueError> {
         self.requeued.lock().unwrap().push(copy.clone());
@@ -379,6 +387,8 @@ pub struct ScriptedStore {
     pub claims_fail: Mutex<bool>,
     /// Completions fail as if the table were unreachable.
     pub completes_fail: Mutex<bool>,
+    /// Claims take this long (tokio time): a throttled table whose SDK retries.
+    pub claim_delay: Mutex<Duration>,
 }
 
 impl ScriptedStore {
@@ -388,6 +398,7 @@ impl ScriptedStore {
             lose_claim_answer: Mutex::new(false),
             claims_fail: Mutex::new(false),
             completes_fail: Mutex::new(false),
+            claim_delay: Mutex::new(Duration::ZERO),
         }
     }
 }
@@ -398,6 +409,8 @@ impl IdempotencyStore for ScriptedStore {
         if *self.claims_fail.lock().unwrap() {
             return Err(StoreError::Unavailable("table unreachable".into()));
         }
+        let delay = *self.claim_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         let first = self.inner.claim(r).await?;
         if std::mem::take(&mut *self.lose_claim_answer.lock().unwrap()) {
             // The retry of the same write meets the record the first one wrote.
