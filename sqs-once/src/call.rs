@@ -204,8 +204,10 @@ impl<W: Work> BatchRunner<W> {
             let (answer, requests) =
                 crate::pace::within(latest_start, self.work.execute(request, &attempt.context))
                     .await;
-            if answer.is_err() && requests.none_sent() {
-                // Nothing reached the downstream: the pace had no slot before the latest start.
+            let reads_refused = requests.refused.is_some() && self.work.reads_only(request);
+            if answer.is_err() && (requests.none_sent() || reads_refused) {
+                // Nothing reached the downstream (or only reads did): the pace had no slot
+                // before the latest start.
                 refused = requests
                     .refused
                     .map(|r| self.clock.now_ms() + r.next_in_ms as i64);

@@ -214,6 +214,17 @@ pub trait Work: Send + Sync + 'static {
         true
     }
 
+    /// Whether executing `request` only reads from the downstream (its effects are writes of
+    /// its own, made after its reads, that an error return has not made). Then an execute
+    /// that fails because the pace refused one of its requests did nothing, whatever it read
+    /// before: it is handed back as never attempted, and waiting for the pace never counts
+    /// toward the retry horizon or the receive budget. `false` by default: an attempt that
+    /// sent a request is an attempt.
+    fn reads_only(&self, request: &Self::Request) -> bool {
+        let _ = request;
+        false
+    }
+
     /// How long a record completed with `outcome` must be kept from its completion, when that
     /// is longer than the record retention (`None`, the default: the record retention from
     /// the first claim). A payment keeps the record that holds its refund ledger for as long as

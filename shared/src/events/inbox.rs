@@ -568,10 +568,19 @@ impl Work for EventWork {
         self.provider.request_timeout()
     }
 
-    /// Most events are applied from their payload: a read back from the provider takes its
-    /// slot when it is needed, not before the claim.
-    fn paces_first_call(&self, _request: &Self::Request) -> bool {
-        false
+    /// A dispute always reads its PaymentIntent (and its charge's, or the dispute itself):
+    /// its first read's slot is booked before the claim, so that waiting for the pace is never
+    /// an attempt. Payment and refund events are mostly applied from their payload: a read
+    /// back takes its slot when it is needed (and one the pace refuses hands the event back
+    /// unattempted, see [`Work::reads_only`]).
+    fn paces_first_call(&self, event: &Self::Request) -> bool {
+        matches!(event.subject(), Subject::Dispute(_))
+    }
+
+    /// The inbox only reads from the provider; its writes are conditional writes of its own
+    /// records, made after its reads.
+    fn reads_only(&self, _event: &Self::Request) -> bool {
+        true
     }
 
     /// An event's record outlives every copy the provider may still send of it.
