@@ -203,7 +203,7 @@ struct Queued {
 
 fn dispute_event(i: usize, created: i64) -> String {
     // Half the disputes name their PaymentIntent (one read), half only their charge (two).
-    let object = if i % 2 == 0 {
+    let object = if i.is_multiple_of(2) {
         serde_json::json!({"id": format!("dp_{i}"), "object": "dispute",
             "status": "needs_response", "amount": 500, "payment_intent": format!("pi_{i}"),
             "charge": format!("ch_{i}")})
