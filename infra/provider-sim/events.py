@@ -87,6 +87,40 @@ def configure(settings):
         return dict(WEBHOOK, secrets=len(WEBHOOK["secrets"]))
 
 
+def history(count, since, until, kind):
+    """The account's other traffic (POST /_sim/events/history): `count` events of `kind` about
+    PaymentIntents this system did not create, made evenly over [since, until] (unix seconds)
+    and delivered to every endpoint (none pending), placed in the list by their time as
+    Stripe lists by creation."""
+    made = []
+    for i in range(count):
+        created = since + (until - since) * i // max(count, 1)
+        made.append({
+            "id": "evt_h" + hashlib.sha256(f"history:{created}:{i}:{_RNG.random()}".encode()).hexdigest()[:22],
+            "object": "event", "api_version": None, "created": created,
+            "data": {"object": {"id": f"pi_h{i}", "object": "payment_intent", "status": "succeeded",
+                                "amount": 1000, "currency": "usd", "metadata": {}}},
+            "livemode": False, "pending_webhooks": 0, "request": {"id": None, "idempotency_key": None},
+            "type": kind,
+        })
+    with _LOCK:
+        merged = sorted(_EVENTS + made, key=lambda e: e["created"])  # stable: same-second order kept
+        _EVENTS[:] = merged
+    return len(made)
+
+
+def undelivered(ids):
+    """POST /_sim/events/undelivered: these events failed every delivery attempt (an outage
+    longer than the provider retries): still pending at the endpoint, never sent again."""
+    with _LOCK:
+        found = [e for e in _EVENTS if e["id"] in set(ids)]
+        for e in found:
+            e["pending_webhooks"] = 1
+        _QUEUE[:] = [q for q in _QUEUE if q[2] not in set(ids)]
+        heapq.heapify(_QUEUE)
+    return len(found)
+
+
 def reset():
     with _LOCK:
         _EVENTS.clear()
@@ -100,8 +134,10 @@ def deliveries():
 
 
 def listing(q):
-    """`GET /v1/events`: newest first, filtered by created[...] and type / types[]; Stripe's
-    cursor pagination (`starting_after`: older; `ending_before`: the page just newer than the
+    """`GET /v1/events`: newest first, filtered by created[...], type / types[] and
+    delivery_success (false: the events still pending or that failed every attempt at the
+    webhook endpoint, Stripe's `pending_webhooks` > 0; true: those delivered; an event made
+    while no endpoint was set has none pending); Stripe's cursor pagination (`starting_after`: older; `ending_before`: the page just newer than the
     cursor, still newest first, as Stripe's undelivered-events guide walks it). Returns
     (status, body)."""
     try:
@@ -112,6 +148,10 @@ def listing(q):
     if not 1 <= limit <= 100:
         return 400, {"error": {"type": "invalid_request_error", "message": "Limit must be between 1 and 100",
                                "param": "limit", "code": "parameter_invalid"}}
+    delivered = q.get("delivery_success")
+    if delivered is not None and delivered not in ("true", "false"):
+        return 400, {"error": {"type": "invalid_request_error", "message": "Invalid boolean: " + delivered,
+                               "param": "delivery_success", "code": "parameter_invalid_boolean"}}
     types = [v for k, v in q.items() if k.startswith("types[")]
     if "type" in q and types:
         return 400, {"error": {"type": "invalid_request_error", "message": "You may only specify one of these parameters: type, types."}}
@@ -124,6 +164,8 @@ def listing(q):
         return not types or kind in types
 
     def listed(e):
+        if delivered is not None and (e["pending_webhooks"] == 0) != (delivered == "true"):
+            return False
         return wanted(e["type"]) and all(tests[op](e["created"], b) for op, b in bounds.items())
 
     after, before = q.get("starting_after"), q.get("ending_before")
@@ -197,6 +239,7 @@ def _attempt(event, attempt):
         d["statuses"].append(status)
         if 200 <= status < 300:
             d["delivered"] = True
+            event["pending_webhooks"] = 0
         elif attempt < WEBHOOK["max_attempts"]:
             backoff = min(WEBHOOK["retry_max_ms"], WEBHOOK["retry_base_ms"] * 2 ** (attempt - 1)) / 1000
             _push(event["id"], attempt + 1, backoff + _jitter())

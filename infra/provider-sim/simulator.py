@@ -90,6 +90,9 @@ Control API (not Stripe's):
   DELETE /_sim/faults[?prefix=P]  clears every rule (or those with exactly this prefix)
   POST   /_sim/reset             clears ledger, keys, rules and events
   POST   /_sim/webhook           the endpoint and its delivery faults (see events.py)
+  POST   /_sim/events/history    {"count": N, "since": S, "until": U, "type": T}: the account's
+                                 other traffic, N events delivered to every endpoint
+  POST   /_sim/events/undelivered {"ids": [evt...]}: these failed every delivery attempt
   GET    /_sim/deliveries        per event id: attempts, delivered, the statuses answered
   POST   /_sim/settle            {"seconds": S}: how long the provider takes to finish on its own
   POST   /_sim/latency           {"p50_ms": M, "p99_ms": N}: every /v1 answer after a seeded
@@ -803,6 +806,20 @@ class Handler(BaseHTTPRequestHandler):
                             refused_by_reason={})
                 events.reset()
             return self.reply(200, '{"ok": true}')
+        if path == "/_sim/events/history":
+            body = json.loads(self.body() or "{}")
+            try:
+                made = events.history(int(body["count"]), int(body["since"]), int(body["until"]),
+                                      str(body.get("type", "payment_intent.succeeded")))
+            except (KeyError, ValueError, TypeError) as e:
+                return self.reply(400, json.dumps({"error": f"count, since and until (unix seconds) are needed: {e}"}))
+            return self.reply(200, json.dumps({"made": made}))
+        if path == "/_sim/events/undelivered":
+            body = json.loads(self.body() or "{}")
+            ids = body.get("ids")
+            if not isinstance(ids, list):
+                return self.reply(400, json.dumps({"error": "ids: a list of event ids"}))
+            return self.reply(200, json.dumps({"marked": events.undelivered(ids)}))
         if path == "/_sim/webhook":
             try:
                 settings = events.configure(json.loads(self.body() or "{}"))

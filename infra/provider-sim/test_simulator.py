@@ -454,12 +454,46 @@ class Webhooks(unittest.TestCase):
                         break
                     time.sleep(0.05)
                 self.assertEqual(sorted(d["statuses"] for d in deliveries.values()), [[500, 200], [500, 200]])
+                # Stripe's filter for undelivered events: what was delivered is not listed, and a
+                # delivered event still serves as the cursor (the guide's `ending_before`).
+                def events(**q):
+                    req = urllib.request.Request(base + "/v1/events?" + urlencode(dict(limit="100", **q)))
+                    req.add_header("Authorization", "Bearer sk_test_local")
+                    try:
+                        with urllib.request.urlopen(req, timeout=10) as r:
+                            return r.status, json.loads(r.read())
+                    except urllib.error.HTTPError as e:
+                        return e.code, json.loads(e.read())
+                _, undelivered_before = events(delivery_success="false")
+                cursor = events()[1]["data"][0]["id"]
+                req = urllib.request.Request(base + "/_sim/webhook", data=b'{"paused": true}', method="POST")
+                urllib.request.urlopen(req, timeout=10).read()
+                form = urlencode(dict(OLD_FORM, off_session="true", **{"metadata[payment_id]": "wh-2"})).encode()
+                req = urllib.request.Request(base + "/v1/payment_intents", data=form, method="POST")
+                req.add_header("Authorization", "Bearer sk_test_local")
+                req.add_header("Idempotency-Key", "wh-2")
+                urllib.request.urlopen(req, timeout=10).read()
+                _, pending = events(delivery_success="false", ending_before=cursor)
+                _, everything = events(ending_before=cursor)
+                pending_ids = [e["id"] for e in everything["data"]]
+                self.assertEqual(len(pending_ids), 2, everything)
+                _, delivered = events(delivery_success="true")
+                self.assertEqual(len(delivered["data"]), 2)
+                bad_boolean = events(delivery_success="no")[0]
+                req = urllib.request.Request(base + "/_sim/webhook", data=b'{"paused": false}', method="POST")
+                urllib.request.urlopen(req, timeout=10).read()
+                deadline = time.time() + 10
+                while time.time() < deadline and len(received) < 8:
+                    time.sleep(0.05)
             finally:
                 proc.terminate()
                 proc.wait()
                 server.shutdown()
                 server.server_close()
-        self.assertEqual(len(received), 4)
+        self.assertEqual(len(received), 8, "the held events are delivered (each failing once) once unpaused")
+        self.assertEqual(undelivered_before["data"], [], "delivered events are not listed undelivered")
+        self.assertEqual(pending_ids, [e["id"] for e in pending["data"]])
+        self.assertEqual(bad_boolean, 400)
         kinds = {json.loads(b)["type"] for _, b in received}
         self.assertEqual(kinds, {"payment_intent.created", "payment_intent.succeeded"})
         for header, body in received:

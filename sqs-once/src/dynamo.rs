@@ -64,6 +64,16 @@ pub struct DynamoStore {
 
 type Item = HashMap<String, AttributeValue>;
 
+/// The attribute a record carries from its first failure to its completion: its work's record
+/// prefix. The partition key of the table's sparse index [`OPEN_INDEX`].
+pub const OPEN: &str = "open_work";
+
+/// The sparse index of the records that failed and are not completed (partition key
+/// [`OPEN`], sort key `first_attempt_at`; projected: `status`, `unknown_outcome`,
+/// `lease_expires_at`). The template defines it; a table without it works the same, and only
+/// `payctl health`'s reading of such records needs it.
+pub const OPEN_INDEX: &str = "OpenRecords";
+
 const OWNED_BY_ME: &str = "lease_owner = :me AND #s = :in_progress";
 
 impl DynamoStore {
@@ -222,7 +232,7 @@ impl DynamoStore {
             .key(&self.layout.attribute, self.record_key(key))
             .update_expression(format!(
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now{keep} \
-                 REMOVE last_error, not_before, lease_owner"
+                 REMOVE last_error, not_before, lease_owner, {OPEN}"
             ))
             .set_expression_attribute_values(values)
             .condition_expression(
@@ -455,11 +465,11 @@ impl IdempotencyStore for DynamoStore {
             Some(ttl) => {
                 values.push((":ttl", n(ttl)));
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t, \
-                 expires_at = :ttl REMOVE last_error, not_before"
+                 expires_at = :ttl REMOVE last_error, not_before, open_work"
             }
             None => {
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :t \
-                 REMOVE last_error, not_before"
+                 REMOVE last_error, not_before, open_work"
             }
         };
         self.owned_update(key, owner, update, values).await
@@ -474,11 +484,16 @@ impl IdempotencyStore for DynamoStore {
     ) -> Result<(), StoreError> {
         // The mark is sticky: a note that proves nothing leaves the stored mark alone, so only
         // a completion ever writes `false` over `true`.
-        let mut update = String::from("SET #s = :failed, last_error = :e, lease_expires_at = :now");
+        // From its first failure to its completion a record carries `open_work` (its work's
+        // prefix): the sparse index `OpenRecords` holds exactly these, so an operator's reading
+        // of what needs attention queries them instead of scanning a year of records.
+        let mut update =
+            format!("SET #s = :failed, last_error = :e, lease_expires_at = :now, {OPEN} = :open");
         let mut values = vec![
             (":failed", s(RecordStatus::Failed.as_str())),
             (":e", s(&note.error)),
             (":now", n(now_ms)),
+            (":open", s(&self.layout.record_prefix)),
         ];
         if note.unknown_outcome {
             update.push_str(", unknown_outcome = :u");

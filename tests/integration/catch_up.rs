@@ -83,11 +83,13 @@ impl EventLister for Provider {
     }
 }
 
-/// A queue that counts what it holds, by event id, and the batches sent.
+/// A queue that counts what it holds, by event id, and the batches sent; what it sets aside
+/// (event id, code).
 #[derive(Default)]
 struct Counted {
     copies: Mutex<HashMap<String, usize>>,
     batches: AtomicUsize,
+    set_aside: Mutex<Vec<(String, String)>>,
 }
 
 #[async_trait::async_trait]
@@ -105,8 +107,28 @@ impl EventQueue for Counted {
     async fn enqueue_batch(&self, events: &[(ProviderEvent, String)]) -> Result<(), String> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         for (e, body) in events {
+            assert!(
+                payment_core::events::queue::message_bytes(&e.kind, body)
+                    <= payment_core::events::queue::MAX_MESSAGE_BYTES,
+                "{} was sent although SQS would refuse it",
+                e.id
+            );
             self.enqueue(e, body).await?;
         }
+        Ok(())
+    }
+
+    async fn set_aside(
+        &self,
+        event: &ProviderEvent,
+        _: &str,
+        code: &str,
+        _: &str,
+    ) -> Result<(), String> {
+        self.set_aside
+            .lock()
+            .unwrap()
+            .push((event.id.clone(), code.to_owned()));
         Ok(())
     }
 }
@@ -254,9 +276,20 @@ async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
         .await
         .unwrap();
     assert!(empty.finished && empty.queued == 0, "{empty:?}");
-    assert_eq!(checkpoint.read().await.unwrap(), Position::default());
+    // Nothing to go wrong: only that the list was checked through the run's time.
+    assert_eq!(
+        checkpoint.read().await.unwrap(),
+        Position {
+            version: 1,
+            caught_up: true,
+            checked_through_s: Some(now),
+            ..Position::default()
+        }
+    );
 
-    provider.add(250, now - 86_400, now - 10);
+    // A day of events after it.
+    provider.add(250, now + 10, now + 86_400);
+    let now = now + 86_400 + 10;
     let first = scheduled(&provider, &queue, &checkpoint, now, budget(10))
         .await
         .unwrap();
@@ -294,6 +327,7 @@ async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_li
         caught_up: true,
         version: 1,
         from_s: None,
+        checked_through_s: None,
     };
     assert!(checkpoint
         .advance(&Position::default(), &stale)
@@ -334,6 +368,7 @@ async fn a_busy_overlap_never_stops_a_run_from_going_forward() {
         caught_up: true,
         version: 1,
         from_s: None,
+        checked_through_s: None,
     };
     assert!(checkpoint.advance(&Position::default(), &at).await.unwrap());
     let queue = Counted::default();
@@ -359,4 +394,90 @@ async fn a_busy_overlap_never_stops_a_run_from_going_forward() {
         after.iter().all(|id| copies.contains_key(id)),
         "every new event queued"
     );
+}
+
+/// An event larger than a queue message (with its type attribute, as SQS counts it), and
+/// one the parser cannot read, among the events a run walks: the first is set aside to the
+/// dead-letter queue with `event_too_large`, the second is queued as it came (the inbox
+/// dead-letters it `invalid_event` with the parser's reason), and the walk and the checkpoint
+/// go on past both. (Before, either failed its whole page on every run: the checkpoint never
+/// moved again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_event_is_set_aside_and_the_catch_up_moves_past_it() {
+    let t = TestStack::new("catch-up-bad").await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = now_ms() / 1000;
+    let provider = Provider::default();
+    provider.add(150, now - 3_000, now - 2_000);
+    // A body of exactly the largest message: with its attribute, too large.
+    let head = format!(
+        r#"{{"id":"evt_0000150","object":"event","type":"payment_intent.succeeded","created":{},"data":{{"object":{{"id":"pi_big","object":"payment_intent","status":"succeeded","metadata":{{}},"description":""#,
+        now - 1_900
+    );
+    let tail = r#""}}}"#;
+    let big = format!(
+        "{head}{}{tail}",
+        "x".repeat(payment_core::events::queue::MAX_MESSAGE_BYTES - head.len() - tail.len())
+    );
+    // An event the parser refuses (its data is not an object), kept in its place.
+    let odd = format!(
+        r#"{{"id":"evt_0000151","object":"event","type":"payment_intent.succeeded","created":{},"data":"gone"}}"#,
+        now - 1_800
+    );
+    {
+        let mut events = provider.events.lock().unwrap();
+        events.push((ProviderEvent::parse(&big).unwrap(), big));
+        events.push((
+            ProviderEvent {
+                id: "evt_0000151".into(),
+                kind: "payment_intent.succeeded".into(),
+                created: now - 1_800,
+                object: serde_json::Value::Null,
+            },
+            odd.clone(),
+        ));
+    }
+    assert!(ProviderEvent::parse(&odd).is_err());
+    provider.add(150, now - 1_700, now - 60);
+    let first = provider.events.lock().unwrap()[0].0.clone();
+    let at = Position {
+        last: Some(payment_core::events::catch_up::Place {
+            id: first.id.clone(),
+            created: first.created,
+        }),
+        caught_up: false,
+        version: 1,
+        from_s: None,
+        checked_through_s: None,
+    };
+    assert!(checkpoint.advance(&Position::default(), &at).await.unwrap());
+    let queue = Counted::default();
+    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
+        .await
+        .unwrap();
+    assert!(run.finished, "{run:?}");
+    assert_eq!(run.set_aside, 1, "{run:?}");
+    assert_eq!(
+        queue.set_aside.lock().unwrap().as_slice(),
+        [("evt_0000150".to_owned(), "event_too_large".to_owned())]
+    );
+    let copies = queue.copies.lock().unwrap().clone();
+    assert_eq!(
+        copies.get("evt_0000151"),
+        Some(&1),
+        "queued for the inbox to refuse"
+    );
+    assert!(!copies.contains_key("evt_0000150"));
+    assert_eq!(
+        copies.len(),
+        300,
+        "149 before, 150 after, and the unreadable one"
+    );
+    let place = checkpoint.read().await.unwrap();
+    assert!(place.caught_up, "{place:?}");
+    assert_eq!(place.last.map(|p| p.id), Some("evt_0000301".to_owned()));
 }

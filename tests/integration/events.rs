@@ -550,6 +550,84 @@ async fn the_catch_up_applies_every_missed_event_once() {
     assert_eq!(e.dead_letters(&t).await, 0);
 }
 
+/// The scheduled catch-up as the event function runs it at the template's defaults (its pace:
+/// the function's share, 20 × 20 % = 4 requests a second; its budget: the function's 60 s less
+/// 15 s; what it lists: the webhook shape's undelivered events), on an account whose last two
+/// days hold 20,000 events delivered to the endpoint and a few of ours that an outage made the
+/// provider give up on: within two runs ours are queued, and the inbox applies them. (Listing
+/// every event at one instance's rate, 0.4 a second, a run walked 18 of the 200 pages.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_catch_up_finds_what_an_outage_missed_among_20_000_delivered_events() {
+    use payment_core::events::catch_up::Budget;
+    let t = TestStack::new("ev-shipped-catch-up").await;
+    let e = events(&t).await;
+    let pids: Vec<String> = (0..3).map(|i| t.pid(&format!("ach{i}"))).collect();
+    for pid in &pids {
+        t.send(&payment(pid, 900, "pm_usBankAccount_success")).await;
+    }
+    t.drain(1).await;
+    let ours = e
+        .listed(&pids, |l| {
+            kinds(l)
+                .iter()
+                .filter(|k| **k == "payment_intent.succeeded")
+                .count()
+                == 3
+        })
+        .await;
+    let ids: Vec<String> = ours.iter().map(|(e, _)| e.id.clone()).collect();
+    // The outage: the provider gave up on ours. The account's other traffic: delivered.
+    t.sim.undelivered(&ids).await.unwrap();
+    let now = now_ms() / 1000;
+    t.sim
+        .event_history(
+            20_000,
+            now - 2 * 86_400,
+            now - 3_600,
+            "payment_intent.succeeded",
+        )
+        .await
+        .unwrap();
+
+    let mut config = proving::functions::event_config_for(&t.stack, &fast_settings()).unwrap();
+    assert_eq!(
+        config.catch_up_lists,
+        payment_core::stripe::objects::Listed::Undelivered,
+        "the template's default shape is the webhook's"
+    );
+    let pace = &t.stack.deployed_pace[EVENT_PROCESSOR];
+    let var = |k: &str| pace[k].parse::<f64>().unwrap();
+    config.catch_up_pace =
+        Some(var("PROVIDER_REQUESTS_PER_SECOND") * var("PROVIDER_SHARE_PERCENT") / 100.0);
+    assert_eq!(config.catch_up_pace, Some(4.0), "the template's defaults");
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let catch_up = payment_core::edges::bootstrap::build_catch_up(&config, &sdk)
+        .await
+        .unwrap()
+        .expect("the event function's catch-up");
+    let mut queued = 0;
+    for run in 1..=2 {
+        let budget = Budget::before_deadline(now_ms() + 60_000, Duration::from_secs(15));
+        let report = catch_up.run(budget).await.unwrap();
+        println!("catch-up run {run}: {report:?}");
+        queued += report.queued;
+        if report.finished {
+            break;
+        }
+        assert!(
+            run < 2,
+            "two runs did not reach the newest event: {report:?}"
+        );
+    }
+    assert!(queued >= ids.len(), "queued {queued} of our {}", ids.len());
+    let applied = e.drain(&t).await;
+    assert_eq!(applied.summary.done("applied"), 3, "{:?}", applied.summary);
+    for pid in &pids {
+        assert_eq!(e.payment(pid).await.status.as_deref(), Some("succeeded"));
+    }
+    assert_eq!(e.dead_letters(&t).await, 0);
+}
+
 /// Events about objects this system did not create, and types the inbox does not apply, are
 /// acknowledged and counted, never dead-lettered; a body without a valid signature is refused
 /// and queues nothing.

@@ -39,11 +39,70 @@ async fn health_shows_queues_dead_letters_records_and_alarms() {
     );
     assert!(text.contains("healthy: no dead letters"), "{text}");
     assert!(
+        text.contains("the OpenRecords index: 0 items"),
+        "nothing failing: the index holds nothing, whatever the table holds: {text}"
+    );
+    // Every record counted, by a scan of the whole table, on request.
+    let out = health(&t, &["--scan-records"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
         text.lines()
             .any(|l| l.trim_start().starts_with("payment")
                 && l.split_whitespace().nth(1) == Some("1")),
         "one completed payment record: {text}"
     );
+    assert!(text.contains("a scan of the whole table"), "{text}");
+
+    // A payment whose attempt failed with its outcome unknown: in the index until completed.
+    let stuck = payment(&t.pid("p2"), 100, "pm_card_visa");
+    t.claim_as(&stuck, "w1").await;
+    let note = sqs_once::record::FailureNote {
+        error: "timed out".into(),
+        unknown_outcome: true,
+        not_before_ms: None,
+    };
+    sqs_once::IdempotencyStore::fail(
+        &t.store,
+        &t.pid("p2"),
+        "w1",
+        sqs_once::runner::now_ms(),
+        &note,
+    )
+    .await
+    .unwrap();
+    let out = health(&t, &["--json"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown outcome needs a person"
+    );
+    let h: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON reading");
+    assert_eq!(h["records"]["payment"]["failed"], 1, "{h}");
+    assert_eq!(h["records"]["payment"]["unknown"], 1, "{h}");
+    assert_eq!(
+        h["records"]["payment"]["completed"],
+        serde_json::Value::Null,
+        "{h}"
+    );
+    assert_eq!(
+        h["records_read"]["items"], 1,
+        "only the failed record is read: {h}"
+    );
+    // Completed, it leaves the index.
+    t.claim_as(&stuck, "w2").await;
+    sqs_once::IdempotencyStore::complete(
+        &t.store,
+        &t.pid("p2"),
+        "w2",
+        &sqs_once::Outcome::new("succeeded"),
+        None,
+    )
+    .await
+    .unwrap();
+    let out = health(&t, &["--json"]).output().unwrap();
+    let h: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON reading");
+    assert_eq!(h["records_read"]["items"], 0, "{h}");
+    assert_eq!(out.status.code(), Some(0), "{h}");
 
     t.send("{not json").await;
     let out = payctl_run(&t, &["--until-empty"]).output().await.unwrap();
@@ -105,7 +164,7 @@ async fn health_shows_queues_dead_letters_records_and_alarms() {
     assert_eq!(h["dead_letters"][0]["total"], 1, "{h}");
     assert_eq!(h["dead_letters"][0]["by_code"]["invalid_json"], 1, "{h}");
     assert_eq!(h["queues"][0]["oldest_age_s"], 42.0, "{h}");
-    assert_eq!(h["records"]["payment"]["completed"], 1, "{h}");
+    assert_eq!(h["records"]["payment"]["failed"], 0, "{h}");
     assert_eq!(h["alarms"][0]["name"], alarm.as_str(), "{h}");
     assert_eq!(h["alarms"][0]["state"], "ALARM", "{h}");
     let attention = h["attention"].to_string();

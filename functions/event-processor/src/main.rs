@@ -36,10 +36,20 @@ async fn handle(
             since = report.since_s,
             until = report.until_s,
             queued = report.queued,
+            set_aside = report.set_aside,
             pages = report.pages,
             finished = report.finished,
+            checked_through = report.checked_through_s,
+            jumped = report.jumped,
             "catch-up"
         );
+        // The lag and the jump, for the alarms and the dashboard (EMF on stdout).
+        if telemetry::metrics_on() {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            println!("{}", report.emf_line(now_ms));
+        }
         return Ok(serde_json::to_value(report)?);
     }
     let batch = serde_json::from_value(payload)?;

@@ -3,8 +3,11 @@
 //! in progress and left unknown; the catch-up's place; and on AWS the stack's alarms.
 //!
 //! It only reads. The dead letters are read like `payctl dlq list` (each held a moment, then
-//! released); the records by a scan of the idempotency table that reads only their status
-//! fields. The oldest message's age comes from CloudWatch (`ApproximateAgeOfOldestMessage`,
+//! released); the records from the table's sparse index `OpenRecords`, which holds only the
+//! records that failed and are not completed (a reading costs one query a work, half a read
+//! unit per 4 KB of them: about 1.5 read units when nothing is failing, whatever the table
+//! holds), or, with `--scan-records`, by a scan of the whole table that reads only their
+//! status fields (its cost grows with the table: a year of records). The oldest message's age comes from CloudWatch (`ApproximateAgeOfOldestMessage`,
 //! which AWS publishes and local emulators do not); a local run shows the oldest dead letter's
 //! age, read from the letters themselves.
 
@@ -51,11 +54,12 @@ pub struct DeadLetterHealth {
 /// Letters read from each dead-letter queue at most.
 pub const MAX_LETTERS: usize = 1000;
 
-/// One work's records (payments, refunds, events) in the idempotency table.
+/// One work's records (payments, refunds, events) in the idempotency table: those that failed
+/// and are not completed (read from the `OpenRecords` index), or every one (a scan).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RecordHealth {
-    /// Finished: an outcome is stored.
-    pub completed: u64,
+    /// Finished: an outcome is stored (`None`: not counted; only a scan counts them).
+    pub completed: Option<u64>,
     /// Claimed by an attempt whose lease has not run out: being processed now.
     pub in_progress: u64,
     /// Claimed by an attempt whose lease ran out: a crash or a timeout; the next delivery
@@ -90,12 +94,26 @@ pub struct Health {
     pub dead_letters: Vec<DeadLetterHealth>,
     /// The records by work (`payment`, `refund`, `event`), when the table was given.
     pub records: BTreeMap<String, RecordHealth>,
+    /// How the records were read (`index`, `scan`) and what the reading cost, read units.
+    pub records_read: Option<RecordsRead>,
     /// Where the catch-up of the provider's events stands, when the table was given.
     pub catch_up: Option<String>,
     /// The stack's alarms (`None`: no stack name given; empty: the endpoint has none).
     pub alarms: Option<Vec<AlarmHealth>>,
     /// What needs a person, one line each; empty when healthy.
     pub attention: Vec<String>,
+}
+
+/// How the records were read.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordsRead {
+    /// `index` (the failed and unfinished records, from `OpenRecords`) or `scan` (every
+    /// record).
+    pub how: String,
+    /// The read units the reading consumed, as DynamoDB reported them.
+    pub read_units: f64,
+    /// Items read.
+    pub items: u64,
 }
 
 /// What to read.
@@ -109,6 +127,12 @@ pub struct HealthTargets {
     pub table: Option<String>,
     /// The stack whose alarms to read (their names start with it).
     pub stack_name: Option<String>,
+    /// How often the scheduled catch-up runs (`EventsCatchUpMinutes`): a catch-up behind the
+    /// provider's list by more than this and a quarter of an hour needs attention.
+    pub catch_up_interval_s: i64,
+    /// Read the records by a scan of the whole table (every record counted, completed ones
+    /// too; its cost grows with the table) instead of the `OpenRecords` index.
+    pub scan_records: bool,
 }
 
 /// Reads the view.
@@ -121,6 +145,7 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
         queues: Vec::new(),
         dead_letters: Vec::new(),
         records: BTreeMap::new(),
+        records_read: None,
         catch_up: None,
         alarms: None,
         attention: Vec::new(),
@@ -166,7 +191,13 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
         });
     }
     if let Some(table) = &targets.table {
-        health.records = records(sdk, table, now_ms).await?;
+        let (records, read) = if targets.scan_records {
+            records(sdk, table, now_ms).await?
+        } else {
+            open_records(sdk, table, now_ms).await?
+        };
+        health.records = records;
+        health.records_read = Some(read);
         for (work, r) in &health.records {
             if r.unknown > 0 {
                 health.attention.push(format!(
@@ -185,6 +216,15 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
             .map_err(anyhow::Error::msg)
             .context("reading the catch-up's checkpoint")?;
         health.catch_up = Some(describe_checkpoint(&read, now_ms / 1000));
+        if let Some(lag) = read.lag_s(now_ms / 1000) {
+            if lag > targets.catch_up_interval_s + 900 {
+                health.attention.push(format!(
+                    "events catch-up: {} behind the provider's list, more than a run's interval ({}): it cannot keep up, or its runs fail (EventsCatchUpLagAlarm in docs/operate.md)",
+                    crate::time::in_words(lag * 1000),
+                    crate::time::in_words(targets.catch_up_interval_s * 1000)
+                ));
+            }
+        }
     }
     if let Some(stack) = &targets.stack_name {
         let alarms = alarms(&cloudwatch, stack).await?;
@@ -198,22 +238,127 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
     Ok(health)
 }
 
-/// The records of the table by work, from their status fields alone.
+/// The works whose records the table holds, by their key layouts.
+fn works() -> [(&'static str, sqs_once::dynamo::KeyLayout); 3] {
+    [
+        ("payment", payment_core::payment_keys()),
+        ("refund", payment_core::refund_keys()),
+        ("event", payment_core::event_keys()),
+    ]
+}
+
+/// Counts one record's status fields into its work's health.
+fn count(r: &mut RecordHealth, item: &HashMap<String, AttributeValue>, now_ms: i64) {
+    let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let number = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse::<i64>().ok())
+    };
+    match text("status").as_deref() {
+        Some("COMPLETED") => {
+            *r.completed.get_or_insert(0) += 1;
+            return;
+        }
+        Some("IN_PROGRESS") if number("lease_expires_at").unwrap_or(0) > now_ms => {
+            r.in_progress += 1
+        }
+        Some("IN_PROGRESS") => r.stalled += 1,
+        _ => r.failed += 1,
+    }
+    let unknown = item
+        .get("unknown_outcome")
+        .and_then(|v| v.as_bool().ok())
+        .copied()
+        .unwrap_or(false);
+    if unknown {
+        r.unknown += 1;
+    }
+    if let Some(first) = number("first_attempt_at") {
+        let age = ((now_ms - first).max(0) / 1000) as u64;
+        r.oldest_unfinished_s = Some(r.oldest_unfinished_s.map_or(age, |a| a.max(age)));
+    }
+}
+
+/// The records that failed and are not completed, by work, from the sparse index
+/// `OpenRecords` (one query a work; its cost grows with those records, not the table).
+async fn open_records(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    now_ms: i64,
+) -> Result<(BTreeMap<String, RecordHealth>, RecordsRead)> {
+    use sqs_once::dynamo::{OPEN, OPEN_INDEX};
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let mut out = BTreeMap::new();
+    let mut read = RecordsRead {
+        how: "index".into(),
+        read_units: 0.0,
+        items: 0,
+    };
+    for (work, layout) in works() {
+        let r: &mut RecordHealth = out.entry(work.to_owned()).or_default();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = ddb
+                .query()
+                .table_name(table)
+                .index_name(OPEN_INDEX)
+                .key_condition_expression("#o = :w")
+                .expression_attribute_names("#o", OPEN)
+                .expression_attribute_values(":w", AttributeValue::S(layout.record_prefix.clone()))
+                .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "reading the {OPEN_INDEX} index of the idempotency table {table}: {} (a table made before the index: `payctl provision` or `sam deploy` adds it; `--scan-records` reads the records by a scan instead)",
+                        aws_sdk_dynamodb::error::DisplayErrorContext(&e)
+                    )
+                })?;
+            read.read_units += page
+                .consumed_capacity()
+                .and_then(|c| c.capacity_units())
+                .unwrap_or(0.0);
+            for item in page.items() {
+                read.items += 1;
+                count(r, item, now_ms);
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok((out, read))
+}
+
+/// Every record of the table by work, from their status fields alone: a scan of the whole
+/// table (`--scan-records`).
 async fn records(
     sdk: &aws_config::SdkConfig,
     table: &str,
     now_ms: i64,
-) -> Result<BTreeMap<String, RecordHealth>> {
+) -> Result<(BTreeMap<String, RecordHealth>, RecordsRead)> {
     let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let works = [
-        ("payment", payment_core::payment_keys()),
-        ("refund", payment_core::refund_keys()),
-        ("event", payment_core::event_keys()),
-    ];
+    let works = works();
     let mut out: BTreeMap<String, RecordHealth> = works
         .iter()
-        .map(|(w, _)| ((*w).to_owned(), RecordHealth::default()))
+        .map(|(w, _)| {
+            (
+                (*w).to_owned(),
+                RecordHealth {
+                    completed: Some(0),
+                    ..RecordHealth::default()
+                },
+            )
+        })
         .collect();
+    let mut read = RecordsRead {
+        how: "scan".into(),
+        read_units: 0.0,
+        items: 0,
+    };
     let mut start: Option<HashMap<String, AttributeValue>> = None;
     loop {
         let page = ddb
@@ -222,52 +367,31 @@ async fn records(
             .projection_expression("#pk, #s, unknown_outcome, lease_expires_at, first_attempt_at")
             .expression_attribute_names("#pk", "pk")
             .expression_attribute_names("#s", "status")
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
             .set_exclusive_start_key(start.take())
             .send()
             .await
             .with_context(|| format!("scanning the idempotency table {table}"))?;
+        read.read_units += page
+            .consumed_capacity()
+            .and_then(|c| c.capacity_units())
+            .unwrap_or(0.0);
         for item in page.items() {
-            let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
-            let number = |k: &str| {
-                item.get(k)
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|n| n.parse::<i64>().ok())
+            read.items += 1;
+            let Some(pk) = item.get("pk").and_then(|v| v.as_s().ok()) else {
+                continue;
             };
-            let Some(pk) = text("pk") else { continue };
             let Some((work, _)) = works
                 .iter()
                 .find(|(_, layout)| pk.starts_with(&layout.record_prefix))
             else {
                 continue; // a dead-letter mark, the checkpoint, another item
             };
-            let r = out.entry((*work).to_owned()).or_default();
-            let unknown = item
-                .get("unknown_outcome")
-                .and_then(|v| v.as_bool().ok())
-                .copied()
-                .unwrap_or(false);
-            match text("status").as_deref() {
-                Some("COMPLETED") => {
-                    r.completed += 1;
-                    continue;
-                }
-                Some("IN_PROGRESS") if number("lease_expires_at").unwrap_or(0) > now_ms => {
-                    r.in_progress += 1
-                }
-                Some("IN_PROGRESS") => r.stalled += 1,
-                _ => r.failed += 1,
-            }
-            if unknown {
-                r.unknown += 1;
-            }
-            if let Some(first) = number("first_attempt_at") {
-                let age = ((now_ms - first).max(0) / 1000) as u64;
-                r.oldest_unfinished_s = Some(r.oldest_unfinished_s.map_or(age, |a| a.max(age)));
-            }
+            count(out.entry((*work).to_owned()).or_default(), item, now_ms);
         }
         match page.last_evaluated_key() {
             Some(k) if !k.is_empty() => start = Some(k.clone()),
-            _ => return Ok(out),
+            _ => return Ok((out, read)),
         }
     }
 }
@@ -333,6 +457,18 @@ async fn alarms(cloudwatch: &aws_sdk_cloudwatch::Client, stack: &str) -> Result<
 
 /// Where the catch-up stands, for people.
 pub fn describe_checkpoint(p: &payment_core::events::catch_up::Position, now_s: i64) -> String {
+    let place = describe_place(p, now_s);
+    match p.lag_s(now_s) {
+        Some(lag) => format!(
+            "{place}; the list was checked through {} ({} behind)",
+            crate::time::utc(p.checked_through_s.unwrap_or_default() * 1000),
+            crate::time::in_words(lag * 1000)
+        ),
+        None => place,
+    }
+}
+
+fn describe_place(p: &payment_core::events::catch_up::Position, now_s: i64) -> String {
     match (&p.last, p.from_s) {
         (Some(last), _) => format!(
             "the catch-up queued through {} (created {}, {} ago); {}",
@@ -408,12 +544,25 @@ impl Health {
             );
         }
         if !self.records.is_empty() {
-            out += "\nrecords          completed  in progress  stalled  failed  unknown  oldest unfinished\n";
+            if let Some(read) = &self.records_read {
+                out += &match read.how.as_str() {
+                    "index" => format!(
+                        "\nrecords that failed and are not completed (the OpenRecords index: {} items, {:.1} read units; --scan-records counts every record)\n",
+                        read.items, read.read_units
+                    ),
+                    _ => format!(
+                        "\nrecords (a scan of the whole table: {} items, {:.1} read units)\n",
+                        read.items, read.read_units
+                    ),
+                };
+            }
+            out += "                 completed  in progress  stalled  failed  unknown  oldest unfinished\n";
             for (work, r) in &self.records {
                 out += &format!(
                     "  {:<14} {:>9} {:>12} {:>8} {:>7} {:>8}  {}\n",
                     work,
-                    r.completed,
+                    r.completed
+                        .map_or_else(|| "-".to_owned(), |c| c.to_string()),
                     r.in_progress,
                     r.stalled,
                     r.failed,

@@ -35,6 +35,17 @@ pub fn event_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> 
             )?
             .to_owned(),
     );
+    // What its scheduled catch-up lists follows the template's delivery shape.
+    if let Ok(delivery) = stack.var_of(
+        payctl::template::EVENT_PROCESSOR,
+        "PROVIDER_EVENTS_DELIVERY",
+    ) {
+        config.catch_up_lists = if delivery == "eventbridge" {
+            payment_core::stripe::objects::Listed::All
+        } else {
+            payment_core::stripe::objects::Listed::Undelivered
+        };
+    }
     Ok(config)
 }
 

@@ -252,6 +252,32 @@ impl SimClient {
         self.control("/_sim/webhook", &settings).await
     }
 
+    /// Adds the account's other traffic: `count` events of `kind` made evenly over
+    /// `[since_s, until_s]`, delivered to every endpoint (`POST /_sim/events/history`).
+    pub async fn event_history(
+        &self,
+        count: usize,
+        since_s: i64,
+        until_s: i64,
+        kind: &str,
+    ) -> Result<()> {
+        self.control(
+            "/_sim/events/history",
+            &serde_json::json!({"count": count, "since": since_s, "until": until_s, "type": kind}),
+        )
+        .await
+    }
+
+    /// Marks events as having failed every delivery attempt (`POST /_sim/events/undelivered`):
+    /// an outage longer than the provider retries.
+    pub async fn undelivered(&self, ids: &[String]) -> Result<()> {
+        self.control(
+            "/_sim/events/undelivered",
+            &serde_json::json!({ "ids": ids }),
+        )
+        .await
+    }
+
     /// Per event id: how many delivery attempts, and whether one was acknowledged.
     pub async fn deliveries(&self) -> Result<HashMap<String, Delivery>> {
         self.read("/_sim/deliveries").await

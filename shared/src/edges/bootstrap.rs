@@ -336,14 +336,22 @@ pub async fn build_catch_up(
     let Some(url) = &config.provider_events_queue_url else {
         return Ok(None);
     };
+    // Its own pace at the function's share: a run is one invocation at a time, a catch-up run
+    // and a batch never share an instance (Lambda runs one invocation at a time), and its
+    // pages come one after another (docs/events.md, "The catch-up's capacity").
+    let pace = config
+        .catch_up_pace
+        .map(|rate| Arc::new(sqs_once::pace::Pace::new(rate)));
+    let client = paced_provider(config, sdk, &pace).await?;
     Ok(Some(crate::events::catch_up::ScheduledCatchUp {
-        // Its own pace at the instance's rate: a catch-up run and a batch never share an
-        // instance at once (Lambda runs one invocation at a time).
-        lister: Arc::new(paced_provider(config, sdk, &pace_of(config)).await?),
-        queue: Arc::new(crate::events::queue::SqsEventQueue::new(
-            aws_sdk_sqs::Client::new(sdk),
-            url.clone(),
+        lister: Arc::new(crate::stripe::objects::EventListing::new(
+            client,
+            config.catch_up_lists,
         )),
+        queue: Arc::new(
+            crate::events::queue::SqsEventQueue::new(aws_sdk_sqs::Client::new(sdk), url.clone())
+                .with_dead_letters(config.dead_letter_queue_url.clone()),
+        ),
         checkpoint: crate::events::catch_up::Checkpoint::new(
             aws_sdk_dynamodb::Client::new(sdk),
             &config.idempotency_table,

@@ -74,6 +74,16 @@ pub struct Config {
     /// `EVENT_SOURCE_MAX_CONCURRENCY` (default 1: the instances the event-source mapping runs
     /// at most, which share it). See [`sqs_once::pace`].
     pub provider_pace: Option<f64>,
+    /// The scheduled catch-up's rate (`None`: unpaced): `PROVIDER_REQUESTS_PER_SECOND` times
+    /// `PROVIDER_SHARE_PERCENT`, not divided among the event source's instances. A run is one
+    /// invocation at a time, with no batch in its instance, and it lists pages one after
+    /// another (docs/events.md, "The catch-up's capacity").
+    pub catch_up_pace: Option<f64>,
+    /// What the scheduled catch-up lists, from `PROVIDER_EVENTS_DELIVERY` (`webhook`, the
+    /// default, and `both`: only the events not delivered to every webhook endpoint;
+    /// `eventbridge`: every event of the inbox's types, as Stripe's undelivered filter says
+    /// nothing of an EventBridge destination).
+    pub catch_up_lists: crate::stripe::objects::Listed,
 }
 
 /// A configuration problem, naming the variable.
@@ -247,7 +257,9 @@ impl Config {
             payments_table: get("PAYMENTS_TABLE").filter(|v| !v.trim().is_empty()),
             provider_events_queue_url: get("PROVIDER_EVENTS_QUEUE_URL")
                 .filter(|v| !v.trim().is_empty()),
-            provider_pace: provider_pace(&get)?,
+            provider_pace: provider_pace(&get)?.map(|p| p.instance),
+            catch_up_pace: provider_pace(&get)?.map(|p| p.function),
+            catch_up_lists: catch_up_lists(&get)?,
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",
@@ -299,8 +311,30 @@ pub const PACE_VARS: [&str; 3] = [
     "EVENT_SOURCE_MAX_CONCURRENCY",
 ];
 
+/// `PROVIDER_EVENTS_DELIVERY` (see [`Config::catch_up_lists`]).
+fn catch_up_lists(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<crate::stripe::objects::Listed, ConfigError> {
+    use crate::stripe::objects::Listed;
+    match get("PROVIDER_EVENTS_DELIVERY").as_deref().map(str::trim) {
+        None | Some("") | Some("webhook") | Some("both") => Ok(Listed::Undelivered),
+        Some("eventbridge") => Ok(Listed::All),
+        Some(other) => Err(err(
+            "PROVIDER_EVENTS_DELIVERY",
+            format!("must be webhook, eventbridge or both, got {other:?}"),
+        )),
+    }
+}
+
+/// The provider's rate for one instance of the function, and for the function as a whole.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    instance: f64,
+    function: f64,
+}
+
 /// The process's share of the provider's rate (see [`Config::provider_pace`]).
-fn provider_pace(get: &impl Fn(&str) -> Option<String>) -> Result<Option<f64>, ConfigError> {
+fn provider_pace(get: &impl Fn(&str) -> Option<String>) -> Result<Option<Rates>, ConfigError> {
     let total = match get("PROVIDER_REQUESTS_PER_SECOND") {
         Some(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(r) if r.is_finite() && r > 0.0 && r <= 100_000.0 => r,
@@ -315,7 +349,11 @@ fn provider_pace(get: &impl Fn(&str) -> Option<String>) -> Result<Option<f64>, C
     };
     let share = number_var(get, "PROVIDER_SHARE_PERCENT", 100, 1, 100)?;
     let instances = number_var(get, "EVENT_SOURCE_MAX_CONCURRENCY", 1, 1, 10_000)?;
-    Ok(Some(total * share as f64 / 100.0 / instances as f64))
+    let function = total * share as f64 / 100.0;
+    Ok(Some(Rates {
+        instance: function / instances as f64,
+        function,
+    }))
 }
 
 fn number_var(
@@ -500,6 +538,8 @@ mod tests {
         ])
         .unwrap();
         assert!((paced.provider_pace.unwrap() - 1.2).abs() < 1e-9);
+        // The catch-up runs alone in its instance: the function's share, undivided.
+        assert!((paced.catch_up_pace.unwrap() - 12.0).abs() < 1e-9);
         assert_eq!(
             with(&[("PROVIDER_REQUESTS_PER_SECOND", "12.5")])
                 .unwrap()

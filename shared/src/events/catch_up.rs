@@ -25,7 +25,9 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 pub use crate::events::checkpoint::{Checkpoint, Place, Position, CHECKPOINT_KEY, OVERLAP_S};
-use crate::events::queue::EventQueue;
+use crate::events::queue::{
+    message_bytes, sqs_text, EventQueue, EVENT_TOO_LARGE, MAX_MESSAGE_BYTES,
+};
 use crate::provider::event::ProviderEvent;
 use crate::provider::{FailureKind, ProviderError};
 
@@ -119,8 +121,25 @@ pub trait EventLister: Send + Sync {
     }
 }
 
+/// A list call whose request may wait for the pace's slot until the run's budget ends (a run
+/// is alone in its instance: waiting is all it would do meanwhile, and a `429`'s `Retry-After`
+/// pauses the pace). `Ok(None)`: the pace had no slot before then; the run stops there, as at
+/// its budget's end, and the next one goes on.
+async fn paced<F>(budget: &Budget, call: F) -> Result<Option<EventPage>, ProviderError>
+where
+    F: std::future::Future<Output = Result<EventPage, ProviderError>>,
+{
+    let (answer, requests) = sqs_once::pace::within(budget.until, call).await;
+    match answer {
+        Err(_) if requests.none_sent() => Ok(None),
+        other => other.map(Some),
+    }
+}
+
 /// Where a window's oldest-first walk starts.
 enum Start {
+    /// Not known in this run: the pace had no slot for its list call before the budget's end.
+    Later,
     /// After this event (not queued again).
     After(Place),
     /// With this event (the window's oldest, nothing of the types before it), then after it.
@@ -139,10 +158,12 @@ async fn start_at(
     report: &mut CatchUpReport,
 ) -> Result<Start, String> {
     let listing = |e: ProviderError| format!("listing the provider's events: {e}");
-    let before = lister
-        .page_back(0, since_s - 1, None)
+    let Some(before) = paced(&budget, lister.page_back(0, since_s - 1, None))
         .await
-        .map_err(listing)?;
+        .map_err(listing)?
+    else {
+        return Ok(Start::Later);
+    };
     report.pages += 1;
     if let Some((e, _)) = before.events.first() {
         return Ok(Start::After(Place::of(e)));
@@ -155,10 +176,12 @@ async fn start_at(
             ));
         }
         let after = oldest.as_ref().map(|(e, _)| e.id.clone());
-        let page = lister
-            .page_back(since_s, now_s, after.as_deref())
+        let Some(page) = paced(&budget, lister.page_back(since_s, now_s, after.as_deref()))
             .await
-            .map_err(listing)?;
+            .map_err(listing)?
+        else {
+            return Ok(Start::Later);
+        };
         report.pages += 1;
         let more = page.has_more;
         if let Some(last) = page.events.into_iter().last() {
@@ -217,6 +240,8 @@ pub struct CatchUpReport {
     pub until_s: i64,
     /// Events queued (the inbox drops those it applied before).
     pub queued: usize,
+    /// Events the queue cannot take, set aside to the dead-letter queue with their reason.
+    pub set_aside: usize,
     /// Pages listed.
     pub pages: usize,
     /// The last event queued.
@@ -224,6 +249,45 @@ pub struct CatchUpReport {
     /// The run reached the newest event of its window; `false`: its budget ended first, and
     /// the next run continues from `last`.
     pub finished: bool,
+    /// Every event created up to this time has been listed (a scheduled run's; see
+    /// [`Position::checked_through_s`]).
+    pub checked_through_s: Option<i64>,
+    /// The run found its checkpoint older than the provider keeps events and started from
+    /// the oldest it still lists: what was created between the two may never have been
+    /// applied (an alarm, and a runbook row: docs/operate.md, `CatchUpJumped`).
+    pub jumped: bool,
+}
+
+impl CatchUpReport {
+    /// The scheduled run's EMF line (namespace `ProviderEvents`, dimension `Service`):
+    /// `CatchUpLagMinutes` (how far behind the provider's list the catch-up is after the run:
+    /// 0 when it reached the newest event) and `CatchUpJumped` (1 when it skipped to the
+    /// oldest event the provider still lists). The template alarms on both.
+    pub fn emf_line(&self, now_ms: i64) -> String {
+        let lag_min = self
+            .checked_through_s
+            .map_or(0, |t| (now_ms / 1000 - t).max(0) / 60);
+        serde_json::json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": "ProviderEvents",
+                    "Dimensions": [["Service"]],
+                    "Metrics": [
+                        {"Name": "CatchUpLagMinutes", "Unit": "None"},
+                        {"Name": "CatchUpJumped", "Unit": "Count"}
+                    ]
+                }]
+            },
+            "Service": "event-processor",
+            "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
+            "CatchUpJumped": u8::from(self.jumped),
+            "queued": self.queued,
+            "set_aside": self.set_aside,
+            "pages": self.pages,
+        })
+        .to_string()
+    }
 }
 
 /// Lists `[since_s, until_s]` (cut at the provider's retention) page by page, oldest first,
@@ -245,14 +309,18 @@ pub async fn catch_up(
             report.finished = true;
             return Ok(report);
         }
+        Start::Later => {
+            return Err(
+                "the provider's pace had no request slot for the catch-up: run it again".into(),
+            )
+        }
         Start::After(p) => p,
         Start::With(e, text) => {
             if e.created > until_s {
                 report.finished = true;
                 return Ok(report);
             }
-            queue_page(queue, &[(e.clone(), text)]).await?;
-            report.queued = 1;
+            queue_page(queue, &[(e.clone(), text)], &mut report).await?;
             Place::of(&e)
         }
     };
@@ -269,20 +337,47 @@ pub async fn catch_up(
     Ok(report)
 }
 
+/// Queues a page's events; one larger than a queue message is set aside with its reason
+/// ([`EventQueue::set_aside`]), so the walk goes on after it (as one the queue refuses is, and
+/// one the parser cannot read is queued for the inbox to dead-letter with the parser's reason).
 async fn queue_page(
     queue: &dyn EventQueue,
     events: &[(ProviderEvent, String)],
+    report: &mut CatchUpReport,
 ) -> Result<(), String> {
+    let mut fits = Vec::with_capacity(events.len());
+    for (e, body) in events {
+        let bytes = message_bytes(&e.kind, &sqs_text(body));
+        if bytes > MAX_MESSAGE_BYTES {
+            let why = format!(
+                "{bytes} bytes with its attribute, more than a queue message takes ({MAX_MESSAGE_BYTES})"
+            );
+            queue
+                .set_aside(e, body, EVENT_TOO_LARGE, &why)
+                .await
+                .map_err(|err| format!("setting event {} aside: {err}", e.id))?;
+            report.set_aside += 1;
+        } else {
+            fits.push((e.clone(), body.clone()));
+        }
+    }
+    if fits.is_empty() {
+        return Ok(());
+    }
     queue
-        .enqueue_batch(events)
+        .enqueue_batch(&fits)
         .await
-        .map_err(|e| format!("queueing {} events: {e}", events.len()))
+        .map_err(|e| format!("queueing {} events: {e}", fits.len()))?;
+    report.queued += fits.len();
+    Ok(())
 }
 
 /// The checkpoint's part in a walk: moved after each page.
 struct Moving<'a> {
     checkpoint: &'a Checkpoint,
     read: Position,
+    /// The run's time: what the list is walked through once the newest event is reached.
+    now_s: i64,
 }
 
 /// Walks the pages after `cursor`, oldest first, queueing each (and the events up to
@@ -303,10 +398,12 @@ async fn walk(
         if report.pages > first && budget.spent(report.pages) {
             return Ok(());
         }
-        let page = lister
-            .page_after(&cursor.id)
+        let Some(page) = paced(&budget, lister.page_after(&cursor.id))
             .await
-            .map_err(|e| format!("listing the provider's events after {}: {e}", cursor.id))?;
+            .map_err(|e| format!("listing the provider's events after {}: {e}", cursor.id))?
+        else {
+            return Ok(());
+        };
         report.pages += 1;
         let mut oldest_first: Vec<_> = page.events.into_iter().rev().collect();
         let past_end = until_s.is_some_and(|u| oldest_first.iter().any(|(e, _)| e.created > u));
@@ -318,8 +415,7 @@ async fn walk(
             return Ok(());
         };
         let newest = Place::of(newest);
-        queue_page(queue, &oldest_first).await?;
-        report.queued += oldest_first.len();
+        queue_page(queue, &oldest_first, report).await?;
         report.last = Some(newest.clone());
         if let Some(m) = moving.as_deref_mut() {
             // The last page marks the checkpoint caught up in the same write: a run that dies
@@ -329,6 +425,11 @@ async fn walk(
                 caught_up: !page.has_more,
                 version: m.read.version + 1,
                 from_s: None,
+                checked_through_s: Some(if page.has_more {
+                    newest.created
+                } else {
+                    m.now_s
+                }),
             };
             if !m.checkpoint.advance(&m.read, &to).await? {
                 tracing::warn!(
@@ -362,28 +463,30 @@ pub async fn scheduled(
     // starts from the oldest events it still lists.
     // (Five minutes short of it: the run's calls all land before the provider drops it.)
     let oldest_listable = now_s - EVENT_RETENTION_S + 300;
-    let stale = read
-        .last
-        .as_ref()
-        .is_some_and(|p| p.created <= oldest_listable);
-    let last = read.last.clone().filter(|_| !stale);
-    let since = match &last {
-        Some(p) if read.caught_up => p.created - OVERLAP_S,
-        Some(p) => p.created,
-        None if stale => oldest_listable,
-        None => read
-            .from_s
-            .unwrap_or(now_s - FIRST_WINDOW_S)
-            .max(oldest_listable),
+    // Listed through when: the last run's time, else its last event. Listing only the
+    // undelivered events, the last one queued may be older than the provider keeps events
+    // while the runs keep up: then the run starts from where the list was checked through.
+    let covered = read
+        .checked_through_s
+        .or(read.last.as_ref().map(|p| p.created));
+    let stale = covered.is_some_and(|t| t <= oldest_listable);
+    let last = read.last.clone().filter(|p| p.created > oldest_listable);
+    let since = match (&last, read.from_s, covered) {
+        (Some(p), _, _) if read.caught_up => p.created - OVERLAP_S,
+        (Some(p), _, _) => p.created,
+        (None, Some(from), _) => from.max(oldest_listable),
+        (None, None, Some(t)) => (t - OVERLAP_S).max(oldest_listable),
+        (None, None, None) => (now_s - FIRST_WINDOW_S).max(oldest_listable),
     };
     if stale {
-        tracing::warn!(
-            "the catch-up's last event is older than the provider keeps events: this run starts from the oldest it still lists"
+        tracing::error!(
+            "the catch-up's last event is older than the provider keeps events: this run starts from the oldest it still lists, and what was created between them may never have been applied (docs/operate.md, CatchUpJumped)"
         );
     }
     let mut report = CatchUpReport {
         since_s: since,
         until_s: now_s,
+        jumped: stale,
         ..CatchUpReport::default()
     };
     let cursor = match &last {
@@ -394,14 +497,28 @@ pub async fn scheduled(
             p.clone()
         }
         None => match start_at(lister, since, now_s, budget, &mut report).await? {
+            // The pace kept it waiting to its budget's end (a `429`'s pause): the next run
+            // starts here again; nothing moved.
+            Start::Later => return Ok(report),
             Start::Nothing => {
+                // Nothing listed since: checked through now all the same.
                 report.finished = true;
+                report.checked_through_s = Some(now_s);
+                let to = Position {
+                    caught_up: true,
+                    version: read.version + 1,
+                    from_s: None,
+                    checked_through_s: Some(now_s),
+                    ..read.clone()
+                };
+                if !checkpoint.advance(&read, &to).await? {
+                    tracing::warn!("another catch-up moved the checkpoint meanwhile");
+                }
                 return Ok(report);
             }
             Start::After(p) => p,
             Start::With(e, text) => {
-                queue_page(queue, &[(e.clone(), text)]).await?;
-                report.queued = 1;
+                queue_page(queue, &[(e.clone(), text)], &mut report).await?;
                 Place::of(&e)
             }
         },
@@ -409,6 +526,7 @@ pub async fn scheduled(
     let mut moving = Moving {
         checkpoint,
         read: read.clone(),
+        now_s,
     };
     walk(
         lister,
@@ -420,17 +538,30 @@ pub async fn scheduled(
         Some(&mut moving),
     )
     .await?;
-    if report.finished && !moving.read.caught_up {
+    // A run that reached the newest event says so, and through when it listed, even when it
+    // found nothing new (listing only the undelivered events, most runs find nothing): one
+    // write a run, from which the lag is measured.
+    if report.finished && moving.read.checked_through_s != Some(now_s) {
         let to = Position {
             last: report.last.clone().or(Some(cursor)),
             caught_up: true,
             version: moving.read.version + 1,
             from_s: None,
+            checked_through_s: Some(now_s),
         };
         if !checkpoint.advance(&moving.read, &to).await? {
             tracing::warn!("another catch-up moved the checkpoint meanwhile");
         }
     }
+    report.checked_through_s = if report.finished {
+        Some(now_s)
+    } else {
+        report
+            .last
+            .as_ref()
+            .map(|p| p.created)
+            .or(moving.read.checked_through_s)
+    };
     Ok(report)
 }
 
@@ -449,17 +580,21 @@ async fn overlap(
         if budget.spent(report.pages) {
             return Ok(());
         }
-        let page = lister
-            .page_back(last.created - OVERLAP_S, last.created, after.as_deref())
-            .await
-            .map_err(|e| format!("listing the provider's events before {}: {e}", last.id))?;
+        let Some(page) = paced(
+            &budget,
+            lister.page_back(last.created - OVERLAP_S, last.created, after.as_deref()),
+        )
+        .await
+        .map_err(|e| format!("listing the provider's events before {}: {e}", last.id))?
+        else {
+            return Ok(());
+        };
         report.pages += 1;
         let Some((oldest, _)) = page.events.last() else {
             return Ok(());
         };
         after = Some(oldest.id.clone());
-        queue_page(queue, &page.events).await?;
-        report.queued += page.events.len();
+        queue_page(queue, &page.events, report).await?;
         if !page.has_more {
             return Ok(());
         }
@@ -482,5 +617,45 @@ impl ScheduledCatchUp {
     pub async fn run(&self, budget: Budget) -> Result<CatchUpReport, String> {
         let now = sqs_once::runner::now_ms() / 1000;
         scheduled(&*self.lister, &*self.queue, &self.checkpoint, now, budget).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A list call through the paced client: it waits for its slot (the real client calls
+    /// `Pace::acquire` the same way).
+    async fn listed(pace: &sqs_once::pace::Pace) -> Result<EventPage, ProviderError> {
+        pace.acquire(Duration::from_secs(10))
+            .await
+            .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string()))?;
+        Ok(EventPage::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_call_waits_for_its_slot_within_the_run_and_a_pause_past_it_ends_the_run_quietly(
+    ) {
+        // A 429 asked for a minute's pause; the run has 45 s left.
+        let pace = sqs_once::pace::Pace::new(4.0);
+        pace.slowed(Some(Duration::from_secs(60)));
+        let t0 = tokio::time::Instant::now();
+        let short = Budget {
+            until: t0 + Duration::from_secs(45),
+            max_pages: usize::MAX,
+        };
+        assert!(
+            paced(&short, listed(&pace)).await.unwrap().is_none(),
+            "no slot within the run: it stops, it does not fail"
+        );
+        // With the client's own timeout (10 s) as its only bound it was refused NotSent, an
+        // error that failed the run; within a budget that reaches the slot, it waits for it.
+        let long = Budget {
+            until: t0 + Duration::from_secs(75),
+            max_pages: usize::MAX,
+        };
+        assert!(paced(&long, listed(&pace)).await.unwrap().is_some());
+        assert!(tokio::time::Instant::now() - t0 >= Duration::from_secs(60));
     }
 }

@@ -47,6 +47,19 @@ pub struct Position {
     /// or read from a checkpoint of versions before the cursor: its `through_s` less
     /// [`OVERLAP_S`]).
     pub from_s: Option<i64>,
+    /// Every event created up to this time (unix seconds) has been listed: the time of the
+    /// last run that reached the newest event, else the last event a run walked to. What the
+    /// catch-up's lag is measured from (listing only the undelivered events, the last event
+    /// queued may be days old while the runs keep up). `None`: no run wrote it yet.
+    pub checked_through_s: Option<i64>,
+}
+
+impl Position {
+    /// How far behind the provider's list the catch-up is at `now_s`, seconds: the time
+    /// since [`Position::checked_through_s`] (`None`: no run wrote it yet).
+    pub fn lag_s(&self, now_s: i64) -> Option<i64> {
+        self.checked_through_s.map(|t| (now_s - t).max(0))
+    }
 }
 
 /// Where the scheduled catch-up keeps its [`Position`].
@@ -99,6 +112,7 @@ impl Checkpoint {
             version: get_n(item, "version").unwrap_or(0),
             from_s: get_n(item, "start_s")
                 .or_else(|| get_n(item, "through_s").map(|t| t - OVERLAP_S)),
+            checked_through_s: get_n(item, "checked_through"),
         })
     }
 
@@ -111,23 +125,30 @@ impl Checkpoint {
             .key("pk", s(CHECKPOINT_KEY))
             .expression_attribute_values(":v", n(to.version))
             .expression_attribute_values(":caught", AttributeValue::Bool(to.caught_up));
+        let checked = match to.checked_through_s {
+            Some(t) => {
+                req = req.expression_attribute_values(":ct", n(t));
+                ", checked_through = :ct"
+            }
+            None => "",
+        };
         req = match (&to.last, to.from_s) {
             (Some(p), _) => req
-                .update_expression(
-                    "SET version = :v, caught_up = :caught, last_event = :id, last_created = :c \
-                     REMOVE through_s, start_s",
-                )
+                .update_expression(format!(
+                    "SET version = :v, caught_up = :caught, last_event = :id, last_created = :c{checked} \
+                     REMOVE through_s, start_s"
+                ))
                 .expression_attribute_values(":id", s(&p.id))
                 .expression_attribute_values(":c", n(p.created)),
             (None, Some(from)) => req
-                .update_expression(
-                    "SET version = :v, caught_up = :caught, start_s = :from_s \
-                     REMOVE last_event, last_created, through_s",
-                )
+                .update_expression(format!(
+                    "SET version = :v, caught_up = :caught, start_s = :from_s{checked} \
+                     REMOVE last_event, last_created, through_s"
+                ))
                 .expression_attribute_values(":from_s", n(from)),
-            (None, None) => req.update_expression(
-                "SET version = :v, caught_up = :caught REMOVE last_event, last_created, through_s, start_s",
-            ),
+            (None, None) => req.update_expression(format!(
+                "SET version = :v, caught_up = :caught{checked} REMOVE last_event, last_created, through_s, start_s"
+            )),
         };
         req = if from.version == 0 {
             req.condition_expression("attribute_not_exists(version)")

@@ -149,7 +149,17 @@ impl ProviderEvent {
                     return Subject::Unhandled;
                 };
                 let decline = decline_code(&self.object);
-                let Some(mut status) = payment_status(self.text("status").as_deref()) else {
+                let read_back = self.kind == "payment_intent.retrieved";
+                let status = match self.text("status").as_deref() {
+                    // Read back, it is where the payment waits now (its customer has not
+                    // confirmed yet): a settling state like `requires_action`, never retried
+                    // as unreadable. An event's snapshot of it says nothing settled.
+                    Some("requires_confirmation") if read_back => {
+                        Some("requires_confirmation".to_owned())
+                    }
+                    s => payment_status(s),
+                };
+                let Some(mut status) = status else {
                     return Subject::Unhandled;
                 };
                 // An off-session confirmation that needed the customer: the processor records
@@ -454,6 +464,26 @@ mod tests {
         assert_eq!(
             payment_step("requires_action", "requires_action"),
             Step::Unchanged
+        );
+        // Read back, a PaymentIntent waiting for its confirmation is a waiting state (it was
+        // refused as unreadable, and its event retried until dead-lettered).
+        let waiting = event(
+            "payment_intent.retrieved",
+            json!({"id": "pi_3", "object": "payment_intent", "status": "requires_confirmation",
+                   "metadata": {"payment_id": "p3"}}),
+        );
+        assert!(
+            matches!(waiting.subject(), Subject::Payment(c) if c.status == "requires_confirmation"),
+            "{:?}",
+            waiting.subject()
+        );
+        assert_eq!(
+            payment_current("processing", "requires_confirmation"),
+            Step::Apply("requires_confirmation".into())
+        );
+        assert_eq!(
+            payment_step("requires_confirmation", "succeeded"),
+            Step::Apply("succeeded".into())
         );
         // A creation's snapshot says nothing settled.
         let created = event(

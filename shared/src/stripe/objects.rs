@@ -86,8 +86,83 @@ struct WirePage {
     has_more: bool,
 }
 
+/// An entry of the event list that is not an event this system can read, kept in its place
+/// with its id and time (the walk goes on after it) and its text, which the inbox refuses
+/// (`invalid_event`, dead-lettered with the parser's reason): one bad event never stops the
+/// catch-up. `None` when even its id or time cannot be read: the page cannot be walked past.
+fn unreadable_entry(value: &serde_json::Value, text: String) -> Option<(ProviderEvent, String)> {
+    let id = value.get("id")?.as_str()?;
+    let created = value.get("created")?.as_i64()?;
+    if !id.starts_with("evt_") {
+        return None;
+    }
+    let kind = value
+        .get("type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("unreadable")
+        .chars()
+        .take(100)
+        .collect();
+    Some((
+        ProviderEvent {
+            id: id.to_owned(),
+            kind,
+            created,
+            object: serde_json::Value::Null,
+        },
+        text,
+    ))
+}
+
+/// Which of the provider's events a listing holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// Every event of the inbox's types.
+    All,
+    /// Only those not delivered to every webhook endpoint (`delivery_success=false`: still
+    /// pending, or failed all their attempts), as Stripe's guide to undelivered events lists
+    /// them: the delivered ones were queued by the receiver when they arrived.
+    Undelivered,
+}
+
+/// The provider's event list as the catch-up walks it: every event, or only the undelivered
+/// ones ([`Listed`]).
+pub struct EventListing {
+    client: StripeClient,
+    listed: Listed,
+}
+
+impl EventListing {
+    /// `client`'s event list, restricted to `listed`.
+    pub fn new(client: StripeClient, listed: Listed) -> Self {
+        Self { client, listed }
+    }
+}
+
+#[async_trait]
+impl EventLister for EventListing {
+    async fn page_back(
+        &self,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.client
+            .events_back(since_s, until_s, starting_after, self.listed)
+            .await
+    }
+
+    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.client.events_after(cursor, self.listed).await
+    }
+}
+
 impl StripeClient {
-    async fn event_page(&self, extra: &[(&str, &str)]) -> Result<EventPage, ProviderError> {
+    async fn event_page(
+        &self,
+        extra: &[(&str, &str)],
+        listed: Listed,
+    ) -> Result<EventPage, ProviderError> {
         let type_keys: Vec<String> = (0..EVENT_TYPES.len())
             .map(|i| format!("types[{i}]"))
             .collect();
@@ -99,19 +174,28 @@ impl StripeClient {
                 .map(String::as_str)
                 .zip(EVENT_TYPES.iter().copied()),
         );
+        if listed == Listed::Undelivered {
+            query.push(("delivery_success", "false"));
+        }
         query.extend_from_slice(extra);
         let (status, headers, body) = self.get("/v1/events", &query).await?;
         let page: WirePage = listing(status, &headers, &body, |_: &WirePage| false)?;
         let mut events = Vec::with_capacity(page.data.len());
         for value in page.data {
             let text = value.to_string();
-            let e = ProviderEvent::parse(&text).map_err(|r| {
-                ProviderError::new(
-                    FailureKind::Network,
-                    format!("the event list holds an unreadable event: {}", r.message),
-                )
-            })?;
-            events.push((e, text));
+            let entry = match ProviderEvent::parse(&text) {
+                Ok(e) => (e, text),
+                Err(r) => unreadable_entry(&value, text).ok_or_else(|| {
+                    ProviderError::new(
+                        FailureKind::Network,
+                        format!(
+                            "the event list holds an entry without an event id and time: {}",
+                            r.message
+                        ),
+                    )
+                })?,
+            };
+            events.push(entry);
         }
         Ok(EventPage {
             events,
@@ -120,13 +204,13 @@ impl StripeClient {
     }
 }
 
-#[async_trait]
-impl EventLister for StripeClient {
-    async fn page_back(
+impl StripeClient {
+    async fn events_back(
         &self,
         since_s: i64,
         until_s: i64,
         starting_after: Option<&str>,
+        listed: Listed,
     ) -> Result<EventPage, ProviderError> {
         let (since, until) = (since_s.to_string(), until_s.to_string());
         let mut extra = vec![
@@ -136,11 +220,29 @@ impl EventLister for StripeClient {
         if let Some(a) = starting_after {
             extra.push(("starting_after", a));
         }
-        self.event_page(&extra).await
+        self.event_page(&extra, listed).await
+    }
+
+    async fn events_after(&self, cursor: &str, listed: Listed) -> Result<EventPage, ProviderError> {
+        self.event_page(&[("ending_before", cursor)], listed).await
+    }
+}
+
+/// Every event of the inbox's types ([`Listed::All`]): what a catch-up by hand lists.
+#[async_trait]
+impl EventLister for StripeClient {
+    async fn page_back(
+        &self,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.events_back(since_s, until_s, starting_after, Listed::All)
+            .await
     }
 
     async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
-        self.event_page(&[("ending_before", cursor)]).await
+        self.events_after(cursor, Listed::All).await
     }
 }
 
@@ -158,5 +260,28 @@ impl StripeClient {
             )
         })?;
         Ok(Place::of(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_entry_keeps_its_place_and_its_text_for_the_inbox_to_refuse() {
+        let text = r#"{"id":"evt_9","object":"event","type":"payment_intent.succeeded","created":77,"data":"not an object"}"#;
+        let value: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert!(ProviderEvent::parse(text).is_err());
+        let (e, kept) = unreadable_entry(&value, text.to_owned()).unwrap();
+        assert_eq!((e.id.as_str(), e.created), ("evt_9", 77));
+        assert_eq!(kept, text);
+        // The inbox refuses it with the parser's reason (its dead letter says why).
+        let refusal = ProviderEvent::parse_queued(&kept).unwrap_err();
+        assert_eq!(refusal.code, "invalid_event");
+        // Without an event id or a time there is no place to go on from.
+        for bad in [r#"{"id":"ch_1","created":1}"#, r#"{"id":"evt_1"}"#] {
+            let v: serde_json::Value = serde_json::from_str(bad).unwrap();
+            assert!(unreadable_entry(&v, bad.to_owned()).is_none(), "{bad}");
+        }
     }
 }

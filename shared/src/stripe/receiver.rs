@@ -24,8 +24,9 @@ use crate::stripe::webhook::{SignatureCheck, SignatureError, SignedHeader};
 /// The route.
 pub const EVENTS_PATH: &str = "/v1/provider-events";
 
-/// The largest body accepted: SQS's largest message, which the event is sent as.
-pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+/// The largest body read: SQS's largest message, which the event is sent as (a verified
+/// event is also refused when, with its type attribute, it is larger than a queue message).
+pub const MAX_EVENT_BYTES: usize = crate::events::queue::MAX_MESSAGE_BYTES;
 
 /// The endpoint's signing secrets.
 #[async_trait]
@@ -99,7 +100,7 @@ impl SigningSecrets for SecretsManagerSecrets {
     }
 }
 
-use crate::events::queue::EventQueue;
+use crate::events::queue::{message_bytes, sqs_text, EventQueue, MAX_MESSAGE_BYTES};
 
 /// An HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,6 +316,20 @@ impl EventReceiver {
             Ok(e) => e,
             Err(r) => return refused(400, &r.code, r.message),
         };
+        // What SQS counts: the body as it is sent and the event's type attribute. Refused
+        // here, the provider retries for days and then lists it as undelivered: the catch-up
+        // sets it aside to the dead-letter queue with its reason.
+        let bytes = message_bytes(&event.kind, &sqs_text(text));
+        if bytes > MAX_MESSAGE_BYTES {
+            return refused(
+                413,
+                "body_too_large",
+                format!(
+                    "event {} is {bytes} bytes as a queue message (with its type attribute); at most {MAX_MESSAGE_BYTES} are queued",
+                    event.id
+                ),
+            );
+        }
         match self.queue.enqueue(&event, text).await {
             Ok(()) => {
                 tracing::debug!(event_id = %event.id, event_type = %event.kind, "provider event queued");
@@ -407,6 +422,58 @@ mod tests {
             1,
             "refused deliveries store nothing"
         );
+    }
+
+    #[tokio::test]
+    async fn an_event_that_fits_the_body_cap_but_not_a_queue_message_with_its_attribute_is_refused()
+    {
+        let queue = Arc::new(Queue::default());
+        let r = receiver(queue.clone());
+        // A body of exactly the body cap, one that with its attribute (`event_type`, `String`,
+        // and the type: 40 bytes) is one byte short of a queue message, and one 10 bytes
+        // shorter still.
+        let event = |bytes: usize| {
+            let head = r#"{"id":"evt_1","object":"event","type":"payment_intent.succeeded","created":1,"data":{"object":{"id":"pi_1","object":"payment_intent","status":"succeeded","description":""#;
+            let tail = r#""}}}"#;
+            format!(
+                "{head}{}{tail}",
+                "x".repeat(bytes - head.len() - tail.len())
+            )
+        };
+        let attribute = "event_type".len() + "String".len() + "payment_intent.succeeded".len();
+        let full = event(MAX_EVENT_BYTES);
+        let a = r
+            .handle(
+                "POST",
+                EVENTS_PATH,
+                Some(&sign(&["whsec_a"], NOW, full.as_bytes())),
+                full.as_bytes(),
+            )
+            .await;
+        assert_eq!(a.status, 413, "{}", a.body);
+        assert!(a.body.contains("evt_1"), "{}", a.body);
+        let over = event(MAX_MESSAGE_BYTES - attribute + 1);
+        let a = r
+            .handle(
+                "POST",
+                EVENTS_PATH,
+                Some(&sign(&["whsec_a"], NOW, over.as_bytes())),
+                over.as_bytes(),
+            )
+            .await;
+        assert_eq!(a.status, 413, "{}", a.body);
+        assert!(queue.sent.lock().unwrap().is_empty());
+        let fits = event(MAX_MESSAGE_BYTES - attribute);
+        let a = r
+            .handle(
+                "POST",
+                EVENTS_PATH,
+                Some(&sign(&["whsec_a"], NOW, fits.as_bytes())),
+                fits.as_bytes(),
+            )
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(queue.sent.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -19,6 +19,11 @@ pub enum EventsCommand {
         /// The provider-events queue (the stack's ProviderEventsQueueUrl output).
         #[arg(long, env = "PROVIDER_EVENTS_QUEUE_URL")]
         queue_url: String,
+        /// Where an event the queue cannot take (larger than a message) is set aside with its
+        /// reason, so the walk goes on (the stack's ProviderEventsDeadLetterQueueUrl output);
+        /// without it, the catch-up stops before such an event and names it.
+        #[arg(long, env = "PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL")]
+        dlq_url: Option<String>,
         #[command(flatten)]
         provider: super::ProviderArgs,
         /// Print what was queued as JSON on stdout.
@@ -54,14 +59,15 @@ pub struct EventsArgs {
 
 /// Runs `payctl events`.
 pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
-    let (since, until, queue_url, provider, json) = match args.command {
+    let (since, until, queue_url, dlq_url, provider, json) = match args.command {
         EventsCommand::CatchUp {
             since,
             until,
             queue_url,
+            dlq_url,
             provider,
             json,
-        } => (since, until, queue_url, provider, json),
+        } => (since, until, queue_url, dlq_url, provider, json),
         EventsCommand::Checkpoint {
             table,
             set,
@@ -94,10 +100,21 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         &format!("queueing the provider's events to {queue_url}"),
     )
     .await;
-    let queue = payment_core::events::queue::SqsEventQueue::new(
+    let mut queue = payment_core::events::queue::SqsEventQueue::new(
         aws_sdk_sqs::Client::new(sdk),
         queue_url.clone(),
     );
+    if let Some(dlq) = dlq_url {
+        payctl::aws::check_queue(
+            sdk,
+            &dlq,
+            &format!(
+                "the provider events' dead-letter queue {dlq} (PROVIDER_EVENTS_DEAD_LETTER_QUEUE_URL)"
+            ),
+        )
+        .await?;
+        queue = queue.with_dead_letters(dlq);
+    }
     let report = payment_core::events::catch_up::catch_up(&client, &queue, since_s, until_s)
         .await
         .map_err(anyhow::Error::msg)
@@ -112,6 +129,12 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
     }
     if json {
         println!("{}", serde_json::to_string(&report)?);
+    }
+    if report.set_aside > 0 {
+        eprintln!(
+            "{} events the queue cannot take were set aside to the dead-letter queue with their reason (`payctl dlq list`; docs/operate.md, event_too_large)",
+            report.set_aside
+        );
     }
     eprintln!(
         "queued {} events ({} pages) created from {} to {}; `payctl run --work events` (or the event function) applies those not applied yet",
@@ -161,6 +184,7 @@ async fn checkpoint(
                 .await
                 .with_context(|| format!("looking event {id} up at the provider"))?;
             Position {
+                checked_through_s: Some(place.created),
                 last: Some(place),
                 caught_up: false,
                 version: read.version + 1,
@@ -180,6 +204,7 @@ async fn checkpoint(
                 caught_up: false,
                 version: read.version + 1,
                 from_s: Some(from),
+                checked_through_s: Some(from),
             }
         }
     };

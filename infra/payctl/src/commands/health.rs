@@ -31,6 +31,15 @@ pub struct HealthArgs {
     /// The stack whose CloudWatch alarms to read (on AWS: the sam deploy stack name).
     #[arg(long)]
     pub stack_name: Option<String>,
+    /// How often the scheduled catch-up runs (the stack's EventsCatchUpMinutes): a catch-up
+    /// behind the provider's list by more than this and a quarter of an hour needs attention.
+    #[arg(long, env = "EVENTS_CATCH_UP_MINUTES", default_value_t = 60)]
+    pub catch_up_minutes: i64,
+    /// Count every record by a scan of the whole idempotency table (completed ones too; its
+    /// cost grows with the table, a year of records), instead of reading the failed and
+    /// unfinished ones from the table's OpenRecords index.
+    #[arg(long)]
+    pub scan_records: bool,
     /// Read again every this many seconds until stopped.
     #[arg(long, value_name = "SECONDS")]
     pub watch: Option<u64>,
@@ -40,7 +49,7 @@ pub struct HealthArgs {
 }
 
 /// Runs `payctl health`: exits 0 when healthy, 2 when something needs a person (dead letters,
-/// an unknown outcome, an alarm firing), 1 on an error.
+/// an unknown outcome, a catch-up behind, an alarm firing), 1 on an error.
 pub async fn health(args: HealthArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let pair = |name: &str, url: &Option<String>| url.clone().map(|u| (name.to_owned(), u));
     let targets = payctl::health::HealthTargets {
@@ -65,6 +74,8 @@ pub async fn health(args: HealthArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         .collect(),
         table: args.table.clone(),
         stack_name: args.stack_name.clone(),
+        catch_up_interval_s: args.catch_up_minutes.max(1) * 60,
+        scan_records: args.scan_records,
     };
     if targets.queues.is_empty() && targets.dead_letter_queues.is_empty() && targets.table.is_none()
     {

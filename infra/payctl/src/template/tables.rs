@@ -2,8 +2,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    StreamSpecification, StreamViewType, TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndex,
+    GlobalSecondaryIndexUpdate, KeySchemaElement, KeyType, Projection, ProjectionType,
+    ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
 };
 use serde_yaml_ng::{Mapping, Value};
 
@@ -50,6 +51,11 @@ pub(super) async fn create(
             .create_table()
             .table_name(&name)
             .billing_mode(BillingMode::PayPerRequest);
+        let indexes = global_indexes(&props)?;
+        for gsi in &indexes {
+            req = req.global_secondary_indexes(gsi.clone());
+        }
+        let mut definitions = Vec::new();
         for ad in get(&props, "AttributeDefinitions")
             .and_then(|v| v.as_sequence())
             .into_iter()
@@ -61,12 +67,12 @@ pub(super) async fn create(
             let t = get(ad, "AttributeType")
                 .and_then(|v| v.as_str())
                 .unwrap_or("S");
-            req = req.attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(n)
-                    .attribute_type(ScalarAttributeType::from(t))
-                    .build()?,
-            );
+            let definition = AttributeDefinition::builder()
+                .attribute_name(n)
+                .attribute_type(ScalarAttributeType::from(t))
+                .build()?;
+            definitions.push(definition.clone());
+            req = req.attribute_definitions(definition);
         }
         for ks in get(&props, "KeySchema")
             .and_then(|v| v.as_sequence())
@@ -100,6 +106,43 @@ pub(super) async fn create(
                 t
             }
             None if opts.read_only => bail!(missing(&opts.stack_name, &format!("table {name}"))),
+            Some(t)
+                if indexes.iter().any(|gsi| {
+                    !t.global_secondary_indexes()
+                        .iter()
+                        .any(|have| have.index_name() == Some(gsi.index_name()))
+                }) =>
+            {
+                // An existing table without an index the template adds: created on it (a
+                // table of a version before the index; DynamoDB backfills it).
+                let mut update = ddb
+                    .update_table()
+                    .table_name(&name)
+                    .set_attribute_definitions(Some(definitions.clone()));
+                for gsi in indexes.iter().filter(|gsi| {
+                    !t.global_secondary_indexes()
+                        .iter()
+                        .any(|have| have.index_name() == Some(gsi.index_name()))
+                }) {
+                    update = update.global_secondary_index_updates(
+                        GlobalSecondaryIndexUpdate::builder()
+                            .create(
+                                CreateGlobalSecondaryIndexAction::builder()
+                                    .index_name(gsi.index_name())
+                                    .set_key_schema(Some(gsi.key_schema().to_vec()))
+                                    .set_projection(gsi.projection().cloned())
+                                    .build()?,
+                            )
+                            .build(),
+                    );
+                }
+                let updated = update
+                    .send()
+                    .await
+                    .with_context(|| format!("adding the template's indexes to table {name}"))?;
+                stack.report.push((format!("table {name}"), "updated"));
+                updated.table_description().cloned().unwrap_or(t)
+            }
             Some(t) => {
                 // An existing table: its stream is switched on if the template wants one.
                 let has_stream = t.stream_specification().is_some_and(|s| s.stream_enabled());
@@ -188,4 +231,63 @@ pub(super) async fn create(
         stack.tables.insert(logical.to_owned(), name);
     }
     Ok(())
+}
+
+/// The table's `GlobalSecondaryIndexes` as the template gives them (on-demand: no throughput).
+fn global_indexes(props: &Value) -> Result<Vec<GlobalSecondaryIndex>> {
+    let mut out = Vec::new();
+    for gsi in get(props, "GlobalSecondaryIndexes")
+        .and_then(|v| v.as_sequence())
+        .into_iter()
+        .flatten()
+    {
+        let name = get(gsi, "IndexName")
+            .and_then(|v| v.as_str())
+            .context("an index without an IndexName")?;
+        let mut keys = Vec::new();
+        for ks in get(gsi, "KeySchema")
+            .and_then(|v| v.as_sequence())
+            .into_iter()
+            .flatten()
+        {
+            keys.push(
+                KeySchemaElement::builder()
+                    .attribute_name(
+                        get(ks, "AttributeName")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or_default(),
+                    )
+                    .key_type(KeyType::from(
+                        get(ks, "KeyType")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("HASH"),
+                    ))
+                    .build()?,
+            );
+        }
+        let projection = get(gsi, "Projection");
+        let mut p = Projection::builder().projection_type(ProjectionType::from(
+            projection
+                .and_then(|p| get(p, "ProjectionType"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("ALL"),
+        ));
+        for a in projection
+            .and_then(|p| get(p, "NonKeyAttributes"))
+            .and_then(|v| v.as_sequence())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+        {
+            p = p.non_key_attributes(a);
+        }
+        out.push(
+            GlobalSecondaryIndex::builder()
+                .index_name(name)
+                .set_key_schema(Some(keys))
+                .projection(p.build())
+                .build()?,
+        );
+    }
+    Ok(out)
 }
