@@ -338,6 +338,12 @@ async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_li
         .await
         .unwrap();
     assert!(run.finished, "{run:?}");
+    assert!(run.jumped, "the jump is reported (CatchUpJumped): {run:?}");
+    assert!(
+        run.emf_line(now * 1000).contains(r#""CatchUpJumped":1"#),
+        "{}",
+        run.emf_line(now * 1000)
+    );
     assert_eq!(run.since_s, now - 30 * 86_400 + 300, "{run:?}");
     let copies = queue.copies.lock().unwrap().clone();
     assert_eq!(copies.len(), 600, "every event of the last 29 days");
@@ -480,4 +486,67 @@ async fn a_bad_event_is_set_aside_and_the_catch_up_moves_past_it() {
     let place = checkpoint.read().await.unwrap();
     assert!(place.caught_up, "{place:?}");
     assert_eq!(place.last.map(|p| p.id), Some("evt_0000301".to_owned()));
+}
+
+/// Listing only the undelivered events, the last one queued may be older than the provider
+/// keeps events while every run keeps up: the run starts from when the list was last checked
+/// through (less the overlap), reports no jump, and records its own time; a run that stops at
+/// its budget reports how far behind it ended (`CatchUpLagMinutes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_is_measured_from_when_the_list_was_checked_through_not_from_the_last_event() {
+    let t = TestStack::new("catch-up-lag").await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = now_ms() / 1000;
+    let provider = Provider::default();
+    // The last undelivered event, 40 days ago; the runs checked the list through an hour ago.
+    provider.add(1, now - 40 * 86_400, now - 40 * 86_400);
+    let old = provider.events.lock().unwrap()[0].0.clone();
+    let kept_up = Position {
+        last: Some(payment_core::events::catch_up::Place {
+            id: old.id.clone(),
+            created: old.created,
+        }),
+        caught_up: true,
+        version: 1,
+        from_s: None,
+        checked_through_s: Some(now - 3_600),
+    };
+    assert!(checkpoint
+        .advance(&Position::default(), &kept_up)
+        .await
+        .unwrap());
+    provider.add(250, now - 1_800, now - 60);
+    let queue = Counted::default();
+    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
+        .await
+        .unwrap();
+    assert!(run.finished && !run.jumped, "{run:?}");
+    assert_eq!(run.since_s, now - 3_600 - OVERLAP_S, "{run:?}");
+    assert_eq!(queue.copies.lock().unwrap().len(), 250);
+    assert!(run
+        .emf_line(now * 1000)
+        .contains(r#""CatchUpLagMinutes":0"#));
+    let at = checkpoint.read().await.unwrap();
+    assert_eq!(at.checked_through_s, Some(now), "{at:?}");
+    assert_eq!(at.lag_s(now + 600), Some(600));
+
+    // A backlog larger than a run: it stops after two pages and says how far behind it is.
+    provider.add(1_000, now + 60, now + 1_060);
+    let later = now + 7_200;
+    let run = scheduled(&provider, &queue, &checkpoint, later, budget(2))
+        .await
+        .unwrap();
+    assert!(!run.finished, "{run:?}");
+    let through = checkpoint.read().await.unwrap().checked_through_s.unwrap();
+    assert!(through < now + 1_060 && through > now, "{through}");
+    let line = run.emf_line(later * 1000);
+    let lag_min = (later - through) / 60;
+    assert!(
+        line.contains(&format!(r#""CatchUpLagMinutes":{lag_min}"#)),
+        "{line}"
+    );
 }

@@ -209,3 +209,56 @@ async fn on_a_terminal_the_run_logs_text_not_json() {
         "no JSON line on a terminal: {text}"
     );
 }
+
+/// A catch-up whose runs stopped checking the provider's list (failing, or behind a backlog)
+/// needs a person once it is behind by more than a run's interval: `payctl health` says how far
+/// and exits 2. (The last event queued said nothing: listing only undelivered events it may be
+/// weeks old while the runs keep up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_behind_the_list_by_more_than_its_interval_needs_attention() {
+    use payment_core::events::catch_up::{Checkpoint, Position};
+    let t = TestStack::new("op-health-lag").await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let checkpoint = Checkpoint::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    );
+    let now = sqs_once::runner::now_ms() / 1000;
+    let recent = Position {
+        caught_up: true,
+        version: 1,
+        checked_through_s: Some(now - 1_800),
+        ..Position::default()
+    };
+    assert!(checkpoint
+        .advance(&Position::default(), &recent)
+        .await
+        .unwrap());
+    let out = health(&t, &[]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "half an hour behind an hourly run: {text}"
+    );
+    assert!(
+        text.contains("30 min") || text.contains("checked through"),
+        "{text}"
+    );
+    let behind = Position {
+        version: 2,
+        checked_through_s: Some(now - 3 * 3_600),
+        ..recent.clone()
+    };
+    assert!(checkpoint.advance(&recent, &behind).await.unwrap());
+    let out = health(&t, &["--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let h: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON reading");
+    assert!(
+        h["attention"].to_string().contains("events catch-up"),
+        "{h}"
+    );
+    // Every quarter of an hour, with the stack's interval given.
+    let out = health(&t, &["--catch-up-minutes", "240"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
