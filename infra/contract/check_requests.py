@@ -58,6 +58,9 @@ ENDPOINTS = [
     ("GET", re.compile(r"^/v1/disputes/dp_[A-Za-z0-9]+$"), P.DisputeRetrieveParams, "dispute.retrieve"),
     ("GET", re.compile(r"^/v1/charges/ch_[A-Za-z0-9]+$"), P.ChargeRetrieveParams, "charge.retrieve"),
     ("GET", re.compile(r"^/v1/events$"), P.EventListParams, "event.list"),
+    # The scheduled catch-up checks that the webhook is sent every type before it trusts
+    # `delivery_success=false`.
+    ("GET", re.compile(r"^/v1/webhook_endpoints$"), P.WebhookEndpointListParams, "webhook_endpoint.list"),
     # payctl events checkpoint --set looks its event up.
     ("GET", re.compile(r"^/v1/events/evt_[A-Za-z0-9_]+$"), P.EventRetrieveParams, "event.retrieve"),
     # The merchant's on-session confirmation of an intent that needed its customer (the
@@ -87,6 +90,7 @@ REQUIREMENTS = {
     "escaped_metadata": lambda s: s["escaped_metadata"] > 0,
     "customer.create": lambda s: s["endpoint"]["customer.create"] > 0,
     "event.list": lambda s: s["endpoint"]["event.list"] > 0,
+    "webhook_endpoint.list": lambda s: s["endpoint"]["webhook_endpoint.list"] > 0,
 }
 
 

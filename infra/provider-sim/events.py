@@ -10,8 +10,15 @@ endpoint that answers anything but 2xx, or cannot be reached, is retried with ba
 attempt by up to that much, so events overtake one another; `paused` holds every delivery
 (an endpoint that is down) until resumed, counting no attempt.
 
+The endpoint is listed by `GET /v1/webhook_endpoints` as Stripe lists one (`we_sim`), with its
+`status` and `enabled_events`: a `disabled` endpoint, or one whose `enabled_events` leave a type
+out, is never sent the events it does not take (none pending, none failed: Stripe's
+`delivery_success=false` does not list them); `endpoints` adds others the account lists and
+the simulator sends nothing to (another system's, or one registered elsewhere).
+
 Control (through the simulator's /_sim/webhook): {"url", "secrets": [...], "duplicate_probability",
-"max_jitter_ms", "retry_base_ms", "retry_max_ms", "max_attempts", "paused"}.
+"max_jitter_ms", "retry_base_ms", "retry_max_ms", "max_attempts", "paused", "status",
+"enabled_events", "endpoints"}.
 """
 
 import copy
@@ -32,7 +39,15 @@ _DELIVERIES = {}  # event id -> {"attempts": n, "delivered": bool, "statuses": [
 _SEQ = [0]
 _RNG = random.Random(0)
 WEBHOOK = {"url": None, "secrets": [], "duplicate_probability": 0.0, "max_jitter_ms": 0, "retry_base_ms": 500,
-           "retry_max_ms": 8000, "max_attempts": 12, "paused": False}
+           "retry_max_ms": 8000, "max_attempts": 12, "paused": False, "status": "enabled",
+           "enabled_events": ["*"], "endpoints": []}
+_CREATED = int(time.time())
+
+
+def _sends(kind):
+    """Whether the endpoint is sent an event of `kind` (as Stripe sends: enabled, subscribed)."""
+    return bool(WEBHOOK["url"]) and WEBHOOK["status"] == "enabled" and (
+        "*" in WEBHOOK["enabled_events"] or kind in WEBHOOK["enabled_events"])
 
 
 def sign(body, secrets, t=None):
@@ -54,13 +69,13 @@ def emit(kind, obj, version, idempotency_key=None):
         "created": created,
         "data": {"object": copy.deepcopy(obj)},
         "livemode": False,
-        "pending_webhooks": 1 if WEBHOOK["url"] else 0,
+        "pending_webhooks": 1 if _sends(kind) else 0,
         "request": {"id": None, "idempotency_key": idempotency_key},
         "type": kind,
     }
     with _LOCK:
         _EVENTS.append(event)
-        if WEBHOOK["url"]:
+        if _sends(kind):
             copies = 2 if _RNG.random() < WEBHOOK["duplicate_probability"] else 1
             for _ in range(copies):
                 _push(event["id"], 1, _jitter())
@@ -82,6 +97,10 @@ def configure(settings):
         for k, v in settings.items():
             if k not in WEBHOOK:
                 raise ValueError(f"unknown webhook setting {k!r}")
+            if k == "status" and v not in ("enabled", "disabled"):
+                raise ValueError("status: enabled or disabled")
+            if k in ("enabled_events", "endpoints") and not isinstance(v, list):
+                raise ValueError(f"{k}: a list")
             WEBHOOK[k] = v
         _LOCK.notify_all()
         return dict(WEBHOOK, secrets=len(WEBHOOK["secrets"]))
@@ -192,6 +211,36 @@ def listing(q):
         data = data[ids.index(after) + 1:]
     page = data[:limit]
     return 200, {"object": "list", "data": page, "has_more": len(data) > limit, "url": "/v1/events"}
+
+
+def endpoints(q):
+    """`GET /v1/webhook_endpoints`: the endpoint the simulator sends to (when one is set), then
+    the others the account lists, as Stripe's `webhook_endpoint` objects; `limit` (1-100) and
+    `starting_after`. Returns (status, body)."""
+    try:
+        limit = int(q.get("limit", "10"))
+    except ValueError:
+        return 400, {"error": {"type": "invalid_request_error", "message": "Invalid integer", "code": "parameter_invalid_integer"}}
+    if not 1 <= limit <= 100:
+        return 400, {"error": {"type": "invalid_request_error", "message": "Limit must be between 1 and 100",
+                               "param": "limit", "code": "parameter_invalid"}}
+    with _LOCK:
+        listed = []
+        if WEBHOOK["url"]:
+            listed.append({"id": "we_sim", "url": WEBHOOK["url"], "status": WEBHOOK["status"],
+                           "enabled_events": list(WEBHOOK["enabled_events"])})
+        listed += [dict(e) for e in WEBHOOK["endpoints"]]
+    data = [dict({"object": "webhook_endpoint", "api_version": None, "application": None, "created": _CREATED,
+                  "description": None, "livemode": False, "metadata": {}, "status": "enabled",
+                  "enabled_events": ["*"]}, **e) for e in listed]
+    after = q.get("starting_after")
+    if after:
+        ids = [e["id"] for e in data]
+        if after not in ids:
+            return 400, {"error": {"type": "invalid_request_error", "message": f"No such webhook endpoint: '{after}'",
+                                   "code": "resource_missing"}}
+        data = data[ids.index(after) + 1:]
+    return 200, {"object": "list", "data": data[:limit], "has_more": len(data) > limit, "url": "/v1/webhook_endpoints"}
 
 
 def find(event_id):

@@ -61,6 +61,7 @@ API (Stripe's wire format):
         their amount to what is left
   GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
   GET  /v1/refunds/RE, /v1/disputes/DP, /v1/charges/CH, /v1/events/EVT   one object
+  GET  /v1/webhook_endpoints          the endpoint it sends to and the others set (limit, starting_after)
   GET  /v1/events                     created[gte|gt|lte|lt], type (or a prefix.*), types[], limit,
                                       starting_after: every event, newest first (Stripe's list)
 
@@ -737,6 +738,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.list_refunds(dict(parse_qsl(url.query)))
         if url.path == "/v1/events":
             status, body = events.listing(dict(parse_qsl(url.query)))
+            return self.reply(status, json.dumps(body))
+        if url.path == "/v1/webhook_endpoints":
+            status, body = events.endpoints(dict(parse_qsl(url.query)))
             return self.reply(status, json.dumps(body))
         for prefix, kind, table in (("/v1/refunds/", "refund", None), ("/v1/disputes/", "dispute", "disputes"),
                                     ("/v1/charges/", "charge", "charges_by_id"), ("/v1/events/", "event", None)):

@@ -505,5 +505,39 @@ class Webhooks(unittest.TestCase):
                 self.assertIn(expected, v1)
 
 
+
+class EndpointStatusTest(unittest.TestCase):
+    """A disabled endpoint, or one not subscribed to a type, is never sent those events: none
+    pending, none failed, so `delivery_success=false` does not list them (Stripe filters on
+    delivery attempts); `GET /v1/webhook_endpoints` says so."""
+
+    def test_events_the_endpoint_is_not_sent_are_not_listed_undelivered(self):
+        sys.path.insert(0, HERE)
+        import events
+        events.reset()
+        saved = dict(events.WEBHOOK)
+        try:
+            events.configure({"url": "http://127.0.0.1:9/v1/provider-events", "paused": True, "status": "disabled"})
+            off = events.emit("payment_intent.succeeded", {"id": "pi_off"}, None)
+            events.configure({"status": "enabled", "enabled_events": ["payment_intent.succeeded"]})
+            left_out = events.emit("charge.dispute.created", {"id": "dp_1"}, None)
+            sent = events.emit("payment_intent.succeeded", {"id": "pi_on"}, None)
+            _, undelivered = events.listing({"delivery_success": "false", "limit": "100"})
+            _, everything = events.listing({"limit": "100"})
+            events.configure({"status": "disabled", "endpoints": [{"id": "we_other", "url": "https://x.example/hook"}]})
+            status, listed = events.endpoints({"limit": "100"})
+            with self.assertRaises(ValueError):
+                events.configure({"status": "paused"})
+        finally:
+            events.WEBHOOK.clear()
+            events.WEBHOOK.update(saved)
+            events.reset()
+        self.assertEqual([e["id"] for e in undelivered["data"]], [sent["id"]])
+        self.assertEqual({e["id"] for e in everything["data"]}, {off["id"], left_out["id"], sent["id"]})
+        self.assertEqual(status, 200)
+        self.assertEqual([(e["id"], e["status"], e["object"]) for e in listed["data"]],
+                         [("we_sim", "disabled", "webhook_endpoint"), ("we_other", "enabled", "webhook_endpoint")])
+        self.assertEqual(listed["data"][0]["enabled_events"], ["payment_intent.succeeded"])
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)

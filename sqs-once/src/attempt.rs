@@ -15,47 +15,12 @@ use crate::call::{Attempt, CallFailure};
 use crate::queue::DeadLetter;
 use crate::record::{
     decide_conflict, inherits_unknown_outcome, ClaimRequest, ClaimResult, ConflictDecision,
-    DeadLetterMark, FailureNote, IdempotencyRecord, RecordStatus, StoreError, KEY_REUSED,
+    DeadLetterMark, FailureNote, IdempotencyRecord, StoreError, KEY_REUSED,
 };
 use crate::redelivery::Redelivery;
 use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
 use crate::settings::CLOCK_SKEW_MS;
 use crate::work::{AttemptContext, Redaction, Verdict, Work};
-
-/// The time a claim's write is given between a booked slot and its first call until claims
-/// have been measured (see [`ClaimTimes`]).
-const CLAIM_ALLOWANCE_UNMEASURED: Duration = Duration::from_secs(1);
-
-/// How many of the latest claims the allowance is measured over.
-const CLAIMS_MEASURED: usize = 32;
-
-/// The time a claim's write takes, measured: the allowance between a booked slot and the first
-/// call is the slowest of the latest [`CLAIMS_MEASURED`] claims, doubled, plus 100 ms (a
-/// throttled table whose SDK retries take seconds widens it at once; it narrows again as
-/// fast claims push the slow ones out). A claim slower than the allowance still ends well: the
-/// attempt finds too little of its lease left, sends nothing, and is handed back as never
-/// attempted ([`crate::call::CallFailure::NotSent`]).
-#[derive(Debug, Default)]
-pub(crate) struct ClaimTimes(Mutex<std::collections::VecDeque<Duration>>);
-
-impl ClaimTimes {
-    fn record(&self, took: Duration) {
-        if let Ok(mut v) = self.0.lock() {
-            if v.len() == CLAIMS_MEASURED {
-                v.pop_front();
-            }
-            v.push_back(took);
-        }
-    }
-
-    /// The allowance a claim is given before a booked slot's call.
-    pub(crate) fn allowance(&self) -> Duration {
-        match self.0.lock().ok().and_then(|v| v.iter().max().copied()) {
-            Some(slowest) => slowest * 2 + Duration::from_millis(100),
-            None => CLAIM_ALLOWANCE_UNMEASURED,
-        }
-    }
-}
 
 /// Where the message stands after the claim.
 enum Claimed {
@@ -394,7 +359,7 @@ impl<W: Work> BatchRunner<W> {
                     return Ok(Claimed::Owner(attempt(
                         unknown,
                         previous.as_ref().map(|p| p.first_attempt_at_ms),
-                        previous.as_ref().and_then(last_landing),
+                        previous.as_ref().and_then(IdempotencyRecord::last_landing),
                     )));
                 }
                 Ok(ClaimResult::Conflict(existing)) => existing,
@@ -529,42 +494,5 @@ impl<W: Work> BatchRunner<W> {
             }
         }
         Disposition::DeadLettered(code.to_owned())
-    }
-}
-
-/// The latest time a call of the attempt that left `previous` may still land downstream: its
-/// `not_before`, or the end of an `IN_PROGRESS` lease (calls are sent only while the lease
-/// outlasts the call timeout plus the processing allowance).
-fn last_landing(previous: &IdempotencyRecord) -> Option<i64> {
-    let lease =
-        (previous.status == RecordStatus::InProgress).then_some(previous.lease_expires_at_ms);
-    match (previous.not_before_ms, lease) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_claim_allowance_is_the_slowest_recent_claim_doubled() {
-        let t = ClaimTimes::default();
-        assert_eq!(
-            t.allowance(),
-            CLAIM_ALLOWANCE_UNMEASURED,
-            "nothing measured yet"
-        );
-        t.record(Duration::from_millis(20));
-        t.record(Duration::from_millis(2_000));
-        assert_eq!(t.allowance(), Duration::from_millis(4_100));
-        // The slow one is forgotten once as many fast ones came after it.
-        for _ in 0..CLAIMS_MEASURED - 1 {
-            t.record(Duration::from_millis(20));
-        }
-        assert_eq!(t.allowance(), Duration::from_millis(4_100));
-        t.record(Duration::from_millis(20));
-        assert_eq!(t.allowance(), Duration::from_millis(140));
     }
 }

@@ -8,12 +8,13 @@
 //! - The protocol: [`record`] (the idempotency record, the store port, conflict decisions),
 //!   [`redelivery`] (delays and the receive budget), [`settings`].
 //! - The runner: [`runner`] (the batch), one message's claim and completion and its calls
-//!   with the heartbeat (private modules `attempt` and `call`), [`lambda`] (the handler).
+//!   with the heartbeat (private modules `attempt` and `call`), the claim's measured
+//!   allowance (`claim_times`), [`lambda`] (the handler).
 //! - Adapters: [`dynamo`] (the record store on DynamoDB), [`queue`] (SQS), [`memory`] (an
 //!   in-memory store with the same conditions, for tests), [`clock`].
 //! - Edges: [`metrics`] (CloudWatch EMF), [`pace`] (the downstream's request rate).
 //!
-//! Why flat (16 files): the crate is one capability, a message's effect once, and each file is
+//! Why flat (17 files): the crate is one capability, a message's effect once, and each file is
 //! one of its public modules, the path its users import (`sqs_once::pace::Pace`); the floors
 //! above are kept by the layout check's module rule (no circle) instead of by folders.
 //!
@@ -27,6 +28,7 @@
 
 mod attempt;
 mod call;
+mod claim_times;
 pub mod clock;
 pub mod dynamo;
 pub mod fingerprint;

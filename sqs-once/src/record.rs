@@ -150,6 +150,19 @@ pub struct IdempotencyRecord {
     pub not_before_ms: Option<i64>,
 }
 
+impl IdempotencyRecord {
+    /// The latest time a call of the attempt that left this record may still land
+    /// downstream: its `not_before`, or the end of an `IN_PROGRESS` lease (calls are sent
+    /// only while the lease outlasts the call timeout plus the processing allowance).
+    pub fn last_landing(&self) -> Option<i64> {
+        let lease = (self.status == RecordStatus::InProgress).then_some(self.lease_expires_at_ms);
+        match (self.not_before_ms, lease) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// A fresh claim, written with one conditional write.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {

@@ -80,7 +80,7 @@ pub struct BatchRunner<W: Work> {
     /// The downstream's request pace (`None`: unpaced).
     pub(crate) pace: Option<Arc<crate::pace::Pace>>,
     /// How long claims take, for the allowance between a booked slot and its call.
-    pub(crate) claim_times: crate::attempt::ClaimTimes,
+    pub(crate) claim_times: crate::claim_times::ClaimTimes,
 }
 
 /// Epoch ms on this host's clock.

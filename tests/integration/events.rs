@@ -592,7 +592,7 @@ async fn the_shipped_catch_up_finds_what_an_outage_missed_among_20_000_delivered
     let mut config = proving::functions::event_config_for(&t.stack, &fast_settings()).unwrap();
     assert_eq!(
         config.catch_up_lists,
-        payment_core::stripe::objects::Listed::Undelivered,
+        payment_core::events::catch_up::Listed::Undelivered,
         "the template's default shape is the webhook's"
     );
     let pace = &t.stack.deployed_pace[EVENT_PROCESSOR];
@@ -605,11 +605,23 @@ async fn the_shipped_catch_up_finds_what_an_outage_missed_among_20_000_delivered
         .await
         .unwrap()
         .expect("the event function's catch-up");
+    // The account's webhook endpoint, registered as the docs say (every type): the run
+    // checks it before it trusts the undelivered filter.
+    t.sim
+        .webhook(serde_json::json!({"endpoints": [{
+            "id": "we_shipped",
+            "url": "https://shipped.example/v1/provider-events",
+            "enabled_events": ["*"],
+        }]}))
+        .await
+        .unwrap();
     let mut queued = 0;
     for run in 1..=2 {
         let budget = Budget::before_deadline(now_ms() + 60_000, Duration::from_secs(15));
-        let report = catch_up.run(budget).await.unwrap();
+        let report = catch_up.run(budget).await;
         println!("catch-up run {run}: {report:?}");
+        let report = report.unwrap();
+        assert_eq!(report.listed_all, None, "it lists the undelivered");
         queued += report.queued;
         if report.finished {
             break;
@@ -619,6 +631,10 @@ async fn the_shipped_catch_up_finds_what_an_outage_missed_among_20_000_delivered
             "two runs did not reach the newest event: {report:?}"
         );
     }
+    t.sim
+        .webhook(serde_json::json!({"endpoints": []}))
+        .await
+        .unwrap();
     assert!(queued >= ids.len(), "queued {queued} of our {}", ids.len());
     let applied = e.drain(&t).await;
     assert_eq!(applied.summary.done("applied"), 3, "{:?}", applied.summary);
@@ -695,7 +711,7 @@ async fn foreign_and_unknown_events_are_counted_and_forged_ones_refused() {
 /// and the next run (from a quarter of an hour before its last event) applies nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
-    use payment_core::events::catch_up::{scheduled, Budget, Checkpoint, Position};
+    use payment_core::events::catch_up::{scheduled, Budget, Checkpoint, Listed, Position};
     let t = TestStack::new("ev-scheduled").await;
     let e = events(&t).await;
     let sdk = payment_core::edges::bootstrap::sdk_config().await;
@@ -725,9 +741,15 @@ async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
     let newest_of_ours = listed.iter().map(|(e, _)| e.created).max().unwrap();
 
     let now = now_ms() / 1000 + 1;
-    let first = scheduled(&e.provider, &e.queue, &checkpoint, now, Budget::unlimited())
-        .await
-        .unwrap();
+    let first = scheduled(
+        (&e.provider, Listed::All),
+        &e.queue,
+        &checkpoint,
+        now,
+        Budget::unlimited(),
+    )
+    .await
+    .unwrap();
     assert!(first.finished, "{first:?}");
     assert!(first.queued >= listed.len(), "{first:?}");
     let place = checkpoint.read().await.unwrap();
@@ -744,7 +766,7 @@ async fn the_scheduled_catch_up_runs_from_its_checkpoint() {
     assert_eq!(e.payment(&pid).await.status.as_deref(), Some("succeeded"));
 
     let again = scheduled(
-        &e.provider,
+        (&e.provider, Listed::All),
         &e.queue,
         &checkpoint,
         now + 600,

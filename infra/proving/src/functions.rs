@@ -41,9 +41,9 @@ pub fn event_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> 
         "PROVIDER_EVENTS_DELIVERY",
     ) {
         config.catch_up_lists = if delivery == "eventbridge" {
-            payment_core::stripe::objects::Listed::All
+            payment_core::events::catch_up::Listed::All
         } else {
-            payment_core::stripe::objects::Listed::Undelivered
+            payment_core::events::catch_up::Listed::Undelivered
         };
     }
     Ok(config)

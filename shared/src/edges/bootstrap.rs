@@ -344,10 +344,8 @@ pub async fn build_catch_up(
         .map(|rate| Arc::new(sqs_once::pace::Pace::new(rate)));
     let client = paced_provider(config, sdk, &pace).await?;
     Ok(Some(crate::events::catch_up::ScheduledCatchUp {
-        lister: Arc::new(crate::stripe::objects::EventListing::new(
-            client,
-            config.catch_up_lists,
-        )),
+        lister: Arc::new(client),
+        lists: config.catch_up_lists,
         queue: Arc::new(
             crate::events::queue::SqsEventQueue::new(aws_sdk_sqs::Client::new(sdk), url.clone())
                 .with_dead_letters(config.dead_letter_queue_url.clone()),

@@ -83,7 +83,7 @@ pub struct Config {
     /// default, and `both`: only the events not delivered to every webhook endpoint;
     /// `eventbridge`: every event of the inbox's types, as Stripe's undelivered filter says
     /// nothing of an EventBridge destination).
-    pub catch_up_lists: crate::stripe::objects::Listed,
+    pub catch_up_lists: crate::events::catch_up::Listed,
 }
 
 /// A configuration problem, naming the variable.
@@ -314,8 +314,8 @@ pub const PACE_VARS: [&str; 3] = [
 /// `PROVIDER_EVENTS_DELIVERY` (see [`Config::catch_up_lists`]).
 fn catch_up_lists(
     get: &impl Fn(&str) -> Option<String>,
-) -> Result<crate::stripe::objects::Listed, ConfigError> {
-    use crate::stripe::objects::Listed;
+) -> Result<crate::events::catch_up::Listed, ConfigError> {
+    use crate::events::catch_up::Listed;
     match get("PROVIDER_EVENTS_DELIVERY").as_deref().map(str::trim) {
         None | Some("") | Some("webhook") | Some("both") => Ok(Listed::Undelivered),
         Some("eventbridge") => Ok(Listed::All),

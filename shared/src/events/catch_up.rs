@@ -21,34 +21,16 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use serde::Serialize;
-
 pub use crate::events::checkpoint::{Checkpoint, Place, Position, CHECKPOINT_KEY, OVERLAP_S};
+use crate::events::listing::{paced, start_at, Start};
+pub use crate::events::listing::{
+    Budget, CatchUpReport, EventLister, EventPage, Listed, EVENT_TYPES, PAGE_SIZE,
+};
 use crate::events::queue::{
     message_bytes, sqs_text, EventQueue, EVENT_TOO_LARGE, MAX_MESSAGE_BYTES,
 };
 use crate::provider::event::ProviderEvent;
-use crate::provider::{FailureKind, ProviderError};
-
-/// The event types the inbox applies: what the catch-up lists (Stripe's `types[]` takes up to
-/// 20), and what to select when registering the endpoint.
-pub const EVENT_TYPES: &[&str] = &[
-    "payment_intent.succeeded",
-    "payment_intent.processing",
-    "payment_intent.payment_failed",
-    "payment_intent.requires_action",
-    "payment_intent.canceled",
-    "refund.created",
-    "refund.updated",
-    "refund.failed",
-    "charge.refund.updated",
-    "charge.dispute.created",
-    "charge.dispute.updated",
-    "charge.dispute.closed",
-    "charge.dispute.funds_withdrawn",
-    "charge.dispute.funds_reinstated",
-];
+use crate::provider::FailureKind;
 
 /// How long the provider keeps events (Stripe: 30 days): a window reaching further back is
 /// cut there.
@@ -57,238 +39,10 @@ pub const EVENT_RETENTION_S: i64 = 30 * 86_400;
 /// The first scheduled run's window: as long as the provider retries a failing endpoint.
 pub const FIRST_WINDOW_S: i64 = 3 * 86_400;
 
-/// Events per page (Stripe's largest).
-pub const PAGE_SIZE: usize = 100;
-
 /// The most pages a run re-lists of the [`OVERLAP_S`] before its last event, newest first (the
 /// events just before it are the likeliest to have been listed late): a busy quarter of an
 /// hour never stops a run from making progress.
 const OVERLAP_MAX_PAGES: usize = 10;
-
-/// The most pages walked back to find a window's oldest event when nothing of the inbox's
-/// types precedes the window (a new account).
-const OLDEST_MAX_PAGES: usize = 500;
-
-/// One page of the provider's event list, newest first as the provider lists it.
-#[derive(Debug, Clone, Default)]
-pub struct EventPage {
-    /// The events with their JSON, newest first.
-    pub events: Vec<(ProviderEvent, String)>,
-    /// More events lie beyond this page in the direction listed.
-    pub has_more: bool,
-}
-
-/// The provider's event list, restricted to [`EVENT_TYPES`].
-#[async_trait]
-pub trait EventLister: Send + Sync {
-    /// One page of the events created in `[since_s, until_s]`, newest first, after
-    /// `starting_after` (`None`: from the newest).
-    async fn page_back(
-        &self,
-        since_s: i64,
-        until_s: i64,
-        starting_after: Option<&str>,
-    ) -> Result<EventPage, ProviderError>;
-
-    /// The page of events created just after the event `cursor` (Stripe's `ending_before`),
-    /// newest first; `has_more` when newer ones follow.
-    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError>;
-
-    /// Every event created in `[since_s, until_s]`, newest first, in memory: for short windows
-    /// (tests, the demo's checks). Refused past 500 pages.
-    async fn events(
-        &self,
-        since_s: i64,
-        until_s: i64,
-    ) -> Result<Vec<(ProviderEvent, String)>, ProviderError> {
-        let mut found: Vec<(ProviderEvent, String)> = Vec::new();
-        for _ in 0..OLDEST_MAX_PAGES {
-            let after = found.last().map(|(e, _)| e.id.clone());
-            let page = self.page_back(since_s, until_s, after.as_deref()).await?;
-            let more = page.has_more && !page.events.is_empty();
-            found.extend(page.events);
-            if !more {
-                return Ok(found);
-            }
-        }
-        Err(ProviderError::new(
-            FailureKind::Network,
-            format!(
-                "more than {} events since {since_s}: list a shorter window",
-                OLDEST_MAX_PAGES * PAGE_SIZE
-            ),
-        ))
-    }
-}
-
-/// A list call whose request may wait for the pace's slot until the run's budget ends (a run
-/// is alone in its instance: waiting is all it would do meanwhile, and a `429`'s `Retry-After`
-/// pauses the pace). `Ok(None)`: the pace had no slot before then; the run stops there, as at
-/// its budget's end, and the next one goes on.
-async fn paced<F>(budget: &Budget, call: F) -> Result<Option<EventPage>, ProviderError>
-where
-    F: std::future::Future<Output = Result<EventPage, ProviderError>>,
-{
-    let (answer, requests) = sqs_once::pace::within(budget.until, call).await;
-    match answer {
-        Err(_) if requests.none_sent() => Ok(None),
-        other => other.map(Some),
-    }
-}
-
-/// Where a window's oldest-first walk starts.
-enum Start {
-    /// Not known in this run: the pace had no slot for its list call before the budget's end.
-    Later,
-    /// After this event (not queued again).
-    After(Place),
-    /// With this event (the window's oldest, nothing of the types before it), then after it.
-    With(ProviderEvent, String),
-    /// No event at all from the window's start.
-    Nothing,
-}
-
-/// Where the walk of events created from `since_s` starts: the newest event before it, else
-/// (nothing before: a new account) the oldest since, found by walking back.
-async fn start_at(
-    lister: &dyn EventLister,
-    since_s: i64,
-    now_s: i64,
-    budget: Budget,
-    report: &mut CatchUpReport,
-) -> Result<Start, String> {
-    let listing = |e: ProviderError| format!("listing the provider's events: {e}");
-    let Some(before) = paced(&budget, lister.page_back(0, since_s - 1, None))
-        .await
-        .map_err(listing)?
-    else {
-        return Ok(Start::Later);
-    };
-    report.pages += 1;
-    if let Some((e, _)) = before.events.first() {
-        return Ok(Start::After(Place::of(e)));
-    }
-    let mut oldest: Option<(ProviderEvent, String)> = None;
-    for pages in 0..OLDEST_MAX_PAGES {
-        if budget.spent(pages) {
-            return Err(format!(
-                "the events since {since_s} have none before them to start from, and their oldest was not reached within this run ({pages} pages): set where to start with `payctl events checkpoint --set evt_...` or `--since`"
-            ));
-        }
-        let after = oldest.as_ref().map(|(e, _)| e.id.clone());
-        let Some(page) = paced(&budget, lister.page_back(since_s, now_s, after.as_deref()))
-            .await
-            .map_err(listing)?
-        else {
-            return Ok(Start::Later);
-        };
-        report.pages += 1;
-        let more = page.has_more;
-        if let Some(last) = page.events.into_iter().last() {
-            oldest = Some(last);
-        }
-        if !more {
-            return Ok(oldest.map_or(Start::Nothing, |(e, t)| Start::With(e, t)));
-        }
-    }
-    Err(format!(
-        "more than {} events since {since_s} and none before it to start from: set where to start with `payctl events checkpoint --set evt_...`",
-        OLDEST_MAX_PAGES * PAGE_SIZE
-    ))
-}
-
-/// How much one run may do.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    /// No page is started after this instant.
-    pub until: tokio::time::Instant,
-    /// No more pages than this.
-    pub max_pages: usize,
-}
-
-impl Budget {
-    /// No limit (a catch-up by hand).
-    pub fn unlimited() -> Self {
-        Self {
-            until: tokio::time::Instant::now() + std::time::Duration::from_secs(100 * 365 * 86_400),
-            max_pages: usize::MAX,
-        }
-    }
-
-    /// Pages until `deadline_ms` (epoch ms, the function's) less `margin`: the time one page
-    /// may take (a list call and ten batches, each within its own timeout).
-    pub fn before_deadline(deadline_ms: i64, margin: std::time::Duration) -> Self {
-        let now = sqs_once::runner::now_ms();
-        let left = (deadline_ms - now - margin.as_millis() as i64).max(0) as u64;
-        Self {
-            until: tokio::time::Instant::now() + std::time::Duration::from_millis(left),
-            max_pages: usize::MAX,
-        }
-    }
-
-    fn spent(&self, pages: usize) -> bool {
-        pages >= self.max_pages || tokio::time::Instant::now() >= self.until
-    }
-}
-
-/// What a catch-up did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct CatchUpReport {
-    /// The window's start, unix seconds.
-    pub since_s: i64,
-    /// Its end (the run's time).
-    pub until_s: i64,
-    /// Events queued (the inbox drops those it applied before).
-    pub queued: usize,
-    /// Events the queue cannot take, set aside to the dead-letter queue with their reason.
-    pub set_aside: usize,
-    /// Pages listed.
-    pub pages: usize,
-    /// The last event queued.
-    pub last: Option<Place>,
-    /// The run reached the newest event of its window; `false`: its budget ended first, and
-    /// the next run continues from `last`.
-    pub finished: bool,
-    /// Every event created up to this time has been listed (a scheduled run's; see
-    /// [`Position::checked_through_s`]).
-    pub checked_through_s: Option<i64>,
-    /// The run found its checkpoint older than the provider keeps events and started from
-    /// the oldest it still lists: what was created between the two may never have been
-    /// applied (an alarm, and a runbook row: docs/operate.md, `CatchUpJumped`).
-    pub jumped: bool,
-}
-
-impl CatchUpReport {
-    /// The scheduled run's EMF line (namespace `ProviderEvents`, dimension `Service`):
-    /// `CatchUpLagMinutes` (how far behind the provider's list the catch-up is after the run:
-    /// 0 when it reached the newest event) and `CatchUpJumped` (1 when it skipped to the
-    /// oldest event the provider still lists). The template alarms on both.
-    pub fn emf_line(&self, now_ms: i64) -> String {
-        let lag_min = self
-            .checked_through_s
-            .map_or(0, |t| (now_ms / 1000 - t).max(0) / 60);
-        serde_json::json!({
-            "_aws": {
-                "Timestamp": now_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": "ProviderEvents",
-                    "Dimensions": [["Service"]],
-                    "Metrics": [
-                        {"Name": "CatchUpLagMinutes", "Unit": "None"},
-                        {"Name": "CatchUpJumped", "Unit": "Count"}
-                    ]
-                }]
-            },
-            "Service": "event-processor",
-            "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
-            "CatchUpJumped": u8::from(self.jumped),
-            "queued": self.queued,
-            "set_aside": self.set_aside,
-            "pages": self.pages,
-        })
-        .to_string()
-    }
-}
 
 /// Lists `[since_s, until_s]` (cut at the provider's retention) page by page, oldest first,
 /// and queues every event (by hand: no budget, no checkpoint).
@@ -304,7 +58,15 @@ pub async fn catch_up(
         until_s,
         ..CatchUpReport::default()
     };
-    let cursor = match start_at(lister, since_s, until_s, Budget::unlimited(), &mut report).await? {
+    let cursor = match start_at(
+        (lister, Listed::All),
+        since_s,
+        until_s,
+        Budget::unlimited(),
+        &mut report,
+    )
+    .await?
+    {
         Start::Nothing => {
             report.finished = true;
             return Ok(report);
@@ -325,7 +87,7 @@ pub async fn catch_up(
         }
     };
     walk(
-        lister,
+        (lister, Listed::All),
         queue,
         cursor,
         Some(until_s),
@@ -378,12 +140,15 @@ struct Moving<'a> {
     read: Position,
     /// The run's time: what the list is walked through once the newest event is reached.
     now_s: i64,
+    /// Why the run lists every event where only the undelivered were asked for: kept in the
+    /// checkpoint until a walk reaches the newest event, so the next run goes on likewise.
+    listing_all: Option<String>,
 }
 
 /// Walks the pages after `cursor`, oldest first, queueing each (and the events up to
 /// `until_s`), until the newest event, the budget's end, or another run moving the checkpoint.
 async fn walk(
-    lister: &dyn EventLister,
+    (lister, listed): (&dyn EventLister, Listed),
     queue: &dyn EventQueue,
     mut cursor: Place,
     until_s: Option<i64>,
@@ -398,7 +163,7 @@ async fn walk(
         if report.pages > first && budget.spent(report.pages) {
             return Ok(());
         }
-        let Some(page) = paced(&budget, lister.page_after(&cursor.id))
+        let Some(page) = paced(&budget, lister.page_after(listed, &cursor.id))
             .await
             .map_err(|e| format!("listing the provider's events after {}: {e}", cursor.id))?
         else {
@@ -430,6 +195,7 @@ async fn walk(
                 } else {
                     m.now_s
                 }),
+                listing_all: m.listing_all.clone().filter(|_| page.has_more),
             };
             if !m.checkpoint.advance(&m.read, &to).await? {
                 tracing::warn!(
@@ -451,14 +217,57 @@ async fn walk(
 /// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
 /// event, the [`OVERLAP_S`] before its last event is listed again first, newest first, at most
 /// `OVERLAP_MAX_PAGES` pages. The checkpoint moves after every page, only ever forward.
+///
+/// Asked to list only the undelivered events (`lists`), a run first asks the provider whether
+/// the webhook is sent every type ([`EventLister::webhook_unfit`]); when it is not (an endpoint
+/// disabled, deleted, or not subscribed to a type: the events created meanwhile were never
+/// sent, so never failed), the run lists every event instead, from where the list was last
+/// checked through, and the runs after it go on doing so until one reaches the newest event.
 pub async fn scheduled(
-    lister: &dyn EventLister,
+    (lister, lists): (&dyn EventLister, Listed),
     queue: &dyn EventQueue,
     checkpoint: &Checkpoint,
     now_s: i64,
     budget: Budget,
 ) -> Result<CatchUpReport, String> {
     let read = checkpoint.read().await?;
+    let mut report = CatchUpReport {
+        until_s: now_s,
+        checked_through_s: read.checked_through_s,
+        ..CatchUpReport::default()
+    };
+    // What this run lists, and whether it starts over from where the list was checked
+    // through (a listing of every event cannot go on from the last undelivered one, which may
+    // be weeks old).
+    let (listed, restart) = match (lists, &read.listing_all) {
+        (Listed::All, _) => (Listed::All, false),
+        (Listed::Undelivered, Some(why)) => {
+            report.listed_all = Some(why.clone());
+            (Listed::All, false)
+        }
+        (Listed::Undelivered, None) => {
+            let unfit = match paced(&budget, lister.webhook_unfit()).await {
+                Ok(Some(unfit)) => unfit,
+                // No request slot within the run: the next run starts here again.
+                Ok(None) => return Ok(report),
+                Err(e) if e.kind == FailureKind::Misconfigured => Some(format!(
+                    "the webhook endpoints could not be read ({e}): give the key read access to Webhook Endpoints"
+                )),
+                Err(e) => return Err(format!("reading the provider's webhook endpoints: {e}")),
+            };
+            match unfit {
+                None => (Listed::Undelivered, false),
+                Some(why) => {
+                    tracing::error!(
+                        reason = why.as_str(),
+                        "the webhook is not verified to be sent every event type: this run lists every event, not only the undelivered (docs/operate.md, webhook_unfit)"
+                    );
+                    report.listed_all = Some(why);
+                    (Listed::All, true)
+                }
+            }
+        }
+    };
     // A place older than the provider keeps events can no longer be listed after: the run
     // starts from the oldest events it still lists.
     // (Five minutes short of it: the run's calls all land before the provider drops it.)
@@ -470,7 +279,10 @@ pub async fn scheduled(
         .checked_through_s
         .or(read.last.as_ref().map(|p| p.created));
     let stale = covered.is_some_and(|t| t <= oldest_listable);
-    let last = read.last.clone().filter(|p| p.created > oldest_listable);
+    let last = read
+        .last
+        .clone()
+        .filter(|p| !restart && p.created > oldest_listable);
     let since = match (&last, read.from_s, covered) {
         (Some(p), _, _) if read.caught_up => p.created - OVERLAP_S,
         (Some(p), _, _) => p.created,
@@ -483,20 +295,16 @@ pub async fn scheduled(
             "the catch-up's last event is older than the provider keeps events: this run starts from the oldest it still lists, and what was created between them may never have been applied (docs/operate.md, CatchUpJumped)"
         );
     }
-    let mut report = CatchUpReport {
-        since_s: since,
-        until_s: now_s,
-        jumped: stale,
-        ..CatchUpReport::default()
-    };
+    report.since_s = since;
+    report.jumped = stale;
     let cursor = match &last {
         Some(p) => {
             if read.caught_up {
-                overlap(lister, queue, p, budget, &mut report).await?;
+                overlap((lister, listed), queue, p, budget, &mut report).await?;
             }
             p.clone()
         }
-        None => match start_at(lister, since, now_s, budget, &mut report).await? {
+        None => match start_at((lister, listed), since, now_s, budget, &mut report).await? {
             // The pace kept it waiting to its budget's end (a `429`'s pause): the next run
             // starts here again; nothing moved.
             Start::Later => return Ok(report),
@@ -509,6 +317,7 @@ pub async fn scheduled(
                     version: read.version + 1,
                     from_s: None,
                     checked_through_s: Some(now_s),
+                    listing_all: None,
                     ..read.clone()
                 };
                 if !checkpoint.advance(&read, &to).await? {
@@ -527,9 +336,10 @@ pub async fn scheduled(
         checkpoint,
         read: read.clone(),
         now_s,
+        listing_all: report.listed_all.clone(),
     };
     walk(
-        lister,
+        (lister, listed),
         queue,
         cursor.clone(),
         None,
@@ -548,6 +358,7 @@ pub async fn scheduled(
             version: moving.read.version + 1,
             from_s: None,
             checked_through_s: Some(now_s),
+            listing_all: None,
         };
         if !checkpoint.advance(&moving.read, &to).await? {
             tracing::warn!("another catch-up moved the checkpoint meanwhile");
@@ -569,7 +380,7 @@ pub async fn scheduled(
 /// newest first, and queues them: what the last run may have missed because the provider
 /// listed it late. At most [`OVERLAP_MAX_PAGES`] pages; the checkpoint does not move.
 async fn overlap(
-    lister: &dyn EventLister,
+    (lister, listed): (&dyn EventLister, Listed),
     queue: &dyn EventQueue,
     last: &Place,
     budget: Budget,
@@ -582,7 +393,12 @@ async fn overlap(
         }
         let Some(page) = paced(
             &budget,
-            lister.page_back(last.created - OVERLAP_S, last.created, after.as_deref()),
+            lister.page_back(
+                listed,
+                last.created - OVERLAP_S,
+                last.created,
+                after.as_deref(),
+            ),
         )
         .await
         .map_err(|e| format!("listing the provider's events before {}: {e}", last.id))?
@@ -610,19 +426,30 @@ pub struct ScheduledCatchUp {
     pub queue: Arc<dyn EventQueue>,
     /// The checkpoint.
     pub checkpoint: Checkpoint,
+    /// What it lists: only the undelivered events (a webhook endpoint delivers them), or
+    /// every event (EventBridge alone).
+    pub lists: Listed,
 }
 
 impl ScheduledCatchUp {
     /// One scheduled run at the current time within `budget`.
     pub async fn run(&self, budget: Budget) -> Result<CatchUpReport, String> {
         let now = sqs_once::runner::now_ms() / 1000;
-        scheduled(&*self.lister, &*self.queue, &self.checkpoint, now, budget).await
+        scheduled(
+            (&*self.lister, self.lists),
+            &*self.queue,
+            &self.checkpoint,
+            now,
+            budget,
+        )
+        .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::ProviderError;
     use std::time::Duration;
 
     /// A list call through the paced client: it waits for its slot (the real client calls

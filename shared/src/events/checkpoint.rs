@@ -52,6 +52,9 @@ pub struct Position {
     /// catch-up's lag is measured from (listing only the undelivered events, the last event
     /// queued may be days old while the runs keep up). `None`: no run wrote it yet.
     pub checked_through_s: Option<i64>,
+    /// Asked to list only the undelivered events, the runs list every event, for this reason
+    /// (the webhook was not verified to be sent every type), until one reaches the newest.
+    pub listing_all: Option<String>,
 }
 
 impl Position {
@@ -113,6 +116,7 @@ impl Checkpoint {
             from_s: get_n(item, "start_s")
                 .or_else(|| get_n(item, "through_s").map(|t| t - OVERLAP_S)),
             checked_through_s: get_n(item, "checked_through"),
+            listing_all: get_s(item, "listing_all"),
         })
     }
 
@@ -125,29 +129,37 @@ impl Checkpoint {
             .key("pk", s(CHECKPOINT_KEY))
             .expression_attribute_values(":v", n(to.version))
             .expression_attribute_values(":caught", AttributeValue::Bool(to.caught_up));
-        let checked = match to.checked_through_s {
+        let mut checked = match to.checked_through_s {
             Some(t) => {
                 req = req.expression_attribute_values(":ct", n(t));
-                ", checked_through = :ct"
+                ", checked_through = :ct".to_owned()
             }
-            None => "",
+            None => String::new(),
+        };
+        let removed = match &to.listing_all {
+            Some(why) => {
+                req = req.expression_attribute_values(":la", s(why));
+                checked.push_str(", listing_all = :la");
+                ""
+            }
+            None => ", listing_all",
         };
         req = match (&to.last, to.from_s) {
             (Some(p), _) => req
                 .update_expression(format!(
                     "SET version = :v, caught_up = :caught, last_event = :id, last_created = :c{checked} \
-                     REMOVE through_s, start_s"
+                     REMOVE through_s, start_s{removed}"
                 ))
                 .expression_attribute_values(":id", s(&p.id))
                 .expression_attribute_values(":c", n(p.created)),
             (None, Some(from)) => req
                 .update_expression(format!(
                     "SET version = :v, caught_up = :caught, start_s = :from_s{checked} \
-                     REMOVE last_event, last_created, through_s"
+                     REMOVE last_event, last_created, through_s{removed}"
                 ))
                 .expression_attribute_values(":from_s", n(from)),
             (None, None) => req.update_expression(format!(
-                "SET version = :v, caught_up = :caught{checked} REMOVE last_event, last_created, through_s, start_s"
+                "SET version = :v, caught_up = :caught{checked} REMOVE last_event, last_created, through_s, start_s{removed}"
             )),
         };
         req = if from.version == 0 {

@@ -2,8 +2,8 @@
 //! ([`inbox`], a [`sqs_once::Work`] keyed by the event id), what an event settles on the
 //! payment's and the refund's records ([`settlement`]), the provider-events queue that the
 //! receiver and the catch-up feed ([`queue`]), and the catch-up of missed events with its place
-//! ([`catch_up`], [`checkpoint`]). The ports the provider's adapter implements for it
-//! ([`inbox::ProviderObjects`], [`catch_up::EventLister`]) are declared here, by their user.
+//! ([`catch_up`], [`checkpoint`], the list it reads: [`listing`]). The ports the provider's adapter implements for it
+//! ([`inbox::ProviderObjects`], [`listing::EventLister`]) are declared here, by their user.
 //!
 //! May use: provider, payments, refunds (a settled refund gives its amount back
 //! through the refund ledger).
@@ -11,6 +11,7 @@
 pub mod catch_up;
 pub mod checkpoint;
 pub mod inbox;
+pub mod listing;
 pub mod queue;
 pub mod settlement;
 

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::events::catch_up::{EventLister, EventPage, Place, EVENT_TYPES, PAGE_SIZE};
+use crate::events::catch_up::{EventLister, EventPage, Listed, Place, EVENT_TYPES, PAGE_SIZE};
 use crate::provider::event::{DisputeChange, PaymentChange, ProviderEvent, RefundChange, Subject};
 use crate::provider::{FailureKind, PaymentProvider, ProviderError};
+use crate::stripe::receiver::EVENTS_PATH;
 use crate::stripe::{listing, StripeClient};
 
 /// The provider's objects as they are now, for the events inbox.
@@ -114,49 +115,6 @@ fn unreadable_entry(value: &serde_json::Value, text: String) -> Option<(Provider
     ))
 }
 
-/// Which of the provider's events a listing holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listed {
-    /// Every event of the inbox's types.
-    All,
-    /// Only those not delivered to every webhook endpoint (`delivery_success=false`: still
-    /// pending, or failed all their attempts), as Stripe's guide to undelivered events lists
-    /// them: the delivered ones were queued by the receiver when they arrived.
-    Undelivered,
-}
-
-/// The provider's event list as the catch-up walks it: every event, or only the undelivered
-/// ones ([`Listed`]).
-pub struct EventListing {
-    client: StripeClient,
-    listed: Listed,
-}
-
-impl EventListing {
-    /// `client`'s event list, restricted to `listed`.
-    pub fn new(client: StripeClient, listed: Listed) -> Self {
-        Self { client, listed }
-    }
-}
-
-#[async_trait]
-impl EventLister for EventListing {
-    async fn page_back(
-        &self,
-        since_s: i64,
-        until_s: i64,
-        starting_after: Option<&str>,
-    ) -> Result<EventPage, ProviderError> {
-        self.client
-            .events_back(since_s, until_s, starting_after, self.listed)
-            .await
-    }
-
-    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
-        self.client.events_after(cursor, self.listed).await
-    }
-}
-
 impl StripeClient {
     async fn event_page(
         &self,
@@ -228,22 +186,101 @@ impl StripeClient {
     }
 }
 
-/// Every event of the inbox's types ([`Listed::All`]): what a catch-up by hand lists.
+/// The provider's event list: every event of the inbox's types, or only the undelivered.
 #[async_trait]
 impl EventLister for StripeClient {
     async fn page_back(
         &self,
+        listed: Listed,
         since_s: i64,
         until_s: i64,
         starting_after: Option<&str>,
     ) -> Result<EventPage, ProviderError> {
-        self.events_back(since_s, until_s, starting_after, Listed::All)
+        self.events_back(since_s, until_s, starting_after, listed)
             .await
     }
 
-    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
-        self.events_after(cursor, Listed::All).await
+    async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.events_after(cursor, listed).await
     }
+
+    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+        let mut endpoints: Vec<WireEndpoint> = Vec::new();
+        loop {
+            let after = endpoints.last().map(|e| e.id.clone());
+            let mut query = vec![("limit", "100")];
+            if let Some(a) = &after {
+                query.push(("starting_after", a));
+            }
+            let (status, headers, body) = self.get("/v1/webhook_endpoints", &query).await?;
+            let page: WireEndpoints = listing(status, &headers, &body, |_: &WireEndpoints| false)?;
+            let more = page.has_more && !page.data.is_empty();
+            endpoints.extend(page.data);
+            if !more {
+                return Ok(webhook_unfit(&endpoints));
+            }
+        }
+    }
+}
+
+/// A webhook endpoint as `GET /v1/webhook_endpoints` lists it: the fields the check reads.
+#[derive(Debug, serde::Deserialize)]
+struct WireEndpoint {
+    id: String,
+    url: String,
+    status: String,
+    #[serde(default)]
+    enabled_events: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireEndpoints {
+    data: Vec<WireEndpoint>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+/// Whether every endpoint at the receiver's path ([`EVENTS_PATH`]) is enabled and sent every
+/// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]): `None` when so and there is
+/// one at least; else why not. Every one, not any one: another stack's endpoint on the same
+/// account cannot be told from this one's by its path, and a listing of every event is never
+/// wrong, only slower.
+fn webhook_unfit(endpoints: &[WireEndpoint]) -> Option<String> {
+    let path = |url: &str| {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let path = rest.find('/').map_or("", |i| &rest[i..]);
+        path.split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/')
+            .to_owned()
+    };
+    let ours: Vec<&WireEndpoint> = endpoints
+        .iter()
+        .filter(|e| path(&e.url).ends_with(EVENTS_PATH))
+        .collect();
+    if ours.is_empty() {
+        return Some(format!(
+            "no webhook endpoint at a URL ending {EVENTS_PATH} is registered ({} other endpoints)",
+            endpoints.len()
+        ));
+    }
+    let why: Vec<String> = ours
+        .iter()
+        .filter_map(|e| {
+            if e.status != "enabled" {
+                return Some(format!("{} ({}) is {}", e.id, e.url, e.status));
+            }
+            let missing: Vec<&str> = EVENT_TYPES
+                .iter()
+                .filter(|t| !e.enabled_events.iter().any(|x| x == "*" || x == *t))
+                .copied()
+                .collect();
+            (!missing.is_empty())
+                .then(|| format!("{} ({}) is not sent {}", e.id, e.url, missing.join(", ")))
+        })
+        .collect();
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 impl StripeClient {
@@ -266,6 +303,68 @@ impl StripeClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn endpoint(id: &str, url: &str, status: &str, events: &[&str]) -> WireEndpoint {
+        WireEndpoint {
+            id: id.into(),
+            url: url.into(),
+            status: status.into(),
+            enabled_events: events.iter().map(|e| (*e).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_undelivered_filter_is_trusted_only_while_every_endpoint_here_is_enabled_and_sent_every_type(
+    ) {
+        let url = "https://abc.execute-api.eu-west-1.amazonaws.com/v1/provider-events";
+        assert_eq!(
+            webhook_unfit(&[endpoint("we_1", url, "enabled", &["*"])]),
+            None
+        );
+        assert_eq!(
+            webhook_unfit(&[endpoint("we_1", url, "enabled", EVENT_TYPES)]),
+            None
+        );
+        let no_disputes: Vec<&str> = EVENT_TYPES
+            .iter()
+            .copied()
+            .filter(|t| !t.starts_with("charge.dispute"))
+            .collect();
+        let cases = [
+            (vec![], "no webhook endpoint"),
+            (
+                vec![endpoint(
+                    "we_1",
+                    "https://other.example/hook",
+                    "enabled",
+                    &["*"],
+                )],
+                "no webhook endpoint",
+            ),
+            (vec![endpoint("we_1", url, "disabled", &["*"])], "we_1"),
+            (
+                vec![endpoint("we_1", url, "enabled", &no_disputes)],
+                "charge.dispute.created",
+            ),
+            // Another stack's endpoint at the same path, disabled: not told apart, so not trusted.
+            (
+                vec![
+                    endpoint("we_1", url, "enabled", &["*"]),
+                    endpoint(
+                        "we_2",
+                        "https://pay.example.com/stripe/v1/provider-events/",
+                        "disabled",
+                        &["*"],
+                    ),
+                ],
+                "we_2",
+            ),
+        ];
+        for (endpoints, said) in cases {
+            let why = webhook_unfit(&endpoints).expect("unfit");
+            assert!(why.contains(said), "{why}");
+        }
+    }
 
     #[test]
     fn an_unreadable_entry_keeps_its_place_and_its_text_for_the_inbox_to_refuse() {

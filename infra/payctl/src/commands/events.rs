@@ -189,6 +189,7 @@ async fn checkpoint(
                 caught_up: false,
                 version: read.version + 1,
                 from_s: None,
+                listing_all: None,
             }
         }
         (None, Some(since)) => {
@@ -205,6 +206,7 @@ async fn checkpoint(
                 version: read.version + 1,
                 from_s: Some(from),
                 checked_through_s: Some(from),
+                listing_all: None,
             }
         }
     };

@@ -1,144 +1,16 @@
-//! The scheduled catch-up over a long backlog: its checkpoint on the emulator's table, the
-//! provider's list held in memory with Stripe's paging (`starting_after` back, `ending_before`
-//! forward, newest first within a page), so that tens of thousands of events cost no provider.
-//! What is measured: every missed event is queued, runs that each stop within their budget
-//! get through the backlog, none starts over, and the steady state resumes.
+//! The scheduled catch-up over long backlogs, listing every event.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use payment_core::events::catch_up::{
-    scheduled, Budget, Checkpoint, EventLister, EventPage, Position, FIRST_WINDOW_S, OVERLAP_S,
-    PAGE_SIZE,
+    scheduled, Checkpoint, Listed, Position, FIRST_WINDOW_S, OVERLAP_S,
 };
-use payment_core::events::queue::EventQueue;
 use payment_core::provider::event::ProviderEvent;
-use payment_core::provider::ProviderError;
 use sqs_once::runner::now_ms;
 
+use super::{budget, Counted, Provider};
 use crate::helpers::*;
-
-/// The provider's event list in memory, oldest first, listed as Stripe lists it.
-#[derive(Default)]
-struct Provider {
-    events: Mutex<Vec<(ProviderEvent, String)>>,
-    calls: AtomicUsize,
-}
-
-impl Provider {
-    /// Adds `n` events (of a type the inbox applies) created evenly over `[from_s, to_s]`.
-    fn add(&self, n: usize, from_s: i64, to_s: i64) {
-        let mut events = self.events.lock().unwrap();
-        let base = events.len();
-        for i in 0..n {
-            let created = from_s + ((to_s - from_s) as i128 * i as i128 / n.max(1) as i128) as i64;
-            let body = serde_json::json!({
-                "id": format!("evt_{:07}", base + i), "object": "event",
-                "type": "payment_intent.succeeded", "created": created,
-                "data": {"object": {"id": format!("pi_{i}"), "object": "payment_intent",
-                                    "status": "succeeded", "metadata": {}}}})
-            .to_string();
-            events.push((ProviderEvent::parse(&body).unwrap(), body));
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl EventLister for Provider {
-    async fn page_back(
-        &self,
-        since_s: i64,
-        until_s: i64,
-        starting_after: Option<&str>,
-    ) -> Result<EventPage, ProviderError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let events = self.events.lock().unwrap();
-        let newest_first: Vec<_> = events
-            .iter()
-            .rev()
-            .filter(|(e, _)| (since_s..=until_s).contains(&e.created))
-            .collect();
-        let start = match starting_after {
-            Some(id) => newest_first.iter().position(|(e, _)| e.id == id).unwrap() + 1,
-            None => 0,
-        };
-        let rest = &newest_first[start..];
-        Ok(EventPage {
-            events: rest.iter().take(PAGE_SIZE).map(|x| (*x).clone()).collect(),
-            has_more: rest.len() > PAGE_SIZE,
-        })
-    }
-
-    async fn page_after(&self, cursor: &str) -> Result<EventPage, ProviderError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let events = self.events.lock().unwrap();
-        let at = events.iter().position(|(e, _)| e.id == cursor).unwrap();
-        let newer = &events[at + 1..];
-        Ok(EventPage {
-            events: newer.iter().take(PAGE_SIZE).rev().cloned().collect(),
-            has_more: newer.len() > PAGE_SIZE,
-        })
-    }
-}
-
-/// A queue that counts what it holds, by event id, and the batches sent; what it sets aside
-/// (event id, code).
-#[derive(Default)]
-struct Counted {
-    copies: Mutex<HashMap<String, usize>>,
-    batches: AtomicUsize,
-    set_aside: Mutex<Vec<(String, String)>>,
-}
-
-#[async_trait::async_trait]
-impl EventQueue for Counted {
-    async fn enqueue(&self, event: &ProviderEvent, _: &str) -> Result<(), String> {
-        *self
-            .copies
-            .lock()
-            .unwrap()
-            .entry(event.id.clone())
-            .or_default() += 1;
-        Ok(())
-    }
-
-    async fn enqueue_batch(&self, events: &[(ProviderEvent, String)]) -> Result<(), String> {
-        self.batches.fetch_add(1, Ordering::SeqCst);
-        for (e, body) in events {
-            assert!(
-                payment_core::events::queue::message_bytes(&e.kind, body)
-                    <= payment_core::events::queue::MAX_MESSAGE_BYTES,
-                "{} was sent although SQS would refuse it",
-                e.id
-            );
-            self.enqueue(e, body).await?;
-        }
-        Ok(())
-    }
-
-    async fn set_aside(
-        &self,
-        event: &ProviderEvent,
-        _: &str,
-        code: &str,
-        _: &str,
-    ) -> Result<(), String> {
-        self.set_aside
-            .lock()
-            .unwrap()
-            .push((event.id.clone(), code.to_owned()));
-        Ok(())
-    }
-}
-
-fn budget(pages: usize) -> Budget {
-    Budget {
-        until: tokio::time::Instant::now() + Duration::from_secs(3600),
-        max_pages: pages,
-    }
-}
 
 /// 20,000 events missed over the last two days (a day's outage on a busy account, within the
 /// first run's three-day window). Each run stops after 40 pages, as a run stops at its
@@ -164,9 +36,15 @@ async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
 
     let mut runs = Vec::new();
     loop {
-        let report = scheduled(&provider, &queue, &checkpoint, now, budget(40))
-            .await
-            .unwrap();
+        let report = scheduled(
+            (&provider, Listed::All),
+            &queue,
+            &checkpoint,
+            now,
+            budget(40),
+        )
+        .await
+        .unwrap();
         assert!(report.pages <= 40, "{report:?}");
         let done = report.finished;
         runs.push(report);
@@ -207,9 +85,15 @@ async fn a_backlog_of_20_000_events_is_caught_up_by_runs_that_each_finish() {
     // created in the quarter of an hour before its last event.
     provider.add(30, now + 60, now + 120);
     let before: HashMap<String, usize> = queue.copies.lock().unwrap().clone();
-    let steady = scheduled(&provider, &queue, &checkpoint, now + 3600, budget(40))
-        .await
-        .unwrap();
+    let steady = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now + 3600,
+        budget(40),
+    )
+    .await
+    .unwrap();
     assert!(steady.finished, "{steady:?}");
     let after = queue.copies.lock().unwrap().clone();
     assert_eq!(after.len(), 20_030);
@@ -272,9 +156,15 @@ async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
     let now = now_ms() / 1000;
     let provider = Provider::default();
     let queue = Counted::default();
-    let empty = scheduled(&provider, &queue, &checkpoint, now, budget(10))
-        .await
-        .unwrap();
+    let empty = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now,
+        budget(10),
+    )
+    .await
+    .unwrap();
     assert!(empty.finished && empty.queued == 0, "{empty:?}");
     // Nothing to go wrong: only that the list was checked through the run's time.
     assert_eq!(
@@ -290,9 +180,15 @@ async fn a_first_run_on_a_new_account_starts_at_its_oldest_event() {
     // A day of events after it.
     provider.add(250, now + 10, now + 86_400);
     let now = now + 86_400 + 10;
-    let first = scheduled(&provider, &queue, &checkpoint, now, budget(10))
-        .await
-        .unwrap();
+    let first = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now,
+        budget(10),
+    )
+    .await
+    .unwrap();
     assert!(first.finished, "{first:?}");
     let copies = queue.copies.lock().unwrap().clone();
     assert_eq!(copies.len(), 250);
@@ -328,15 +224,22 @@ async fn a_checkpoint_older_than_the_provider_s_events_starts_from_the_oldest_li
         version: 1,
         from_s: None,
         checked_through_s: None,
+        listing_all: None,
     };
     assert!(checkpoint
         .advance(&Position::default(), &stale)
         .await
         .unwrap());
     let queue = Counted::default();
-    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
-        .await
-        .unwrap();
+    let run = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now,
+        budget(100),
+    )
+    .await
+    .unwrap();
     assert!(run.finished, "{run:?}");
     assert!(run.jumped, "the jump is reported (CatchUpJumped): {run:?}");
     assert!(
@@ -375,14 +278,21 @@ async fn a_busy_overlap_never_stops_a_run_from_going_forward() {
         version: 1,
         from_s: None,
         checked_through_s: None,
+        listing_all: None,
     };
     assert!(checkpoint.advance(&Position::default(), &at).await.unwrap());
     let queue = Counted::default();
     let mut runs = 0;
     loop {
-        let run = scheduled(&provider, &queue, &checkpoint, now, budget(3))
-            .await
-            .unwrap();
+        let run = scheduled(
+            (&provider, Listed::All),
+            &queue,
+            &checkpoint,
+            now,
+            budget(3),
+        )
+        .await
+        .unwrap();
         runs += 1;
         let moved = checkpoint.read().await.unwrap().last.unwrap();
         assert!(moved.created >= last.created, "never backwards: {moved:?}");
@@ -459,12 +369,19 @@ async fn a_bad_event_is_set_aside_and_the_catch_up_moves_past_it() {
         version: 1,
         from_s: None,
         checked_through_s: None,
+        listing_all: None,
     };
     assert!(checkpoint.advance(&Position::default(), &at).await.unwrap());
     let queue = Counted::default();
-    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
-        .await
-        .unwrap();
+    let run = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now,
+        budget(100),
+    )
+    .await
+    .unwrap();
     assert!(run.finished, "{run:?}");
     assert_eq!(run.set_aside, 1, "{run:?}");
     assert_eq!(
@@ -514,6 +431,7 @@ async fn the_lag_is_measured_from_when_the_list_was_checked_through_not_from_the
         version: 1,
         from_s: None,
         checked_through_s: Some(now - 3_600),
+        listing_all: None,
     };
     assert!(checkpoint
         .advance(&Position::default(), &kept_up)
@@ -521,9 +439,15 @@ async fn the_lag_is_measured_from_when_the_list_was_checked_through_not_from_the
         .unwrap());
     provider.add(250, now - 1_800, now - 60);
     let queue = Counted::default();
-    let run = scheduled(&provider, &queue, &checkpoint, now, budget(100))
-        .await
-        .unwrap();
+    let run = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        now,
+        budget(100),
+    )
+    .await
+    .unwrap();
     assert!(run.finished && !run.jumped, "{run:?}");
     assert_eq!(run.since_s, now - 3_600 - OVERLAP_S, "{run:?}");
     assert_eq!(queue.copies.lock().unwrap().len(), 250);
@@ -537,9 +461,15 @@ async fn the_lag_is_measured_from_when_the_list_was_checked_through_not_from_the
     // A backlog larger than a run: it stops after two pages and says how far behind it is.
     provider.add(1_000, now + 60, now + 1_060);
     let later = now + 7_200;
-    let run = scheduled(&provider, &queue, &checkpoint, later, budget(2))
-        .await
-        .unwrap();
+    let run = scheduled(
+        (&provider, Listed::All),
+        &queue,
+        &checkpoint,
+        later,
+        budget(2),
+    )
+    .await
+    .unwrap();
     assert!(!run.finished, "{run:?}");
     let through = checkpoint.read().await.unwrap().checked_through_s.unwrap();
     assert!(through < now + 1_060 && through > now, "{through}");
