@@ -410,15 +410,22 @@ async fn reconcile_gives_back_a_refund_the_provider_failed_after_its_answer_was_
         "{said}"
     );
     assert_eq!(refunded_total(&t, &pid).await, 0, "given back");
-    let record = payment_core::refund_store(
-        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
-        &t.config.idempotency_table,
-    )
-    .get(&rid)
-    .await
-    .unwrap()
-    .expect("the refund's record");
+    let ddb = aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await);
+    let store = payment_core::refund_store(ddb.clone(), &t.config.idempotency_table);
+    let record = store.get(&rid).await.unwrap().expect("the refund's record");
     assert_eq!(record.status.as_str(), "COMPLETED");
+    let item = ddb
+        .get_item()
+        .table_name(&t.config.idempotency_table)
+        .key(store.layout().attribute.clone(), store.record_key(&rid))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        item.item().unwrap().get(sqs_once::dynamo::OPEN).is_none(),
+        "settled: off the OpenRecords index payctl health reads"
+    );
     assert_eq!(
         record.outcome.as_ref().and_then(|o| o.text("code")),
         Some("refund_failed")

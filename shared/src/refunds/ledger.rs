@@ -280,10 +280,11 @@ impl DynamoRefundLedger {
                 self.refund_records.layout().attribute.clone(),
                 self.refund_records.record_key(refund_id),
             )
-            .update_expression(
+            .update_expression(format!(
                 "SET #s = :completed, outcome = :o, unknown_outcome = :f, completed_at = :now, \
-                 expires_at = :keep REMOVE last_error, not_before, lease_owner",
-            )
+                 expires_at = :keep REMOVE last_error, not_before, lease_owner, {}",
+                sqs_once::dynamo::OPEN
+            ))
             .condition_expression(
                 "(#s = :failed OR (#s = :in_progress AND lease_expires_at < :now)) AND \
                  (attribute_not_exists(not_before) OR not_before < :now) AND \
