@@ -6,7 +6,7 @@
   that names WebhookSecretArn;
 - eventbridge or both: one bus named for and on the partner event source StripeEventSourceName;
   one rule on it whose pattern is that source alone and exactly the event types the inbox
-  applies (the `EVENT_TYPES` of shared/src/events/catch_up.rs), nothing else; its one target the
+  applies (the `EVENT_TYPES` of shared/src/events/listing.rs), nothing else; its one target the
   queue the event processor reads, retried for at least an hour, with a dead-letter queue that
   the stack's key does not encrypt and an alarm watches from its first message, and an alarm on
   what could not even be dead-lettered; EventBridge may send to the queue and to that DLQ only as
@@ -25,7 +25,7 @@ SERVICE = "events.amazonaws.com"
 
 
 def event_types(root):
-    text = (pathlib.Path(root) / "shared/src/events/catch_up.rs").read_text()
+    text = (pathlib.Path(root) / "shared/src/events/listing.rs").read_text()
     block = re.search(r"pub const EVENT_TYPES: &\[&str\] = &\[(.*?)\];", text, flags=re.S)
     return re.findall(r'"([^"]+)"', block.group(1)) if block else []
 
@@ -308,7 +308,7 @@ def main():
     template = json.load(open(sys.argv[1], encoding="utf-8"))
     types = event_types(sys.argv[2])
     if not types:
-        print("eventbridge: EVENT_TYPES not found in shared/src/events/catch_up.rs", file=sys.stderr)
+        print("eventbridge: EVENT_TYPES not found in shared/src/events/listing.rs", file=sys.stderr)
         sys.exit(1)
     delivery = sys.argv[3]
     problems = check(template, types, delivery)
