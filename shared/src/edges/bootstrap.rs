@@ -344,7 +344,10 @@ pub async fn build_catch_up(
         .map(|rate| Arc::new(sqs_once::pace::Pace::new(rate)));
     let client = paced_provider(config, sdk, &pace).await?;
     Ok(Some(crate::events::catch_up::ScheduledCatchUp {
-        lister: Arc::new(client),
+        lister: Arc::new(crate::stripe::objects::EventListing::new(
+            client,
+            config.provider_events_url.clone(),
+        )),
         lists: config.catch_up_lists,
         queue: Arc::new(
             crate::events::queue::SqsEventQueue::new(aws_sdk_sqs::Client::new(sdk), url.clone())

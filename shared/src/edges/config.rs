@@ -84,6 +84,10 @@ pub struct Config {
     /// `eventbridge`: every event of the inbox's types, as Stripe's undelivered filter says
     /// nothing of an EventBridge destination).
     pub catch_up_lists: crate::events::catch_up::Listed,
+    /// This stack's webhook endpoint as registered at the provider (`PROVIDER_EVENTS_URL`, the
+    /// template's `ProviderEventsUrl`): the one the catch-up must find enabled and sent every
+    /// type before it lists only the undelivered. Unset: every endpoint at the receiver's path.
+    pub provider_events_url: Option<String>,
 }
 
 /// A configuration problem, naming the variable.
@@ -260,6 +264,7 @@ impl Config {
             provider_pace: provider_pace(&get)?.map(|p| p.instance),
             catch_up_pace: provider_pace(&get)?.map(|p| p.function),
             catch_up_lists: catch_up_lists(&get)?,
+            provider_events_url: get("PROVIDER_EVENTS_URL").filter(|v| !v.trim().is_empty()),
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",

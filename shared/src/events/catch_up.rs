@@ -140,9 +140,11 @@ struct Moving<'a> {
     read: Position,
     /// The run's time: what the list is walked through once the newest event is reached.
     now_s: i64,
-    /// Why the run lists every event where only the undelivered were asked for: kept in the
-    /// checkpoint until a walk reaches the newest event, so the next run goes on likewise.
-    listing_all: Option<String>,
+    /// Why the run lists every event where only the undelivered were asked for, kept in the
+    /// checkpoint while it walks (the next run goes on likewise); and what is kept once the
+    /// walk reaches the newest event (`None` when this run found the webhook sent every type
+    /// at its start).
+    listing_all: (Option<String>, Option<String>),
 }
 
 /// Walks the pages after `cursor`, oldest first, queueing each (and the events up to
@@ -195,7 +197,11 @@ async fn walk(
                 } else {
                     m.now_s
                 }),
-                listing_all: m.listing_all.clone().filter(|_| page.has_more),
+                listing_all: if page.has_more {
+                    m.listing_all.0.clone()
+                } else {
+                    m.listing_all.1.clone()
+                },
             };
             if !m.checkpoint.advance(&m.read, &to).await? {
                 tracing::warn!(
@@ -216,13 +222,15 @@ async fn walk(
 /// One scheduled run at `now_s` within `budget`: from where the last run got, else from
 /// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
 /// event, the [`OVERLAP_S`] before its last event is listed again first, newest first, at most
-/// `OVERLAP_MAX_PAGES` pages. The checkpoint moves after every page, only ever forward.
+/// `OVERLAP_MAX_PAGES` pages. The checkpoint moves after every page, only ever forward (but for
+/// the start over below, which goes back to where the list was checked through).
 ///
 /// Asked to list only the undelivered events (`lists`), a run first asks the provider whether
 /// the webhook is sent every type ([`EventLister::webhook_unfit`]); when it is not (an endpoint
 /// disabled, deleted, or not subscribed to a type: the events created meanwhile were never
 /// sent, so never failed), the run lists every event instead, from where the list was last
-/// checked through, and the runs after it go on doing so until one reaches the newest event.
+/// checked through (kept in the checkpoint before anything is listed), and the runs after it go
+/// on doing so until one that found the webhook fit at its own start reaches the newest event.
 pub async fn scheduled(
     (lister, lists): (&dyn EventLister, Listed),
     queue: &dyn EventQueue,
@@ -230,42 +238,53 @@ pub async fn scheduled(
     now_s: i64,
     budget: Budget,
 ) -> Result<CatchUpReport, String> {
-    let read = checkpoint.read().await?;
+    let mut read = checkpoint.read().await?;
     let mut report = CatchUpReport {
         until_s: now_s,
         checked_through_s: read.checked_through_s,
         ..CatchUpReport::default()
     };
-    // What this run lists, and whether it starts over from where the list was checked
-    // through (a listing of every event cannot go on from the last undelivered one, which may
-    // be weeks old).
-    let (listed, restart) = match (lists, &read.listing_all) {
-        (Listed::All, _) => (Listed::All, false),
-        (Listed::Undelivered, Some(why)) => {
-            report.listed_all = Some(why.clone());
-            (Listed::All, false)
+    // Asked for the undelivered only, every run checks that the webhook is sent every type,
+    // a run going on with a listing of every event too: only one that found it so at its
+    // start may end that listing (what was made before then is in its walk; what is made
+    // after, the webhook is sent).
+    let unfit = match lists {
+        Listed::All => None,
+        Listed::Undelivered => match paced(&budget, lister.webhook_unfit()).await {
+            Ok(Some(unfit)) => unfit,
+            // No request slot within the run: the next run starts here again.
+            Ok(None) => return Ok(report),
+            Err(e) if e.kind == FailureKind::Misconfigured => Some(format!(
+                "the webhook endpoints could not be read ({e}): the key must be valid and may read Webhook Endpoints"
+            )),
+            Err(e) => return Err(format!("reading the provider's webhook endpoints: {e}")),
+        },
+    };
+    if let Some(why) = &unfit {
+        tracing::error!(
+            reason = why.as_str(),
+            "the webhook is not verified to be sent every event type: the catch-up lists every event, not only the undelivered (docs/operate.md, webhook_unfit)"
+        );
+    }
+    // What this run lists; whether it starts over from where the list was checked through (a
+    // listing of every event cannot go on from the last undelivered one, which may be weeks
+    // old); what the checkpoint keeps once a walk reaches the newest event.
+    let (listed, restart, after) = match (lists, &read.listing_all, unfit) {
+        (Listed::All, _, _) => (Listed::All, false, None),
+        (Listed::Undelivered, None, None) => (Listed::Undelivered, false, None),
+        (Listed::Undelivered, Some(was), None) => {
+            report.listed_all = Some(format!(
+                "the webhook is sent every type again; this run lists every event to the newest first ({was})"
+            ));
+            (Listed::All, false, None)
         }
-        (Listed::Undelivered, None) => {
-            let unfit = match paced(&budget, lister.webhook_unfit()).await {
-                Ok(Some(unfit)) => unfit,
-                // No request slot within the run: the next run starts here again.
-                Ok(None) => return Ok(report),
-                Err(e) if e.kind == FailureKind::Misconfigured => Some(format!(
-                    "the webhook endpoints could not be read ({e}): give the key read access to Webhook Endpoints"
-                )),
-                Err(e) => return Err(format!("reading the provider's webhook endpoints: {e}")),
-            };
-            match unfit {
-                None => (Listed::Undelivered, false),
-                Some(why) => {
-                    tracing::error!(
-                        reason = why.as_str(),
-                        "the webhook is not verified to be sent every event type: this run lists every event, not only the undelivered (docs/operate.md, webhook_unfit)"
-                    );
-                    report.listed_all = Some(why);
-                    (Listed::All, true)
-                }
-            }
+        (Listed::Undelivered, Some(_), Some(why)) => {
+            report.listed_all = Some(why.clone());
+            (Listed::All, false, Some(why))
+        }
+        (Listed::Undelivered, None, Some(why)) => {
+            report.listed_all = Some(why.clone());
+            (Listed::All, true, Some(why))
         }
     };
     // A place older than the provider keeps events can no longer be listed after: the run
@@ -297,6 +316,24 @@ pub async fn scheduled(
     }
     report.since_s = since;
     report.jumped = stale;
+    if restart {
+        // Kept at once, before any listing: a run stopped before its first page (the pace, an
+        // error, its budget) leaves the next one to go on listing every event from here, even
+        // if the webhook is fixed by then.
+        let to = Position {
+            last: None,
+            caught_up: false,
+            version: read.version + 1,
+            from_s: Some(since),
+            checked_through_s: read.checked_through_s,
+            listing_all: report.listed_all.clone(),
+        };
+        if !checkpoint.advance(&read, &to).await? {
+            tracing::warn!("another catch-up moved the checkpoint meanwhile: this run stops");
+            return Ok(report);
+        }
+        read = to;
+    }
     let cursor = match &last {
         Some(p) => {
             if read.caught_up {
@@ -317,7 +354,7 @@ pub async fn scheduled(
                     version: read.version + 1,
                     from_s: None,
                     checked_through_s: Some(now_s),
-                    listing_all: None,
+                    listing_all: after.clone(),
                     ..read.clone()
                 };
                 if !checkpoint.advance(&read, &to).await? {
@@ -336,7 +373,7 @@ pub async fn scheduled(
         checkpoint,
         read: read.clone(),
         now_s,
-        listing_all: report.listed_all.clone(),
+        listing_all: (report.listed_all.clone(), after.clone()),
     };
     walk(
         (lister, listed),
@@ -358,7 +395,7 @@ pub async fn scheduled(
             version: moving.read.version + 1,
             from_s: None,
             checked_through_s: Some(now_s),
-            listing_all: None,
+            listing_all: after,
         };
         if !checkpoint.advance(&moving.read, &to).await? {
             tracing::warn!("another catch-up moved the checkpoint meanwhile");
@@ -443,46 +480,5 @@ impl ScheduledCatchUp {
             budget,
         )
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::provider::ProviderError;
-    use std::time::Duration;
-
-    /// A list call through the paced client: it waits for its slot (the real client calls
-    /// `Pace::acquire` the same way).
-    async fn listed(pace: &sqs_once::pace::Pace) -> Result<EventPage, ProviderError> {
-        pace.acquire(Duration::from_secs(10))
-            .await
-            .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string()))?;
-        Ok(EventPage::default())
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_list_call_waits_for_its_slot_within_the_run_and_a_pause_past_it_ends_the_run_quietly(
-    ) {
-        // A 429 asked for a minute's pause; the run has 45 s left.
-        let pace = sqs_once::pace::Pace::new(4.0);
-        pace.slowed(Some(Duration::from_secs(60)));
-        let t0 = tokio::time::Instant::now();
-        let short = Budget {
-            until: t0 + Duration::from_secs(45),
-            max_pages: usize::MAX,
-        };
-        assert!(
-            paced(&short, listed(&pace)).await.unwrap().is_none(),
-            "no slot within the run: it stops, it does not fail"
-        );
-        // With the client's own timeout (10 s) as its only bound it was refused NotSent, an
-        // error that failed the run; within a budget that reaches the slot, it waits for it.
-        let long = Budget {
-            until: t0 + Duration::from_secs(75),
-            max_pages: usize::MAX,
-        };
-        assert!(paced(&long, listed(&pace)).await.unwrap().is_some());
-        assert!(tokio::time::Instant::now() - t0 >= Duration::from_secs(60));
     }
 }

@@ -289,3 +289,43 @@ impl CatchUpReport {
         .to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A list call through the paced client: it waits for its slot (the real client calls
+    /// `Pace::acquire` the same way).
+    async fn listed(pace: &sqs_once::pace::Pace) -> Result<EventPage, ProviderError> {
+        pace.acquire(Duration::from_secs(10))
+            .await
+            .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string()))?;
+        Ok(EventPage::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_call_waits_for_its_slot_within_the_run_and_a_pause_past_it_ends_the_run_quietly(
+    ) {
+        // A 429 asked for a minute's pause; the run has 45 s left.
+        let pace = sqs_once::pace::Pace::new(4.0);
+        pace.slowed(Some(Duration::from_secs(60)));
+        let t0 = tokio::time::Instant::now();
+        let short = Budget {
+            until: t0 + Duration::from_secs(45),
+            max_pages: usize::MAX,
+        };
+        assert!(
+            paced(&short, listed(&pace)).await.unwrap().is_none(),
+            "no slot within the run: it stops, it does not fail"
+        );
+        // With the client's own timeout (10 s) as its only bound it was refused NotSent, an
+        // error that failed the run; within a budget that reaches the slot, it waits for it.
+        let long = Budget {
+            until: t0 + Duration::from_secs(75),
+            max_pages: usize::MAX,
+        };
+        assert!(paced(&long, listed(&pace)).await.unwrap().is_some());
+        assert!(tokio::time::Instant::now() - t0 >= Duration::from_secs(60));
+    }
+}

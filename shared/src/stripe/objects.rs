@@ -205,6 +205,52 @@ impl EventLister for StripeClient {
     }
 
     async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+        Ok(webhook_unfit(&self.webhook_endpoints().await?, None))
+    }
+}
+
+/// The provider's event list, checked against this stack's own webhook endpoint: what the
+/// scheduled catch-up reads.
+pub struct EventListing {
+    client: StripeClient,
+    endpoint: Option<String>,
+}
+
+impl EventListing {
+    /// `client`'s event list; `endpoint`: this stack's endpoint URL as registered (`None`:
+    /// every endpoint at the receiver's path counts).
+    pub fn new(client: StripeClient, endpoint: Option<String>) -> Self {
+        Self { client, endpoint }
+    }
+}
+
+#[async_trait]
+impl EventLister for EventListing {
+    async fn page_back(
+        &self,
+        listed: Listed,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.client
+            .page_back(listed, since_s, until_s, starting_after)
+            .await
+    }
+
+    async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.client.page_after(listed, cursor).await
+    }
+
+    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+        let endpoints = self.client.webhook_endpoints().await?;
+        Ok(webhook_unfit(&endpoints, self.endpoint.as_deref()))
+    }
+}
+
+impl StripeClient {
+    /// Every webhook endpoint of the account (`GET /v1/webhook_endpoints`).
+    async fn webhook_endpoints(&self) -> Result<Vec<WireEndpoint>, ProviderError> {
         let mut endpoints: Vec<WireEndpoint> = Vec::new();
         loop {
             let after = endpoints.last().map(|e| e.id.clone());
@@ -217,7 +263,7 @@ impl EventLister for StripeClient {
             let more = page.has_more && !page.data.is_empty();
             endpoints.extend(page.data);
             if !more {
-                return Ok(webhook_unfit(&endpoints));
+                return Ok(endpoints);
             }
         }
     }
@@ -240,12 +286,13 @@ struct WireEndpoints {
     has_more: bool,
 }
 
-/// Whether every endpoint at the receiver's path ([`EVENTS_PATH`]) is enabled and sent every
-/// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]): `None` when so and there is
-/// one at least; else why not. Every one, not any one: another stack's endpoint on the same
-/// account cannot be told from this one's by its path, and a listing of every event is never
-/// wrong, only slower.
-fn webhook_unfit(endpoints: &[WireEndpoint]) -> Option<String> {
+/// Whether this stack's endpoint (`ours`, its URL as registered) is enabled and sent every
+/// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]): `None` when so; else why
+/// not. Another stack's endpoint at the same path being fit says nothing of this one (events
+/// it takes are delivered, so never listed undelivered). Without `ours`, every endpoint at the
+/// receiver's path ([`EVENTS_PATH`]) must be fit, and one at least there.
+fn webhook_unfit(endpoints: &[WireEndpoint], ours_url: Option<&str>) -> Option<String> {
+    let bare = |url: &str| url.trim().trim_end_matches('/').to_ascii_lowercase();
     let path = |url: &str| {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
         let path = rest.find('/').map_or("", |i| &rest[i..]);
@@ -255,13 +302,23 @@ fn webhook_unfit(endpoints: &[WireEndpoint]) -> Option<String> {
             .trim_end_matches('/')
             .to_owned()
     };
-    let ours: Vec<&WireEndpoint> = endpoints
-        .iter()
-        .filter(|e| path(&e.url).ends_with(EVENTS_PATH))
-        .collect();
+    let ours: Vec<&WireEndpoint> = match ours_url {
+        Some(url) => endpoints
+            .iter()
+            .filter(|e| bare(&e.url) == bare(url))
+            .collect(),
+        None => endpoints
+            .iter()
+            .filter(|e| path(&e.url).ends_with(EVENTS_PATH))
+            .collect(),
+    };
     if ours.is_empty() {
         return Some(format!(
-            "no webhook endpoint at a URL ending {EVENTS_PATH} is registered ({} other endpoints)",
+            "no webhook endpoint at {} is registered ({} other endpoints)",
+            match ours_url {
+                Some(url) => format!("{url} (this stack's ProviderEventsUrl)"),
+                None => format!("a URL ending {EVENTS_PATH}"),
+            },
             endpoints.len()
         ));
     }
@@ -318,11 +375,11 @@ mod tests {
     ) {
         let url = "https://abc.execute-api.eu-west-1.amazonaws.com/v1/provider-events";
         assert_eq!(
-            webhook_unfit(&[endpoint("we_1", url, "enabled", &["*"])]),
+            webhook_unfit(&[endpoint("we_1", url, "enabled", &["*"])], None),
             None
         );
         assert_eq!(
-            webhook_unfit(&[endpoint("we_1", url, "enabled", EVENT_TYPES)]),
+            webhook_unfit(&[endpoint("we_1", url, "enabled", EVENT_TYPES)], None),
             None
         );
         let no_disputes: Vec<&str> = EVENT_TYPES
@@ -361,9 +418,29 @@ mod tests {
             ),
         ];
         for (endpoints, said) in cases {
-            let why = webhook_unfit(&endpoints).expect("unfit");
+            let why = webhook_unfit(&endpoints, None).expect("unfit");
             assert!(why.contains(said), "{why}");
         }
+        // Told its own URL: another stack's endpoint, fit, does not stand for this one's.
+        let theirs = endpoint(
+            "we_2",
+            "https://other.example/v1/provider-events",
+            "enabled",
+            &["*"],
+        );
+        let why = webhook_unfit(std::slice::from_ref(&theirs), Some(url)).expect("ours is missing");
+        assert!(why.contains("ProviderEventsUrl"), "{why}");
+        let ours_disabled = endpoint("we_1", &format!("{url}/"), "disabled", &["*"]);
+        let why = webhook_unfit(&[theirs, ours_disabled], Some(url)).expect("ours is disabled");
+        assert!(why.contains("we_1"), "{why}");
+        let ours = endpoint("we_1", url, "enabled", &["*"]);
+        let other_disabled = endpoint(
+            "we_3",
+            "https://x.example/v1/provider-events",
+            "disabled",
+            &["*"],
+        );
+        assert_eq!(webhook_unfit(&[ours, other_disabled], Some(url)), None);
     }
 
     #[test]

@@ -30,6 +30,8 @@ struct Provider {
     undelivered: Mutex<HashSet<String>>,
     /// Why the endpoint is not sent every type (`None`: it is).
     unfit: Mutex<Option<String>>,
+    /// How many of the next forward pages fail (a provider's `5xx`).
+    failing_pages: AtomicUsize,
 }
 
 impl Provider {
@@ -79,6 +81,16 @@ impl EventLister for Provider {
 
     async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self
+            .failing_pages
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(ProviderError::new(
+                payment_core::provider::FailureKind::ServerError,
+                "HTTP 500",
+            ));
+        }
         let events = self.events.lock().unwrap();
         // The cursor is a place in the whole list, listed or not (Stripe's guide walks from a
         // delivered event).

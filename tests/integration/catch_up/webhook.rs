@@ -9,11 +9,18 @@ use super::{budget, Counted, Provider};
 use crate::helpers::*;
 
 /// The runs kept up through an hour ago, listing the undelivered; the endpoint was disabled
-/// fifty minutes ago, and the 1,500 events made since were never sent. The first run finds the
-/// endpoint unfit and lists every event from where the list was checked through, stops at its
-/// budget, and the next goes on listing every event although the endpoint is enabled again,
-/// until it reaches the newest: all 1,500 are queued, and nothing from before the window.
-/// Then the runs list only the undelivered again.
+/// fifty minutes ago, and the 1,500 events made since were never sent.
+///
+/// 1. The first run finds the endpoint unfit, keeps that in the checkpoint at once, and fails
+///    on its first page (a provider `5xx`): the next runs still list every event.
+/// 2. The runs list every event from where the list was checked through, each within its
+///    budget, until one reaches the newest: all 1,500 queued, nothing from before the window.
+///    The endpoint still disabled at that run's start, the checkpoint still says to list every
+///    event.
+/// 3. 300 more are made while it stays disabled; then it is enabled again (the runbook's fix).
+///    The next run finds it fit, lists every event once more to the newest (the 300 among
+///    them), and only then returns to the undelivered.
+/// 4. Steady again: a run lists only the undelivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_event() {
     let t = TestStack::new("catch-up-unfit").await;
@@ -24,8 +31,30 @@ async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_eve
     );
     let now = now_ms() / 1000;
     let provider = Provider::default();
+    let queue = Counted::default();
+    let run = |at: i64, pages: usize| {
+        scheduled(
+            (&provider, Listed::Undelivered),
+            &queue,
+            &checkpoint,
+            at,
+            budget(pages),
+        )
+    };
+    let made = |n: usize, from: i64, to: i64| {
+        let before = provider.events.lock().unwrap().len();
+        provider.add(n, from, to);
+        provider.events.lock().unwrap()[before..]
+            .iter()
+            .map(|(e, _)| e.id.clone())
+            .collect::<Vec<String>>()
+    };
+    let unqueued = |ids: &[String]| {
+        let copies = queue.copies.lock().unwrap();
+        ids.iter().filter(|id| !copies.contains_key(*id)).count()
+    };
     // Two days of traffic the webhook took.
-    provider.add(2_000, now - 2 * 86_400, now - 3_700);
+    made(2_000, now - 2 * 86_400, now - 3_700);
     let old = provider.events.lock().unwrap()[0].0.clone();
     let kept_up = Position {
         last: Some(Place {
@@ -43,94 +72,74 @@ async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_eve
         .await
         .unwrap());
     // Made while the endpoint was disabled: never sent, so never undelivered either.
-    let before = provider.events.lock().unwrap().len();
-    provider.add(1_500, now - 3_000, now - 60);
-    let unsent: Vec<String> = provider.events.lock().unwrap()[before..]
-        .iter()
-        .map(|(e, _)| e.id.clone())
-        .collect();
+    let unsent = made(1_500, now - 3_000, now - 60);
     *provider.unfit.lock().unwrap() =
         Some("we_1 (https://x/v1/provider-events) is disabled".into());
-    let queue = Counted::default();
 
-    let first = scheduled(
-        (&provider, Listed::Undelivered),
-        &queue,
-        &checkpoint,
-        now,
-        budget(10),
-    )
-    .await
-    .unwrap();
-    assert!(!first.finished, "{first:?}");
-    assert!(
-        first.listed_all.as_deref().unwrap().contains("disabled"),
-        "{first:?}"
-    );
-    assert_eq!(first.since_s, now - 3_600 - OVERLAP_S, "{first:?}");
+    // 1. Found unfit, kept at once; the first page fails.
+    provider
+        .failing_pages
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    assert!(run(now, 10).await.is_err());
     let at = checkpoint.read().await.unwrap();
-    assert!(at.listing_all.is_some(), "{at:?}");
+    assert!(at.listing_all.is_some(), "kept before any page: {at:?}");
+    assert_eq!(at.from_s, Some(now - 3_600 - OVERLAP_S), "{at:?}");
 
-    // Enabled again: the listing of every event goes on until it reaches the newest.
-    *provider.unfit.lock().unwrap() = None;
-    let second = scheduled(
-        (&provider, Listed::Undelivered),
-        &queue,
-        &checkpoint,
-        now,
-        budget(40),
-    )
-    .await
-    .unwrap();
-    assert!(second.finished, "{second:?}");
-    assert!(second.listed_all.is_some(), "{second:?}");
-    let copies = queue.copies.lock().unwrap().clone();
-    let missing: Vec<&String> = unsent
-        .iter()
-        .filter(|id| !copies.contains_key(*id))
-        .collect();
+    // 2. Every event from where the list was checked through, run after run.
+    let second = run(now, 10).await.unwrap();
     assert!(
-        missing.is_empty(),
-        "{} of the events never sent were not queued",
-        missing.len()
+        !second.finished && second.listed_all.is_some(),
+        "{second:?}"
     );
+    let third = run(now, 40).await.unwrap();
+    assert!(third.finished, "{third:?}");
+    assert_eq!(unqueued(&unsent), 0, "every event never sent is queued");
     let events = provider.events.lock().unwrap().clone();
     let too_old = events
         .iter()
-        .filter(|(e, _)| e.created < now - 3_600 - OVERLAP_S && copies.contains_key(&e.id))
+        .filter(|(e, _)| {
+            e.created < now - 3_600 - OVERLAP_S && queue.copies.lock().unwrap().contains_key(&e.id)
+        })
         .count();
     assert_eq!(
         too_old, 0,
         "the window starts where the list was checked through"
     );
     let at = checkpoint.read().await.unwrap();
-    assert_eq!(at.listing_all, None, "{at:?}");
+    assert!(
+        at.listing_all.is_some(),
+        "still disabled when the run started: {at:?}"
+    );
     assert_eq!(at.checked_through_s, Some(now));
 
-    // Steady again: a later run lists only the undelivered.
-    let before = provider.events.lock().unwrap().len();
-    provider.add(300, now + 60, now + 3_000);
-    let failed: Vec<String> = provider.events.lock().unwrap()[before..before + 2]
-        .iter()
-        .map(|(e, _)| e.id.clone())
-        .collect();
+    // 3. More made while disabled; then enabled again.
+    let unsent_later = made(300, now + 60, now + 1_200);
+    *provider.unfit.lock().unwrap() = None;
+    let fourth = run(now + 3_600, 40).await.unwrap();
+    assert!(fourth.finished && fourth.listed_all.is_some(), "{fourth:?}");
+    assert_eq!(
+        unqueued(&unsent_later),
+        0,
+        "made before the fix, found after it"
+    );
+    let at = checkpoint.read().await.unwrap();
+    assert_eq!(at.listing_all, None, "{at:?}");
+
+    // 4. Steady: only the undelivered.
+    let later = made(300, now + 3_700, now + 6_000);
+    let failed = later[..2].to_vec();
     provider
         .undelivered
         .lock()
         .unwrap()
         .extend(failed.iter().cloned());
     let queued_before = queue.copies.lock().unwrap().len();
-    let third = scheduled(
-        (&provider, Listed::Undelivered),
-        &queue,
-        &checkpoint,
-        now + 3_600,
-        budget(40),
-    )
-    .await
-    .unwrap();
-    assert!(third.finished && third.listed_all.is_none(), "{third:?}");
-    let copies = queue.copies.lock().unwrap();
-    assert_eq!(copies.len(), queued_before + 2, "{third:?}");
-    assert!(failed.iter().all(|id| copies.contains_key(id)));
+    let fifth = run(now + 7_200, 40).await.unwrap();
+    assert!(fifth.finished && fifth.listed_all.is_none(), "{fifth:?}");
+    assert_eq!(
+        queue.copies.lock().unwrap().len(),
+        queued_before + 2,
+        "{fifth:?}"
+    );
+    assert_eq!(unqueued(&failed), 0);
 }

@@ -189,7 +189,7 @@ async fn checkpoint(
                 caught_up: false,
                 version: read.version + 1,
                 from_s: None,
-                listing_all: None,
+                listing_all: read.listing_all.clone(),
             }
         }
         (None, Some(since)) => {
@@ -206,7 +206,7 @@ async fn checkpoint(
                 version: read.version + 1,
                 from_s: Some(from),
                 checked_through_s: Some(from),
-                listing_all: None,
+                listing_all: read.listing_all.clone(),
             }
         }
     };
