@@ -272,7 +272,7 @@ pub fn describe_checkpoint(p: &payment_core::events::catch_up::Position, now_s: 
     let mut place = describe_place(p, now_s);
     if let Some(why) = &p.listing_all {
         place.push_str(&format!(
-            "; the runs list every event, not only the undelivered, until one reaches the newest: {why}"
+            "; the runs list every event, not only the undelivered, until two that found the webhook fit at their start reach the newest: {why}"
         ));
     }
     match p.lag_s(now_s) {
@@ -299,7 +299,7 @@ fn describe_place(p: &payment_core::events::catch_up::Position, now_s: i64) -> S
             }
         ),
         (None, Some(from)) => format!(
-            "no run since it was set: the next run starts from {}",
+            "the next run starts from {} (set by hand, or by a run that found the webhook unfit)",
             crate::time::utc(from * 1000)
         ),
         (None, None) => "no run yet: the first run lists the last 3 days".to_owned(),

@@ -39,6 +39,10 @@ pub const EVENT_RETENTION_S: i64 = 30 * 86_400;
 /// The first scheduled run's window: as long as the provider retries a failing endpoint.
 pub const FIRST_WINDOW_S: i64 = 3 * 86_400;
 
+/// The mark of a listing of every event that one run which found the webhook fit has ended
+/// (see [`scheduled`]): the next fit run ends it for good.
+const FIT_AGAIN: &str = "fit again, one more run: ";
+
 /// The most pages a run re-lists of the [`OVERLAP_S`] before its last event, newest first (the
 /// events just before it are the likeliest to have been listed late): a busy quarter of an
 /// hour never stops a run from making progress.
@@ -269,22 +273,28 @@ pub async fn scheduled(
     // What this run lists; whether it starts over from where the list was checked through (a
     // listing of every event cannot go on from the last undelivered one, which may be weeks
     // old); what the checkpoint keeps once a walk reaches the newest event.
-    let (listed, restart, after) = match (lists, &read.listing_all, unfit) {
-        (Listed::All, _, _) => (Listed::All, false, None),
-        (Listed::Undelivered, None, None) => (Listed::Undelivered, false, None),
+    // A listing of every event ends two fit runs after the fix, not one: the second re-lists
+    // the quarter of an hour before the first one's last event, as every run does, for what
+    // the provider listed late (an event made while the endpoint was unfit, listed after the
+    // first fit run passed its time, was never sent: only a listing of every event holds it).
+    let (listed, restart, walking, after) = match (lists, &read.listing_all, unfit) {
+        (Listed::All, _, _) => (Listed::All, false, None, None),
+        (Listed::Undelivered, None, None) => (Listed::Undelivered, false, None, None),
         (Listed::Undelivered, Some(was), None) => {
             report.listed_all = Some(format!(
-                "the webhook is sent every type again; this run lists every event to the newest first ({was})"
+                "the webhook is sent every type again; the runs list every event to the newest first ({})",
+                was.trim_start_matches(FIT_AGAIN)
             ));
-            (Listed::All, false, None)
+            let after = (!was.starts_with(FIT_AGAIN)).then(|| format!("{FIT_AGAIN}{was}"));
+            (Listed::All, false, Some(was.clone()), after)
         }
         (Listed::Undelivered, Some(_), Some(why)) => {
             report.listed_all = Some(why.clone());
-            (Listed::All, false, Some(why))
+            (Listed::All, false, Some(why.clone()), Some(why))
         }
         (Listed::Undelivered, None, Some(why)) => {
             report.listed_all = Some(why.clone());
-            (Listed::All, true, Some(why))
+            (Listed::All, true, Some(why.clone()), Some(why))
         }
     };
     // A place older than the provider keeps events can no longer be listed after: the run
@@ -329,8 +339,11 @@ pub async fn scheduled(
             listing_all: report.listed_all.clone(),
         };
         if !checkpoint.advance(&read, &to).await? {
-            tracing::warn!("another catch-up moved the checkpoint meanwhile: this run stops");
-            return Ok(report);
+            // Failed, not stopped quietly: what it found must not be forgotten (the retry, or
+            // the next run, checks the endpoint again from the checkpoint as it now is).
+            return Err(
+                "another catch-up moved the checkpoint while this run found the webhook unfit: run again".into(),
+            );
         }
         read = to;
     }
@@ -373,7 +386,7 @@ pub async fn scheduled(
         checkpoint,
         read: read.clone(),
         now_s,
-        listing_all: (report.listed_all.clone(), after.clone()),
+        listing_all: (walking, after.clone()),
     };
     walk(
         (lister, listed),

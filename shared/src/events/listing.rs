@@ -75,9 +75,9 @@ pub trait EventLister: Send + Sync {
     async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError>;
 
     /// Whether listing only the undelivered events ([`Listed::Undelivered`]) holds every event
-    /// of [`EVENT_TYPES`] the webhook did not apply: `None` when an enabled endpoint at the
-    /// receiver's path is sent every one of them; else why not (none registered there,
-    /// disabled, or not sent some of the types). An event the provider never tried to send
+    /// of [`EVENT_TYPES`] the webhook did not apply: `None` when this stack's endpoint is
+    /// enabled and sent every one of them; else why not (not registered, disabled, or not sent
+    /// some of the types). An event the provider never tried to send
     /// never failed a delivery either: only a listing of every event holds it.
     async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError>;
 

@@ -18,8 +18,9 @@ use crate::helpers::*;
 ///    The endpoint still disabled at that run's start, the checkpoint still says to list every
 ///    event.
 /// 3. 300 more are made while it stays disabled; then it is enabled again (the runbook's fix).
-///    The next run finds it fit, lists every event once more to the newest (the 300 among
-///    them), and only then returns to the undelivered.
+///    The next run finds it fit and lists every event to the newest (the 300 among them); so
+///    does the one after it, whose re-listing of the quarter of an hour before that run's last
+///    event finds one the provider listed late; only then do they return to the undelivered.
 /// 4. Steady again: a run lists only the undelivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_event() {
@@ -123,6 +124,21 @@ async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_eve
         "made before the fix, found after it"
     );
     let at = checkpoint.read().await.unwrap();
+    assert!(
+        at.listing_all.as_deref().unwrap().starts_with("fit again"),
+        "one more run lists every event: {at:?}"
+    );
+    // Made while it was disabled, listed by the provider only after that run passed its time:
+    // the next run re-lists the quarter of an hour before its last event, every event.
+    let late = made(1, now + 1_100, now + 1_100);
+    let fifth = run(now + 3_650, 40).await.unwrap();
+    assert!(fifth.finished && fifth.listed_all.is_some(), "{fifth:?}");
+    assert_eq!(
+        unqueued(&late),
+        0,
+        "listed late, found by the second fit run"
+    );
+    let at = checkpoint.read().await.unwrap();
     assert_eq!(at.listing_all, None, "{at:?}");
 
     // 4. Steady: only the undelivered.
@@ -134,12 +150,12 @@ async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_eve
         .unwrap()
         .extend(failed.iter().cloned());
     let queued_before = queue.copies.lock().unwrap().len();
-    let fifth = run(now + 7_200, 40).await.unwrap();
-    assert!(fifth.finished && fifth.listed_all.is_none(), "{fifth:?}");
+    let sixth = run(now + 7_200, 40).await.unwrap();
+    assert!(sixth.finished && sixth.listed_all.is_none(), "{sixth:?}");
     assert_eq!(
         queue.copies.lock().unwrap().len(),
         queued_before + 2,
-        "{fifth:?}"
+        "{sixth:?}"
     );
     assert_eq!(unqueued(&failed), 0);
 }
