@@ -200,7 +200,7 @@ pub fn check_explicit(profile: Option<&str>, region: Option<&str>) -> Result<()>
         bail!("--profile {p} is given, but AWS_ENDPOINT_URL={url} is set and wins over any profile: unset AWS_ENDPOINT_URL (use a shell that did not source .local/env) to reach the profile's account, or drop --profile for the local endpoint");
     }
     if let Some(r) = region {
-        eprintln!("payctl: --region {r} applies to AWS_ENDPOINT_URL={url}");
+        crate::say!("payctl: --region {r} applies to AWS_ENDPOINT_URL={url}");
     }
     Ok(())
 }
@@ -211,7 +211,7 @@ pub async fn announce(sdk: &aws_config::SdkConfig, what: &str) {
     let account = account(sdk)
         .await
         .unwrap_or_else(|_| "unknown (GetCallerIdentity did not answer)".to_owned());
-    eprintln!("payctl: {what} on {}, account {account}", endpoint(sdk));
+    crate::say!("payctl: {what} on {}, account {account}", endpoint(sdk));
 }
 
 /// The account of the credentials (STS `GetCallerIdentity`, waiting at most 5 s).

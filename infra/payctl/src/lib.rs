@@ -26,6 +26,19 @@
 //! ones (`template`, `conformance`) have folders, and the few uses between these files go one
 //! way (the layout check's module rule holds them to it).
 
+/// `crate::say!`, but the line (with its newline) reaches stderr in one write: stderr is not
+/// buffered, so `crate::say!` writes each piece of its format on its own, and two processes that
+/// share a terminal or a log (the API and the relay of the quick start, stopped together) cut
+/// into each other's lines. One write of a line shorter than the pipe's buffer is never cut.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }};
+}
+
 pub mod api;
 pub mod aws;
 pub mod client;

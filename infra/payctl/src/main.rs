@@ -91,7 +91,7 @@ enum Command {
 async fn main() {
     // One line, the cause chain included, never a backtrace: what an operator reads.
     if let Err(e) = run(Cli::parse()).await {
-        eprintln!("error: {e:#}");
+        payctl::say!("error: {e:#}");
         std::process::exit(1);
     }
 }

@@ -286,7 +286,7 @@ pub fn progress(
                 )
             };
             let counts = queue_counts(&sqs, &queue_url, next).await;
-            eprintln!("{} | queue: {counts}", s.line());
+            crate::say!("{} | queue: {counts}", s.line());
         }
     })
 }

@@ -27,7 +27,9 @@ fn print_answer(answer: &payctl::client::Answer, retry: Option<&str>) -> Result<
     let body = answer.json()?;
     println!("{}", serde_json::to_string_pretty(&body)?);
     if answer.replayed {
-        eprintln!("(replayed: the API already held this Idempotency-Key; nothing new was created)");
+        payctl::say!(
+            "(replayed: the API already held this Idempotency-Key; nothing new was created)"
+        );
     }
     if answer.status >= 400 {
         // 408, 429 and 5xx may be answered before or after the payment was stored: only a retry
@@ -112,7 +114,7 @@ pub async fn pay(args: PayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     retry.push(format!("--idempotency-key {}", shell_word(&key)));
     let retry = retry.join(" ");
     // Said before anything is sent: whatever happens next, the retry can use the same key.
-    eprintln!("idempotency key: {key}");
+    payctl::say!("idempotency key: {key}");
     payctl::aws::announce(sdk, &format!("creating payment {key} through {api_url}")).await;
     let client = payctl::client::ApiClient::new(&api_url, sdk)?;
     let answer = match client.create(&key, &body.to_string()).await {
@@ -178,7 +180,7 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     // The route needs its queue too: a shell with the local scripts' secret and no stack
     // variables serves the payments API alone, and says so.
     if webhook && !set("PROVIDER_EVENTS_QUEUE_URL") {
-        eprintln!("payctl: no provider-events route: WEBHOOK_SECRET is set but PROVIDER_EVENTS_QUEUE_URL is not (eval \"$(payctl env --stack-name NAME)\" sets both)");
+        payctl::say!("payctl: no provider-events route: WEBHOOK_SECRET is set but PROVIDER_EVENTS_QUEUE_URL is not (eval \"$(payctl env --stack-name NAME)\" sets both)");
     }
     let events = if webhook && set("PROVIDER_EVENTS_QUEUE_URL") {
         let config =
@@ -193,16 +195,16 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     let has_events = events.is_some();
     let mut signals = payctl::stop::Signals::listen()?;
     let server = payctl::api::serve(std::sync::Arc::new(api), events, &address).await?;
-    eprintln!("payments API on {} (PAYMENTS_API_URL)", server.url());
+    payctl::say!("payments API on {} (PAYMENTS_API_URL)", server.url());
     if has_events {
-        eprintln!(
+        payctl::say!(
             "provider events on {}{} (the webhook endpoint)",
             server.url(),
             payment_core::stripe::receiver::EVENTS_PATH
         );
     }
     let status = signals.next().await;
-    eprintln!(
+    payctl::say!(
         "stopping: no new connection is accepted; the requests being answered ({}) are finished first. Again to stop at once.",
         server.in_flight()
     );
@@ -210,9 +212,9 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     tokio::select! {
         stopped = server.stop() => {
             stopped?;
-            eprintln!("stopped: every request was answered");
+            payctl::say!("stopped: every request was answered");
         }
-        _ = signals.next() => eprintln!(
+        _ = signals.next() => payctl::say!(
             "stopped at once, requests cut off unanswered: {}; a client sending again with the same Idempotency-Key gets the payment created once",
             in_flight.load(std::sync::atomic::Ordering::SeqCst)
         ),

@@ -95,7 +95,7 @@ pub async fn dlq(args: DlqArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
                     println!("{}", l.line());
                 }
             }
-            eprintln!(
+            payctl::say!(
                 "{} dead letters (listing receives each one: its receive_count grew by one)",
                 letters.len()
             );

@@ -122,7 +122,7 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
             "the catch-up stopped; run it again over the same window (nothing is applied twice)",
         )?;
     if report.since_s > since_s {
-        eprintln!(
+        payctl::say!(
             "the provider keeps events 30 days: the window starts at {} instead",
             payctl::time::utc(report.since_s * 1000)
         );
@@ -131,12 +131,12 @@ pub async fn events(args: EventsArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         println!("{}", serde_json::to_string(&report)?);
     }
     if report.set_aside > 0 {
-        eprintln!(
+        payctl::say!(
             "{} events the queue cannot take were set aside to the dead-letter queue with their reason (`payctl dlq list`; docs/operate.md, event_too_large)",
             report.set_aside
         );
     }
-    eprintln!(
+    payctl::say!(
         "queued {} events ({} pages) created from {} to {}; `payctl run --work events` (or the event function) applies those not applied yet",
         report.queued,
         report.pages,

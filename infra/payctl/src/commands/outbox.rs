@@ -84,19 +84,19 @@ pub async fn relay(args: RelayArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     payctl::aws::announce(sdk, &format!("relaying the outbox of {table}")).await;
     let mut signals = payctl::stop::Signals::listen()?;
     let mapping = payctl::relay::start(sdk, &table, relay).await?;
-    eprintln!("relaying the outbox of {table} to {queue_url} until stopped (Ctrl-C)");
+    payctl::say!("relaying the outbox of {table} to {queue_url} until stopped (Ctrl-C)");
     let status = signals.next().await;
     let stats = mapping.stats.clone();
-    eprintln!("stopping: the entries being sent are finished first. Again to stop at once.");
+    payctl::say!("stopping: the entries being sent are finished first. Again to stop at once.");
     let relayed = |s: &lambda_local::stream::StreamStats| {
         s.handled.load(std::sync::atomic::Ordering::Relaxed)
     };
     tokio::select! {
         stopped = mapping.stop() => {
             stopped?;
-            eprintln!("stopped; payments relayed to the queue: {}", relayed(&stats));
+            payctl::say!("stopped; payments relayed to the queue: {}", relayed(&stats));
         }
-        _ = signals.next() => eprintln!(
+        _ = signals.next() => payctl::say!(
             "stopped at once; payments relayed to the queue: {}; a send that was under way is sent again by the next relay (it reads the stream from its start, and the processor charges each payment once)",
             relayed(&stats)
         ),

@@ -131,7 +131,7 @@ pub async fn reconcile(args: ReconcileArgs, sdk: &aws_config::SdkConfig) -> Resu
     }
     if open > 0 {
         // Not an error, and not done: a script must not read it as settled.
-        eprintln!("{open} of {} records are not settled yet: the lines above say when to run again or what to do", ids.len());
+        payctl::say!("{open} of {} records are not settled yet: the lines above say when to run again or what to do", ids.len());
         std::process::exit(2);
     }
     Ok(())

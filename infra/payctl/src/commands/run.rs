@@ -176,12 +176,12 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             )
             .await
             .unwrap_or_else(|_| "after the queue's visibility timeout".to_owned());
-            eprintln!("stopped at once, {left} left in flight: they come back {back}");
+            payctl::say!("stopped at once, {left} left in flight: they come back {back}");
             break Ok(());
         }
         stopped_by = Some(signal);
         let _ = stop.send(true);
-        eprintln!(
+        payctl::say!(
             "stopping: nothing more is received; what is in flight ({}) finishes within its deadline ({function_timeout} s at most). Again to stop at once.",
             stats.lock().await.in_flight
         );
@@ -191,7 +191,7 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(&summary)?);
     }
-    eprintln!("{}", summary.line());
+    payctl::say!("{}", summary.line());
     if let Err(e) = ended {
         let next = payctl::run::next_back(&*stats.lock().await, sqs_once::runner::now_ms());
         match next {

@@ -91,16 +91,16 @@ pub async fn send(args: SendArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         ids = payctl::send::send_all_observed(&sqs, &queue_url, &bodies, &progress) => ids?,
         status = signals.next() => {
             let (sent, from) = progress.done(bodies.len());
-            eprintln!("interrupted: {sent} of {} messages sent", bodies.len());
+            payctl::say!("interrupted: {sent} of {} messages sent", bodies.len());
             if let (Some(n), Some(from)) = (generate, from) {
-                eprintln!(
+                payctl::say!(
                     "every payment before {prefix}-{:06} was sent: go on with --generate {} --first {} (any after it that went already are copies, charged once)",
                     first + from,
                     n - from,
                     first + from
                 );
             } else if let Some(from) = from {
-                eprintln!("every body before line {} was sent: send from it again (copies of those that went are charged once)", from + 1);
+                payctl::say!("every body before line {} was sent: send from it again (copies of those that went are charged once)", from + 1);
             }
             std::process::exit(status);
         }

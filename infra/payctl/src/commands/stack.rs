@@ -63,7 +63,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
     )
     .await?;
     for (resource, done) in &stack.report {
-        eprintln!("{done:<8} {resource}");
+        payctl::say!("{done:<8} {resource}");
     }
     // A local run takes the provider from its own environment, not the template's default.
     let mut function_env = stack.function_env.clone();

@@ -210,7 +210,7 @@ pub async fn history(args: HistoryArgs, sdk: &aws_config::SdkConfig) -> Result<(
             bail!("{payment_id} has no record and no dead letter in {table}, as a payment or as a refund")
         }
     };
-    eprintln!("{kind} {payment_id}, in time order:");
+    payctl::say!("{kind} {payment_id}, in time order:");
     let mut events = payctl::status::history(record.as_ref(), mark.as_ref());
     if kind == "payment" {
         // Its refunds' events, each named, among the payment's own.
