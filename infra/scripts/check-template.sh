@@ -17,7 +17,7 @@ log "sam validate --lint"
 "$ROOT/.venv-sam/bin/sam" validate --template template.yaml --region "$AWS_REGION" --lint
 log "SAM transform"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed.json"
-for c in shape least_privilege route_throttle provider_pace dashboard eventbridge; do
+for c in shape least_privilege route_throttle provider_pace dashboard eventbridge retention alarms; do
   "$ROOT/.venv-sam/bin/python" "infra/template-checks/$c.py" --self-test
 done
 # Each way the provider's events can arrive is a shape of its own: every check reads each one.
@@ -50,6 +50,10 @@ for delivery in webhook eventbridge both; do
   "$ROOT/.venv-sam/bin/python" infra/template-checks/provider_pace.py "$shape"
   log "[$delivery] the operations dashboard: outcomes, dead letters, oldest ages, the provider's errors, every alarm"
   "$ROOT/.venv-sam/bin/python" infra/template-checks/dashboard.py "$shape" "$ROOT"
+  log "[$delivery] what is kept on delete is kept on replacement, and so is the key that encrypts it"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/retention.py "$shape"
+  log "[$delivery] the alarms: each reaches a topic; the key, throttles and the catch-up's lag watched; this stack's metrics only"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/alarms.py "$shape" "$ROOT"
   log "[$delivery] how the events arrive, and only that way"
   "$ROOT/.venv-sam/bin/python" infra/template-checks/eventbridge.py "$shape" "$ROOT" "$delivery"
 done

@@ -11,7 +11,8 @@
 # ProviderEventsDelivery=eventbridge on a partner event source created as Stripe creates it,
 # checked to have no public route, no webhook function and no secret, and the same events
 # scenario settled through its partner bus and rule (proving's partner side publishes the
-# simulator's events there). Stops what it started.
+# simulator's events there). Then that stack is deleted with `sam delete`: its tables and the key
+# that encrypts them must stay. Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 trap stop_started EXIT
@@ -85,4 +86,9 @@ done
   --prefix "$eb" --events-bus "${ebout[StripeEventBusName]}" --events-source "$source_name" \
   --events-dlq-url "${ebout[ProviderEventsDeadLetterQueueUrl]}"
 helper drained "${ebout[ProviderEventsQueueUrl]}" "${ebout[StripeEventsDeadLetterQueueUrl]}" 120
-log "e2e-sam: the webhook shape and the EventBridge shape both deployed and settled"
+log "two stacks in one account: each one's alarms read its own metrics (the Stack dimension) and notify a topic"
+helper apart "$stack" "$eb"
+log "sam delete $eb: its tables and their key are kept, what is not kept goes"
+"$ROOT/.venv-sam/bin/sam" delete --stack-name "$eb" --no-prompts --region "$AWS_REGION"
+helper kept "${ebout[PaymentsKeyArn]}" "${ebout[PaymentsQueueUrl]}" "${ebout[IdempotencyTableName]}" "${ebout[PaymentsTableName]}"
+log "e2e-sam: the webhook shape and the EventBridge shape both deployed and settled; a deleted stack kept its ledger and its key"

@@ -7,7 +7,8 @@
   `RequiresAction`), the provider's errors and 429s (`ProviderErrors`, `ProviderRateLimited`),
   the depth of every dead-letter queue and the oldest message of every queue that has one;
 - every custom metric it names is one the code publishes (its namespace and name appear in the
-  Rust sources as EMF names), so a renamed metric cannot leave an empty graph;
+  Rust sources as EMF names), so a renamed metric cannot leave an empty graph, and names this
+  stack (its Stack dimension), so another stack's in the account cannot mix in;
 - its alarm widget lists every alarm of the stack.
 
 Usage: dashboard.py TRANSFORMED_JSON REPO_ROOT; dashboard.py --self-test
@@ -88,6 +89,8 @@ def check(template, published):
                 problems.append(f"the dashboard shows AWS/SQS {name}, not a metric this check knows")
         elif not ns.startswith("AWS/") and (ns not in published or name not in published):
             problems.append(f"the dashboard shows {ns} {name}, which the code does not publish")
+        if not ns.startswith("AWS/") and "x-AWS-StackName" not in dict(zip(m[2::2], m[3::2])).get("Stack", ""):
+            problems.append(f"the dashboard shows {ns} {name} without the Stack dimension of this stack: another stack's would mix in")
     shown = {(m[1], m[3]) for m in metrics if m[0] == "AWS/SQS" and len(m) >= 4}
     dlqs, sources = set(), set()
     for name, r in resources.items():
@@ -122,9 +125,11 @@ def self_test():
                  "ProviderErrors", "ProviderRateLimited"}
     body = json.dumps({"widgets": [
         {"type": "metric", "properties": {"metrics": [
-            ["PaymentProcessor", "Charged"], ["PaymentProcessor", "Declined"],
-            ["PaymentProcessor", "RequiresAction"], ["Provider", "ProviderErrors"],
-            ["Provider", "ProviderRateLimited"],
+            ["PaymentProcessor", "Charged", "Stack", "${AWS::StackName}"],
+            ["PaymentProcessor", "Declined", "Stack", "${AWS::StackName}"],
+            ["PaymentProcessor", "RequiresAction", "Stack", "${AWS::StackName}"],
+            ["Provider", "ProviderErrors", "Stack", "${AWS::StackName}"],
+            ["Provider", "ProviderRateLimited", "Stack", "${AWS::StackName}"],
             ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", "${Dlq.QueueName}"],
             ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", "${Q.QueueName}"]]}},
         {"type": "alarm", "properties": {"alarms": ["${A.Arn}"]}}]})
@@ -157,6 +162,8 @@ def self_test():
         "deadLetterTargetArn": {"Fn::GetAtt": ["Dlq2", "Arn"]}}}}, "Dlq2": {"Type": "AWS::SQS::Queue"}}),
         "dead-letter queue Dlq2")
     refused(lambda r: r.pop("D"), "0 dashboards")
+    refused(lambda r: r["D"]["Properties"].update({"DashboardBody": {"Fn::Sub": body.replace(
+        '"Declined", "Stack", "${AWS::StackName}"', '"Declined"')}}), "Declined without the Stack dimension")
     # A shape's widgets as Fn::Sub variables: the alarm of that shape must be in them.
     split = body.replace('"${A.Arn}"', '${Alarms}')
     as_variables = lambda alarms: lambda r: r["D"]["Properties"].update(
@@ -165,7 +172,7 @@ def self_test():
     refused(as_variables('"x"'), "does not list A")
     refused(lambda r: r.update({"EbDlq": {"Type": "AWS::SQS::Queue"}, "Rule": {"Type": "AWS::Events::Rule", "Properties": {
         "Targets": [{"DeadLetterConfig": {"Arn": {"Fn::GetAtt": ["EbDlq", "Arn"]}}}]}}}), "dead-letter queue EbDlq")
-    print("dashboard.py self-test: 8 bad dashboards refused, the good ones pass")
+    print("dashboard.py self-test: 9 bad dashboards refused, the good ones pass")
 
 
 def main():

@@ -9,6 +9,12 @@
   partner-source NAME      create the EventBridge partner event source NAME in the caller's
                            account, as Stripe does when its EventBridge destination is created
   resources STACK          print the stack's resources as LOGICAL_ID=TYPE lines
+  apart STACK...            the deployed alarms of each STACK that read a metric of the code's
+                           (not AWS/) read it by their own stack's name (the Stack dimension)
+                           and notify a topic: stacks in one account keep apart
+  kept KEY_ARN QUEUE TABLE...
+                           after the stack's deletion: each TABLE still there and KEY_ARN still
+                           enabled (not pending deletion), while QUEUE (not kept) is gone
   fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
                            - event-source mapping numbers given by !Ref are stored as strings and
                              stop its SQS polling: write them back as integers;
@@ -74,6 +80,56 @@ def resources(stack):
         print(f"{r['LogicalResourceId']}={r['ResourceType']}")
 
 
+def apart(*stacks):
+    cf, cw = boto3.client("cloudformation"), boto3.client("cloudwatch")
+    seen = {}
+    for stack in stacks:
+        names = [r["PhysicalResourceId"] for r in cf.describe_stack_resources(StackName=stack)["StackResources"]
+                 if r["ResourceType"] == "AWS::CloudWatch::Alarm"]
+        alarms = []
+        for i in range(0, len(names), 100):
+            alarms += cw.describe_alarms(AlarmNames=names[i:i + 100])["MetricAlarms"]
+        if len(alarms) != len(names):
+            sys.exit(f"{stack}: {len(names)} alarms in the stack, {len(alarms)} found in CloudWatch")
+        for a in alarms:
+            metrics = [a] if a.get("MetricName") else [m["MetricStat"]["Metric"] for m in a.get("Metrics", []) if "MetricStat" in m]
+            if not a.get("AlarmActions"):
+                sys.exit(f"{stack}: {a['AlarmName']} notifies no one")
+            for m in metrics:
+                if m.get("Namespace", "").startswith("AWS/"):
+                    continue
+                dims = {d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
+                if dims.get("Stack") != stack:
+                    sys.exit(f"{stack}: {a['AlarmName']} reads {m['Namespace']} {m['MetricName']} by Stack={dims.get('Stack')}, not its own")
+                seen.setdefault(stack, set()).add(m["MetricName"])
+    print(json.dumps({s: sorted(v) for s, v in seen.items()}))
+
+
+def kept(key_arn, queue, *tables):
+    sqs, ddb, kms = boto3.client("sqs"), boto3.client("dynamodb"), boto3.client("kms")
+    deadline = time.time() + 60
+    while True:  # the deletion of what is not kept may still be going on
+        try:
+            sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])
+        except sqs.exceptions.QueueDoesNotExist:
+            break
+        except Exception as e:  # noqa: BLE001 - emulators answer a gone queue in more ways
+            if "NonExistentQueue" not in str(e) and "does not exist" not in str(e):
+                raise
+            break
+        if time.time() > deadline:
+            sys.exit(f"{queue} still exists: the stack was not deleted, so what it keeps proves nothing")
+        time.sleep(1)
+    for table in tables:
+        status = ddb.describe_table(TableName=table)["Table"]["TableStatus"]
+        if status != "ACTIVE":
+            sys.exit(f"the kept table {table} is {status}")
+    state = kms.describe_key(KeyId=key_arn)["KeyMetadata"]["KeyState"]
+    if state != "Enabled":
+        sys.exit(f"the key of the kept tables is {state}: they could not be read once it is gone")
+    print(json.dumps({"gone": queue, "kept_tables": list(tables), "key": state}))
+
+
 def invoke(function, payload):
     out = boto3.client("lambda").invoke(FunctionName=function, Payload=payload.encode())
     answer = out["Payload"].read().decode()
@@ -101,4 +157,4 @@ def drained(queue, dlq, secs):
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained,
-     "partner-source": partner_source, "resources": resources}[cmd](*args)
+     "partner-source": partner_source, "resources": resources, "kept": kept, "apart": apart}[cmd](*args)

@@ -21,21 +21,73 @@ pub fn metrics_on() -> bool {
     METRICS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// One EMF line of the `Provider` namespace, with no dimension: `name` (`ProviderRateLimited`,
-/// `ProviderErrors`) counted `count` times. The dashboard and the alarms read them as is.
+/// One EMF line of the `Provider` namespace, with no dimension but this process's own
+/// ([`dimensions`]): `name` (`ProviderRateLimited`, `ProviderErrors`,
+/// `ProviderAuthenticationFailures`) counted `count` times. The dashboard and the alarms read
+/// them as is.
 pub fn provider_metric(name: &str, count: u64, now_ms: i64) -> String {
-    serde_json::json!({
-        "_aws": {
-            "Timestamp": now_ms,
-            "CloudWatchMetrics": [{
-                "Namespace": "Provider",
-                "Dimensions": [[]],
-                "Metrics": [{"Name": name, "Unit": "Count"}]
-            }]
-        },
-        name: count,
-    })
+    with_dimensions(
+        serde_json::json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": "Provider",
+                    "Dimensions": [[]],
+                    "Metrics": [{"Name": name, "Unit": "Count"}]
+                }]
+            },
+            name: count,
+        }),
+        dimensions(),
+    )
     .to_string()
+}
+
+/// The dimensions every metric line of this process carries ahead of its own: `Stack`, from
+/// `STACK_NAME` (the template sets it on every function to the stack's name), so that two
+/// stacks in one account and region (staging and production, or the two halves of a split
+/// load) publish apart and each stack's alarms and dashboard read its own. None when unset.
+pub fn dimensions() -> &'static [(String, String)] {
+    static DIMENSIONS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    DIMENSIONS.get_or_init(|| dimensions_of(std::env::var(STACK_VAR).ok()))
+}
+
+/// The variable [`dimensions`] reads (`make check-template` holds every function of the
+/// template to being given it, with the stack's name).
+pub const STACK_VAR: &str = "STACK_NAME";
+
+/// [`dimensions`] of a stack's name (`None` or blank: none).
+pub fn dimensions_of(stack: Option<String>) -> Vec<(String, String)> {
+    stack
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(|s| vec![("Stack".to_owned(), s)])
+        .unwrap_or_default()
+}
+
+/// An EMF document with `dims` put ahead of each of its dimension sets, and their values.
+pub fn with_dimensions(mut doc: serde_json::Value, dims: &[(String, String)]) -> serde_json::Value {
+    if dims.is_empty() {
+        return doc;
+    }
+    if let Some(directives) = doc["_aws"]["CloudWatchMetrics"].as_array_mut() {
+        for directive in directives {
+            if let Some(sets) = directive["Dimensions"].as_array_mut() {
+                for set in sets {
+                    let own = set.as_array().cloned().unwrap_or_default();
+                    *set = dims
+                        .iter()
+                        .map(|(name, _)| serde_json::Value::from(name.as_str()))
+                        .chain(own)
+                        .collect();
+                }
+            }
+        }
+    }
+    for (name, value) in dims {
+        doc[name.as_str()] = value.as_str().into();
+    }
+    doc
 }
 
 /// A budget of lines a second for something that can happen at any rate (refused deliveries,
@@ -136,6 +188,40 @@ mod tests {
         assert_eq!(m["Metrics"][0]["Name"], "ProviderRateLimited");
         assert_eq!(line["ProviderRateLimited"], 3);
         assert_eq!(line["_aws"]["Timestamp"], 1_000);
+    }
+
+    #[test]
+    fn a_stacks_name_leads_every_dimension_set_so_two_stacks_publish_apart() {
+        let doc = || {
+            serde_json::json!({
+                "_aws": {"Timestamp": 1, "CloudWatchMetrics": [{
+                    "Namespace": "ProviderEvents",
+                    "Dimensions": [["Service"], []],
+                    "Metrics": [{"Name": "SignatureFailures"}]
+                }]},
+                "Service": "provider-events",
+                "SignatureFailures": 1,
+            })
+        };
+        let lines: Vec<_> = ["staging", "production"]
+            .iter()
+            .map(|stack| {
+                super::with_dimensions(doc(), &super::dimensions_of(Some((*stack).to_owned())))
+            })
+            .collect();
+        for (line, stack) in lines.iter().zip(["staging", "production"]) {
+            assert_eq!(
+                line["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+                serde_json::json!([["Stack", "Service"], ["Stack"]])
+            );
+            assert_eq!(line["Stack"], stack);
+            assert_eq!(line["Service"], "provider-events");
+        }
+        assert_eq!(
+            super::with_dimensions(doc(), &super::dimensions_of(None)),
+            doc()
+        );
+        assert!(super::dimensions_of(Some("  ".into())).is_empty());
     }
 
     #[test]

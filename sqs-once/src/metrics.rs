@@ -60,10 +60,15 @@ pub struct MetricNames {
     pub service: String,
     /// Every label [`crate::Work::verdict`] gives, with its metric name, in order.
     pub labels: Vec<(String, String)>,
+    /// Dimensions every line carries ahead of `Service`, as (name, value): a deployment's
+    /// name (`("Stack", "payments-prod")`) keeps two deployments in one account and region
+    /// apart in the same namespace, for their alarms and dashboards. Empty: `Service` alone.
+    pub dimensions: Vec<(String, String)>,
 }
 
 /// The EMF documents for a batch, one JSON line each: the batch's counts, then one line per
-/// dead-letter reason with `DeadLettered` by `Service, Reason`.
+/// dead-letter reason with `DeadLettered` by `Service, Reason` (each set led by
+/// [`MetricNames::dimensions`]).
 ///
 /// The first line carries, by the `Service` dimension, one metric per label, then
 /// `DuplicatesSuppressed`, `DeadLettered` and `Retried`, each only when the batch had one:
@@ -98,12 +103,13 @@ pub fn emf_lines(summary: &BatchSummary, names: &MetricNames, timestamp_ms: i64)
                 "Timestamp": timestamp_ms,
                 "CloudWatchMetrics": [{
                     "Namespace": names.namespace,
-                    "Dimensions": [["Service"]],
+                    "Dimensions": [dimension_set(names, &["Service"])],
                     "Metrics": metrics
                 }]
             },
             "Service": names.service,
         });
+        with_dimensions(&mut doc, names);
         for (name, n) in counts {
             doc[name] = n.into();
         }
@@ -112,24 +118,40 @@ pub fn emf_lines(summary: &BatchSummary, names: &MetricNames, timestamp_ms: i64)
     let mut reasons: Vec<_> = summary.dead_lettered.iter().collect();
     reasons.sort();
     for (reason, n) in reasons {
-        lines.push(
-            serde_json::json!({
-                "_aws": {
-                    "Timestamp": timestamp_ms,
-                    "CloudWatchMetrics": [{
-                        "Namespace": names.namespace,
-                        "Dimensions": [["Service", "Reason"]],
-                        "Metrics": [{"Name": "DeadLettered"}]
-                    }]
-                },
-                "Service": names.service,
-                "Reason": reason,
-                "DeadLettered": n,
-            })
-            .to_string(),
-        );
+        let mut doc = serde_json::json!({
+            "_aws": {
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": names.namespace,
+                    "Dimensions": [dimension_set(names, &["Service", "Reason"])],
+                    "Metrics": [{"Name": "DeadLettered"}]
+                }]
+            },
+            "Service": names.service,
+            "Reason": reason,
+            "DeadLettered": n,
+        });
+        with_dimensions(&mut doc, names);
+        lines.push(doc.to_string());
     }
     lines
+}
+
+/// The names' own dimensions, then `rest`.
+fn dimension_set(names: &MetricNames, rest: &[&str]) -> Vec<String> {
+    names
+        .dimensions
+        .iter()
+        .map(|(name, _)| name.clone())
+        .chain(rest.iter().map(|d| (*d).to_owned()))
+        .collect()
+}
+
+/// Writes the names' own dimensions' values into a document.
+fn with_dimensions(doc: &mut serde_json::Value, names: &MetricNames) {
+    for (name, value) in &names.dimensions {
+        doc[name.as_str()] = value.clone().into();
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +167,7 @@ mod tests {
                 ("shipped".into(), "Shipped".into()),
                 ("held".into(), "Held".into()),
             ],
+            dimensions: vec![],
         };
         let mut s = BatchSummary {
             duplicates: 1,
@@ -170,6 +193,11 @@ mod tests {
         );
         assert_eq!(main["surprise"], 1, "an unlisted label is counted too");
         assert_eq!(main["DeadLettered"], 2);
+        assert_eq!(
+            main["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["Service"]]),
+            "no dimensions of its own: Service alone"
+        );
         assert!(main.get("Retried").is_none());
         let by_reason: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
         assert_eq!(
@@ -190,6 +218,7 @@ mod tests {
                 ("charged".into(), "Charged".into()),
                 ("declined".into(), "Declined".into()),
             ],
+            dimensions: vec![("Stack".into(), "payments-prod".into())],
         };
         let mut s = BatchSummary {
             call_latencies_ms: vec![350.0; 10],
@@ -200,7 +229,7 @@ mod tests {
         assert_eq!(lines.len(), 1);
         // The log budget: 24 bytes a payment beside Lambda's own lines, for a batch of ten.
         assert!(
-            lines[0].len() <= 200,
+            lines[0].len() <= 240,
             "{} bytes: {}",
             lines[0].len(),
             lines[0]
@@ -211,5 +240,19 @@ mod tests {
             doc["_aws"]["CloudWatchMetrics"][0]["Metrics"],
             serde_json::json!([{"Name": "Charged"}])
         );
+        // Two deployments in one account publish apart: the stack leads every dimension set.
+        assert_eq!(
+            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["Stack", "Service"]])
+        );
+        assert_eq!(doc["Stack"], "payments-prod");
+        s.dead_lettered.insert("invalid_json".into(), 1);
+        let by_reason: serde_json::Value =
+            serde_json::from_str(&emf_lines(&s, &names, 1_796_162_920_497)[1]).unwrap();
+        assert_eq!(
+            by_reason["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["Stack", "Service", "Reason"]])
+        );
+        assert_eq!(by_reason["Stack"], "payments-prod");
     }
 }

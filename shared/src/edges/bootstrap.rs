@@ -127,7 +127,7 @@ pub async fn build_processor_with(
             Arc::new(queues),
             config.settings.clone(),
         )
-        .with_metrics(crate::payments::charge::metric_names()),
+        .with_metrics(with_stack(crate::payments::charge::metric_names())),
         pace,
     )))
 }
@@ -176,7 +176,7 @@ pub async fn build_refund_processor_on(
             config.settings.clone(),
         )
         .with_clock(clock)
-        .with_metrics(crate::refunds::work::metric_names()),
+        .with_metrics(with_stack(crate::refunds::work::metric_names())),
         pace,
     )))
 }
@@ -323,7 +323,7 @@ pub async fn build_event_processor_on(
             config.settings.clone(),
         )
         .with_clock(clock)
-        .with_metrics(crate::events::inbox::metric_names()),
+        .with_metrics(with_stack(crate::events::inbox::metric_names())),
         pace,
     )))
 }
@@ -410,4 +410,13 @@ pub async fn receiver_from_env() -> Result<Arc<crate::stripe::receiver::EventRec
     let config = ReceiverConfig::from_lookup(|k| std::env::var(k).ok())?;
     let sdk = sdk_config().await;
     Ok(Arc::new(build_receiver(&config, &sdk)))
+}
+
+/// A work's metric names with this process's own dimensions ahead of `Service` (the stack's
+/// name, from `STACK_NAME`: [`crate::telemetry::dimensions`]).
+fn with_stack(names: sqs_once::metrics::MetricNames) -> sqs_once::metrics::MetricNames {
+    sqs_once::metrics::MetricNames {
+        dimensions: crate::telemetry::dimensions().to_vec(),
+        ..names
+    }
 }

@@ -69,6 +69,8 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
             (labels::FOREIGN.into(), "Foreign".into()),
             (labels::UNHANDLED.into(), "Unhandled".into()),
         ],
+        // The process's own (the stack's name) are added where it is wired (edges).
+        dimensions: vec![],
     }
 }
 

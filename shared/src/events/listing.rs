@@ -255,7 +255,7 @@ pub struct CatchUpReport {
 }
 
 impl CatchUpReport {
-    /// The scheduled run's EMF line (namespace `ProviderEvents`, dimension `Service`):
+    /// The scheduled run's EMF line (namespace `ProviderEvents`, dimensions `Stack`, `Service`):
     /// `CatchUpLagMinutes` (how far behind the provider's list the catch-up is after the run:
     /// 0 when it reached the newest event), `CatchUpJumped` (1 when it skipped to the
     /// oldest event the provider still lists) and `CatchUpListedAll` (1 when it listed every
@@ -265,27 +265,30 @@ impl CatchUpReport {
         let lag_min = self
             .checked_through_s
             .map_or(0, |t| (now_ms / 1000 - t).max(0) / 60);
-        serde_json::json!({
-            "_aws": {
-                "Timestamp": now_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": "ProviderEvents",
-                    "Dimensions": [["Service"]],
-                    "Metrics": [
-                        {"Name": "CatchUpLagMinutes", "Unit": "None"},
-                        {"Name": "CatchUpJumped", "Unit": "Count"},
-                        {"Name": "CatchUpListedAll", "Unit": "Count"}
-                    ]
-                }]
-            },
-            "Service": "event-processor",
-            "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
-            "CatchUpJumped": u8::from(self.jumped),
-            "CatchUpListedAll": u8::from(self.listed_all.is_some()),
-            "queued": self.queued,
-            "set_aside": self.set_aside,
-            "pages": self.pages,
-        })
+        crate::telemetry::with_dimensions(
+            serde_json::json!({
+                "_aws": {
+                    "Timestamp": now_ms,
+                    "CloudWatchMetrics": [{
+                        "Namespace": "ProviderEvents",
+                        "Dimensions": [["Service"]],
+                        "Metrics": [
+                            {"Name": "CatchUpLagMinutes", "Unit": "None"},
+                            {"Name": "CatchUpJumped", "Unit": "Count"},
+                            {"Name": "CatchUpListedAll", "Unit": "Count"}
+                        ]
+                    }]
+                },
+                "Service": "event-processor",
+                "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
+                "CatchUpJumped": u8::from(self.jumped),
+                "CatchUpListedAll": u8::from(self.listed_all.is_some()),
+                "queued": self.queued,
+                "set_aside": self.set_aside,
+                "pages": self.pages,
+            }),
+            crate::telemetry::dimensions(),
+        )
         .to_string()
     }
 }

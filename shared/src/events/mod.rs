@@ -6,7 +6,7 @@
 //! ([`inbox::ProviderObjects`], [`listing::EventLister`]) are declared here, by their user.
 //!
 //! May use: provider, payments, refunds (a settled refund gives its amount back
-//! through the refund ledger).
+//! through the refund ledger), telemetry (the catch-up's metric line).
 
 pub mod catch_up;
 pub mod checkpoint;

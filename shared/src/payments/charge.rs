@@ -297,6 +297,8 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
             (labels::REQUIRES_ACTION.into(), "RequiresAction".into()),
             (labels::PROCESSING.into(), "Processing".into()),
         ],
+        // The process's own (the stack's name) are added where it is wired (edges).
+        dimensions: vec![],
     }
 }
 

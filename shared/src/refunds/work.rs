@@ -478,5 +478,7 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
         namespace: "RefundProcessor".into(),
         service: "refund-processor".into(),
         labels: vec![(REFUNDED.into(), "Refunded".into())],
+        // The process's own (the stack's name) are added where it is wired (edges).
+        dimensions: vec![],
     }
 }

@@ -186,21 +186,22 @@ impl StripeClient {
         }
     }
 
-    /// Counts the provider's refusals (`429`) and errors (a `5xx`, no answer) as metrics (in a
-    /// Lambda function: EMF lines for the dashboard, at most ten a second each), and tells the
-    /// pace what the provider answered.
+    /// Counts the provider's refusals (`429`), errors (a `5xx`, no answer) and authentication
+    /// failures (`401`, `403`: a wrong, revoked or restricted key) as metrics (in a Lambda
+    /// function: EMF lines for the dashboard and the alarms, at most ten a second each), and
+    /// tells the pace what the provider answered.
     fn observed(&self, answer: &Result<(StatusCode, HeaderMap, String), ProviderError>) {
         static RATE_LIMITED: crate::telemetry::LineBudget = crate::telemetry::LineBudget::new();
         static ERRORS: crate::telemetry::LineBudget = crate::telemetry::LineBudget::new();
-        let metric = match answer {
-            Ok((status, _, _)) if *status == StatusCode::TOO_MANY_REQUESTS => {
-                Some(("ProviderRateLimited", &RATE_LIMITED))
-            }
-            Ok((status, _, _)) if status.is_server_error() => Some(("ProviderErrors", &ERRORS)),
-            Err(_) => Some(("ProviderErrors", &ERRORS)),
-            Ok(_) => None,
+        static AUTHENTICATION: crate::telemetry::LineBudget = crate::telemetry::LineBudget::new();
+        let metric = provider_metric_of(answer.as_ref().map(|(status, _, _)| *status).ok());
+        let budget = match metric {
+            Some(RATE_LIMITED_METRIC) => Some(&RATE_LIMITED),
+            Some(AUTHENTICATION_METRIC) => Some(&AUTHENTICATION),
+            Some(_) => Some(&ERRORS),
+            None => None,
         };
-        if let Some((name, budget)) = metric {
+        if let (Some(name), Some(budget)) = (metric, budget) {
             if crate::telemetry::metrics_on() {
                 if let Some(count) = budget.tally(std::time::Instant::now()) {
                     println!(
@@ -623,9 +624,58 @@ impl PaymentProvider for StripeClient {
     }
 }
 
+const RATE_LIMITED_METRIC: &str = "ProviderRateLimited";
+const ERRORS_METRIC: &str = "ProviderErrors";
+const AUTHENTICATION_METRIC: &str = "ProviderAuthenticationFailures";
+
+/// The `Provider` metric an answer counts under (`None`: no answer at all, a transport
+/// failure): `429` is a refusal of the pace, a `5xx` or no answer an error, `401` and `403`
+/// a key the provider does not take (wrong, revoked, of the other mode, or a restricted key
+/// without the permission): the template alarms on the first of those, as no retry mends it.
+fn provider_metric_of(status: Option<StatusCode>) -> Option<&'static str> {
+    match status {
+        Some(StatusCode::TOO_MANY_REQUESTS) => Some(RATE_LIMITED_METRIC),
+        Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => Some(AUTHENTICATION_METRIC),
+        Some(status) if status.is_server_error() => Some(ERRORS_METRIC),
+        Some(_) => None,
+        None => Some(ERRORS_METRIC),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_the_provider_refuses_is_counted_apart_from_errors_and_refusals() {
+        use reqwest::StatusCode as S;
+        assert_eq!(
+            provider_metric_of(Some(S::UNAUTHORIZED)),
+            Some("ProviderAuthenticationFailures")
+        );
+        assert_eq!(
+            provider_metric_of(Some(S::FORBIDDEN)),
+            Some("ProviderAuthenticationFailures")
+        );
+        assert_eq!(
+            provider_metric_of(Some(S::TOO_MANY_REQUESTS)),
+            Some("ProviderRateLimited")
+        );
+        assert_eq!(
+            provider_metric_of(Some(S::BAD_GATEWAY)),
+            Some("ProviderErrors")
+        );
+        assert_eq!(provider_metric_of(None), Some("ProviderErrors"));
+        for fine in [
+            S::OK,
+            S::PAYMENT_REQUIRED,
+            S::BAD_REQUEST,
+            S::NOT_FOUND,
+            S::CONFLICT,
+        ] {
+            assert_eq!(provider_metric_of(Some(fine)), None, "{fine}");
+        }
+    }
 
     fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut m = HeaderMap::new();

@@ -143,19 +143,22 @@ fn system_now_ms() -> i64 {
 
 /// The `SignatureFailures` metric (CloudWatch EMF) of `count` refused deliveries.
 fn signature_failure_metric(count: u64, reason: &str) -> String {
-    serde_json::json!({
-        "_aws": {
-            "Timestamp": system_now_ms(),
-            "CloudWatchMetrics": [{
-                "Namespace": "ProviderEvents",
-                "Dimensions": [["Service"]],
-                "Metrics": [{"Name": "SignatureFailures", "Unit": "Count"}]
-            }]
-        },
-        "Service": "provider-events",
-        "SignatureFailures": count,
-        "reason": reason,
-    })
+    crate::telemetry::with_dimensions(
+        serde_json::json!({
+            "_aws": {
+                "Timestamp": system_now_ms(),
+                "CloudWatchMetrics": [{
+                    "Namespace": "ProviderEvents",
+                    "Dimensions": [["Service"]],
+                    "Metrics": [{"Name": "SignatureFailures", "Unit": "Count"}]
+                }]
+            },
+            "Service": "provider-events",
+            "SignatureFailures": count,
+            "reason": reason,
+        }),
+        crate::telemetry::dimensions(),
+    )
     .to_string()
 }
 
