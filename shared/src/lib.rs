@@ -48,3 +48,20 @@ macro_rules! failpoint {
         ::fail::fail_point!($name, |_| { ::std::process::abort() });
     };
 }
+
+/// [`failpoint!`] in async code, to be awaited: `return(MS)` pauses the task MS milliseconds
+/// without holding its thread (`sleep(MS)` blocks the worker, and with it the runtime's I/O
+/// and signal driver when that worker holds it: a Ctrl-C sent meanwhile is seen only after the
+/// pause); `return` aborts the process; every other action is `fail`'s.
+#[macro_export]
+macro_rules! failpoint_async {
+    ($name:literal) => {
+        #[cfg(all(feature = "failpoints", debug_assertions))]
+        if let Some(pause) = ::fail::eval($name, |arg| arg.and_then(|ms| ms.parse::<u64>().ok())) {
+            match pause {
+                Some(ms) => ::tokio::time::sleep(::std::time::Duration::from_millis(ms)).await,
+                None => ::std::process::abort(),
+            }
+        }
+    };
+}

@@ -158,11 +158,12 @@ async fn every_delivery_falls_in_exactly_one_bucket_of_the_summary() {
 async fn api_serve_answers_the_request_in_flight_before_it_stops() {
     let t = TestStack::new("op-stop-api").await;
     let port = free_port();
-    // The write commits, then the answer waits 2 s: the Ctrl-C comes in between.
+    // The write commits, then the answer waits 2 s (a pause of the task, not of its thread):
+    // the Ctrl-C comes in between.
     let child = api_process_with(
         &t,
         port,
-        Some("api_after_write=sleep(2000)"),
+        Some("api_after_write=return(2000)"),
         std::process::Stdio::piped(),
     )
     .await;

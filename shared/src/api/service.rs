@@ -6,14 +6,16 @@
 //!   message and is itself the outbox entry ([`PaymentsStore::create`]);
 //!   the stored answer (status and body) comes back byte for byte for a retry with the same key
 //!   and the same parameters, with `Idempotent-Replayed: true`. The same key with other
-//!   parameters is an `idempotency_error`. A request that fails validation stores nothing.
+//!   parameters is an `idempotency_error`, for as long as the row or any processor record of
+//!   the key lives (the record is read before the write). A request that fails validation
+//!   stores nothing.
 //! - `GET` reads the payment row and the processor's record (and dead-letter mark) with one
 //!   consistent read each, and says where the payment stands.
 //!
 //! HTTP-agnostic: [`PaymentsApi::handle`] takes a method, a path, headers and a body, so the
 //! Lambda (`lambda_http`) and the local server call the same code.
 //!
-//! Why one file of ~980 lines: the API's answers (creation, replay, errors, status) are one
+//! Why one file of ~1,100 lines: the API's answers (creation, replay, errors, status) are one
 //! contract read in one place; ~490 lines are its tests, which need the private builders.
 
 use std::sync::Arc;
@@ -121,9 +123,11 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// processor record of its key can. The record's TTL runs from its first claim, which comes at
 /// most the record retention after the first send (an older message is refused
 /// `request_expired`, less the 5 minutes of clock skew allowed), and the first send follows the
-/// row's write; a day of margin covers the skew and the relay's delay. So while a record of
-/// the key exists, its row does too, and another request under the key is refused at the API
-/// (`400 idempotency_error`) instead of being accepted and then refused by the processor.
+/// row's write; a day of margin covers the skew and the relay's delay. So a record that a
+/// retry's message could still claim never outlives the row. A charged payment's record lives
+/// longer (the refund window from its last change): for that time the API reads the record
+/// before it writes ([`PaymentsApi::create`]), so the key stays refused with other parameters
+/// (`400 idempotency_error`) and replayed with the same ones for as long as any record lives.
 pub fn row_lifetime(record_retention: Duration) -> Duration {
     record_retention * 2 + Duration::from_secs(86_400)
 }
@@ -146,6 +150,19 @@ fn error(status: u16, kind: &str, code: &str, param: Option<&str>, message: &str
         e["param"] = json!(p);
     }
     ApiResponse::json(status, &json!({ "error": e }))
+}
+
+/// The same key with other parameters.
+fn key_in_use(key: &str) -> ApiResponse {
+    error(
+        400,
+        "idempotency_error",
+        "idempotency_key_in_use",
+        Some("Idempotency-Key"),
+        &format!(
+            "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to create a different payment."
+        ),
+    )
 }
 
 fn invalid(code: &str, param: Option<&str>, message: &str) -> ApiResponse {
@@ -290,10 +307,20 @@ impl PaymentsApi {
             created_at: now,
             customer_id: request.customer_id.clone(),
         };
+        // A charged payment's record outlives its row (the record lives the refund window from
+        // its last change, the row `row_lifetime` from its write): once the row is gone, the
+        // record still holds the key. So the record is read first: while any record of the key
+        // lives, other parameters are refused and the same ones replayed, and nothing is
+        // written (no second message) for a key that is taken.
+        match self.earlier_use(&key, &request).await {
+            Ok(None) => {}
+            Ok(Some(answer)) => return answer,
+            Err(e) => return unavailable(&e, true),
+        }
         match self.store.create(&payment, &entry).await {
             Ok(Creation::Created) => {
                 info!(payment_id = %key, amount = payment.amount, currency = %payment.currency, "payment accepted");
-                crate::failpoint!("api_after_write");
+                crate::failpoint_async!("api_after_write");
                 ApiResponse {
                     status: payment.response_status,
                     headers: Vec::new(),
@@ -308,17 +335,44 @@ impl PaymentsApi {
                     body: existing.response_body,
                 }
             }
-            Ok(Creation::Exists(_)) => error(
-                400,
-                "idempotency_error",
-                "idempotency_key_in_use",
-                Some("Idempotency-Key"),
-                &format!(
-                    "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to create a different payment."
-                ),
-            ),
+            Ok(Creation::Exists(_)) => key_in_use(&key),
             Err(e) => unavailable(&e, true),
         }
+    }
+
+    /// The answer to a creation whose key the processor's record already holds while the
+    /// payment's row is gone (its lifetime ended, or the payment came through the queue):
+    /// the same parameters are a replay of the creation, rebuilt from the request and the
+    /// record (`created` is the record's first claim); other parameters are an
+    /// `idempotency_error`. `None`: no record, or a row that answers for itself.
+    async fn earlier_use(
+        &self,
+        key: &str,
+        request: &PaymentRequest,
+    ) -> Result<Option<ApiResponse>, Unavailable> {
+        let (Some(record), _) = self.store.progress(key).await? else {
+            return Ok(None);
+        };
+        if self.store.payment(key).await?.is_some() {
+            return Ok(None);
+        }
+        if !request.has_payload_hash(&record.payload_hash) {
+            info!(payment_id = %key, "key held by a record with other parameters");
+            return Ok(Some(key_in_use(key)));
+        }
+        info!(payment_id = %key, "idempotent replay from the record");
+        let object = payment_object(
+            key,
+            request.money.amount,
+            &request.money.currency,
+            "pending",
+            record.first_attempt_at_ms / 1000,
+        );
+        Ok(Some(ApiResponse {
+            status: 202,
+            headers: vec![("idempotent-replayed", "true".to_owned())],
+            body: object.to_string(),
+        }))
     }
 
     /// `GET /v1/payments/{id}`.
@@ -1017,6 +1071,49 @@ mod tests {
         let r = post(&api, Some("long"), &other).await;
         assert_eq!(r.status, 400);
         assert_eq!(json_of(&r)["error"]["type"], "idempotency_error");
+    }
+
+    #[tokio::test]
+    async fn the_key_is_held_for_as_long_as_its_record_lives_after_the_row_is_gone() {
+        let (api, tables) = api();
+        assert_eq!(post(&api, Some("year"), BODY).await.status, 202);
+        let hash = tables.payments.lock().unwrap()["year"].request_hash.clone();
+        // Charged, and refunded months later: the record lives on; the row's TTL ended.
+        tables.records.lock().unwrap().insert(
+            "year".into(),
+            record(RecordStatus::Completed, &hash, Some(outcome("succeeded"))),
+        );
+        tables.payments.lock().unwrap().remove("year");
+        tables.outbox.lock().unwrap().clear();
+        let other = BODY.replace("1999", "2999");
+        let r = post(&api, Some("year"), &other).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(json_of(&r)["error"]["type"], "idempotency_error");
+        let again = post(&api, Some("year"), BODY).await;
+        assert_eq!(again.status, 202, "{}", again.body);
+        assert_eq!(
+            again.headers,
+            vec![("idempotent-replayed", "true".to_owned())]
+        );
+        assert_eq!(json_of(&again)["amount"], 1999);
+        assert!(
+            tables.payments.lock().unwrap().is_empty() && tables.outbox.lock().unwrap().is_empty(),
+            "nothing is written for a key that is taken: no second message"
+        );
+        // GET answers from the record for as long.
+        let read = json_of(&get(&api, "year").await);
+        assert_eq!(read["status"], "succeeded");
+        // A record of a payment sent through the queue holds its key at the API too.
+        tables.records.lock().unwrap().insert(
+            "raw".into(),
+            record(RecordStatus::InProgress, "payment/v1:other", None),
+        );
+        assert_eq!(post(&api, Some("raw"), BODY).await.status, 400);
+        // A record's store that cannot answer writes nothing either.
+        tables.down.store(true, Ordering::SeqCst);
+        assert_eq!(post(&api, Some("new"), BODY).await.status, 500);
+        tables.down.store(false, Ordering::SeqCst);
+        assert_eq!(post(&api, Some("new"), BODY).await.status, 202);
     }
 
     #[tokio::test]
