@@ -3,7 +3,7 @@
 @idempotent_function with the DynamoDB persistence layer around the charge, which calls the
 same provider with the same Idempotency-Key (the payment_id).
 
-Environment: IDEMPOTENCY_TABLE (a table with a string partition key "pk"), PAYMENT_API_URL,
+Environment: IDEMPOTENCY_TABLE (a table with a string partition key "pk"), PROVIDER_API_URL,
 PAYMENT_API_KEY, PAYMENT_API_TIMEOUT_SECONDS (default 10).
 """
 
@@ -25,7 +25,7 @@ from aws_lambda_powertools.utilities.idempotency import (
     idempotent_function,
 )
 
-API_URL = os.environ["PAYMENT_API_URL"].rstrip("/")
+API_URL = os.environ["PROVIDER_API_URL"].rstrip("/")
 API_KEY = os.environ["PAYMENT_API_KEY"]
 TIMEOUT = float(os.environ.get("PAYMENT_API_TIMEOUT_SECONDS", "10"))
 STRIPE_VERSION = os.environ["STRIPE_API_VERSION"]

@@ -34,7 +34,7 @@ log "sam deploy $stack"
 "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
   --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
-  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
   "WebhookSecretArn=$webhook_arn" \
   RetryHorizonSeconds=20 # the check's flaky payment comes back in seconds, not spread over an hour
 helper fix-stack "$stack"
@@ -42,7 +42,7 @@ declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
 check() {
   "$BIN/proving" e2e-check --queue-url "${out[PaymentsQueueUrl]}" --dlq-url "${out[DeadLetterQueueUrl]}" \
-    --table "${out[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" \
+    --table "${out[IdempotencyTableName]}" --sim-url "$PROVIDER_API_URL" \
     --refunds-queue-url "${out[RefundsQueueUrl]}" --refunds-dlq-url "${out[RefundsDeadLetterQueueUrl]}" "$@"
 }
 # The emulator serves a deployed HTTP API under its LocalStack-compatible path (the API's own
@@ -67,7 +67,7 @@ helper partner-source "$source_name"
 "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
   --stack-name "$eb" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
-  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PAYMENT_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
   ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20
 helper fix-stack "$eb"
 declare -A ebout
@@ -81,7 +81,7 @@ for here in StripeEventBus StripeEventsRule StripeEventsDeadLetterQueue StripeEv
 done
 [ -z "${ebout[ProviderEventsUrl]:-}" ] || { echo "the EventBridge shape has a ProviderEventsUrl" >&2; exit 1; }
 "$BIN/proving" e2e-check --queue-url "${ebout[PaymentsQueueUrl]}" --dlq-url "${ebout[DeadLetterQueueUrl]}" \
-  --table "${ebout[IdempotencyTableName]}" --sim-url "$PAYMENT_API_URL" \
+  --table "${ebout[IdempotencyTableName]}" --sim-url "$PROVIDER_API_URL" \
   --refunds-queue-url "${ebout[RefundsQueueUrl]}" --refunds-dlq-url "${ebout[RefundsDeadLetterQueueUrl]}" \
   --prefix "$eb" --events-bus "${ebout[StripeEventBusName]}" --events-source "$source_name" \
   --events-dlq-url "${ebout[ProviderEventsDeadLetterQueueUrl]}"

@@ -188,7 +188,7 @@ write_env_file() {
   mkdir -p "$(dirname "$ENV_FILE")"
   : >"$ENV_FILE"
   local v
-  for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PAYMENT_API_URL PAYMENT_API_KEY WEBHOOK_SECRET; do
+  for v in AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY PROVIDER_API_URL PAYMENT_API_KEY WEBHOOK_SECRET; do
     if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}" >>"$ENV_FILE"; fi
   done
   ENV_WRITTEN="$(cat "$ENV_FILE")"
@@ -214,7 +214,7 @@ check_conformance() {
   grep -E "^all " "$RUN_DIR/conformance.log" | sed 's/^/[local-stack] /' >&2
 }
 
-# Starts the provider simulator on a free port; exports PAYMENT_API_URL and PAYMENT_API_KEY, and
+# Starts the provider simulator on a free port; exports PROVIDER_API_URL and PAYMENT_API_KEY, and
 # WEBHOOK_SECRET: the secret the events route verifies with (`payctl api serve`) and the
 # simulator signs its deliveries with once told where to deliver (POST /_sim/webhook).
 start_simulator() {
@@ -234,10 +234,10 @@ start_simulator() {
     if [ $SECONDS -ge $deadline ]; then log "the provider simulator did not start"; cat "$RUN_DIR/simulator.log" >&2; return 1; fi
     sleep 0.1
   done
-  export PAYMENT_API_URL="http://127.0.0.1:$(cat "$portfile")"
+  export PROVIDER_API_URL="http://127.0.0.1:$(cat "$portfile")"
   rm -f "$portfile"
-  wait_for_url "$PAYMENT_API_URL/_sim/health" 30
-  log "provider simulator at $PAYMENT_API_URL"
+  wait_for_url "$PROVIDER_API_URL/_sim/health" 30
+  log "provider simulator at $PROVIDER_API_URL"
   write_env_file
 }
 

@@ -39,10 +39,21 @@ def runbook_alarms(readme):
     return [m.group(1) for m in re.finditer(r"^\| `([A-Za-z0-9]+)`", table, flags=re.M)]
 
 
+TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50}
+
+
+def number_word(word):
+    """'nine' -> 9, 'twenty-nine' -> 29, 'thirty' -> 30; None for other words."""
+    tens, _, units = word.lower().partition("-")
+    if tens in TENS and (not units or (units in WORDS and 0 < WORDS[units] < 10)):
+        return TENS[tens] + (WORDS[units] if units else 0)
+    return WORDS.get(word.lower()) if not units else None
+
+
 def stated_count(readme, noun):
-    """Every '<number word> <noun>' the README states (e.g. 'nine alarms')."""
-    return [WORDS[m.group(1).lower()] for m in re.finditer(rf"\b([A-Za-z]+) {noun}\b", readme)
-            if m.group(1).lower() in WORDS]
+    """Every '<number word> <noun>' the README states (e.g. 'nine alarms', 'twenty-nine alarms')."""
+    found = (number_word(m.group(1)) for m in re.finditer(rf"(?<![A-Za-z-])([A-Za-z]+(?:-[A-Za-z]+)?) {noun}\b", readme))
+    return [n for n in found if n is not None]
 
 
 def outputs_of(template_text):
@@ -110,6 +121,8 @@ def self_test():
     good = "two alarms, one functions?\n### When an alarm fires\n\n| alarm |\n|---|\n| `A1` | x |\n| `A2` | y |\n\n### Next\n" + ex
     assert check(template, good, ex) == [], check(template, good, ex)
     assert len(check(template, good.replace("| `A2` | y |\n", ""), ex)) == 1  # a row missing
+    assert stated_count("twenty-nine alarms and nine alarms; thirty alarms", "alarms") == [29, 9, 30]
+    assert stated_count("well-known alarms", "alarms") == []
     assert len(check(template, good.replace("| `A2` | y |\n", "| `A2` | y |\n| `A3` | z |\n"), ex)) == 1
     assert len(check(template, good.replace("two alarms", "three alarms"), ex)) == 1
     assert len(check(template, good, ex.replace("main", "other"))) == 1

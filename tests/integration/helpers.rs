@@ -2,7 +2,7 @@
 //! on the local AWS endpoint, and its own payment-id prefix at the provider simulator.
 //!
 //! The endpoint and the simulator are started by `make test` (`infra/scripts/test.sh`), which
-//! exports `AWS_ENDPOINT_URL`, `PAYMENT_API_URL` and `PAYMENT_API_KEY`. Without them the tests
+//! exports `AWS_ENDPOINT_URL`, `PROVIDER_API_URL` and `PAYMENT_API_KEY`. Without them the tests
 //! fail with a message saying so: a test that cannot run is a failing test.
 
 use std::collections::{BTreeMap, HashMap};
@@ -182,9 +182,9 @@ impl TestStack {
         required_env("AWS_ENDPOINT_URL");
         // A test with a provider of its own (a simulator it started) names it in `env`.
         let sim_url = env
-            .get("PAYMENT_API_URL")
+            .get("PROVIDER_API_URL")
             .cloned()
-            .unwrap_or_else(|| required_env("PAYMENT_API_URL"));
+            .unwrap_or_else(|| required_env("PROVIDER_API_URL"));
         let sdk = payment_core::edges::bootstrap::sdk_config().await;
         let stack = provision(
             &sdk,

@@ -198,8 +198,8 @@ async fn provision_is_idempotent_and_guards_real_aws() {
     assert_eq!(urls(&first), urls(&second));
     let env: serde_json::Value = serde_json::from_str(&second).unwrap();
     assert_eq!(
-        env["function_env"]["PAYMENT_API_URL"].as_str(),
-        std::env::var("PAYMENT_API_URL").ok().as_deref(),
+        env["function_env"]["PROVIDER_API_URL"].as_str(),
+        std::env::var("PROVIDER_API_URL").ok().as_deref(),
         "the local provider, not the template's api.stripe.com"
     );
 
@@ -238,6 +238,32 @@ async fn provision_is_idempotent_and_guards_real_aws() {
     );
 }
 
+/// The provider's URL under its old name (`PAYMENT_API_URL`, a letter from `PAYMENTS_API_URL`)
+/// is still used, and the operator is told to rename it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_url_s_old_name_still_works_and_is_named_for_renaming() {
+    let out = tokio::process::Command::new(bin("payctl"))
+        .args(["smoke", "--stripe-key-env", "OLD_NAME_TEST_KEY"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", "/nonexistent")
+        .env("PAYMENT_API_URL", "http://127.0.0.1:1")
+        .env("OLD_NAME_TEST_KEY", "sk_test_x")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("PAYMENT_API_URL is the old name of PROVIDER_API_URL"),
+        "{err}"
+    );
+    assert!(
+        err.contains("http://127.0.0.1:1/v1/customers"),
+        "the old name's URL is the one used: {err}"
+    );
+}
+
 /// A shell without credentials or an endpoint gets a hint, not an IMDS error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shell_without_credentials_is_told_what_to_set() {
@@ -258,7 +284,7 @@ async fn a_shell_without_credentials_is_told_what_to_set() {
             "DEAD_LETTER_QUEUE_URL",
             "https://sqs.us-east-1.amazonaws.com/1/dlq",
         )
-        .env("PAYMENT_API_URL", "http://127.0.0.1:1")
+        .env("PROVIDER_API_URL", "http://127.0.0.1:1")
         .env("PAYMENT_API_KEY", "sk_test_x")
         .output()
         .await

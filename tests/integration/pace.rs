@@ -91,7 +91,7 @@ impl Drop for OwnSimulator {
 fn paced_env(sim: &OwnSimulator, per_second: &str) -> BTreeMap<String, String> {
     let mut env = fast_settings();
     for (k, v) in [
-        ("PAYMENT_API_URL", sim.url.as_str()),
+        ("PROVIDER_API_URL", sim.url.as_str()),
         ("PAYMENT_API_KEY", "sk_test_local"),
         // One local process stands for the event source's every instance.
         ("PROVIDER_REQUESTS_PER_SECOND", per_second),

@@ -56,7 +56,7 @@ enum Command {
     Dlq(commands::dlq::DlqArgs),
     /// Settle unknown or stuck payments and refunds from what the provider holds: a charge (or
     /// refund) found completes the record; nothing found is reported with what a redrive does.
-    /// Never charges. Needs PAYMENT_API_URL and the API key like the function. Exits 0 when
+    /// Never charges. Needs PROVIDER_API_URL and the API key like the function. Exits 0 when
     /// every payment is settled, 2 when one must be looked at again (held, not provable yet, or
     /// nothing at the provider), 1 on an error.
     Reconcile(commands::reconcile::ReconcileArgs),
@@ -89,6 +89,16 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
+    // The provider's URL under its old name (PAYMENT_API_URL) is read, with a warning, where
+    // the options read PROVIDER_API_URL; before any thread of ours reads the environment.
+    if std::env::var_os("PROVIDER_API_URL").is_none() {
+        if let Ok((url, Some(warning))) =
+            payment_core::edges::config::provider_api_url(&|k| std::env::var(k).ok())
+        {
+            payctl::say!("payctl: {warning}");
+            std::env::set_var("PROVIDER_API_URL", url);
+        }
+    }
     // One line, the cause chain included, never a backtrace: what an operator reads.
     if let Err(e) = run(Cli::parse()).await {
         payctl::say!("error: {e:#}");

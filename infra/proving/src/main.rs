@@ -380,7 +380,7 @@ pub struct E2eCheckArgs {
     #[arg(long)]
     pub table: String,
     /// The provider simulator the deployed function calls.
-    #[arg(long, env = "PAYMENT_API_URL")]
+    #[arg(long, env = "PROVIDER_API_URL")]
     pub sim_url: String,
     /// Prefix of this run's payment ids.
     #[arg(long, default_value = "e2e")]

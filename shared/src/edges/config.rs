@@ -34,7 +34,7 @@ pub struct Config {
     pub idempotency_table: String,
     /// `DEAD_LETTER_QUEUE_URL`: where bad messages go, with a reason.
     pub dead_letter_queue_url: String,
-    /// `PAYMENT_API_URL`: the provider's base URL.
+    /// `PROVIDER_API_URL`: the provider's base URL.
     pub payment_api_url: String,
     /// The provider key's source.
     pub api_key: ApiKeySource,
@@ -119,9 +119,12 @@ impl Config {
         let number = |var: &'static str, default: u64, min: u64, max: u64| {
             number_var(&get, var, default, min, max)
         };
-        let payment_api_url = required("PAYMENT_API_URL")?;
+        let (payment_api_url, renamed) = provider_api_url(&get)?;
+        if let Some(warning) = renamed {
+            tracing::warn!("{warning}");
+        }
         if !(payment_api_url.starts_with("https://") || payment_api_url.starts_with("http://")) {
-            return Err(err("PAYMENT_API_URL", "must be an http(s) URL"));
+            return Err(err("PROVIDER_API_URL", "must be an http(s) URL"));
         }
         let api_key = match (get("PAYMENT_API_KEY_SECRET_ARN"), get("PAYMENT_API_KEY")) {
             (Some(arn), _) if !arn.trim().is_empty() => {
@@ -297,6 +300,29 @@ pub fn stripe_api_version(get: &impl Fn(&str) -> Option<String>) -> Result<Strin
         _ => Ok(crate::stripe::DEFAULT_API_VERSION.to_owned()),
     }
 }
+
+/// The provider's (Stripe's) base URL: `PROVIDER_API_URL`, or, when it is unset, the variable's
+/// old name `PAYMENT_API_URL` (one letter from `PAYMENTS_API_URL`, this system's own API, on the
+/// neighbouring line of an operator's shell), with the warning to give for it.
+pub fn provider_api_url(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<(String, Option<String>), ConfigError> {
+    match required_var(get, "PROVIDER_API_URL") {
+        Ok(url) => Ok((url, None)),
+        Err(missing) => match required_var(get, OLD_PROVIDER_API_URL) {
+            Ok(url) => Ok((
+                url,
+                Some(format!(
+                    "{OLD_PROVIDER_API_URL} is the old name of PROVIDER_API_URL (the provider's base URL, not PAYMENTS_API_URL, this system's API): it is read for now; rename it"
+                )),
+            )),
+            Err(_) => Err(missing),
+        },
+    }
+}
+
+/// The old name of `PROVIDER_API_URL`, still read (with a warning) when the new one is unset.
+pub const OLD_PROVIDER_API_URL: &str = "PAYMENT_API_URL";
 
 fn required_var(
     get: &impl Fn(&str) -> Option<String>,
@@ -514,7 +540,7 @@ mod tests {
     const BASE: &[(&str, &str)] = &[
         ("IDEMPOTENCY_TABLE", "t"),
         ("DEAD_LETTER_QUEUE_URL", "http://q/dlq"),
-        ("PAYMENT_API_URL", "http://127.0.0.1:1"),
+        ("PROVIDER_API_URL", "http://127.0.0.1:1"),
         ("PAYMENT_API_KEY", "sk_test_1"),
     ];
 
@@ -565,11 +591,38 @@ mod tests {
     }
 
     #[test]
+    fn the_provider_url_s_old_name_is_read_with_a_warning_and_the_new_one_wins() {
+        let old: Vec<_> = BASE
+            .iter()
+            .map(|&(k, v)| {
+                if k == "PROVIDER_API_URL" {
+                    ("PAYMENT_API_URL", "http://old:1")
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        assert_eq!(
+            Config::from_lookup(env(&old)).unwrap().payment_api_url,
+            "http://old:1"
+        );
+        let (url, warning) = provider_api_url(&env(&old)).unwrap();
+        assert_eq!(url, "http://old:1");
+        assert!(warning.unwrap().contains("rename it"));
+        let mut both = old.clone();
+        both.push(("PROVIDER_API_URL", "http://new:1"));
+        assert_eq!(
+            provider_api_url(&env(&both)).unwrap(),
+            ("http://new:1".into(), None)
+        );
+    }
+
+    #[test]
     fn each_missing_variable_is_named() {
         for missing in [
             "IDEMPOTENCY_TABLE",
             "DEAD_LETTER_QUEUE_URL",
-            "PAYMENT_API_URL",
+            "PROVIDER_API_URL",
         ] {
             let pairs: Vec<_> = BASE
                 .iter()

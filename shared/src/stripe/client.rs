@@ -506,7 +506,7 @@ pub(crate) fn interpret(
         )),
         401 | 403 | 404 => Err(fail(
             FailureKind::Misconfigured,
-            format!("HTTP {status} (check PAYMENT_API_URL and the API key): {message}"),
+            format!("HTTP {status} (check PROVIDER_API_URL and the API key): {message}"),
         )),
         _ => Err(fail(
             FailureKind::Unexpected,

@@ -20,7 +20,7 @@ pub struct SmokeArgs {
     /// The provider's base URL.
     #[arg(
         long,
-        env = "PAYMENT_API_URL",
+        env = "PROVIDER_API_URL",
         default_value = "https://api.stripe.com"
     )]
     pub payment_api_url: String,

@@ -16,8 +16,8 @@ pub mod status;
 /// the functions' environment.
 #[derive(clap::Args)]
 pub struct ProviderArgs {
-    /// The provider's base URL (as the function's PAYMENT_API_URL).
-    #[arg(long, env = "PAYMENT_API_URL")]
+    /// The provider's base URL (as the function's PROVIDER_API_URL).
+    #[arg(long, env = "PROVIDER_API_URL")]
     pub payment_api_url: String,
     /// The provider key's secret (or PAYMENT_API_KEY for local use).
     #[arg(long, env = "PAYMENT_API_KEY_SECRET_ARN")]

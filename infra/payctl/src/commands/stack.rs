@@ -67,7 +67,7 @@ pub async fn provision(args: ProvisionArgs, sdk: &aws_config::SdkConfig) -> Resu
     }
     // A local run takes the provider from its own environment, not the template's default.
     let mut function_env = stack.function_env.clone();
-    for var in ["PAYMENT_API_URL", "PAYMENT_API_KEY_SECRET_ARN"] {
+    for var in ["PROVIDER_API_URL", "PAYMENT_API_KEY_SECRET_ARN"] {
         match std::env::var(var) {
             Ok(v) if local => {
                 function_env.insert(var.to_owned(), v);
@@ -124,7 +124,7 @@ fn find_template(given: Option<PathBuf>) -> Result<PathBuf> {
 const PER_FUNCTION: [&str; 4] = [
     "SOURCE_QUEUE_URL",
     "DEAD_LETTER_QUEUE_URL",
-    "PAYMENT_API_URL",
+    "PROVIDER_API_URL",
     "PAYMENT_API_KEY_SECRET_ARN",
 ];
 
@@ -154,7 +154,7 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         "AWS_DEFAULT_REGION",
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
-        "PAYMENT_API_URL",
+        "PROVIDER_API_URL",
         "PAYMENT_API_KEY",
         "WEBHOOK_SECRET",
     ]

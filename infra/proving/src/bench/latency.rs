@@ -25,10 +25,10 @@ use lambda_local::esm::{self, Function};
 use lambda_local::runtime_api::FunctionProcess;
 use payctl::template::teardown;
 
-/// The simulator the benchmark runs against (`PAYMENT_API_URL`).
+/// The simulator the benchmark runs against (`PROVIDER_API_URL`).
 pub(super) fn simulator() -> Result<SimClient> {
-    Ok(SimClient::new(&std::env::var("PAYMENT_API_URL").context(
-        "the benchmark needs PAYMENT_API_URL: the provider simulator",
+    Ok(SimClient::new(&std::env::var("PROVIDER_API_URL").context(
+        "the benchmark needs PROVIDER_API_URL: the provider simulator",
     )?))
 }
 

@@ -115,7 +115,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
                 "DEAD_LETTER_QUEUE_URL",
                 "http://127.0.0.1:9/000000000000/dlq",
             ),
-            ("PAYMENT_API_URL", "http://127.0.0.1:9"),
+            ("PROVIDER_API_URL", "http://127.0.0.1:9"),
             ("PAYMENT_API_KEY", "sk_test_bench"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),

@@ -295,7 +295,7 @@ async fn drain_on(
     sim.set_rate_limit(limit, account.endpoint_limit).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let foreground = tokio::spawn(merchant(
-        env.get("PAYMENT_API_URL").cloned().unwrap_or_default(),
+        env.get("PROVIDER_API_URL").cloned().unwrap_or_default(),
         env.get("PAYMENT_API_KEY").cloned().unwrap_or_default(),
         name.to_owned(),
         limit * FOREGROUND_SHARE,

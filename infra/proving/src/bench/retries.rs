@@ -63,8 +63,8 @@ async fn one_payment(
     if let Some(h) = horizon {
         env.insert("RETRY_HORIZON_SECONDS".into(), h.as_secs().to_string());
     }
-    let Some(sim_url) = env.get("PAYMENT_API_URL") else {
-        bail!("the function has no PAYMENT_API_URL");
+    let Some(sim_url) = env.get("PROVIDER_API_URL") else {
+        bail!("the function has no PROVIDER_API_URL");
     };
     let sim = SimClient::new(sim_url);
     let pid = format!("{stack_name}-p");

@@ -274,8 +274,8 @@ pub fn esm_opts(stack: &Stack, pollers: usize) -> EsmOptions {
 /// The provider simulator a function's environment points at.
 pub(super) fn simulator_of(env: &BTreeMap<String, String>) -> Result<SimClient> {
     Ok(SimClient::new(
-        env.get("PAYMENT_API_URL")
-            .context("the function has no PAYMENT_API_URL")?,
+        env.get("PROVIDER_API_URL")
+            .context("the function has no PROVIDER_API_URL")?,
     ))
 }
 

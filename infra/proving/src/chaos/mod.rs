@@ -86,8 +86,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
     let queue_url = stack.event_source.queue_url.clone();
     let dlq_url = stack.function_var("DEAD_LETTER_QUEUE_URL")?.to_owned();
     let table = stack.function_var("IDEMPOTENCY_TABLE")?.to_owned();
-    let sim_url = std::env::var("PAYMENT_API_URL")
-        .context("PAYMENT_API_URL (the provider simulator) is not set")?;
+    let sim_url = std::env::var("PROVIDER_API_URL")
+        .context("PROVIDER_API_URL (the provider simulator) is not set")?;
     let sim = SimClient::new(&sim_url);
 
     let mut env = stack.function_env.clone();
@@ -111,7 +111,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &ChaosOptions) -> Result<Cha
         "PROVIDER_KEY_RETENTION_SECONDS".into(),
         KEY_RETENTION_SECONDS.to_string(),
     );
-    env.insert("PAYMENT_API_URL".into(), sim_url.clone());
+    env.insert("PROVIDER_API_URL".into(), sim_url.clone());
     env.insert(
         "PAYMENT_API_KEY".into(),
         std::env::var("PAYMENT_API_KEY").unwrap_or_else(|_| "sk_test_local".into()),

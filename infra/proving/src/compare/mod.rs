@@ -64,7 +64,7 @@ pub fn peer_environment(
     let mut env = BTreeMap::from([("PEER_PYTHON".to_owned(), peer.python.display().to_string())]);
     for k in [
         "IDEMPOTENCY_TABLE",
-        "PAYMENT_API_URL",
+        "PROVIDER_API_URL",
         "PAYMENT_API_KEY",
         "PAYMENT_API_TIMEOUT_SECONDS",
         "STRIPE_API_VERSION",
