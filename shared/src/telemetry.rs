@@ -184,7 +184,12 @@ mod tests {
             serde_json::from_str(&super::provider_metric("ProviderRateLimited", 3, 1_000)).unwrap();
         let m = &line["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(m["Namespace"], "Provider");
-        assert_eq!(m["Dimensions"], serde_json::json!([[]]));
+        // No dimension of its own: only the process's (the stack's name, when STACK_NAME is set).
+        let own: Vec<&str> = super::dimensions()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(m["Dimensions"], serde_json::json!([own]));
         assert_eq!(m["Metrics"][0]["Name"], "ProviderRateLimited");
         assert_eq!(line["ProviderRateLimited"], 3);
         assert_eq!(line["_aws"]["Timestamp"], 1_000);

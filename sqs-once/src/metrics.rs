@@ -51,8 +51,9 @@ impl BatchSummary {
     }
 }
 
-/// Names of a batch's metrics.
-#[derive(Debug, Clone)]
+/// Names of a batch's metrics. Build it with `..Default::default()` after the fields you set,
+/// so that a field added later (as `dimensions` was) does not break the build.
+#[derive(Debug, Clone, Default)]
 pub struct MetricNames {
     /// CloudWatch namespace (`OrderProcessor`, ...).
     pub namespace: String,

@@ -26,10 +26,11 @@
 //! ones (`template`, `conformance`) have folders, and the few uses between these files go one
 //! way (the layout check's module rule holds them to it).
 
-/// `crate::say!`, but the line (with its newline) reaches stderr in one write: stderr is not
-/// buffered, so `crate::say!` writes each piece of its format on its own, and two processes that
+/// `eprintln!`, but the line (with its newline) reaches stderr in one write: stderr is not
+/// buffered, so `eprintln!` writes each piece of its format on its own, and two processes that
 /// share a terminal or a log (the API and the relay of the quick start, stopped together) cut
-/// into each other's lines. One write of a line shorter than the pipe's buffer is never cut.
+/// into each other's lines. One write to a pipe of at most `PIPE_BUF` bytes (4 KiB on Linux) is
+/// never cut.
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{

@@ -340,11 +340,16 @@ impl PaymentsApi {
         }
     }
 
-    /// The answer to a creation whose key the processor's record already holds while the
-    /// payment's row is gone (its lifetime ended, or the payment came through the queue):
-    /// the same parameters are a replay of the creation, rebuilt from the request and the
-    /// record (`created` is the record's first claim); other parameters are an
-    /// `idempotency_error`. `None`: no record, or a row that answers for itself.
+    /// What a creation must answer when the processor already holds a record of its key,
+    /// before anything is written (`None`: write the row, as for a new key):
+    /// - a record of other parameters: an `idempotency_error`, unless the key's row holds this
+    ///   very request (a raw message claimed the key first; the row's answer is replayed);
+    /// - a finished (`COMPLETED`) record of these parameters and no row (its lifetime ended, or
+    ///   the payment came through the queue): a replay of the creation rebuilt from the request
+    ///   and the record (`created` is its first claim), with nothing written or sent again;
+    /// - an unfinished record of these parameters (`IN_PROGRESS`, or `FAILED`, perhaps
+    ///   dead-lettered `retries_exhausted`): `None`: the row is written and its message sent,
+    ///   and the processor takes the record over and finishes it, as a redrive would.
     async fn earlier_use(
         &self,
         key: &str,
@@ -353,12 +358,16 @@ impl PaymentsApi {
         let (Some(record), _) = self.store.progress(key).await? else {
             return Ok(None);
         };
-        if self.store.payment(key).await?.is_some() {
-            return Ok(None);
-        }
+        let row = self.store.payment(key).await?;
         if !request.has_payload_hash(&record.payload_hash) {
+            if row.is_some_and(|row| request.has_payload_hash(&row.request_hash)) {
+                return Ok(None);
+            }
             info!(payment_id = %key, "key held by a record with other parameters");
             return Ok(Some(key_in_use(key)));
+        }
+        if row.is_some() || record.status != RecordStatus::Completed {
+            return Ok(None);
         }
         info!(payment_id = %key, "idempotent replay from the record");
         let object = payment_object(
@@ -1109,6 +1118,34 @@ mod tests {
             record(RecordStatus::InProgress, "payment/v1:other", None),
         );
         assert_eq!(post(&api, Some("raw"), BODY).await.status, 400);
+        // An unfinished record of the same request (its message dead-lettered
+        // retries_exhausted, its row gone): the row and its message are written again, and the
+        // processor takes the FAILED record over, as a redrive would; never a replay of nothing.
+        assert_eq!(post(&api, Some("stuck"), BODY).await.status, 202);
+        let stuck = tables.payments.lock().unwrap()["stuck"]
+            .request_hash
+            .clone();
+        tables.payments.lock().unwrap().remove("stuck");
+        tables.outbox.lock().unwrap().clear();
+        tables
+            .records
+            .lock()
+            .unwrap()
+            .insert("stuck".into(), record(RecordStatus::Failed, &stuck, None));
+        let r = post(&api, Some("stuck"), BODY).await;
+        assert_eq!(r.status, 202, "{}", r.body);
+        assert!(r.headers.is_empty(), "created, not replayed");
+        assert!(tables.outbox.lock().unwrap().contains_key("stuck"));
+        // A row of this request under a key a raw message of other parameters claimed first
+        // answers for itself (its stored answer), as before the record was read.
+        tables.records.lock().unwrap().insert(
+            "stuck".into(),
+            record(RecordStatus::Completed, "payment/v1:other", None),
+        );
+        let r = post(&api, Some("stuck"), BODY).await;
+        assert_eq!(r.status, 202, "{}", r.body);
+        assert_eq!(r.headers, vec![("idempotent-replayed", "true".to_owned())]);
+        assert_eq!(post(&api, Some("stuck"), &other).await.status, 400);
         // A record's store that cannot answer writes nothing either.
         tables.down.store(true, Ordering::SeqCst);
         assert_eq!(post(&api, Some("new"), BODY).await.status, 500);

@@ -44,10 +44,17 @@ pub(super) fn resolve(
         }
         let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
         let mut env = BTreeMap::new();
-        let vars = get(&props, "Environment")
-            .and_then(|e| get(e, "Variables"))
-            .and_then(|v| v.as_mapping());
-        for (k, v) in vars.into_iter().flatten() {
+        // SAM's merge: the Globals' variables, then the function's own over them.
+        fn variables(of: Option<&Value>) -> Option<&Mapping> {
+            of.and_then(|p| get(p, "Environment"))
+                .and_then(|e| get(e, "Variables"))
+                .and_then(|v| v.as_mapping())
+        }
+        let vars = variables(globals)
+            .into_iter()
+            .flatten()
+            .chain(variables(Some(&props)).into_iter().flatten());
+        for (k, v) in vars {
             if let (Some(k), Some(v)) = (k.as_str(), r.resolve(v)?) {
                 env.insert(k.to_owned(), v);
             }
