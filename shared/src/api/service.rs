@@ -344,12 +344,13 @@ impl PaymentsApi {
     /// before anything is written (`None`: write the row, as for a new key):
     /// - a record of other parameters: an `idempotency_error`, unless the key's row holds this
     ///   very request (a raw message claimed the key first; the row's answer is replayed);
-    /// - a finished (`COMPLETED`) record of these parameters and no row (its lifetime ended, or
-    ///   the payment came through the queue): a replay of the creation rebuilt from the request
-    ///   and the record (`created` is its first claim), with nothing written or sent again;
-    /// - an unfinished record of these parameters (`IN_PROGRESS`, or `FAILED`, perhaps
-    ///   dead-lettered `retries_exhausted`): `None`: the row is written and its message sent,
-    ///   and the processor takes the record over and finishes it, as a redrive would.
+    /// - a record of these parameters and no row (its lifetime ended, or the payment came
+    ///   through the queue): a replay of the creation rebuilt from the request and the record
+    ///   (`created` is its first claim), with nothing written or sent again. Whatever the
+    ///   record's state: an unfinished one has its own message, in the queue or dead-lettered
+    ///   (`retries_exhausted`, which alarms and is redriven), and a second message would carry
+    ///   a fresh `first_sent_at`, so it could outlive the record's TTL and claim the key anew
+    ///   without the record's unknown-outcome mark: a second charge.
     async fn earlier_use(
         &self,
         key: &str,
@@ -366,7 +367,7 @@ impl PaymentsApi {
             info!(payment_id = %key, "key held by a record with other parameters");
             return Ok(Some(key_in_use(key)));
         }
-        if row.is_some() || record.status != RecordStatus::Completed {
+        if row.is_some() {
             return Ok(None);
         }
         info!(payment_id = %key, "idempotent replay from the record");
@@ -1118,14 +1119,13 @@ mod tests {
             record(RecordStatus::InProgress, "payment/v1:other", None),
         );
         assert_eq!(post(&api, Some("raw"), BODY).await.status, 400);
-        // An unfinished record of the same request (its message dead-lettered
-        // retries_exhausted, its row gone): the row and its message are written again, and the
-        // processor takes the FAILED record over, as a redrive would; never a replay of nothing.
+        // An unfinished record of the same request (its message in the queue or dead-lettered
+        // retries_exhausted, its row gone): replayed, nothing written. A second message would
+        // carry a fresh first_sent_at and could claim the key after the record's TTL, without
+        // its unknown-outcome mark: the redrive of the first message is the way on.
         assert_eq!(post(&api, Some("stuck"), BODY).await.status, 202);
-        let stuck = tables.payments.lock().unwrap()["stuck"]
-            .request_hash
-            .clone();
-        tables.payments.lock().unwrap().remove("stuck");
+        let stuck_row = tables.payments.lock().unwrap().remove("stuck").unwrap();
+        let stuck = stuck_row.request_hash.clone();
         tables.outbox.lock().unwrap().clear();
         tables
             .records
@@ -1134,8 +1134,17 @@ mod tests {
             .insert("stuck".into(), record(RecordStatus::Failed, &stuck, None));
         let r = post(&api, Some("stuck"), BODY).await;
         assert_eq!(r.status, 202, "{}", r.body);
-        assert!(r.headers.is_empty(), "created, not replayed");
-        assert!(tables.outbox.lock().unwrap().contains_key("stuck"));
+        assert_eq!(r.headers, vec![("idempotent-replayed", "true".to_owned())]);
+        assert!(
+            tables.payments.lock().unwrap().get("stuck").is_none()
+                && tables.outbox.lock().unwrap().is_empty(),
+            "no second message for an unfinished record"
+        );
+        tables
+            .payments
+            .lock()
+            .unwrap()
+            .insert("stuck".into(), stuck_row);
         // A row of this request under a key a raw message of other parameters claimed first
         // answers for itself (its stored answer), as before the record was read.
         tables.records.lock().unwrap().insert(
