@@ -61,6 +61,14 @@ ENDPOINTS = [
     # The scheduled catch-up checks that the webhook is sent every type before it trusts
     # `delivery_success=false`.
     ("GET", re.compile(r"^/v1/webhook_endpoints$"), P.WebhookEndpointListParams, "webhook_endpoint.list"),
+    # payctl connect registers the stack's endpoint, or brings one it registered before up to
+    # date (events, enabled), replaces one whose secret it cannot know, and removes what it
+    # replaced.
+    ("POST", re.compile(r"^/v1/webhook_endpoints$"), P.WebhookEndpointCreateParams, "webhook_endpoint.create"),
+    ("POST", re.compile(r"^/v1/webhook_endpoints/we_[A-Za-z0-9_]+$"), P.WebhookEndpointUpdateParams,
+     "webhook_endpoint.update"),
+    ("DELETE", re.compile(r"^/v1/webhook_endpoints/we_[A-Za-z0-9_]+$"), P.WebhookEndpointDeleteParams,
+     "webhook_endpoint.delete"),
     # payctl events checkpoint --set looks its event up.
     ("GET", re.compile(r"^/v1/events/evt_[A-Za-z0-9_]+$"), P.EventRetrieveParams, "event.retrieve"),
     # The merchant's on-session confirmation of an intent that needed its customer (the
@@ -91,6 +99,7 @@ REQUIREMENTS = {
     "customer.create": lambda s: s["endpoint"]["customer.create"] > 0,
     "event.list": lambda s: s["endpoint"]["event.list"] > 0,
     "webhook_endpoint.list": lambda s: s["endpoint"]["webhook_endpoint.list"] > 0,
+    "webhook_endpoint.create": lambda s: s["endpoint"]["webhook_endpoint.create"] > 0,
 }
 
 

@@ -18,7 +18,8 @@ the simulator sends nothing to (another system's, or one registered elsewhere).
 
 Control (through the simulator's /_sim/webhook): {"url", "secrets": [...], "duplicate_probability",
 "max_jitter_ms", "retry_base_ms", "retry_max_ms", "max_attempts", "paused", "status",
-"enabled_events", "endpoints"}.
+"enabled_events", "endpoints", "allow_private_urls"}. An endpoint registered through Stripe's API
+(`POST /v1/webhook_endpoints`, endpoints.py) while none is set becomes the one sent to.
 """
 
 import copy
@@ -40,7 +41,9 @@ _SEQ = [0]
 _RNG = random.Random(0)
 WEBHOOK = {"url": None, "secrets": [], "duplicate_probability": 0.0, "max_jitter_ms": 0, "retry_base_ms": 500,
            "retry_max_ms": 8000, "max_attempts": 12, "paused": False, "status": "enabled",
-           "enabled_events": ["*"], "endpoints": []}
+           "enabled_events": ["*"], "endpoints": [], "allow_private_urls": False,
+           # The endpoint sent to, as listed (a registered one's, when registered through the API).
+           "id": "we_sim", "api_version": None, "description": None, "metadata": {}, "created": None}
 _CREATED = int(time.time())
 
 
@@ -227,9 +230,9 @@ def endpoints(q):
     with _LOCK:
         listed = []
         if WEBHOOK["url"]:
-            listed.append({"id": "we_sim", "url": WEBHOOK["url"], "status": WEBHOOK["status"],
-                           "enabled_events": list(WEBHOOK["enabled_events"])})
-        listed += [dict(e) for e in WEBHOOK["endpoints"]]
+            listed.append({k: WEBHOOK[k] for k in ("id", "url", "status", "api_version", "description", "metadata")}
+                          | {"enabled_events": list(WEBHOOK["enabled_events"]), "created": WEBHOOK["created"] or _CREATED})
+        listed += [{k: v for k, v in e.items() if k != "secret"} for e in WEBHOOK["endpoints"]]
     data = [dict({"object": "webhook_endpoint", "api_version": None, "application": None, "created": _CREATED,
                   "description": None, "livemode": False, "metadata": {}, "status": "enabled",
                   "enabled_events": ["*"]}, **e) for e in listed]

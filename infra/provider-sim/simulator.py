@@ -62,6 +62,9 @@ API (Stripe's wire format):
   GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
   GET  /v1/refunds/RE, /v1/disputes/DP, /v1/charges/CH, /v1/events/EVT   one object
   GET  /v1/webhook_endpoints          the endpoint it sends to and the others set (limit, starting_after)
+  POST /v1/webhook_endpoints[/WE], GET and DELETE /v1/webhook_endpoints/WE: Stripe's endpoint
+                                      API (endpoints.py); the first registered while none is set is
+                                      the one sent to, signed with its secret
   GET  /v1/events                     created[gte|gt|lte|lt], type (or a prefix.*), types[], limit,
                                       starting_after: every event, newest first (Stripe's list)
 
@@ -133,6 +136,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
+import endpoints
 import events
 
 LOCK = threading.Lock()
@@ -642,6 +646,11 @@ def execute(form, key, version):
     return 200, json.dumps(intent)
 
 
+def stored(status, body):
+    """An answer of endpoints.py for idempotent_post: a refusal saves no result for the key."""
+    return (status, json.dumps(body)) + ((False,) if status >= 400 else ())
+
+
 def create_customer(form, key, version):
     """Creates a customer (under LOCK)."""
     refused = check_metadata(form)
@@ -742,6 +751,9 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/webhook_endpoints":
             status, body = events.endpoints(dict(parse_qsl(url.query)))
             return self.reply(status, json.dumps(body))
+        if url.path.startswith("/v1/webhook_endpoints/"):
+            status, body = endpoints.retrieve(url.path.rsplit("/", 1)[1])
+            return self.reply(status, json.dumps(body))
         for prefix, kind, table in (("/v1/refunds/", "refund", None), ("/v1/disputes/", "dispute", "disputes"),
                                     ("/v1/charges/", "charge", "charges_by_id"), ("/v1/events/", "event", None)):
             if url.path.startswith(prefix):
@@ -789,6 +801,13 @@ class Handler(BaseHTTPRequestHandler):
                         if rule.get("prefix", "") == prefix:
                             rule["times"] = 0
             return self.reply(200, '{"ok": true}')
+        m = re.fullmatch(r"/v1/webhook_endpoints/(we_[A-Za-z0-9_]+)", url.path)
+        if m:
+            self.body()
+            if self.stripe_request("") is None:
+                return None
+            status, body = endpoints.delete(m.group(1))
+            return self.reply(status, json.dumps(body))
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
     def do_POST(self):
@@ -879,6 +898,11 @@ class Handler(BaseHTTPRequestHandler):
                                         lambda form, _payment, _version: confirm_intent(m.group(1), form))
         if path == "/v1/customers":
             return self.idempotent_post(raw, version, None, None, create_customer)
+        m = re.fullmatch(r"/v1/webhook_endpoints(?:/(we_[A-Za-z0-9_]+))?", path)
+        if m:
+            pairs = parse_qsl(raw, keep_blank_values=True)
+            answer = (lambda: endpoints.update(m.group(1), pairs)) if m.group(1) else (lambda: endpoints.create(pairs))
+            return self.idempotent_post(raw, version, None, None, lambda _form, _key, _version: stored(*answer()))
         return self.reply(404, error_body("invalid_request_error", "Unrecognized request URL"))
 
     # --- Stripe API --------------------------------------------------------------------------

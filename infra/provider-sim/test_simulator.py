@@ -385,6 +385,73 @@ class RateLimit(unittest.TestCase):
         self.assertEqual((status, body["status"]), (200, "succeeded"))
 
 
+class WebhookEndpointsApi(unittest.TestCase):
+    """Stripe's endpoint API (`/v1/webhook_endpoints`) with what Stripe refuses: a URL it cannot
+    reach, a missing required parameter, `api_version` on an update (not a parameter there). The
+    simulator answered none of these POSTs before (404)."""
+
+    setUpClass = classmethod(Simulator.setUpClass.__func__)
+    tearDownClass = classmethod(Simulator.tearDownClass.__func__)
+    call = Simulator.call
+
+    def form(self, url, *kinds, **extra):
+        f = {"url": url, **{f"enabled_events[{i}]": k for i, k in enumerate(kinds)}}
+        f.update(extra)
+        return f
+
+    def test_register_update_and_delete_as_stripe_does(self):
+        private = self.form("http://127.0.0.1:9/v1/provider-events", "payment_intent.succeeded")
+        status, body = self.call("POST", "/v1/webhook_endpoints", private, key="we-1")
+        self.assertEqual((status, body["error"]["code"]), (400, "url_invalid"))
+        self.assertIn("publicly accessible", body["error"]["message"])
+        status, body = self.call("POST", "/v1/webhook_endpoints", {"url": "https://hooks.example/e"}, key="we-2")
+        self.assertEqual((status, body["error"]["code"], body["error"]["param"]), (400, "parameter_missing", "enabled_events"))
+
+        form = self.form("https://hooks.example/e", "payment_intent.succeeded", "refund.failed",
+                         api_version=CURRENT, **{"metadata[stack]": "s1"})
+        status, made = self.call("POST", "/v1/webhook_endpoints", form, key="we-3")
+        self.assertEqual(status, 200, made)
+        self.assertTrue(made["secret"].startswith("whsec_"))
+        self.assertEqual((made["api_version"], made["enabled_events"], made["metadata"], made["status"]),
+                         (CURRENT, ["payment_intent.succeeded", "refund.failed"], {"stack": "s1"}, "enabled"))
+        status, again = self.call("POST", "/v1/webhook_endpoints", form, key="we-3")
+        self.assertEqual((status, again["id"], again["secret"]), (200, made["id"], made["secret"]))
+        status, listed = self.call("GET", "/v1/webhook_endpoints", query={"limit": 100})
+        ours = [e for e in listed["data"] if e["id"] == made["id"]]
+        self.assertEqual(len(ours), 1)
+        self.assertNotIn("secret", ours[0])
+        self.assertEqual(ours[0]["api_version"], CURRENT)
+
+        where = f"/v1/webhook_endpoints/{made['id']}"
+        status, body = self.call("POST", where, {"api_version": "2024-06-20"}, key="we-4")
+        self.assertEqual((status, body["error"]["code"], body["error"]["param"]), (400, "parameter_unknown", "api_version"))
+        status, changed = self.call("POST", where, {"disabled": "true", "enabled_events[0]": "*"}, key="we-5")
+        self.assertEqual((status, changed["status"], changed["enabled_events"]), (200, "disabled", ["*"]))
+        self.assertNotIn("secret", changed)
+        status, got = self.call("GET", where)
+        self.assertEqual((status, got["status"]), (200, "disabled"))
+        status, gone = self.call("DELETE", where)
+        self.assertEqual((status, gone["deleted"]), (200, True))
+        status, body = self.call("GET", where)
+        self.assertEqual((status, body["error"]["code"]), (404, "resource_missing"))
+
+    def test_a_private_url_is_taken_when_the_local_runs_allow_it_and_becomes_the_one_sent_to(self):
+        def allow(on):
+            req = urllib.request.Request(self.base + "/_sim/webhook", data=json.dumps({"allow_private_urls": on}).encode(),
+                                         method="POST")
+            urllib.request.urlopen(req, timeout=10).read()
+        allow(True)
+        url = "http://127.0.0.1:9/v1/provider-events"
+        try:
+            status, made = self.call("POST", "/v1/webhook_endpoints", self.form(url, "*"), key="we-6")
+        finally:
+            allow(False)
+        self.assertEqual(status, 200, made)
+        status, listed = self.call("GET", "/v1/webhook_endpoints", query={"limit": 100})
+        self.assertEqual((listed["data"][0]["id"], listed["data"][0]["url"]), (made["id"], url))
+        self.call("DELETE", f"/v1/webhook_endpoints/{made['id']}")
+
+
 class Latency(unittest.TestCase):
     """The benchmark's provider answers after a log-normal time with the median and 99th
     percentile asked for (Stripe-like: 350 ms and 1.5 s), reproducible from its seed."""

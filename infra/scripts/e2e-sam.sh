@@ -11,7 +11,9 @@
 # ProviderEventsDelivery=eventbridge on a partner event source created as Stripe creates it,
 # checked to have no public route, no webhook function and no secret, and the same events
 # scenario settled through its partner bus and rule (proving's partner side publishes the
-# simulator's events there). Then that stack is deleted with `sam delete`: its tables and the key
+# simulator's events there). Each stack is connected with payctl connect as docs/deploy.md says
+# (the webhook's registered at the simulator, its secret written over the placeholder, a test
+# event through to the deployed inbox; the partner source, bus and rule checked). Then that stack is deleted with `sam delete`: its tables and the key
 # that encrypts them must stay. Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -28,8 +30,8 @@ export SAM_CLI_TELEMETRY=0
 helper() { "$ROOT/.venv-sam/bin/python" "$ROOT/infra/template-checks/deploy_helper.py" "$@"; }
 stack="e2e-$(date +%s)"
 secret_arn=$(helper secret "payments/$stack/provider-key" "$PAYMENT_API_KEY")
-webhook_secret="whsec_e2e_$(date +%s)"
-webhook_arn=$(helper secret "payments/$stack/webhook-secret" "$webhook_secret")
+# As docs/deploy.md says: the webhook's secret holds a placeholder until payctl connect.
+webhook_arn=$(helper secret "payments/$stack/webhook-secret" "placeholder: payctl connect writes the signing secret")
 log "sam deploy $stack"
 "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
   --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
@@ -48,10 +50,18 @@ check() {
 # The emulator serves a deployed HTTP API under its LocalStack-compatible path (the API's own
 # {id}.execute-api.localhost host name needs a resolver that knows *.localhost).
 api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
+log "payctl connect: the endpoint registered at the provider (the simulator takes this 127.0.0.1 URL when told to), its secret stored, a test event through to the deployed inbox"
+curl -fsS -X POST -H 'Content-Type: application/json' -d '{"allow_private_urls": true}' "$PROVIDER_API_URL/_sim/webhook" >/dev/null
+"$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events"
+"$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events" | grep -q "registered already" \
+  || { echo "payctl connect run again changed the endpoint" >&2; exit 1; }
+log "the operator's shell from the deployed stack: payctl env, then payctl health reads it"
+(eval "$("$BIN/payctl" env --stack-name "$stack")" && "$BIN/payctl" health >/dev/null) || [ $? -eq 2 ] \
+  || { echo "payctl health failed in the shell payctl env gives for $stack" >&2; exit 1; }
 log "through the API: $api_url"
 check --prefix "$stack-api" --api-url "$api_url"
 log "straight into the queue, and what the provider finishes later through its events"
-check --prefix "$stack" --events-url "$api_url/v1/provider-events" --events-secret "$webhook_secret" \
+check --prefix "$stack" --events-url "$api_url/v1/provider-events" \
   --events-dlq-url "${out[ProviderEventsDeadLetterQueueUrl]}"
 log "the scheduled catch-up, invoked as its schedule does: it queues the events since its checkpoint; the deployed inbox takes them again without a dead letter"
 report=$(helper invoke "${out[EventProcessorFunctionName]}" '{"catch_up": true}')
@@ -70,6 +80,7 @@ helper partner-source "$source_name"
   --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
   ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20
 helper fix-stack "$eb"
+"$BIN/payctl" connect --stack-name "$eb"
 declare -A ebout
 while IFS='=' read -r k v; do ebout[$k]=$v; done < <(helper outputs "$eb")
 resources=$(helper resources "$eb")

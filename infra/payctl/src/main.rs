@@ -32,9 +32,17 @@ enum Command {
     /// Create the template's queues and tables on the endpoint (AWS_ENDPOINT_URL), or find and
     /// update them when they exist (safe to run again), and print them.
     Provision(commands::stack::ProvisionArgs),
-    /// Print `export` lines for a second shell: the endpoint, credentials and provider of this
-    /// one, and a local stack's tables and queues (provisioned if missing).
+    /// Print `export` lines for the operator's shell: a deployed stack's tables, queues, API
+    /// and provider settings from its CloudFormation outputs and parameters; or, on a local
+    /// endpoint without such a stack, this shell's endpoint, credentials and provider and the
+    /// provisioned stack's tables and queues.
     Env(commands::stack::EnvArgs),
+    /// Connect a deployed stack to the provider: register its webhook endpoint at Stripe (the
+    /// inbox's event types, the stack's pinned API version), write the endpoint's signing
+    /// secret into the stack's WebhookSecretArn, and send a signed test event through to the
+    /// inbox; for EventBridge delivery, check the partner source, bus and rule. Safe to run
+    /// again.
+    Connect(commands::stack::ConnectArgs),
     /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
     Send(commands::send::SendArgs),
     /// Send refunds of charged payments: one JSON body, or one refund built from the options.
@@ -126,6 +134,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Provision(args) => commands::stack::provision(args, &sdk).await,
         Command::Env(args) => commands::stack::env(args, &sdk).await,
+        Command::Connect(args) => commands::stack::connect(args, &sdk).await,
         Command::Send(args) => commands::send::send(args, &sdk).await,
         Command::SendRefund(args) => commands::send::send_refund(args, &sdk).await,
         Command::Run(args) => commands::run::run(args, &sdk).await,

@@ -47,8 +47,9 @@ pub enum Delivery {
     Webhook {
         /// `ProviderEventsUrl`.
         url: String,
-        /// Its signing secret.
-        secret: String,
+        /// Its signing secret for the simulator to sign with (`None`: registered at the
+        /// simulator by `payctl connect`, which issued the secret).
+        secret: Option<String>,
     },
     /// Stripe's EventBridge destination: the partner bus (`StripeEventBusName`) on the partner
     /// source, published on by the partner's side ([`crate::partner`]).
@@ -334,8 +335,19 @@ async fn events_phase(
                     forged.status()
                 ));
             }
-            ev::point_webhook(&sim, url, secret).await?;
-            println!("provider events: the simulator delivers to the deployed {url} (a forged delivery was refused)");
+            match secret {
+                Some(secret) => {
+                    ev::point_webhook(&sim, url, secret).await?;
+                    println!("provider events: the simulator delivers to the deployed {url} (a forged delivery was refused)");
+                }
+                None => {
+                    let listed = sim.registered_endpoint().await?;
+                    if listed.as_deref() != Some(url.as_str()) {
+                        anyhow::bail!("the simulator sends to {listed:?}, not to the deployed {url}: run payctl connect first");
+                    }
+                    println!("provider events: the simulator delivers to the deployed {url}, registered by payctl connect (a forged delivery was refused)");
+                }
+            }
         }
         Delivery::EventBridge { bus, source } => {
             let secret = format!("whsec_partner_{}", uuid::Uuid::new_v4().simple());

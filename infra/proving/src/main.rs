@@ -398,9 +398,11 @@ pub struct E2eCheckArgs {
     /// The deployed provider-events endpoint (the stack's ProviderEventsUrl output): the
     /// simulator delivers its events there, and a scenario of payments the provider finishes
     /// later is checked settled through them. Needs the refunds queue too.
-    #[arg(long, requires_all = ["events_secret", "events_dlq_url", "refunds_queue_url"], conflicts_with = "events_bus")]
+    #[arg(long, requires_all = ["events_dlq_url", "refunds_queue_url"], conflicts_with = "events_bus")]
     pub events_url: Option<String>,
-    /// The endpoint's signing secret (the one in the stack's WebhookSecretArn).
+    /// The endpoint's signing secret, for a simulator told where to deliver; without it the
+    /// endpoint must be registered at the simulator already (`payctl connect`), which then
+    /// delivers with the secret it issued.
     #[arg(long, requires = "events_url")]
     pub events_secret: Option<String>,
     /// Instead of the endpoint: the deployed partner event bus (the stack's StripeEventBusName
@@ -440,7 +442,7 @@ pub async fn e2e_check(args: E2eCheckArgs, sdk: &aws_config::SdkConfig) -> Resul
     let delivery = match (events_url, events_bus) {
         (Some(url), _) => Some(proving::e2e::Delivery::Webhook {
             url,
-            secret: events_secret.unwrap_or_default(),
+            secret: events_secret,
         }),
         (None, Some(bus)) => Some(proving::e2e::Delivery::EventBridge {
             bus,

@@ -252,6 +252,22 @@ impl SimClient {
         self.control("/_sim/webhook", &settings).await
     }
 
+    /// Where the simulator sends its events (`None`: nowhere): an endpoint set by
+    /// [`Self::webhook`] or registered through Stripe's API.
+    pub async fn registered_endpoint(&self) -> Result<Option<String>> {
+        let settings: Value = self
+            .http
+            .post(format!("{}/_sim/webhook", self.base))
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .context("contacting the provider simulator")?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(settings["url"].as_str().map(str::to_owned))
+    }
+
     /// Adds the account's other traffic: `count` events of `kind` made evenly over
     /// `[since_s, until_s]`, delivered to every endpoint (`POST /_sim/events/history`).
     pub async fn event_history(

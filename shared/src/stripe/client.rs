@@ -275,6 +275,26 @@ impl StripeClient {
         answer
     }
 
+    /// `DELETE {path}`: the answer's status, headers and body, or a [`ProviderError`] when no
+    /// answer came.
+    pub(crate) async fn delete(
+        &self,
+        path: &str,
+    ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        self.slot().await?;
+        let url = format!("{}{path}", self.base_url);
+        let sent = self
+            .http
+            .delete(&url)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Stripe-Version", &self.api_version)
+            .send()
+            .await;
+        let answer = answer_of(sent, &url).await;
+        self.observed(&answer);
+        answer
+    }
+
     /// The `Stripe-Version` this client sends.
     pub fn api_version(&self) -> &str {
         &self.api_version

@@ -9,6 +9,7 @@
 //! declare, and the receiver queues onto the events' queue), telemetry.
 
 mod client;
+pub mod endpoints;
 pub mod objects;
 pub mod receiver;
 pub mod refund;

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::events::catch_up::{EventLister, EventPage, Listed, Place, EVENT_TYPES, PAGE_SIZE};
 use crate::provider::event::{DisputeChange, PaymentChange, ProviderEvent, RefundChange, Subject};
 use crate::provider::{FailureKind, PaymentProvider, ProviderError};
+use crate::stripe::endpoints::WebhookEndpoint;
 use crate::stripe::receiver::EVENTS_PATH;
 use crate::stripe::{listing, StripeClient};
 
@@ -248,50 +249,12 @@ impl EventLister for EventListing {
     }
 }
 
-impl StripeClient {
-    /// Every webhook endpoint of the account (`GET /v1/webhook_endpoints`).
-    async fn webhook_endpoints(&self) -> Result<Vec<WireEndpoint>, ProviderError> {
-        let mut endpoints: Vec<WireEndpoint> = Vec::new();
-        loop {
-            let after = endpoints.last().map(|e| e.id.clone());
-            let mut query = vec![("limit", "100")];
-            if let Some(a) = &after {
-                query.push(("starting_after", a));
-            }
-            let (status, headers, body) = self.get("/v1/webhook_endpoints", &query).await?;
-            let page: WireEndpoints = listing(status, &headers, &body, |_: &WireEndpoints| false)?;
-            let more = page.has_more && !page.data.is_empty();
-            endpoints.extend(page.data);
-            if !more {
-                return Ok(endpoints);
-            }
-        }
-    }
-}
-
-/// A webhook endpoint as `GET /v1/webhook_endpoints` lists it: the fields the check reads.
-#[derive(Debug, serde::Deserialize)]
-struct WireEndpoint {
-    id: String,
-    url: String,
-    status: String,
-    #[serde(default)]
-    enabled_events: Vec<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct WireEndpoints {
-    data: Vec<WireEndpoint>,
-    #[serde(default)]
-    has_more: bool,
-}
-
 /// Whether this stack's endpoint (`ours`, its URL as registered) is enabled and sent every
 /// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]): `None` when so; else why
 /// not. Another stack's endpoint at the same path being fit says nothing of this one (events
 /// it takes are delivered, so never listed undelivered). Without `ours`, every endpoint at the
 /// receiver's path ([`EVENTS_PATH`]) must be fit, and one at least there.
-fn webhook_unfit(endpoints: &[WireEndpoint], ours_url: Option<&str>) -> Option<String> {
+fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Option<String> {
     let bare = |url: &str| url.trim().trim_end_matches('/').to_ascii_lowercase();
     let path = |url: &str| {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -302,7 +265,7 @@ fn webhook_unfit(endpoints: &[WireEndpoint], ours_url: Option<&str>) -> Option<S
             .trim_end_matches('/')
             .to_owned()
     };
-    let ours: Vec<&WireEndpoint> = match ours_url {
+    let ours: Vec<&WebhookEndpoint> = match ours_url {
         Some(url) => endpoints
             .iter()
             .filter(|e| bare(&e.url) == bare(url))
@@ -361,12 +324,13 @@ impl StripeClient {
 mod tests {
     use super::*;
 
-    fn endpoint(id: &str, url: &str, status: &str, events: &[&str]) -> WireEndpoint {
-        WireEndpoint {
+    fn endpoint(id: &str, url: &str, status: &str, events: &[&str]) -> WebhookEndpoint {
+        WebhookEndpoint {
             id: id.into(),
             url: url.into(),
             status: status.into(),
             enabled_events: events.iter().map(|e| (*e).to_owned()).collect(),
+            ..Default::default()
         }
     }
 

@@ -1,4 +1,5 @@
-//! Provisioning a local endpoint from the template, and the `export` lines of a second shell.
+//! The stack: provisioning a local endpoint from the template, the operator's shell (`env`,
+//! local or deployed), and connecting a deployed stack to the provider (`connect`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -134,8 +135,15 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         template,
         stack_name,
     } = args;
+    // A deployed stack: its outputs and parameters.
+    if let Some(deployed) = payctl::deployed::Deployed::find(sdk, &stack_name).await? {
+        for (k, v) in deployed.shell(sdk.region().map(|r| r.as_ref())) {
+            println!("export {k}='{}'", v.replace('\'', "'\\''"));
+        }
+        return Ok(());
+    }
     if std::env::var("AWS_ENDPOINT_URL").is_err() {
-        bail!("payctl env is for a local stack: set AWS_ENDPOINT_URL (source .local/env), or read a deployed stack's outputs with aws cloudformation describe-stacks");
+        bail!("no stack {stack_name} in CloudFormation (region {}): deploy it (sam deploy --stack-name {stack_name}) or pass --region", sdk.region().map(|r| r.to_string()).unwrap_or_default());
     }
     let template = find_template(template)?;
     let stack = template::provision(
@@ -213,4 +221,33 @@ pub async fn env(args: EnvArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         println!("export {k}='{}'", v.replace('\'', "'\\''"));
     }
     Ok(())
+}
+
+/// The options of `payctl connect`.
+#[derive(Args)]
+pub struct ConnectArgs {
+    /// The deployed stack (its CloudFormation name).
+    #[arg(long)]
+    pub stack_name: String,
+    /// The URL Stripe is to call, when it is not the stack's ProviderEventsUrl output (a
+    /// custom domain in front of the stack's API).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Seconds to wait for the test event's record in the inbox (0: only its acceptance).
+    #[arg(long, default_value_t = 120)]
+    pub wait: u64,
+}
+
+/// Runs `payctl connect`.
+pub async fn connect(args: ConnectArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let stack = payctl::deployed::Deployed::read(sdk, &args.stack_name).await?;
+    payctl::connect::connect(
+        sdk,
+        &stack,
+        &payctl::connect::ConnectOptions {
+            url: args.url,
+            wait: std::time::Duration::from_secs(args.wait),
+        },
+    )
+    .await
 }
