@@ -61,7 +61,11 @@ API (Stripe's wire format):
         their amount to what is left
   GET  /v1/refunds?payment_intent=PI  every refund of the intent (Stripe's list shape)
   GET  /v1/refunds/RE, /v1/disputes/DP, /v1/charges/CH, /v1/events/EVT   one object
+  GET  /v1/charges, /v1/disputes      the account's, newest first (limit)
+  POST /_sim/account {"api_version"}  the account's default version, which events are rendered in
   GET  /v1/webhook_endpoints          the endpoint it sends to and the others set (limit, starting_after)
+  Restricted keys (POST /_sim/keys {"rk_test_...": {"refunds": "read", ...}}): a request for a
+  resource the key may not read (GET) or write (POST, DELETE) is 403 with Stripe's message
   POST /v1/webhook_endpoints[/WE], GET and DELETE /v1/webhook_endpoints/WE: Stripe's endpoint
                                       API (endpoints.py); the first registered while none is set is
                                       the one sent to, signed with its secret
@@ -210,7 +214,7 @@ STATE = {
     "hits": {},  # (rule index, key) -> times hit
 }
 CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "latency_rng": random.Random(0), "key_retention_ms": 86_400_000,
-          "account_version": "2026-10-28.endive", "record": None, "settle_s": 2.0,
+          "account_version": "2026-10-28.endive", "record": None, "restricted": {}, "settle_s": 2.0,
           "latency": None}  # (mu, sigma) of a log-normal answer time in ms, or None: at once
 SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
 API_VERSION = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(\.[a-z]+)?$")
@@ -702,9 +706,24 @@ class Handler(BaseHTTPRequestHandler):
                 "stripe_version": self.headers.get("Stripe-Version"),
                 "idempotency_key": self.headers.get("Idempotency-Key"),
                 "content_type": self.headers.get("Content-Type")})
-        if self.headers.get("Authorization") != "Bearer " + CONFIG["api_key"]:
+        auth = self.headers.get("Authorization") or ""
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        restricted = CONFIG["restricted"].get(token)
+        if token != CONFIG["api_key"] and restricted is None:
             self.reply(401, error_body("invalid_request_error", "Invalid API Key provided"))
             return None
+        if restricted is not None:
+            # A restricted key (rk_...): each resource read, written (which reads too) or none.
+            resource = url.path.split("/")[2] if url.path.count("/") >= 2 else ""
+            need = "read" if self.command == "GET" else "write"
+            if restricted.get(resource) not in ((need, "write") if need == "read" else ("write",)):
+                hidden = token[:8] + "*" * max(0, len(token) - 12) + token[-4:]
+                self.reply(403, error_body(
+                    "invalid_request_error",
+                    f"The provided key '{hidden}' does not have the required permissions for this endpoint on account "
+                    f"'acct_sim'. Having the 'rak_{resource.rstrip('s')}_{need}' permission would allow this request "
+                    "to continue."))
+                return None
         version = version_of(self.headers)
         if version is None:
             self.reply(400, error_body("invalid_request_error",
@@ -748,6 +767,21 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/events":
             status, body = events.listing(dict(parse_qsl(url.query)))
             return self.reply(status, json.dumps(body))
+        if url.path in ("/v1/charges", "/v1/disputes"):
+            # The account's charges or disputes, newest first (limit; payctl preflight reads one).
+            q = dict(parse_qsl(url.query))
+            try:
+                limit = int(q.get("limit", "10"))
+            except ValueError:
+                limit = 0
+            if not 1 <= limit <= 100:
+                return self.reply(400, error_body("invalid_request_error", "Limit must be between 1 and 100",
+                                                  code="parameter_invalid"))
+            with LOCK:
+                items = list(STATE["charges_by_id" if url.path == "/v1/charges" else "disputes"].values())[::-1]
+                body = json.dumps({"object": "list", "data": items[:limit], "has_more": len(items) > limit,
+                                   "url": url.path})
+            return self.reply(200, body)
         if url.path == "/v1/webhook_endpoints":
             status, body = events.endpoints(dict(parse_qsl(url.query)))
             return self.reply(status, json.dumps(body))
@@ -843,6 +877,22 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(ids, list):
                 return self.reply(400, json.dumps({"error": "ids: a list of event ids"}))
             return self.reply(200, json.dumps({"marked": events.undelivered(ids)}))
+        if path == "/_sim/account":
+            # The account's default API version ({"api_version": V}): events are rendered in it.
+            v = json.loads(self.body() or "{}").get("api_version", "")
+            if not API_VERSION.match(v):
+                return self.reply(400, json.dumps({"error": "api_version: a Stripe API version"}))
+            with LOCK:
+                CONFIG["account_version"] = v
+            return self.reply(200, json.dumps({"api_version": v}))
+        if path == "/_sim/keys":
+            # Restricted keys: {"rk_test_...": {"payment_intents": "write", "events": "read", ...}}.
+            keys = json.loads(self.body() or "{}")
+            if not all(isinstance(v, dict) and set(v.values()) <= {"read", "write"} for v in keys.values()):
+                return self.reply(400, json.dumps({"error": "keys: {key: {resource: read|write}}"}))
+            with LOCK:
+                CONFIG["restricted"].update(keys)
+            return self.reply(200, json.dumps({"restricted": sorted(CONFIG["restricted"])}))
         if path == "/_sim/webhook":
             try:
                 settings = events.configure(json.loads(self.body() or "{}"))

@@ -399,6 +399,31 @@ class WebhookEndpointsApi(unittest.TestCase):
         f.update(extra)
         return f
 
+    def test_a_restricted_key_reads_and_writes_only_what_it_was_given(self):
+        req = urllib.request.Request(self.base + "/_sim/keys", method="POST", data=json.dumps(
+            {"rk_test_narrow": {"payment_intents": "write", "refunds": "read"}}).encode())
+        urllib.request.urlopen(req, timeout=10).read()
+
+        def call(method, path, form=None):
+            data = urlencode(form).encode() if form is not None else None
+            r = urllib.request.Request(self.base + path, data=data, method=method)
+            r.add_header("Authorization", "Bearer rk_test_narrow")
+            r.add_header("Idempotency-Key", f"narrow-{time.time_ns()}")
+            try:
+                with urllib.request.urlopen(r, timeout=10) as a:
+                    return a.status, json.loads(a.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        self.assertEqual(call("GET", "/v1/refunds?limit=1")[0], 200)
+        self.assertEqual(call("GET", "/v1/payment_intents?limit=1")[0], 200)
+        status, body = call("POST", "/v1/refunds", {})
+        self.assertEqual(status, 403)
+        self.assertIn("rak_refund_write", body["error"]["message"])
+        self.assertNotIn("rk_test_narrow", body["error"]["message"])
+        self.assertEqual(call("GET", "/v1/events?limit=1")[0], 403)
+        self.assertEqual(call("POST", "/v1/payment_intents", {})[0], 400)
+
     def test_register_update_and_delete_as_stripe_does(self):
         private = self.form("http://127.0.0.1:9/v1/provider-events", "payment_intent.succeeded")
         status, body = self.call("POST", "/v1/webhook_endpoints", private, key="we-1")

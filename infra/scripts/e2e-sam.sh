@@ -13,7 +13,9 @@
 # scenario settled through its partner bus and rule (proving's partner side publishes the
 # simulator's events there). Each stack is connected with payctl connect as docs/deploy.md says
 # (the webhook's registered at the simulator, its secret written over the placeholder, a test
-# event through to the deployed inbox; the partner source, bus and rule checked). Then that stack is deleted with `sam delete`: its tables and the key
+# event through to the deployed inbox; the partner source, bus and rule checked), then
+# preflighted: the webhook stack is ready for traffic, the EventBridge one (no AlarmEmail) is named
+# for its alarm topic that reaches no one. Then that stack is deleted with `sam delete`: its tables and the key
 # that encrypts them must stay. Stops what it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -37,7 +39,7 @@ log "sam deploy $stack"
   --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
   --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
-  "WebhookSecretArn=$webhook_arn" \
+  "WebhookSecretArn=$webhook_arn" AlarmEmail=oncall@example.com \
   RetryHorizonSeconds=20 # the check's flaky payment comes back in seconds, not spread over an hour
 helper fix-stack "$stack"
 declare -A out
@@ -53,8 +55,10 @@ api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
 log "payctl connect: the endpoint registered at the provider (the simulator takes this 127.0.0.1 URL when told to), its secret stored, a test event through to the deployed inbox"
 curl -fsS -X POST -H 'Content-Type: application/json' -d '{"allow_private_urls": true}' "$PROVIDER_API_URL/_sim/webhook" >/dev/null
 "$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events"
-"$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events" | grep -q "registered already" \
-  || { echo "payctl connect run again changed the endpoint" >&2; exit 1; }
+again=$("$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events")
+grep -q "registered already" <<<"$again" || { echo "payctl connect run again changed the endpoint: $again" >&2; exit 1; }
+log "payctl preflight: ready for traffic (quota, key and permissions, version, alarm topic, endpoint)"
+"$BIN/payctl" preflight --stack-name "$stack"
 log "the operator's shell from the deployed stack: payctl env, then payctl health reads it"
 (eval "$("$BIN/payctl" env --stack-name "$stack")" && "$BIN/payctl" health >/dev/null) || [ $? -eq 2 ] \
   || { echo "payctl health failed in the shell payctl env gives for $stack" >&2; exit 1; }
@@ -81,6 +85,14 @@ helper partner-source "$source_name"
   ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20
 helper fix-stack "$eb"
 "$BIN/payctl" connect --stack-name "$eb"
+log "payctl preflight of the EventBridge stack, deployed without AlarmEmail: its alarm topic reaches no one, and says so"
+set +e
+pre=$("$BIN/payctl" preflight --stack-name "$eb"); code=$?
+set -e
+echo "$pre"
+if [ "$code" -ne 2 ] || [ "$(grep -c '^FIX' <<<"$pre")" -ne 1 ] || ! grep -q '^FIX  alarms .*reaches no one' <<<"$pre"; then
+  echo "payctl preflight did not name the EventBridge stack's unsubscribed alarm topic alone (exit $code)" >&2; exit 1
+fi
 declare -A ebout
 while IFS='=' read -r k v; do ebout[$k]=$v; done < <(helper outputs "$eb")
 resources=$(helper resources "$eb")

@@ -29,6 +29,7 @@ mod operator_stop;
 mod operator_views;
 mod own_simulator;
 mod pace;
+mod preflight;
 mod proxy;
 mod refunds;
 mod timeline;

@@ -57,7 +57,7 @@ pub async fn connect(
 ) -> Result<()> {
     let (webhook, eventbridge) = stack.delivery();
     if eventbridge {
-        check_partner_bus(sdk, stack).await?;
+        println!("{}", check_partner_bus(sdk, stack).await?);
     }
     if webhook {
         let client = stack.provider(sdk).await?;
@@ -85,7 +85,7 @@ pub async fn connect(
 }
 
 /// The stack's secret: its `whsec_` values.
-async fn stored_secrets(sm: &aws_sdk_secretsmanager::Client, arn: &str) -> Result<Vec<String>> {
+pub async fn stored_secrets(sm: &aws_sdk_secretsmanager::Client, arn: &str) -> Result<Vec<String>> {
     let got = sm
         .get_secret_value()
         .secret_id(arn)
@@ -351,8 +351,8 @@ async fn wait_applied(
 }
 
 /// EventBridge delivery: the partner event source is active, the stack's bus is on it, and a
-/// rule sends to the provider-events queue.
-async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<()> {
+/// rule sends to the provider-events queue. Says so in a line.
+pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<String> {
     let source = stack.param("StripeEventSourceName").with_context(|| {
         format!(
             "stack {} receives events through EventBridge but has no StripeEventSourceName",
@@ -435,9 +435,8 @@ async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Res
     if !routed {
         bail!("no enabled rule on {bus} sends to the provider-events queue {queue_arn}: deploy the stack again (its StripeEventsRule does)");
     }
-    println!(
+    Ok(format!(
         "partner event source {source}: {}, on bus {bus}, routed to the provider-events queue",
         if state.is_empty() { "found" } else { "ACTIVE" }
-    );
-    Ok(())
+    ))
 }

@@ -24,6 +24,7 @@ pub mod names {
         "PaymentProcessorFunctionName",
         "RefundProcessorFunctionName",
         "EventProcessorFunctionName",
+        "AlarmNotificationTopicArn",
     ];
     /// Parameters.
     pub const PARAMETERS: &[&str] = &[

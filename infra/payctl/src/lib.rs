@@ -49,6 +49,7 @@ pub mod dead_letter_codes;
 pub mod deployed;
 pub mod dlq;
 pub mod health;
+pub mod preflight;
 pub mod reconcile;
 pub mod reconcile_refund;
 pub mod records;

@@ -43,6 +43,13 @@ enum Command {
     /// inbox; for EventBridge delivery, check the partner source, bus and rule. Safe to run
     /// again.
     Connect(commands::stack::ConnectArgs),
+    /// Check, reading only, what a live account needs before traffic: the region of the stack's
+    /// secrets and topic, the Lambda concurrency quota against what the stack reserves, the
+    /// provider key's mode and each permission the code uses (a harmless request each), the
+    /// account's API version against the pinned one, the alarm topic and who it reaches, the
+    /// webhook endpoint (or the partner bus). Each finding names its fix. Exits 0 when ready, 2
+    /// when something needs fixing, 1 on an error.
+    Preflight(commands::stack::PreflightArgs),
     /// Send payments: one JSON body, a JSONL file (- for stdin), or generated valid payments.
     Send(commands::send::SendArgs),
     /// Send refunds of charged payments: one JSON body, or one refund built from the options.
@@ -135,6 +142,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Provision(args) => commands::stack::provision(args, &sdk).await,
         Command::Env(args) => commands::stack::env(args, &sdk).await,
         Command::Connect(args) => commands::stack::connect(args, &sdk).await,
+        Command::Preflight(args) => commands::stack::preflight(args, &sdk).await,
         Command::Send(args) => commands::send::send(args, &sdk).await,
         Command::SendRefund(args) => commands::send::send_refund(args, &sdk).await,
         Command::Run(args) => commands::run::run(args, &sdk).await,

@@ -11,6 +11,7 @@
 mod client;
 pub mod endpoints;
 pub mod objects;
+pub mod permissions;
 pub mod receiver;
 pub mod refund;
 pub mod webhook;

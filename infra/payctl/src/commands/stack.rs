@@ -251,3 +251,33 @@ pub async fn connect(args: ConnectArgs, sdk: &aws_config::SdkConfig) -> Result<(
     )
     .await
 }
+
+/// The options of `payctl preflight`.
+#[derive(Args)]
+pub struct PreflightArgs {
+    /// The deployed stack (its CloudFormation name).
+    #[arg(long)]
+    pub stack_name: String,
+    /// The provider key's mode the stack must have: live or test (default: either).
+    #[arg(long, value_parser = ["live", "test"])]
+    pub mode: Option<String>,
+}
+
+/// Runs `payctl preflight`: exits 0 when every check is fine, 2 when one needs a person, 1 on
+/// an error.
+pub async fn preflight(args: PreflightArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
+    let stack = payctl::deployed::Deployed::read(sdk, &args.stack_name).await?;
+    let live = args.mode.as_deref().map(|m| m == "live");
+    let findings = payctl::preflight::run(sdk, &stack, live).await?;
+    print!("{}", payctl::preflight::render(&findings));
+    let fix = findings.iter().filter(|f| !f.ok).count();
+    if fix > 0 {
+        println!(
+            "preflight: {fix} to fix before traffic (stack {})",
+            stack.name
+        );
+        std::process::exit(2);
+    }
+    println!("preflight: ready for traffic (stack {})", stack.name);
+    Ok(())
+}

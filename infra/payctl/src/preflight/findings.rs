@@ -1,0 +1,281 @@
+//! `payctl preflight`'s findings: what each check's readings mean, and what to do about them
+//! (no I/O: each is decided from what was read, and tested on planted readings).
+
+use payment_core::stripe::permissions::Access;
+
+use crate::deployed::Deployed;
+
+/// One check's finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The check (`region`, `quota`, `key`, `permission`, `version`, `alarms`, `events`).
+    pub check: &'static str,
+    /// Fine as it is.
+    pub ok: bool,
+    /// What was found.
+    pub said: String,
+    /// What to do (for a finding that is not ok).
+    pub fix: Option<String>,
+}
+
+pub(crate) fn ok(check: &'static str, said: impl Into<String>) -> Finding {
+    Finding {
+        check,
+        ok: true,
+        said: said.into(),
+        fix: None,
+    }
+}
+
+pub(crate) fn bad(check: &'static str, said: impl Into<String>, fix: impl Into<String>) -> Finding {
+    Finding {
+        check,
+        ok: false,
+        said: said.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+/// Lambda keeps this many concurrent executions unreserved in every account.
+pub const UNRESERVED_FLOOR: i64 = 100;
+
+/// What the stack reserves (its parameters as deployed): the three processors, the API and the
+/// webhook receiver (when deployed), and the relay's 5.
+pub fn reserved_by(stack: &Deployed) -> i64 {
+    let n = |k: &str, d: i64| stack.param(k).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (webhook, _) = stack.delivery();
+    3 * n("ReservedConcurrency", 20)
+        + n("ApiReservedConcurrency", 20) * if webhook { 2 } else { 1 }
+        + 5
+}
+
+/// The account's concurrency quota against what the stack reserves.
+pub fn quota(limit: i64, reserved: i64) -> Finding {
+    if reserved + UNRESERVED_FLOOR > limit {
+        bad(
+            "quota",
+            format!("the account's concurrency quota is {limit}; the stack reserves {reserved} and Lambda keeps {UNRESERVED_FLOOR} unreserved"),
+            format!("ask for at least {} (Service Quotas, Lambda, Concurrent executions, L-B99A9384), or lower ReservedConcurrency and ApiReservedConcurrency", reserved + UNRESERVED_FLOOR),
+        )
+    } else {
+        ok(
+            "quota",
+            format!("concurrency quota {limit}: the stack reserves {reserved}, {} left beside Lambda's {UNRESERVED_FLOOR} unreserved", limit - reserved - UNRESERVED_FLOOR),
+        )
+    }
+}
+
+/// The key's mode from its prefix, against the mode wanted (`live`: `Some(true)`).
+pub fn key_mode(key: &str, live: Option<bool>) -> Finding {
+    let (mode, restricted) = match key.get(..8) {
+        Some("sk_live_") => ("live", false),
+        Some("rk_live_") => ("live", true),
+        Some("sk_test_") => ("test", false),
+        Some("rk_test_") => ("test", true),
+        _ => ("unknown", false),
+    };
+    let kind = if restricted { "restricted" } else { "secret" };
+    match (mode, live) {
+        ("unknown", _) => bad(
+            "key",
+            "the provider key is neither a secret (sk_) nor a restricted (rk_) key",
+            "put the account's secret or restricted key in the stack's PaymentApiKeySecretArn",
+        ),
+        ("test", Some(true)) => bad(
+            "key",
+            format!("a test-mode {kind} key: no live money moves"),
+            "deploy live as its own stack with a live key (docs/deploy.md, Go live, step 6)",
+        ),
+        ("live", Some(false)) => bad(
+            "key",
+            format!("a live-mode {kind} key where test mode was asked for"),
+            "give the test stack a test key",
+        ),
+        _ => ok("key", format!("a {mode}-mode {kind} key")),
+    }
+}
+
+/// A probe's answer: `2xx` (a read) or `400` (a write refused for its empty form) shows the
+/// permission; `403` its lack; `401` a key refused.
+pub fn permission(resource: &str, access: Access, status: u16, body: &str) -> Finding {
+    let what = format!(
+        "{resource} {}",
+        if access == Access::Write {
+            "write"
+        } else {
+            "read"
+        }
+    );
+    match status {
+        200..=299 | 400 => ok("permission", what),
+        401 => bad(
+            "permission",
+            format!("{what}: the key is refused (401)"),
+            "put a valid key in the stack's PaymentApiKeySecretArn",
+        ),
+        403 => bad(
+            "permission",
+            format!("{what}: the key lacks it (403)"),
+            format!(
+                "give the restricted key {} access to {resource} (Dashboard, API keys)",
+                if access == Access::Write {
+                    "Write"
+                } else {
+                    "Read"
+                }
+            ),
+        ),
+        other => bad(
+            "permission",
+            format!(
+                "{what}: could not tell (HTTP {other}: {})",
+                body.chars().take(160).collect::<String>()
+            ),
+            "run preflight again; if it stays, the answer above says why",
+        ),
+    }
+}
+
+/// The account's version (that of its newest event, rendered in the account's default
+/// version when it was made) against the pinned one.
+pub fn version(pinned: &str, account: Option<&str>) -> Finding {
+    match account {
+        Some(v) if v == pinned => ok("version", format!("the account's events are rendered in {v}, the pinned version")),
+        Some(v) => bad("version", format!("the account's newest event is rendered in {v}, the stack pins {pinned}: the catch-up reads events as the account renders them"), format!("upgrade the account's default API version to {pinned} (Workbench, Overview), or deploy with StripeApiVersion={v}")),
+        None => ok("version", "no event in the last 30 days to read the account's version from (a new account: its version is the one it was created with)"),
+    }
+}
+
+/// The alarm topic: who it reaches (confirmed subscriptions) and how many alarms notify it.
+pub fn alarms(
+    topic: &str,
+    confirmed: usize,
+    pending: usize,
+    notifying: usize,
+    alarms: usize,
+) -> Finding {
+    if confirmed == 0 {
+        let why = if pending > 0 {
+            format!("{pending} subscription(s) wait for confirmation")
+        } else {
+            "no one is subscribed".to_owned()
+        };
+        return bad(
+            "alarms",
+            format!("the alarm topic {topic} reaches no one: {why}"),
+            "confirm the mail SNS sent, or subscribe (AlarmEmail, or aws sns subscribe)",
+        );
+    }
+    if notifying < alarms {
+        return bad(
+            "alarms",
+            format!("{notifying} of the stack's {alarms} alarms notify {topic}"),
+            "deploy the stack again from this project's template",
+        );
+    }
+    ok(
+        "alarms",
+        format!(
+            "{alarms} alarms notify {topic}, which reaches {confirmed} confirmed subscription(s)"
+        ),
+    )
+}
+
+/// Whether the stack's secret-holding and topic ARNs are in the stack's region.
+pub fn region(region: &str, arns: &[(&str, &str)]) -> Finding {
+    let elsewhere: Vec<String> = arns
+        .iter()
+        .filter(|(_, arn)| arn.split(':').nth(3).is_some_and(|r| r != region))
+        .map(|(what, arn)| format!("{what} {arn}"))
+        .collect();
+    if elsewhere.is_empty() {
+        ok(
+            "region",
+            format!("{region}: the stack's secrets and topic are here"),
+        )
+    } else {
+        bad(
+            "region",
+            format!("outside {region}: {}", elsewhere.join(", ")),
+            "create them in the stack's region and deploy with their ARNs",
+        )
+    }
+}
+
+/// The findings as lines, each not-ok one with its fix.
+pub fn render(findings: &[Finding]) -> String {
+    let mut out = String::new();
+    for f in findings {
+        out += &format!(
+            "{:<4} {:<10} {}\n",
+            if f.ok { "ok" } else { "FIX" },
+            f.check,
+            f.said
+        );
+        if let Some(fix) = &f.fix {
+            out += &format!("     {:<10} -> {fix}\n", "");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_under_the_reservations_and_lambda_s_floor_is_named_with_what_to_ask_for() {
+        let f = quota(200, 105);
+        assert!(!f.ok);
+        assert!(f.fix.unwrap().contains("at least 205"));
+        assert!(quota(205, 105).ok);
+        let stack = Deployed {
+            parameters: [
+                ("ReservedConcurrency".into(), "50".into()),
+                ("ProviderEventsDelivery".into(), "eventbridge".into()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(reserved_by(&stack), 3 * 50 + 20 + 5);
+    }
+
+    #[test]
+    fn the_key_s_mode_is_read_from_its_prefix_and_held_to_the_mode_asked() {
+        assert!(key_mode("sk_live_abc", Some(true)).ok);
+        assert!(!key_mode("rk_test_abc", Some(true)).ok);
+        assert!(!key_mode("sk_live_abc", Some(false)).ok);
+        assert!(key_mode("rk_test_abc", None).ok);
+        assert!(!key_mode("pk_live_abc", None).ok);
+        assert_eq!(
+            key_mode("rk_live_x", None).said,
+            "a live-mode restricted key"
+        );
+    }
+
+    #[test]
+    fn a_probe_s_answer_says_whether_the_key_has_the_permission() {
+        assert!(permission("refunds", Access::Write, 400, "").ok);
+        assert!(permission("events", Access::Read, 200, "").ok);
+        let lacking = permission("refunds", Access::Write, 403, "");
+        assert!(!lacking.ok && lacking.fix.unwrap().contains("Write access to refunds"));
+        assert!(!permission("events", Access::Read, 401, "").ok);
+        assert!(!permission("events", Access::Read, 500, "").ok);
+    }
+
+    #[test]
+    fn versions_topics_and_regions_are_named_when_off() {
+        assert!(version("2026-10-28.endive", Some("2026-10-28.endive")).ok);
+        assert!(!version("2026-10-28.endive", Some("2024-06-20")).ok);
+        assert!(version("2026-10-28.endive", None).ok);
+        assert!(!alarms("t", 0, 1, 29, 29).ok);
+        assert!(!alarms("t", 1, 0, 28, 29).ok);
+        assert!(alarms("t", 1, 0, 29, 29).ok);
+        let arns = [(
+            "WebhookSecretArn",
+            "arn:aws:secretsmanager:us-east-1:1:secret:w",
+        )];
+        assert!(region("us-east-1", &arns).ok);
+        assert!(!region("eu-west-1", &arns).ok);
+    }
+}

@@ -1,0 +1,233 @@
+//! `payctl preflight`: what a live account needs before traffic, read without changing
+//! anything: the region of what the stack reads, the Lambda concurrency quota, the provider key's
+//! mode and each permission the code uses, the account's API version against the pinned one, the
+//! alarm topic and who it reaches, and the webhook endpoint (or the partner bus). Each finding
+//! names its fix.
+
+use anyhow::Result;
+use payment_core::stripe::permissions::probes;
+use secrecy::ExposeSecret;
+use serde_json::Value;
+
+use crate::connect::{fingerprint, FINGERPRINT_KEY};
+use crate::deployed::Deployed;
+
+mod findings;
+pub use findings::*;
+use findings::{bad, ok};
+
+/// Runs every check of `stack`; `live`: the key's mode wanted.
+pub async fn run(
+    sdk: &aws_config::SdkConfig,
+    stack: &Deployed,
+    live: Option<bool>,
+) -> Result<Vec<Finding>> {
+    let mut out = Vec::new();
+    let region_name = sdk.region().map(|r| r.to_string()).unwrap_or_default();
+    let arns: Vec<(&str, &str)> = [
+        (
+            "PaymentApiKeySecretArn",
+            stack.param("PaymentApiKeySecretArn"),
+        ),
+        ("WebhookSecretArn", stack.param("WebhookSecretArn")),
+        ("AlarmTopicArn", stack.param("AlarmTopicArn")),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k, v)))
+    .collect();
+    out.push(region(&region_name, &arns));
+
+    let settings = aws_sdk_lambda::Client::new(sdk)
+        .get_account_settings()
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "reading the account's Lambda settings: {}",
+                aws_sdk_lambda::error::DisplayErrorContext(&e)
+            )
+        })?;
+    let limit = settings
+        .account_limit()
+        .map(|l| i64::from(l.concurrent_executions()))
+        .unwrap_or_default();
+    out.push(quota(limit, reserved_by(stack)));
+
+    let arn = stack.param("PaymentApiKeySecretArn").unwrap_or_default();
+    let key = payment_core::edges::bootstrap::resolve_api_key(
+        &payment_core::edges::config::ApiKeySource::SecretArn(arn.to_owned()),
+        sdk,
+    )
+    .await?;
+    out.push(key_mode(key.expose_secret(), live));
+    let client = stack.provider(sdk).await?;
+    let (webhook, eventbridge) = stack.delivery();
+    let by: &[&str] = if webhook {
+        &["processors", "connect"]
+    } else {
+        &["processors"]
+    };
+    let mut newest_version = None;
+    for p in probes(by) {
+        let key = format!("preflight:{}", uuid::Uuid::new_v4().simple());
+        let (status, body) = client
+            .probe(&p, &key)
+            .await
+            .map_err(|e| anyhow::anyhow!("{} {}: {e}", p.method, p.path))?;
+        if p.resource == "events" && status == 200 {
+            newest_version = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| v["data"][0]["api_version"].as_str().map(str::to_owned));
+        }
+        out.push(permission(p.resource, p.access, status, &body));
+    }
+    out.push(version(client.api_version(), newest_version.as_deref()));
+
+    out.push(alarm_topic(sdk, stack).await?);
+
+    if webhook {
+        out.push(endpoint(sdk, stack, &client).await?);
+    }
+    if eventbridge {
+        out.push(match crate::connect::check_partner_bus(sdk, stack).await {
+            Ok(said) => ok("events", said),
+            Err(e) => bad("events", format!("{e:#}"), "create the EventBridge destination in Stripe for this account and region, then deploy the stack with its StripeEventSourceName"),
+        });
+    }
+    Ok(out)
+}
+
+async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Finding> {
+    let topic = stack.output("AlarmNotificationTopicArn")?.to_owned();
+    let sns = aws_sdk_sns::Client::new(sdk);
+    let (mut confirmed, mut pending) = (0, 0);
+    let mut next: Option<String> = None;
+    loop {
+        let page = sns
+            .list_subscriptions_by_topic()
+            .topic_arn(&topic)
+            .set_next_token(next.clone())
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "reading the subscriptions of {topic}: {}",
+                    aws_sdk_sns::error::DisplayErrorContext(&e)
+                )
+            })?;
+        for s in page.subscriptions() {
+            match s.subscription_arn().unwrap_or_default() {
+                "PendingConfirmation" => pending += 1,
+                "Deleted" | "" => {}
+                _ => confirmed += 1,
+            }
+        }
+        next = page.next_token().map(str::to_owned);
+        if next.is_none() {
+            break;
+        }
+    }
+    let cloudwatch = aws_sdk_cloudwatch::Client::new(sdk);
+    let (mut all, mut notifying) = (0, 0);
+    let mut next: Option<String> = None;
+    loop {
+        let page = cloudwatch
+            .describe_alarms()
+            .alarm_name_prefix(format!("{}-", stack.name))
+            .set_next_token(next.clone())
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "reading the stack's alarms: {}",
+                    aws_sdk_cloudwatch::error::DisplayErrorContext(&e)
+                )
+            })?;
+        for a in page.metric_alarms() {
+            all += 1;
+            if a.alarm_actions().contains(&topic) {
+                notifying += 1;
+            }
+        }
+        next = page.next_token().map(str::to_owned);
+        if next.is_none() {
+            break;
+        }
+    }
+    Ok(alarms(&topic, confirmed, pending, notifying, all))
+}
+
+/// The stack's webhook endpoint: registered at its URL, enabled, sent every type the inbox
+/// applies, in the pinned version, and holding the secret the stack has.
+async fn endpoint(
+    sdk: &aws_config::SdkConfig,
+    stack: &Deployed,
+    client: &payment_core::stripe::StripeClient,
+) -> Result<Finding> {
+    let url = stack.output("ProviderEventsUrl")?;
+    let listed = client
+        .webhook_endpoints()
+        .await
+        .map_err(|e| anyhow::anyhow!("listing the webhook endpoints: {e}"))?;
+    let stored = match stack.param("WebhookSecretArn") {
+        Some(arn) => {
+            crate::connect::stored_secrets(&aws_sdk_secretsmanager::Client::new(sdk), arn).await?
+        }
+        None => Vec::new(),
+    };
+    let fix = format!("payctl connect --stack-name {}", stack.name);
+    let ours: Vec<_> = listed
+        .iter()
+        .filter(|e| {
+            e.metadata
+                .get(FINGERPRINT_KEY)
+                .is_some_and(|f| stored.iter().any(|s| &fingerprint(s) == f))
+        })
+        .collect();
+    let Some(e) = ours.first() else {
+        let at_url = listed
+            .iter()
+            .filter(|e| e.url.trim_end_matches('/') == url.trim_end_matches('/'))
+            .count();
+        return Ok(bad("events", format!("no webhook endpoint holds the stack's signing secret ({at_url} registered at {url})"), fix));
+    };
+    let missing: Vec<&str> = payment_core::events::catch_up::EVENT_TYPES
+        .iter()
+        .copied()
+        .filter(|t| !e.enabled_events.iter().any(|x| x == t || x == "*"))
+        .collect();
+    let pinned = client.api_version();
+    let mut wrong = Vec::new();
+    if e.status != "enabled" {
+        wrong.push(format!("it is {}", e.status));
+    }
+    if !missing.is_empty() {
+        wrong.push(format!("it is not sent {}", missing.join(", ")));
+    }
+    if e.api_version.as_deref() != Some(pinned) {
+        wrong.push(format!(
+            "it renders events in {}, not {pinned}",
+            e.api_version.as_deref().unwrap_or("the account's default")
+        ));
+    }
+    Ok(if wrong.is_empty() {
+        ok(
+            "events",
+            format!(
+                "webhook endpoint {} at {}: enabled, every type, {pinned}, the stack's secret",
+                e.id, e.url
+            ),
+        )
+    } else {
+        bad(
+            "events",
+            format!(
+                "webhook endpoint {} at {}: {}",
+                e.id,
+                e.url,
+                wrong.join("; ")
+            ),
+            fix,
+        )
+    })
+}
