@@ -44,6 +44,15 @@ pub fn endpoint(sdk: &aws_config::SdkConfig) -> String {
     }
 }
 
+/// An SDK error as an `anyhow` error with its whole cause chain in one line (what the service
+/// answered, or why nothing was answered).
+pub fn failed<E: std::error::Error>(e: E) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{}",
+        aws_smithy_types::error::display::DisplayErrorContext(&e)
+    )
+}
+
 /// One line for an SDK error about `resource`: what is wrong and what to do, never the SDK's
 /// debug dump.
 pub fn explain<E, R>(e: &SdkError<E, R>, resource: &str, endpoint: &str) -> String

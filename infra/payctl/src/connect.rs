@@ -91,7 +91,7 @@ pub async fn stored_secrets(sm: &aws_sdk_secretsmanager::Client, arn: &str) -> R
         .secret_id(arn)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_secretsmanager::error::DisplayErrorContext(&e)))
+        .map_err(crate::aws::failed)
         .with_context(|| format!("reading the webhook's secret {arn} (the stack's WebhookSecretArn): create it before the deploy, holding a placeholder"))?;
     Ok(got
         .secret_string()
@@ -113,7 +113,7 @@ async fn put_secrets(
         .secret_string(secrets.join(","))
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_secretsmanager::error::DisplayErrorContext(&e)))
+        .map_err(crate::aws::failed)
         .with_context(|| {
             format!("writing the signing secret into {arn} (the stack's WebhookSecretArn)")
         })?;
@@ -360,13 +360,12 @@ pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) ->
         )
     })?;
     let eb = aws_sdk_eventbridge::Client::new(sdk);
-    let err = |e: &dyn std::fmt::Display| e.to_string();
     let described = eb
         .describe_event_source()
         .name(source)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("{}", err(&aws_sdk_eventbridge::error::DisplayErrorContext(&e))))
+        .map_err(crate::aws::failed)
         .with_context(|| format!("reading the partner event source {source}: create the EventBridge event destination in Stripe's Dashboard for this account and region first"))?;
     let state = described
         .state()
@@ -380,12 +379,7 @@ pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) ->
         .name(bus)
         .send()
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{}",
-                err(&aws_sdk_eventbridge::error::DisplayErrorContext(&e))
-            )
-        })
+        .map_err(crate::aws::failed)
         .with_context(|| format!("reading the stack's partner bus {bus}"))?;
     let queue_url = stack.output("ProviderEventsQueueUrl")?;
     let queue_arn = aws_sdk_sqs::Client::new(sdk)
@@ -394,7 +388,7 @@ pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) ->
         .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("{}", err(&aws_sdk_sqs::error::DisplayErrorContext(&e))))?
+        .map_err(crate::aws::failed)?
         .attributes()
         .and_then(|a| {
             a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
@@ -406,12 +400,7 @@ pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) ->
         .event_bus_name(bus)
         .send()
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{}",
-                err(&aws_sdk_eventbridge::error::DisplayErrorContext(&e))
-            )
-        })?;
+        .map_err(crate::aws::failed)?;
     let mut routed = false;
     for rule in rules.rules() {
         let enabled = rule.state().is_some_and(|s| s.as_str() == "ENABLED");
@@ -422,12 +411,7 @@ pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) ->
             .event_bus_name(bus)
             .send()
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "{}",
-                    err(&aws_sdk_eventbridge::error::DisplayErrorContext(&e))
-                )
-            })?;
+            .map_err(crate::aws::failed)?;
         if enabled && targets.targets().iter().any(|t| t.arn() == queue_arn) {
             routed = true;
         }

@@ -4,7 +4,7 @@
 //! alarm topic and who it reaches, and the webhook endpoint (or the partner bus). Each finding
 //! names its fix.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use payment_core::stripe::permissions::probes;
 use secrecy::ExposeSecret;
 use serde_json::Value;
@@ -41,12 +41,8 @@ pub async fn run(
         .get_account_settings()
         .send()
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "reading the account's Lambda settings: {}",
-                aws_sdk_lambda::error::DisplayErrorContext(&e)
-            )
-        })?;
+        .map_err(crate::aws::failed)
+        .context("reading the account's Lambda settings")?;
     let limit = settings
         .account_limit()
         .map(|l| i64::from(l.concurrent_executions()))
@@ -109,12 +105,8 @@ async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Fi
             .set_next_token(next.clone())
             .send()
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "reading the subscriptions of {topic}: {}",
-                    aws_sdk_sns::error::DisplayErrorContext(&e)
-                )
-            })?;
+            .map_err(crate::aws::failed)
+            .with_context(|| format!("reading the subscriptions of {topic}"))?;
         for s in page.subscriptions() {
             match s.subscription_arn().unwrap_or_default() {
                 "PendingConfirmation" => pending += 1,
@@ -137,12 +129,8 @@ async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Fi
             .set_next_token(next.clone())
             .send()
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "reading the stack's alarms: {}",
-                    aws_sdk_cloudwatch::error::DisplayErrorContext(&e)
-                )
-            })?;
+            .map_err(crate::aws::failed)
+            .context("reading the stack's alarms")?;
         for a in page.metric_alarms() {
             all += 1;
             if a.alarm_actions().contains(&topic) {
