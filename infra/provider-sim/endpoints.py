@@ -12,7 +12,8 @@ does the simulator, unless told otherwise (`POST /_sim/webhook {"allow_private_u
 the one departure the local runs need, whose stacks answer on 127.0.0.1.
 
 The first endpoint registered while the simulator sends nowhere becomes the one it sends to
-(`events.WEBHOOK`), signed with that endpoint's secret; others are listed and sent nothing.
+(`events.WEBHOOK`), signed with that endpoint's secret; others are listed and sent nothing until
+the one sent to is deleted: then the oldest registered one takes its place.
 """
 
 import hashlib
@@ -175,6 +176,12 @@ def delete(endpoint_id):
         w = events.WEBHOOK
         if e is w:
             w.update(url=None, secrets=[], id="we_sim", api_version=None, description=None, metadata={})
+            # The next registered endpoint becomes the one sent to (with its own secret).
+            promoted = next((x for x in w["endpoints"] if "secret" in x), None)
+            if promoted is not None:
+                w["endpoints"].remove(promoted)
+                w.update({k: v for k, v in promoted.items() if k != "secret"}, secrets=[promoted["secret"]])
+                events._LOCK.notify_all()
         else:
             w["endpoints"].remove(e)
     return 200, {"id": endpoint_id, "object": "webhook_endpoint", "deleted": True}

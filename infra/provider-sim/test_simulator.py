@@ -474,7 +474,12 @@ class WebhookEndpointsApi(unittest.TestCase):
         self.assertEqual(status, 200, made)
         status, listed = self.call("GET", "/v1/webhook_endpoints", query={"limit": 100})
         self.assertEqual((listed["data"][0]["id"], listed["data"][0]["url"]), (made["id"], url))
+        # A second one is listed, sent nothing, until the first is deleted: then it is sent to.
+        status, second = self.call("POST", "/v1/webhook_endpoints", self.form("https://hooks.example/2", "*"), key="we-7")
         self.call("DELETE", f"/v1/webhook_endpoints/{made['id']}")
+        status, listed = self.call("GET", "/v1/webhook_endpoints", query={"limit": 100})
+        self.assertEqual(listed["data"][0]["id"], second["id"])
+        self.call("DELETE", f"/v1/webhook_endpoints/{second['id']}")
 
 
 class Latency(unittest.TestCase):

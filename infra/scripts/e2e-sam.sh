@@ -34,14 +34,17 @@ stack="e2e-$(date +%s)"
 secret_arn=$(helper secret "payments/$stack/provider-key" "$PAYMENT_API_KEY")
 # As docs/deploy.md says: the webhook's secret holds a placeholder until payctl connect.
 webhook_arn=$(helper secret "payments/$stack/webhook-secret" "placeholder: payctl connect writes the signing secret")
+deploy_webhook_stack() { # extra parameters...
+  "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
+    --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
+    --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
+    --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
+    "WebhookSecretArn=$webhook_arn" AlarmEmail=oncall@example.com \
+    RetryHorizonSeconds=20 "$@" # the check's flaky payment comes back in seconds, not spread over an hour
+  helper fix-stack "$stack"
+}
 log "sam deploy $stack"
-"$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
-  --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
-  --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
-  --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
-  "WebhookSecretArn=$webhook_arn" AlarmEmail=oncall@example.com \
-  RetryHorizonSeconds=20 # the check's flaky payment comes back in seconds, not spread over an hour
-helper fix-stack "$stack"
+deploy_webhook_stack
 declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
 check() {
@@ -50,12 +53,20 @@ check() {
     --refunds-queue-url "${out[RefundsQueueUrl]}" --refunds-dlq-url "${out[RefundsDeadLetterQueueUrl]}" "$@"
 }
 # The emulator serves a deployed HTTP API under its LocalStack-compatible path (the API's own
-# {id}.execute-api.localhost host name needs a resolver that knows *.localhost).
+# {id}.execute-api.localhost host name needs a resolver that knows *.localhost): the URL Stripe
+# is to call is not the API's own, as behind a custom domain. The stack is deployed again with
+# it (ProviderEventsPublicUrl), so that its output, the endpoint connect registers and the URL
+# the catch-up checks are one.
 api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
+log "sam deploy $stack again, with ProviderEventsPublicUrl (as for a custom domain)"
+deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events"
+while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
+[ "${out[ProviderEventsUrl]}" = "$api_url/v1/provider-events" ] \
+  || { echo "ProviderEventsUrl is ${out[ProviderEventsUrl]}, not the public URL deployed" >&2; exit 1; }
 log "payctl connect: the endpoint registered at the provider (the simulator takes this 127.0.0.1 URL when told to), its secret stored, a test event through to the deployed inbox"
 curl -fsS -X POST -H 'Content-Type: application/json' -d '{"allow_private_urls": true}' "$PROVIDER_API_URL/_sim/webhook" >/dev/null
-"$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events"
-again=$("$BIN/payctl" connect --stack-name "$stack" --url "$api_url/v1/provider-events")
+"$BIN/payctl" connect --stack-name "$stack"
+again=$("$BIN/payctl" connect --stack-name "$stack")
 grep -q "registered already" <<<"$again" || { echo "payctl connect run again changed the endpoint: $again" >&2; exit 1; }
 log "payctl preflight: ready for traffic (quota, key and permissions, version, alarm topic, endpoint)"
 "$BIN/payctl" preflight --stack-name "$stack"

@@ -11,6 +11,7 @@ fn every_payctl_option_is_described() {
     let operator: Vec<&str> = vec![
         "api serve",
         "conformance",
+        "connect",
         "dlq list",
         "dlq redrive",
         "dlq show",
@@ -23,6 +24,7 @@ fn every_payctl_option_is_described() {
         "outbox pending",
         "outbox republish",
         "pay",
+        "preflight",
         "provision",
         "reconcile",
         "relay",

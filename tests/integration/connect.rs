@@ -326,6 +326,51 @@ async fn connect_registers_the_endpoint_stores_its_secret_and_reaches_the_inbox_
         fingerprint(&secret_after)
     );
     assert!(out.contains("recorded by the inbox"), "{out}");
+    // What the deleted endpoints may not have delivered went to the inbox again.
+    assert!(
+        out.contains("queued ") && out.contains("replaced endpoints may not have delivered"),
+        "{out}"
+    );
+
+    // A secret being rolled in Stripe's Dashboard (the new one held beside the old): kept.
+    let rolled = format!("whsec_rolled_in_the_dashboard,{secret_after}");
+    sm.put_secret_value()
+        .secret_id(hook_arn)
+        .secret_string(&rolled)
+        .send()
+        .await
+        .unwrap();
+    let (code, out) = s.connect().await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("registered already"), "{out}");
+    assert_eq!(stored(sm, hook_arn).await, rolled);
+
+    // An endpoint registered for this stack at another URL (the URL it had before a custom
+    // domain, say) is the stack's too: deleted, its secret dropped.
+    let elsewhere = stripe(
+        sim,
+        reqwest::Method::POST,
+        "/v1/webhook_endpoints",
+        &[
+            ("url", "https://old.example/v1/provider-events"),
+            ("enabled_events[0]", "*"),
+            ("metadata[stack]", name.as_str()),
+        ],
+        &format!("elsewhere-{name}"),
+    )
+    .await;
+    let (code, out) = s.connect().await;
+    assert_eq!(code, 0, "{out}");
+    let gone = elsewhere["id"].as_str().unwrap();
+    assert!(
+        out.contains(&format!(
+            "{gone} at https://old.example/v1/provider-events: deleted"
+        )),
+        "{out}"
+    );
+    assert!(endpoints_at(sim, "https://old.example/v1/provider-events")
+        .await
+        .is_empty());
 
     // The operator's shell against the deployed stack: from its outputs and parameters.
     let out = std::process::Command::new(bin("payctl"))

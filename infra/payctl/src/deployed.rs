@@ -184,21 +184,25 @@ impl Deployed {
         }
     }
 
-    /// The provider client the stack's functions use: its URL, key (from the stack's secret)
-    /// and pinned version.
+    /// The provider client the stack's functions use: its URL, key (from the stack's secret,
+    /// or from `key_arn` when given) and pinned version.
     pub async fn provider(
         &self,
         sdk: &aws_config::SdkConfig,
+        key_arn: Option<&str>,
     ) -> Result<payment_core::stripe::StripeClient> {
         let url = self
             .param("PaymentApiUrl")
             .unwrap_or("https://api.stripe.com");
-        let arn = self.param("PaymentApiKeySecretArn").with_context(|| {
-            format!(
-                "stack {} has no PaymentApiKeySecretArn parameter",
-                self.name
-            )
-        })?;
+        let arn = match key_arn {
+            Some(a) => a,
+            None => self.param("PaymentApiKeySecretArn").with_context(|| {
+                format!(
+                    "stack {} has no PaymentApiKeySecretArn parameter",
+                    self.name
+                )
+            })?,
+        };
         let version = self
             .param("StripeApiVersion")
             .unwrap_or(payment_core::stripe::DEFAULT_API_VERSION);
@@ -216,6 +220,34 @@ impl Deployed {
             version,
             std::time::Duration::from_secs(20),
         )?)
+    }
+
+    /// The physical ids of the stack's resources of `kind` (`AWS::CloudWatch::Alarm`: the
+    /// alarms' names), from CloudFormation.
+    pub async fn resources(&self, sdk: &aws_config::SdkConfig, kind: &str) -> Result<Vec<String>> {
+        let cfn = aws_sdk_cloudformation::Client::new(sdk);
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let page = cfn
+                .list_stack_resources()
+                .stack_name(&self.name)
+                .set_next_token(next.clone())
+                .send()
+                .await
+                .map_err(crate::aws::failed)
+                .with_context(|| format!("listing the resources of stack {}", self.name))?;
+            out.extend(
+                page.stack_resource_summaries()
+                    .iter()
+                    .filter(|r| r.resource_type() == Some(kind))
+                    .filter_map(|r| r.physical_resource_id().map(str::to_owned)),
+            );
+            next = page.next_token().map(str::to_owned);
+            if next.is_none() {
+                return Ok(out);
+            }
+        }
     }
 
     /// `export` lines for the operator's shell against this stack: what `health`,

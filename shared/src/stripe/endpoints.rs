@@ -9,6 +9,8 @@ use serde::Deserialize;
 
 use crate::provider::{FailureKind, ProviderError};
 use crate::stripe::{listing, StripeClient};
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
 
 /// A webhook endpoint as Stripe answers one (`webhook_endpoint`), without its secret.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -28,6 +30,9 @@ pub struct WebhookEndpoint {
     /// The endpoint's metadata (`payctl connect` names its stack there).
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// When it was registered (Unix seconds).
+    #[serde(default)]
+    pub created: i64,
 }
 
 /// What to register.
@@ -57,6 +62,31 @@ struct Page {
     data: Vec<WebhookEndpoint>,
     #[serde(default)]
     has_more: bool,
+}
+
+/// A write's answer: the object, or the provider's own message of why not (its limit of 16
+/// endpoints, a URL it cannot reach, a key reused with other parameters).
+fn object<T: serde::de::DeserializeOwned>(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+) -> Result<T, ProviderError> {
+    if status.is_success() {
+        return listing(status, headers, body, |_: &T| false);
+    }
+    let message = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(200).collect());
+    let kind = match status.as_u16() {
+        429 => FailureKind::RateLimited,
+        500..=599 => FailureKind::ServerError,
+        _ => FailureKind::Misconfigured,
+    };
+    Err(ProviderError::new(
+        kind,
+        format!("HTTP {status}: {message}"),
+    ))
 }
 
 fn events_form(events: &[String]) -> impl Iterator<Item = (String, String)> + '_ {
@@ -106,7 +136,7 @@ impl StripeClient {
                 .map(|(k, v)| (format!("metadata[{k}]"), v.clone())),
         );
         let (status, headers, body) = self.post_form("/v1/webhook_endpoints", key, &form).await?;
-        let created: Created = listing(status, &headers, &body, |_: &Created| false)?;
+        let created: Created = object(status, &headers, &body)?;
         let secret = created.secret.filter(|s| !s.is_empty()).ok_or_else(|| {
             ProviderError::new(
                 FailureKind::Misconfigured,
@@ -137,7 +167,7 @@ impl StripeClient {
         );
         let path = format!("/v1/webhook_endpoints/{id}");
         let (status, headers, body) = self.post_form(&path, key, &form).await?;
-        listing(status, &headers, &body, |_: &WebhookEndpoint| false)
+        object(status, &headers, &body)
     }
 
     /// Deletes `id` (`DELETE /v1/webhook_endpoints/{id}`); one already gone is not an error.
@@ -147,6 +177,6 @@ impl StripeClient {
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(());
         }
-        listing(status, &headers, &body, |_: &serde_json::Value| false).map(|_| ())
+        object::<serde_json::Value>(status, &headers, &body).map(|_| ())
     }
 }

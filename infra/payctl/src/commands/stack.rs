@@ -229,10 +229,11 @@ pub struct ConnectArgs {
     /// The deployed stack (its CloudFormation name).
     #[arg(long)]
     pub stack_name: String,
-    /// The URL Stripe is to call, when it is not the stack's ProviderEventsUrl output (a
-    /// custom domain in front of the stack's API).
+    /// The secret holding the key to register the endpoint with (default: the stack's own,
+    /// PaymentApiKeySecretArn): a restricted key of the functions then needs no Webhook
+    /// Endpoints write.
     #[arg(long)]
-    pub url: Option<String>,
+    pub key_secret_arn: Option<String>,
     /// Seconds to wait for the test event's record in the inbox (0: only its acceptance).
     #[arg(long, default_value_t = 120)]
     pub wait: u64,
@@ -245,7 +246,7 @@ pub async fn connect(args: ConnectArgs, sdk: &aws_config::SdkConfig) -> Result<(
         sdk,
         &stack,
         &payctl::connect::ConnectOptions {
-            url: args.url,
+            key_secret_arn: args.key_secret_arn,
             wait: std::time::Duration::from_secs(args.wait),
         },
     )

@@ -56,33 +56,46 @@ pub async fn run(
     )
     .await?;
     out.push(key_mode(key.expose_secret(), live));
-    let client = stack.provider(sdk).await?;
+    let client = stack.provider(sdk, None).await?;
     let (webhook, eventbridge) = stack.delivery();
-    let by: &[&str] = if webhook {
-        &["processors", "connect"]
-    } else {
-        &["processors"]
-    };
+    // What the functions' key must do (payctl connect may register the endpoint with another:
+    // --key-secret-arn).
     let mut newest_version = None;
-    for p in probes(by) {
+    for p in probes(&["processors"]) {
         let key = format!("preflight:{}", uuid::Uuid::new_v4().simple());
-        let (status, body) = client
-            .probe(&p, &key)
-            .await
-            .map_err(|e| anyhow::anyhow!("{} {}: {e}", p.method, p.path))?;
-        if p.resource == "events" && status == 200 {
-            newest_version = serde_json::from_str::<Value>(&body)
-                .ok()
-                .and_then(|v| v["data"][0]["api_version"].as_str().map(str::to_owned));
-        }
-        out.push(permission(p.resource, p.access, status, &body));
+        out.push(match client.probe(&p, &key).await {
+            Ok((status, body)) => {
+                if p.resource == "events" && status == 200 {
+                    newest_version = serde_json::from_str::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v["data"][0]["api_version"].as_str().map(str::to_owned));
+                }
+                permission(p.resource, p.access, status, &body)
+            }
+            Err(e) => bad(
+                "permission",
+                format!("{} {}: no answer ({e})", p.method, p.path),
+                "check PaymentApiUrl and the network, then run preflight again",
+            ),
+        });
     }
     out.push(version(client.api_version(), newest_version.as_deref()));
 
-    out.push(alarm_topic(sdk, stack).await?);
-
+    // A check that cannot read what it needs is a finding too: the others still print.
+    let unread = |check: &'static str, e: anyhow::Error| {
+        bad(check, format!("could not read it: {e:#}"), "give this shell's credentials the read (or fix what the error names) and run preflight again")
+    };
+    out.push(
+        alarm_topic(sdk, stack)
+            .await
+            .unwrap_or_else(|e| unread("alarms", e)),
+    );
     if webhook {
-        out.push(endpoint(sdk, stack, &client).await?);
+        out.push(
+            endpoint(sdk, stack, &client)
+                .await
+                .unwrap_or_else(|e| unread("events", e)),
+        );
     }
     if eventbridge {
         out.push(match crate::connect::check_partner_bus(sdk, stack).await {
@@ -119,28 +132,25 @@ async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Fi
             break;
         }
     }
+    // The stack's own alarms, by name from CloudFormation (a name prefix would take in a
+    // stack whose name starts with this one's).
+    let names = stack.resources(sdk, "AWS::CloudWatch::Alarm").await?;
     let cloudwatch = aws_sdk_cloudwatch::Client::new(sdk);
-    let (mut all, mut notifying) = (0, 0);
-    let mut next: Option<String> = None;
-    loop {
+    let (all, mut notifying) = (names.len(), 0);
+    for chunk in names.chunks(100) {
         let page = cloudwatch
             .describe_alarms()
-            .alarm_name_prefix(format!("{}-", stack.name))
-            .set_next_token(next.clone())
+            .set_alarm_names(Some(chunk.to_vec()))
+            .max_records(100)
             .send()
             .await
             .map_err(crate::aws::failed)
             .context("reading the stack's alarms")?;
-        for a in page.metric_alarms() {
-            all += 1;
-            if a.alarm_actions().contains(&topic) {
-                notifying += 1;
-            }
-        }
-        next = page.next_token().map(str::to_owned);
-        if next.is_none() {
-            break;
-        }
+        notifying += page
+            .metric_alarms()
+            .iter()
+            .filter(|a| a.alarm_actions().contains(&topic))
+            .count();
     }
     Ok(alarms(&topic, confirmed, pending, notifying, all))
 }
@@ -186,6 +196,12 @@ async fn endpoint(
         .collect();
     let pinned = client.api_version();
     let mut wrong = Vec::new();
+    if !crate::connect::same_url(&e.url, url) {
+        wrong.push(format!(
+            "it is at {}, not the stack's ProviderEventsUrl {url}, which the catch-up checks",
+            e.url
+        ));
+    }
     if e.status != "enabled" {
         wrong.push(format!("it is {}", e.status));
     }

@@ -26,6 +26,24 @@ impl<'a> Conditions<'a> {
     }
 
     /// Whether the condition `name` holds.
+    /// Every condition of the template and whether it holds.
+    pub(super) fn all(&mut self) -> Result<HashMap<String, bool>> {
+        let names: Vec<String> = self
+            .doc
+            .get("Conditions")
+            .and_then(Value::as_mapping)
+            .map(|m| {
+                m.keys()
+                    .filter_map(|k| k.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names
+            .into_iter()
+            .map(|n| Ok((n.clone(), self.holds(&n)?)))
+            .collect()
+    }
+
     pub(super) fn holds(&mut self, name: &str) -> Result<bool> {
         if let Some(v) = self.known.get(name) {
             return Ok(*v);

@@ -271,7 +271,9 @@ pub async fn provision(
     parameters.extend(opts.parameters.clone());
     let shape = conditions::Conditions::new(&doc, &parameters).resources(all_resources)?;
     let resources = &shape;
+    let truths = conditions::Conditions::new(&doc, &parameters).all()?;
     let mut r = Resolver {
+        conditions: truths,
         stack_name: &opts.stack_name,
         region: sdk
             .region()

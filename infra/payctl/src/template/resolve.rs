@@ -40,6 +40,8 @@ pub(super) struct Resolver<'a> {
     pub(super) parameters: HashMap<String, String>,
     pub(super) refs: HashMap<String, String>,
     pub(super) attrs: HashMap<String, String>,
+    /// The template's conditions, evaluated on its parameters (for `Fn::If`).
+    pub(super) conditions: HashMap<String, bool>,
 }
 
 impl Resolver<'_> {
@@ -73,6 +75,26 @@ impl Resolver<'_> {
                         _ => bail!("Fn::Sub needs a string"),
                     };
                     self.substitute(&template)
+                }
+                "Fn::If" => {
+                    let parts = arg
+                        .as_sequence()
+                        .filter(|p| p.len() == 3)
+                        .ok_or_else(|| anyhow!("Fn::If needs [condition, then, else]"))?;
+                    let name = parts[0]
+                        .as_str()
+                        .ok_or_else(|| anyhow!("Fn::If needs a condition's name"))?;
+                    let holds = *self
+                        .conditions
+                        .get(name)
+                        .ok_or_else(|| anyhow!("Fn::If names no condition {name}"))?;
+                    let chosen = &parts[if holds { 1 } else { 2 }];
+                    if intrinsic(chosen)
+                        .is_some_and(|(f, a)| f == "Ref" && a.as_str() == Some("AWS::NoValue"))
+                    {
+                        return Ok(None);
+                    }
+                    self.resolve(chosen)
                 }
                 other => bail!("intrinsic function {other} is not supported locally"),
             };
@@ -154,4 +176,44 @@ pub(super) fn of_type<'m>(resources: &'m Mapping, kind: &str) -> Vec<(&'m str, &
 
 pub(super) fn get<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
     v.as_mapping().and_then(|m| m.get(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fn_if_takes_the_branch_its_condition_chooses_and_no_value_is_nothing() {
+        let r = Resolver {
+            stack_name: "s",
+            region: "us-east-1".into(),
+            account: None,
+            parameters: [(
+                "Url".to_owned(),
+                "https://pay.example/v1/provider-events".to_owned(),
+            )]
+            .into(),
+            refs: HashMap::new(),
+            attrs: HashMap::new(),
+            conditions: [("HasUrl".to_owned(), true), ("Never".to_owned(), false)].into(),
+        };
+        let v = |text: &str| serde_yaml_ng::from_str::<Value>(text).unwrap();
+        assert_eq!(
+            r.resolve(&v("!If [HasUrl, !Ref Url, other]"))
+                .unwrap()
+                .as_deref(),
+            Some("https://pay.example/v1/provider-events")
+        );
+        assert_eq!(
+            r.resolve(&v("!If [Never, !Ref Url, other]"))
+                .unwrap()
+                .as_deref(),
+            Some("other")
+        );
+        assert_eq!(
+            r.resolve(&v("!If [Never, x, !Ref AWS::NoValue]")).unwrap(),
+            None
+        );
+        assert!(r.resolve(&v("!If [Unknown, x, y]")).is_err());
+    }
 }

@@ -2,18 +2,22 @@
 //!
 //! The webhook's signing secret exists only once the endpoint is registered at Stripe, and the
 //! endpoint's URL only once the stack is deployed: the stack is deployed with a placeholder in
-//! its `WebhookSecretArn` secret, then this registers the endpoint (the inbox's event types,
-//! the stack's pinned API version), writes the endpoint's secret into that secret, and sends a
-//! signed test event through the deployed route to the inbox. For EventBridge delivery it checks
-//! the partner event source, the bus and the rule instead.
+//! its `WebhookSecretArn` secret, then this registers the endpoint at the stack's
+//! `ProviderEventsUrl` (the inbox's event types, the stack's pinned API version), writes the
+//! endpoint's secret into that secret, and sends a signed test event through the deployed route
+//! to the inbox. For EventBridge delivery it checks the partner event source, the bus and the
+//! rule instead.
 //!
 //! Safe to run again, and after a crash at any point: the endpoint whose secret the stack holds
 //! is known by a fingerprint of that secret in the endpoint's metadata (a truncated SHA-256:
-//! nothing a reader could sign with). An endpoint at the stack's URL without it, or rendering
-//! events in another version, is replaced: a new one is registered, the secret holds both
-//! secrets while the old one is deleted, then the new one alone.
+//! nothing a reader could sign with). Any other endpoint of the stack's (at its URL, or marked
+//! with its name), or one rendering events in another version, is replaced: a new one is
+//! registered and its secret stored beside those held, the others are deleted (with their
+//! secrets), and what Stripe may not have delivered to them is queued to the inbox again. Two
+//! runs at once are not safe: the last step reads everything again and fails if another run
+//! changed it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use payment_core::events::catch_up::EVENT_TYPES;
@@ -24,17 +28,25 @@ use sha2::{Digest, Sha256};
 
 use crate::deployed::Deployed;
 
+mod partner;
+mod test_event;
+pub use partner::check_partner_bus;
+use test_event::{send_test_event, wait_applied};
+
 /// The endpoint's metadata key naming its stack.
 pub const STACK_KEY: &str = "stack";
 /// The endpoint's metadata key holding its secret's fingerprint.
 pub const FINGERPRINT_KEY: &str = "signing_secret_sha256";
+/// How long Stripe retries a delivery: what a replaced endpoint may not have delivered is at
+/// most this old.
+pub const STRIPE_RETRIES_S: i64 = 3 * 86_400;
 
 /// What `connect` is given beyond the stack.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// The URL Stripe is to call, when it is not the stack's `ProviderEventsUrl` (a custom
-    /// domain in front of the API).
-    pub url: Option<String>,
+    /// The secret holding the key to register the endpoint with (`None`: the stack's own key):
+    /// the functions' restricted key then needs no Webhook Endpoints write.
+    pub key_secret_arn: Option<String>,
     /// How long to wait for the test event's record in the inbox (zero: not waited for).
     pub wait: Duration,
 }
@@ -44,7 +56,8 @@ pub fn fingerprint(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))[..16].to_owned()
 }
 
-fn same_url(a: &str, b: &str) -> bool {
+/// Whether two URLs name one endpoint (case and a trailing slash aside).
+pub fn same_url(a: &str, b: &str) -> bool {
     let bare = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
     bare(a) == bare(b)
 }
@@ -60,11 +73,8 @@ pub async fn connect(
         println!("{}", check_partner_bus(sdk, stack).await?);
     }
     if webhook {
-        let client = stack.provider(sdk).await?;
-        let url = match &opts.url {
-            Some(u) => u.clone(),
-            None => stack.output("ProviderEventsUrl")?.to_owned(),
-        };
+        let client = stack.provider(sdk, opts.key_secret_arn.as_deref()).await?;
+        let url = stack.output("ProviderEventsUrl")?.to_owned();
         if !url.starts_with("https://") {
             crate::say!("payctl connect: {url} is not HTTPS: Stripe sends live-mode events only to HTTPS URLs");
         }
@@ -124,8 +134,14 @@ fn key(stack: &Deployed, what: &str) -> String {
     format!("connect:{}:{what}", stack.name)
 }
 
-/// The endpoint at `url` whose secret the stack holds, registered or brought up to date;
-/// every other endpoint at `url` deleted. Returns the secret.
+/// The stored secret the endpoint's fingerprint names.
+fn held_secret(e: &WebhookEndpoint, stored: &[String]) -> Option<String> {
+    let f = e.metadata.get(FINGERPRINT_KEY)?;
+    stored.iter().find(|s| &fingerprint(s) == f).cloned()
+}
+
+/// The endpoint at `url` whose secret the stack holds, registered or brought up to date; every
+/// other endpoint of the stack's deleted. Returns the secret.
 async fn register(
     sdk: &aws_config::SdkConfig,
     stack: &Deployed,
@@ -142,18 +158,20 @@ async fn register(
         .webhook_endpoints()
         .await
         .context("listing the account's webhook endpoints")?;
-    let ours: Vec<&WebhookEndpoint> = listed.iter().filter(|e| same_url(&e.url, url)).collect();
-    let held_secret = |e: &WebhookEndpoint| {
-        let f = e.metadata.get(FINGERPRINT_KEY)?;
-        stored.iter().find(|s| &fingerprint(s) == f).cloned()
-    };
-    let held = ours
+    // The stack's: at its URL, or registered for it before (at a URL it had then).
+    let ours: Vec<&WebhookEndpoint> = listed
         .iter()
-        .find(|e| e.api_version.as_deref() == Some(version.as_str()) && held_secret(e).is_some());
+        .filter(|e| same_url(&e.url, url) || e.metadata.get(STACK_KEY) == Some(&stack.name))
+        .collect();
+    let held = ours.iter().find(|e| {
+        same_url(&e.url, url)
+            && e.api_version.as_deref() == Some(version.as_str())
+            && held_secret(e, &stored).is_some()
+    });
     let needed: Vec<String> = EVENT_TYPES.iter().map(|t| (*t).to_owned()).collect();
     let (kept, secret) = match held {
         Some(e) => {
-            let secret = held_secret(e).expect("found above");
+            let secret = held_secret(e, &stored).expect("found above");
             let sent_all = e.enabled_events.iter().any(|t| t == "*")
                 || needed.iter().all(|t| e.enabled_events.contains(t));
             if !sent_all || e.status != "enabled" {
@@ -195,12 +213,15 @@ async fn register(
                 description: format!("payments stack {} (payctl connect)", stack.name),
                 metadata: vec![(STACK_KEY.to_owned(), stack.name.clone())],
             };
-            // One key per state of the account: a crash after Stripe registered the endpoint
-            // and before its secret was stored is answered again, secret and all, by the next run
-            // (within Stripe's 24 h).
+            // One key per request and state of the account (a run that stopped after Stripe
+            // registered the endpoint finds it listed next time, so its key differs).
             let mut replaced: Vec<&str> = ours.iter().map(|e| e.id.as_str()).collect();
             replaced.sort_unstable();
-            let seed = format!("{url}|{version}|{}", replaced.join(","));
+            let seed = format!(
+                "{url}|{version}|{}|{}",
+                needed.join(","),
+                replaced.join(",")
+            );
             let mut create_key = key(stack, &format!("create:{}", fingerprint(&seed)));
             let (mut made, mut secret) = client
                 .create_webhook_endpoint(&create_key, &spec)
@@ -248,12 +269,15 @@ async fn register(
             (made.id, secret)
         }
     };
-    for e in ours.iter().filter(|e| e.id != kept) {
+    let replaced: Vec<&&WebhookEndpoint> = ours.iter().filter(|e| e.id != kept).collect();
+    for e in &replaced {
         client
             .delete_webhook_endpoint(&e.id)
             .await
             .with_context(|| format!("deleting webhook endpoint {} (replaced by {kept})", e.id))?;
-        let why = if e.api_version.as_deref() != Some(version.as_str()) {
+        let why = if !same_url(&e.url, url) {
+            format!("it is at {}, not the stack's URL", e.url)
+        } else if e.api_version.as_deref() != Some(version.as_str()) {
             format!(
                 "its version {} is not the stack's {version}",
                 e.api_version
@@ -264,163 +288,72 @@ async fn register(
             "the stack does not hold its secret".to_owned()
         };
         println!(
-            "webhook endpoint {} at {url}: deleted, replaced by {kept} ({why})",
-            e.id
+            "webhook endpoint {} at {}: deleted, replaced by {kept} ({why})",
+            e.id, e.url
         );
     }
-    if stored != [secret.clone()] {
-        put_secrets(&sm, arn, std::slice::from_ref(&secret)).await?;
+    if !replaced.is_empty() {
+        // Stripe stops retrying a deleted endpoint's deliveries: what it had not delivered
+        // (at most its three days of retries old) is queued to the inbox, which applies each
+        // event once.
+        let now = sqs_once::runner::now_ms() / 1000;
+        let oldest = replaced.iter().map(|e| e.created).min().unwrap_or(now);
+        let since = oldest.max(now - STRIPE_RETRIES_S);
+        requeue(sdk, stack, client, since, now).await?;
+    }
+    // The secrets of what was deleted go; the kept endpoint's, and any other held (a secret
+    // being rolled in Stripe's Dashboard), stay.
+    let gone: Vec<&String> = replaced
+        .iter()
+        .filter_map(|e| e.metadata.get(FINGERPRINT_KEY))
+        .collect();
+    let now_stored = stored_secrets(&sm, arn).await?;
+    let keep: Vec<String> = now_stored
+        .iter()
+        .filter(|s| **s == secret || !gone.contains(&&fingerprint(s)))
+        .cloned()
+        .collect();
+    if keep != now_stored {
+        put_secrets(&sm, arn, &keep).await?;
+    }
+    // Another run at the same time could have deleted the kept endpoint or written its own
+    // secret last: read both back.
+    let after = client.webhook_endpoints().await?;
+    let kept_now = after.iter().find(|e| e.id == kept);
+    let stored_now = stored_secrets(&sm, arn).await?;
+    let fit = kept_now.is_some_and(|e| {
+        e.status == "enabled" && held_secret(e, &stored_now).as_deref() == Some(secret.as_str())
+    });
+    if !fit {
+        bail!("webhook endpoint {kept} or the stack's secret changed while this ran (another payctl connect at the same time?): run payctl connect again, alone");
     }
     Ok(secret)
 }
 
-/// Posts a signed test event (a `payment_intent.canceled` of no payment of this system's: the
-/// inbox records it `foreign` and changes nothing) to `url` until it is accepted: the receiver
-/// reads a changed secret again at most every 30 s after a mismatch. Returns its id.
-async fn send_test_event(url: &str, secret: &str, version: &str) -> Result<String> {
-    let id = format!("evt_connect_{}", uuid::Uuid::new_v4().simple());
-    let now = sqs_once::runner::now_ms() / 1000;
-    let body = serde_json::json!({
-        "id": id, "object": "event", "api_version": version, "created": now, "livemode": false,
-        "pending_webhooks": 1, "request": {"id": null, "idempotency_key": null},
-        "type": "payment_intent.canceled",
-        "data": {"object": {"id": format!("pi_connect_{}", uuid::Uuid::new_v4().simple()),
-                            "object": "payment_intent", "status": "canceled", "metadata": {}}},
-    })
-    .to_string();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let deadline = Instant::now() + Duration::from_secs(75);
-    loop {
-        let t = sqs_once::runner::now_ms() / 1000;
-        let header = payment_core::stripe::webhook::sign(&[secret], t, body.as_bytes());
-        let answer = http
-            .post(url)
-            .header("Content-Type", "application/json; charset=utf-8")
-            .header("Stripe-Signature", header)
-            .body(body.clone())
-            .send()
-            .await;
-        let why = match answer {
-            Ok(r) if r.status().is_success() => return Ok(id),
-            Ok(r) => format!(
-                "HTTP {}: {}",
-                r.status(),
-                r.text().await.unwrap_or_default()
-            ),
-            Err(e) => e.without_url().to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!("the stack's events route {url} refused a test event signed with the stored secret ({why}): is the stack deployed and its ProviderEventsFunction healthy? (its logs say why)");
-        }
-        crate::say!("payctl connect: test event not accepted yet ({why}); the route reads a new secret within 30 s, trying again");
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-}
-
-/// Waits until the inbox has completed event `id`'s record.
-async fn wait_applied(
+/// Queues the provider's events made in `[since, until]` (Unix seconds) to the stack's inbox.
+async fn requeue(
     sdk: &aws_config::SdkConfig,
-    table: &str,
-    id: &str,
-    wait: Duration,
+    stack: &Deployed,
+    client: &StripeClient,
+    since: i64,
+    until: i64,
 ) -> Result<()> {
-    use sqs_once::record::{IdempotencyStore, RecordStatus};
-    let store = payment_core::events::event_store(aws_sdk_dynamodb::Client::new(sdk), table);
-    let deadline = Instant::now() + wait;
-    loop {
-        let record = store
-            .get(id)
-            .await
-            .map_err(|e| anyhow::anyhow!("reading {id} from {table}: {e}"))?;
-        if record
-            .as_ref()
-            .is_some_and(|r| r.status == RecordStatus::Completed)
-        {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "the test event {id} was accepted but the inbox has not recorded it in {table} within {} s: look at the provider-events queue and the event processor's logs",
-                wait.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// EventBridge delivery: the partner event source is active, the stack's bus is on it, and a
-/// rule sends to the provider-events queue. Says so in a line.
-pub async fn check_partner_bus(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<String> {
-    let source = stack.param("StripeEventSourceName").with_context(|| {
-        format!(
-            "stack {} receives events through EventBridge but has no StripeEventSourceName",
-            stack.name
-        )
-    })?;
-    let eb = aws_sdk_eventbridge::Client::new(sdk);
-    let described = eb
-        .describe_event_source()
-        .name(source)
-        .send()
-        .await
-        .map_err(crate::aws::failed)
-        .with_context(|| format!("reading the partner event source {source}: create the EventBridge event destination in Stripe's Dashboard for this account and region first"))?;
-    let state = described
-        .state()
-        .map(|s| s.as_str().to_owned())
-        .unwrap_or_default();
-    if !state.is_empty() && state != "ACTIVE" {
-        bail!("the partner event source {source} is {state}: associate it with an event bus (the stack's StripeEventBus does, once deployed) and make sure Stripe's event destination is enabled");
-    }
-    let bus = stack.output("StripeEventBusName")?;
-    eb.describe_event_bus()
-        .name(bus)
-        .send()
-        .await
-        .map_err(crate::aws::failed)
-        .with_context(|| format!("reading the stack's partner bus {bus}"))?;
     let queue_url = stack.output("ProviderEventsQueueUrl")?;
-    let queue_arn = aws_sdk_sqs::Client::new(sdk)
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(crate::aws::failed)?
-        .attributes()
-        .and_then(|a| {
-            a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-                .cloned()
-        })
-        .unwrap_or_default();
-    let rules = eb
-        .list_rules()
-        .event_bus_name(bus)
-        .send()
-        .await
-        .map_err(crate::aws::failed)?;
-    let mut routed = false;
-    for rule in rules.rules() {
-        let enabled = rule.state().is_some_and(|s| s.as_str() == "ENABLED");
-        let Some(name) = rule.name() else { continue };
-        let targets = eb
-            .list_targets_by_rule()
-            .rule(name)
-            .event_bus_name(bus)
-            .send()
-            .await
-            .map_err(crate::aws::failed)?;
-        if enabled && targets.targets().iter().any(|t| t.arn() == queue_arn) {
-            routed = true;
-        }
+    let mut queue = payment_core::events::queue::SqsEventQueue::new(
+        aws_sdk_sqs::Client::new(sdk),
+        queue_url.to_owned(),
+    );
+    if let Ok(dlq) = stack.output("ProviderEventsDeadLetterQueueUrl") {
+        queue = queue.with_dead_letters(dlq.to_owned());
     }
-    if !routed {
-        bail!("no enabled rule on {bus} sends to the provider-events queue {queue_arn}: deploy the stack again (its StripeEventsRule does)");
-    }
-    Ok(format!(
-        "partner event source {source}: {}, on bus {bus}, routed to the provider-events queue",
-        if state.is_empty() { "found" } else { "ACTIVE" }
-    ))
+    let report = payment_core::events::catch_up::catch_up(client, &queue, since, until)
+        .await
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("queueing the events since {} that the replaced endpoints may not have delivered: run payctl events catch-up --since {since}", crate::time::utc(since * 1000)))?;
+    println!(
+        "queued {} events made since {} to the inbox: those the replaced endpoints may not have delivered (each is applied once)",
+        report.queued,
+        crate::time::utc(report.since_s * 1000)
+    );
+    Ok(())
 }
