@@ -214,7 +214,10 @@ STATE = {
     "hits": {},  # (rule index, key) -> times hit
 }
 CONFIG = {"api_key": "sk_test_local", "rng": random.Random(0), "latency_rng": random.Random(0), "key_retention_ms": 86_400_000,
-          "account_version": "2026-10-28.endive", "record": None, "restricted": {}, "settle_s": 2.0,
+          "account_version": "2026-10-28.endive", "record": None, "restricted": {},
+          # The account's statement descriptor prefix (Dashboard, Public details): a card charge's
+          # suffix fits 22 characters with it.
+          "statement_descriptor_prefix": "SIMSHOP", "settle_s": 2.0,
           "latency": None}  # (mu, sigma) of a log-normal answer time in ms, or None: at once
 SEARCH_QUERY = re.compile(r"^metadata\['payment_id'\]:'([^']*)'$")
 API_VERSION = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(\.[a-z]+)?$")
@@ -324,6 +327,18 @@ def check_payment_intent(form, version):
     description = form.get("description")
     if description is not None and len(description) > 1000:
         return invalid("Invalid string: description must be at most 1000 characters", "description")
+    suffix = form.get("statement_descriptor_suffix")
+    if suffix is not None:
+        # Stripe's rules: Latin, no < > \ ' " *, a letter at least, and the account's prefix,
+        # "*", a space and the suffix in 22 characters.
+        prefix = CONFIG["statement_descriptor_prefix"]
+        if (not suffix or any(c in suffix for c in "<>\\'\"*") or not any(c.isascii() and c.isalpha() for c in suffix)
+                or not all(c.isascii() and (c.isprintable()) for c in suffix)):
+            return invalid("Invalid statement_descriptor_suffix: it must contain at least one letter and none of "
+                           "< > \\ ' \" *", "statement_descriptor_suffix")
+        if len(prefix) + 2 + len(suffix) > 22:
+            return invalid(f"The statement descriptor prefix '{prefix}' and suffix together must be at most 22 "
+                           "characters, with the '* ' between them", "statement_descriptor_suffix")
     if form.get("confirm") == "true" and at_least(version, AUTOMATIC_PAYMENT_METHODS_SINCE):
         off_session = form.get("off_session") in ("true", "one_off", "recurring")
         no_redirects = form.get("automatic_payment_methods[allow_redirects]") == "never"
@@ -597,6 +612,7 @@ def execute(form, key, version):
         "created": int(time.time()),
         "livemode": False,
         "payment_method": pm or None,
+        "statement_descriptor_suffix": form.get("statement_descriptor_suffix"),
     }
     if pm == "pm_card_invalid":
         return 400, error_body("invalid_request_error", "No such PaymentMethod: 'pm_card_invalid'", code="resource_missing")

@@ -115,6 +115,13 @@ class Simulator(unittest.TestCase):
         self.assertNotIn("gone", body["metadata"])
         self.assertEqual(body["metadata"]["kept"], "café & 1")
 
+    def test_a_statement_suffix_must_fit_the_account_s_prefix_and_stripe_s_characters(self):
+        status, intent = self.pay("sds-1", statement_descriptor_suffix="ORDER 1234")
+        self.assertEqual((status, intent["statement_descriptor_suffix"]), (200, "ORDER 1234"))
+        for key, bad in (("sds-2", "ORDER 12345678"), ("sds-3", "1234"), ("sds-4", "A*B")):
+            status, body = self.pay(key, statement_descriptor_suffix=bad)
+            self.assertEqual((status, body["error"]["param"]), (400, "statement_descriptor_suffix"), bad)
+
     def test_a_key_is_account_wide_across_endpoints(self):
         status, body = self.pay("shared-key")
         self.assertEqual(status, 200)

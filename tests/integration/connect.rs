@@ -345,8 +345,41 @@ async fn connect_registers_the_endpoint_stores_its_secret_and_reaches_the_inbox_
     assert!(out.contains("registered already"), "{out}");
     assert_eq!(stored(sm, hook_arn).await, rolled);
 
+    // Rotating with --replace: a new endpoint and secret; the old one deleted after what it
+    // may not have delivered is queued, and its secret dropped; the one added by hand stays.
+    let before = endpoints_at(sim, url).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (code, out) = s
+        .payctl(&["connect", "--stack-name", name, "--replace", "--wait", "60"])
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let at = endpoints_at(sim, url).await;
+    assert_eq!(at.len(), 1, "{at:?}");
+    assert_ne!(at[0]["id"], before.as_str());
+    assert!(
+        out.contains(&format!("{before} at {url}: deleted")),
+        "{out}"
+    );
+    let rotated = stored(sm, hook_arn).await;
+    let values: Vec<&str> = rotated.split(',').collect();
+    assert_eq!(values.len(), 2, "{rotated}");
+    assert_eq!(at[0]["metadata"][FINGERPRINT_KEY], fingerprint(values[0]));
+    assert_eq!(values[1], "whsec_rolled_in_the_dashboard");
+
     // An endpoint registered for this stack at another URL (the URL it had before a custom
     // domain, say) is the stack's too: deleted, its secret dropped.
+    let stack_id = aws_sdk_cloudformation::Client::new(&s.sdk)
+        .describe_stacks()
+        .stack_name(name)
+        .send()
+        .await
+        .unwrap()
+        .stacks()[0]
+        .stack_id()
+        .unwrap()
+        .to_owned();
     let elsewhere = stripe(
         sim,
         reqwest::Method::POST,
@@ -354,7 +387,7 @@ async fn connect_registers_the_endpoint_stores_its_secret_and_reaches_the_inbox_
         &[
             ("url", "https://old.example/v1/provider-events"),
             ("enabled_events[0]", "*"),
-            ("metadata[stack]", name.as_str()),
+            ("metadata[stack_id]", stack_id.as_str()),
         ],
         &format!("elsewhere-{name}"),
     )

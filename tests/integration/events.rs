@@ -226,6 +226,7 @@ pub(crate) fn refund_body(rid: &str, pid: &str, amount: Option<i64>) -> String {
         payment_id: pid.into(),
         amount,
         reason: None,
+        contract_version: None,
     }
     .to_message_body()
 }

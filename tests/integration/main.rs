@@ -13,6 +13,7 @@ mod catch_up;
 mod chaos;
 mod cli_help;
 mod connect;
+mod contract;
 mod eventbridge;
 mod events;
 mod exactly_once;

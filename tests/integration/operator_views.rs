@@ -48,6 +48,7 @@ async fn refunds_show_in_status_and_history() {
                 payment_id: pid.clone(),
                 amount: Some(*amount),
                 reason: None,
+                contract_version: None,
             }
             .to_message_body()
         })

@@ -42,6 +42,7 @@ fn refund(rid: &str, pid: &str, amount: Option<i64>) -> String {
         payment_id: pid.into(),
         amount,
         reason: Some("requested_by_customer".into()),
+        contract_version: None,
     }
     .to_message_body()
 }

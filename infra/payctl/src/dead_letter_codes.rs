@@ -2,8 +2,9 @@
 //! and those never redriven without `--force` (their messages can only be dead-lettered again).
 
 /// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
-pub const KNOWN_CODES: [&str; 14] = [
+pub const KNOWN_CODES: [&str; 15] = [
     "invalid_json",
+    "contract_unsupported",
     "invalid_event",
     "invalid_payment",
     "invalid_refund",

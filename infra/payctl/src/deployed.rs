@@ -70,6 +70,8 @@ pub mod names {
 pub struct Deployed {
     /// The stack's name.
     pub name: String,
+    /// Its CloudFormation id (`arn:aws:cloudformation:REGION:ACCOUNT:stack/NAME/UUID`).
+    pub id: String,
     /// Its status (`CREATE_COMPLETE`, `UPDATE_COMPLETE`, ...).
     pub status: String,
     /// Output name to value.
@@ -119,6 +121,7 @@ impl Deployed {
             .collect();
         Ok(Some(Self {
             name: name.to_owned(),
+            id: stack.stack_id().unwrap_or(name).to_owned(),
             status: stack
                 .stack_status()
                 .map(|s| s.as_str().to_owned())

@@ -53,6 +53,7 @@ pub fn refund_bodies(prefix: &str) -> Vec<String> {
         payment_id: format!("{prefix}-ev-refund-fails"),
         amount: None,
         reason: None,
+        contract_version: None,
     }
     .to_message_body()]
 }

@@ -68,6 +68,7 @@ pub fn plan(
                 payment_id: pid.to_owned(),
                 amount,
                 reason: Some("requested_by_customer".into()),
+                contract_version: None,
             }
             .to_message_body(),
             refund_id,
@@ -407,6 +408,7 @@ mod tests {
                 payment_id: "p1".into(),
                 amount: Some(200),
                 reason: None,
+                contract_version: None,
             }
             .to_message_body(),
         };

@@ -142,6 +142,8 @@ pub struct PaymentsApi {
     clock: Arc<dyn Clock>,
     /// Payment rows (and their stored answers) live this long: the idempotency records' TTL.
     retention: Duration,
+    /// The message contract's version the API writes ([`crate::domain::contract`]).
+    contract: u64,
 }
 
 fn error(status: u16, kind: &str, code: &str, param: Option<&str>, message: &str) -> ApiResponse {
@@ -192,7 +194,15 @@ impl PaymentsApi {
             store,
             clock,
             retention,
+            contract: 1,
         }
+    }
+
+    /// Writes messages of contract `version` (`MESSAGE_CONTRACT_VERSION`: 2 once every
+    /// processor deployed reads it); 1 by default.
+    pub fn with_contract(mut self, version: u64) -> Self {
+        self.contract = version;
+        self
     }
 
     /// Routes one request. `header` looks a header up by its lowercase name.
@@ -276,7 +286,24 @@ impl PaymentsApi {
                 "payment_id is not a body parameter: the Idempotency-Key header is the payment's id.",
             );
         }
+        if value.get(crate::domain::contract::FIELD).is_some() {
+            return invalid(
+                "parameter_unknown",
+                Some(crate::domain::contract::FIELD),
+                "contract_version is not a body parameter: the API writes the version it is deployed with (MessageContractVersion).",
+            );
+        }
+        if self.contract < 2 && value.get("statement_descriptor_suffix").is_some() {
+            return invalid(
+                "parameter_unknown",
+                Some("statement_descriptor_suffix"),
+                "statement_descriptor_suffix is taken once the stack writes message contract 2 (MessageContractVersion=2, after every processor deployed reads it).",
+            );
+        }
         value["payment_id"] = Value::String(key.clone());
+        if self.contract >= 2 {
+            value[crate::domain::contract::FIELD] = json!(self.contract);
+        }
         let request = match PaymentRequest::from_value(value) {
             Ok(r) => r,
             Err(e) => return invalid("parameter_invalid", e.field(), &e.to_string()),
@@ -736,6 +763,50 @@ mod tests {
         let message = PaymentRequest::parse(&outbox["order-1234"].message).unwrap();
         assert_eq!(message.payment_id.as_str(), "order-1234");
         assert_eq!(message.metadata["order"], "1234");
+    }
+
+    #[tokio::test]
+    async fn the_api_writes_the_contract_it_is_configured_with_and_a_retry_across_a_change_replays()
+    {
+        let (api, tables) = api();
+        let suffixed = r#"{"amount":1999,"currency":"usd","customer_id":"cus_42","payment_method":"pm_card_visa","statement_descriptor_suffix":"ORDER 1234"}"#;
+        // Contract 1 (the default): the new field is not taken yet, the version never a body
+        // parameter, and the message carries no version.
+        let early = post(&api, Some("k-early"), suffixed).await;
+        assert_eq!(early.status, 400, "{}", early.body);
+        assert_eq!(
+            json_of(&early)["error"]["param"],
+            "statement_descriptor_suffix"
+        );
+        let versioned = BODY.replacen('{', r#"{"contract_version":2,"#, 1);
+        assert_eq!(post(&api, Some("k-v"), &versioned).await.status, 400);
+        assert_eq!(post(&api, Some("k-1"), BODY).await.status, 202);
+        assert!(!tables.outbox.lock().unwrap()["k-1"]
+            .message
+            .contains("contract_version"));
+        // Contract 2: the field is taken and the message says its version; a retry of a key
+        // first written under contract 1 is the same request.
+        let api = PaymentsApi::new(
+            tables.clone(),
+            Arc::new(SystemClock),
+            Duration::from_secs(86_400),
+        )
+        .with_contract(2);
+        let again = post(&api, Some("k-1"), BODY).await;
+        assert_eq!(
+            (again.status, again.headers.len()),
+            (202, 1),
+            "{}",
+            again.body
+        );
+        assert_eq!(post(&api, Some("k-2"), suffixed).await.status, 202);
+        let message = tables.outbox.lock().unwrap()["k-2"].message.clone();
+        let request = PaymentRequest::parse(&message).unwrap();
+        assert_eq!(request.contract_version, 2);
+        assert_eq!(
+            request.statement_descriptor_suffix.as_deref(),
+            Some("ORDER 1234")
+        );
     }
 
     #[tokio::test]

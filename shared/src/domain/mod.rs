@@ -4,6 +4,7 @@
 //!
 //! May use: nothing else (every other folder stands on this one).
 
+pub mod contract;
 pub mod currency;
 pub mod limits;
 mod request;

@@ -54,6 +54,10 @@ pub enum InputError {
         /// What is wrong, naming the field.
         message: String,
     },
+    /// The message is of a contract version this release does not read
+    /// ([`crate::domain::contract`]).
+    #[error("{0}")]
+    ContractUnsupported(String),
 }
 
 impl InputError {
@@ -62,6 +66,7 @@ impl InputError {
         match self {
             InputError::InvalidJson(_) => "invalid_json",
             InputError::InvalidPayment { .. } => "invalid_payment",
+            InputError::ContractUnsupported(_) => crate::domain::contract::UNSUPPORTED,
         }
     }
 
@@ -70,6 +75,7 @@ impl InputError {
         match self {
             InputError::InvalidJson(_) => None,
             InputError::InvalidPayment { field, .. } => field.as_deref(),
+            InputError::ContractUnsupported(_) => Some(crate::domain::contract::FIELD),
         }
     }
 }
@@ -151,6 +157,17 @@ pub struct PaymentRequest {
     /// Caller's string map, passed to the provider as `metadata[...]`; sorted so that the hash
     /// does not depend on the order of keys in the body.
     pub metadata: BTreeMap<String, String>,
+    /// The card statement's dynamic suffix (contract 2): after the account's prefix, `*` and a
+    /// space, at most 22 characters in all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statement_descriptor_suffix: Option<String>,
+    /// The message contract's version the request came in (1 unless the message said 2).
+    #[serde(skip_serializing_if = "is_first_contract")]
+    pub contract_version: u64,
+}
+
+fn is_first_contract(v: &u64) -> bool {
+    *v == 1
 }
 
 /// The wire shape, before validation. Unknown fields are an error so a typo is never ignored.
@@ -166,6 +183,10 @@ struct RawPayment {
     description: Option<String>,
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    statement_descriptor_suffix: Option<String>,
+    #[serde(default)]
+    contract_version: Option<u64>,
 }
 
 impl PaymentRequest {
@@ -193,6 +214,14 @@ impl PaymentRequest {
                 "body must be a JSON object".to_owned(),
             ));
         };
+        // A later version's message is refused as such, before its fields are (a field that
+        // version adds would read as unknown here).
+        if let Some(v) = object
+            .get(crate::domain::contract::FIELD)
+            .and_then(|v| v.as_u64())
+        {
+            crate::domain::contract::read(Some(v)).map_err(InputError::ContractUnsupported)?;
+        }
         check_shape(object)?;
         let raw: RawPayment =
             serde_json::from_value(value).map_err(|e| InputError::InvalidPayment {
@@ -214,6 +243,15 @@ impl PaymentRequest {
         if let Some(d) = &self.description {
             body.insert("description".into(), d.clone().into());
         }
+        if let Some(suffix) = &self.statement_descriptor_suffix {
+            body.insert("statement_descriptor_suffix".into(), suffix.clone().into());
+        }
+        if self.contract_version != 1 {
+            body.insert(
+                crate::domain::contract::FIELD.into(),
+                self.contract_version.into(),
+            );
+        }
         if !self.metadata.is_empty() {
             body.insert(
                 "metadata".into(),
@@ -229,7 +267,18 @@ impl PaymentRequest {
     }
 
     fn validate(raw: RawPayment) -> Result<Self, InputError> {
+        let contract_version = crate::domain::contract::read(raw.contract_version)
+            .map_err(InputError::ContractUnsupported)?;
         let payment_id = PaymentId::parse(&raw.payment_id)?;
+        if let Some(suffix) = &raw.statement_descriptor_suffix {
+            if contract_version < 2 {
+                return Err(invalid(
+                    "statement_descriptor_suffix",
+                    "statement_descriptor_suffix is contract 2: send it with contract_version 2",
+                ));
+            }
+            check_statement_suffix(suffix)?;
+        }
         let currency = raw.currency.to_ascii_lowercase();
         if !is_known_currency(&currency) {
             return Err(invalid(
@@ -296,6 +345,8 @@ impl PaymentRequest {
             payment_method: raw.payment_method,
             description: raw.description,
             metadata,
+            statement_descriptor_suffix: raw.statement_descriptor_suffix,
+            contract_version,
         })
     }
 
@@ -310,7 +361,11 @@ impl PaymentRequest {
             .field("currency", &self.money.currency)
             .field("customer_id", &self.customer_id)
             .field("payment_method", &self.payment_method)
-            .optional("description", self.description.as_deref());
+            .optional("description", self.description.as_deref())
+            .optional(
+                "statement_descriptor_suffix",
+                self.statement_descriptor_suffix.as_deref(),
+            );
         for (k, v) in &self.metadata {
             f = f.field(&format!("metadata[{k}]"), v);
         }
@@ -368,10 +423,11 @@ enum Shape {
     Text,
     Integer,
     OptionalText,
+    OptionalInteger,
     TextMap,
 }
 
-const FIELDS: [(&str, Shape); 7] = [
+const FIELDS: [(&str, Shape); 9] = [
     ("payment_id", Shape::Text),
     ("amount", Shape::Integer),
     ("currency", Shape::Text),
@@ -379,7 +435,26 @@ const FIELDS: [(&str, Shape); 7] = [
     ("payment_method", Shape::Text),
     ("description", Shape::OptionalText),
     ("metadata", Shape::TextMap),
+    ("statement_descriptor_suffix", Shape::OptionalText),
+    ("contract_version", Shape::OptionalInteger),
 ];
+
+/// Stripe's rules of a card statement's suffix: 1 to 22 characters, Latin letters, digits,
+/// spaces and punctuation but none of `< > \ ' " *`, at least one letter. (Stripe refuses a
+/// suffix that does not fit 22 characters with the account's prefix, `*` and a space: that
+/// payment is dead-lettered with Stripe's reason, never charged.)
+fn check_statement_suffix(suffix: &str) -> Result<(), InputError> {
+    check_len("statement_descriptor_suffix", suffix, 1, 22)?;
+    let printable = suffix.chars().all(|c| c.is_ascii_graphic() || c == ' ');
+    let forbidden = suffix.contains(['<', '>', '\\', '\'', '"', '*']);
+    if !printable || forbidden || !suffix.chars().any(|c| c.is_ascii_alphabetic()) {
+        return Err(invalid(
+            "statement_descriptor_suffix",
+            "statement_descriptor_suffix must be Latin letters, digits, spaces and punctuation without < > \\ ' \" *, with at least one letter",
+        ));
+    }
+    Ok(())
+}
 
 /// Names the field of a missing, unknown or wrongly typed value (serde's own messages do not
 /// always name it).
@@ -398,6 +473,8 @@ fn check_shape(object: &serde_json::Map<String, serde_json::Value>) -> Result<()
             (Shape::Text, Some(Value::String(_))) => true,
             (Shape::Integer, Some(Value::Number(n))) => n.is_i64(),
             (Shape::OptionalText, None | Some(Value::Null | Value::String(_))) => true,
+            (Shape::OptionalInteger, None | Some(Value::Null)) => true,
+            (Shape::OptionalInteger, Some(Value::Number(n))) => n.is_u64(),
             (Shape::TextMap, None | Some(Value::Null)) => true,
             (Shape::TextMap, Some(Value::Object(m))) => m.values().all(Value::is_string),
             (Shape::Text | Shape::Integer, None) => {
@@ -409,6 +486,7 @@ fn check_shape(object: &serde_json::Map<String, serde_json::Value>) -> Result<()
             let expected = match shape {
                 Shape::Text | Shape::OptionalText => "a string",
                 Shape::Integer => "an integer (minor units)",
+                Shape::OptionalInteger => "a positive integer",
                 Shape::TextMap => "an object of string values",
             };
             return Err(invalid(name, format!("{name} must be {expected}")));
@@ -735,4 +813,60 @@ mod tests {
 
     const PINNED_V1: &str =
         "payment/v1:b394b721bdbbd4d9d3d681ba0bffc65dae6058074268bc552561ec9ed0f8321b";
+
+    #[test]
+    fn contract_2_is_read_beside_1_changes_no_fingerprint_and_later_versions_are_refused_as_such() {
+        let base = r#""payment_id":"p1","amount":1999,"currency":"usd","customer_id":"c","payment_method":"pm_card_visa""#;
+        let one = PaymentRequest::parse(&format!("{{{base}}}")).unwrap();
+        let two = PaymentRequest::parse(&format!("{{{base},\"contract_version\":2}}")).unwrap();
+        assert_eq!((one.contract_version, two.contract_version), (1, 2));
+        assert_eq!(one.payload_hash(), two.payload_hash());
+        // Version 1 is written without the field (a release before versions refuses it), and
+        // the struct's serialised form (the digest before payment/v1) is as it was.
+        assert!(!one.to_message_body().contains("contract_version"));
+        assert!(!serde_json::to_string(&one)
+            .unwrap()
+            .contains("contract_version"));
+        assert_eq!(PaymentRequest::parse(&two.to_message_body()).unwrap(), two);
+
+        let suffixed = PaymentRequest::parse(&format!(
+            "{{{base},\"contract_version\":2,\"statement_descriptor_suffix\":\"ORDER 1234\"}}"
+        ))
+        .unwrap();
+        assert_ne!(suffixed.payload_hash(), two.payload_hash());
+        assert_eq!(
+            PaymentRequest::parse(&suffixed.to_message_body()).unwrap(),
+            suffixed
+        );
+        let early = PaymentRequest::parse(&format!(
+            "{{{base},\"statement_descriptor_suffix\":\"ORDER 1234\"}}"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            (early.code(), early.field()),
+            ("invalid_payment", Some("statement_descriptor_suffix"))
+        );
+        for bad in [
+            "1234",
+            "A*B",
+            "ORDER \\\"1\\\"",
+            "THIS SUFFIX IS FAR TOO LONG",
+        ] {
+            let body = format!(
+                "{{{base},\"contract_version\":2,\"statement_descriptor_suffix\":\"{bad}\"}}"
+            );
+            assert_eq!(
+                PaymentRequest::parse(&body).unwrap_err().field(),
+                Some("statement_descriptor_suffix"),
+                "{bad}"
+            );
+        }
+        // A later version, with a field this release does not know: refused as a version.
+        let later = PaymentRequest::parse(&format!(
+            "{{{base},\"contract_version\":3,\"capture\":\"manual\"}}"
+        ))
+        .unwrap_err();
+        assert_eq!(later.code(), "contract_unsupported");
+        assert!(later.to_string().contains("reads 1 to 2"), "{later}");
+    }
 }

@@ -262,6 +262,7 @@ pub fn build_api(config: &ApiConfig, dynamodb: aws_sdk_dynamodb::Client) -> Paym
         config.idempotency_table.clone(),
     );
     PaymentsApi::new(Arc::new(store), sqs_once::clock::system(), config.retention)
+        .with_contract(config.contract)
 }
 
 /// Builds the outbox relay from the environment (`PAYMENTS_TABLE`, `PAYMENTS_QUEUE_URL`,

@@ -436,6 +436,9 @@ pub struct ApiConfig {
     /// `IDEMPOTENCY_TTL_SECONDS` / `IDEMPOTENCY_TTL_DAYS`: payment rows and their stored
     /// answers live as long as the processor's records.
     pub retention: Duration,
+    /// `MESSAGE_CONTRACT_VERSION` (1 unless set): the message contract the API writes
+    /// ([`crate::domain::contract`]).
+    pub contract: u64,
 }
 
 impl ApiConfig {
@@ -445,6 +448,8 @@ impl ApiConfig {
             payments_table: required_var(&get, "PAYMENTS_TABLE")?,
             idempotency_table: required_var(&get, "IDEMPOTENCY_TABLE")?,
             retention: record_ttl(&get)?,
+            contract: crate::domain::contract::writes(get("MESSAGE_CONTRACT_VERSION").as_deref())
+                .map_err(|reason| err("MESSAGE_CONTRACT_VERSION", reason))?,
         })
     }
 }

@@ -59,6 +59,10 @@ pub struct RefundRequest {
     /// One of [`REASONS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The message contract's version ([`crate::domain::contract`]; absent: 1; version 2 adds
+    /// nothing to a refund).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract_version: Option<u64>,
 }
 
 impl RefundRequest {
@@ -72,6 +76,14 @@ impl RefundRequest {
         }
         let value: serde_json::Value = serde_json::from_str(body)
             .map_err(|e| Rejection::new("invalid_json", format!("body is not valid JSON: {e}")))?;
+        // A later version's refund is refused as such, before its fields are.
+        if let Some(v) = value
+            .get(crate::domain::contract::FIELD)
+            .and_then(|v| v.as_u64())
+        {
+            crate::domain::contract::read(Some(v))
+                .map_err(|m| Rejection::new(crate::domain::contract::UNSUPPORTED, m))?;
+        }
         let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         for (field, id) in [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)] {
             check_id(field, id).map_err(|e| invalid(e.to_string()))?;

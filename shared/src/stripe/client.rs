@@ -349,6 +349,9 @@ impl StripeClient {
         if let Some(d) = &request.description {
             form.push(("description".to_owned(), d.clone()));
         }
+        if let Some(suffix) = &request.statement_descriptor_suffix {
+            form.push(("statement_descriptor_suffix".to_owned(), suffix.clone()));
+        }
         for (k, v) in &request.metadata {
             form.push((format!("metadata[{k}]"), v.clone()));
         }

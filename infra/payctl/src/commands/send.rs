@@ -197,6 +197,7 @@ pub async fn send_refund(args: SendRefundArgs, sdk: &aws_config::SdkConfig) -> R
             payment_id,
             amount,
             reason,
+            contract_version: None,
         }
         .to_message_body(),
         _ => bail!("give --body, or --payment-id with --refund-id"),

@@ -234,6 +234,11 @@ pub struct ConnectArgs {
     /// Endpoints write.
     #[arg(long)]
     pub key_secret_arn: Option<String>,
+    /// Register a new endpoint even when the stack's is fine, and delete the old one: how to
+    /// rotate the signing secret (Stripe's Dashboard roll leaves the endpoint's fingerprint
+    /// naming the old secret).
+    #[arg(long)]
+    pub replace: bool,
     /// Seconds to wait for the test event's record in the inbox (0: only its acceptance).
     #[arg(long, default_value_t = 120)]
     pub wait: u64,
@@ -247,6 +252,7 @@ pub async fn connect(args: ConnectArgs, sdk: &aws_config::SdkConfig) -> Result<(
         &stack,
         &payctl::connect::ConnectOptions {
             key_secret_arn: args.key_secret_arn,
+            replace: args.replace,
             wait: std::time::Duration::from_secs(args.wait),
         },
     )

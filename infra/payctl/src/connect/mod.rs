@@ -33,8 +33,11 @@ mod test_event;
 pub use partner::check_partner_bus;
 use test_event::{send_test_event, wait_applied};
 
-/// The endpoint's metadata key naming its stack.
+/// The endpoint's metadata key naming its stack (for a person reading the Dashboard).
 pub const STACK_KEY: &str = "stack";
+/// The endpoint's metadata key holding its stack's CloudFormation id (account, region, name
+/// and creation: a stack of the same name elsewhere on the same Stripe account is another).
+pub const STACK_ID_KEY: &str = "stack_id";
 /// The endpoint's metadata key holding its secret's fingerprint.
 pub const FINGERPRINT_KEY: &str = "signing_secret_sha256";
 /// How long Stripe retries a delivery: what a replaced endpoint may not have delivered is at
@@ -49,6 +52,9 @@ pub struct ConnectOptions {
     pub key_secret_arn: Option<String>,
     /// How long to wait for the test event's record in the inbox (zero: not waited for).
     pub wait: Duration,
+    /// Register a new endpoint even when the stack's is fine (rotating its signing secret);
+    /// the old one is deleted as any replaced one is.
+    pub replace: bool,
 }
 
 /// A secret's fingerprint: the first 16 hex digits of its SHA-256.
@@ -78,7 +84,7 @@ pub async fn connect(
         if !url.starts_with("https://") {
             crate::say!("payctl connect: {url} is not HTTPS: Stripe sends live-mode events only to HTTPS URLs");
         }
-        let secret = register(sdk, stack, &client, &url).await?;
+        let secret = register(sdk, stack, &client, &url, opts.replace).await?;
         let event_id = send_test_event(&url, &secret, client.api_version()).await?;
         if opts.wait.is_zero() {
             println!("test event {event_id}: accepted by {url}");
@@ -147,6 +153,7 @@ async fn register(
     stack: &Deployed,
     client: &StripeClient,
     url: &str,
+    replace: bool,
 ) -> Result<String> {
     let arn = stack
         .param("WebhookSecretArn")
@@ -161,10 +168,11 @@ async fn register(
     // The stack's: at its URL, or registered for it before (at a URL it had then).
     let ours: Vec<&WebhookEndpoint> = listed
         .iter()
-        .filter(|e| same_url(&e.url, url) || e.metadata.get(STACK_KEY) == Some(&stack.name))
+        .filter(|e| same_url(&e.url, url) || e.metadata.get(STACK_ID_KEY) == Some(&stack.id))
         .collect();
     let held = ours.iter().find(|e| {
-        same_url(&e.url, url)
+        !replace
+            && same_url(&e.url, url)
             && e.api_version.as_deref() == Some(version.as_str())
             && held_secret(e, &stored).is_some()
     });
@@ -211,7 +219,10 @@ async fn register(
                 events: needed.clone(),
                 api_version: version.clone(),
                 description: format!("payments stack {} (payctl connect)", stack.name),
-                metadata: vec![(STACK_KEY.to_owned(), stack.name.clone())],
+                metadata: vec![
+                    (STACK_KEY.to_owned(), stack.name.clone()),
+                    (STACK_ID_KEY.to_owned(), stack.id.clone()),
+                ],
             };
             // One key per request and state of the account (a run that stopped after Stripe
             // registered the endpoint finds it listed next time, so its key differs).
@@ -241,11 +252,8 @@ async fn register(
                     .context("registering the webhook endpoint")?;
             }
             let secret = secret.expose_secret().to_owned();
-            // The new secret first, the ones held after it: deliveries of the endpoints being
-            // replaced still verify until they are deleted.
-            let mut both = vec![secret.clone()];
-            both.extend(stored.iter().filter(|s| **s != secret).cloned());
-            put_secrets(&sm, arn, &both).await?;
+            // Marked before it is stored: a run stopped in between leaves an endpoint whose
+            // secret is not held (replaced next time), never a held secret no endpoint names.
             let mark = vec![(FINGERPRINT_KEY.to_owned(), fingerprint(&secret))];
             client
                 .update_webhook_endpoint(
@@ -261,6 +269,11 @@ async fn register(
                         made.id
                     )
                 })?;
+            // The new secret first, the ones held after it: deliveries of the endpoints being
+            // replaced still verify until they are deleted.
+            let mut both = vec![secret.clone()];
+            both.extend(stored.iter().filter(|s| **s != secret).cloned());
+            put_secrets(&sm, arn, &both).await?;
             println!(
                 "webhook endpoint {} at {url}: registered, sent the inbox's {} event types in version {version}; its signing secret is in {arn}",
                 made.id,
@@ -270,12 +283,24 @@ async fn register(
         }
     };
     let replaced: Vec<&&WebhookEndpoint> = ours.iter().filter(|e| e.id != kept).collect();
+    if !replaced.is_empty() {
+        // Stripe stops retrying a deleted endpoint's deliveries: what it may not have
+        // delivered (at most its three days of retries old) is queued to the inbox first,
+        // which applies each event once; the kept endpoint is sent everything made since it
+        // was registered or enabled. A run stopped after this queues it again.
+        let now = sqs_once::runner::now_ms() / 1000;
+        let oldest = replaced.iter().map(|e| e.created).min().unwrap_or(now);
+        let since = oldest.max(now - STRIPE_RETRIES_S);
+        requeue(sdk, stack, client, since, now).await?;
+    }
     for e in &replaced {
         client
             .delete_webhook_endpoint(&e.id)
             .await
             .with_context(|| format!("deleting webhook endpoint {} (replaced by {kept})", e.id))?;
-        let why = if !same_url(&e.url, url) {
+        let why = if replace {
+            "payctl connect --replace".to_owned()
+        } else if !same_url(&e.url, url) {
             format!("it is at {}, not the stack's URL", e.url)
         } else if e.api_version.as_deref() != Some(version.as_str()) {
             format!(
@@ -292,17 +317,8 @@ async fn register(
             e.id, e.url
         );
     }
-    if !replaced.is_empty() {
-        // Stripe stops retrying a deleted endpoint's deliveries: what it had not delivered
-        // (at most its three days of retries old) is queued to the inbox, which applies each
-        // event once.
-        let now = sqs_once::runner::now_ms() / 1000;
-        let oldest = replaced.iter().map(|e| e.created).min().unwrap_or(now);
-        let since = oldest.max(now - STRIPE_RETRIES_S);
-        requeue(sdk, stack, client, since, now).await?;
-    }
-    // The secrets of what was deleted go; the kept endpoint's, and any other held (a secret
-    // being rolled in Stripe's Dashboard), stay.
+    // The secrets of what was deleted go; the kept endpoint's, and any other held (one added
+    // by hand: a secret rolled in Stripe's Dashboard), stay.
     let gone: Vec<&String> = replaced
         .iter()
         .filter_map(|e| e.metadata.get(FINGERPRINT_KEY))
@@ -322,7 +338,12 @@ async fn register(
     let kept_now = after.iter().find(|e| e.id == kept);
     let stored_now = stored_secrets(&sm, arn).await?;
     let fit = kept_now.is_some_and(|e| {
-        e.status == "enabled" && held_secret(e, &stored_now).as_deref() == Some(secret.as_str())
+        e.status == "enabled"
+            && same_url(&e.url, url)
+            && e.api_version.as_deref() == Some(version.as_str())
+            && (e.enabled_events.iter().any(|t| t == "*")
+                || needed.iter().all(|t| e.enabled_events.contains(t)))
+            && held_secret(e, &stored_now).as_deref() == Some(secret.as_str())
     });
     if !fit {
         bail!("webhook endpoint {kept} or the stack's secret changed while this ran (another payctl connect at the same time?): run payctl connect again, alone");

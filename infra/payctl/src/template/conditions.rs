@@ -25,7 +25,6 @@ impl<'a> Conditions<'a> {
         }
     }
 
-    /// Whether the condition `name` holds.
     /// Every condition of the template and whether it holds.
     pub(super) fn all(&mut self) -> Result<HashMap<String, bool>> {
         let names: Vec<String> = self
@@ -44,6 +43,7 @@ impl<'a> Conditions<'a> {
             .collect()
     }
 
+    /// Whether the condition `name` holds.
     pub(super) fn holds(&mut self, name: &str) -> Result<bool> {
         if let Some(v) = self.known.get(name) {
             return Ok(*v);
