@@ -293,16 +293,12 @@ impl PaymentsApi {
                 "contract_version is not a body parameter: the API writes the version it is deployed with (MessageContractVersion).",
             );
         }
-        if self.contract < 2 && value.get("statement_descriptor_suffix").is_some() {
-            return invalid(
-                "parameter_unknown",
-                Some("statement_descriptor_suffix"),
-                "statement_descriptor_suffix is taken once the stack writes message contract 2 (MessageContractVersion=2, after every processor deployed reads it).",
-            );
-        }
+        // A field of a later contract than the one written: only a retry of a payment accepted
+        // while that contract was written is answered (a replay); a new one is refused.
+        let ahead = self.contract < 2 && value.get("statement_descriptor_suffix").is_some();
         value["payment_id"] = Value::String(key.clone());
-        if self.contract >= 2 {
-            value[crate::domain::contract::FIELD] = json!(self.contract);
+        if self.contract >= 2 || ahead {
+            value[crate::domain::contract::FIELD] = json!(self.contract.max(2));
         }
         let request = match PaymentRequest::from_value(value) {
             Ok(r) => r,
@@ -343,6 +339,22 @@ impl PaymentsApi {
             Ok(None) => {}
             Ok(Some(answer)) => return answer,
             Err(e) => return unavailable(&e, true),
+        }
+        if ahead {
+            return match self.store.payment(&key).await {
+                Ok(Some(row)) if request.has_payload_hash(&row.request_hash) => ApiResponse {
+                    status: row.response_status,
+                    headers: vec![("idempotent-replayed", "true".to_owned())],
+                    body: row.response_body,
+                },
+                Ok(Some(_)) => key_in_use(&key),
+                Ok(None) => invalid(
+                    "parameter_unknown",
+                    Some("statement_descriptor_suffix"),
+                    "statement_descriptor_suffix is taken once the stack writes message contract 2 (MessageContractVersion=2, after every processor deployed reads it).",
+                ),
+                Err(e) => unavailable(&e, true),
+            };
         }
         match self.store.create(&payment, &entry).await {
             Ok(Creation::Created) => {
@@ -807,6 +819,22 @@ mod tests {
             request.statement_descriptor_suffix.as_deref(),
             Some("ORDER 1234")
         );
+        // Back to contract 1: a retry of the payment accepted under 2 is replayed, nothing
+        // written; a new one with the field is refused.
+        let api = PaymentsApi::new(
+            tables.clone(),
+            Arc::new(SystemClock),
+            Duration::from_secs(86_400),
+        );
+        let retry = post(&api, Some("k-2"), suffixed).await;
+        assert_eq!(
+            (retry.status, retry.headers.len()),
+            (202, 1),
+            "{}",
+            retry.body
+        );
+        assert_eq!(post(&api, Some("k-3"), suffixed).await.status, 400);
+        assert_eq!(tables.outbox.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]

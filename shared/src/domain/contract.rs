@@ -36,6 +36,9 @@ pub const UNSUPPORTED: &str = "contract_unsupported";
 /// the version, or why it cannot be read.
 pub fn read(given: Option<u64>) -> Result<u64, String> {
     let version = given.unwrap_or(1);
+    if version == 0 {
+        return Err(format!("{FIELD} 0 does not exist: versions start at 1"));
+    }
     if READS.contains(&version) {
         Ok(version)
     } else {
@@ -76,7 +79,7 @@ mod tests {
             later.contains("reads 1 to 2") && later.contains("redrive"),
             "{later}"
         );
-        assert!(read(Some(0)).is_err());
+        assert!(read(Some(0)).unwrap_err().contains("start at 1"));
     }
 
     #[test]

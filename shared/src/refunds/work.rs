@@ -126,8 +126,13 @@ impl RefundRequest {
     /// Whether a stored digest is this refund's: the current form or the one of versions
     /// before `refund/v1` (SHA-256 of the serialized body).
     pub fn has_fingerprint(&self, stored: &str) -> bool {
+        // The digest before `refund/v1` hashed the body, which had no version then.
+        let unversioned = RefundRequest {
+            contract_version: None,
+            ..self.clone()
+        };
         stored == self.fingerprint()
-            || stored == hex::encode(Sha256::digest(self.to_message_body().as_bytes()))
+            || stored == hex::encode(Sha256::digest(unversioned.to_message_body().as_bytes()))
     }
 }
 
