@@ -59,8 +59,7 @@ pub struct RefundRequest {
     /// One of [`REASONS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The message contract's version ([`crate::domain::contract`]; absent: 1; version 2 adds
-    /// nothing to a refund).
+    /// The message contract's version ([`crate::domain::contract`]; absent: 1; 2 adds nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contract_version: Option<u64>,
 }
@@ -77,11 +76,11 @@ impl RefundRequest {
         let value: serde_json::Value = serde_json::from_str(body)
             .map_err(|e| Rejection::new("invalid_json", format!("body is not valid JSON: {e}")))?;
         // A later version's refund is refused as such, before its fields are.
-        if let Some(v) = value
+        let version = value
             .get(crate::domain::contract::FIELD)
-            .and_then(|v| v.as_u64())
-        {
-            crate::domain::contract::read(Some(v))
+            .and_then(|v| v.as_u64());
+        if version.is_some() {
+            crate::domain::contract::read(version)
                 .map_err(|m| Rejection::new(crate::domain::contract::UNSUPPORTED, m))?;
         }
         let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
@@ -124,9 +123,8 @@ impl RefundRequest {
     }
 
     /// Whether a stored digest is this refund's: the current form or the one of versions
-    /// before `refund/v1` (SHA-256 of the serialized body).
+    /// before `refund/v1` (SHA-256 of the serialized body, which had no contract version).
     pub fn has_fingerprint(&self, stored: &str) -> bool {
-        // The digest before `refund/v1` hashed the body, which had no version then.
         let unversioned = RefundRequest {
             contract_version: None,
             ..self.clone()
