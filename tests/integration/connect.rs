@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::events::events;
 use crate::helpers::*;
-use crate::own_simulator::OwnSimulator;
+use crate::own_simulator::{stripe_call, OwnSimulator};
 
 /// The stand-in's template: `template.yaml`'s parameters that payctl reads, one resource, and
 /// the outputs given.
@@ -223,28 +223,21 @@ pub(crate) async fn stripe(
     form: &[(&str, &str)],
     key: &str,
 ) -> Value {
-    let mut req = reqwest::Client::new()
-        .request(method, format!("{}{path}", sim.url))
-        .bearer_auth("sk_test_local")
-        .header("Stripe-Version", payment_core::stripe::DEFAULT_API_VERSION);
-    if !form.is_empty() {
-        req = req.header("Idempotency-Key", key).form(form);
-    }
-    req.send().await.unwrap().json().await.unwrap()
+    stripe_call(&sim.url, "sk_test_local", method, path, &[], form, key).await
 }
 
 /// The simulator's endpoints at `url`.
 pub(crate) async fn endpoints_at(sim: &OwnSimulator, url: &str) -> Vec<Value> {
-    let listed: Value = reqwest::Client::new()
-        .get(format!("{}/v1/webhook_endpoints?limit=100", sim.url))
-        .bearer_auth("sk_test_local")
-        .header("Stripe-Version", payment_core::stripe::DEFAULT_API_VERSION)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = stripe_call(
+        &sim.url,
+        "sk_test_local",
+        reqwest::Method::GET,
+        "/v1/webhook_endpoints",
+        &[("limit", "100")],
+        &[],
+        "",
+    )
+    .await;
     listed["data"]
         .as_array()
         .unwrap()

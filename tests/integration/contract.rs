@@ -10,6 +10,7 @@ use sqs_once::runner::now_ms;
 
 use crate::events::{refund, refund_body};
 use crate::helpers::*;
+use crate::own_simulator::stripe_call;
 
 /// A payment body of contract 2 (with a statement suffix when given).
 fn version_2(body: &str, suffix: Option<&str>) -> String {
@@ -23,21 +24,17 @@ fn version_2(body: &str, suffix: Option<&str>) -> String {
 
 /// The simulator's PaymentIntent of a payment.
 async fn intent_of(pid: &str) -> Value {
-    let url = format!(
-        "{}/v1/payment_intents/search",
-        required_env("PROVIDER_API_URL")
-    );
-    let found: Value = reqwest::Client::new()
-        .get(url)
-        .bearer_auth(required_env("PAYMENT_API_KEY"))
-        .header("Stripe-Version", payment_core::stripe::DEFAULT_API_VERSION)
-        .query(&[("query", format!("metadata['payment_id']:'{pid}'"))])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let query = format!("metadata['payment_id']:'{pid}'");
+    let found = stripe_call(
+        &required_env("PROVIDER_API_URL"),
+        &required_env("PAYMENT_API_KEY"),
+        reqwest::Method::GET,
+        "/v1/payment_intents/search",
+        &[("query", &query)],
+        &[],
+        "",
+    )
+    .await;
     found["data"][0].clone()
 }
 

@@ -1,5 +1,6 @@
 //! A provider simulator of a test's own, for what is the whole account's at Stripe (the
-//! account's rate limit, its webhook endpoints).
+//! account's rate limit, its webhook endpoints), and a request to any simulator as the
+//! project's client sends it.
 
 use std::time::Duration;
 
@@ -89,4 +90,27 @@ impl Drop for OwnSimulator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A `/v1` request to a provider simulator at `base` as the project's client sends it (the
+/// key as bearer, the pinned `Stripe-Version`, a form under `idempotency_key` when there is
+/// one): its JSON answer.
+pub async fn stripe_call(
+    base: &str,
+    api_key: &str,
+    method: reqwest::Method,
+    path: &str,
+    query: &[(&str, &str)],
+    form: &[(&str, &str)],
+    idempotency_key: &str,
+) -> serde_json::Value {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(api_key)
+        .header("Stripe-Version", payment_core::stripe::DEFAULT_API_VERSION)
+        .query(query);
+    if !form.is_empty() {
+        req = req.header("Idempotency-Key", idempotency_key).form(form);
+    }
+    req.send().await.unwrap().json().await.unwrap()
 }

@@ -187,16 +187,13 @@ impl Deployed {
         }
     }
 
-    /// The provider client the stack's functions use: its URL, key (from the stack's secret,
-    /// or from `key_arn` when given) and pinned version.
-    pub async fn provider(
+    /// The provider key the stack's functions use (from its secret, or from `key_arn` when
+    /// given).
+    pub async fn provider_key(
         &self,
         sdk: &aws_config::SdkConfig,
         key_arn: Option<&str>,
-    ) -> Result<payment_core::stripe::StripeClient> {
-        let url = self
-            .param("PaymentApiUrl")
-            .unwrap_or("https://api.stripe.com");
+    ) -> Result<secrecy::SecretString> {
         let arn = match key_arn {
             Some(a) => a,
             None => self.param("PaymentApiKeySecretArn").with_context(|| {
@@ -206,23 +203,39 @@ impl Deployed {
                 )
             })?,
         };
-        let version = self
-            .param("StripeApiVersion")
-            .unwrap_or(payment_core::stripe::DEFAULT_API_VERSION);
         let source = payment_core::edges::config::ApiKeySource::SecretArn(arn.to_owned());
-        let key = payment_core::edges::bootstrap::resolve_api_key(&source, sdk)
+        payment_core::edges::bootstrap::resolve_api_key(&source, sdk)
             .await
             .with_context(|| {
                 format!(
                     "reading the provider's key from {arn} (the stack's PaymentApiKeySecretArn)"
                 )
-            })?;
+            })
+    }
+
+    /// The provider client of the stack's functions (their URL and pinned version) with `key`.
+    pub fn client(&self, key: secrecy::SecretString) -> Result<payment_core::stripe::StripeClient> {
+        let url = self
+            .param("PaymentApiUrl")
+            .unwrap_or("https://api.stripe.com");
+        let version = self
+            .param("StripeApiVersion")
+            .unwrap_or(payment_core::stripe::DEFAULT_API_VERSION);
         Ok(payment_core::stripe::StripeClient::new(
             url,
             key,
             version,
             std::time::Duration::from_secs(20),
         )?)
+    }
+
+    /// The provider client the stack's functions use, with their key or `key_arn`'s.
+    pub async fn provider(
+        &self,
+        sdk: &aws_config::SdkConfig,
+        key_arn: Option<&str>,
+    ) -> Result<payment_core::stripe::StripeClient> {
+        self.client(self.provider_key(sdk, key_arn).await?)
     }
 
     /// The physical ids of the stack's resources of `kind` (`AWS::CloudWatch::Alarm`: the

@@ -265,8 +265,8 @@ impl PaymentRequest {
     }
 
     fn validate(raw: RawPayment) -> Result<Self, InputError> {
-        let contract_version = crate::domain::contract::read(raw.contract_version)
-            .map_err(InputError::ContractUnsupported)?;
+        // A version present was read before the shape (`from_value`).
+        let contract_version = raw.contract_version.unwrap_or(1);
         let payment_id = PaymentId::parse(&raw.payment_id)?;
         if let Some(suffix) = &raw.statement_descriptor_suffix {
             if contract_version < 2 {

@@ -229,70 +229,56 @@ impl StripeClient {
         }
     }
 
-    /// `POST {path}` with a form body and an `Idempotency-Key`: the answer's status, headers
-    /// and body, or a [`ProviderError`] when no answer came (classified for its ambiguity).
+    /// One request to `{base}{path}` with the key and `Stripe-Version`, `shape` adding the
+    /// rest: the answer's status, headers and body, or a [`ProviderError`] when no answer came
+    /// (classified for its ambiguity). Paced, and its answer counted and told to the pace.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        shape: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
+        self.slot().await?;
+        let url = format!("{}{path}", self.base_url);
+        let request = self
+            .http
+            .request(method, &url)
+            .bearer_auth(self.api_key.expose_secret())
+            .header("Stripe-Version", &self.api_version);
+        let answer = answer_of(shape(request).send().await, &url).await;
+        self.observed(&answer);
+        answer
+    }
+
+    /// `POST {path}` with a form body and an `Idempotency-Key`.
     pub(crate) async fn post_form(
         &self,
         path: &str,
         idempotency_key: &str,
         form: &[(String, String)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.slot().await?;
-        let url = format!("{}{path}", self.base_url);
-        let sent = self
-            .http
-            .post(&url)
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Stripe-Version", &self.api_version)
-            .header("Idempotency-Key", idempotency_key)
-            .form(form)
-            .send()
-            .await;
-        let answer = answer_of(sent, &url).await;
-        self.observed(&answer);
-        answer
+        self.send(reqwest::Method::POST, path, |r| {
+            r.header("Idempotency-Key", idempotency_key).form(form)
+        })
+        .await
     }
 
-    /// `GET {path}?{query}`: the answer's status, headers and body, or a [`ProviderError`]
-    /// when no answer came.
+    /// `GET {path}?{query}`.
     pub(crate) async fn get(
         &self,
         path: &str,
         query: &[(&str, &str)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.slot().await?;
-        let url = format!("{}{path}", self.base_url);
-        let sent = self
-            .http
-            .get(&url)
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Stripe-Version", &self.api_version)
-            .query(query)
-            .send()
-            .await;
-        let answer = answer_of(sent, &url).await;
-        self.observed(&answer);
-        answer
+        self.send(reqwest::Method::GET, path, |r| r.query(query))
+            .await
     }
 
-    /// `DELETE {path}`: the answer's status, headers and body, or a [`ProviderError`] when no
-    /// answer came.
+    /// `DELETE {path}`.
     pub(crate) async fn delete(
         &self,
         path: &str,
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.slot().await?;
-        let url = format!("{}{path}", self.base_url);
-        let sent = self
-            .http
-            .delete(&url)
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Stripe-Version", &self.api_version)
-            .send()
-            .await;
-        let answer = answer_of(sent, &url).await;
-        self.observed(&answer);
-        answer
+        self.send(reqwest::Method::DELETE, path, |r| r).await
     }
 
     /// The `Stripe-Version` this client sends.

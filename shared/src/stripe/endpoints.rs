@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::events::catch_up::EVENT_TYPES;
 use crate::provider::{FailureKind, ProviderError};
 use crate::stripe::{listing, StripeClient};
 use reqwest::header::HeaderMap;
@@ -33,6 +34,28 @@ pub struct WebhookEndpoint {
     /// When it was registered (Unix seconds).
     #[serde(default)]
     pub created: i64,
+}
+
+/// Whether two URLs name one endpoint (case, spaces and a trailing slash aside).
+pub fn same_url(a: &str, b: &str) -> bool {
+    let bare = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
+    bare(a) == bare(b)
+}
+
+impl WebhookEndpoint {
+    /// Whether the endpoint is at `url`.
+    pub fn is_at(&self, url: &str) -> bool {
+        same_url(&self.url, url)
+    }
+
+    /// The event types the inbox applies that the endpoint is not sent (none under `*`).
+    pub fn missing_types(&self) -> Vec<&'static str> {
+        EVENT_TYPES
+            .iter()
+            .filter(|t| !self.enabled_events.iter().any(|x| x == "*" || x == *t))
+            .copied()
+            .collect()
+    }
 }
 
 /// What to register.
@@ -178,5 +201,28 @@ impl StripeClient {
             return Ok(());
         }
         object::<serde_json::Value>(status, &headers, &body).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripe_s_published_webhook_endpoint_reads_with_what_connect_and_the_catch_up_need() {
+        let fixture = crate::stripe::client::tests::fixture("webhook_endpoint");
+        let e: WebhookEndpoint = serde_json::from_value(fixture).unwrap();
+        assert!(e.id.starts_with("we_") && e.created > 0);
+        assert_eq!(
+            (e.status.as_str(), e.api_version.as_deref()),
+            ("enabled", None)
+        );
+        assert!(e.is_at("HTTPS://example.com/my/webhook/endpoint/"));
+        assert_eq!(e.missing_types().len(), EVENT_TYPES.len());
+        let all = WebhookEndpoint {
+            enabled_events: vec!["*".into()],
+            ..e
+        };
+        assert!(all.missing_types().is_empty());
     }
 }

@@ -255,7 +255,6 @@ impl EventLister for EventListing {
 /// it takes are delivered, so never listed undelivered). Without `ours`, every endpoint at the
 /// receiver's path ([`EVENTS_PATH`]) must be fit, and one at least there.
 fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Option<String> {
-    let bare = |url: &str| url.trim().trim_end_matches('/').to_ascii_lowercase();
     let path = |url: &str| {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
         let path = rest.find('/').map_or("", |i| &rest[i..]);
@@ -266,10 +265,7 @@ fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Optio
             .to_owned()
     };
     let ours: Vec<&WebhookEndpoint> = match ours_url {
-        Some(url) => endpoints
-            .iter()
-            .filter(|e| bare(&e.url) == bare(url))
-            .collect(),
+        Some(url) => endpoints.iter().filter(|e| e.is_at(url)).collect(),
         None => endpoints
             .iter()
             .filter(|e| path(&e.url).ends_with(EVENTS_PATH))
@@ -291,11 +287,7 @@ fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Optio
             if e.status != "enabled" {
                 return Some(format!("{} ({}) is {}", e.id, e.url, e.status));
             }
-            let missing: Vec<&str> = EVENT_TYPES
-                .iter()
-                .filter(|t| !e.enabled_events.iter().any(|x| x == "*" || x == *t))
-                .copied()
-                .collect();
+            let missing = e.missing_types();
             (!missing.is_empty())
                 .then(|| format!("{} ({}) is not sent {}", e.id, e.url, missing.join(", ")))
         })

@@ -62,12 +62,6 @@ pub fn fingerprint(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))[..16].to_owned()
 }
 
-/// Whether two URLs name one endpoint (case and a trailing slash aside).
-pub fn same_url(a: &str, b: &str) -> bool {
-    let bare = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
-    bare(a) == bare(b)
-}
-
 /// Connects `stack` to the provider (see the module's docs).
 pub async fn connect(
     sdk: &aws_config::SdkConfig,
@@ -109,14 +103,16 @@ pub async fn stored_secrets(sm: &aws_sdk_secretsmanager::Client, arn: &str) -> R
         .await
         .map_err(crate::aws::failed)
         .with_context(|| format!("reading the webhook's secret {arn} (the stack's WebhookSecretArn): create it before the deploy, holding a placeholder"))?;
-    Ok(got
-        .secret_string()
-        .unwrap_or_default()
-        .split([',', '\n'])
-        .map(str::trim)
+    // Read as the receiver reads it; a placeholder is no secret.
+    Ok(
+        payment_core::stripe::webhook::SignatureCheck::parse_secrets(
+            got.secret_string().unwrap_or_default(),
+        )
+        .iter()
+        .map(|s| s.expose_secret().to_owned())
         .filter(|s| s.starts_with("whsec_"))
-        .map(str::to_owned)
-        .collect())
+        .collect(),
+    )
 }
 
 async fn put_secrets(
@@ -168,28 +164,20 @@ async fn register(
     // The stack's: at its URL, or registered for it before (at a URL it had then).
     let ours: Vec<&WebhookEndpoint> = listed
         .iter()
-        .filter(|e| same_url(&e.url, url) || e.metadata.get(STACK_ID_KEY) == Some(&stack.id))
+        .filter(|e| e.is_at(url) || e.metadata.get(STACK_ID_KEY) == Some(&stack.id))
         .collect();
-    let held = ours.iter().find(|e| {
-        !replace
-            && same_url(&e.url, url)
-            && e.api_version.as_deref() == Some(version.as_str())
-            && held_secret(e, &stored).is_some()
-    });
+    let held = ours
+        .iter()
+        .filter(|e| !replace && e.is_at(url) && e.api_version.as_deref() == Some(version.as_str()))
+        .find_map(|e| Some((e, held_secret(e, &stored)?)));
     let needed: Vec<String> = EVENT_TYPES.iter().map(|t| (*t).to_owned()).collect();
     let (kept, secret) = match held {
-        Some(e) => {
-            let secret = held_secret(e, &stored).expect("found above");
-            let sent_all = e.enabled_events.iter().any(|t| t == "*")
-                || needed.iter().all(|t| e.enabled_events.contains(t));
+        Some((e, secret)) => {
+            let missing = e.missing_types();
+            let sent_all = missing.is_empty();
             if !sent_all || e.status != "enabled" {
                 let mut events: Vec<String> = e.enabled_events.clone();
-                events.extend(
-                    needed
-                        .iter()
-                        .filter(|t| !e.enabled_events.contains(t))
-                        .cloned(),
-                );
+                events.extend(missing.iter().map(|t| (*t).to_owned()));
                 let update_key = key(
                     stack,
                     &format!("update:{}:{}", e.id, uuid::Uuid::new_v4().simple()),
@@ -300,7 +288,7 @@ async fn register(
             .with_context(|| format!("deleting webhook endpoint {} (replaced by {kept})", e.id))?;
         let why = if replace {
             "payctl connect --replace".to_owned()
-        } else if !same_url(&e.url, url) {
+        } else if !e.is_at(url) {
             format!("it is at {}, not the stack's URL", e.url)
         } else if e.api_version.as_deref() != Some(version.as_str()) {
             format!(
@@ -339,10 +327,9 @@ async fn register(
     let stored_now = stored_secrets(&sm, arn).await?;
     let fit = kept_now.is_some_and(|e| {
         e.status == "enabled"
-            && same_url(&e.url, url)
+            && e.is_at(url)
             && e.api_version.as_deref() == Some(version.as_str())
-            && (e.enabled_events.iter().any(|t| t == "*")
-                || needed.iter().all(|t| e.enabled_events.contains(t)))
+            && e.missing_types().is_empty()
             && held_secret(e, &stored_now).as_deref() == Some(secret.as_str())
     });
     if !fit {

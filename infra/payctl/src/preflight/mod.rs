@@ -49,14 +49,9 @@ pub async fn run(
         .unwrap_or_default();
     out.push(quota(limit, reserved_by(stack)));
 
-    let arn = stack.param("PaymentApiKeySecretArn").unwrap_or_default();
-    let key = payment_core::edges::bootstrap::resolve_api_key(
-        &payment_core::edges::config::ApiKeySource::SecretArn(arn.to_owned()),
-        sdk,
-    )
-    .await?;
+    let key = stack.provider_key(sdk, None).await?;
     out.push(key_mode(key.expose_secret(), live));
-    let client = stack.provider(sdk, None).await?;
+    let client = stack.client(key)?;
     let (webhook, eventbridge) = stack.delivery();
     // What the functions' key must do (payctl connect may register the endpoint with another:
     // --key-secret-arn).
@@ -183,20 +178,13 @@ async fn endpoint(
         })
         .collect();
     let Some(e) = ours.first() else {
-        let at_url = listed
-            .iter()
-            .filter(|e| e.url.trim_end_matches('/') == url.trim_end_matches('/'))
-            .count();
+        let at_url = listed.iter().filter(|e| e.is_at(url)).count();
         return Ok(bad("events", format!("no webhook endpoint holds the stack's signing secret ({at_url} registered at {url})"), fix));
     };
-    let missing: Vec<&str> = payment_core::events::catch_up::EVENT_TYPES
-        .iter()
-        .copied()
-        .filter(|t| !e.enabled_events.iter().any(|x| x == t || x == "*"))
-        .collect();
+    let missing = e.missing_types();
     let pinned = client.api_version();
     let mut wrong = Vec::new();
-    if !crate::connect::same_url(&e.url, url) {
+    if !e.is_at(url) {
         wrong.push(format!(
             "it is at {}, not the stack's ProviderEventsUrl {url}, which the catch-up checks",
             e.url

@@ -269,9 +269,10 @@ pub async fn provision(
         }
     }
     parameters.extend(opts.parameters.clone());
-    let shape = conditions::Conditions::new(&doc, &parameters).resources(all_resources)?;
+    let mut conditions = conditions::Conditions::new(&doc, &parameters);
+    let shape = conditions.resources(all_resources)?;
     let resources = &shape;
-    let truths = conditions::Conditions::new(&doc, &parameters).all()?;
+    let truths = conditions.all()?;
     let mut r = Resolver {
         conditions: truths,
         stack_name: &opts.stack_name,
