@@ -17,7 +17,7 @@ log "sam validate --lint"
 "$ROOT/.venv-sam/bin/sam" validate --template template.yaml --region "$AWS_REGION" --lint
 log "SAM transform"
 "$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed.json"
-for c in shape least_privilege route_throttle provider_pace dashboard eventbridge retention alarms; do
+for c in shape least_privilege route_throttle provider_pace dashboard eventbridge retention alarms deployment; do
   "$ROOT/.venv-sam/bin/python" "infra/template-checks/$c.py" --self-test
 done
 # Each way the provider's events can arrive is a shape of its own: every check reads each one.
@@ -37,7 +37,9 @@ for delivery in webhook eventbridge both; do
   set -- $(shape_params "$delivery")
   log "[$delivery] cfn-lint on the template and on its transform, with this shape's parameters"
   "$ROOT/.venv-sam/bin/cfn-lint" --parameters "$@" -- template.yaml
-  "$ROOT/.venv-sam/bin/cfn-lint" --parameters "$@" -- "$out/transformed.json"
+  # W2001 (a parameter not used) is the template's own check above: SAM's transform consumes
+  # the parameters it resolves itself (GradualDeployment, DeploymentType), which is their use.
+  "$ROOT/.venv-sam/bin/cfn-lint" --ignore-checks W2001 --parameters "$@" -- "$out/transformed.json"
   shape="$out/shape-$delivery.json"
   "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed.json" "$shape" "$@"
   log "[$delivery] least privilege (what SAM adds included)"
@@ -56,7 +58,16 @@ for delivery in webhook eventbridge both; do
   "$ROOT/.venv-sam/bin/python" infra/template-checks/alarms.py "$shape" "$ROOT"
   log "[$delivery] how the events arrive, and only that way"
   "$ROOT/.venv-sam/bin/python" infra/template-checks/eventbridge.py "$shape" "$ROOT" "$delivery"
+  log "[$delivery] every function behind its alias, shifted gradually and rolled back on its alarms"
+  "$ROOT/.venv-sam/bin/python" infra/template-checks/deployment.py "$shape" gradual
 done
+log "GradualDeployment=false (no CodeDeploy): the aliases stay, nothing of CodeDeploy is made"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/transform.py template.yaml "$out/transformed-at-once.json" GradualDeployment=false
+# shellcheck disable=SC2046
+set -- $(shape_params webhook)
+"$ROOT/.venv-sam/bin/cfn-lint" --ignore-checks W2001 --parameters "$@" GradualDeployment=false -- "$out/transformed-at-once.json"
+"$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed-at-once.json" "$out/shape-at-once.json" "$@" GradualDeployment=false
+"$ROOT/.venv-sam/bin/python" infra/template-checks/deployment.py "$out/shape-at-once.json" at-once
 log "a shape whose parameters the template's Rules refuse is refused"
 if "$ROOT/.venv-sam/bin/python" infra/template-checks/shape.py "$out/transformed.json" "$out/refused.json" \
     "$key" ProviderEventsDelivery=eventbridge 2>"$out/refused.txt"; then

@@ -3,7 +3,9 @@
 Fails on:
 - a managed policy on a role other than the logs and tracing ones (a managed policy's actions
   cannot be read offline; SAM's event sources attach AWSLambdaSQSQueueExecutionRole and
-  AWSLambdaDynamoDBExecutionRole, whose SQS and DynamoDB actions apply to every resource);
+  AWSLambdaDynamoDBExecutionRole, whose SQS and DynamoDB actions apply to every resource), but
+  for AWSCodeDeployRoleForLambda on a role only CodeDeploy assumes (the gradual deployment's
+  service role: it moves the functions' aliases and reads their alarms, no data);
 - an allowed SQS, DynamoDB or KMS action (or `*`) on a wildcard resource in a role's inline
   policies or a stand-alone IAM policy;
 - a KMS key policy statement granting an AWS service without a source condition
@@ -19,7 +21,10 @@ import copy
 import json
 import sys
 
+from shape import function_behind
+
 ALLOWED_MANAGED = {"AWSLambdaBasicExecutionRole", "AWSXrayWriteOnlyAccess"}
+CODEDEPLOY_MANAGED = "AWSCodeDeployRoleForLambda"
 GUARDED_PREFIXES = ("sqs:", "dynamodb:", "kms:")
 SOURCE_CONDITIONS = ("aws:sourceaccount", "aws:sourcearn", "kms:encryptioncontext:")
 POLL_ACTIONS = {
@@ -61,6 +66,15 @@ def role_statements(role):
         yield from statements(policy.get("PolicyDocument"))
 
 
+def only_codedeploy_assumes(role):
+    """True when the role's trust policy lets CodeDeploy, and nothing else, assume it."""
+    trusts = statements(role.get("Properties", {}).get("AssumeRolePolicyDocument"))
+    principals = [p for st in trusts if st.get("Effect") == "Allow"
+                  for p in as_list((st.get("Principal") or {}).get("Service"))]
+    other = [st for st in trusts if set(st.get("Principal") or {}) - {"Service"}]
+    return principals == ["codedeploy.amazonaws.com"] and not other
+
+
 def check(template):
     problems = []
     resources = template.get("Resources", {})
@@ -68,6 +82,8 @@ def check(template):
         kind, props = res.get("Type"), res.get("Properties", {})
         if kind == "AWS::IAM::Role":
             for arn in as_list(props.get("ManagedPolicyArns")):
+                if managed_name(arn) == CODEDEPLOY_MANAGED and only_codedeploy_assumes(res):
+                    continue
                 if managed_name(arn) not in ALLOWED_MANAGED:
                     problems.append(f"{name}: managed policy {managed_name(arn)} (its actions cannot be "
                                     "checked here; SAM's event-source policies act on every queue or stream)")
@@ -108,7 +124,7 @@ def check(template):
         if res.get("Type") != "AWS::Lambda::EventSourceMapping":
             continue
         props = res.get("Properties", {})
-        function = (props.get("FunctionName") or {}).get("Ref")
+        function = function_behind(resources, (props.get("FunctionName") or {}).get("Ref"))
         source = props.get("EventSourceArn")
         getatt = as_list((source or {}).get("Fn::GetAtt")) if isinstance(source, dict) else []
         kind = "stream" if getatt[1:2] == ["StreamArn"] else "sqs"
@@ -136,8 +152,13 @@ def good_template():
             "RedrivePolicy": {"deadLetterTargetArn": {"Fn::GetAtt": ["Dlq", "Arn"]}, "maxReceiveCount": 5}}},
         "FnRole": role,
         "Fn": {"Type": "AWS::Lambda::Function", "Properties": {"Role": {"Fn::GetAtt": ["FnRole", "Arn"]}}},
+        "FnAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {"FunctionName": {"Ref": "Fn"}, "Name": "live"}},
         "Esm": {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {
-            "FunctionName": {"Ref": "Fn"}, "EventSourceArn": {"Fn::GetAtt": ["Q", "Arn"]}}},
+            "FunctionName": {"Ref": "FnAliaslive"}, "EventSourceArn": {"Fn::GetAtt": ["Q", "Arn"]}}},
+        "CodeDeployServiceRole": {"Type": "AWS::IAM::Role", "Properties": {
+            "AssumeRolePolicyDocument": {"Statement": [
+                {"Effect": "Allow", "Action": ["sts:AssumeRole"], "Principal": {"Service": ["codedeploy.amazonaws.com"]}}]},
+            "ManagedPolicyArns": ["arn:aws:iam::aws:policy/service-role/AWSCodeDeployRoleForLambda"]}},
         "Key": {"Type": "AWS::KMS::Key", "Properties": {"KeyPolicy": {"Statement": [
             {"Effect": "Allow", "Principal": {"Service": "cloudwatch.amazonaws.com"}, "Action": "kms:Decrypt",
              "Resource": "*", "Condition": {"StringEquals": {"aws:SourceAccount": "1"}}}]}}},
@@ -156,6 +177,9 @@ def self_test():
         "a service grant without a source condition": lambda t: t["Resources"]["Key"]["Properties"]["KeyPolicy"][
             "Statement"][0].pop("Condition"),
         "a DLQ anyone may use": lambda t: t["Resources"]["Dlq"]["Properties"].pop("RedriveAllowPolicy"),
+        "CodeDeploy's policy on a role Lambda assumes too": lambda t: t["Resources"]["CodeDeployServiceRole"][
+            "Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Service"].append(
+            "lambda.amazonaws.com"),
         "a mapping its role cannot poll": lambda t: t["Resources"]["FnRole"]["Properties"]["Policies"][0][
             "PolicyDocument"]["Statement"][0]["Action"].remove("sqs:ReceiveMessage"),
     }

@@ -16,6 +16,8 @@ Usage: provider_pace.py TRANSFORMED_JSON; provider_pace.py --self-test
 import json
 import sys
 
+from shape import function_behind
+
 # The provider's processing allowance (5 s), the claim's allowance (1 s), the deadline safety
 # (0.5 s): sqs-once's defaults.
 ALLOWANCES = 6.5
@@ -34,16 +36,16 @@ def number(value, params):
         return None
 
 
-def function_name_of(mapping):
+def function_name_of(mapping, resources):
     ref = mapping["Properties"].get("FunctionName")
-    return ref.get("Ref") if isinstance(ref, dict) else ref
+    return function_behind(resources, ref.get("Ref")) if isinstance(ref, dict) else ref
 
 
 def check(template):
     problems = []
     resources = template.get("Resources", {})
     params = template.get("Parameters", {})
-    mappings = {function_name_of(r): r for r in resources.values()
+    mappings = {function_name_of(r, resources): r for r in resources.values()
                 if r.get("Type") == "AWS::Lambda::EventSourceMapping"}
     shares, sources = 0.0, set()
     for name, fn in resources.items():
@@ -96,8 +98,10 @@ def self_test():
                     "PROVIDER_REQUESTS_PER_SECOND": {"Ref": "Rate"}, "PROVIDER_SHARE_PERCENT": str(s),
                     "EVENT_SOURCE_MAX_CONCURRENCY": instances if i else {"Ref": "Most"},
                     "PAYMENT_API_TIMEOUT_SECONDS": "10"}}}}
+            t["Resources"][f"Fn{i}Aliaslive"] = {"Type": "AWS::Lambda::Alias", "Properties": {
+                "FunctionName": {"Ref": f"Fn{i}"}, "Name": "live"}}
             t["Resources"][f"Map{i}"] = {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {
-                "FunctionName": {"Ref": f"Fn{i}"}, "BatchSize": batch,
+                "FunctionName": {"Ref": f"Fn{i}Aliaslive"}, "BatchSize": batch,
                 "ScalingConfig": {"MaximumConcurrency": {"Ref": "Most"}}}}
         return t
     assert check(template()) == [], check(template())

@@ -4,7 +4,9 @@
 
 - a resource kept when the stack is deleted (DeletionPolicy Retain, Snapshot or
   RetainExceptOnCreate) is kept when an update replaces it too (UpdateReplacePolicy Retain or
-  Snapshot): the ledger is not lost to a changed property either;
+  Snapshot): the ledger is not lost to a changed property either. A Lambda version (SAM keeps
+  each one it publishes, a rollback's target) is exempt: its properties cannot change, a new
+  one is a new resource, and it holds code, not data;
 - every KMS key a kept resource names (by Ref, GetAtt or Sub, directly or through a KMS alias)
   is itself kept on delete and on replacement: a deleted stack would otherwise schedule the
   deletion of the key its kept tables are encrypted with, and after the waiting period (7 to 30
@@ -18,6 +20,7 @@ import sys
 
 KEPT = {"Retain", "Snapshot", "RetainExceptOnCreate"}
 KEY_TYPES = {"AWS::KMS::Key", "AWS::KMS::ReplicaKey"}
+NEVER_REPLACED = {"AWS::Lambda::Version"}
 
 
 def names(value):
@@ -61,7 +64,7 @@ def check(template):
     resources = template.get("Resources", {})
     kept = {n: r for n, r in resources.items() if r.get("DeletionPolicy") in KEPT}
     for name, r in sorted(kept.items()):
-        if r.get("UpdateReplacePolicy") not in ("Retain", "Snapshot"):
+        if r.get("UpdateReplacePolicy") not in ("Retain", "Snapshot") and r.get("Type") not in NEVER_REPLACED:
             problems.append(f"{name} is kept when the stack is deleted but not when an update replaces it (UpdateReplacePolicy: Retain)")
         for key in sorted(keys_named(resources, r.get("Properties", {}))):
             k = resources[key]
@@ -104,7 +107,13 @@ def self_test():
     sub["Resources"]["Table"]["Properties"]["SSESpecification"]["KMSMasterKeyId"] = {"Fn::Sub": "${Key.Arn}"}
     assert len(check(sub)) == 1  # named by Sub
     assert len(check({"Resources": {}})) == 1  # nothing kept at all
-    print("retention self-test: 8 cases ok")
+    versioned = template()
+    versioned["Resources"]["Version"] = {"Type": "AWS::Lambda::Version", "DeletionPolicy": "Retain",
+                                         "Properties": {"FunctionName": {"Ref": "Fn"}}}
+    assert check(versioned) == [], check(versioned)  # SAM's kept versions: never replaced
+    versioned["Resources"]["Version"]["Type"] = "AWS::Lambda::LayerVersion"
+    assert len(check(versioned)) == 1  # only versions are exempt
+    print("retention self-test: 10 cases ok")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import json
 import re
 import sys
 
+from shape import function_behind
+
 
 def resolve(value, params):
     if isinstance(value, dict) and "Ref" in value and value["Ref"] in params:
@@ -51,6 +53,8 @@ def function_of_route(route, resources):
     if not m:
         return None
     uri = resources.get(m.group(1), {}).get("Properties", {}).get("IntegrationUri", {})
+    if isinstance(uri, dict) and "Ref" in uri:
+        return function_behind(resources, uri["Ref"])
     arn = uri.get("Fn::GetAtt") if isinstance(uri, dict) else None
     return arn[0] if isinstance(arn, list) else (arn.split(".")[0] if isinstance(arn, str) else None)
 
@@ -129,7 +133,8 @@ def self_test():
                 "IamRoute": {"Type": "AWS::ApiGatewayV2::Route", "Properties": {
                     "ApiId": {"Ref": "Api"}, "RouteKey": "POST /v1/p", "AuthorizationType": "AWS_IAM"}},
                 "Int": {"Type": "AWS::ApiGatewayV2::Integration", "Properties": {
-                    "IntegrationUri": {"Fn::GetAtt": ["Fn", "Arn"]}}},
+                    "IntegrationUri": {"Ref": "FnAliaslive"}}},
+                "FnAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {"FunctionName": {"Ref": "Fn"}}},
                 "Fn": {"Type": "AWS::Lambda::Function", "Properties": {
                     "ReservedConcurrentExecutions": reserved, "MemorySize": memory}},
             },

@@ -25,6 +25,15 @@ class Refused(Exception):
     pass
 
 
+def function_behind(resources, ref):
+    """The function a mapping, a route or a rule invokes by `ref`: that function, or the
+    function of the alias (SAM's AutoPublishAlias) it names."""
+    res = resources.get(ref, {})
+    if res.get("Type") == "AWS::Lambda::Alias":
+        return (res.get("Properties", {}).get("FunctionName") or {}).get("Ref")
+    return ref
+
+
 def parameter_values(template, given):
     values = {}
     for name, p in template.get("Parameters", {}).items():
