@@ -34,17 +34,22 @@ stack="e2e-$(date +%s)"
 secret_arn=$(helper secret "payments/$stack/provider-key" "$PAYMENT_API_KEY")
 # As docs/deploy.md says: the webhook's secret holds a placeholder until payctl connect.
 webhook_arn=$(helper secret "payments/$stack/webhook-secret" "placeholder: payctl connect writes the signing secret")
+# The built template, but for GradualDeployment's default (deploy_helper.py, emulator-template):
+# the emulator's SAM transform reads defaults, not the values a deploy passes.
+template="$(helper emulator-template "$ROOT/.aws-sam/build-x86_64/template.yaml" "$ROOT/.aws-sam/build-x86_64/template.emulator.json")"
 deploy_webhook_stack() { # extra parameters...
-  "$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
+  "$ROOT/.venv-sam/bin/sam" deploy --template-file "$template" \
     --stack-name "$stack" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
     --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
     --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
-    "WebhookSecretArn=$webhook_arn" AlarmEmail=oncall@example.com \
+    "WebhookSecretArn=$webhook_arn" AlarmEmail=oncall@example.com GradualDeployment=false \
     RetryHorizonSeconds=20 "$@" # the check's flaky payment comes back in seconds, not spread over an hour
   helper fix-stack "$stack"
 }
+# GradualDeployment=false: the emulator has no CodeDeploy; the aliases and versions are the same.
 log "sam deploy $stack"
 deploy_webhook_stack
+first_versions=$(helper aliases "$stack")
 declare -A out
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
 check() {
@@ -61,6 +66,17 @@ api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
 log "sam deploy $stack again, with ProviderEventsPublicUrl (as for a custom domain)"
 deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events"
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
+log "the redeploy published a version of the function it changed (the event processor's PROVIDER_EVENTS_URL) and moved its live alias; the others stayed"
+declare -A v1 v2
+while IFS='=' read -r k v; do v1[$k]=$v; done <<<"$first_versions"
+while IFS='=' read -r k v; do v2[$k]=$v; done < <(helper aliases "$stack")
+for f in "${!v1[@]}"; do
+  if [ "$f" = EventProcessorFunction ]; then
+    [ "${v2[$f]}" != "${v1[$f]}" ] || { echo "$f's live alias did not move with its changed configuration" >&2; exit 1; }
+  else
+    [ "${v2[$f]}" = "${v1[$f]}" ] || { echo "$f was published again though nothing of it changed" >&2; exit 1; }
+  fi
+done
 [ "${out[ProviderEventsUrl]}" = "$api_url/v1/provider-events" ] \
   || { echo "ProviderEventsUrl is ${out[ProviderEventsUrl]}, not the public URL deployed" >&2; exit 1; }
 log "payctl connect: the endpoint registered at the provider (the simulator takes this 127.0.0.1 URL when told to), its secret stored, a test event through to the deployed inbox"
@@ -84,16 +100,21 @@ echo "$report"
 "$ROOT/.venv-sam/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["queued"] >= 10, r' "$report" \
   || { echo "the scheduled catch-up queued too few of the run's events: $report" >&2; exit 1; }
 helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120
+log "docs/deploy.md's manual rollback: the event processor's live alias back to the version before, the scheduled catch-up through the alias on it, then forward again; nothing dead-lettered"
+left=$(helper alias-to "$stack" EventProcessorFunction "${v1[EventProcessorFunction]}")
+helper invoke "${out[EventProcessorFunctionName]}:live" '{"catch_up": true}'
+helper alias-to "$stack" EventProcessorFunction "$left" >/dev/null
+helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120
 
 log "the EventBridge shape: no public route, no secret; Stripe's events through the partner bus"
 eb="$stack-eb"
 source_name="local.partner/stripe.com/ed_${eb//-/_}"
 helper partner-source "$source_name"
-"$ROOT/.venv-sam/bin/sam" deploy --template-file "$ROOT/.aws-sam/build-x86_64/template.yaml" \
+"$ROOT/.venv-sam/bin/sam" deploy --template-file "$template" \
   --stack-name "$eb" --resolve-s3 --capabilities CAPABILITY_IAM CAPABILITY_NAMED_IAM \
   --no-confirm-changeset --no-fail-on-empty-changeset --region "$AWS_REGION" \
   --parameter-overrides Architecture=x86_64 "PaymentApiUrl=$PROVIDER_API_URL" "PaymentApiKeySecretArn=$secret_arn" \
-  ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20
+  ProviderEventsDelivery=eventbridge "StripeEventSourceName=$source_name" RetryHorizonSeconds=20 GradualDeployment=false
 helper fix-stack "$eb"
 "$BIN/payctl" connect --stack-name "$eb"
 log "payctl preflight of the EventBridge stack, deployed without AlarmEmail: its alarm topic reaches no one, and says so"

@@ -15,10 +15,22 @@
   kept KEY_ARN QUEUE TABLE...
                            after the stack's deletion: each TABLE still there and KEY_ARN still
                            enabled (not pending deletion), while QUEUE (not kept) is gone
+  aliases STACK            print each function's live alias as LOGICAL_ID=VERSION lines; fail if
+                           an event-source mapping or an API integration of the stack invokes
+                           anything but a function's live alias
+  alias-to STACK LOGICAL_ID VERSION
+                           point the function's live alias at VERSION (docs/deploy.md's manual
+                           rollback, `aws lambda update-alias`), print the version it left
   fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
                            - event-source mapping numbers given by !Ref are stored as strings and
                              stop its SQS polling: write them back as integers;
                            - TimeToLiveSpecification from a template is ignored: enable TTL.
+  emulator-template SRC DST
+                           SRC with GradualDeployment's default "false": ministack 1.5.33 runs the
+                           SAM transform without the stack's parameter values (AWS passes them),
+                           so SAM reads the defaults, and the default ("true") would make
+                           CodeDeploy resources the emulator does not have whatever the deploy
+                           passes. The deploys pass GradualDeployment=false all the same.
 """
 import json
 import sys
@@ -63,6 +75,56 @@ def fix_stack(stack):
             if ttl.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
                 ddb.update_time_to_live(TableName=table, TimeToLiveSpecification={"AttributeName": "expires_at", "Enabled": True})
                 print(f"table {table}: TTL on expires_at enabled", file=sys.stderr)
+
+
+def stack_functions(stack):
+    cf = boto3.client("cloudformation")
+    return {r["LogicalResourceId"]: r["PhysicalResourceId"]
+            for r in cf.describe_stack_resources(StackName=stack)["StackResources"]
+            if r["ResourceType"] == "AWS::Lambda::Function"}
+
+
+def aliases(stack):
+    cf, lam = boto3.client("cloudformation"), boto3.client("lambda")
+    functions = stack_functions(stack)
+    live = {}
+    for logical, name in sorted(functions.items()):
+        alias = lam.get_alias(FunctionName=name, Name="live")
+        live[logical] = alias["FunctionVersion"]
+        if alias["FunctionVersion"] == "$LATEST":
+            sys.exit(f"{logical}'s live alias points at $LATEST, not a published version")
+    invoked = []
+    for r in cf.describe_stack_resources(StackName=stack)["StackResources"]:
+        if r["ResourceType"] == "AWS::Lambda::EventSourceMapping":
+            invoked.append((r["LogicalResourceId"], lam.get_event_source_mapping(UUID=r["PhysicalResourceId"])["FunctionArn"]))
+        if r["ResourceType"] == "AWS::ApiGatewayV2::Integration":
+            api = next(o["PhysicalResourceId"] for o in cf.describe_stack_resources(StackName=stack)["StackResources"]
+                       if o["ResourceType"] == "AWS::ApiGatewayV2::Api")
+            uri = boto3.client("apigatewayv2").get_integration(ApiId=api, IntegrationId=r["PhysicalResourceId"])["IntegrationUri"]
+            invoked.append((r["LogicalResourceId"], uri))
+    for logical, arn in invoked:
+        if not any(arn.endswith(f":function:{name}:live") or f":function:{name}:live/" in arn for name in functions.values()):
+            sys.exit(f"{logical} invokes {arn}, not a function's live alias")
+    for logical, version in live.items():
+        print(f"{logical}={version}")
+
+
+def alias_to(stack, logical, version):
+    lam = boto3.client("lambda")
+    name = stack_functions(stack)[logical]
+    left = lam.get_alias(FunctionName=name, Name="live")["FunctionVersion"]
+    lam.update_alias(FunctionName=name, Name="live", FunctionVersion=version)
+    print(left)
+
+
+def emulator_template(src, dst):
+    from samtranslator.yaml_helper import yaml_parse
+    with open(src) as f:
+        template = yaml_parse(f.read())
+    template["Parameters"]["GradualDeployment"]["Default"] = "false"
+    with open(dst, "w") as f:
+        json.dump(template, f, indent=1)
+    print(dst)
 
 
 def partner_source(name):
@@ -157,4 +219,5 @@ def drained(queue, dlq, secs):
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained,
-     "partner-source": partner_source, "resources": resources, "kept": kept, "apart": apart}[cmd](*args)
+     "partner-source": partner_source, "aliases": aliases, "alias-to": alias_to,
+     "emulator-template": emulator_template, "resources": resources, "kept": kept, "apart": apart}[cmd](*args)

@@ -10,12 +10,21 @@
   deployment group that rolls back on alarm, and each group watches at least one alarm of the
   stack's that fires on that function's failures (its Errors, or a metric of the stack's own
   that the function publishes); without it, no CodeDeploy resource at all (an account or an
-  emulator without CodeDeploy deploys the same template).
+  emulator without CodeDeploy deploys the same template);
+- a version is published again when a parameter its function's configuration reads changes,
+  not only when the code does: SAM names a version after the code and the environment as
+  written (`!Ref P`, not P's value), so a deploy that changes only P would update $LATEST and
+  leave `live` on the old configuration. Each version's Description (SAM's VersionDescription)
+  is therefore a Fn::Sub of every parameter the function's configuration reads, whose longest
+  value fits Lambda's 256 characters; a parameter whose length has no bound (a string with no
+  AllowedValues or MaxLength) cannot be in it, and is listed as left to `payctl preflight`,
+  which compares `live` with $LATEST.
 
 Usage: deployment.py SHAPE_JSON gradual|at-once; deployment.py --self-test
 """
 import copy
 import json
+import re
 import sys
 
 from shape import function_behind
@@ -38,6 +47,82 @@ def named(value):
     return None, None
 
 
+DESCRIPTION_MAX = 256
+# A function's own settings, the same for every version: they need no new one.
+FUNCTION_LEVEL = {"ReservedConcurrentExecutions"}
+
+
+def parameters_read(value, params, conditions):
+    """The parameters a value reads: Ref, Sub's ${P}, and those of the conditions of its Fn::If."""
+    found = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Ref" and v in params:
+                found.add(v)
+            elif k == "Fn::Sub":
+                text = v[0] if isinstance(v, list) else v
+                found |= {n for n in re.findall(r"\$\{([^}!.]+)\}", text if isinstance(text, str) else "") if n in params}
+                found |= parameters_read(v[1:] if isinstance(v, list) else None, params, conditions)
+            elif k == "Fn::If" and isinstance(v, list):
+                found |= parameters_read(conditions.get(v[0]), params, conditions) | parameters_read(v[1:], params, conditions)
+            elif k == "Condition" and isinstance(v, str):
+                found |= parameters_read(conditions.get(v), params, conditions)
+            else:
+                found |= parameters_read(v, params, conditions)
+    elif isinstance(value, list):
+        for v in value:
+            found |= parameters_read(v, params, conditions)
+    return found
+
+
+def longest(param):
+    """The most characters a parameter's value can have, or None when nothing bounds it."""
+    if "AllowedValues" in param:
+        return max(len(str(v)) for v in param["AllowedValues"])
+    if param.get("Type") == "Number":
+        if "MaxValue" not in param:
+            return None
+        return max(len(str(param["MaxValue"])), len(str(param.get("MinValue", ""))))
+    return param.get("MaxLength")
+
+
+def version_descriptions(template):
+    problems, left = [], set()
+    resources = template.get("Resources", {})
+    params = template.get("Parameters", {})
+    conditions = template.get("Conditions", {})
+    for fn, res in sorted(resources.items()):
+        if res.get("Type") != "AWS::Lambda::Function":
+            continue
+        props = {k: v for k, v in res.get("Properties", {}).items() if k not in FUNCTION_LEVEL}
+        read = parameters_read(props, params, conditions)
+        bounded = {p for p in read if longest(params[p]) is not None}
+        left |= read - bounded
+        versions = [r for r in resources.values() if r.get("Type") == "AWS::Lambda::Version"
+                    and named(r.get("Properties", {}).get("FunctionName"))[1] == fn]
+        for version in versions:
+            desc = version.get("Properties", {}).get("Description")
+            text = desc.get("Fn::Sub") if isinstance(desc, dict) else None
+            if not isinstance(text, str):
+                if bounded:
+                    problems.append(f"{fn}'s version is not published again when {', '.join(sorted(bounded))} change: "
+                                    "give it a VersionDescription that is a Fn::Sub of them")
+                continue
+            names = set(re.findall(r"\$\{([^}!.]+)\}", text))
+            missing = bounded - names
+            if missing:
+                problems.append(f"{fn}'s VersionDescription leaves out {', '.join(sorted(missing))}: a change of "
+                                "only these would leave its live alias on the old configuration")
+            unbounded = sorted(n for n in names if n in params and longest(params[n]) is None)
+            if unbounded:
+                problems.append(f"{fn}'s VersionDescription names {', '.join(unbounded)}, whose length nothing bounds")
+                continue
+            worst = len(re.sub(r"\$\{[^}]+\}", "", text)) + sum(longest(params[n]) for n in names if n in params)
+            if worst > DESCRIPTION_MAX:
+                problems.append(f"{fn}'s VersionDescription can be {worst} characters, over Lambda's {DESCRIPTION_MAX}")
+    return problems, left
+
+
 def check(template, gradual):
     problems = []
     resources = template.get("Resources", {})
@@ -53,6 +138,7 @@ def check(template, gradual):
             how, target = named(ref)
             if target in functions:
                 problems.append(f"{name} invokes {target} itself ({how}), not its alias {alias_of.get(target)}")
+    problems += version_descriptions(template)[0]
     groups = of_type("AWS::CodeDeploy::DeploymentGroup")
     if not gradual:
         if groups or of_type("AWS::CodeDeploy::Application"):
@@ -98,8 +184,14 @@ def good_template():
     def alarm(namespace, metric, dims):
         return {"Type": "AWS::CloudWatch::Alarm", "Properties": {
             "Namespace": namespace, "MetricName": metric, "Dimensions": dims}}
-    return {"Resources": {
-        "Fn": {"Type": "AWS::Lambda::Function", "Properties": {"FunctionName": "fn"}},
+    return {"Parameters": {"Pace": {"Type": "Number", "MaxValue": 100}, "Mode": {"Type": "String", "AllowedValues": ["a", "bb"]},
+                           "Url": {"Type": "String"}, "Reserved": {"Type": "Number"}},
+            "Resources": {
+        "Fn": {"Type": "AWS::Lambda::Function", "Properties": {
+            "FunctionName": "fn", "ReservedConcurrentExecutions": {"Ref": "Reserved"},
+            "Environment": {"Variables": {"PACE": {"Ref": "Pace"}, "MODE": {"Fn::Sub": "${Mode}"}, "URL": {"Ref": "Url"}}}}},
+        "FnVersion": {"Type": "AWS::Lambda::Version", "Properties": {
+            "FunctionName": {"Ref": "Fn"}, "Description": {"Fn::Sub": "parameters ${Pace} ${Mode}"}}},
         "FnAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {"FunctionName": {"Ref": "Fn"}},
                         "UpdatePolicy": {"CodeDeployLambdaAliasUpdate": {"DeploymentGroupName": {"Ref": "Group"}}}},
         "Group": {"Type": "AWS::CodeDeploy::DeploymentGroup", "Properties": {
@@ -137,6 +229,12 @@ def self_test():
         "an alarm the shape lacks": (lambda t: r(t)["Group"]["Properties"]["AlarmConfiguration"]["Alarms"].append(
             {"Name": {"Ref": "Gone"}}), True),
         "CodeDeploy without GradualDeployment": (lambda t: None, False),
+        "a parameter the version does not follow": (lambda t: r(t)["FnVersion"]["Properties"].update(
+            Description={"Fn::Sub": "parameters ${Pace}"}), True),
+        "no description at all": (lambda t: r(t)["FnVersion"]["Properties"].pop("Description"), True),
+        "an unbounded parameter in it": (lambda t: r(t)["FnVersion"]["Properties"].update(
+            Description={"Fn::Sub": "parameters ${Pace} ${Mode} ${Url}"}), True),
+        "a description that can outgrow 256": (lambda t: t["Parameters"]["Mode"].update(AllowedValues=["x" * 250]), True),
     }
     for what, (breaking, gradual) in breaks.items():
         t = copy.deepcopy(good_template() if gradual or what.startswith("CodeDeploy") else at_once)
@@ -151,11 +249,15 @@ if __name__ == "__main__":
         sys.exit(0)
     mode = sys.argv[2]
     assert mode in ("gradual", "at-once"), mode
-    found = check(json.load(open(sys.argv[1], encoding="utf-8")), mode == "gradual")
+    shape = json.load(open(sys.argv[1], encoding="utf-8"))
+    found = check(shape, mode == "gradual")
     for p in found:
         print(p, file=sys.stderr)
     if found:
         sys.exit(1)
-    print(f"deployment ({mode}): every function behind its alias, everything invoking the alias"
+    left = sorted(version_descriptions(shape)[1])
+    print(f"deployment ({mode}): every function behind its alias, everything invoking the alias, each version "
+          "published again when a parameter its configuration reads changes (left to payctl preflight's "
+          f"live/$LATEST comparison, unbounded: {', '.join(left) or 'none'})"
           + (", each alias shifted by CodeDeploy and rolled back on its function's alarms" if mode == "gradual"
              else ", no CodeDeploy resource"))

@@ -29,7 +29,8 @@ pub(super) fn resolve(
         let function = get(&props, "FunctionName")
             .and_then(intrinsic)
             .filter(|(f, _)| f == "Ref")
-            .and_then(|(_, arg)| arg.as_str().map(str::to_owned));
+            // `!Ref F.Alias`: SAM's AutoPublishAlias of F, which the mapping invokes.
+            .and_then(|(_, arg)| arg.as_str().map(|f| f.trim_end_matches(".Alias").to_owned()));
         let source = r.string(get(&props, "EventSourceArn"))?;
         if let (Some(function), Some(source)) = (function, source) {
             if stack.queue_arns.values().any(|a| *a == source) {

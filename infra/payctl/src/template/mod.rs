@@ -217,6 +217,79 @@ pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
     }
 }
 
+/// The template's parameters: each one's default, then the `given` values, which must be
+/// parameters of the template and among their `AllowedValues`.
+fn parameters_of(doc: &Value, given: &HashMap<String, String>) -> Result<HashMap<String, String>> {
+    let mut parameters = HashMap::new();
+    if let Some(ps) = get(doc, "Parameters").and_then(|p| p.as_mapping()) {
+        for (k, v) in ps {
+            if let (Some(k), Some(d)) = (k.as_str(), get(v, "Default")) {
+                let d = match d {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => continue,
+                };
+                parameters.insert(k.to_owned(), d);
+            }
+        }
+    }
+    for (name, value) in given {
+        let declared = get(doc, "Parameters")
+            .and_then(|p| get(p, name))
+            .with_context(|| format!("the template has no parameter {name}"))?;
+        if let Some(allowed) = get(declared, "AllowedValues").and_then(|a| a.as_sequence()) {
+            let allowed: Vec<String> = allowed.iter().filter_map(text_of).collect();
+            if !allowed.contains(value) {
+                bail!(
+                    "{name}={value} is not one of the template's {}",
+                    allowed.join(", ")
+                );
+            }
+        }
+    }
+    parameters.extend(given.clone());
+    Ok(parameters)
+}
+
+/// What CloudFormation would make of the template for its parameters' defaults and `given`:
+/// how many resources of each type, the parameters' values, and the custom metrics (not in an
+/// `AWS/` namespace) its alarms read, as (namespace, metric name).
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub counts: BTreeMap<String, usize>,
+    pub parameters: HashMap<String, String>,
+    pub custom_metrics: std::collections::BTreeSet<(String, String)>,
+}
+
+/// The [`Shape`] of the template at `template_path`.
+pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result<Shape> {
+    let text = std::fs::read_to_string(template_path)
+        .with_context(|| format!("reading {}", template_path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let all = get(&doc, "Resources")
+        .and_then(|r| r.as_mapping())
+        .ok_or_else(|| anyhow!("template has no Resources"))?;
+    let parameters = parameters_of(&doc, given)?;
+    let resources = conditions::Conditions::new(&doc, &parameters).resources(all)?;
+    let mut counts = BTreeMap::new();
+    let mut custom_metrics = std::collections::BTreeSet::new();
+    for res in resources.values() {
+        let kind = get(res, "Type").and_then(Value::as_str).unwrap_or_default();
+        *counts.entry(kind.to_owned()).or_default() += 1;
+        let props = get(res, "Properties");
+        let text = |k: &str| props.and_then(|p| get(p, k)).and_then(Value::as_str);
+        if let (true, Some(ns), Some(name)) =
+            (kind == "AWS::CloudWatch::Alarm", text("Namespace"), text("MetricName"))
+        {
+            if !ns.starts_with("AWS/") {
+                custom_metrics.insert((ns.to_owned(), name.to_owned()));
+            }
+        }
+    }
+    Ok(Shape { counts, parameters, custom_metrics })
+}
+
 fn text_of(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
@@ -241,34 +314,7 @@ pub async fn provision(
         .and_then(|r| r.as_mapping())
         .ok_or_else(|| anyhow!("template has no Resources"))?;
 
-    let mut parameters = HashMap::new();
-    if let Some(ps) = get(&doc, "Parameters").and_then(|p| p.as_mapping()) {
-        for (k, v) in ps {
-            if let (Some(k), Some(d)) = (k.as_str(), get(v, "Default")) {
-                let d = match d {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    _ => continue,
-                };
-                parameters.insert(k.to_owned(), d);
-            }
-        }
-    }
-    for (name, value) in &opts.parameters {
-        let declared = get(&doc, "Parameters")
-            .and_then(|p| get(p, name))
-            .with_context(|| format!("the template has no parameter {name}"))?;
-        if let Some(allowed) = get(declared, "AllowedValues").and_then(|a| a.as_sequence()) {
-            let allowed: Vec<String> = allowed.iter().filter_map(text_of).collect();
-            if !allowed.contains(value) {
-                bail!(
-                    "{name}={value} is not one of the template's {}",
-                    allowed.join(", ")
-                );
-            }
-        }
-    }
-    parameters.extend(opts.parameters.clone());
+    let parameters = parameters_of(&doc, &opts.parameters)?;
     let mut conditions = conditions::Conditions::new(&doc, &parameters);
     let shape = conditions.resources(all_resources)?;
     let resources = &shape;
