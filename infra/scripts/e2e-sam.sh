@@ -66,17 +66,40 @@ api_url="$AWS_ENDPOINT_URL/_aws/execute-api/${out[PaymentsApiId]}/\$default"
 log "sam deploy $stack again, with ProviderEventsPublicUrl (as for a custom domain)"
 deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events"
 while IFS='=' read -r k v; do out[$k]=$v; done < <(helper outputs "$stack")
-log "the redeploy published a version of the function it changed (the event processor's PROVIDER_EVENTS_URL) and moved its live alias; the others stayed"
-declare -A v1 v2
-while IFS='=' read -r k v; do v1[$k]=$v; done <<<"$first_versions"
-while IFS='=' read -r k v; do v2[$k]=$v; done < <(helper aliases "$stack")
-for f in "${!v1[@]}"; do
-  if [ "$f" = EventProcessorFunction ]; then
-    [ "${v2[$f]}" != "${v1[$f]}" ] || { echo "$f's live alias did not move with its changed configuration" >&2; exit 1; }
-  else
-    [ "${v2[$f]}" = "${v1[$f]}" ] || { echo "$f was published again though nothing of it changed" >&2; exit 1; }
-  fi
-done
+# versions_moved BEFORE AFTER FUNCTION...: the functions named moved their live alias, the others did not.
+versions_moved() {
+  local -A before after
+  while IFS='=' read -r k v; do before[$k]=$v; done <<<"$1"
+  while IFS='=' read -r k v; do after[$k]=$v; done <<<"$2"
+  shift 2
+  for f in "${!before[@]}"; do
+    if [[ " $* " == *" $f "* ]]; then
+      [ "${after[$f]}" != "${before[$f]}" ] || { echo "$f's live alias did not move with its changed configuration" >&2; exit 1; }
+    else
+      [ "${after[$f]}" = "${before[$f]}" ] || { echo "$f was published again though nothing of it changed" >&2; exit 1; }
+    fi
+  done
+}
+log "ProviderEventsPublicUrl is not in the event processor's VersionDescription (its length has no bound): the redeploy published nothing, and preflight says its live alias runs the old PROVIDER_EVENTS_URL"
+second_versions=$(helper aliases "$stack")
+versions_moved "$first_versions" "$second_versions"
+set +e
+pre=$("$BIN/payctl" preflight --stack-name "$stack"); code=$?
+set -e
+echo "$pre"
+if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version .*PROVIDER_EVENTS_URL" <<<"$pre"; then
+  echo "payctl preflight did not name the event processor's live alias behind its configuration (exit $code)" >&2; exit 1
+fi
+log "its fix, as preflight prints it: publish a version of the event processor and move live to it"
+helper publish "$stack" EventProcessorFunction
+third_versions=$(helper aliases "$stack")
+versions_moved "$second_versions" "$third_versions" EventProcessorFunction
+log "sam deploy $stack with RetryHorizonSeconds changed: each function whose VersionDescription names it is published again and its live alias moved; the others stay"
+deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events" RetryHorizonSeconds=21
+fourth_versions=$(helper aliases "$stack")
+versions_moved "$third_versions" "$fourth_versions" PaymentProcessorFunction RefundProcessorFunction EventProcessorFunction
+declare -A v3
+while IFS='=' read -r k v; do v3[$k]=$v; done <<<"$third_versions"
 [ "${out[ProviderEventsUrl]}" = "$api_url/v1/provider-events" ] \
   || { echo "ProviderEventsUrl is ${out[ProviderEventsUrl]}, not the public URL deployed" >&2; exit 1; }
 log "payctl connect: the endpoint registered at the provider (the simulator takes this 127.0.0.1 URL when told to), its secret stored, a test event through to the deployed inbox"
@@ -84,7 +107,7 @@ curl -fsS -X POST -H 'Content-Type: application/json' -d '{"allow_private_urls":
 "$BIN/payctl" connect --stack-name "$stack"
 again=$("$BIN/payctl" connect --stack-name "$stack")
 grep -q "registered already" <<<"$again" || { echo "payctl connect run again changed the endpoint: $again" >&2; exit 1; }
-log "payctl preflight: ready for traffic (quota, key and permissions, version, alarm topic, endpoint)"
+log "payctl preflight: ready for traffic (quota, key and permissions, version, live aliases, alarm topic, endpoint)"
 "$BIN/payctl" preflight --stack-name "$stack"
 log "the operator's shell from the deployed stack: payctl env, then payctl health reads it"
 (eval "$("$BIN/payctl" env --stack-name "$stack")" && "$BIN/payctl" health >/dev/null) || [ $? -eq 2 ] \
@@ -95,13 +118,13 @@ log "straight into the queue, and what the provider finishes later through its e
 check --prefix "$stack" --events-url "$api_url/v1/provider-events" \
   --events-dlq-url "${out[ProviderEventsDeadLetterQueueUrl]}"
 log "the scheduled catch-up, invoked as its schedule does: it queues the events since its checkpoint; the deployed inbox takes them again without a dead letter"
-report=$(helper invoke "${out[EventProcessorFunctionName]}" '{"catch_up": true}')
+report=$(helper invoke "${out[EventProcessorFunctionName]}:live" '{"catch_up": true}')
 echo "$report"
 "$ROOT/.venv-sam/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["queued"] >= 10, r' "$report" \
   || { echo "the scheduled catch-up queued too few of the run's events: $report" >&2; exit 1; }
 helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120
 log "docs/deploy.md's manual rollback: the event processor's live alias back to the version before, the scheduled catch-up through the alias on it, then forward again; nothing dead-lettered"
-left=$(helper alias-to "$stack" EventProcessorFunction "${v1[EventProcessorFunction]}")
+left=$(helper alias-to "$stack" EventProcessorFunction "${v3[EventProcessorFunction]}")
 helper invoke "${out[EventProcessorFunctionName]}:live" '{"catch_up": true}'
 helper alias-to "$stack" EventProcessorFunction "$left" >/dev/null
 helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120

@@ -42,6 +42,16 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         runs: usize,
     },
+    /// What a million payments cost for the whole stack, from a bench run's measurements and
+    /// the template's shape and defaults (the table docs/performance.md shows).
+    StackCost {
+        /// The bench's results.
+        #[arg(long, default_value = "bench/results/results.json")]
+        results: std::path::PathBuf,
+        /// The SAM template.
+        #[arg(long, default_value = "template.yaml")]
+        template: std::path::PathBuf,
+    },
 }
 
 /// The options of `proving webhook-flood`.
@@ -76,6 +86,18 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench(args, &sdk).await,
         Command::E2eCheck(args) => e2e_check(args, &sdk).await,
         Command::WebhookFlood(args) => webhook_flood(args).await,
+        Command::StackCost { results, template } => {
+            use proving::compare::stack_cost;
+            let measured: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(&results)
+                    .with_context(|| format!("reading {}", results.display()))?,
+            )?;
+            print!(
+                "{}",
+                stack_cost::markdown(&stack_cost::columns(&measured, &template)?)
+            );
+            Ok(())
+        }
         Command::WebhookCost { runs } => {
             let costs = proving::webhook::costs(runs).await?;
             print!("{}", proving::webhook::markdown(&costs));

@@ -8,7 +8,8 @@ use crate::deployed::Deployed;
 /// One check's finding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
-    /// The check (`region`, `quota`, `key`, `permission`, `version`, `alarms`, `events`).
+    /// The check (`region`, `quota`, `key`, `permission`, `version`, `versions`, `alarms`,
+    /// `events`).
     pub check: &'static str,
     /// Fine as it is.
     pub ok: bool,
@@ -222,6 +223,76 @@ pub fn render(findings: &[Finding]) -> String {
     out
 }
 
+/// The alias every invoker of the stack's functions names (the template's AutoPublishAlias).
+pub const LIVE_ALIAS: &str = "live";
+
+/// One function's `live` alias as read: the version it names (none: no alias) and the names of
+/// the settings in which that version differs from the function's own configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveVersion {
+    pub name: String,
+    pub version: Option<String>,
+    pub differs: Vec<String>,
+}
+
+/// The names of the settings whose values differ between two sorted lists (one missing on a
+/// side differs too). Names only: an environment's values are not printed.
+pub fn differences(latest: &[(String, String)], live: &[(String, String)]) -> Vec<String> {
+    let mut names: Vec<String> = latest
+        .iter()
+        .filter(|kv| !live.contains(kv))
+        .chain(live.iter().filter(|kv| !latest.contains(kv)))
+        .map(|(k, _)| k.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Whether each function's `live` alias runs the configuration the last deploy wrote. SAM
+/// publishes a version when the code changes or a parameter its VersionDescription names does;
+/// a deploy that changed only an unbounded one (the key's secret ARN, PaymentApiUrl,
+/// WebhookSecretArn, ProviderEventsPublicUrl) updates the function and leaves `live` behind.
+pub fn live_versions_finding(functions: &[LiveVersion]) -> Finding {
+    let behind: Vec<&LiveVersion> = functions
+        .iter()
+        .filter(|f| f.version.is_none() || !f.differs.is_empty())
+        .collect();
+    if behind.is_empty() {
+        return ok(
+            "versions",
+            format!(
+                "each of the {} functions' {LIVE_ALIAS} alias runs the configuration the stack deployed",
+                functions.len()
+            ),
+        );
+    }
+    let said = behind
+        .iter()
+        .map(|f| match &f.version {
+            None => format!("{} has no {LIVE_ALIAS} alias", f.name),
+            Some(v) => format!(
+                "{}'s {LIVE_ALIAS} alias runs version {v}, not the configuration the stack deployed (differing: {})",
+                f.name,
+                f.differs.join(", ")
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let fix = behind
+        .iter()
+        .map(|f| match &f.version {
+            None => format!("deploy this release's template (it gives {} its alias)", f.name),
+            Some(_) => format!(
+                "aws lambda update-alias --function-name {n} --name {LIVE_ALIAS} --function-version \"$(aws lambda publish-version --function-name {n} --query Version --output text)\"",
+                n = f.name
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    bad("versions", said, fix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,5 +353,43 @@ mod tests {
         )];
         assert!(region("us-east-1", &arns).ok);
         assert!(!region("eu-west-1", &arns).ok);
+    }
+
+    #[test]
+    fn a_live_alias_behind_the_deployed_configuration_is_named_with_the_commands_that_move_it() {
+        let kv = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        let latest = [
+            kv("PROVIDER_EVENTS_URL", "https://new"),
+            kv("Timeout", "60"),
+        ];
+        let live = [
+            kv("PROVIDER_EVENTS_URL", "https://old"),
+            kv("Timeout", "60"),
+        ];
+        assert_eq!(differences(&latest, &live), ["PROVIDER_EVENTS_URL"]);
+        assert!(differences(&latest, &latest).is_empty());
+        assert_eq!(differences(&latest[..1], &[]), ["PROVIDER_EVENTS_URL"]);
+        let f = |name: &str, version: Option<&str>, differs: &[&str]| LiveVersion {
+            name: name.into(),
+            version: version.map(str::to_owned),
+            differs: differs.iter().map(|d| d.to_string()).collect(),
+        };
+        assert!(live_versions_finding(&[f("s-relay", Some("3"), &[])]).ok);
+        let behind = live_versions_finding(&[
+            f("s-relay", Some("3"), &[]),
+            f("s-event-processor", Some("4"), &["PROVIDER_EVENTS_URL"]),
+            f("s-payments-api", None, &[]),
+        ]);
+        assert!(!behind.ok);
+        assert!(behind.said.contains("s-event-processor's live alias runs version 4, not the configuration the stack deployed (differing: PROVIDER_EVENTS_URL)"));
+        assert!(
+            behind.said.contains("s-payments-api has no live alias")
+                && !behind.said.contains("s-relay")
+        );
+        let fix = behind.fix.unwrap();
+        assert!(
+            fix.contains("aws lambda update-alias --function-name s-event-processor --name live")
+        );
+        assert!(fix.contains("publish-version --function-name s-event-processor"));
     }
 }

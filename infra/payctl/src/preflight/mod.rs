@@ -81,6 +81,11 @@ pub async fn run(
         bad(check, format!("could not read it: {e:#}"), "give this shell's credentials the read (or fix what the error names) and run preflight again")
     };
     out.push(
+        live_versions(sdk, stack)
+            .await
+            .unwrap_or_else(|e| unread("versions", e)),
+    );
+    out.push(
         alarm_topic(sdk, stack)
             .await
             .unwrap_or_else(|e| unread("alarms", e)),
@@ -99,6 +104,63 @@ pub async fn run(
         });
     }
     Ok(out)
+}
+
+/// Each function's `live` alias against the function's own configuration ($LATEST), which the
+/// last deploy wrote: what differs is configuration the alias does not run yet.
+async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Finding> {
+    use aws_sdk_lambda::operation::get_function_configuration::GetFunctionConfigurationOutput as Config;
+    let lambda = aws_sdk_lambda::Client::new(sdk);
+    let read = |name: String, qualifier: Option<&'static str>| {
+        let lambda = lambda.clone();
+        async move {
+            match lambda
+                .get_function_configuration()
+                .function_name(&name)
+                .set_qualifier(qualifier.map(str::to_owned))
+                .send()
+                .await
+            {
+                Ok(c) => Ok(Some(c)),
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|e| e.is_resource_not_found_exception()) =>
+                {
+                    Ok(None)
+                }
+                Err(e) => Err(crate::aws::failed(e))
+                    .with_context(|| format!("reading {name}'s configuration")),
+            }
+        }
+    };
+    let settings = |c: &Config| {
+        let mut out: Vec<(String, String)> = c
+            .environment()
+            .and_then(|e| e.variables())
+            .map(|v| v.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        out.push(("Timeout".into(), format!("{:?}", c.timeout())));
+        out.push(("MemorySize".into(), format!("{:?}", c.memory_size())));
+        out.push(("Architectures".into(), format!("{:?}", c.architectures())));
+        out.push(("KMSKeyArn".into(), format!("{:?}", c.kms_key_arn())));
+        out.sort();
+        out
+    };
+    let mut functions = Vec::new();
+    for name in stack.resources(sdk, "AWS::Lambda::Function").await? {
+        let latest = read(name.clone(), None)
+            .await?
+            .with_context(|| format!("{name} is gone"))?;
+        let live = read(name.clone(), Some(LIVE_ALIAS)).await?;
+        functions.push(LiveVersion {
+            version: live.as_ref().and_then(|c| c.version()).map(str::to_owned),
+            differs: live
+                .map(|live| differences(&settings(&latest), &settings(&live)))
+                .unwrap_or_default(),
+            name,
+        });
+    }
+    Ok(live_versions_finding(&functions))
 }
 
 async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Finding> {

@@ -30,7 +30,10 @@ pub(super) fn resolve(
             .and_then(intrinsic)
             .filter(|(f, _)| f == "Ref")
             // `!Ref F.Alias`: SAM's AutoPublishAlias of F, which the mapping invokes.
-            .and_then(|(_, arg)| arg.as_str().map(|f| f.trim_end_matches(".Alias").to_owned()));
+            .and_then(|(_, arg)| {
+                arg.as_str()
+                    .map(|f| f.trim_end_matches(".Alias").to_owned())
+            });
         let source = r.string(get(&props, "EventSourceArn"))?;
         if let (Some(function), Some(source)) = (function, source) {
             if stack.queue_arns.values().any(|a| *a == source) {

@@ -279,15 +279,21 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         *counts.entry(kind.to_owned()).or_default() += 1;
         let props = get(res, "Properties");
         let text = |k: &str| props.and_then(|p| get(p, k)).and_then(Value::as_str);
-        if let (true, Some(ns), Some(name)) =
-            (kind == "AWS::CloudWatch::Alarm", text("Namespace"), text("MetricName"))
-        {
+        if let (true, Some(ns), Some(name)) = (
+            kind == "AWS::CloudWatch::Alarm",
+            text("Namespace"),
+            text("MetricName"),
+        ) {
             if !ns.starts_with("AWS/") {
                 custom_metrics.insert((ns.to_owned(), name.to_owned()));
             }
         }
     }
-    Ok(Shape { counts, parameters, custom_metrics })
+    Ok(Shape {
+        counts,
+        parameters,
+        custom_metrics,
+    })
 }
 
 fn text_of(v: &Value) -> Option<String> {

@@ -237,11 +237,23 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
             t.as_object_mut().map(|o| o.remove("latencies_ms"));
         }
     }
+    // What a million payments cost the whole stack, from what this run measured.
+    let stack_cost = if slim["comparison"].is_null() {
+        None
+    } else {
+        let columns = compare::stack_cost::columns(&slim, &opts.template)?;
+        slim["stack_cost"] = json!(columns);
+        Some(compare::stack_cost::markdown(&columns))
+    };
     std::fs::write(
         opts.out_dir.join("results.json"),
         serde_json::to_string_pretty(&slim)?,
     )?;
-    let md = markdown(&slim, opts);
+    let mut md = markdown(&slim, opts);
+    if let Some(table) = stack_cost {
+        md.push_str("\nCost of a million payments for the whole stack (webhook shape, card payments; `proving stack-cost`, docs/performance.md):\n\n");
+        md.push_str(&table);
+    }
     std::fs::write(opts.out_dir.join("results.md"), &md)?;
     println!("{md}");
     Ok(slim)

@@ -15,6 +15,7 @@ use crate::sim::SimClient;
 
 mod cost;
 mod report;
+pub mod stack_cost;
 
 pub use cost::{cost_per_million, largest_item, wire_per_payment, COST_LINES};
 pub use report::{chart, markdown};

@@ -55,7 +55,10 @@ fn num(v: &Value, path: &[&str]) -> Result<f64> {
     }
     match at.as_f64() {
         Some(x) => Ok(x),
-        None => bail!("the bench's results have no {}: run make bench", path.join(".")),
+        None => bail!(
+            "the bench's results have no {}: run make bench",
+            path.join(".")
+        ),
     }
 }
 
@@ -80,7 +83,8 @@ fn invocations_per_message(per_second: f64, window_s: f64, batch: f64) -> f64 {
 /// The cost table, USD per million payments, at `payments_per_month`.
 pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> Result<Value> {
     let zero = &results["comparison"]["cost_per_million_payments"]["this"]["usage_per_payment"];
-    let lat = &results["comparison"]["cost_per_million_payments_at_latency"]["this"]["usage_per_payment"];
+    let lat =
+        &results["comparison"]["cost_per_million_payments_at_latency"]["this"]["usage_per_payment"];
     let memory_gb = 256.0 / 1024.0;
     let rate = payments_per_month / MONTH_S;
     let batch = param(shape, "BatchSize")?;
@@ -92,8 +96,8 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
     let billed_per_batch_lat = num(lat, &["billed_ms"])? / drain_inv;
     let billed_per_batch_zero = num(zero, &["billed_ms"])? / num(zero, &["invocations"])?;
     let sqs_per_message = num(lat, &["sqs_requests"])?;
-    let own_log_per_message = num(lat, &["log_bytes"])?
-        - drain_inv * prices::LAMBDA_PLATFORM_LOG_BYTES_PER_INVOCATION;
+    let own_log_per_message =
+        num(lat, &["log_bytes"])? - drain_inv * prices::LAMBDA_PLATFORM_LOG_BYTES_PER_INVOCATION;
     let api_writes = num(results, &["api", "write_units_per_payment"])?;
     let item = num(results, &["api", "largest_item_bytes"])?;
     let api_ms = num(results, &["api", "latency_ms", "p50"])?;
@@ -106,9 +110,17 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
         ("payments-api", 1.0, api_ms),
         ("outbox-relay", relay_inv, relay_inv * api_ms),
         // A smaller batch is billed at most what a full one was: the slowest of fewer calls.
-        ("payment-processor", queue_inv, queue_inv * billed_per_batch_lat),
+        (
+            "payment-processor",
+            queue_inv,
+            queue_inv * billed_per_batch_lat,
+        ),
         ("provider-events", events, events * api_ms),
-        ("event-processor", events * queue_inv, events * queue_inv * billed_per_batch_zero),
+        (
+            "event-processor",
+            events * queue_inv,
+            events * queue_inv * billed_per_batch_zero,
+        ),
     ];
     let invocations: f64 = functions.iter().map(|f| f.1).sum();
     let billed_ms: f64 = functions.iter().map(|f| f.2).sum();
@@ -144,9 +156,18 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
 
     let m = 1e6;
     let per_million = [
-        ("api_gateway", m * http_requests / 1e6 * prices::HTTP_API_PER_MILLION_REQUESTS),
-        ("lambda_requests", m * invocations / 1e6 * prices::LAMBDA_PER_MILLION_REQUESTS),
-        ("lambda_compute", m * billed_ms / 1000.0 * memory_gb * prices::LAMBDA_ARM64_PER_GB_SECOND),
+        (
+            "api_gateway",
+            m * http_requests / 1e6 * prices::HTTP_API_PER_MILLION_REQUESTS,
+        ),
+        (
+            "lambda_requests",
+            m * invocations / 1e6 * prices::LAMBDA_PER_MILLION_REQUESTS,
+        ),
+        (
+            "lambda_compute",
+            m * billed_ms / 1000.0 * memory_gb * prices::LAMBDA_ARM64_PER_GB_SECOND,
+        ),
         (
             "dynamodb_requests",
             m * (write_units * prices::DYNAMODB_PER_MILLION_WRITE_UNITS
@@ -155,7 +176,8 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
         ),
         (
             "dynamodb_storage_and_backups",
-            m * gb_months * (prices::DYNAMODB_STORAGE_PER_GB_MONTH + prices::DYNAMODB_PITR_PER_GB_MONTH),
+            m * gb_months
+                * (prices::DYNAMODB_STORAGE_PER_GB_MONTH + prices::DYNAMODB_PITR_PER_GB_MONTH),
         ),
         ("sqs", m * sqs / 1e6 * prices::SQS_PER_MILLION_REQUESTS),
         (
@@ -168,13 +190,23 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
 
     // A month, whatever the traffic.
     let queues_polled = count("AWS::Lambda::EventSourceMapping") - 1.0; // the relay reads a stream
-    let kms_requests = (count("AWS::SQS::Queue") * 2.0 + count("AWS::DynamoDB::Table"))
-        * MONTH_S / KMS_REUSE_S;
+    let kms_requests =
+        (count("AWS::SQS::Queue") * 2.0 + count("AWS::DynamoDB::Table")) * MONTH_S / KMS_REUSE_S;
     let catch_ups = MONTH_S / 60.0 / param(shape, "EventsCatchUpMinutes")?;
     let monthly = [
-        ("kms", count("AWS::KMS::Key") * prices::KMS_PER_KEY_MONTH + kms_requests / 1e4 * prices::KMS_PER_10K_REQUESTS),
-        ("alarms", count("AWS::CloudWatch::Alarm") * prices::CLOUDWATCH_PER_ALARM_MONTH),
-        ("dashboard", count("AWS::CloudWatch::Dashboard") * prices::CLOUDWATCH_PER_DASHBOARD_MONTH),
+        (
+            "kms",
+            count("AWS::KMS::Key") * prices::KMS_PER_KEY_MONTH
+                + kms_requests / 1e4 * prices::KMS_PER_10K_REQUESTS,
+        ),
+        (
+            "alarms",
+            count("AWS::CloudWatch::Alarm") * prices::CLOUDWATCH_PER_ALARM_MONTH,
+        ),
+        (
+            "dashboard",
+            count("AWS::CloudWatch::Dashboard") * prices::CLOUDWATCH_PER_DASHBOARD_MONTH,
+        ),
         (
             "custom_metrics",
             shape.custom_metrics.len() as f64 * prices::CLOUDWATCH_PER_CUSTOM_METRIC_MONTH,
@@ -182,12 +214,16 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
         ("secrets", 2.0 * prices::SECRETS_MANAGER_PER_SECRET_MONTH),
         (
             "idle_polls",
-            queues_polled * IDLE_POLLERS * MONTH_S / LONG_POLL_S / 1e6 * prices::SQS_PER_MILLION_REQUESTS,
+            queues_polled * IDLE_POLLERS * MONTH_S / LONG_POLL_S / 1e6
+                * prices::SQS_PER_MILLION_REQUESTS,
         ),
         (
             "catch_up",
-            catch_ups * (prices::LAMBDA_PER_MILLION_REQUESTS / 1e6
-                + billed_per_batch_zero / 1000.0 * memory_gb * prices::LAMBDA_ARM64_PER_GB_SECOND),
+            catch_ups
+                * (prices::LAMBDA_PER_MILLION_REQUESTS / 1e6
+                    + billed_per_batch_zero / 1000.0
+                        * memory_gb
+                        * prices::LAMBDA_ARM64_PER_GB_SECOND),
         ),
     ];
     let variable: f64 = per_million.iter().map(|l| l.1).sum();
@@ -212,15 +248,28 @@ pub fn whole_stack(results: &Value, shape: &Shape, payments_per_month: f64) -> R
     }))
 }
 
+/// The volumes the table shows, payments a month: a million a month, a million a day.
+pub const VOLUMES: [f64; 2] = [1e6, 1e6 * MONTH_DAYS];
+
+/// [`whole_stack`] at each of [`VOLUMES`], for the template at `template` with its defaults.
+pub fn columns(results: &Value, template: &std::path::Path) -> Result<Vec<Value>> {
+    let shape = payctl::template::shape_of(template, &Default::default())?;
+    VOLUMES
+        .iter()
+        .map(|per_month| whole_stack(results, &shape, *per_month))
+        .collect()
+}
+
 /// The table docs/performance.md shows, one column per volume.
 pub fn markdown(columns: &[Value]) -> String {
     let mut s = String::from("| USD per million payments | ");
     let title = |c: &Value| {
         let per_month = c["payments_per_month"].as_f64().unwrap_or(0.0);
-        if (per_month - 1e6).abs() < 1.0 {
-            "a million a month".to_owned()
-        } else {
-            format!("a million in {:.0} days", 1e6 / per_month * MONTH_DAYS)
+        let days = 1e6 / per_month * MONTH_DAYS;
+        match days {
+            d if (d - MONTH_DAYS).abs() < 0.01 => "a million a month".to_owned(),
+            d if (d - 1.0).abs() < 0.01 => "a million a day".to_owned(),
+            d => format!("a million in {d:.1} days"),
         }
     };
     s.push_str(&columns.iter().map(title).collect::<Vec<_>>().join(" | "));
@@ -229,33 +278,60 @@ pub fn markdown(columns: &[Value]) -> String {
     s.push('\n');
     let row = |s: &mut String, label: &str, f: &dyn Fn(&Value) -> f64| {
         s.push_str(&format!("| {label} | "));
-        s.push_str(&columns.iter().map(|c| format!("{:.2}", f(c))).collect::<Vec<_>>().join(" | "));
+        s.push_str(
+            &columns
+                .iter()
+                .map(|c| format!("{:.2}", f(c)))
+                .collect::<Vec<_>>()
+                .join(" | "),
+        );
         s.push_str(" |\n");
     };
     for (key, label) in LINES {
-        row(&mut s, label, &|c| c["per_million_usd"][key].as_f64().unwrap_or(0.0));
+        row(&mut s, label, &|c| {
+            c["per_million_usd"][key].as_f64().unwrap_or(0.0)
+        });
     }
-    row(&mut s, "the month's fixed costs, shared by its payments", &|c| {
-        c["fixed_share_per_million_usd"].as_f64().unwrap_or(0.0)
+    row(
+        &mut s,
+        "the month's fixed costs, shared by its payments",
+        &|c| c["fixed_share_per_million_usd"].as_f64().unwrap_or(0.0),
+    );
+    row(&mut s, "**total**", &|c| {
+        c["total_per_million_usd"].as_f64().unwrap_or(0.0)
     });
-    row(&mut s, "**total**", &|c| c["total_per_million_usd"].as_f64().unwrap_or(0.0));
     s.push_str("\n| USD a month, whatever the traffic | |\n|---|---|\n");
     if let Some(first) = columns.first() {
         for (key, label) in MONTHLY {
-            s.push_str(&format!("| {label} | {:.2} |\n", first["monthly_usd"][key].as_f64().unwrap_or(0.0)));
+            s.push_str(&format!(
+                "| {label} | {:.2} |\n",
+                first["monthly_usd"][key].as_f64().unwrap_or(0.0)
+            ));
         }
     }
     s
 }
 
 const LINES: [(&str, &str); 8] = [
-    ("api_gateway", "API Gateway (payments POST, the events' deliveries)"),
+    (
+        "api_gateway",
+        "API Gateway (payments POST, the events' deliveries)",
+    ),
     ("lambda_requests", "Lambda requests (five functions)"),
     ("lambda_compute", "Lambda compute (arm64, 256 MB)"),
-    ("dynamodb_requests", "DynamoDB requests (API, processor, inbox)"),
-    ("dynamodb_storage_and_backups", "DynamoDB storage and point-in-time recovery, for the records' lifetimes"),
+    (
+        "dynamodb_requests",
+        "DynamoDB requests (API, processor, inbox)",
+    ),
+    (
+        "dynamodb_storage_and_backups",
+        "DynamoDB storage and point-in-time recovery, for the records' lifetimes",
+    ),
     ("sqs", "SQS requests"),
-    ("cloudwatch_logs", "CloudWatch Logs (ingestion, and storage for the retention)"),
+    (
+        "cloudwatch_logs",
+        "CloudWatch Logs (ingestion, and storage for the retention)",
+    ),
     ("xray", "X-Ray traces (Tracing: Active)"),
 ];
 
@@ -268,3 +344,95 @@ const MONTHLY: [(&str, &str); 7] = [
     ("idle_polls", "the queues' event-source mappings polling"),
     ("catch_up", "the scheduled catch-up"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    fn repo(path: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(path)
+    }
+
+    fn measured() -> Value {
+        serde_json::from_str(&std::fs::read_to_string(repo("bench/results/results.json")).unwrap())
+            .unwrap()
+    }
+
+    fn shape(given: &[(&str, &str)]) -> Shape {
+        let given: HashMap<String, String> = given
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        payctl::template::shape_of(&repo("template.yaml"), &given).unwrap()
+    }
+
+    #[test]
+    fn the_model_s_batching_windows_are_the_template_s() {
+        let text = std::fs::read_to_string(repo("template.yaml")).unwrap();
+        let mut seen = 0;
+        for block in text.split("Type: AWS::Lambda::EventSourceMapping").skip(1) {
+            let block = &block[..block.find("\n\n").unwrap_or(block.len())];
+            let window = |w: f64| block.contains(&format!("MaximumBatchingWindowInSeconds: {w}"));
+            if block.contains("FunctionName: !Ref OutboxRelayFunction.Alias") {
+                assert!(
+                    window(RELAY_WINDOW_S) && block.contains(&format!("BatchSize: {RELAY_BATCH}"))
+                );
+            } else {
+                assert!(
+                    window(QUEUE_WINDOW_S) && block.contains("BatchSize: !Ref BatchSize"),
+                    "{block}"
+                );
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 4);
+    }
+
+    #[test]
+    fn the_whole_stack_s_cost_follows_the_template_and_the_rate() {
+        let (m, s) = (measured(), shape(&[]));
+        let month = whole_stack(&m, &s, 1e6).unwrap();
+        let day = whole_stack(&m, &s, 30.44e6).unwrap();
+        let usd = |c: &Value, k: &str| c["per_million_usd"][k].as_f64().unwrap();
+        // The fixed costs are the template's: its alarms, its dashboard.
+        let alarms = s.counts["AWS::CloudWatch::Alarm"] as f64;
+        assert!(alarms >= 20.0);
+        assert!((month["monthly_usd"]["alarms"].as_f64().unwrap() - alarms * 0.10).abs() < 1e-9);
+        assert!(!s.custom_metrics.is_empty());
+        // More payments a second: fuller batches, a smaller sampled share of traces, the month's
+        // fixed costs shared by more.
+        assert!(usd(&day, "lambda_requests") < usd(&month, "lambda_requests"));
+        assert!(usd(&day, "xray") < usd(&month, "xray"));
+        assert!(day["total_per_million_usd"].as_f64() < month["total_per_million_usd"].as_f64());
+        // What is stored is stored for the records' lifetimes: a longer refund window costs more.
+        let longer = whole_stack(&m, &shape(&[("RefundWindowDays", "730")]), 1e6).unwrap();
+        assert!(
+            usd(&longer, "dynamodb_storage_and_backups")
+                > 1.5 * usd(&month, "dynamodb_storage_and_backups")
+        );
+        // Every line is counted in the total.
+        let lines: f64 = LINES.iter().map(|(k, _)| usd(&month, k)).sum();
+        let share = month["fixed_share_per_million_usd"].as_f64().unwrap();
+        assert!((lines + share - month["total_per_million_usd"].as_f64().unwrap()).abs() < 1e-9);
+        let table = markdown(&[month, day]);
+        assert!(
+            table.contains("| a million a month | a million a day |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_result_without_a_measurement_the_model_needs_is_refused() {
+        let mut m = measured();
+        m["api"] = Value::Null;
+        let e = whole_stack(&m, &shape(&[]), 1e6).unwrap_err().to_string();
+        assert!(
+            e.contains("api.write_units_per_payment") && e.contains("make bench"),
+            "{e}"
+        );
+    }
+}
