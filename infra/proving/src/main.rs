@@ -35,20 +35,16 @@ enum Command {
     /// Flood the public events route with worst-case forged requests while a genuine signed
     /// delivery arrives every second; exits non-zero unless each is answered 200 in time.
     WebhookFlood(WebhookFloodArgs),
-    /// What one request costs the public events route, genuine and worst-case forged (the
-    /// rows `make bench` prints).
+    /// What one request costs the public events route, genuine and forged (make bench's rows).
     WebhookCost {
         /// Requests of each kind.
         #[arg(long, default_value_t = 200)]
         runs: usize,
     },
-    /// What a million payments cost for the whole stack, from a bench run's measurements and
-    /// the template's shape and defaults (the table docs/performance.md shows).
+    /// The whole stack's cost of a million payments, from a bench's results and the template.
     StackCost {
-        /// The bench's results.
         #[arg(long, default_value = "bench/results/results.json")]
         results: std::path::PathBuf,
-        /// The SAM template.
         #[arg(long, default_value = "template.yaml")]
         template: std::path::PathBuf,
     },
@@ -87,15 +83,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::E2eCheck(args) => e2e_check(args, &sdk).await,
         Command::WebhookFlood(args) => webhook_flood(args).await,
         Command::StackCost { results, template } => {
-            use proving::compare::stack_cost;
-            let measured: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(&results)
-                    .with_context(|| format!("reading {}", results.display()))?,
-            )?;
-            print!(
-                "{}",
-                stack_cost::markdown(&stack_cost::columns(&measured, &template)?)
-            );
+            let table = proving::compare::stack_cost::table_from_files(&results, &template)?;
+            print!("{table}");
             Ok(())
         }
         Command::WebhookCost { runs } => {

@@ -258,6 +258,9 @@ pub fn live_versions_finding(functions: &[LiveVersion]) -> Finding {
         .iter()
         .filter(|f| f.version.is_none() || !f.differs.is_empty())
         .collect();
+    if functions.is_empty() {
+        return ok("versions", "the stack has no function");
+    }
     if behind.is_empty() {
         return ok(
             "versions",

@@ -253,7 +253,7 @@ fn parameters_of(doc: &Value, given: &HashMap<String, String>) -> Result<HashMap
 
 /// What CloudFormation would make of the template for its parameters' defaults and `given`:
 /// how many resources of each type, the parameters' values, and the custom metrics (not in an
-/// `AWS/` namespace) its alarms read, as (namespace, metric name).
+/// `AWS/` namespace) its alarms and dashboards read, as (namespace, metric name).
 #[derive(Debug, Clone)]
 pub struct Shape {
     pub counts: BTreeMap<String, usize>,
@@ -286,6 +286,34 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         ) {
             if !ns.starts_with("AWS/") {
                 custom_metrics.insert((ns.to_owned(), name.to_owned()));
+            }
+        }
+        // A dashboard's metric rows: ["Namespace", "MetricName", dimensions...].
+        let body = props.and_then(|p| get(p, "DashboardBody"));
+        let body = body
+            .and_then(|b| b.as_str().map(str::to_owned))
+            .or_else(|| {
+                body.and_then(resolve::intrinsic).and_then(|(_, arg)| {
+                    arg.as_str()
+                        .or_else(|| {
+                            arg.as_sequence()
+                                .and_then(|s| s.first())
+                                .and_then(Value::as_str)
+                        })
+                        .map(str::to_owned)
+                })
+            });
+        for row in body.iter().flat_map(|b| b.split('[').skip(1)) {
+            let mut fields = row.split(',').map(str::trim);
+            let unquote = |f: Option<&str>| {
+                f.and_then(|f| f.strip_prefix('"'))
+                    .and_then(|f| f.strip_suffix('"'))
+                    .map(str::to_owned)
+            };
+            if let (Some(ns), Some(name)) = (unquote(fields.next()), unquote(fields.next())) {
+                if !ns.starts_with("AWS/") && ns.chars().all(|c| c.is_ascii_alphanumeric()) {
+                    custom_metrics.insert((ns, name));
+                }
             }
         }
     }

@@ -260,6 +260,13 @@ pub fn columns(results: &Value, template: &std::path::Path) -> Result<Vec<Value>
         .collect()
 }
 
+/// The table from a bench's results file and a template (`proving stack-cost`).
+pub fn table_from_files(results: &std::path::Path, template: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(results)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", results.display()))?;
+    Ok(markdown(&columns(&serde_json::from_str(&text)?, template)?))
+}
+
 /// The table docs/performance.md shows, one column per volume.
 pub fn markdown(columns: &[Value]) -> String {
     let mut s = String::from("| USD per million payments | ");
@@ -317,7 +324,7 @@ const LINES: [(&str, &str); 8] = [
         "api_gateway",
         "API Gateway (payments POST, the events' deliveries)",
     ),
-    ("lambda_requests", "Lambda requests (five functions)"),
+    ("lambda_requests", "Lambda requests (API, relay, processor, receiver, inbox)"),
     ("lambda_compute", "Lambda compute (arm64, 256 MB)"),
     (
         "dynamodb_requests",
@@ -339,7 +346,10 @@ const MONTHLY: [(&str, &str); 7] = [
     ("kms", "the KMS key and its requests"),
     ("alarms", "alarms"),
     ("dashboard", "the dashboard"),
-    ("custom_metrics", "custom metrics the alarms read"),
+    (
+        "custom_metrics",
+        "custom metrics the alarms and the dashboard read",
+    ),
     ("secrets", "two secrets"),
     ("idle_polls", "the queues' event-source mappings polling"),
     ("catch_up", "the scheduled catch-up"),
@@ -402,7 +412,14 @@ mod tests {
         let alarms = s.counts["AWS::CloudWatch::Alarm"] as f64;
         assert!(alarms >= 20.0);
         assert!((month["monthly_usd"]["alarms"].as_f64().unwrap() - alarms * 0.10).abs() < 1e-9);
-        assert!(!s.custom_metrics.is_empty());
+        // The code's metrics the alarms and the dashboard read, each name billed once.
+        assert!(s
+            .custom_metrics
+            .contains(&("PaymentProcessor".into(), "Charged".into())));
+        assert!(s
+            .custom_metrics
+            .contains(&("Provider".into(), "ProviderAuthenticationFailures".into())));
+        assert!(s.custom_metrics.iter().all(|(ns, _)| ns != "true"));
         // More payments a second: fuller batches, a smaller sampled share of traces, the month's
         // fixed costs shared by more.
         assert!(usd(&day, "lambda_requests") < usd(&month, "lambda_requests"));
