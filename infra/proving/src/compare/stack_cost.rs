@@ -324,7 +324,10 @@ const LINES: [(&str, &str); 8] = [
         "api_gateway",
         "API Gateway (payments POST, the events' deliveries)",
     ),
-    ("lambda_requests", "Lambda requests (API, relay, processor, receiver, inbox)"),
+    (
+        "lambda_requests",
+        "Lambda requests (API, relay, processor, receiver, inbox)",
+    ),
     ("lambda_compute", "Lambda compute (arm64, 256 MB)"),
     (
         "dynamodb_requests",
