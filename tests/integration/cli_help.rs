@@ -39,6 +39,7 @@ fn every_payctl_option_is_described() {
         "chaos",
         "demo",
         "e2e-check",
+        "stack-cost",
         "webhook-cost",
         "webhook-flood",
     ];

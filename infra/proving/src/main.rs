@@ -43,9 +43,13 @@ enum Command {
     },
     /// The whole stack's cost of a million payments, from a bench's results and the template.
     StackCost {
-        #[arg(long, default_value = "bench/results/results.json")]
+        #[arg(
+            long,
+            default_value = "bench/results/results.json",
+            help = "The bench's results"
+        )]
         results: std::path::PathBuf,
-        #[arg(long, default_value = "template.yaml")]
+        #[arg(long, default_value = "template.yaml", help = "The SAM template")]
         template: std::path::PathBuf,
     },
 }
@@ -81,7 +85,9 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Chaos(args) => chaos(args, &sdk).await,
         Command::Bench(args) => bench(args, &sdk).await,
         Command::E2eCheck(args) => e2e_check(args, &sdk).await,
-        Command::WebhookFlood(args) => webhook_flood(args).await,
+        Command::WebhookFlood(a) => {
+            proving::webhook::flood_command(a.seconds, a.clients, a.deadline_ms).await
+        }
         Command::StackCost { results, template } => {
             let table = proving::compare::stack_cost::table_from_files(&results, &template)?;
             print!("{table}");
@@ -93,21 +99,6 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
-}
-
-async fn webhook_flood(args: WebhookFloodArgs) -> Result<()> {
-    let settings = proving::webhook::FloodSettings {
-        duration: Duration::from_secs(args.seconds),
-        clients: args.clients,
-        genuine_every: Duration::from_secs(1),
-        deadline: Duration::from_millis(args.deadline_ms),
-    };
-    let report = proving::webhook::flood(&settings).await?;
-    print!("{}", report.lines(&settings));
-    if !report.failures.is_empty() {
-        anyhow::bail!("the flood: {}", report.failures.join("; "));
-    }
-    Ok(())
 }
 
 /// The options of `proving demo`.

@@ -7,8 +7,9 @@
 //! receiver), holding two signing secrets as during a roll (the most a request can make it
 //! hash); the verified events go to an in-memory queue, so what is measured is the route.
 //!
-//! Why ~510 lines: the route's costs, the function's decoding of API Gateway's event and the
-//! flood share the route, the forgeries and the genuine deliveries they are measured with.
+//! Why ~530 lines (the flood command with them): the route's costs, the function's decoding
+//! of API Gateway's event and the flood share the route, the forgeries and the genuine
+//! deliveries they are measured with.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -505,4 +506,21 @@ pub async fn flood(settings: &FloodSettings) -> Result<FloodReport> {
         failures,
         queued,
     })
+}
+
+/// `proving webhook-flood`: the flood with these settings, its lines printed; an error names
+/// the genuine deliveries not answered in time.
+pub async fn flood_command(seconds: u64, clients: usize, deadline_ms: u64) -> Result<()> {
+    let settings = FloodSettings {
+        duration: Duration::from_secs(seconds),
+        clients,
+        genuine_every: Duration::from_secs(1),
+        deadline: Duration::from_millis(deadline_ms),
+    };
+    let report = flood(&settings).await?;
+    print!("{}", report.lines(&settings));
+    if !report.failures.is_empty() {
+        bail!("the flood: {}", report.failures.join("; "));
+    }
+    Ok(())
 }
