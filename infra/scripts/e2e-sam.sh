@@ -87,15 +87,17 @@ set +e
 pre=$("$BIN/payctl" preflight --stack-name "$stack"); code=$?
 set -e
 echo "$pre"
-if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version .*PROVIDER_EVENTS_URL" <<<"$pre"; then
-  echo "payctl preflight did not name the event processor's live alias behind its configuration (exit $code)" >&2; exit 1
+if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version .*PROVIDER_EVENTS_URL" <<<"$pre" \
+  || ! grep -q "deploy again with ConfigRevision=1" <<<"$pre"; then
+  echo "payctl preflight did not name the event processor's live alias behind its configuration, with its fix (exit $code)" >&2; exit 1
 fi
-log "its fix, as preflight prints it: publish a version of the event processor and move live to it"
-helper publish "$stack" EventProcessorFunction
+log "its fix, as preflight prints it: deploy again with ConfigRevision=1; every function is published and its live alias moved"
+deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events" ConfigRevision=1
 third_versions=$(helper aliases "$stack")
-versions_moved "$second_versions" "$third_versions" EventProcessorFunction
+versions_moved "$second_versions" "$third_versions" PaymentsApiFunction OutboxRelayFunction PaymentProcessorFunction \
+  RefundProcessorFunction ProviderEventsFunction EventProcessorFunction
 log "sam deploy $stack with RetryHorizonSeconds changed: each function whose VersionDescription names it is published again and its live alias moved; the others stay"
-deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events" RetryHorizonSeconds=21
+deploy_webhook_stack "ProviderEventsPublicUrl=$api_url/v1/provider-events" ConfigRevision=1 RetryHorizonSeconds=21
 fourth_versions=$(helper aliases "$stack")
 versions_moved "$third_versions" "$fourth_versions" PaymentProcessorFunction RefundProcessorFunction EventProcessorFunction
 declare -A v3
@@ -126,7 +128,14 @@ helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQ
 log "docs/deploy.md's manual rollback: the event processor's live alias back to the version before, the scheduled catch-up through the alias on it, then forward again; nothing dead-lettered"
 left=$(helper alias-to "$stack" EventProcessorFunction "${v3[EventProcessorFunction]}")
 helper invoke "${out[EventProcessorFunctionName]}:live" '{"catch_up": true}'
+set +e
+pre=$("$BIN/payctl" preflight --stack-name "$stack"); code=$?
+set -e
+if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version ${v3[EventProcessorFunction]}, the stack deployed $left" <<<"$pre"; then
+  echo "$pre"; echo "payctl preflight did not name the event processor's alias moved outside CloudFormation (exit $code)" >&2; exit 1
+fi
 helper alias-to "$stack" EventProcessorFunction "$left" >/dev/null
+"$BIN/payctl" preflight --stack-name "$stack" >/dev/null
 helper drained "${out[ProviderEventsQueueUrl]}" "${out[ProviderEventsDeadLetterQueueUrl]}" 120
 
 log "the EventBridge shape: no public route, no secret; Stripe's events through the partner bus"

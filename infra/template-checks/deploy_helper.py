@@ -21,9 +21,6 @@
   alias-to STACK LOGICAL_ID VERSION
                            point the function's live alias at VERSION (docs/deploy.md's manual
                            rollback, `aws lambda update-alias`), print the version it left
-  publish STACK LOGICAL_ID publish a version of the function and point its live alias at it (the
-                           fix `payctl preflight` prints, `aws lambda publish-version` and
-                           `update-alias`), print the version
   fix-stack STACK          work around ministack 1.5.33 gaps without touching the template:
                            - event-source mapping numbers given by !Ref are stored as strings and
                              stop its SQS polling: write them back as integers;
@@ -130,14 +127,6 @@ def emulator_template(src, dst):
     print(dst)
 
 
-def publish(stack, logical):
-    lam = boto3.client("lambda")
-    name = stack_functions(stack)[logical]
-    version = lam.publish_version(FunctionName=name)["Version"]
-    lam.update_alias(FunctionName=name, Name="live", FunctionVersion=version)
-    print(version)
-
-
 def partner_source(name):
     account = boto3.client("sts").get_caller_identity()["Account"]
     events = boto3.client("events")
@@ -230,5 +219,5 @@ def drained(queue, dlq, secs):
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     {"secret": secret, "outputs": outputs, "fix-stack": fix_stack, "invoke": invoke, "drained": drained,
-     "partner-source": partner_source, "aliases": aliases, "alias-to": alias_to, "publish": publish,
+     "partner-source": partner_source, "aliases": aliases, "alias-to": alias_to,
      "emulator-template": emulator_template, "resources": resources, "kept": kept, "apart": apart}[cmd](*args)

@@ -17,8 +17,9 @@
   leave `live` on the old configuration. Each version's Description (SAM's VersionDescription)
   is therefore a Fn::Sub of every parameter the function's configuration reads, whose longest
   value fits Lambda's 256 characters; a parameter whose length has no bound (a string with no
-  AllowedValues or MaxLength) cannot be in it, and is listed as left to `payctl preflight`,
-  which compares `live` with $LATEST.
+  AllowedValues or MaxLength) cannot be in it: every description names the revision
+  parameter (ConfigRevision), which an operator raises to publish after such a change (and
+  which `payctl preflight`, comparing `live` with what the stack deployed, asks for).
 
 Usage: deployment.py SHAPE_JSON gradual|at-once; deployment.py --self-test
 """
@@ -48,6 +49,7 @@ def named(value):
 
 
 DESCRIPTION_MAX = 256
+REVISION = "ConfigRevision"
 # A function's own settings, the same for every version: they need no new one.
 FUNCTION_LEVEL = {"ReservedConcurrentExecutions"}
 
@@ -109,7 +111,7 @@ def version_descriptions(template):
                                     "give it a VersionDescription that is a Fn::Sub of them")
                 continue
             names = set(re.findall(r"\$\{([^}!.]+)\}", text))
-            missing = bounded - names
+            missing = (bounded | ({REVISION} if REVISION in params else set())) - names
             if missing:
                 problems.append(f"{fn}'s VersionDescription leaves out {', '.join(sorted(missing))}: a change of "
                                 "only these would leave its live alias on the old configuration")
@@ -185,13 +187,14 @@ def good_template():
         return {"Type": "AWS::CloudWatch::Alarm", "Properties": {
             "Namespace": namespace, "MetricName": metric, "Dimensions": dims}}
     return {"Parameters": {"Pace": {"Type": "Number", "MaxValue": 100}, "Mode": {"Type": "String", "AllowedValues": ["a", "bb"]},
+                           REVISION: {"Type": "Number", "MaxValue": 999999},
                            "Url": {"Type": "String"}, "Reserved": {"Type": "Number"}},
             "Resources": {
         "Fn": {"Type": "AWS::Lambda::Function", "Properties": {
             "FunctionName": "fn", "ReservedConcurrentExecutions": {"Ref": "Reserved"},
             "Environment": {"Variables": {"PACE": {"Ref": "Pace"}, "MODE": {"Fn::Sub": "${Mode}"}, "URL": {"Ref": "Url"}}}}},
         "FnVersion": {"Type": "AWS::Lambda::Version", "Properties": {
-            "FunctionName": {"Ref": "Fn"}, "Description": {"Fn::Sub": "parameters ${Pace} ${Mode}"}}},
+            "FunctionName": {"Ref": "Fn"}, "Description": {"Fn::Sub": "parameters ${ConfigRevision} ${Pace} ${Mode}"}}},
         "FnAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {"FunctionName": {"Ref": "Fn"}},
                         "UpdatePolicy": {"CodeDeployLambdaAliasUpdate": {"DeploymentGroupName": {"Ref": "Group"}}}},
         "Group": {"Type": "AWS::CodeDeploy::DeploymentGroup", "Properties": {
@@ -230,10 +233,12 @@ def self_test():
             {"Name": {"Ref": "Gone"}}), True),
         "CodeDeploy without GradualDeployment": (lambda t: None, False),
         "a parameter the version does not follow": (lambda t: r(t)["FnVersion"]["Properties"].update(
-            Description={"Fn::Sub": "parameters ${Pace}"}), True),
+            Description={"Fn::Sub": "parameters ${ConfigRevision} ${Pace}"}), True),
+        "no revision to raise": (lambda t: r(t)["FnVersion"]["Properties"].update(
+            Description={"Fn::Sub": "parameters ${Pace} ${Mode}"}), True),
         "no description at all": (lambda t: r(t)["FnVersion"]["Properties"].pop("Description"), True),
         "an unbounded parameter in it": (lambda t: r(t)["FnVersion"]["Properties"].update(
-            Description={"Fn::Sub": "parameters ${Pace} ${Mode} ${Url}"}), True),
+            Description={"Fn::Sub": "parameters ${ConfigRevision} ${Pace} ${Mode} ${Url}"}), True),
         "a description that can outgrow 256": (lambda t: t["Parameters"]["Mode"].update(AllowedValues=["x" * 250]), True),
     }
     for what, (breaking, gradual) in breaks.items():
@@ -257,7 +262,7 @@ if __name__ == "__main__":
         sys.exit(1)
     left = sorted(version_descriptions(shape)[1])
     print(f"deployment ({mode}): every function behind its alias, everything invoking the alias, each version "
-          "published again when a parameter its configuration reads changes (left to payctl preflight's "
-          f"live/$LATEST comparison, unbounded: {', '.join(left) or 'none'})"
+          f"published again when a parameter its configuration reads or {REVISION} changes (unbounded, "
+          f"published by raising {REVISION}: {', '.join(left) or 'none'})"
           + (", each alias shifted by CodeDeploy and rolled back on its function's alarms" if mode == "gradual"
              else ", no CodeDeploy resource"))

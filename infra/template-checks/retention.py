@@ -4,9 +4,8 @@
 
 - a resource kept when the stack is deleted (DeletionPolicy Retain, Snapshot or
   RetainExceptOnCreate) is kept when an update replaces it too (UpdateReplacePolicy Retain or
-  Snapshot): the ledger is not lost to a changed property either. A Lambda version (SAM keeps
-  each one it publishes, a rollback's target) is exempt: its properties cannot change, a new
-  one is a new resource, and it holds code, not data;
+  Snapshot): the ledger is not lost to a changed property either, nor a function's version (a
+  rollback's target) to a parameter change that replaces it;
 - every KMS key a kept resource names (by Ref, GetAtt or Sub, directly or through a KMS alias)
   is itself kept on delete and on replacement: a deleted stack would otherwise schedule the
   deletion of the key its kept tables are encrypted with, and after the waiting period (7 to 30
@@ -20,7 +19,6 @@ import sys
 
 KEPT = {"Retain", "Snapshot", "RetainExceptOnCreate"}
 KEY_TYPES = {"AWS::KMS::Key", "AWS::KMS::ReplicaKey"}
-NEVER_REPLACED = {"AWS::Lambda::Version"}
 
 
 def names(value):
@@ -64,7 +62,7 @@ def check(template):
     resources = template.get("Resources", {})
     kept = {n: r for n, r in resources.items() if r.get("DeletionPolicy") in KEPT}
     for name, r in sorted(kept.items()):
-        if r.get("UpdateReplacePolicy") not in ("Retain", "Snapshot") and r.get("Type") not in NEVER_REPLACED:
+        if r.get("UpdateReplacePolicy") not in ("Retain", "Snapshot"):
             problems.append(f"{name} is kept when the stack is deleted but not when an update replaces it (UpdateReplacePolicy: Retain)")
         for key in sorted(keys_named(resources, r.get("Properties", {}))):
             k = resources[key]
@@ -110,9 +108,9 @@ def self_test():
     versioned = template()
     versioned["Resources"]["Version"] = {"Type": "AWS::Lambda::Version", "DeletionPolicy": "Retain",
                                          "Properties": {"FunctionName": {"Ref": "Fn"}}}
-    assert check(versioned) == [], check(versioned)  # SAM's kept versions: never replaced
-    versioned["Resources"]["Version"]["Type"] = "AWS::Lambda::LayerVersion"
-    assert len(check(versioned)) == 1  # only versions are exempt
+    assert len(check(versioned)) == 1  # a version a parameter change replaces, then deleted
+    versioned["Resources"]["Version"]["UpdateReplacePolicy"] = "Retain"
+    assert check(versioned) == [], check(versioned)
     print("retention self-test: 10 cases ok")
 
 

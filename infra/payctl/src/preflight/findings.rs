@@ -226,12 +226,17 @@ pub fn render(findings: &[Finding]) -> String {
 /// The alias every invoker of the stack's functions names (the template's AutoPublishAlias).
 pub const LIVE_ALIAS: &str = "live";
 
-/// One function's `live` alias as read: the version it names (none: no alias) and the names of
-/// the settings in which that version differs from the function's own configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One function's `live` alias as read, beside what the stack deployed.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct LiveVersion {
     pub name: String,
+    /// The version `live` names (none: no alias).
     pub version: Option<String>,
+    /// The version CodeDeploy is shifting `live` to, and its share of the invocations.
+    pub shifting: Option<(String, f64)>,
+    /// The version the stack's `AWS::Lambda::Version` published (none: not read).
+    pub deployed: Option<String>,
+    /// The settings in which `live` differs from the function's own configuration ($LATEST).
     pub differs: Vec<String>,
 }
 
@@ -249,51 +254,58 @@ pub fn differences(latest: &[(String, String)], live: &[(String, String)]) -> Ve
     names
 }
 
-/// Whether each function's `live` alias runs the configuration the last deploy wrote. SAM
-/// publishes a version when the code changes or a parameter its VersionDescription names does;
-/// a deploy that changed only an unbounded one (the key's secret ARN, PaymentApiUrl,
-/// WebhookSecretArn, ProviderEventsPublicUrl) updates the function and leaves `live` behind.
-pub fn live_versions_finding(functions: &[LiveVersion]) -> Finding {
-    let behind: Vec<&LiveVersion> = functions
-        .iter()
-        .filter(|f| f.version.is_none() || !f.differs.is_empty())
-        .collect();
+/// Whether each function's `live` alias runs what the stack deployed: the version its
+/// CloudFormation resource published, with the configuration the function holds. SAM
+/// publishes when the code changes or a parameter its VersionDescription names does; a deploy
+/// that changed only an unbounded one (the secrets' ARNs, PaymentApiUrl,
+/// ProviderEventsPublicUrl) or a setting SAM does not follow updates the function and leaves
+/// `live` behind until `ConfigRevision` is raised. An alias moved by hand (a quick rollback)
+/// is what CloudFormation does not know: a later deploy's rollback would move it back.
+pub fn live_versions_finding(functions: &[LiveVersion], revision: Option<i64>) -> Finding {
     if functions.is_empty() {
         return ok("versions", "the stack has no function");
     }
-    if behind.is_empty() {
+    let next = revision.map_or("a higher ConfigRevision".to_owned(), |r| {
+        format!("ConfigRevision={}", r + 1)
+    });
+    let mut said = Vec::new();
+    let mut fixes = Vec::new();
+    for f in functions {
+        let n = &f.name;
+        let (what, fix) = match (&f.version, &f.shifting, &f.deployed) {
+            (None, _, _) => (
+                format!("{n} has no {LIVE_ALIAS} alias"),
+                "deploy this release's template (it gives each function its alias)".to_owned(),
+            ),
+            (Some(v), Some((to, share)), _) => (
+                format!("{n}'s {LIVE_ALIAS} alias is shifting from version {v} to {to} ({:.0} % on it)", share * 100.0),
+                "let the CodeDeploy deployment finish (or stop it), then run preflight again".to_owned(),
+            ),
+            (Some(v), None, Some(d)) if d != v => (
+                format!("{n}'s {LIVE_ALIAS} alias runs version {v}, the stack deployed {d}: moved outside CloudFormation, which a later deploy's rollback would undo"),
+                "deploy the release that is to run (the stack then says what runs)".to_owned(),
+            ),
+            (Some(v), None, _) if !f.differs.is_empty() => (
+                format!("{n}'s {LIVE_ALIAS} alias runs version {v}, not the configuration the stack deployed (differing: {})", f.differs.join(", ")),
+                format!("deploy again with {next}: every function is published and its alias moved"),
+            ),
+            _ => continue,
+        };
+        said.push(what);
+        if !fixes.contains(&fix) {
+            fixes.push(fix);
+        }
+    }
+    if said.is_empty() {
         return ok(
             "versions",
             format!(
-                "each of the {} functions' {LIVE_ALIAS} alias runs the configuration the stack deployed",
+                "each of the {} functions' {LIVE_ALIAS} alias runs what the stack deployed",
                 functions.len()
             ),
         );
     }
-    let said = behind
-        .iter()
-        .map(|f| match &f.version {
-            None => format!("{} has no {LIVE_ALIAS} alias", f.name),
-            Some(v) => format!(
-                "{}'s {LIVE_ALIAS} alias runs version {v}, not the configuration the stack deployed (differing: {})",
-                f.name,
-                f.differs.join(", ")
-            ),
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    let fix = behind
-        .iter()
-        .map(|f| match &f.version {
-            None => format!("deploy this release's template (it gives {} its alias)", f.name),
-            Some(_) => format!(
-                "aws lambda update-alias --function-name {n} --name {LIVE_ALIAS} --function-version \"$(aws lambda publish-version --function-name {n} --query Version --output text)\"",
-                n = f.name
-            ),
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    bad("versions", said, fix)
+    bad("versions", said.join("; "), fixes.join("; "))
 }
 
 #[cfg(test)]
@@ -359,7 +371,7 @@ mod tests {
     }
 
     #[test]
-    fn a_live_alias_behind_the_deployed_configuration_is_named_with_the_commands_that_move_it() {
+    fn a_live_alias_that_runs_other_than_what_the_stack_deployed_is_named_with_its_fix() {
         let kv = |k: &str, v: &str| (k.to_owned(), v.to_owned());
         let latest = [
             kv("PROVIDER_EVENTS_URL", "https://new"),
@@ -372,27 +384,63 @@ mod tests {
         assert_eq!(differences(&latest, &live), ["PROVIDER_EVENTS_URL"]);
         assert!(differences(&latest, &latest).is_empty());
         assert_eq!(differences(&latest[..1], &[]), ["PROVIDER_EVENTS_URL"]);
-        let f = |name: &str, version: Option<&str>, differs: &[&str]| LiveVersion {
-            name: name.into(),
-            version: version.map(str::to_owned),
-            differs: differs.iter().map(|d| d.to_string()).collect(),
+        let f = |name: &str, version: Option<&str>, deployed: Option<&str>, differs: &[&str]| {
+            LiveVersion {
+                name: name.into(),
+                version: version.map(str::to_owned),
+                deployed: deployed.map(str::to_owned),
+                differs: differs.iter().map(|d| d.to_string()).collect(),
+                ..Default::default()
+            }
         };
-        assert!(live_versions_finding(&[f("s-relay", Some("3"), &[])]).ok);
-        let behind = live_versions_finding(&[
-            f("s-relay", Some("3"), &[]),
-            f("s-event-processor", Some("4"), &["PROVIDER_EVENTS_URL"]),
-            f("s-payments-api", None, &[]),
-        ]);
+        let fine = f("s-relay", Some("3"), Some("3"), &[]);
+        assert!(live_versions_finding(std::slice::from_ref(&fine), Some(0)).ok);
+        // A parameter the version cannot follow: raise ConfigRevision.
+        let behind = live_versions_finding(
+            &[
+                fine.clone(),
+                f(
+                    "s-event-processor",
+                    Some("4"),
+                    Some("4"),
+                    &["PROVIDER_EVENTS_URL"],
+                ),
+            ],
+            Some(2),
+        );
         assert!(!behind.ok);
         assert!(behind.said.contains("s-event-processor's live alias runs version 4, not the configuration the stack deployed (differing: PROVIDER_EVENTS_URL)"));
-        assert!(
-            behind.said.contains("s-payments-api has no live alias")
-                && !behind.said.contains("s-relay")
+        assert!(!behind.said.contains("s-relay"));
+        assert!(behind
+            .fix
+            .unwrap()
+            .contains("deploy again with ConfigRevision=3"));
+        // Moved by hand: CloudFormation's version is another.
+        let moved = live_versions_finding(
+            &[f("s-payment-processor", Some("5"), Some("7"), &[])],
+            Some(0),
         );
-        let fix = behind.fix.unwrap();
+        assert!(!moved.ok && moved.said.contains("runs version 5, the stack deployed 7"));
+        assert!(moved.fix.unwrap().contains("deploy the release"));
+        // No alias; a shift in progress.
+        assert!(live_versions_finding(&[f("s-api", None, None, &[])], None)
+            .said
+            .contains("has no live alias"));
+        let shifting = LiveVersion {
+            shifting: Some(("8".into(), 0.1)),
+            ..f("s-api", Some("7"), Some("8"), &["CodeSha256"])
+        };
+        let during = live_versions_finding(&[shifting], Some(0));
         assert!(
-            fix.contains("aws lambda update-alias --function-name s-event-processor --name live")
+            during
+                .said
+                .contains("shifting from version 7 to 8 (10 % on it)"),
+            "{}",
+            during.said
         );
-        assert!(fix.contains("publish-version --function-name s-event-processor"));
+        assert!(during
+            .fix
+            .unwrap()
+            .starts_with("let the CodeDeploy deployment finish"));
     }
 }

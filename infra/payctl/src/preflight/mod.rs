@@ -106,61 +106,107 @@ pub async fn run(
     Ok(out)
 }
 
-/// Each function's `live` alias against the function's own configuration ($LATEST), which the
-/// last deploy wrote: what differs is configuration the alias does not run yet.
+/// Each function's `live` alias against what the stack deployed: the version CloudFormation
+/// published and the configuration the function holds ($LATEST, which the last deploy wrote).
 async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Finding> {
     use aws_sdk_lambda::operation::get_function_configuration::GetFunctionConfigurationOutput as Config;
     let lambda = aws_sdk_lambda::Client::new(sdk);
-    let read = |name: String, qualifier: Option<&'static str>| {
-        let lambda = lambda.clone();
-        async move {
-            match lambda
-                .get_function_configuration()
-                .function_name(&name)
-                .set_qualifier(qualifier.map(str::to_owned))
-                .send()
-                .await
-            {
-                Ok(c) => Ok(Some(c)),
-                Err(e)
-                    if e.as_service_error()
-                        .is_some_and(|e| e.is_resource_not_found_exception()) =>
-                {
-                    Ok(None)
-                }
-                Err(e) => Err(crate::aws::failed(e))
-                    .with_context(|| format!("reading {name}'s configuration")),
-            }
-        }
-    };
     let settings = |c: &Config| {
         let mut out: Vec<(String, String)> = c
             .environment()
             .and_then(|e| e.variables())
             .map(|v| v.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
-        out.push(("Timeout".into(), format!("{:?}", c.timeout())));
-        out.push(("MemorySize".into(), format!("{:?}", c.memory_size())));
-        out.push(("Architectures".into(), format!("{:?}", c.architectures())));
-        out.push(("KMSKeyArn".into(), format!("{:?}", c.kms_key_arn())));
+        for (k, v) in [
+            ("CodeSha256", format!("{:?}", c.code_sha256())),
+            ("Runtime", format!("{:?}", c.runtime())),
+            ("Handler", format!("{:?}", c.handler())),
+            ("Timeout", format!("{:?}", c.timeout())),
+            ("MemorySize", format!("{:?}", c.memory_size())),
+            ("Architectures", format!("{:?}", c.architectures())),
+            ("KMSKeyArn", format!("{:?}", c.kms_key_arn())),
+            (
+                "TracingConfig",
+                format!("{:?}", c.tracing_config().map(|t| t.mode())),
+            ),
+            (
+                "Layers",
+                format!(
+                    "{:?}",
+                    c.layers().iter().map(|l| l.arn()).collect::<Vec<_>>()
+                ),
+            ),
+        ] {
+            out.push((k.to_owned(), v));
+        }
         out.sort();
         out
     };
+    // The stack's versions are qualified ARNs: ...:function:<name>:<version>.
+    let deployed: std::collections::HashMap<String, String> = stack
+        .resources(sdk, "AWS::Lambda::Version")
+        .await?
+        .iter()
+        .filter_map(|arn| {
+            let (function, version) = arn.rsplit_once(':')?;
+            Some((function.rsplit(':').next()?.to_owned(), version.to_owned()))
+        })
+        .collect();
     let mut functions = Vec::new();
     for name in stack.resources(sdk, "AWS::Lambda::Function").await? {
-        let latest = read(name.clone(), None)
-            .await?
-            .with_context(|| format!("{name} is gone"))?;
-        let live = read(name.clone(), Some(LIVE_ALIAS)).await?;
+        let latest = lambda
+            .get_function_configuration()
+            .function_name(&name)
+            .send()
+            .await
+            .map_err(crate::aws::failed)
+            .with_context(|| format!("reading {name}'s configuration"))?;
+        let alias = match lambda
+            .get_alias()
+            .function_name(&name)
+            .name(LIVE_ALIAS)
+            .send()
+            .await
+        {
+            Ok(a) => a,
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                functions.push(LiveVersion {
+                    name,
+                    ..Default::default()
+                });
+                continue;
+            }
+            Err(e) => {
+                return Err(crate::aws::failed(e))
+                    .with_context(|| format!("reading {name}'s {LIVE_ALIAS} alias"))
+            }
+        };
+        let version = alias.function_version().map(str::to_owned);
+        let live = lambda
+            .get_function_configuration()
+            .function_name(&name)
+            .set_qualifier(version.clone())
+            .send()
+            .await
+            .map_err(crate::aws::failed)
+            .with_context(|| format!("reading {name}'s version {version:?}"))?;
         functions.push(LiveVersion {
-            version: live.as_ref().and_then(|c| c.version()).map(str::to_owned),
-            differs: live
-                .map(|live| differences(&settings(&latest), &settings(&live)))
-                .unwrap_or_default(),
+            shifting: alias
+                .routing_config()
+                .and_then(|r| r.additional_version_weights())
+                .and_then(|w| w.iter().next())
+                .map(|(v, share)| (v.clone(), *share)),
+            deployed: deployed.get(&name).cloned(),
+            differs: differences(&settings(&latest), &settings(&live)),
+            version,
             name,
         });
     }
-    Ok(live_versions_finding(&functions))
+    let revision = stack.param("ConfigRevision").and_then(|r| r.parse().ok());
+    Ok(live_versions_finding(&functions, revision))
 }
 
 async fn alarm_topic(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<Finding> {
