@@ -152,15 +152,21 @@ async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<
             Some((function.rsplit(':').next()?.to_owned(), version.to_owned()))
         })
         .collect();
+    let config = |name: &str, qualifier: Option<String>| {
+        let read = lambda
+            .get_function_configuration()
+            .function_name(name)
+            .set_qualifier(qualifier.clone())
+            .send();
+        let what = format!(
+            "reading {name}'s configuration ({})",
+            qualifier.as_deref().unwrap_or("$LATEST")
+        );
+        async move { read.await.map_err(crate::aws::failed).context(what) }
+    };
     let mut functions = Vec::new();
     for name in stack.resources(sdk, "AWS::Lambda::Function").await? {
-        let latest = lambda
-            .get_function_configuration()
-            .function_name(&name)
-            .send()
-            .await
-            .map_err(crate::aws::failed)
-            .with_context(|| format!("reading {name}'s configuration"))?;
+        let latest = config(&name, None).await?;
         let alias = match lambda
             .get_alias()
             .function_name(&name)
@@ -185,14 +191,7 @@ async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<
             }
         };
         let version = alias.function_version().map(str::to_owned);
-        let live = lambda
-            .get_function_configuration()
-            .function_name(&name)
-            .set_qualifier(version.clone())
-            .send()
-            .await
-            .map_err(crate::aws::failed)
-            .with_context(|| format!("reading {name}'s version {version:?}"))?;
+        let live = config(&name, version.clone()).await?;
         functions.push(LiveVersion {
             shifting: alias
                 .routing_config()

@@ -195,13 +195,17 @@ pub const REFUND_PROCESSOR: &str = "RefundProcessorFunction";
 /// The event processor's logical id in the template.
 pub const EVENT_PROCESSOR: &str = "EventProcessorFunction";
 
+/// The template at `path`, parsed (its tags kept).
+fn read_template(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
 /// A function's memory size in MB as the template gives it (its own `MemorySize`, else the
 /// `Globals`', else Lambda's default of 128).
 pub fn memory_size_mb(template_path: &Path, function: &str) -> Result<u64> {
-    let text = std::fs::read_to_string(template_path)
-        .with_context(|| format!("reading {}", template_path.display()))?;
-    let doc: Value = serde_yaml_ng::from_str(&text)
-        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let doc = read_template(template_path)?;
     let own = get(&doc, "Resources")
         .and_then(|r| get(r, function))
         .with_context(|| format!("the template has no {function}"))
@@ -263,10 +267,7 @@ pub struct Shape {
 
 /// The [`Shape`] of the template at `template_path`.
 pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result<Shape> {
-    let text = std::fs::read_to_string(template_path)
-        .with_context(|| format!("reading {}", template_path.display()))?;
-    let doc: Value = serde_yaml_ng::from_str(&text)
-        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let doc = read_template(template_path)?;
     let all = get(&doc, "Resources")
         .and_then(|r| r.as_mapping())
         .ok_or_else(|| anyhow!("template has no Resources"))?;
@@ -340,10 +341,7 @@ pub async fn provision(
     template_path: &Path,
     opts: &ProvisionOptions,
 ) -> Result<Stack> {
-    let text = std::fs::read_to_string(template_path)
-        .with_context(|| format!("reading {}", template_path.display()))?;
-    let doc: Value = serde_yaml_ng::from_str(&text)
-        .with_context(|| format!("parsing {}", template_path.display()))?;
+    let doc = read_template(template_path)?;
     let all_resources = get(&doc, "Resources")
         .and_then(|r| r.as_mapping())
         .ok_or_else(|| anyhow!("template has no Resources"))?;
