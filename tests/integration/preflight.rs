@@ -59,6 +59,7 @@ async fn preflight_passes_a_connected_stack_and_names_each_planted_fault_with_it
         "key",
         "permission",
         "version",
+        "versions",
         "alarms",
         "events",
     ] {

@@ -39,6 +39,7 @@ pub mod names {
         "AlarmTopicArn",
         "ReservedConcurrency",
         "ApiReservedConcurrency",
+        "ConfigRevision",
     ];
     /// The operator's shell (`payctl env`): variable and output.
     pub const SHELL_OUTPUTS: &[(&str, &str)] = &[
