@@ -19,7 +19,9 @@
   value fits Lambda's 256 characters; a parameter whose length has no bound (a string with no
   AllowedValues or MaxLength) cannot be in it: every description names the revision
   parameter (ConfigRevision), which an operator raises to publish after such a change (and
-  which `payctl preflight`, comparing `live` with what the stack deployed, asks for).
+  which `payctl preflight`, comparing `live` with what the stack deployed, asks for), and every
+  function's configuration reads it: Lambda refuses to publish a version of a function that did
+  not change, so a raised revision that changed only the description would fail the deploy.
 
 Usage: deployment.py SHAPE_JSON gradual|at-once; deployment.py --self-test
 """
@@ -112,6 +114,9 @@ def version_descriptions(template):
                 continue
             names = set(re.findall(r"\$\{([^}!.]+)\}", text))
             missing = (bounded | ({REVISION} if REVISION in params else set())) - names
+            if REVISION in params and REVISION not in read:
+                problems.append(f"{fn}'s configuration does not read {REVISION}: raising it would change only the "
+                                "version's description, and Lambda refuses to publish an unchanged function")
             if missing:
                 problems.append(f"{fn}'s VersionDescription leaves out {', '.join(sorted(missing))}: a change of "
                                 "only these would leave its live alias on the old configuration")
@@ -192,7 +197,8 @@ def good_template():
             "Resources": {
         "Fn": {"Type": "AWS::Lambda::Function", "Properties": {
             "FunctionName": "fn", "ReservedConcurrentExecutions": {"Ref": "Reserved"},
-            "Environment": {"Variables": {"PACE": {"Ref": "Pace"}, "MODE": {"Fn::Sub": "${Mode}"}, "URL": {"Ref": "Url"}}}}},
+            "Environment": {"Variables": {"PACE": {"Ref": "Pace"}, "MODE": {"Fn::Sub": "${Mode}"}, "URL": {"Ref": "Url"},
+                                          "REVISION": {"Ref": REVISION}}}}},
         "FnVersion": {"Type": "AWS::Lambda::Version", "Properties": {
             "FunctionName": {"Ref": "Fn"}, "Description": {"Fn::Sub": "parameters ${ConfigRevision} ${Pace} ${Mode}"}}},
         "FnAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {"FunctionName": {"Ref": "Fn"}},
@@ -239,6 +245,8 @@ def self_test():
         "no description at all": (lambda t: r(t)["FnVersion"]["Properties"].pop("Description"), True),
         "an unbounded parameter in it": (lambda t: r(t)["FnVersion"]["Properties"].update(
             Description={"Fn::Sub": "parameters ${ConfigRevision} ${Pace} ${Mode} ${Url}"}), True),
+        "a revision the function does not read": (lambda t: r(t)["Fn"]["Properties"]["Environment"]["Variables"].pop(
+            "REVISION"), True),
         "a description that can outgrow 256": (lambda t: t["Parameters"]["Mode"].update(AllowedValues=["x" * 250]), True),
     }
     for what, (breaking, gradual) in breaks.items():
