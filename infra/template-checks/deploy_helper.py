@@ -94,12 +94,12 @@ def aliases(stack):
         if alias["FunctionVersion"] == "$LATEST":
             sys.exit(f"{logical}'s live alias points at $LATEST, not a published version")
     invoked = []
-    for r in cf.describe_stack_resources(StackName=stack)["StackResources"]:
+    resources = cf.describe_stack_resources(StackName=stack)["StackResources"]
+    api = next((o["PhysicalResourceId"] for o in resources if o["ResourceType"] == "AWS::ApiGatewayV2::Api"), None)
+    for r in resources:
         if r["ResourceType"] == "AWS::Lambda::EventSourceMapping":
             invoked.append((r["LogicalResourceId"], lam.get_event_source_mapping(UUID=r["PhysicalResourceId"])["FunctionArn"]))
         if r["ResourceType"] == "AWS::ApiGatewayV2::Integration":
-            api = next(o["PhysicalResourceId"] for o in cf.describe_stack_resources(StackName=stack)["StackResources"]
-                       if o["ResourceType"] == "AWS::ApiGatewayV2::Api")
             uri = boto3.client("apigatewayv2").get_integration(ApiId=api, IntegrationId=r["PhysicalResourceId"])["IntegrationUri"]
             invoked.append((r["LogicalResourceId"], uri))
     for logical, arn in invoked:

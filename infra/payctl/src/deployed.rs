@@ -242,8 +242,20 @@ impl Deployed {
     /// The physical ids of the stack's resources of `kind` (`AWS::CloudWatch::Alarm`: the
     /// alarms' names), from CloudFormation.
     pub async fn resources(&self, sdk: &aws_config::SdkConfig, kind: &str) -> Result<Vec<String>> {
+        Ok(self
+            .all_resources(sdk)
+            .await?
+            .remove(kind)
+            .unwrap_or_default())
+    }
+
+    /// The physical ids of all the stack's resources by type, from one listing.
+    pub async fn all_resources(
+        &self,
+        sdk: &aws_config::SdkConfig,
+    ) -> Result<std::collections::HashMap<String, Vec<String>>> {
         let cfn = aws_sdk_cloudformation::Client::new(sdk);
-        let mut out = Vec::new();
+        let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
         let mut next: Option<String> = None;
         loop {
             let page = cfn
@@ -254,12 +266,11 @@ impl Deployed {
                 .await
                 .map_err(crate::aws::failed)
                 .with_context(|| format!("listing the resources of stack {}", self.name))?;
-            out.extend(
-                page.stack_resource_summaries()
-                    .iter()
-                    .filter(|r| r.resource_type() == Some(kind))
-                    .filter_map(|r| r.physical_resource_id().map(str::to_owned)),
-            );
+            for r in page.stack_resource_summaries() {
+                if let (Some(kind), Some(id)) = (r.resource_type(), r.physical_resource_id()) {
+                    out.entry(kind.to_owned()).or_default().push(id.to_owned());
+                }
+            }
             next = page.next_token().map(str::to_owned);
             if next.is_none() {
                 return Ok(out);

@@ -142,10 +142,11 @@ async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<
         out.sort();
         out
     };
+    let mut resources = stack.all_resources(sdk).await?;
     // The stack's versions are qualified ARNs: ...:function:<name>:<version>.
-    let deployed: std::collections::HashMap<String, String> = stack
-        .resources(sdk, "AWS::Lambda::Version")
-        .await?
+    let deployed: std::collections::HashMap<String, String> = resources
+        .remove("AWS::Lambda::Version")
+        .unwrap_or_default()
         .iter()
         .filter_map(|arn| {
             let (function, version) = arn.rsplit_once(':')?;
@@ -165,7 +166,10 @@ async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<
         async move { read.await.map_err(crate::aws::failed).context(what) }
     };
     let mut functions = Vec::new();
-    for name in stack.resources(sdk, "AWS::Lambda::Function").await? {
+    for name in resources
+        .remove("AWS::Lambda::Function")
+        .unwrap_or_default()
+    {
         let latest = config(&name, None).await?;
         let alias = match lambda
             .get_alias()
