@@ -131,9 +131,11 @@ helper invoke "${out[EventProcessorFunctionName]}:live" '{"catch_up": true}'
 set +e
 pre=$("$BIN/payctl" preflight --stack-name "$stack"); code=$?
 set -e
-if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version ${v3[EventProcessorFunction]}, the stack deployed $left" <<<"$pre"; then
-  echo "$pre"; echo "payctl preflight did not name the event processor's alias moved outside CloudFormation (exit $code)" >&2; exit 1
+if [ "$code" -ne 2 ] || ! grep -q "^FIX  versions .*event-processor's live alias runs version ${v3[EventProcessorFunction]}, the stack deployed $left" <<<"$pre" \
+  || ! grep -q "move it back (aws lambda update-alias --function-name ${out[EventProcessorFunctionName]} --name live --function-version $left)" <<<"$pre"; then
+  echo "$pre"; echo "payctl preflight did not name the event processor's alias moved outside CloudFormation, with the command that moves it back (exit $code)" >&2; exit 1
 fi
+log "moved back as preflight's fix says (the helper makes the same UpdateAlias call)"
 helper alias-to "$stack" EventProcessorFunction "$left" >/dev/null
 # (The other checks may ask for fixes by now: the e2e checks above changed the simulator's
 # account, its endpoints and its events. The aliases are what this step moved.)

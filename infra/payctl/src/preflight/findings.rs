@@ -238,6 +238,9 @@ pub struct LiveVersion {
     pub deployed: Option<String>,
     /// The settings in which `live` differs from the function's own configuration ($LATEST).
     pub differs: Vec<String>,
+    /// Why the configurations could not be compared (an environment the caller may not
+    /// decrypt is returned without its variables, which would compare as equal).
+    pub unreadable: Option<String>,
 }
 
 /// The names of the settings whose values differ between two sorted lists (one missing on a
@@ -277,13 +280,21 @@ pub fn live_versions_finding(functions: &[LiveVersion], revision: Option<i64>) -
                 format!("{n} has no {LIVE_ALIAS} alias"),
                 "deploy this release's template (it gives each function its alias)".to_owned(),
             ),
+            (Some(_), _, _) if f.unreadable.is_some() => (
+                format!("could not compare {n}'s {LIVE_ALIAS} configuration with the stack's: {}", f.unreadable.as_deref().unwrap_or_default()),
+                "run preflight as a principal with kms:Decrypt on the stack's key (PaymentsKey; docs/deploy.md, Go live step 5)".to_owned(),
+            ),
             (Some(v), Some((to, share)), _) => (
                 format!("{n}'s {LIVE_ALIAS} alias is shifting from version {v} to {to} ({:.0} % on it)", share * 100.0),
                 "let the CodeDeploy deployment finish (or stop it), then run preflight again".to_owned(),
             ),
             (Some(v), None, Some(d)) if d != v => (
                 format!("{n}'s {LIVE_ALIAS} alias runs version {v}, the stack deployed {d}: moved outside CloudFormation, which a later deploy's rollback would undo"),
-                "deploy the release that is to run (the stack then says what runs)".to_owned(),
+                format!("move it back (aws lambda update-alias --function-name {n} --name {LIVE_ALIAS} --function-version {d}), or keep version {v}'s release by deploying its build with {next} (a deploy of the same build and parameters publishes nothing)"),
+            ),
+            (Some(v), None, _) if f.differs.iter().any(|d| d == "CodeSha256") => (
+                format!("{n}'s $LATEST holds other code than its {LIVE_ALIAS} version {v}: code was pushed outside CloudFormation, and the next version published (a deploy with a higher ConfigRevision included) would run it"),
+                format!("put the release's code back before any deploy: aws lambda update-function-code --function-name {n} with the S3 location the stack names (aws cloudformation get-template --template-stage Processed), or deploy a build whose code differs"),
             ),
             (Some(v), None, _) if !f.differs.is_empty() => (
                 format!("{n}'s {LIVE_ALIAS} alias runs version {v}, not the configuration the stack deployed (differing: {})", f.differs.join(", ")),
@@ -421,7 +432,43 @@ mod tests {
             Some(0),
         );
         assert!(!moved.ok && moved.said.contains("runs version 5, the stack deployed 7"));
-        assert!(moved.fix.unwrap().contains("deploy the release"));
+        assert!(moved.fix.unwrap().starts_with("move it back (aws lambda update-alias --function-name s-payment-processor --name live --function-version 7), or keep version 5's release by deploying its build with ConfigRevision=1"));
+        // Code pushed to $LATEST by hand: raising ConfigRevision would publish it.
+        let pushed = live_versions_finding(
+            &[f(
+                "s-refund-processor",
+                Some("6"),
+                Some("6"),
+                &["CodeSha256", "Timeout"],
+            )],
+            Some(0),
+        );
+        assert!(
+            !pushed.ok
+                && pushed
+                    .said
+                    .contains("code was pushed outside CloudFormation")
+        );
+        let fix = pushed.fix.unwrap();
+        assert!(
+            fix.contains("update-function-code --function-name s-refund-processor")
+                && !fix.contains("deploy again with")
+        );
+        // An environment the caller may not decrypt compares as empty on both sides: not fine.
+        let unread = LiveVersion {
+            unreadable: Some("KMSAccessDeniedException: not authorized".into()),
+            ..fine.clone()
+        };
+        let unread = live_versions_finding(&[unread], Some(0));
+        assert!(
+            !unread.ok
+                && unread
+                    .said
+                    .contains("could not compare s-relay's live configuration"),
+            "{}",
+            unread.said
+        );
+        assert!(unread.fix.unwrap().contains("kms:Decrypt"));
         // No alias; a shift in progress.
         assert!(live_versions_finding(&[f("s-api", None, None, &[])], None)
             .said

@@ -196,7 +196,18 @@ async fn live_versions(sdk: &aws_config::SdkConfig, stack: &Deployed) -> Result<
         };
         let version = alias.function_version().map(str::to_owned);
         let live = config(&name, version.clone()).await?;
+        // Without kms:Decrypt on the functions' key Lambda returns the environment's error
+        // in place of its variables; both sides would then read as empty and equal.
+        let unreadable = [&latest, &live].iter().find_map(|c| {
+            let e = c.environment()?.error()?;
+            Some(format!(
+                "its environment could not be read ({}: {})",
+                e.error_code().unwrap_or("error"),
+                e.message().unwrap_or_default()
+            ))
+        });
         functions.push(LiveVersion {
+            unreadable,
             shifting: alias
                 .routing_config()
                 .and_then(|r| r.additional_version_weights())
