@@ -30,6 +30,13 @@
  *           2: claimed, trusting the record's stored mark (what the write replaced is lost)
  *   BUDGET  1: a message handed back may instead be dead-lettered on its last receive
  *              (retries_exhausted), after the record was written
+ *   SETTLE  1: the work waits for an outside event (a refund of a payment still settling):
+ *              before any call, while the payment has not settled, a worker holds (a fenced
+ *              write of the held entry on the payment, atomic with the payment's state), completes
+ *              the record as held and acknowledges its message; once the payment settles, the
+ *              Settler reopens a held record (COMPLETED/held -> FAILED) and sends a new message
+ *              of the same payload, again as long as the held entry is there; the worker that
+ *              takes the reopened record clears the entry (fenced) before its call
  *   LIVE    1: environment may turn calm (no more crashes/slowness/losses); for L1
  *   NW, NM  workers (2..3), messages (2..3)
  *   CHK     bit set of safety properties to assert: 1 S1, 2 S2, 4 S3, 8 S4, 16 S5 (default 63;
@@ -74,6 +81,9 @@
 #ifndef CHK
 #define CHK 63
 #endif
+#ifndef SETTLE
+#define SETTLE 0
+#endif
 
 #if LIVE
 bit calm;                      /* from now on: no crash, no slowness, no loss, no 5xx/429 */
@@ -95,6 +105,7 @@ bit holds[NW+1];               /* worker's current attempt holds the record (liv
 /* recorded outcome */
 #define O_OK   1
 #define O_DECL 2
+#define O_HELD 3   /* completed without a call: waits for the payment to settle (SETTLE) */
 /* what the provider remembers for the key */
 #define K_NONE 0
 #define K_OK   1
@@ -105,6 +116,7 @@ bit holds[NW+1];               /* worker's current attempt holds the record (liv
 #define M_INFL 1
 #define M_DONE 2
 #define M_DLQ  3
+#define M_NONE 4   /* not sent yet (the Settler's message, SETTLE) */
 /* request slot of a worker: pending, or the answer */
 #define Q_NONE 0
 #define Q_PEND 1
@@ -144,8 +156,14 @@ bit Rel;          /* now > t0 + R                                         */
 bit pre0[NW+1]; bit prem[NW+1]; bit prek[NW+1];
 
 /* ---- SQS ---- */
-byte msg[NM];
+/* msg[NM] (SETTLE): the Settler's message for a held record, payload A */
+byte msg[NM+SETTLE];
 bit dlqA, dlqB;   /* a message of payload A / B was dead-lettered */
+#if SETTLE
+bit settled;      /* the payment the work waits for has settled (once, for good) */
+bit held_entry;   /* the held entry on the payment's record */
+#endif
+#define PAYLOAD_B(i) (i == 2 && NM == 3)
 
 /* ---- workers ---- */
 bit  busy[NW+1];  byte cur[NW+1];       /* in an attempt; message held (+1)     */
@@ -190,7 +208,7 @@ byte completions; /* successful complete writes (ledger row + outbox event each)
   busy[me] = 0; cur[me] = 0; HOLD(0); UNMARK(me); m = 0; h = 0; unk = 0; a = 0; o = 0; ph = 0
 
 #define TODLQ(i) \
-  if :: i == 2 -> dlqB = 1 :: else -> dlqA = 1 fi; \
+  if :: PAYLOAD_B(i) -> dlqB = 1 :: else -> dlqA = 1 fi; \
   if :: msg[i] != M_DONE -> msg[i] = M_DLQ :: else -> skip fi
 
 /* The provider executes one request for key payment_id with payload hh. */
@@ -241,8 +259,11 @@ end_idle:
 #if NM > 2
     :: msg[2] == M_VIS -> m = 2
 #endif
+#if SETTLE
+    :: msg[NM] == M_VIS -> m = NM
+#endif
     fi;
-    msg[m] = M_INFL; h = (m == 2); busy[me] = 1; cur[me] = m + 1;
+    msg[m] = M_INFL; h = PAYLOAD_B(m); busy[me] = 1; cur[me] = m + 1;
     /* Claim: attribute_not_exists(pk) OR (payload_hash = :h AND
      *        ((status = IN_PROGRESS AND lease expired) OR status = FAILED)); ALL_OLD on conflict */
     if
@@ -290,6 +311,21 @@ end_idle:
   :: unk && RCHECK -> goto lookup
   :: else -> skip
   fi;
+#endif
+
+#if SETTLE
+  /* The work's own decision, before any call, on the payment's record (one conditional
+   * write fenced by the lease): hold while it has not settled; once it has, take the held
+   * entry (a resumed refund converts its held reservation) and go on to the call. */
+  atomic {
+    if
+    :: chaos -> CRASH; goto end_idle
+    :: rec_owner == me && rec_status == INPROG && !settled -> held_entry = 1; o = O_HELD
+    :: rec_owner == me && rec_status == INPROG && settled -> held_entry = 0
+    :: else -> goto stop
+    fi
+  };
+  if :: o == O_HELD -> goto complete :: else -> skip fi;
 #endif
 
 charge:
@@ -372,7 +408,8 @@ complete:
     :: chaos -> CRASH; goto end_idle
 #if FENCED
     :: rec_owner == me && rec_status == INPROG ->
-         rec_status = COMPLETED; rec_out = o; rec_live = 0; INC2(completions)
+         rec_status = COMPLETED; rec_out = o; rec_live = 0;
+         if :: o != O_HELD -> INC2(completions) :: else -> skip fi
     :: else -> goto stop
 #else
     :: true ->                                        /* unconditional update, like Powertools */
@@ -485,10 +522,16 @@ end_e:
 #if NM > 2
   :: atomic { msg[2] == M_INFL && (chaos || !HELD(2)) -> msg[2] = M_VIS }
 #endif
+#if SETTLE
+  :: atomic { msg[NM] == M_INFL && (chaos || !HELD(NM)) -> msg[NM] = M_VIS }
+#endif
 #if REDRIVE
   /* operator redrives the DLQ to the source queue */
   :: atomic { chaos && msg[0] == M_DLQ -> msg[0] = M_VIS }
   :: atomic { chaos && msg[1] == M_DLQ -> msg[1] = M_VIS }
+#if SETTLE
+  :: atomic { chaos && msg[NM] == M_DLQ -> msg[NM] = M_VIS }
+#endif
 #endif
   /* the network drops an abandoned request */
   :: atomic { chaos && orph[1] != 0 -> orph[1] = 0; UNMARK(1) }
@@ -512,6 +555,24 @@ end_e:
   od
 }
 
+#if SETTLE
+/* The payment settles once; then whatever applies it (the inbox after its write, again on
+ * every redelivery of its event, the scheduled sweep) reopens a held record and sends its
+ * message, for as long as the held entry is on the payment's record. Each step may be cut
+ * short by a crash: it runs again. */
+active proctype Settler()
+{
+end_s:
+  do
+  :: atomic { !settled -> settled = 1 }
+  :: atomic { settled && held_entry && rec_status == COMPLETED && rec_out == O_HELD ->
+       rec_status = FAILED }                              /* reopen: no call was made */
+  :: atomic { settled && held_entry && (msg[NM] == M_NONE || msg[NM] == M_DONE) ->
+       msg[NM] = M_VIS }                                  /* SendMessage (again) */
+  od
+}
+#endif
+
 /* ---- properties ---- */
 #define S1 (chA + chB <= 1)                               /* at most one charge at the provider */
 #define S2 (rec_status != COMPLETED || \
@@ -519,7 +580,14 @@ end_e:
 #define S3 (!(chA > 0 && chB > 0))                        /* never both payloads charged */
 #define S4 (completions <= 1)                             /* one ledger row / outbox event */
 #define DONEA ((msg[0] == M_DONE || msg[0] == M_DLQ) && (msg[1] == M_DONE || msg[1] == M_DLQ))
+#if SETTLE
+/* a held record is not done: the held entry (which the Settler answers) must still be there */
+#define DONER (msg[NM] == M_NONE || msg[NM] == M_DONE || msg[NM] == M_DLQ)
+#define S5 (!(DONEA && DONER && !ANYBUSY) || (rec_status == COMPLETED && rec_out != O_HELD) || \
+            dlqA || held_entry)
+#else
 #define S5 (!(DONEA && !ANYBUSY) || (rec_status == COMPLETED) || dlqA)  /* nothing lost */
+#endif
 
 #if CHK
 active proctype Monitor()
@@ -547,6 +615,9 @@ end_m:
 
 init {
   atomic {
+#if SETTLE
+    msg[NM] = M_NONE;
+#endif
     run Worker(1); run Worker(2);
 #if NW > 2
     run Worker(3);
@@ -561,6 +632,10 @@ init {
 }
 
 #if LIVE
+#if SETTLE
+#define DONE ((rec_status == COMPLETED && rec_out != O_HELD) || dlqA)
+#else
 #define DONE (rec_status == COMPLETED || dlqA)
+#endif
 ltl L1 { (<> calm) -> (<> DONE) }
 #endif

@@ -239,6 +239,7 @@ async fn a_burst_of_disputes_at_the_pace_is_applied_whole_and_nothing_is_dead_le
                 events: Vec::new(),
                 refunds: BTreeMap::new(),
                 released: BTreeMap::new(),
+                held: BTreeMap::new(),
             },
         );
     }

@@ -85,9 +85,23 @@ impl RefundLedger for Yielding {
         seen: &RefundablePayment,
         owner: &str,
         keep: i64,
+        hold: Option<&str>,
     ) -> Result<payment_core::refunds::ledger::Reservation, sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
-        self.0.reserve(pid, rid, amount, seen, owner, keep).await
+        self.0
+            .reserve(pid, rid, amount, seen, owner, keep, hold)
+            .await
+    }
+    async fn take_held(
+        &self,
+        pid: &str,
+        rid: &str,
+        seen: &RefundablePayment,
+        owner: &str,
+        keep: i64,
+    ) -> Result<payment_core::refunds::ledger::Reservation, sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.take_held(pid, rid, seen, owner, keep).await
     }
     async fn release(
         &self,
@@ -171,6 +185,8 @@ fn charged_in(
             has_refunds: false,
             disputed: 0,
             expires_at_s: 0,
+            held: BTreeMap::new(),
+            has_held: false,
         },
     );
 }
@@ -286,12 +302,39 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
     assert!(w.provider.calls.lock().unwrap().is_empty());
 }
 
+/// The payment settles at the provider as `status` (its event applied to the record) and what
+/// resumes held refunds does its part in memory: each held record reopened, each held message
+/// sent again (the DynamoDB `reopen` and the sweep are tested on the emulator).
+async fn settle_and_resume(w: &World, pid: &str, status: &str) -> Vec<SqsMessage> {
+    let mut p = w.ledger.payment(pid).await.unwrap().unwrap();
+    if let Some(o) = p.outcome.as_mut() {
+        o.status = status.into();
+    }
+    let held = p.held.clone();
+    w.ledger.insert(pid, p);
+    let mut again = Vec::new();
+    for (rid, body) in held {
+        let mut r = w.store.get(&rid).await.unwrap().unwrap();
+        assert_eq!(
+            (r.status, r.outcome.as_ref().map(|o| o.status.as_str())),
+            (RecordStatus::Completed, Some("held"))
+        );
+        r.status = RecordStatus::Failed;
+        r.outcome = None;
+        w.store.insert(r);
+        again.push(msg(&format!("again-{rid}"), &body));
+    }
+    again
+}
+
 /// A refund of a payment the provider still settles (a bank debit `processing` for days, an
-/// off-session payment `requires_action` until the customer authenticates) is handed back, with
-/// a reason that says what it waits for, and made once the payment succeeds; it is refused
-/// for good only when the payment ended without a charge.
+/// off-session payment `requires_action` until the customer authenticates) is held: its amount
+/// reserved, its message kept on the payment, the message acknowledged, nothing sent. Once the
+/// payment succeeds the held message refunds it, once; once it fails instead, the refund is
+/// canceled and its amount given back. A refund of a payment that ended without a charge is
+/// refused at once.
 #[tokio::test]
-async fn a_refund_of_a_payment_still_settling_waits_for_it_and_is_made_once_it_succeeds() {
+async fn a_refund_of_a_payment_still_settling_is_held_and_made_once_it_succeeds() {
     let w = world();
     charged(&w, "debit", RecordStatus::Completed, "processing", 500);
     charged(&w, "auth", RecordStatus::Completed, "requires_action", 700);
@@ -301,40 +344,116 @@ async fn a_refund_of_a_payment_still_settling_waits_for_it_and_is_made_once_it_s
         msg("m2", &refund("r2", "auth", None)),
         msg("m3", &refund("r3", "canceled", None)),
     ];
-    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
-    let mut back: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
-    back.sort();
-    assert_eq!(back, ["m1", "m2"], "{s:?}");
-    assert_eq!(s.dead_lettered.get("payment_not_refundable"), Some(&1));
-    assert!(w.provider.calls.lock().unwrap().is_empty());
-    let waiting = w.store.get("r1").await.unwrap().unwrap();
-    assert!(
-        waiting
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("still processing") && e.contains("waits")),
-        "{:?}",
-        waiting.last_error
-    );
-
-    // The debit succeeds (its event settles the payment's record): the same message again
-    // refunds it, once.
-    charged(&w, "debit", RecordStatus::Completed, "succeeded", 500);
     let (response, s) = w
         .processor
-        .handle_batch(
-            vec![msg("m1", &refund("r1", "debit", Some(200)))],
-            now_ms() + 60_000,
-        )
+        .handle_batch(batch.clone(), now_ms() + 60_000)
+        .await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "acknowledged: {s:?}"
+    );
+    assert_eq!(s.done("held"), 2, "{s:?}");
+    assert_eq!(s.dead_lettered.get("payment_not_refundable"), Some(&1));
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+    let debit = w.ledger.payment("debit").await.unwrap().unwrap();
+    assert_eq!((debit.refunded, debit.refunds.get("r1")), (200, Some(&200)));
+    assert_eq!(
+        debit.held.get("r1"),
+        Some(&refund("r1", "debit", Some(200)))
+    );
+    let auth = w.ledger.payment("auth").await.unwrap().unwrap();
+    assert_eq!(
+        auth.refunds.get("r2"),
+        Some(&700),
+        "the rest, fixed when held"
+    );
+    // A duplicate while held is absorbed: nothing sent, nothing reserved twice.
+    let (_, s) = w
+        .processor
+        .handle_batch(batch[..1].to_vec(), now_ms() + 60_000)
+        .await;
+    assert_eq!(s.duplicates, 1, "{s:?}");
+    assert_eq!(
+        w.ledger.payment("debit").await.unwrap().unwrap().refunded,
+        200
+    );
+
+    // The debit succeeds: its held refund is made, once, for the amount held.
+    let again = settle_and_resume(&w, "debit", "succeeded").await;
+    let (response, s) = w
+        .processor
+        .handle_batch(again.clone(), now_ms() + 60_000)
         .await;
     assert!(response.batch_item_failures.is_empty(), "{s:?}");
-    assert_eq!(s.done("refunded"), 1);
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
     let calls = w.provider.calls.lock().unwrap().clone();
-    assert_eq!(calls.iter().map(|c| c.amount).collect::<Vec<_>>(), [200]);
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| (c.refund_id.as_str(), c.amount))
+            .collect::<Vec<_>>(),
+        [("r1", 200)]
+    );
+    let debit = w.ledger.payment("debit").await.unwrap().unwrap();
+    assert!(
+        debit.held.is_empty(),
+        "the held entry is taken before the call"
+    );
+    assert_eq!(debit.refunds.get("r1"), Some(&200));
+    // Sent again (a second resume, the original message's late copy): absorbed.
+    let (_, s) = w.processor.handle_batch(again, now_ms() + 60_000).await;
+    assert_eq!(s.duplicates, 1, "{s:?}");
+    assert_eq!(w.provider.calls.lock().unwrap().len(), 1);
+
+    // The customer never authenticates and the payment fails: canceled, its amount given back.
+    let again = settle_and_resume(&w, "auth", "declined").await;
+    let (response, s) = w.processor.handle_batch(again, now_ms() + 60_000).await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("canceled"), 1, "{s:?}");
+    assert_eq!(
+        w.provider.calls.lock().unwrap().len(),
+        1,
+        "nothing sent for it"
+    );
+    let auth = w.ledger.payment("auth").await.unwrap().unwrap();
+    assert_eq!(
+        (auth.refunded, auth.refunds.len(), auth.held.len()),
+        (0, 0, 0)
+    );
+    let r2 = w.store.get("r2").await.unwrap().unwrap();
+    let o = r2.outcome.unwrap();
+    assert_eq!(
+        (o.status.as_str(), o.text("code")),
+        ("canceled", Some("payment_failed"))
+    );
+    assert!(
+        o.text("reason").unwrap().contains("ended declined"),
+        "{o:?}"
+    );
+}
+
+/// Two held refunds whose sum is the charge both hold; a third is refused at once, as it would
+/// be on a charged payment; once the debit succeeds both are made, and nothing more.
+#[tokio::test]
+async fn held_refunds_never_add_up_to_more_than_the_charge() {
+    let w = world();
+    charged(&w, "debit", RecordStatus::Completed, "processing", 500);
+    let batch = vec![
+        msg("m1", &refund("r1", "debit", Some(300))),
+        msg("m2", &refund("r2", "debit", Some(200))),
+        msg("m3", &refund("r3", "debit", Some(1))),
+    ];
+    let (_, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert_eq!(s.done("held"), 2, "{s:?}");
+    assert_eq!(s.dead_lettered.get("refund_exceeds_charge"), Some(&1));
+    let again = settle_and_resume(&w, "debit", "succeeded").await;
+    assert_eq!(again.len(), 2);
+    let (_, s) = w.processor.handle_batch(again, now_ms() + 60_000).await;
+    assert_eq!(s.done("refunded"), 2, "{s:?}");
+    let calls = w.provider.calls.lock().unwrap().clone();
+    assert_eq!(calls.iter().map(|c| c.amount).sum::<i64>(), 500);
+    let p = w.ledger.payment("debit").await.unwrap().unwrap();
+    assert_eq!((p.refunded, p.held.len()), (500, 0));
 }
 
 /// A refund's record, and the payment's record it reserved on, are kept for the refund window
@@ -472,7 +591,7 @@ async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
     charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
     let seen = w.ledger.payment("p1").await.unwrap().unwrap();
     w.ledger
-        .reserve("p1", "r1", 40, &seen, "dead", 0)
+        .reserve("p1", "r1", 40, &seen, "dead", 0, None)
         .await
         .unwrap();
     let now = now_ms();

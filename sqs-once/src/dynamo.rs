@@ -201,6 +201,56 @@ impl DynamoStore {
 }
 
 impl DynamoStore {
+    /// Reopens a record that was completed as waiting for an outside event (its work stored
+    /// `waiting` as the outcome's status, and made no downstream call: a refund held until
+    /// its payment settles): the record becomes `FAILED` with `reason` as its last error, so
+    /// the next message of the same request claims it and runs the work again. `Ok(false)`
+    /// when the record is not completed with that outcome (reopened before, claimed since, or
+    /// never held): nothing is written. A completion that may have reached downstream
+    /// (`unknown_outcome`) is never reopened. The record keeps its lifetime; the next
+    /// completion sets the one its outcome gives.
+    pub async fn reopen(
+        &self,
+        key: &str,
+        waiting: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(&self.layout.attribute, self.record_key(key))
+            .update_expression(format!(
+                "SET #s = :failed, last_error = :e, lease_expires_at = :now, {OPEN} = :open \
+                 REMOVE outcome, completed_at"
+            ))
+            .condition_expression(
+                "#s = :completed AND outcome.#st = :waiting AND \
+                 (attribute_not_exists(unknown_outcome) OR unknown_outcome = :f)",
+            )
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#st", "status")
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":failed", s(RecordStatus::Failed.as_str()))
+            .expression_attribute_values(":waiting", s(waiting))
+            .expression_attribute_values(":f", AttributeValue::Bool(false))
+            .expression_attribute_values(":e", s(reason))
+            .expression_attribute_values(":now", n(now_ms))
+            .expression_attribute_values(":open", s(&self.layout.record_prefix))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(se)) if se.err().is_conditional_check_failed_exception() => {
+                Ok(false)
+            }
+            Err(e) => Err(StoreError::Unavailable(DisplayErrorContext(&e).to_string())),
+        }
+    }
+}
+
+impl DynamoStore {
     /// Records an outcome found downstream for a record that no attempt holds (an operator's
     /// reconciliation): only while it is `FAILED`, or `IN_PROGRESS` with an expired lease, and
     /// past its `not_before`. Refused ([`StoreError::LeaseLost`]) when an attempt holds it or

@@ -211,7 +211,9 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     let seen = ledger.payment(&pid).await.unwrap().unwrap();
     let keep = seen.expires_at_s;
     assert!(matches!(
-        ledger.reserve(&pid, &rid, 400, &seen, "zombie", keep).await,
+        ledger
+            .reserve(&pid, &rid, 400, &seen, "zombie", keep, None)
+            .await,
         Err(StoreError::LeaseLost)
     ));
     assert_eq!(
@@ -221,7 +223,7 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     );
     assert_eq!(
         ledger
-            .reserve(&pid, &rid, 400, &seen, "owner", keep)
+            .reserve(&pid, &rid, 400, &seen, "owner", keep, None)
             .await
             .unwrap(),
         Reservation::Reserved

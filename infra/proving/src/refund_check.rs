@@ -337,6 +337,8 @@ mod tests {
             has_refunds: !refunds.is_empty(),
             disputed: 0,
             expires_at_s: 0,
+            held: Default::default(),
+            has_held: false,
         }
     }
 

@@ -304,12 +304,15 @@ pub async fn build_event_processor_on(
         dynamodb.clone(),
         &config.idempotency_table,
     );
-    let work = crate::events::inbox::EventWork::new(
+    let mut work = crate::events::inbox::EventWork::new(
         Arc::new(settlements),
         Arc::new(provider),
         config.refund_window,
     )
     .with_clock(Arc::clone(&clock));
+    if let Some(held) = held_refunds(config, sdk, Arc::clone(&clock)) {
+        work = work.with_held_refunds(held);
+    }
     let store = crate::events::event_store(dynamodb, &config.idempotency_table);
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
@@ -327,6 +330,25 @@ pub async fn build_event_processor_on(
         .with_metrics(with_stack(crate::events::inbox::metric_names())),
         pace,
     )))
+}
+
+/// The refunds payments hold until they settle, resumed into `REFUNDS_QUEUE_URL` (`None`
+/// without it).
+fn held_refunds(
+    config: &Config,
+    sdk: &aws_config::SdkConfig,
+    clock: Arc<dyn sqs_once::clock::Clock>,
+) -> Option<Arc<crate::refunds::held::HeldRefunds>> {
+    let url = config.refunds_queue_url.as_ref()?;
+    let queue = crate::refunds::held::SqsRefundQueue::new(aws_sdk_sqs::Client::new(sdk), url);
+    Some(Arc::new(
+        crate::refunds::held::HeldRefunds::new(
+            aws_sdk_dynamodb::Client::new(sdk),
+            &config.idempotency_table,
+            Arc::new(queue),
+        )
+        .with_clock(clock),
+    ))
 }
 
 /// The scheduled catch-up of a configuration (`None` without `PROVIDER_EVENTS_QUEUE_URL`).
@@ -358,6 +380,8 @@ pub async fn build_catch_up(
             aws_sdk_dynamodb::Client::new(sdk),
             &config.idempotency_table,
         ),
+        held: held_refunds(config, sdk, sqs_once::clock::system())
+            .map(|h| (h, config.held_refund_horizon)),
     }))
 }
 

@@ -88,6 +88,13 @@ pub struct Config {
     /// template's `ProviderEventsUrl`): the one the catch-up must find enabled and sent every
     /// type before it lists only the undelivered. Unset: every endpoint at the receiver's path.
     pub provider_events_url: Option<String>,
+    /// `REFUNDS_QUEUE_URL` (optional, the event function's): where the refunds a payment
+    /// held are sent again once it settled ([`crate::refunds::held`]). Unset: none are.
+    pub refunds_queue_url: Option<String>,
+    /// `HELD_REFUND_HORIZON_DAYS` (default 30, 1 to 365): how long after its charge began a
+    /// payment that holds refunds may still be settling before the catch-up's sweep counts it
+    /// overdue (`HeldRefundsOverdue`).
+    pub held_refund_horizon: Duration,
 }
 
 /// A configuration problem, naming the variable.
@@ -268,6 +275,10 @@ impl Config {
             catch_up_pace: provider_pace(&get)?.map(|p| p.function),
             catch_up_lists: catch_up_lists(&get)?,
             provider_events_url: get("PROVIDER_EVENTS_URL").filter(|v| !v.trim().is_empty()),
+            refunds_queue_url: get("REFUNDS_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            held_refund_horizon: Duration::from_secs(
+                number("HELD_REFUND_HORIZON_DAYS", 30, 1, 365)? * 86_400,
+            ),
             refund_window: Duration::from_secs(
                 number(
                     "REFUND_WINDOW_DAYS",

@@ -479,19 +479,31 @@ pub struct ScheduledCatchUp {
     /// What it lists: only the undelivered events (a webhook endpoint delivers them), or
     /// every event (EventBridge alone).
     pub lists: Listed,
+    /// The refunds payments hold until they settle, swept after each run, and how long a
+    /// payment may settle before it is overdue.
+    pub held: Option<(Arc<crate::refunds::held::HeldRefunds>, std::time::Duration)>,
 }
 
 impl ScheduledCatchUp {
-    /// One scheduled run at the current time within `budget`.
+    /// One scheduled run at the current time within `budget`, then the sweep of the held
+    /// refunds (a sweep that fails fails the run, after the listing's checkpoint was kept).
     pub async fn run(&self, budget: Budget) -> Result<CatchUpReport, String> {
         let now = sqs_once::runner::now_ms() / 1000;
-        scheduled(
+        let mut report = scheduled(
             (&*self.lister, self.lists),
             &*self.queue,
             &self.checkpoint,
             now,
             budget,
         )
-        .await
+        .await?;
+        if let Some((held, horizon)) = &self.held {
+            report.held = Some(
+                held.sweep(*horizon)
+                    .await
+                    .map_err(|e| format!("sweeping the held refunds: {e}"))?,
+            );
+        }
+        Ok(report)
     }
 }

@@ -97,6 +97,9 @@ const TRIES: usize = 4;
 pub struct EventWork {
     settlements: Arc<dyn Settlements>,
     provider: Arc<dyn ProviderObjects>,
+    /// Resumes the refunds a settled payment held (none: nothing is resumed here, as in a
+    /// process that has no refunds queue; the catch-up's sweep still does).
+    held: Option<Arc<crate::refunds::held::HeldRefunds>>,
     /// How long a charged payment's record is kept from its charge (its refund ledger).
     refund_window: Duration,
     /// Time, injected (the timeline test moves it months ahead).
@@ -155,8 +158,28 @@ impl EventWork {
         Self {
             settlements,
             provider,
+            held: None,
             refund_window,
             clock: sqs_once::clock::system(),
+        }
+    }
+
+    /// Resumes the refunds a payment held once the payment settled, through `held`.
+    pub fn with_held_refunds(mut self, held: Arc<crate::refunds::held::HeldRefunds>) -> Self {
+        self.held = Some(held);
+        self
+    }
+
+    /// After a payment's settlement was applied, or found applied: its held refunds are sent
+    /// again before this event's record completes, so a crash in between leaves the event to
+    /// come back and resume them.
+    async fn resume_held(&self, pid: &str, held: bool, status: &str) -> Result<(), CallError> {
+        match &self.held {
+            Some(h) if held && !crate::provider::event::payment_settling(status) => {
+                h.resume(pid).await.map_err(store_error)?;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -210,13 +233,15 @@ impl EventWork {
                     ),
                 ));
             }
+            let holds = !p.held.is_empty();
             let (to, decline) = match payment_step(&stored, &c.status) {
                 Step::Unchanged => {
+                    self.resume_held(&pid, holds, &stored).await?;
                     return Ok(outcome(
                         labels::UNCHANGED,
                         event,
                         format!("payment {pid} stays {stored}"),
-                    ))
+                    ));
                 }
                 Step::Apply(to) => (to, c.decline_code.clone()),
                 Step::Fetch => {
@@ -224,6 +249,7 @@ impl EventWork {
                     match payment_current(&stored, &now.status) {
                         Step::Apply(to) => (to, now.decline_code),
                         _ => {
+                            self.resume_held(&pid, holds, &stored).await?;
                             return Ok(outcome(
                                 labels::UNCHANGED,
                                 event,
@@ -231,7 +257,7 @@ impl EventWork {
                                     "payment {pid} stays {stored} (the provider holds it {})",
                                     now.status
                                 ),
-                            ))
+                            ));
                         }
                     }
                 }
@@ -252,6 +278,7 @@ impl EventWork {
                 .await
                 .map_err(store_error)?
             {
+                self.resume_held(&pid, holds, &to).await?;
                 return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
             }
         }

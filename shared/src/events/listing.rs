@@ -252,6 +252,9 @@ pub struct CatchUpReport {
     /// the oldest it still lists: what was created between the two may never have been
     /// applied (an alarm, and a runbook row: docs/operate.md, `CatchUpJumped`).
     pub jumped: bool,
+    /// The sweep of the refunds payments hold until they settle, when the run made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<crate::refunds::held::HeldSweep>,
 }
 
 impl CatchUpReport {
@@ -260,36 +263,47 @@ impl CatchUpReport {
     /// 0 when it reached the newest event), `CatchUpJumped` (1 when it skipped to the
     /// oldest event the provider still lists) and `CatchUpListedAll` (1 when it listed every
     /// event where only the undelivered were asked for: see [`CatchUpReport::listed_all`]).
-    /// The template alarms on the first two.
+    /// The template alarms on the first two. With a sweep of the held refunds: `HeldRefunds`
+    /// (the refunds payments hold until they settle) and `HeldRefundsOverdue` (the payments
+    /// holding refunds still settling past the horizon), which the template alarms on.
     pub fn emf_line(&self, now_ms: i64) -> String {
         let lag_min = self
             .checked_through_s
             .map_or(0, |t| (now_ms / 1000 - t).max(0) / 60);
-        crate::telemetry::with_dimensions(
-            serde_json::json!({
-                "_aws": {
-                    "Timestamp": now_ms,
-                    "CloudWatchMetrics": [{
-                        "Namespace": "ProviderEvents",
-                        "Dimensions": [["Service"]],
-                        "Metrics": [
-                            {"Name": "CatchUpLagMinutes", "Unit": "None"},
-                            {"Name": "CatchUpJumped", "Unit": "Count"},
-                            {"Name": "CatchUpListedAll", "Unit": "Count"}
-                        ]
-                    }]
-                },
-                "Service": "event-processor",
-                "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
-                "CatchUpJumped": u8::from(self.jumped),
-                "CatchUpListedAll": u8::from(self.listed_all.is_some()),
-                "queued": self.queued,
-                "set_aside": self.set_aside,
-                "pages": self.pages,
-            }),
-            crate::telemetry::dimensions(),
-        )
-        .to_string()
+        let mut line = serde_json::json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": "ProviderEvents",
+                    "Dimensions": [["Service"]],
+                    "Metrics": [
+                        {"Name": "CatchUpLagMinutes", "Unit": "None"},
+                        {"Name": "CatchUpJumped", "Unit": "Count"},
+                        {"Name": "CatchUpListedAll", "Unit": "Count"}
+                    ]
+                }]
+            },
+            "Service": "event-processor",
+            "CatchUpLagMinutes": if self.finished { 0 } else { lag_min },
+            "CatchUpJumped": u8::from(self.jumped),
+            "CatchUpListedAll": u8::from(self.listed_all.is_some()),
+            "queued": self.queued,
+            "set_aside": self.set_aside,
+            "pages": self.pages,
+        });
+        if let Some(h) = &self.held {
+            if let Some(metrics) = line
+                .pointer_mut("/_aws/CloudWatchMetrics/0/Metrics")
+                .and_then(|m| m.as_array_mut())
+            {
+                metrics.push(serde_json::json!({"Name": "HeldRefunds", "Unit": "Count"}));
+                metrics.push(serde_json::json!({"Name": "HeldRefundsOverdue", "Unit": "Count"}));
+            }
+            line["HeldRefunds"] = serde_json::json!(h.held);
+            line["HeldRefundsOverdue"] = serde_json::json!(h.overdue.len());
+            line["held_resumed"] = serde_json::json!(h.resumed);
+        }
+        crate::telemetry::with_dimensions(line, crate::telemetry::dimensions()).to_string()
     }
 }
 

@@ -91,6 +91,8 @@ pub struct PaymentState {
     pub refunds: BTreeMap<String, i64>,
     /// The amounts given back by refunds that moved no money: refund id → amount.
     pub released: BTreeMap<String, i64>,
+    /// Refunds held until the payment settles: refund id → the refund's message.
+    pub held: BTreeMap<String, String>,
 }
 
 /// A refund's record as the events see it.
@@ -324,6 +326,7 @@ impl Settlements for DynamoSettlements {
             events: events_of(&item),
             refunds: crate::refunds::ledger::reservations_of(&item),
             released: crate::refunds::ledger::released_of(&item),
+            held: crate::refunds::ledger::held_of(&item),
         }))
     }
 

@@ -309,14 +309,15 @@ fn payment_final(s: &str) -> bool {
     )
 }
 
-/// What a payment event carrying `incoming` does to a payment stored `stored`:
-/// `processing` → `succeeded` | `declined`; `requires_action` → `succeeded` | `declined` |
-/// `canceled`; a final state never changes; anything else is read from the provider.
+/// What a payment event carrying `incoming` does to a payment stored `stored`: a settling
+/// payment moves to `succeeded` or `canceled` from the payload (neither is ever left); a final
+/// state never changes; anything else is read from the provider. A decline is read too: a
+/// PaymentIntent declined once may be confirmed again and go `processing`, so a
+/// `payment_failed` delivered after that would move a settling payment back to `declined`.
 pub fn payment_step(stored: &str, incoming: &str) -> Step {
     if stored == incoming || payment_final(stored) {
         Step::Unchanged
-    } else if payment_settling(stored) && matches!(incoming, "succeeded" | "declined" | "canceled")
-    {
+    } else if payment_settling(stored) && matches!(incoming, "succeeded" | "canceled") {
         Step::Apply(incoming.to_owned())
     } else {
         // Between two pending states, or from a decline (a PaymentIntent may be confirmed
@@ -572,10 +573,15 @@ mod tests {
             payment_step("processing", "succeeded"),
             Step::Apply("succeeded".into())
         );
+        // A decline may be older than the state stored (the customer confirmed again after
+        // it): the provider says where the payment is now.
+        assert_eq!(payment_step("processing", "declined"), Step::Fetch);
+        assert_eq!(payment_step("requires_action", "declined"), Step::Fetch);
         assert_eq!(
-            payment_step("processing", "declined"),
+            payment_current("processing", "declined"),
             Step::Apply("declined".into())
         );
+        assert_eq!(payment_current("processing", "processing"), Step::Unchanged);
         assert_eq!(
             payment_step("requires_action", "canceled"),
             Step::Apply("canceled".into())

@@ -18,6 +18,15 @@
 //! lifetime the caller gives, never less than it was: the provider can fail a refund weeks
 //! after `pending` or `succeeded`, and the ledger must still be there to take it back.
 //!
+//! A refund of a payment still settling at the provider (a bank debit `processing`, a
+//! customer's `requires_action`) *holds*: the same reservation, conditional on the payment
+//! still settling instead of `succeeded`, with `held_refunds.<refund_id>` = the refund's message in
+//! the same write, and the record put in the sparse index's `refund_held` partition (its
+//! `open_work`), where the catch-up's sweep and `payctl health` find it. A held entry is taken
+//! (removed, the reservation kept) by the refund's own attempt once the payment succeeded,
+//! before its call, or given back with the reservation when the payment failed; the last one
+//! taken takes the record out of the partition.
+//!
 //! Why ~510 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
 //! conditions, side by side, so that a change to one is seen in the other.
 
@@ -38,6 +47,28 @@ use crate::payments::charge::PaymentOutcome;
 /// payment's record beside the reservations so that the refund still shows there.
 pub const RELEASED_PREFIX: &str = "released:";
 
+/// The sparse index partition (`open_work`) of the payment records that hold refunds waiting
+/// for them to settle.
+pub const HELD_PARTITION: &str = "refund_held";
+
+/// The payment record's map of its held refunds: refund id → the refund's message.
+pub const HELD: &str = "held_refunds";
+
+/// The condition and the removal that take `held_refunds.#rid` off a payment's record whose
+/// map had `held_count` entries when read: the last one also takes the record out of the
+/// [`HELD_PARTITION`]. The count is pinned, so a write that raced this one reads again.
+fn take_held_clause(held_count: usize) -> (String, &'static str) {
+    let remove = if held_count <= 1 {
+        format!("held_refunds.#rid, {}", sqs_once::dynamo::OPEN)
+    } else {
+        "held_refunds.#rid".to_owned()
+    };
+    (
+        remove,
+        "attribute_exists(held_refunds.#rid) AND size(held_refunds) = :held_n",
+    )
+}
+
 /// The write that gives back `amount` reserved for `refund_id` on a payment's record, shared by
 /// every path that releases (the refund processor, reconcile, the inbox): `refunds.<rid>` moves
 /// to `released:<rid>`, `refunded_amount` goes down and the record is kept until
@@ -50,23 +81,63 @@ pub(crate) fn release_write(
     keep_until_s: i64,
     also: &str,
 ) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+    release_write_held(update, refund_id, amount, keep_until_s, also, None)
+}
+
+/// [`release_write`] of a refund that may be held: with `held_count` (the `held` map's size as
+/// read, when it has the refund), its held entry goes too.
+fn release_write_held(
+    update: aws_sdk_dynamodb::types::builders::UpdateBuilder,
+    refund_id: &str,
+    amount: i64,
+    keep_until_s: i64,
+    also: &str,
+    held_count: Option<usize>,
+) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
     let also = if also.is_empty() {
         String::new()
     } else {
         format!("{also}, ")
     };
+    let (remove, condition) = match held_count {
+        Some(n) => {
+            let (remove, condition) = take_held_clause(n);
+            (format!(", {remove}"), format!(" AND {condition}"))
+        }
+        None => (String::new(), String::new()),
+    };
+    let update = match held_count {
+        Some(n) => update.expression_attribute_values(":held_n", n_usize(n)),
+        None => update,
+    };
     update
         .update_expression(format!(
             "SET {also}refunded_amount = refunded_amount - :amount, #rel = :amount, \
-             expires_at = :keep REMOVE refunds.#rid"
+             expires_at = :keep REMOVE refunds.#rid{remove}"
         ))
-        .condition_expression(
-            "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
-        )
+        .condition_expression(format!(
+            "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep){condition}",
+        ))
         .expression_attribute_names("#rid", refund_id)
         .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
         .expression_attribute_values(":amount", n(amount))
         .expression_attribute_values(":keep", n(keep_until_s))
+}
+
+fn n_usize(v: usize) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// The held refunds on a payment's record item: refund id → the refund's message.
+pub fn held_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, String> {
+    item.get(HELD)
+        .and_then(|v| v.as_m().ok())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_s().ok()?.clone())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The reservations on a payment's record item: refund id → amount.
@@ -109,6 +180,10 @@ pub struct RefundablePayment {
     pub disputed: i64,
     /// The record's TTL (`expires_at`, epoch seconds) as read: a write keeps at least this.
     pub expires_at_s: i64,
+    /// Refunds held until the payment settles: refund id → the refund's message.
+    pub held: BTreeMap<String, String>,
+    /// The record carries the `held` map (a first hold creates it).
+    pub has_held: bool,
 }
 
 impl RefundablePayment {
@@ -145,6 +220,11 @@ pub trait RefundLedger: Send + Sync {
     /// refund's own record is `IN_PROGRESS` under `owner`'s lease (its fencing token):
     /// [`StoreError::LeaseLost`] otherwise, and nothing is written. The payment's record is
     /// kept at least until `keep_until_s` (the refund can still fail for weeks).
+    ///
+    /// With `hold` (the refund's message), the payment must still be settling at the provider
+    /// instead of `succeeded`, and the refund is held: `held_refunds.<refund_id>` = `hold` in the same
+    /// write ([`HELD_PARTITION`]).
+    #[allow(clippy::too_many_arguments)]
     async fn reserve(
         &self,
         payment_id: &str,
@@ -153,10 +233,23 @@ pub trait RefundLedger: Send + Sync {
         seen: &RefundablePayment,
         owner: &str,
         keep_until_s: i64,
+        hold: Option<&str>,
     ) -> Result<Reservation, StoreError>;
 
-    /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), only
-    /// while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
+    /// Takes a held refund's entry off its payment (`succeeded` since), keeping its
+    /// reservation, under the same fence as [`RefundLedger::reserve`]: the refund goes on to
+    /// its call. [`Reservation::Changed`]: the payment changed since `seen`; read again.
+    async fn take_held(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        seen: &RefundablePayment,
+        owner: &str,
+        keep_until_s: i64,
+    ) -> Result<Reservation, StoreError>;
+
+    /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), and
+    /// its held entry when it has one, only while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
     /// never release what the new owner reserved ([`StoreError::LeaseLost`]). The payment's
     /// record is kept at least until `keep_until_s`.
     async fn release(
@@ -372,6 +465,8 @@ impl RefundLedger for DynamoRefundLedger {
             refunds,
             disputed: get_n(item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
+            held: held_of(item),
+            has_held: item.contains_key(HELD),
         }))
     }
 
@@ -411,16 +506,25 @@ impl RefundLedger for DynamoRefundLedger {
         seen: &RefundablePayment,
         owner: &str,
         keep_until_s: i64,
+        hold: Option<&str>,
     ) -> Result<Reservation, StoreError> {
         let (k, v) = self.key(payment_id);
         let total = seen.refunded + amount;
         // What is refunded and what disputes hold never pass the charge; the disputed amount
         // is pinned to the one read, so a dispute applied meanwhile makes this read again.
         // The record's lifetime is only ever raised: a write that raced ours and kept it longer
-        // makes this one read again.
-        let refundable = "#s = :completed AND outcome.#st = :succeeded AND :held <= outcome.#amt \
+        // makes this one read again. A hold needs the payment still settling: the write that
+        // settles it names the state it moves from, so one of the two reads again.
+        let state = if hold.is_some() {
+            "outcome.#st IN (:processing, :requires_action, :requires_confirmation)"
+        } else {
+            "outcome.#st = :succeeded"
+        };
+        let refundable = format!(
+            "#s = :completed AND {state} AND :held <= outcome.#amt \
             AND (attribute_not_exists(disputed_amount) OR disputed_amount = :disputed) \
-            AND (attribute_not_exists(expires_at) OR expires_at <= :keep)";
+            AND (attribute_not_exists(expires_at) OR expires_at <= :keep)"
+        );
         let mut req = Update::builder()
             .table_name(self.records.table())
             .key(k, v)
@@ -428,27 +532,59 @@ impl RefundLedger for DynamoRefundLedger {
             .expression_attribute_names("#st", "status")
             .expression_attribute_names("#amt", "amount")
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
-            .expression_attribute_values(":succeeded", s("succeeded"))
             .expression_attribute_values(":total", n(total))
             .expression_attribute_values(":held", n(total + seen.disputed))
             .expression_attribute_values(":disputed", n(seen.disputed))
             .expression_attribute_values(":keep", n(keep_until_s.max(seen.expires_at_s)));
+        req = match hold {
+            None => req.expression_attribute_values(":succeeded", s("succeeded")),
+            Some(_) => req
+                .expression_attribute_values(":processing", s("processing"))
+                .expression_attribute_values(":requires_action", s("requires_action"))
+                .expression_attribute_values(":requires_confirmation", s("requires_confirmation")),
+        };
+        // The held entry, in the same write: the map's first entry creates it.
+        let (held_set, held_condition) = match hold {
+            None => ("", ""),
+            Some(body) if seen.has_held => {
+                req = req
+                    .expression_attribute_names("#hid", refund_id)
+                    .expression_attribute_values(":body", s(body))
+                    .expression_attribute_values(":partition", s(HELD_PARTITION));
+                (
+                    ", held_refunds.#hid = :body, open_work = :partition",
+                    " AND attribute_not_exists(held_refunds.#hid)",
+                )
+            }
+            Some(body) => {
+                req = req
+                    .expression_attribute_values(
+                        ":first_held",
+                        AttributeValue::M(HashMap::from([(refund_id.to_owned(), s(body))])),
+                    )
+                    .expression_attribute_values(":partition", s(HELD_PARTITION));
+                (
+                    ", held_refunds = :first_held, open_work = :partition",
+                    " AND attribute_not_exists(held_refunds)",
+                )
+            }
+        };
         req = if seen.has_refunds {
-            req.update_expression(
-                "SET refunds.#rid = :amount, refunded_amount = :total, expires_at = :keep",
-            )
+            req.update_expression(format!(
+                "SET refunds.#rid = :amount, refunded_amount = :total, expires_at = :keep{held_set}"
+            ))
             .condition_expression(format!(
-                "{refundable} AND attribute_not_exists(refunds.#rid) AND refunded_amount = :seen"
+                "{refundable} AND attribute_not_exists(refunds.#rid) AND refunded_amount = :seen{held_condition}"
             ))
             .expression_attribute_names("#rid", refund_id)
             .expression_attribute_values(":amount", n(amount))
             .expression_attribute_values(":seen", n(seen.refunded))
         } else {
-            req.update_expression(
-                "SET refunds = :first, refunded_amount = :total, expires_at = :keep",
-            )
+            req.update_expression(format!(
+                "SET refunds = :first, refunded_amount = :total, expires_at = :keep{held_set}"
+            ))
                 .condition_expression(format!(
-                    "{refundable} AND attribute_not_exists(refunds) AND attribute_not_exists(refunded_amount)"
+                    "{refundable} AND attribute_not_exists(refunds) AND attribute_not_exists(refunded_amount){held_condition}"
                 ))
                 .expression_attribute_values(
                     ":first",
@@ -466,6 +602,40 @@ impl RefundLedger for DynamoRefundLedger {
         }
     }
 
+    async fn take_held(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        seen: &RefundablePayment,
+        owner: &str,
+        keep_until_s: i64,
+    ) -> Result<Reservation, StoreError> {
+        let (k, v) = self.key(payment_id);
+        let (remove, held) = take_held_clause(seen.held.len());
+        let update = Update::builder()
+            .table_name(self.records.table())
+            .key(k, v)
+            .update_expression(format!("SET expires_at = :keep REMOVE {remove}"))
+            .condition_expression(format!(
+                "#s = :completed AND outcome.#st = :succeeded AND {held} \
+                 AND (attribute_not_exists(expires_at) OR expires_at <= :keep)"
+            ))
+            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#st", "status")
+            .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
+            .expression_attribute_values(":succeeded", s("succeeded"))
+            .expression_attribute_values(":held_n", n_usize(seen.held.len()))
+            .expression_attribute_values(":keep", n(keep_until_s.max(seen.expires_at_s)))
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        match self.fenced(refund_id, owner, update).await? {
+            Fenced::Applied => Ok(Reservation::Reserved),
+            Fenced::Refused | Fenced::Conflict => Ok(Reservation::Changed),
+            Fenced::LeaseLost => Err(StoreError::LeaseLost),
+        }
+    }
+
     async fn release(
         &self,
         payment_id: &str,
@@ -476,9 +646,15 @@ impl RefundLedger for DynamoRefundLedger {
     ) -> Result<(), StoreError> {
         let (k, v) = self.key(payment_id);
         let mut keep = keep_until_s;
+        // A held refund's entry goes with its reservation: the payment is read for it.
+        let mut held = self
+            .payment(payment_id)
+            .await?
+            .filter(|p| p.held.contains_key(refund_id))
+            .map(|p| p.held.len());
         for wait_ms in [0, 20, 50, 100, 200] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            let update = release_write(
+            let update = release_write_held(
                 Update::builder()
                     .table_name(self.records.table())
                     .key(k.clone(), v.clone()),
@@ -486,6 +662,7 @@ impl RefundLedger for DynamoRefundLedger {
                 amount,
                 keep,
                 "",
+                held,
             )
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -499,6 +676,7 @@ impl RefundLedger for DynamoRefundLedger {
                     match self.payment(payment_id).await? {
                         Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
                             keep = keep.max(p.expires_at_s);
+                            held = p.held.contains_key(refund_id).then_some(p.held.len());
                         }
                         _ => return Ok(()),
                     }
@@ -581,6 +759,7 @@ impl RefundLedger for InMemoryRefundLedger {
         seen: &RefundablePayment,
         _owner: &str,
         keep_until_s: i64,
+        hold: Option<&str>,
     ) -> Result<Reservation, StoreError> {
         self.with(|m| {
             let Some(p) = m.get_mut(payment_id) else {
@@ -589,12 +768,16 @@ impl RefundLedger for InMemoryRefundLedger {
             let charged = p
                 .outcome
                 .as_ref()
-                .filter(|o| o.status == "succeeded")
+                .filter(|o| match hold {
+                    None => o.status == "succeeded",
+                    Some(_) => crate::provider::event::payment_settling(&o.status),
+                })
                 .map(|o| o.amount);
             let total = seen.refunded + amount;
             let fits = p.status == RecordStatus::Completed
                 && charged.is_some_and(|c| total + seen.disputed <= c);
             if !fits
+                || p.held.len() != seen.held.len()
                 || p.refunds.contains_key(refund_id)
                 || p.refunded != seen.refunded
                 || p.disputed != seen.disputed
@@ -605,8 +788,35 @@ impl RefundLedger for InMemoryRefundLedger {
             p.refunds.insert(refund_id.to_owned(), amount);
             p.refunded = total;
             p.has_refunds = true;
+            if let Some(body) = hold {
+                p.held.insert(refund_id.to_owned(), body.to_owned());
+                p.has_held = true;
+            }
             p.expires_at_s = p.expires_at_s.max(keep_until_s);
             Reservation::Reserved
+        })
+    }
+
+    async fn take_held(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        seen: &RefundablePayment,
+        _owner: &str,
+        keep_until_s: i64,
+    ) -> Result<Reservation, StoreError> {
+        self.with(|m| match m.get_mut(payment_id) {
+            Some(p)
+                if p.status == RecordStatus::Completed
+                    && p.outcome.as_ref().is_some_and(|o| o.status == "succeeded")
+                    && p.held.contains_key(refund_id)
+                    && p.held.len() == seen.held.len() =>
+            {
+                p.held.remove(refund_id);
+                p.expires_at_s = p.expires_at_s.max(keep_until_s);
+                Reservation::Reserved
+            }
+            _ => Reservation::Changed,
         })
     }
 
@@ -622,6 +832,7 @@ impl RefundLedger for InMemoryRefundLedger {
             if let Some(p) = m.get_mut(payment_id) {
                 if p.refunds.get(refund_id) == Some(&amount) {
                     p.refunds.remove(refund_id);
+                    p.held.remove(refund_id);
                     p.refunded -= amount;
                     p.expires_at_s = p.expires_at_s.max(keep_until_s);
                 }

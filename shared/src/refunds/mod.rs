@@ -5,6 +5,7 @@
 //! May use: domain, provider, payments (a refund reads the charge's stored outcome and fences
 //! its writes by the payment's record).
 
+pub mod held;
 pub mod ledger;
 pub mod work;
 

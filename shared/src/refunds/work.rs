@@ -8,11 +8,16 @@
 //! refunded (fixed at the reservation, so a retry refunds the same).
 //!
 //! Only a payment whose record is `COMPLETED` with a `succeeded` outcome is refunded. A payment
-//! still being charged (no record yet, `IN_PROGRESS`, `FAILED`) or still settling at the
-//! provider (`processing`: a bank debit, days; `requires_action`: the customer has not
-//! authenticated yet) makes the refund come back later, until its retry horizon ends
-//! (`retries_exhausted`, redriven once the payment succeeded; the reason says what it waits
-//! for); a payment that ended without a charge (declined, canceled, rejected) is
+//! still being charged (no record yet, `IN_PROGRESS`, `FAILED`) makes the refund come back
+//! later, until its retry horizon ends (`retries_exhausted`; the reason says what it waits
+//! for). A payment still settling at the provider (`processing`: a bank debit, days;
+//! `requires_action`: the customer has not authenticated yet) *holds* the refund: its amount
+//! is reserved as for any refund, its message kept on the payment's record
+//! ([`crate::refunds::ledger`]), and the refund is completed [`HELD`], its message
+//! acknowledged. Whatever applies the payment's settlement reopens the held refund and sends
+//! its message again ([`crate::refunds::held`]); this work then runs once more and makes the
+//! refund (the payment succeeded) or gives its amount back and completes it [`CANCELED`] (the
+//! payment failed). A payment that ended without a charge (declined, canceled, rejected) is
 //! `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
 //! dead-lettered and never redriven (their records are complete).
 //!
@@ -38,6 +43,13 @@ pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
 
 /// The label of a refund done, in the batch summary and its metrics.
 pub const REFUNDED: &str = "refunded";
+
+/// The outcome, and the batch label, of a refund held until its payment settles.
+pub const HELD: &str = "held";
+
+/// The outcome, and the batch label, of a held refund whose payment failed: nothing was sent
+/// to the provider and its amount was given back.
+pub const CANCELED: &str = "canceled";
 
 /// The dead-letter code of a refund whose payment is known nowhere.
 pub const PAYMENT_UNKNOWN: &str = "payment_unknown";
@@ -174,6 +186,31 @@ fn store_error(e: sqs_once::record::StoreError) -> CallError {
     ))
 }
 
+/// Where a refund's payment stands.
+enum Payment {
+    /// Charged: refunded from this PaymentIntent.
+    Charged {
+        payment: RefundablePayment,
+        intent: String,
+        currency: String,
+        amount: i64,
+    },
+    /// Still settling at the provider: the refund is held.
+    Settling {
+        payment: RefundablePayment,
+        waits_for: String,
+        currency: String,
+        amount: i64,
+    },
+    /// Ended without a charge: nothing to refund (a held refund of it is canceled).
+    Failed {
+        payment: RefundablePayment,
+        status: String,
+    },
+    /// Never refundable, and nothing of the refund on it.
+    Refused(Outcome),
+}
+
 impl RefundWork {
     /// The work over a provider that remembers keys for `key_retention`.
     pub fn new(
@@ -209,11 +246,8 @@ impl RefundWork {
         read_s.max(self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64)
     }
 
-    /// The payment, if it is charged: `Ok(Err(outcome))` when it can never be refunded.
-    async fn charged(
-        &self,
-        r: &RefundRequest,
-    ) -> Result<Result<(RefundablePayment, String, String, i64), Outcome>, CallError> {
+    /// Where the refund's payment stands.
+    async fn charged(&self, r: &RefundRequest) -> Result<Payment, CallError> {
         let pid = &r.payment_id;
         let Some(p) = self.ledger.payment(pid).await.map_err(store_error)? else {
             // Accepted by the API and on its way: wait (boundedly: the retry horizon).
@@ -222,7 +256,7 @@ impl RefundWork {
             }
             // Known nowhere: no charge can be refunded, and waiting would only delay the
             // answer (a payment sent after its refund is refunded under a new refund_id).
-            return Ok(Err(rejected(
+            return Ok(Payment::Refused(rejected(
                 PAYMENT_UNKNOWN,
                 format!("no payment {pid} was processed or accepted by the payments API when this refund came: nothing to refund; once it is charged, send the refund again under a new refund_id"),
             )));
@@ -230,92 +264,180 @@ impl RefundWork {
         if p.status != sqs_once::record::RecordStatus::Completed {
             return Err(not_yet(pid, &format!("is {}", p.status.as_str())));
         }
-        if let Some(settling) = p
-            .outcome
-            .as_ref()
-            .map(|o| o.status.as_str())
-            .filter(|s| crate::provider::event::payment_settling(s))
-        {
+        let Some(o) = p.outcome.clone() else {
+            return Ok(Payment::Refused(rejected(
+                "payment_not_refundable",
+                format!("payment {pid} has no outcome: nothing to refund"),
+            )));
+        };
+        if crate::provider::event::payment_settling(&o.status) {
             // Not charged yet, not refused either: the provider settles it later (a bank
             // debit in days, a customer's authentication whenever they come back).
-            return Err(CallError {
-                retry_now: false,
-                ..CallError::transient(format!(
-                    "payment {pid} is still {settling} at the provider: the refund waits until it succeeds (redrive it then if it was dead-lettered); it is refused only if the payment ends declined or canceled"
-                ))
+            return Ok(Payment::Settling {
+                waits_for: o.status.clone(),
+                currency: o.currency.clone(),
+                amount: o.amount,
+                payment: p,
             });
         }
-        let charge = p.outcome.as_ref().and_then(|o| {
-            let intent = o
-                .provider_payment_id
-                .clone()
-                .filter(|_| o.status == "succeeded")?;
-            Some((intent, o.currency.clone(), o.amount))
-        });
-        match charge {
-            Some((intent, currency, amount)) => Ok(Ok((p, intent, currency, amount))),
-            None => Ok(Err(rejected(
-                "payment_not_refundable",
-                format!(
-                    "payment {pid} was not charged (its outcome is {}): nothing to refund",
-                    p.outcome.as_ref().map_or("missing", |o| o.status.as_str())
-                ),
-            ))),
+        match o
+            .provider_payment_id
+            .clone()
+            .filter(|_| o.status == "succeeded")
+        {
+            Some(intent) => Ok(Payment::Charged {
+                intent,
+                currency: o.currency.clone(),
+                amount: o.amount,
+                payment: p,
+            }),
+            None => Ok(Payment::Failed {
+                status: o.status.clone(),
+                payment: p,
+            }),
         }
     }
 
-    /// Reserves the refund's amount (or finds it reserved by an earlier attempt).
+    /// Reserves the refund's amount on the payment as read (or finds it reserved by an
+    /// earlier attempt), holding the refund when `hold` carries its message; a held refund
+    /// whose payment succeeded since has its held entry taken first. `Ok(None)`: the payment
+    /// changed since it was read; decide again.
     async fn reserve(
         &self,
         r: &RefundRequest,
-        mut p: RefundablePayment,
+        p: &RefundablePayment,
         charged: i64,
         owner: &str,
-    ) -> Result<Result<i64, Outcome>, CallError> {
-        for _ in 0..RESERVE_TRIES {
-            if let Some(a) = p.refunds.get(&r.refund_id) {
-                return Ok(Ok(*a));
+        hold: Option<&str>,
+    ) -> Result<Option<Result<i64, Outcome>>, CallError> {
+        let keep = self.keep_until(p.expires_at_s);
+        if let Some(a) = p.refunds.get(&r.refund_id) {
+            if hold.is_none() && p.held.contains_key(&r.refund_id) {
+                let taken = self
+                    .ledger
+                    .take_held(&r.payment_id, &r.refund_id, p, owner, keep)
+                    .await
+                    .map_err(store_error)?;
+                return Ok((taken == Reservation::Reserved).then_some(Ok(*a)));
             }
-            let amount = r.amount.unwrap_or(p.left(charged));
-            if amount <= 0 || amount > p.left(charged) {
-                let disputed = if p.disputed > 0 {
-                    format!(", {} held by disputes", p.disputed)
-                } else {
-                    String::new()
-                };
-                return Ok(Err(rejected(
-                    "refund_exceeds_charge",
-                    format!(
-                        "a refund of {} on payment {} exceeds what is left: {} of {charged} refunded{disputed}",
-                        r.amount.map_or("the rest".to_owned(), |a| a.to_string()),
-                        r.payment_id,
-                        p.refunded
-                    ),
-                )));
-            }
-            let keep = self.keep_until(p.expires_at_s);
-            let reservation = self
-                .ledger
-                .reserve(&r.payment_id, &r.refund_id, amount, &p, owner, keep)
-                .await
-                .map_err(store_error)?;
-            if reservation == Reservation::Reserved {
-                return Ok(Ok(amount));
-            }
-            p = match self
-                .ledger
-                .payment(&r.payment_id)
-                .await
-                .map_err(store_error)?
-            {
-                Some(p) => p,
-                None => return Err(not_yet(&r.payment_id, "has no record any more")),
+            return Ok(Some(Ok(*a)));
+        }
+        let amount = r.amount.unwrap_or(p.left(charged));
+        if amount <= 0 || amount > p.left(charged) {
+            let disputed = if p.disputed > 0 {
+                format!(", {} held by disputes", p.disputed)
+            } else {
+                String::new()
             };
+            return Ok(Some(Err(rejected(
+                "refund_exceeds_charge",
+                format!(
+                    "a refund of {} on payment {} exceeds what is left: {} of {charged} refunded{disputed}",
+                    r.amount.map_or("the rest".to_owned(), |a| a.to_string()),
+                    r.payment_id,
+                    p.refunded
+                ),
+            ))));
+        }
+        let reservation = self
+            .ledger
+            .reserve(&r.payment_id, &r.refund_id, amount, p, owner, keep, hold)
+            .await
+            .map_err(store_error)?;
+        Ok((reservation == Reservation::Reserved).then_some(Ok(amount)))
+    }
+
+    /// Decides the refund on its payment, reading it again each time it changed under a
+    /// write: the refund reserved (`Ok(Ok(..))`, to be sent), or its final outcome (held,
+    /// canceled, refused).
+    async fn decide(
+        &self,
+        r: &RefundRequest,
+        owner: &str,
+    ) -> Result<Result<(String, String, i64, i64), Outcome>, CallError> {
+        let pid = &r.payment_id;
+        for _ in 0..RESERVE_TRIES {
+            let (p, hold, charged, currency, intent) = match self.charged(r).await? {
+                Payment::Refused(refused) => return Ok(Err(refused)),
+                Payment::Failed { payment, status } => {
+                    return self.cancel(r, &payment, &status, owner).await.map(Err)
+                }
+                Payment::Charged {
+                    payment,
+                    intent,
+                    currency,
+                    amount,
+                } => (payment, None, amount, currency, Some(intent)),
+                Payment::Settling {
+                    payment,
+                    waits_for,
+                    currency,
+                    amount,
+                } => (payment, Some(waits_for), amount, currency, None),
+            };
+            if let Some(a) = r.amount {
+                if let Err(why) = crate::domain::limits::check_refund_amount(a, &currency) {
+                    return Ok(Err(rejected("invalid_refund", why)));
+                }
+            }
+            let body = hold.as_ref().map(|_| r.to_message_body());
+            let amount = match self.reserve(r, &p, charged, owner, body.as_deref()).await? {
+                None => continue,
+                Some(Err(refused)) => return Ok(Err(refused)),
+                Some(Ok(amount)) => amount,
+            };
+            return Ok(match (intent, hold) {
+                (Some(intent), _) => Ok((intent, currency, amount, p.expires_at_s)),
+                (None, waits_for) => Err(Outcome::new(HELD)
+                    .with_text("payment_id", pid)
+                    .with_number("amount", amount)
+                    .with_text("currency", currency)
+                    .with_text(
+                        "reason",
+                        format!(
+                            "payment {pid} is {} at the provider: the refund is made when it succeeds, canceled if it fails",
+                            waits_for.unwrap_or_default()
+                        ),
+                    )),
+            });
         }
         Err(CallError::transient(format!(
-            "the refunds of payment {} kept changing during {RESERVE_TRIES} reservations",
-            r.payment_id
+            "the refunds of payment {pid} kept changing during {RESERVE_TRIES} reservations"
         )))
+    }
+
+    /// A refund of a payment that ended without a charge: refused, or, when it holds a
+    /// reservation (it was held while the payment settled), canceled with its amount given
+    /// back.
+    async fn cancel(
+        &self,
+        r: &RefundRequest,
+        p: &RefundablePayment,
+        status: &str,
+        owner: &str,
+    ) -> Result<Outcome, CallError> {
+        let pid = &r.payment_id;
+        let Some(held) = p.refunds.get(&r.refund_id) else {
+            return Ok(rejected(
+                "payment_not_refundable",
+                format!(
+                    "payment {pid} was not charged (its outcome is {status}): nothing to refund"
+                ),
+            ));
+        };
+        let keep = self.keep_until(p.expires_at_s);
+        self.ledger
+            .release(pid, &r.refund_id, *held, owner, keep)
+            .await
+            .map_err(store_error)?;
+        Ok(Outcome::new(CANCELED)
+            .with_text("payment_id", pid)
+            .with_number("amount", *held)
+            .with_text("code", "payment_failed")
+            .with_text(
+                "reason",
+                format!("payment {pid} ended {status} before it settled: nothing was refunded, and the {held} held for the refund was given back"),
+            ))
     }
 }
 
@@ -344,19 +466,9 @@ impl Work for RefundWork {
         r: &RefundRequest,
         attempt: &AttemptContext,
     ) -> Result<Outcome, CallError> {
-        let (payment, intent, currency, charged) = match self.charged(r).await? {
-            Ok(found) => found,
-            Err(refused) => return Ok(refused),
-        };
-        if let Some(a) = r.amount {
-            if let Err(why) = crate::domain::limits::check_refund_amount(a, &currency) {
-                return Ok(rejected("invalid_refund", why));
-            }
-        }
-        let read_ttl = payment.expires_at_s;
-        let amount = match self.reserve(r, payment, charged, &attempt.owner).await? {
-            Ok(a) => a,
-            Err(refused) => return Ok(refused),
+        let (intent, currency, amount, read_ttl) = match self.decide(r, &attempt.owner).await? {
+            Ok(reserved) => reserved,
+            Err(done) => return Ok(done),
         };
         let call = RefundCall {
             refund_id: r.refund_id.clone(),
@@ -412,9 +524,14 @@ impl Work for RefundWork {
         r: &RefundRequest,
         attempt: &AttemptContext,
     ) -> Result<Option<Outcome>, CallError> {
-        let (payment, intent, currency, _) = match self.charged(r).await? {
-            Ok(found) => found,
-            Err(_) => return Ok(None),
+        let Payment::Charged {
+            payment,
+            intent,
+            currency,
+            ..
+        } = self.charged(r).await?
+        else {
+            return Ok(None);
         };
         let found = self.provider.find_refunds(&intent).await?;
         let Some(f) = found
@@ -462,6 +579,8 @@ impl Work for RefundWork {
                     .to_owned(),
                 reason: outcome.text("reason").unwrap_or("refused").to_owned(),
             }
+        } else if outcome.status == HELD || outcome.status == CANCELED {
+            Verdict::Done(outcome.status.clone())
         } else {
             Verdict::Done(REFUNDED.to_owned())
         }
@@ -492,7 +611,11 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
     sqs_once::metrics::MetricNames {
         namespace: "RefundProcessor".into(),
         service: "refund-processor".into(),
-        labels: vec![(REFUNDED.into(), "Refunded".into())],
+        labels: vec![
+            (REFUNDED.into(), "Refunded".into()),
+            (HELD.into(), "Held".into()),
+            (CANCELED.into(), "Canceled".into()),
+        ],
         // The process's own (the stack's name) are added where it is wired (edges).
         dimensions: vec![],
     }

@@ -1,0 +1,256 @@
+//! Refunds held until their payment settles, resumed when it has.
+//!
+//! A refund of a payment still settling at the provider is held ([`crate::refunds::work`]): its
+//! amount reserved, its message kept on the payment's record (`held_refunds.<refund_id>`), its
+//! own record completed `held` and its message acknowledged. Nothing is waiting in a queue: the
+//! payment's record is where the refund waits, for as long as the record lives.
+//!
+//! Once the payment is anything but settling, [`HeldRefunds::resume`] reopens each held refund's
+//! record (`COMPLETED`/`held` → `FAILED`, [`sqs_once::DynamoStore::reopen`]) and sends each held
+//! message to the refunds queue again; the refund processor then runs the refund once more, makes
+//! it (the payment succeeded) or cancels it and gives its amount back (the payment failed), and
+//! takes its held entry off the payment in the same fenced write as it decides. Until then the
+//! entry stays, so every later resume sends it again: a copy meets the refund's record and is
+//! absorbed.
+//!
+//! Who resumes, so that a crash at any point strands nothing:
+//! - the inbox, after it applied (or found applied) the payment's settlement, before its own
+//!   record completes: a crash after the settlement's write and before the send leaves the
+//!   event's message to come back, and the redelivery finds the payment settled and resumes;
+//! - the scheduled catch-up, every run: it reads the payments that hold refunds from the sparse
+//!   index's `refund_held` partition ([`HeldRefunds::sweep`]) and resumes each that settled, so a
+//!   settlement applied by any path (an operator's reconcile, an event dead-lettered and
+//!   redriven later) is followed; and it counts those still settling past the horizon
+//!   ([`HeldSweep::overdue`], the `HeldRefundsOverdue` alarm).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::DisplayErrorContext;
+use aws_sdk_dynamodb::types::AttributeValue;
+use sqs_once::dynamo::{s, DynamoStore};
+use sqs_once::record::StoreError;
+
+use crate::refunds::ledger::{held_of, HELD_PARTITION};
+use crate::refunds::work::HELD;
+
+/// Where resumed refunds go: the refunds queue.
+#[async_trait]
+pub trait RefundQueue: Send + Sync {
+    /// Sends each body as one message; an error when any was not taken.
+    async fn send(&self, bodies: &[String]) -> Result<(), String>;
+}
+
+/// The refunds queue on SQS.
+#[derive(Debug, Clone)]
+pub struct SqsRefundQueue {
+    client: aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl SqsRefundQueue {
+    /// The queue at `url`.
+    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl RefundQueue for SqsRefundQueue {
+    async fn send(&self, bodies: &[String]) -> Result<(), String> {
+        for chunk in bodies.chunks(10) {
+            let mut batch = self.client.send_message_batch().queue_url(&self.url);
+            for (i, body) in chunk.iter().enumerate() {
+                let entry = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(body)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                batch = batch.entries(entry);
+            }
+            let out = batch.send().await.map_err(|e| {
+                format!(
+                    "sending held refunds to {}: {}",
+                    self.url,
+                    aws_sdk_sqs::error::DisplayErrorContext(&e)
+                )
+            })?;
+            if let Some(f) = out.failed().first() {
+                return Err(format!(
+                    "the refunds queue refused a held refund: {} {}",
+                    f.code(),
+                    f.message().unwrap_or_default()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one sweep of the held refunds found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HeldSweep {
+    /// Payments that hold refunds.
+    pub payments: usize,
+    /// The refunds they hold.
+    pub held: usize,
+    /// Held refunds sent again because their payment settled.
+    pub resumed: usize,
+    /// Payments still settling longer than the horizon after their charge began: payment id
+    /// and how long, seconds.
+    pub overdue: Vec<(String, i64)>,
+}
+
+/// The held refunds of the idempotency table, resumed through the refunds queue.
+pub struct HeldRefunds {
+    client: aws_sdk_dynamodb::Client,
+    payments: DynamoStore,
+    refunds: DynamoStore,
+    queue: Arc<dyn RefundQueue>,
+    clock: Arc<dyn sqs_once::clock::Clock>,
+}
+
+impl HeldRefunds {
+    /// The held refunds of the table `table`, resumed into `queue`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: &str, queue: Arc<dyn RefundQueue>) -> Self {
+        Self {
+            payments: crate::payments::payment_store(client.clone(), table),
+            refunds: crate::refunds::refund_store(client.clone(), table),
+            client,
+            queue,
+            clock: sqs_once::clock::system(),
+        }
+    }
+
+    /// The same on another clock.
+    pub fn with_clock(mut self, clock: Arc<dyn sqs_once::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The payment's status and its held refunds (a consistent read); `None` without a record.
+    async fn held(
+        &self,
+        payment_id: &str,
+    ) -> Result<Option<(String, std::collections::BTreeMap<String, String>)>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.payments.table())
+            .key(
+                self.payments.layout().attribute.clone(),
+                self.payments.record_key(payment_id),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let record = self.payments.record_from_item(item)?;
+        let status = record.outcome.map(|o| o.status).unwrap_or_default();
+        Ok(Some((status, held_of(item))))
+    }
+
+    /// Resumes the payment's held refunds if it has settled (any status but a settling one):
+    /// reopens each one's record still completed `held`, then sends every held message. How
+    /// many were sent (0 while it settles or holds none).
+    pub async fn resume(&self, payment_id: &str) -> Result<usize, StoreError> {
+        let Some((status, held)) = self.held(payment_id).await? else {
+            return Ok(0);
+        };
+        if held.is_empty() || crate::provider::event::payment_settling(&status) {
+            return Ok(0);
+        }
+        let now_ms = self.clock.now_ms();
+        for refund_id in held.keys() {
+            self.refunds
+                .reopen(
+                    refund_id,
+                    HELD,
+                    &format!(
+                        "payment {payment_id} settled {status}: the held refund is decided again"
+                    ),
+                    now_ms,
+                )
+                .await?;
+        }
+        let bodies: Vec<String> = held.into_values().collect();
+        self.queue
+            .send(&bodies)
+            .await
+            .map_err(StoreError::Unavailable)?;
+        tracing::info!(
+            payment_id,
+            status,
+            sent = bodies.len(),
+            "held refunds resumed"
+        );
+        Ok(bodies.len())
+    }
+
+    /// Every payment that holds refunds (the sparse index's `refund_held` partition, read
+    /// page by page): each that settled is resumed; each still settling longer than `horizon`
+    /// after its charge began is counted overdue.
+    pub async fn sweep(&self, horizon: Duration) -> Result<HeldSweep, StoreError> {
+        let mut out = HeldSweep::default();
+        let now_ms = self.clock.now_ms();
+        let prefix = self.payments.layout().record_prefix.clone();
+        let attribute = self.payments.layout().attribute.clone();
+        let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(self.payments.table())
+                .index_name(sqs_once::dynamo::OPEN_INDEX)
+                .key_condition_expression("#o = :p")
+                .expression_attribute_names("#o", sqs_once::dynamo::OPEN)
+                .expression_attribute_values(":p", s(HELD_PARTITION))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
+            for item in page.items() {
+                let Some(payment_id) = item
+                    .get(&attribute)
+                    .and_then(|v| v.as_s().ok())
+                    .and_then(|k| k.strip_prefix(&prefix))
+                else {
+                    continue;
+                };
+                let Some((status, held)) = self.held(payment_id).await? else {
+                    continue;
+                };
+                out.payments += 1;
+                out.held += held.len();
+                if crate::provider::event::payment_settling(&status) {
+                    let since = sqs_once::dynamo::get_n(item, "first_attempt_at").unwrap_or(now_ms);
+                    let age_s = (now_ms - since).max(0) / 1000;
+                    if age_s > horizon.as_secs() as i64 {
+                        tracing::warn!(
+                            payment_id,
+                            status,
+                            age_s,
+                            held = held.len(),
+                            "a payment holding refunds has not settled within the horizon"
+                        );
+                        out.overdue.push((payment_id.to_owned(), age_s));
+                    }
+                } else {
+                    out.resumed += self.resume(payment_id).await?;
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(k) => start = Some(k.clone()),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}
