@@ -19,6 +19,7 @@ mod events;
 mod exactly_once;
 mod failures;
 mod function_process;
+mod held_refunds;
 mod helpers;
 mod late_events;
 mod operations;

@@ -35,6 +35,11 @@ pub fn event_config_for(stack: &Stack, overrides: &BTreeMap<String, String>) -> 
             )?
             .to_owned(),
     );
+    // A settled payment's held refunds go to the stack's refunds queue.
+    config.refunds_queue_url = stack
+        .var_of(payctl::template::EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
+        .ok()
+        .map(str::to_owned);
     // What its scheduled catch-up lists follows the template's delivery shape.
     if let Ok(delivery) = stack.var_of(
         payctl::template::EVENT_PROCESSOR,

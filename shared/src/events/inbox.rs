@@ -278,6 +278,9 @@ impl EventWork {
                 .await
                 .map_err(store_error)?
             {
+                // A crash here leaves the settlement written and its held refunds unsent:
+                // this event comes back and resumes them (tests/integration/held_refunds.rs).
+                crate::failpoint!("inbox_after_settle");
                 self.resume_held(&pid, holds, &to).await?;
                 return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
             }

@@ -1,0 +1,361 @@
+//! Refunds asked while their payment still settles at the provider, on the real SDK and the
+//! local stack: held (reserved, acknowledged, nothing sent), then made once the payment
+//! succeeds or canceled with their amount given back once it fails, whatever crashes between
+//! the payment's settlement and the refund's send; the catch-up's sweep resumes what the inbox
+//! did not; a stale decline never overturns a settling payment. The simulator's books are the
+//! ground truth.
+
+use std::time::Duration;
+
+use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
+use payment_core::refunds::held::{HeldRefunds, SqsRefundQueue};
+use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
+use proving::check::drain_dlq;
+use sqs_once::IdempotencyStore;
+
+use crate::events::{events, kinds, refund, refund_body, Events};
+use crate::helpers::*;
+
+/// The refunds the provider made for `rid` (amounts).
+async fn made(t: &TestStack, rid: &str) -> Vec<i64> {
+    t.ledger(rid)
+        .await
+        .refunds
+        .get(rid)
+        .map(|r| r.iter().map(|r| r.amount).collect())
+        .unwrap_or_default()
+}
+
+/// The payment's ledger as the refunds see it.
+async fn ledger(t: &TestStack, pid: &str) -> payment_core::refunds::ledger::RefundablePayment {
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    DynamoRefundLedger::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    )
+    .payment(pid)
+    .await
+    .expect("reading the payment's ledger")
+    .expect("the payment's record")
+}
+
+/// Every dead-letter queue of the stack is empty.
+async fn nothing_dead_lettered(t: &TestStack, e: &Events) {
+    for url in [
+        t.config.dead_letter_queue_url.clone(),
+        t.stack
+            .var_of(REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")
+            .unwrap()
+            .to_owned(),
+        e.dlq_url.clone(),
+    ] {
+        let dead = drain_dlq(&t.sqs, &url).await.unwrap();
+        assert!(dead.is_empty(), "dead letters in {url}: {dead:?}");
+    }
+}
+
+/// A bank debit recorded `processing`, and refunds of it sent and held.
+async fn held_debit(
+    t: &TestStack,
+    name: &str,
+    method: &str,
+    amount: i64,
+    refunds: &[(String, i64)],
+) -> String {
+    let pid = t.pid(name);
+    t.send(&payment(&pid, amount, method)).await;
+    t.drain(1).await;
+    let o = t.record(&pid).await.unwrap().outcome.unwrap();
+    assert_eq!(o.status, "processing", "{pid}");
+    let bodies: Vec<String> = refunds
+        .iter()
+        .map(|(rid, a)| refund_body(rid, &pid, Some(*a)))
+        .collect();
+    let s = refund(t, &bodies).await.summary;
+    assert_eq!(s.done("held") as usize, refunds.len(), "{s:?}");
+    assert!(s.dead_lettered.is_empty() && s.retried == 0, "{s:?}");
+    let p = ledger(t, &pid).await;
+    assert_eq!(p.refunded, refunds.iter().map(|(_, a)| a).sum::<i64>());
+    assert_eq!(p.held.len(), refunds.len());
+    for (rid, _) in refunds {
+        assert!(made(t, rid).await.is_empty(), "nothing sent for {rid}");
+    }
+    pid
+}
+
+/// The refunds queue drained by the refund processor.
+async fn drain_refunds(t: &TestStack) -> sqs_once::BatchSummary {
+    refund(t, &[]).await.summary
+}
+
+/// `payctl run --work events` over the stack's events queue as its own process, with
+/// failpoints.
+fn events_process(t: &TestStack, e: &Events, failpoints: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin("payctl"));
+    cmd.args([
+        "run",
+        "--work",
+        "events",
+        "--queue-url",
+        &t.stack.event_sources[EVENT_PROCESSOR].queue_url,
+        "--dead-letter-queue-url",
+        &e.dlq_url,
+        "--until-empty",
+        "--max-seconds",
+        "60",
+    ])
+    .env("IDEMPOTENCY_TABLE", &t.config.idempotency_table)
+    .env("DEAD_LETTER_QUEUE_URL", &e.dlq_url)
+    .env(
+        "REFUNDS_QUEUE_URL",
+        t.stack
+            .var_of(EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
+            .unwrap(),
+    )
+    .envs(fast_settings())
+    .env("FAILPOINTS", failpoints)
+    .kill_on_drop(true)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Two refunds of a debit whose sum is its charge, held; the event processor killed after it
+/// wrote the debit's success and before it sent the held refunds: the event comes back, the
+/// processor that takes it finds the payment settled and sends them; each is made once, for
+/// its amount, and the ledger equals the provider's books.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_refunds_are_made_once_after_a_crash_between_the_settlement_and_the_send() {
+    let t = TestStack::new("held-crash").await;
+    let e = events(&t).await;
+    let (r1, r2) = (t.pid("r1"), t.pid("r2"));
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_success",
+        1500,
+        &[(r1.clone(), 1000), (r2.clone(), 500)],
+    )
+    .await;
+    let listed = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await;
+    e.deliver_all(&listed, 1).await;
+
+    let out = events_process(&t, &e, "inbox_after_settle=return")
+        .output()
+        .await
+        .expect("running payctl run --work events");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "killed at the failpoint: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = ledger(&t, &pid).await;
+    assert_eq!(
+        p.outcome.as_ref().map(|o| o.status.as_str()),
+        Some("succeeded"),
+        "the settlement was written before the crash"
+    );
+    assert_eq!(p.held.len(), 2, "and nothing was resumed");
+    assert_eq!(drain_refunds(&t).await.done("refunded"), 0);
+
+    // Restarted: the event comes back after its visibility timeout.
+    let s = e.drain(&t).await.summary;
+    assert_eq!(s.done("unchanged"), 1, "{s:?}");
+    let s = drain_refunds(&t).await;
+    assert_eq!(s.done("refunded"), 2, "{s:?}");
+    assert_eq!(made(&t, &r1).await, [1000]);
+    assert_eq!(made(&t, &r2).await, [500]);
+    let p = ledger(&t, &pid).await;
+    assert_eq!((p.refunded, p.held.len()), (1500, 0));
+    // Delivered again: nothing more is sent or made.
+    e.deliver_all(&listed, 1).await;
+    e.drain(&t).await;
+    assert_eq!(drain_refunds(&t).await.done("refunded"), 0);
+    assert_eq!(made(&t, &r1).await.len() + made(&t, &r2).await.len(), 2);
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A debit that fails after the refund was held: the refund is canceled with its reason, its
+/// amount given back; nothing reaches the provider or a dead-letter queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_refund_of_a_debit_that_fails_is_canceled_and_its_amount_given_back() {
+    let t = TestStack::new("held-fail").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_accountClosed",
+        1500,
+        &[(rid.clone(), 600)],
+    )
+    .await;
+    let listed = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.payment_failed")
+        })
+        .await;
+    e.deliver_all(&listed, 2).await;
+    let s = e.drain(&t).await.summary;
+    assert_eq!(s.done("applied"), 1, "{s:?}");
+    let s = drain_refunds(&t).await;
+    assert_eq!(s.done("canceled"), 1, "{s:?}");
+    let p = ledger(&t, &pid).await;
+    assert_eq!(p.outcome.as_ref().unwrap().status, "declined");
+    assert_eq!((p.refunded, p.refunds.len(), p.held.len()), (0, 0, 0));
+    let store = payment_core::refunds::refund_store(
+        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
+        &t.config.idempotency_table,
+    );
+    let o = store.get(&rid).await.unwrap().unwrap().outcome.unwrap();
+    assert_eq!(
+        (o.status.as_str(), o.text("code")),
+        ("canceled", Some("payment_failed"))
+    );
+    assert!(made(&t, &rid).await.is_empty());
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A payment whose settlement an inbox without the refunds queue applied (an earlier release,
+/// an operator's reconcile) still has its held refund made: the catch-up's sweep of the
+/// `refund_held` partition resumes it. A payment still settling past the horizon is named
+/// overdue, its refund left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_resumes_what_no_inbox_did_and_names_what_settles_too_long() {
+    let t = TestStack::new("held-sweep").await;
+    let mut e = events(&t).await;
+    let mut config = proving::demo::event_config_for(&t.stack, &fast_settings()).unwrap();
+    config.refunds_queue_url = None;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    e.processor = payment_core::edges::bootstrap::build_event_processor(&config, &sdk)
+        .await
+        .unwrap();
+    let (settled_r, waiting_r) = (t.pid("settled-r"), t.pid("waiting-r"));
+    let settled = held_debit(
+        &t,
+        "settled",
+        "pm_usBankAccount_success",
+        900,
+        &[(settled_r.clone(), 900)],
+    )
+    .await;
+    // Off-session, the card needs its customer: it settles whenever they come back.
+    let waiting = t.pid("waiting");
+    t.send(&payment(&waiting, 700, "pm_card_authenticationRequired"))
+        .await;
+    t.drain(1).await;
+    let s = refund(&t, &[refund_body(&waiting_r, &waiting, None)]).await;
+    assert_eq!(s.summary.done("held"), 1, "{:?}", s.summary);
+
+    let listed = e
+        .listed(std::slice::from_ref(&settled), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await;
+    e.deliver_all(&listed, 1).await;
+    assert_eq!(e.drain(&t).await.summary.done("applied"), 1);
+    assert_eq!(
+        drain_refunds(&t).await.done("refunded"),
+        0,
+        "no inbox sent it"
+    );
+
+    let held = HeldRefunds::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+        std::sync::Arc::new(SqsRefundQueue::new(
+            t.sqs.clone(),
+            t.stack
+                .var_of(EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
+                .unwrap(),
+        )),
+    );
+    // The sparse index is read eventually consistently: the sweep may need a moment.
+    let mut sweep = held.sweep(Duration::ZERO).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sweep.payments < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sweep = held.sweep(Duration::ZERO).await.unwrap();
+    }
+    assert_eq!(
+        (sweep.payments, sweep.held, sweep.resumed),
+        (2, 2, 1),
+        "{sweep:?}"
+    );
+    assert_eq!(
+        sweep
+            .overdue
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+        [waiting.as_str()]
+    );
+    assert_eq!(drain_refunds(&t).await.done("refunded"), 1);
+    assert_eq!(made(&t, &settled_r).await, [900]);
+    assert!(made(&t, &waiting_r).await.is_empty());
+    // Its payment out of the partition once its last held refund was taken; the other stays,
+    // and a sweep within the horizon names nothing.
+    let again = held.sweep(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!((again.payments, again.resumed), (1, 0), "{again:?}");
+    assert!(again.overdue.is_empty());
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A decline delivered after the payment moved on (the customer's first try failed, a debit
+/// was confirmed after it) is read from the provider, not applied from its payload: the payment
+/// is not declined, and the refund held meanwhile is made when it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_decline_never_declines_a_settling_payment_or_cancels_its_refund() {
+    let t = TestStack::new("held-stale").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_success",
+        1200,
+        &[(rid.clone(), 1200)],
+    )
+    .await;
+    let listed = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await;
+    // A payment_failed of the same PaymentIntent, older than everything after it.
+    let (succeeded, body) = listed
+        .iter()
+        .find(|(ev, _)| ev.kind == "payment_intent.succeeded")
+        .unwrap();
+    let mut stale: serde_json::Value = serde_json::from_str(body).unwrap();
+    stale["id"] = serde_json::json!(format!("{}_stale", succeeded.id));
+    stale["type"] = serde_json::json!("payment_intent.payment_failed");
+    stale["created"] = serde_json::json!(succeeded.created - 60);
+    stale["data"]["object"]["status"] = serde_json::json!("requires_payment_method");
+    stale["data"]["object"]["last_payment_error"] =
+        serde_json::json!({"code": "card_declined", "decline_code": "generic_decline"});
+    let stale = stale.to_string();
+    let parsed = payment_core::provider::event::ProviderEvent::parse(&stale).unwrap();
+    e.deliver_all(&[(parsed, stale)], 1).await;
+    e.drain(&t).await;
+    let p = ledger(&t, &pid).await;
+    assert_ne!(
+        p.outcome.as_ref().unwrap().status,
+        "declined",
+        "the stale decline was read from the provider"
+    );
+    e.deliver_all(&listed, 1).await;
+    e.drain(&t).await;
+    let s = drain_refunds(&t).await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert_eq!(made(&t, &rid).await, [1200]);
+    assert_eq!(ledger(&t, &pid).await.outcome.unwrap().status, "succeeded");
+    nothing_dead_lettered(&t, &e).await;
+}
