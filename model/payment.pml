@@ -35,8 +35,10 @@
  *              write of the held entry on the payment, atomic with the payment's state), completes
  *              the record as held and acknowledges its message; once the payment settles, the
  *              Settler reopens a held record (COMPLETED/held -> FAILED) and sends a new message
- *              of the same payload, again as long as the held entry is there; the worker that
- *              takes the reopened record clears the entry (fenced) before its call
+ *              of the same payload, again as long as the held entry is there, and removes the
+ *              entry once it reads the record completed with another outcome
+ *           2: the same, but the worker that takes the reopened record removes the entry
+ *              (fenced) before its call: S5 fails (the first design; README)
  *   LIVE    1: environment may turn calm (no more crashes/slowness/losses); for L1
  *   NW, NM  workers (2..3), messages (2..3)
  *   CHK     bit set of safety properties to assert: 1 S1, 2 S2, 4 S3, 8 S4, 16 S5 (default 63;
@@ -321,7 +323,11 @@ end_idle:
     if
     :: chaos -> CRASH; goto end_idle
     :: rec_owner == me && rec_status == INPROG && !settled -> held_entry = 1; o = O_HELD
+#if SETTLE == 2
     :: rec_owner == me && rec_status == INPROG && settled -> held_entry = 0
+#else
+    :: rec_owner == me && rec_status == INPROG && settled -> skip
+#endif
     :: else -> goto stop
     fi
   };
@@ -558,8 +564,9 @@ end_e:
 #if SETTLE
 /* The payment settles once; then whatever applies it (the inbox after its write, again on
  * every redelivery of its event, the scheduled sweep) reopens a held record and sends its
- * message, for as long as the held entry is on the payment's record. Each step may be cut
- * short by a crash: it runs again. */
+ * message, for as long as the held entry is on the payment's record, and removes the entry
+ * once the record is completed with another outcome. Each step may be cut short by a crash:
+ * it runs again. */
 active proctype Settler()
 {
 end_s:
@@ -569,6 +576,10 @@ end_s:
        rec_status = FAILED }                              /* reopen: no call was made */
   :: atomic { settled && held_entry && (msg[NM] == M_NONE || msg[NM] == M_DONE) ->
        msg[NM] = M_VIS }                                  /* SendMessage (again) */
+#if SETTLE == 1
+  :: atomic { settled && held_entry && rec_status == COMPLETED && rec_out != O_HELD ->
+       held_entry = 0 }                                   /* done: the entry goes */
+#endif
   od
 }
 #endif

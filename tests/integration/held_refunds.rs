@@ -88,6 +88,24 @@ async fn drain_refunds(t: &TestStack) -> sqs_once::BatchSummary {
     refund(t, &[]).await.summary
 }
 
+/// The catch-up's sweep of the held refunds, as its scheduled run makes it.
+async fn sweep(t: &TestStack, horizon: Duration) -> payment_core::refunds::held::HeldSweep {
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    HeldRefunds::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+        std::sync::Arc::new(SqsRefundQueue::new(
+            t.sqs.clone(),
+            t.stack
+                .var_of(EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
+                .unwrap(),
+        )),
+    )
+    .sweep(horizon)
+    .await
+    .expect("sweeping the held refunds")
+}
+
 /// `payctl run --work events` over the stack's events queue as its own process, with
 /// failpoints.
 fn events_process(t: &TestStack, e: &Events, failpoints: &str) -> tokio::process::Command {
@@ -172,13 +190,17 @@ async fn held_refunds_are_made_once_after_a_crash_between_the_settlement_and_the
     assert_eq!(s.done("refunded"), 2, "{s:?}");
     assert_eq!(made(&t, &r1).await, [1000]);
     assert_eq!(made(&t, &r2).await, [500]);
-    let p = ledger(&t, &pid).await;
-    assert_eq!((p.refunded, p.held.len()), (1500, 0));
-    // Delivered again: nothing more is sent or made.
+    assert_eq!(ledger(&t, &pid).await.refunded, 1500);
+    // Delivered again: nothing more is sent or made. The next sweep reads both refunds done
+    // and removes their held entries (and the payment from the refund_held partition).
     e.deliver_all(&listed, 1).await;
     e.drain(&t).await;
+    let swept = sweep(&t, Duration::from_secs(86_400)).await;
+    assert_eq!(swept.resumed, 0, "{swept:?}");
     assert_eq!(drain_refunds(&t).await.done("refunded"), 0);
     assert_eq!(made(&t, &r1).await.len() + made(&t, &r2).await.len(), 2);
+    let p = ledger(&t, &pid).await;
+    assert_eq!((p.refunded, p.held.len()), (1500, 0));
     nothing_dead_lettered(&t, &e).await;
 }
 
@@ -209,7 +231,12 @@ async fn a_held_refund_of_a_debit_that_fails_is_canceled_and_its_amount_given_ba
     assert_eq!(s.done("canceled"), 1, "{s:?}");
     let p = ledger(&t, &pid).await;
     assert_eq!(p.outcome.as_ref().unwrap().status, "declined");
-    assert_eq!((p.refunded, p.refunds.len(), p.held.len()), (0, 0, 0));
+    assert_eq!((p.refunded, p.refunds.len()), (0, 0));
+    sweep(&t, Duration::from_secs(86_400)).await;
+    assert!(
+        ledger(&t, &pid).await.held.is_empty(),
+        "done: its entry removed"
+    );
     let store = payment_core::refunds::refund_store(
         aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
         &t.config.idempotency_table,
@@ -267,30 +294,20 @@ async fn the_sweep_resumes_what_no_inbox_did_and_names_what_settles_too_long() {
         "no inbox sent it"
     );
 
-    let held = HeldRefunds::new(
-        aws_sdk_dynamodb::Client::new(&sdk),
-        &t.config.idempotency_table,
-        std::sync::Arc::new(SqsRefundQueue::new(
-            t.sqs.clone(),
-            t.stack
-                .var_of(EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
-                .unwrap(),
-        )),
-    );
     // The sparse index is read eventually consistently: the sweep may need a moment.
-    let mut sweep = held.sweep(Duration::ZERO).await.unwrap();
+    let mut swept = sweep(&t, Duration::ZERO).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while sweep.payments < 2 && std::time::Instant::now() < deadline {
+    while swept.payments < 2 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        sweep = held.sweep(Duration::ZERO).await.unwrap();
+        swept = sweep(&t, Duration::ZERO).await;
     }
     assert_eq!(
-        (sweep.payments, sweep.held, sweep.resumed),
+        (swept.payments, swept.held, swept.resumed),
         (2, 2, 1),
-        "{sweep:?}"
+        "{swept:?}"
     );
     assert_eq!(
-        sweep
+        swept
             .overdue
             .iter()
             .map(|(p, _)| p.as_str())
@@ -300,11 +317,18 @@ async fn the_sweep_resumes_what_no_inbox_did_and_names_what_settles_too_long() {
     assert_eq!(drain_refunds(&t).await.done("refunded"), 1);
     assert_eq!(made(&t, &settled_r).await, [900]);
     assert!(made(&t, &waiting_r).await.is_empty());
-    // Its payment out of the partition once its last held refund was taken; the other stays,
-    // and a sweep within the horizon names nothing.
-    let again = held.sweep(Duration::from_secs(86_400)).await.unwrap();
-    assert_eq!((again.payments, again.resumed), (1, 0), "{again:?}");
+    // The next sweep reads the refund done and takes its payment out of the partition; the
+    // other stays, and a sweep within the horizon names nothing.
+    let again = sweep(&t, Duration::from_secs(86_400)).await;
+    assert_eq!(again.resumed, 0, "{again:?}");
     assert!(again.overdue.is_empty());
+    let mut last = sweep(&t, Duration::from_secs(86_400)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while last.payments > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = sweep(&t, Duration::from_secs(86_400)).await;
+    }
+    assert_eq!((last.payments, last.held), (1, 1), "{last:?}");
     nothing_dead_lettered(&t, &e).await;
 }
 

@@ -2,10 +2,12 @@
 //! is moved through the project's clock seam (`sqs_once::clock::ShiftedClock`, given to the
 //! refund and event processors and to reconcile), each message's send time moves with it (as
 //! a queue in that future would stamp it), and DynamoDB's TTL is applied as it would be by then
-//! (every item whose `expires_at` has passed is deleted) at days 1, 3, 25, 60, 100, 200 and 400.
-//! Day 0: a card charge, a bank debit, an off-session payment that needs its customer, a charge
-//! whose refund fails later, a charge that will be disputed, a charge whose answer is lost and a
-//! charge refunded months later. Then the provider's late events on their days. At every step
+//! (every item whose `expires_at` has passed is deleted) at days 1, 3, 15, 25, 60, 100, 200 and
+//! 400. Day 0: a card charge, a bank debit, two slow debits (one to settle on day 15, one to
+//! fail then), an off-session payment that needs its customer, a charge whose refund fails
+//! later, a charge that will be disputed, a charge whose answer is lost and a charge refunded
+//! months later. Day 1: refunds of the slow debits, held while they settle (past the 14 days a
+//! dead-letter queue would have kept them). Then the provider's late events on their days. At every step
 //! each payment's status, refunded and disputed amounts equal the provider's books, no event
 //! that names our payment is acknowledged as foreign, and nothing is dead-lettered.
 //!
@@ -361,6 +363,8 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
         ("refundfail", 4000, "pm_card_refundFail"),
         ("dispute", 5000, "pm_card_createDispute"),
         ("late", 7000, "pm_card_visa"),
+        ("sepa", 2500, "pm_usBankAccount_success"),
+        ("sepafail", 1800, "pm_usBankAccount_accountClosed"),
     ];
     let mut payments = BTreeMap::new();
     for (name, _, _) in methods
@@ -386,7 +390,13 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
         day: 0,
         payments,
         delivered: Default::default(),
-        lagging: BTreeMap::from([("debit", 3), ("refundfail", 25), ("dispute", 60)]),
+        lagging: BTreeMap::from([
+            ("debit", 3),
+            ("sepa", 15),
+            ("sepafail", 15),
+            ("refundfail", 25),
+            ("dispute", 60),
+        ]),
         tables: [refund_config.idempotency_table.clone(), t_payments_table],
     };
 
@@ -434,6 +444,16 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
         "{action:?}"
     );
     c.changed("lost");
+    // A refund of each slow debit, still processing here: held, acknowledged, nothing sent.
+    let (sepa_r, sepafail_r) = (
+        format!("{}-r1", c.pid("sepa")),
+        format!("{}-r1", c.pid("sepafail")),
+    );
+    assert_eq!(c.refund("sepa", &sepa_r, Some(1000)).await.done("held"), 1);
+    assert_eq!(
+        c.refund("sepafail", &sepafail_r, None).await.done("held"),
+        1
+    );
     c.check().await;
 
     // Day 3: the bank debit's events, whose webhook was retried until today.
@@ -442,6 +462,32 @@ async fn a_year_of_the_provider_s_late_events_keeps_every_ledger_true() {
     c.deliver(&[debit], |l| kinds(l).contains(&"payment_intent.succeeded"))
         .await;
     c.changed("debit");
+    c.check().await;
+
+    // Day 15: the slow debits settle, one paid and one failed, after every dead-letter queue
+    // would have dropped a refund waiting in it: the held refund is made once, the other
+    // canceled with its amount given back.
+    c.go_to(15).await;
+    let (sepa, sepafail) = (c.pid("sepa"), c.pid("sepafail"));
+    c.deliver(&[sepa, sepafail], |l| {
+        kinds(l).contains(&"payment_intent.succeeded")
+            && kinds(l).contains(&"payment_intent.payment_failed")
+    })
+    .await;
+    let s = c
+        .drain(&c.refunds, &c.t.stack.event_sources[REFUND_PROCESSOR])
+        .await;
+    println!("day  15: held refunds: {:?}", s.done);
+    assert_eq!((s.done("refunded"), s.done("canceled")), (1, 1), "{s:?}");
+    assert_eq!(c.t.ledger(&sepa_r).await.refunds[&sepa_r].len(), 1);
+    assert!(!c
+        .t
+        .ledger(&sepafail_r)
+        .await
+        .refunds
+        .contains_key(&sepafail_r));
+    c.changed("sepa");
+    c.changed("sepafail");
     c.check().await;
 
     // Day 25: the refund fails at the provider; the customer of the off-session payment comes

@@ -18,6 +18,9 @@
 //! [`OVERLAP_S`] before it, newest first (events listed late). The first run starts
 //! [`FIRST_WINDOW_S`] back; a checkpoint older than the provider keeps events starts from the
 //! oldest it still lists. Every run stops within its [`Budget`], below the function's timeout.
+//!
+//! Why ~510 lines: the walk, the scheduled run's use of the checkpoint and the run's sweep of
+//! held refunds are one run, read from its start to its report.
 
 use std::sync::Arc;
 

@@ -5,13 +5,16 @@
 //! own record completed `held` and its message acknowledged. Nothing is waiting in a queue: the
 //! payment's record is where the refund waits, for as long as the record lives.
 //!
-//! Once the payment is anything but settling, [`HeldRefunds::resume`] reopens each held refund's
-//! record (`COMPLETED`/`held` → `FAILED`, [`sqs_once::DynamoStore::reopen`]) and sends each held
-//! message to the refunds queue again; the refund processor then runs the refund once more, makes
-//! it (the payment succeeded) or cancels it and gives its amount back (the payment failed), and
-//! takes its held entry off the payment in the same fenced write as it decides. Until then the
-//! entry stays, so every later resume sends it again: a copy meets the refund's record and is
-//! absorbed.
+//! Once the payment is anything but settling, [`HeldRefunds::resume`] reads each held refund's
+//! record: one still completed `held` is reopened (`COMPLETED`/`held` → `FAILED`,
+//! [`sqs_once::DynamoStore::reopen`]) and its message sent to the refunds queue again; one
+//! completed otherwise (made, canceled, refused) is done, and its entry removed; one in between
+//! (claimed, failed, gone) is sent again. The refund processor then runs the refund once more
+//! and makes it (the payment succeeded) or cancels it and gives its amount back (it failed).
+//! The entry goes only once the refund's record says it is done: a refund taken up and then
+//! lost (its worker crashed, its message deleted by a late acknowledgement of a copy) is sent
+//! again by the next resume. The SPIN model's `SETTLE` switch checks this, and shows the
+//! design that removed the entry before the refund's call losing the refund.
 //!
 //! Who resumes, so that a crash at any point strands nothing:
 //! - the inbox, after it applied (or found applied) the payment's settlement, before its own
@@ -31,6 +34,7 @@ use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::AttributeValue;
 use sqs_once::dynamo::{s, DynamoStore};
 use sqs_once::record::StoreError;
+use sqs_once::IdempotencyStore;
 
 use crate::refunds::ledger::{held_of, HELD_PARTITION};
 use crate::refunds::work::HELD;
@@ -158,8 +162,9 @@ impl HeldRefunds {
     }
 
     /// Resumes the payment's held refunds if it has settled (any status but a settling one):
-    /// reopens each one's record still completed `held`, then sends every held message. How
-    /// many were sent (0 while it settles or holds none).
+    /// each one's record still completed `held` is reopened and its message sent; one whose
+    /// record is completed otherwise has its entry removed; any other is sent again. How many
+    /// were sent (0 while it settles or holds none).
     pub async fn resume(&self, payment_id: &str) -> Result<usize, StoreError> {
         let Some((status, held)) = self.held(payment_id).await? else {
             return Ok(0);
@@ -168,10 +173,24 @@ impl HeldRefunds {
             return Ok(0);
         }
         let now_ms = self.clock.now_ms();
-        for refund_id in held.keys() {
+        let mut bodies = Vec::new();
+        let mut left = held.len();
+        for (refund_id, body) in held {
+            let record = self.refunds.get(&refund_id).await?;
+            let done = record.as_ref().is_some_and(|r| {
+                r.status == sqs_once::record::RecordStatus::Completed
+                    && r.outcome.as_ref().is_some_and(|o| o.status != HELD)
+            });
+            if done {
+                // Its refund was made, canceled or refused: nothing brings it back any more.
+                if self.forget(payment_id, &refund_id, left).await? {
+                    left -= 1;
+                }
+                continue;
+            }
             self.refunds
                 .reopen(
-                    refund_id,
+                    &refund_id,
                     HELD,
                     &format!(
                         "payment {payment_id} settled {status}: the held refund is decided again"
@@ -179,8 +198,11 @@ impl HeldRefunds {
                     now_ms,
                 )
                 .await?;
+            bodies.push(body);
         }
-        let bodies: Vec<String> = held.into_values().collect();
+        if bodies.is_empty() {
+            return Ok(0);
+        }
         self.queue
             .send(&bodies)
             .await
@@ -192,6 +214,42 @@ impl HeldRefunds {
             "held refunds resumed"
         );
         Ok(bodies.len())
+    }
+
+    /// Removes a done refund's held entry from the payment whose `held_refunds` map has
+    /// `count` entries (the last one takes the record out of the `refund_held` partition).
+    /// `Ok(false)`: the map changed since it was read (another resume removed an entry); the
+    /// entry is left for the next resume.
+    async fn forget(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        count: usize,
+    ) -> Result<bool, StoreError> {
+        let (remove, condition) = crate::refunds::ledger::take_held_clause(count);
+        let result = self
+            .client
+            .update_item()
+            .table_name(self.payments.table())
+            .key(
+                self.payments.layout().attribute.clone(),
+                self.payments.record_key(payment_id),
+            )
+            .update_expression(format!("REMOVE {remove}"))
+            .condition_expression(condition)
+            .expression_attribute_names("#rid", refund_id)
+            .expression_attribute_values(":held_n", crate::refunds::ledger::n_usize(count))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(aws_sdk_dynamodb::error::SdkError::ServiceError(se))
+                if se.err().is_conditional_check_failed_exception() =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(StoreError::Unavailable(DisplayErrorContext(&e).to_string())),
+        }
     }
 
     /// Every payment that holds refunds (the sparse index's `refund_held` partition, read

@@ -22,12 +22,13 @@
 //! customer's `requires_action`) *holds*: the same reservation, conditional on the payment
 //! still settling instead of `succeeded`, with `held_refunds.<refund_id>` = the refund's message in
 //! the same write, and the record put in the sparse index's `refund_held` partition (its
-//! `open_work`), where the catch-up's sweep and `payctl health` find it. A held entry is taken
-//! (removed, the reservation kept) by the refund's own attempt once the payment succeeded,
-//! before its call, or given back with the reservation when the payment failed; the last one
-//! taken takes the record out of the partition.
+//! `open_work`), where the catch-up's sweep and `payctl health` find it. The refund, resumed
+//! once the payment settled, keeps its reservation (the payment succeeded) or gives it back
+//! (it failed); its held entry is removed only by what resumes held refunds, once it reads the
+//! refund's record completed ([`crate::refunds::held`]), and the last one removed takes the
+//! record out of the partition. Until then the entry is what brings the refund back.
 //!
-//! Why ~510 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
+//! Why ~840 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
 //! conditions, side by side, so that a change to one is seen in the other.
 
 use std::collections::{BTreeMap, HashMap};
@@ -57,7 +58,7 @@ pub const HELD: &str = "held_refunds";
 /// The condition and the removal that take `held_refunds.#rid` off a payment's record whose
 /// map had `held_count` entries when read: the last one also takes the record out of the
 /// [`HELD_PARTITION`]. The count is pinned, so a write that raced this one reads again.
-fn take_held_clause(held_count: usize) -> (String, &'static str) {
+pub(crate) fn take_held_clause(held_count: usize) -> (String, &'static str) {
     let remove = if held_count <= 1 {
         format!("held_refunds.#rid, {}", sqs_once::dynamo::OPEN)
     } else {
@@ -81,50 +82,26 @@ pub(crate) fn release_write(
     keep_until_s: i64,
     also: &str,
 ) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
-    release_write_held(update, refund_id, amount, keep_until_s, also, None)
-}
-
-/// [`release_write`] of a refund that may be held: with `held_count` (the `held` map's size as
-/// read, when it has the refund), its held entry goes too.
-fn release_write_held(
-    update: aws_sdk_dynamodb::types::builders::UpdateBuilder,
-    refund_id: &str,
-    amount: i64,
-    keep_until_s: i64,
-    also: &str,
-    held_count: Option<usize>,
-) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
     let also = if also.is_empty() {
         String::new()
     } else {
         format!("{also}, ")
     };
-    let (remove, condition) = match held_count {
-        Some(n) => {
-            let (remove, condition) = take_held_clause(n);
-            (format!(", {remove}"), format!(" AND {condition}"))
-        }
-        None => (String::new(), String::new()),
-    };
-    let update = match held_count {
-        Some(n) => update.expression_attribute_values(":held_n", n_usize(n)),
-        None => update,
-    };
     update
         .update_expression(format!(
             "SET {also}refunded_amount = refunded_amount - :amount, #rel = :amount, \
-             expires_at = :keep REMOVE refunds.#rid{remove}"
+             expires_at = :keep REMOVE refunds.#rid"
         ))
-        .condition_expression(format!(
-            "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep){condition}",
-        ))
+        .condition_expression(
+            "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+        )
         .expression_attribute_names("#rid", refund_id)
         .expression_attribute_names("#rel", format!("{RELEASED_PREFIX}{refund_id}"))
         .expression_attribute_values(":amount", n(amount))
         .expression_attribute_values(":keep", n(keep_until_s))
 }
 
-fn n_usize(v: usize) -> AttributeValue {
+pub(crate) fn n_usize(v: usize) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
@@ -236,20 +213,8 @@ pub trait RefundLedger: Send + Sync {
         hold: Option<&str>,
     ) -> Result<Reservation, StoreError>;
 
-    /// Takes a held refund's entry off its payment (`succeeded` since), keeping its
-    /// reservation, under the same fence as [`RefundLedger::reserve`]: the refund goes on to
-    /// its call. [`Reservation::Changed`]: the payment changed since `seen`; read again.
-    async fn take_held(
-        &self,
-        payment_id: &str,
-        refund_id: &str,
-        seen: &RefundablePayment,
-        owner: &str,
-        keep_until_s: i64,
-    ) -> Result<Reservation, StoreError>;
-
-    /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), and
-    /// its held entry when it has one, only while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
+    /// Gives back `amount` reserved for `refund_id` (nothing when it is not reserved), only
+    /// while `owner` holds the refund's lease: a zombie attempt whose lease was taken over can
     /// never release what the new owner reserved ([`StoreError::LeaseLost`]). The payment's
     /// record is kept at least until `keep_until_s`.
     async fn release(
@@ -602,40 +567,6 @@ impl RefundLedger for DynamoRefundLedger {
         }
     }
 
-    async fn take_held(
-        &self,
-        payment_id: &str,
-        refund_id: &str,
-        seen: &RefundablePayment,
-        owner: &str,
-        keep_until_s: i64,
-    ) -> Result<Reservation, StoreError> {
-        let (k, v) = self.key(payment_id);
-        let (remove, held) = take_held_clause(seen.held.len());
-        let update = Update::builder()
-            .table_name(self.records.table())
-            .key(k, v)
-            .update_expression(format!("SET expires_at = :keep REMOVE {remove}"))
-            .condition_expression(format!(
-                "#s = :completed AND outcome.#st = :succeeded AND {held} \
-                 AND (attribute_not_exists(expires_at) OR expires_at <= :keep)"
-            ))
-            .expression_attribute_names("#s", "status")
-            .expression_attribute_names("#st", "status")
-            .expression_attribute_names("#rid", refund_id)
-            .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
-            .expression_attribute_values(":succeeded", s("succeeded"))
-            .expression_attribute_values(":held_n", n_usize(seen.held.len()))
-            .expression_attribute_values(":keep", n(keep_until_s.max(seen.expires_at_s)))
-            .build()
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        match self.fenced(refund_id, owner, update).await? {
-            Fenced::Applied => Ok(Reservation::Reserved),
-            Fenced::Refused | Fenced::Conflict => Ok(Reservation::Changed),
-            Fenced::LeaseLost => Err(StoreError::LeaseLost),
-        }
-    }
-
     async fn release(
         &self,
         payment_id: &str,
@@ -646,15 +577,9 @@ impl RefundLedger for DynamoRefundLedger {
     ) -> Result<(), StoreError> {
         let (k, v) = self.key(payment_id);
         let mut keep = keep_until_s;
-        // A held refund's entry goes with its reservation: the payment is read for it.
-        let mut held = self
-            .payment(payment_id)
-            .await?
-            .filter(|p| p.held.contains_key(refund_id))
-            .map(|p| p.held.len());
         for wait_ms in [0, 20, 50, 100, 200] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            let update = release_write_held(
+            let update = release_write(
                 Update::builder()
                     .table_name(self.records.table())
                     .key(k.clone(), v.clone()),
@@ -662,7 +587,6 @@ impl RefundLedger for DynamoRefundLedger {
                 amount,
                 keep,
                 "",
-                held,
             )
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -676,7 +600,6 @@ impl RefundLedger for DynamoRefundLedger {
                     match self.payment(payment_id).await? {
                         Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
                             keep = keep.max(p.expires_at_s);
-                            held = p.held.contains_key(refund_id).then_some(p.held.len());
                         }
                         _ => return Ok(()),
                     }
@@ -797,29 +720,6 @@ impl RefundLedger for InMemoryRefundLedger {
         })
     }
 
-    async fn take_held(
-        &self,
-        payment_id: &str,
-        refund_id: &str,
-        seen: &RefundablePayment,
-        _owner: &str,
-        keep_until_s: i64,
-    ) -> Result<Reservation, StoreError> {
-        self.with(|m| match m.get_mut(payment_id) {
-            Some(p)
-                if p.status == RecordStatus::Completed
-                    && p.outcome.as_ref().is_some_and(|o| o.status == "succeeded")
-                    && p.held.contains_key(refund_id)
-                    && p.held.len() == seen.held.len() =>
-            {
-                p.held.remove(refund_id);
-                p.expires_at_s = p.expires_at_s.max(keep_until_s);
-                Reservation::Reserved
-            }
-            _ => Reservation::Changed,
-        })
-    }
-
     async fn release(
         &self,
         payment_id: &str,
@@ -832,7 +732,6 @@ impl RefundLedger for InMemoryRefundLedger {
             if let Some(p) = m.get_mut(payment_id) {
                 if p.refunds.get(refund_id) == Some(&amount) {
                     p.refunds.remove(refund_id);
-                    p.held.remove(refund_id);
                     p.refunded -= amount;
                     p.expires_at_s = p.expires_at_s.max(keep_until_s);
                 }

@@ -7,6 +7,7 @@
 
 pub mod held;
 pub mod ledger;
+pub mod request;
 pub mod work;
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at

@@ -21,6 +21,9 @@
 //! `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
 //! dead-lettered and never redriven (their records are complete).
 //!
+//! Why ~530 lines: the refund's decision on its payment (charged, settling, failed), its
+//! reservation or hold, and its call are one path, read with the `Work` that runs it.
+//!
 //! A refund's record is kept for the refund window from its completion
 //! ([`Work::retention_after`]), as long as the payment's ledger it reserved on: the provider
 //! can fail a refund weeks later, and that event must still find it.
@@ -29,14 +32,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use sqs_once::clock::Clock;
 use sqs_once::{AttemptContext, CallError, Outcome, Rejection, Verdict, Work};
 
-use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
 use crate::provider::{RefundCall, RefundProvider, RefundResponse};
 use crate::refunds::ledger::{RefundLedger, RefundablePayment, Reservation};
+pub use crate::refunds::request::{RefundRequest, REASONS};
 
 /// The batch runner over refunds: the refund-processor Lambda's whole handler.
 pub type RefundProcessor = sqs_once::BatchRunner<RefundWork>;
@@ -53,98 +54,6 @@ pub const CANCELED: &str = "canceled";
 
 /// The dead-letter code of a refund whose payment is known nowhere.
 pub const PAYMENT_UNKNOWN: &str = "payment_unknown";
-
-/// Reasons Stripe accepts for a refund.
-pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
-
-/// A validated refund message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RefundRequest {
-    /// The refund's id: its idempotency key end to end.
-    pub refund_id: String,
-    /// The payment to refund.
-    pub payment_id: String,
-    /// Minor units; `None`: what is left of the charge.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub amount: Option<i64>,
-    /// One of [`REASONS`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The message contract's version ([`crate::domain::contract`]; absent: 1; 2 adds nothing).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub contract_version: Option<u64>,
-}
-
-impl RefundRequest {
-    /// Parses and validates a body: `invalid_json`, or `invalid_refund` naming the field.
-    pub fn parse(body: &str) -> Result<Self, Rejection> {
-        let invalid = |m: String| Rejection::new("invalid_refund", m);
-        if body.len() > MAX_BODY_BYTES {
-            return Err(invalid(format!(
-                "the body is larger than {MAX_BODY_BYTES} bytes"
-            )));
-        }
-        let value: serde_json::Value = serde_json::from_str(body)
-            .map_err(|e| Rejection::new("invalid_json", format!("body is not valid JSON: {e}")))?;
-        // A later version's refund is refused as such, before its fields are.
-        let version = value
-            .get(crate::domain::contract::FIELD)
-            .and_then(|v| v.as_u64());
-        if version.is_some() {
-            crate::domain::contract::read(version)
-                .map_err(|m| Rejection::new(crate::domain::contract::UNSUPPORTED, m))?;
-        }
-        let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
-        for (field, id) in [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)] {
-            check_id(field, id).map_err(|e| invalid(e.to_string()))?;
-        }
-        if let Some(a) = r.amount {
-            if !(1..=MAX_AMOUNT).contains(&a) {
-                return Err(invalid(format!(
-                    "amount must be 1 to {MAX_AMOUNT} minor units, got {a}"
-                )));
-            }
-        }
-        if let Some(reason) = &r.reason {
-            if !REASONS.contains(&reason.as_str()) {
-                return Err(invalid(format!(
-                    "reason must be one of {}, got {reason:?}",
-                    REASONS.join(", ")
-                )));
-            }
-        }
-        Ok(r)
-    }
-
-    /// The message body of this refund.
-    pub fn to_message_body(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// The canonical, versioned digest of the refund (`refund/v1:<sha-256>`, see
-    /// [`sqs_once::Fingerprint`]): the same refund id for another refund is key reuse, never a
-    /// second refund.
-    pub fn fingerprint(&self) -> String {
-        sqs_once::Fingerprint::new("refund/v1")
-            .field("refund_id", &self.refund_id)
-            .field("payment_id", &self.payment_id)
-            .optional("amount", self.amount)
-            .optional("reason", self.reason.as_deref())
-            .finish()
-    }
-
-    /// Whether a stored digest is this refund's: the current form or the one of versions
-    /// before `refund/v1` (SHA-256 of the serialized body, which had no contract version).
-    pub fn has_fingerprint(&self, stored: &str) -> bool {
-        let unversioned = RefundRequest {
-            contract_version: None,
-            ..self.clone()
-        };
-        stored == self.fingerprint()
-            || stored == hex::encode(Sha256::digest(unversioned.to_message_body().as_bytes()))
-    }
-}
 
 /// Refunding through a [`RefundProvider`], with the totals in a [`RefundLedger`].
 pub struct RefundWork {
@@ -299,9 +208,10 @@ impl RefundWork {
     }
 
     /// Reserves the refund's amount on the payment as read (or finds it reserved by an
-    /// earlier attempt), holding the refund when `hold` carries its message; a held refund
-    /// whose payment succeeded since has its held entry taken first. `Ok(None)`: the payment
-    /// changed since it was read; decide again.
+    /// earlier attempt, or by its own hold), holding the refund when `hold` carries its
+    /// message. `Ok(None)`: the payment changed since it was read; decide again. A held
+    /// refund's entry stays on the payment until whatever resumes held refunds reads this
+    /// refund's record completed ([`crate::refunds::held`]): until then it is sent again.
     async fn reserve(
         &self,
         r: &RefundRequest,
@@ -312,14 +222,6 @@ impl RefundWork {
     ) -> Result<Option<Result<i64, Outcome>>, CallError> {
         let keep = self.keep_until(p.expires_at_s);
         if let Some(a) = p.refunds.get(&r.refund_id) {
-            if hold.is_none() && p.held.contains_key(&r.refund_id) {
-                let taken = self
-                    .ledger
-                    .take_held(&r.payment_id, &r.refund_id, p, owner, keep)
-                    .await
-                    .map_err(store_error)?;
-                return Ok((taken == Reservation::Reserved).then_some(Ok(*a)));
-            }
             return Ok(Some(Ok(*a)));
         }
         let amount = r.amount.unwrap_or(p.left(charged));
@@ -406,9 +308,9 @@ impl RefundWork {
         )))
     }
 
-    /// A refund of a payment that ended without a charge: refused, or, when it holds a
-    /// reservation (it was held while the payment settled), canceled with its amount given
-    /// back.
+    /// A refund of a payment that ended without a charge: refused, or, when it was held while
+    /// the payment settled, canceled with its reservation given back (by this attempt, or by
+    /// an earlier one that stopped before it completed).
     async fn cancel(
         &self,
         r: &RefundRequest,
@@ -417,26 +319,28 @@ impl RefundWork {
         owner: &str,
     ) -> Result<Outcome, CallError> {
         let pid = &r.payment_id;
-        let Some(held) = p.refunds.get(&r.refund_id) else {
+        let reserved = p.refunds.get(&r.refund_id).copied();
+        if reserved.is_none() && !p.held.contains_key(&r.refund_id) {
             return Ok(rejected(
                 "payment_not_refundable",
                 format!(
                     "payment {pid} was not charged (its outcome is {status}): nothing to refund"
                 ),
             ));
-        };
-        let keep = self.keep_until(p.expires_at_s);
-        self.ledger
-            .release(pid, &r.refund_id, *held, owner, keep)
-            .await
-            .map_err(store_error)?;
+        }
+        if let Some(amount) = reserved {
+            let keep = self.keep_until(p.expires_at_s);
+            self.ledger
+                .release(pid, &r.refund_id, amount, owner, keep)
+                .await
+                .map_err(store_error)?;
+        }
         Ok(Outcome::new(CANCELED)
             .with_text("payment_id", pid)
-            .with_number("amount", *held)
             .with_text("code", "payment_failed")
             .with_text(
                 "reason",
-                format!("payment {pid} ended {status} before it settled: nothing was refunded, and the {held} held for the refund was given back"),
+                format!("payment {pid} ended {status} before it settled: nothing was refunded, and the amount held for the refund was given back"),
             ))
     }
 }

@@ -1,0 +1,100 @@
+//! A refund message: `{"refund_id", "payment_id", "amount"?, "reason"?}`, validated field by
+//! field, and its versioned fingerprint (the same refund id for another refund is key reuse).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqs_once::Rejection;
+
+use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
+
+/// Reasons Stripe accepts for a refund.
+pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
+
+/// A validated refund message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefundRequest {
+    /// The refund's id: its idempotency key end to end.
+    pub refund_id: String,
+    /// The payment to refund.
+    pub payment_id: String,
+    /// Minor units; `None`: what is left of the charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount: Option<i64>,
+    /// One of [`REASONS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The message contract's version ([`crate::domain::contract`]; absent: 1; 2 adds nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract_version: Option<u64>,
+}
+
+impl RefundRequest {
+    /// Parses and validates a body: `invalid_json`, or `invalid_refund` naming the field.
+    pub fn parse(body: &str) -> Result<Self, Rejection> {
+        let invalid = |m: String| Rejection::new("invalid_refund", m);
+        if body.len() > MAX_BODY_BYTES {
+            return Err(invalid(format!(
+                "the body is larger than {MAX_BODY_BYTES} bytes"
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| Rejection::new("invalid_json", format!("body is not valid JSON: {e}")))?;
+        // A later version's refund is refused as such, before its fields are.
+        let version = value
+            .get(crate::domain::contract::FIELD)
+            .and_then(|v| v.as_u64());
+        if version.is_some() {
+            crate::domain::contract::read(version)
+                .map_err(|m| Rejection::new(crate::domain::contract::UNSUPPORTED, m))?;
+        }
+        let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        for (field, id) in [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)] {
+            check_id(field, id).map_err(|e| invalid(e.to_string()))?;
+        }
+        if let Some(a) = r.amount {
+            if !(1..=MAX_AMOUNT).contains(&a) {
+                return Err(invalid(format!(
+                    "amount must be 1 to {MAX_AMOUNT} minor units, got {a}"
+                )));
+            }
+        }
+        if let Some(reason) = &r.reason {
+            if !REASONS.contains(&reason.as_str()) {
+                return Err(invalid(format!(
+                    "reason must be one of {}, got {reason:?}",
+                    REASONS.join(", ")
+                )));
+            }
+        }
+        Ok(r)
+    }
+
+    /// The message body of this refund.
+    pub fn to_message_body(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The canonical, versioned digest of the refund (`refund/v1:<sha-256>`, see
+    /// [`sqs_once::Fingerprint`]): the same refund id for another refund is key reuse, never a
+    /// second refund.
+    pub fn fingerprint(&self) -> String {
+        sqs_once::Fingerprint::new("refund/v1")
+            .field("refund_id", &self.refund_id)
+            .field("payment_id", &self.payment_id)
+            .optional("amount", self.amount)
+            .optional("reason", self.reason.as_deref())
+            .finish()
+    }
+
+    /// Whether a stored digest is this refund's: the current form or the one of versions
+    /// before `refund/v1` (SHA-256 of the serialized body, which had no contract version).
+    pub fn has_fingerprint(&self, stored: &str) -> bool {
+        let unversioned = RefundRequest {
+            contract_version: None,
+            ..self.clone()
+        };
+        stored == self.fingerprint()
+            || stored == hex::encode(Sha256::digest(unversioned.to_message_body().as_bytes()))
+    }
+}
