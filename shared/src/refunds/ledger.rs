@@ -1,6 +1,9 @@
 //! What has been refunded of a payment, kept on the payment's own idempotency record, so that
 //! refunds never add up to more than the charge however many run at once.
 //!
+//! Why ~740 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
+//! conditions, side by side, so that a change to one is seen in the other.
+//!
 //! A refund first *reserves* its amount with one conditional write on the payment's record:
 //! `refunds.<refund_id> = amount` and `refunded_amount = seen + amount`, only while the record
 //! is `COMPLETED` with a `succeeded` outcome, the refund id is not there yet, the total is
@@ -20,16 +23,13 @@
 //!
 //! A refund of a payment still settling at the provider (a bank debit `processing`, a
 //! customer's `requires_action`) *holds*: the same reservation, conditional on the payment
-//! still settling instead of `succeeded`, with `held_refunds.<refund_id>` = the refund's message in
-//! the same write, and the record put in the sparse index's `refund_held` partition (its
+//! still settling instead of `succeeded`, with `held_refunds.<refund_id>` = the refund's
+//! message in the same write, and the record put in the sparse index's `refund_held` partition (its
 //! `open_work`), where the catch-up's sweep and `payctl health` find it. The refund, resumed
 //! once the payment settled, keeps its reservation (the payment succeeded) or gives it back
 //! (it failed); its held entry is removed only by what resumes held refunds, once it reads the
 //! refund's record completed ([`crate::refunds::held`]), and the last one removed takes the
 //! record out of the partition. Until then the entry is what brings the refund back.
-//!
-//! Why ~840 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
-//! conditions, side by side, so that a change to one is seen in the other.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
