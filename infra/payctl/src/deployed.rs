@@ -36,6 +36,7 @@ pub mod names {
         "StripeEventSourceName",
         "RefundWindowDays",
         "EventsCatchUpMinutes",
+        "HeldRefundHorizonDays",
         "AlarmTopicArn",
         "ReservedConcurrency",
         "ApiReservedConcurrency",
@@ -63,6 +64,7 @@ pub mod names {
         ("STRIPE_API_VERSION", "StripeApiVersion"),
         ("REFUND_WINDOW_DAYS", "RefundWindowDays"),
         ("EVENTS_CATCH_UP_MINUTES", "EventsCatchUpMinutes"),
+        ("HELD_REFUND_HORIZON_DAYS", "HeldRefundHorizonDays"),
     ];
 }
 

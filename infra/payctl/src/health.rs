@@ -80,6 +80,9 @@ pub struct Health {
     pub records_read: Option<RecordsRead>,
     /// Where the catch-up of the provider's events stands, when the table was given.
     pub catch_up: Option<String>,
+    /// Payments that hold refunds until they settle (the `refund_held` partition of the
+    /// `OpenRecords` index), and the oldest one's age since its charge began, seconds.
+    pub held_refunds: Option<(usize, Option<i64>)>,
     /// The stack's alarms (`None`: no stack name given; empty: the endpoint has none).
     pub alarms: Option<Vec<AlarmHealth>>,
     /// What needs a person, one line each; empty when healthy.
@@ -100,6 +103,8 @@ pub struct HealthTargets {
     /// How often the scheduled catch-up runs (`EventsCatchUpMinutes`): a catch-up behind the
     /// provider's list by more than this and a quarter of an hour needs attention.
     pub catch_up_interval_s: i64,
+    /// How long a payment that holds refunds may settle (`HeldRefundHorizonDays`).
+    pub held_horizon_s: i64,
     /// Read the records by a scan of the whole table (every record counted, completed ones
     /// too; its cost grows with the table) instead of the `OpenRecords` index.
     pub scan_records: bool,
@@ -117,6 +122,7 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
         records: BTreeMap::new(),
         records_read: None,
         catch_up: None,
+        held_refunds: None,
         alarms: None,
         attention: Vec::new(),
     };
@@ -186,6 +192,17 @@ pub async fn read(sdk: &aws_config::SdkConfig, targets: &HealthTargets) -> Resul
             .map_err(anyhow::Error::msg)
             .context("reading the catch-up's checkpoint")?;
         health.catch_up = Some(describe_checkpoint(&read, now_ms / 1000));
+        let held = counts::held_refunds(sdk, table, now_ms).await?;
+        if let (n, Some(oldest)) = held {
+            if oldest > targets.held_horizon_s {
+                health.attention.push(format!(
+                    "held refunds: {n} payments hold refunds, the oldest settling for {}, past the horizon ({}): HeldRefundsOverdueAlarm in docs/operate.md",
+                    crate::time::in_words(oldest * 1000),
+                    crate::time::in_words(targets.held_horizon_s * 1000)
+                ));
+            }
+        }
+        health.held_refunds = Some(held);
         if let Some(lag) = read.lag_s(now_ms / 1000) {
             if lag > targets.catch_up_interval_s + 900 {
                 health.attention.push(format!(
@@ -390,6 +407,16 @@ impl Health {
         }
         if let Some(c) = &self.catch_up {
             out += &format!("\nevents catch-up: {c}\n");
+        }
+        match self.held_refunds {
+            Some((0, _)) => {
+                out += "held refunds: none (no payment holds a refund until it settles)\n"
+            }
+            Some((n, oldest)) => out += &format!(
+                "held refunds: {n} payments hold refunds until they settle; the oldest since {}\n",
+                age(oldest.map(|s| s as f64))
+            ),
+            None => {}
         }
         match &self.alarms {
             None => out += "\nalarms: give --stack-name to read the stack's alarms\n",

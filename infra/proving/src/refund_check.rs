@@ -10,7 +10,9 @@
 //! `retries_exhausted`, for a person) — so no reservation is left that no refund holds, and
 //! the total covers every refund the provider made (the limit can never be passed later);
 //! every refund message ends as a completed record or a dead letter; a payment that was not
-//! charged is never refunded.
+//! charged is never refunded; a refund of a payment still settling is held (its reservation
+//! kept with its held entry, nothing refunded, nothing dead-lettered) or, once the payment
+//! settled and the held refund was resumed, made once.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -34,6 +36,9 @@ pub enum RefundExpect {
     Raced,
     /// Its payment was not charged: `payment_not_refundable`, nothing refunded.
     NotRefundable,
+    /// Its payment was still settling: held (nothing refunded, nothing dead-lettered), or
+    /// made once if the payment settled and the refund was resumed before the check.
+    Held,
 }
 
 /// One planned refund.
@@ -100,6 +105,12 @@ pub fn plan(
                 }
                 charged += 1;
             }
+            Some(o)
+                if r.status == RecordStatus::Completed
+                    && payment_core::provider::event::payment_settling(&o.status) =>
+            {
+                out.push(refund(pid, 0, None, RefundExpect::Held));
+            }
             Some(_) if r.status == RecordStatus::Completed && uncharged < 3 => {
                 out.push(refund(pid, 0, None, RefundExpect::NotRefundable));
                 uncharged += 1;
@@ -131,6 +142,8 @@ pub struct RefundVerdict {
     /// `retries_exhausted`): they may differ from the provider's books until a person settles
     /// them.
     pub unsettled: usize,
+    /// Refunds held for a payment still settling (reserved, nothing refunded yet).
+    pub held: usize,
     /// Everything that went wrong.
     pub violations: Vec<String>,
 }
@@ -145,8 +158,8 @@ impl RefundVerdict {
             self.dead_lettered
         );
         println!(
-            "refund ledger:            every reservation is a refund the provider made, of its amount, but {} unsettled",
-            self.unsettled
+            "refund ledger:            every reservation is a refund the provider made, of its amount, but {} unsettled and {} held for a settling payment",
+            self.unsettled, self.held
         );
     }
 }
@@ -250,6 +263,15 @@ pub fn verify(
                     ));
                 }
             }
+            RefundExpect::Held => {
+                if booked.len() > 1 || !codes.is_empty() {
+                    v.violations.push(format!(
+                        "refund {} of a settling payment: {} refunds, dead letters {codes:?} (held, or made once)",
+                        p.refund_id,
+                        booked.len()
+                    ));
+                }
+            }
             RefundExpect::Raced => {
                 let r = raced.entry(&p.payment_id).or_default();
                 r.0 += booked.len();
@@ -296,6 +318,11 @@ pub fn verify(
                     .iter()
                     .any(|c| c == "outcome_unknown" || c == "retries_exhausted")
             });
+            // Held for a payment still settling: nothing refunded yet, its entry kept.
+            if made == 0 && p.held.contains_key(rid) {
+                v.held += 1;
+                continue;
+            }
             if made != *held && !unsettled {
                 v.violations.push(format!(
                     "payment {pid} holds a reservation of {held} for refund {rid}, which the provider refunded {made}: a reservation no refund holds"
@@ -442,5 +469,12 @@ mod tests {
             released.iter().all(|v| !v.contains("no refund holds")),
             "{released:?}"
         );
+        // A third reservation held for a payment still settling, its entry kept: held, not a
+        // drift; the same reservation without its entry is one no refund holds.
+        let mut settling = charged(&[("r1", 300), ("r2", 300), ("r3", 200)]);
+        settling.held.insert("r3".into(), "{}".into());
+        let payments = HashMap::from([("p1".to_owned(), Some(settling))]);
+        let v = verify(&plans, &ledger, &records, &payments, &[]);
+        assert!(v.violations.is_empty() && v.held == 1, "{:?}", v.violations);
     }
 }

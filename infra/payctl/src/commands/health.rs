@@ -35,6 +35,10 @@ pub struct HealthArgs {
     /// behind the provider's list by more than this and a quarter of an hour needs attention.
     #[arg(long, env = "EVENTS_CATCH_UP_MINUTES", default_value_t = 60)]
     pub catch_up_minutes: i64,
+    /// How long a payment that holds refunds may settle (the stack's HeldRefundHorizonDays):
+    /// one settling longer needs attention.
+    #[arg(long, env = "HELD_REFUND_HORIZON_DAYS", default_value_t = 30)]
+    pub held_refund_horizon_days: i64,
     /// Count every record by a scan of the whole idempotency table (completed ones too; its
     /// cost grows with the table, a year of records), instead of reading the failed and
     /// unfinished ones from the table's OpenRecords index.
@@ -75,6 +79,7 @@ pub async fn health(args: HealthArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         table: args.table.clone(),
         stack_name: args.stack_name.clone(),
         catch_up_interval_s: args.catch_up_minutes.max(1) * 60,
+        held_horizon_s: args.held_refund_horizon_days.max(1) * 86_400,
         scan_records: args.scan_records,
     };
     if targets.queues.is_empty() && targets.dead_letter_queues.is_empty() && targets.table.is_none()

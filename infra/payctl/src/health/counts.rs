@@ -197,3 +197,55 @@ pub(super) async fn scan(
         }
     }
 }
+
+/// The payments that hold refunds until they settle (the `refund_held` partition of the
+/// `OpenRecords` index, whose sort key is when each payment's charge began) and the oldest
+/// one's age, seconds. A payment stays there until the last of its held refunds is read done.
+pub async fn held_refunds(
+    sdk: &aws_config::SdkConfig,
+    table: &str,
+    now_ms: i64,
+) -> Result<(usize, Option<i64>)> {
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let query = || {
+        ddb.query()
+            .table_name(table)
+            .index_name(sqs_once::dynamo::OPEN_INDEX)
+            .key_condition_expression("#o = :p")
+            .expression_attribute_names("#o", sqs_once::dynamo::OPEN)
+            .expression_attribute_values(
+                ":p",
+                aws_sdk_dynamodb::types::AttributeValue::S(
+                    payment_core::refunds::ledger::HELD_PARTITION.to_owned(),
+                ),
+            )
+    };
+    let mut count = 0;
+    let mut start = None;
+    loop {
+        let page = query()
+            .select(aws_sdk_dynamodb::types::Select::Count)
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .map_err(crate::aws::failed)
+            .context("counting the held refunds (the OpenRecords index)")?;
+        count += page.count() as usize;
+        match page.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => break,
+        }
+    }
+    let oldest = query()
+        .scan_index_forward(true)
+        .limit(1)
+        .send()
+        .await
+        .map_err(crate::aws::failed)
+        .context("reading the oldest held refund (the OpenRecords index)")?
+        .items()
+        .first()
+        .and_then(|i| sqs_once::dynamo::get_n(i, "first_attempt_at"))
+        .map(|t| (now_ms - t).max(0) / 1000);
+    Ok((count, oldest))
+}
