@@ -32,6 +32,8 @@ struct Provider {
     refuse: Mutex<Option<String>>,
     /// What a lookup of the charge's refunds finds.
     found: Mutex<Vec<FoundRefund>>,
+    /// The PaymentIntent's status now (none: the answer names none).
+    now: Mutex<Option<String>>,
 }
 
 #[async_trait]
@@ -55,6 +57,9 @@ impl RefundProvider for Provider {
                 status: "succeeded".into(),
             },
         })
+    }
+    async fn payment_status(&self, _: &str) -> Result<Option<String>, ProviderError> {
+        Ok(self.now.lock().unwrap().clone())
     }
     async fn find_refunds(&self, _: &str) -> Result<Vec<FoundRefund>, ProviderError> {
         Ok(self.found.lock().unwrap().clone())
@@ -416,6 +421,64 @@ async fn a_refund_of_a_payment_still_settling_is_held_and_made_once_it_succeeds(
         o.text("reason").unwrap().contains("ended declined"),
         "{o:?}"
     );
+}
+
+/// A payment recorded declined whose customer confirmed it again (the provider has it
+/// `processing`, its event not applied here yet): the refund is not refused on the stale
+/// record, it waits; once the record says `processing`, it is held. Declined at the provider
+/// too: refused at once.
+#[tokio::test]
+async fn a_refund_of_a_payment_declined_only_in_its_record_waits_for_the_record() {
+    let w = world();
+    charged(&w, "again", RecordStatus::Completed, "declined", 500);
+    *w.provider.now.lock().unwrap() = Some("processing".into());
+    let (response, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "again", None))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1, "handed back: {s:?}");
+    assert!(s.dead_lettered.is_empty(), "{s:?}");
+    let waiting = w.store.get("r1").await.unwrap().unwrap();
+    assert!(
+        waiting
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("recorded declined and is processing at the provider")),
+        "{:?}",
+        waiting.last_error
+    );
+    // The event arrives: the record says processing, and the refund is held.
+    charged(&w, "again", RecordStatus::Completed, "processing", 500);
+    let mut r = w.store.get("r1").await.unwrap().unwrap();
+    r.not_before_ms = None;
+    w.store.insert(r);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "again", None))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("held"), 1, "{s:?}");
+    // Declined at the provider too: refused at once.
+    charged(&w, "gone", RecordStatus::Completed, "declined", 500);
+    *w.provider.now.lock().unwrap() = Some("declined".into());
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m2", &refund("r2", "gone", None))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(
+        s.dead_lettered.get("payment_not_refundable"),
+        Some(&1),
+        "{s:?}"
+    );
+    assert!(w.provider.calls.lock().unwrap().is_empty());
 }
 
 /// Two held refunds whose sum is the charge both hold; a third is refused at once, as it would

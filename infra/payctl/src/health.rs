@@ -412,10 +412,12 @@ impl Health {
             Some((0, _)) => {
                 out += "held refunds: none (no payment holds a refund until it settles)\n"
             }
-            Some((n, oldest)) => out += &format!(
+            Some((n, oldest)) => {
+                out += &format!(
                 "held refunds: {n} payments hold refunds until they settle; the oldest since {}\n",
                 age(oldest.map(|s| s as f64))
-            ),
+            )
+            }
             None => {}
         }
         match &self.alarms {

@@ -329,4 +329,9 @@ pub trait RefundProvider: Send + Sync {
 
     /// Every refund of a PaymentIntent, to settle an outcome that no answer told.
     async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError>;
+
+    /// The PaymentIntent's status now, in the record's words (`declined` for
+    /// `requires_payment_method`): a payment recorded `declined` may have been confirmed again
+    /// since, and its event not applied yet; `None` when the answer names none.
+    async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError>;
 }

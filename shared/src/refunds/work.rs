@@ -200,10 +200,26 @@ impl RefundWork {
                 amount: o.amount,
                 payment: p,
             }),
-            None => Ok(Payment::Failed {
-                status: o.status.clone(),
-                payment: p,
-            }),
+            None => {
+                // A decline is not final at the provider: the customer may have confirmed the
+                // PaymentIntent again, its event not applied here yet. The refund is refused
+                // only on what the provider holds now; else it waits for the record.
+                if let (Some(intent), "declined") = (&o.provider_payment_id, o.status.as_str()) {
+                    match self.provider.payment_status(intent).await? {
+                        Some(now) if now != "declined" && now != "canceled" => {
+                            return Err(not_yet(
+                                pid,
+                                &format!("is recorded declined and is {now} at the provider (its event not applied yet)"),
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(Payment::Failed {
+                    status: o.status.clone(),
+                    payment: p,
+                })
+            }
         }
     }
 

@@ -121,6 +121,12 @@ impl RefundProvider for StripeClient {
             .await?;
         interpret_list(status, &headers, &body)
     }
+
+    async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError> {
+        let now =
+            crate::events::inbox::ProviderObjects::payment_intent(self, payment_intent).await?;
+        Ok(Some(now.status).filter(|s| !s.is_empty()))
+    }
 }
 
 #[cfg(test)]
