@@ -80,6 +80,21 @@ async fn held_debit(
     for (rid, _) in refunds {
         assert!(made(t, rid).await.is_empty(), "nothing sent for {rid}");
     }
+    // What GET /v1/payments/{id} and payctl status show of it.
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let view = payment_core::api::view::after_charge_of(
+        &aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+        &pid,
+    )
+    .await
+    .unwrap()
+    .expect("the payment's refunds");
+    assert!(
+        view.refunds.iter().all(|r| r.state == "held"),
+        "{:?}",
+        view.refunds
+    );
     pid
 }
 
