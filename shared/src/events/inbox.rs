@@ -281,7 +281,9 @@ impl EventWork {
                 // A crash here leaves the settlement written and its held refunds unsent:
                 // this event comes back and resumes them (tests/integration/held_refunds.rs).
                 crate::failpoint!("inbox_after_settle");
-                self.resume_held(&pid, holds, &to).await?;
+                // Always looked for: a refund may have held after this event read the payment
+                // and before its write, which names only the status it moves from.
+                self.resume_held(&pid, true, &to).await?;
                 return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
             }
         }
