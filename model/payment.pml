@@ -572,14 +572,24 @@ active proctype Settler()
 end_s:
   do
   :: atomic { !settled -> settled = 1 }
-  :: atomic { settled && held_entry && rec_status == COMPLETED && rec_out == O_HELD ->
-       rec_status = FAILED }                              /* reopen: no call was made */
-  :: atomic { settled && held_entry && (msg[NM] == M_NONE || msg[NM] == M_DONE) ->
-       msg[NM] = M_VIS }                                  /* SendMessage (again) */
-#if SETTLE == 1
-  :: atomic { settled && held_entry && rec_status == COMPLETED && rec_out != O_HELD ->
-       held_entry = 0 }                                   /* done: the entry goes */
-#endif
+  /* One resume, as HeldRefunds::resume makes it: a record completed otherwise is done and its
+   * entry goes; else a record still completed held is reopened, then its message is sent,
+   * unless the resume stops (crashes) before the send, or a message of it is still out (the
+   * model has one slot for it; duplicates of a message are m0/m1's). */
+  :: atomic { settled && held_entry ->
+       if
+       :: rec_status == COMPLETED && rec_out != O_HELD -> held_entry = 0
+       :: else ->
+            if
+            :: rec_status == COMPLETED && rec_out == O_HELD -> rec_status = FAILED
+            :: else -> skip
+            fi;
+            if
+            :: chaos -> skip
+            :: msg[NM] == M_NONE || msg[NM] == M_DONE -> msg[NM] = M_VIS
+            :: else -> skip
+            fi
+       fi }
   od
 }
 #endif
