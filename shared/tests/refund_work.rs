@@ -688,3 +688,48 @@ async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
         "the reservation given back"
     );
 }
+
+/// A refund made, its record gone since (its TTL ran while the payment's ledger, which every
+/// later change keeps, lived on), and its message sent again (a held refund resumed late):
+/// the reservation is found already on the payment, so the charge's refunds are looked up
+/// before any call; the refund is found made and nothing is sent, where a blind call with a
+/// key the provider has forgotten would refund it twice. One the provider does not hold is
+/// made, once.
+#[tokio::test]
+async fn a_refund_reserved_before_its_record_was_lost_is_looked_up_not_made_twice() {
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    for rid in ["r1", "r2"] {
+        let seen = w.ledger.payment("p1").await.unwrap().unwrap();
+        w.ledger
+            .reserve("p1", rid, 40, &seen, "gone", 0, None)
+            .await
+            .unwrap();
+    }
+    w.provider.found.lock().unwrap().push(FoundRefund {
+        provider_refund_id: "re_1".into(),
+        status: "succeeded".into(),
+        amount: 40,
+        refund_id: Some("r1".into()),
+    });
+    let batch = vec![
+        msg("m1", &refund("r1", "p1", Some(40))),
+        msg("m2", &refund("r2", "p1", Some(40))),
+    ];
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("refunded"), 2, "{s:?}");
+    let calls = w.provider.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| c.refund_id.as_str())
+            .collect::<Vec<_>>(),
+        ["r2"],
+        "r1 found made, not made again"
+    );
+    let r1 = w.store.get("r1").await.unwrap().unwrap().outcome.unwrap();
+    assert_eq!(r1.text("provider_refund_id"), Some("re_1"));
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(p.refunded, 80);
+}

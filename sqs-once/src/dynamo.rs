@@ -207,14 +207,17 @@ impl DynamoStore {
     /// the next message of the same request claims it and runs the work again. `Ok(false)`
     /// when the record is not completed with that outcome (reopened before, claimed since, or
     /// never held): nothing is written. A completion that may have reached downstream
-    /// (`unknown_outcome`) is never reopened. The record keeps its lifetime; the next
-    /// completion sets the one its outcome gives.
+    /// (`unknown_outcome`) is never reopened. The record is kept at least until
+    /// `keep_until_s` (its lifetime from now, as its wait's completion gave it from then: a
+    /// record reopened near its end does not expire under the attempt that runs it again);
+    /// the next completion sets the one its outcome gives.
     pub async fn reopen(
         &self,
         key: &str,
         waiting: &str,
         reason: &str,
         now_ms: i64,
+        keep_until_s: i64,
     ) -> Result<bool, StoreError> {
         let result = self
             .client
@@ -222,8 +225,8 @@ impl DynamoStore {
             .table_name(&self.table)
             .key(&self.layout.attribute, self.record_key(key))
             .update_expression(format!(
-                "SET #s = :failed, last_error = :e, lease_expires_at = :now, {OPEN} = :open \
-                 REMOVE outcome, completed_at"
+                "SET #s = :failed, last_error = :e, lease_expires_at = :now, {OPEN} = :open, \
+                 expires_at = :keep REMOVE outcome, completed_at"
             ))
             .condition_expression(
                 "#s = :completed AND outcome.#st = :waiting AND \
@@ -238,6 +241,7 @@ impl DynamoStore {
             .expression_attribute_values(":e", s(reason))
             .expression_attribute_values(":now", n(now_ms))
             .expression_attribute_values(":open", s(&self.layout.record_prefix))
+            .expression_attribute_values(":keep", n(keep_until_s))
             .send()
             .await;
         match result {

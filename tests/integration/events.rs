@@ -619,7 +619,7 @@ async fn the_shipped_catch_up_finds_what_an_outage_missed_among_20_000_delivered
     let mut queued = 0;
     for run in 1..=2 {
         let budget = Budget::before_deadline(now_ms() + 60_000, Duration::from_secs(15));
-        let report = catch_up.run(budget).await;
+        let report = catch_up.run(budget).await.into_result();
         println!("catch-up run {run}: {report:?}");
         let report = report.unwrap();
         assert_eq!(report.listed_all, None, "it lists the undelivered");

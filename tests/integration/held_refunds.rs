@@ -115,8 +115,12 @@ async fn sweep(t: &TestStack, horizon: Duration) -> payment_core::refunds::held:
                 .var_of(EVENT_PROCESSOR, "REFUNDS_QUEUE_URL")
                 .unwrap(),
         )),
+        Duration::from_secs(365 * 86_400),
     )
-    .sweep(horizon)
+    .sweep(
+        horizon,
+        tokio::time::Instant::now() + Duration::from_secs(60),
+    )
     .await
     .expect("sweeping the held refunds")
 }

@@ -31,7 +31,18 @@ async fn handle(
         // ten SendMessageBatch calls, each within its client's timeout); the next run goes on
         // from the checkpoint.
         let budget = Budget::before_deadline(context.deadline as i64, Duration::from_secs(15));
-        let report = catch_up.run(budget).await?;
+        let run = catch_up.run(budget).await;
+        // The lag, the jump and the held refunds, for the alarms and the dashboard (EMF on
+        // stdout), for whatever part ran, before a failure fails the invocation.
+        if telemetry::metrics_on() {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            for line in run.emf_lines(now_ms) {
+                println!("{line}");
+            }
+        }
+        let report = run.into_result()?;
         tracing::info!(
             since = report.since_s,
             until = report.until_s,
@@ -43,13 +54,6 @@ async fn handle(
             jumped = report.jumped,
             "catch-up"
         );
-        // The lag and the jump, for the alarms and the dashboard (EMF on stdout).
-        if telemetry::metrics_on() {
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
-            println!("{}", report.emf_line(now_ms));
-        }
         return Ok(serde_json::to_value(report)?);
     }
     let batch = serde_json::from_value(payload)?;

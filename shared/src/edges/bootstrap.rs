@@ -346,6 +346,7 @@ fn held_refunds(
             aws_sdk_dynamodb::Client::new(sdk),
             &config.idempotency_table,
             Arc::new(queue),
+            config.refund_window,
         )
         .with_clock(clock),
     ))

@@ -258,6 +258,24 @@ impl Config {
                 ),
             ));
         }
+        let refund_window_days = number(
+            "REFUND_WINDOW_DAYS",
+            crate::payments::charge::DEFAULT_REFUND_WINDOW.as_secs() / 86_400,
+            1,
+            3_650,
+        )?;
+        let held_refund_horizon_days = number("HELD_REFUND_HORIZON_DAYS", 30, 1, 365)?;
+        let refunds_queue_url = get("REFUNDS_QUEUE_URL").filter(|v| !v.trim().is_empty());
+        // A settling payment's record, and the refunds it holds, live the refund window from
+        // the hold: the overdue alarm must fire while they still do.
+        if refunds_queue_url.is_some() && held_refund_horizon_days >= refund_window_days {
+            return Err(err(
+                "HELD_REFUND_HORIZON_DAYS",
+                format!(
+                    "must be less than REFUND_WINDOW_DAYS ({refund_window_days}), got {held_refund_horizon_days}: a payment holding refunds and their records live the refund window from the hold, and one still settling must be reported overdue before they expire"
+                ),
+            ));
+        }
         Ok(Self {
             idempotency_table: required("IDEMPOTENCY_TABLE")?,
             dead_letter_queue_url: required("DEAD_LETTER_QUEUE_URL")?,
@@ -275,18 +293,9 @@ impl Config {
             catch_up_pace: provider_pace(&get)?.map(|p| p.function),
             catch_up_lists: catch_up_lists(&get)?,
             provider_events_url: get("PROVIDER_EVENTS_URL").filter(|v| !v.trim().is_empty()),
-            refunds_queue_url: get("REFUNDS_QUEUE_URL").filter(|v| !v.trim().is_empty()),
-            held_refund_horizon: Duration::from_secs(
-                number("HELD_REFUND_HORIZON_DAYS", 30, 1, 365)? * 86_400,
-            ),
-            refund_window: Duration::from_secs(
-                number(
-                    "REFUND_WINDOW_DAYS",
-                    crate::payments::charge::DEFAULT_REFUND_WINDOW.as_secs() / 86_400,
-                    1,
-                    3_650,
-                )? * 86_400,
-            ),
+            refunds_queue_url,
+            held_refund_horizon: Duration::from_secs(held_refund_horizon_days * 86_400),
+            refund_window: Duration::from_secs(refund_window_days * 86_400),
         })
     }
 }

@@ -487,26 +487,89 @@ pub struct ScheduledCatchUp {
     pub held: Option<(Arc<crate::refunds::held::HeldRefunds>, std::time::Duration)>,
 }
 
+/// The time a scheduled run keeps for its sweep of the held refunds (one consistent read
+/// per payment that holds refunds, a few more for one that settled: hundreds of payments).
+pub const SWEEP_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl ScheduledCatchUp {
     /// One scheduled run at the current time within `budget`, then the sweep of the held
-    /// refunds (a sweep that fails fails the run, after the listing's checkpoint was kept).
-    pub async fn run(&self, budget: Budget) -> Result<CatchUpReport, String> {
+    /// refunds within the same time, whatever the listing did: the sweep needs nothing from
+    /// the provider, so an outage of its list (or a key that cannot read events) does not
+    /// stop held refunds from being made.
+    /// The listing stops starting pages [`SWEEP_TIME`] earlier than `budget` says, so that a
+    /// long listing (a backlog) leaves the sweep its time.
+    pub async fn run(&self, budget: Budget) -> ScheduledRun {
         let now = sqs_once::runner::now_ms() / 1000;
-        let mut report = scheduled(
+        let listing_budget = match &self.held {
+            Some(_) => Budget {
+                until: budget
+                    .until
+                    .checked_sub(SWEEP_TIME)
+                    .unwrap_or_else(tokio::time::Instant::now),
+                ..budget
+            },
+            None => budget,
+        };
+        let listing = scheduled(
             (&*self.lister, self.lists),
             &*self.queue,
             &self.checkpoint,
             now,
-            budget,
+            listing_budget,
         )
-        .await?;
-        if let Some((held, horizon)) = &self.held {
-            report.held = Some(
-                held.sweep(*horizon)
+        .await;
+        let held = match &self.held {
+            Some((held, horizon)) => Some(
+                held.sweep(*horizon, budget.until)
                     .await
-                    .map_err(|e| format!("sweeping the held refunds: {e}"))?,
-            );
+                    .map_err(|e| format!("sweeping the held refunds: {e}")),
+            ),
+            None => None,
+        };
+        ScheduledRun { listing, held }
+    }
+}
+
+/// What a scheduled run did: its listing, and its sweep of the held refunds.
+#[derive(Debug)]
+pub struct ScheduledRun {
+    /// The listing's report, or why it failed.
+    pub listing: Result<CatchUpReport, String>,
+    /// The sweep (when the run has held refunds to sweep), or why the partition could not be
+    /// read.
+    pub held: Option<Result<crate::refunds::held::HeldSweep, String>>,
+}
+
+impl ScheduledRun {
+    /// The EMF lines of what ran: the listing's when it listed, the sweep's when it swept.
+    pub fn emf_lines(&self, now_ms: i64) -> Vec<String> {
+        let listing = self.listing.as_ref().ok().map(|r| r.emf_line(now_ms));
+        let held = match &self.held {
+            Some(Ok(h)) => Some(h.emf_line(now_ms)),
+            _ => None,
+        };
+        listing.into_iter().chain(held).collect()
+    }
+
+    /// The run's answer: the listing's report with the sweep in it; an error (the function's
+    /// `Errors` alarm) when the listing failed, or the sweep could not read the partition or
+    /// any payment in it.
+    pub fn into_result(self) -> Result<CatchUpReport, String> {
+        let held = self.held.transpose();
+        let (mut report, held) = match (self.listing, held) {
+            (Ok(report), Ok(held)) => (report, held),
+            (Err(listing), Ok(_)) => return Err(listing),
+            (Ok(_), Err(held)) => return Err(held),
+            (Err(listing), Err(held)) => return Err(format!("{listing}; {held}")),
+        };
+        if let Some(h) = held.as_ref().filter(|h| !h.failed.is_empty()) {
+            let (pid, e) = &h.failed[0];
+            return Err(format!(
+                "sweeping the held refunds: {} payments could not be swept (first: {pid}: {e})",
+                h.failed.len()
+            ));
         }
+        report.held = held;
         Ok(report)
     }
 }

@@ -176,7 +176,16 @@ impl EventWork {
     async fn resume_held(&self, pid: &str, held: bool, status: &str) -> Result<(), CallError> {
         match &self.held {
             Some(h) if held && !crate::provider::event::payment_settling(status) => {
-                h.resume(pid).await.map_err(store_error)?;
+                let resumed = h.resume(pid).await.map_err(store_error)?;
+                if resumed.busy > 0 {
+                    // An attempt holds one of them now: one that read the payment settling
+                    // completes it `held` after this read, and nothing else would send it
+                    // until the catch-up's sweep. This event comes back and resumes again.
+                    return Err(not_yet(&format!(
+                        "{} held refunds of payment {pid} are being decided by another attempt",
+                        resumed.busy
+                    )));
+                }
                 Ok(())
             }
             _ => Ok(()),

@@ -263,14 +263,13 @@ impl CatchUpReport {
     /// 0 when it reached the newest event), `CatchUpJumped` (1 when it skipped to the
     /// oldest event the provider still lists) and `CatchUpListedAll` (1 when it listed every
     /// event where only the undelivered were asked for: see [`CatchUpReport::listed_all`]).
-    /// The template alarms on the first two. With a sweep of the held refunds: `HeldRefunds`
-    /// (the refunds payments hold until they settle) and `HeldRefundsOverdue` (the payments
-    /// holding refunds still settling past the horizon), which the template alarms on.
+    /// The template alarms on the first two. The sweep of the held refunds has its own line
+    /// ([`crate::refunds::held::HeldSweep::emf_line`]).
     pub fn emf_line(&self, now_ms: i64) -> String {
         let lag_min = self
             .checked_through_s
             .map_or(0, |t| (now_ms / 1000 - t).max(0) / 60);
-        let mut line = serde_json::json!({
+        let line = serde_json::json!({
             "_aws": {
                 "Timestamp": now_ms,
                 "CloudWatchMetrics": [{
@@ -291,18 +290,6 @@ impl CatchUpReport {
             "set_aside": self.set_aside,
             "pages": self.pages,
         });
-        if let Some(h) = &self.held {
-            if let Some(metrics) = line
-                .pointer_mut("/_aws/CloudWatchMetrics/0/Metrics")
-                .and_then(|m| m.as_array_mut())
-            {
-                metrics.push(serde_json::json!({"Name": "HeldRefunds", "Unit": "Count"}));
-                metrics.push(serde_json::json!({"Name": "HeldRefundsOverdue", "Unit": "Count"}));
-            }
-            line["HeldRefunds"] = serde_json::json!(h.held);
-            line["HeldRefundsOverdue"] = serde_json::json!(h.overdue.len());
-            line["held_resumed"] = serde_json::json!(h.resumed);
-        }
         crate::telemetry::with_dimensions(line, crate::telemetry::dimensions()).to_string()
     }
 }

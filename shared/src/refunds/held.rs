@@ -98,7 +98,7 @@ impl RefundQueue for SqsRefundQueue {
 /// What one sweep of the held refunds found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HeldSweep {
-    /// Payments that hold refunds.
+    /// Payments that hold refunds, read by this sweep.
     pub payments: usize,
     /// The refunds they hold.
     pub held: usize,
@@ -107,6 +107,55 @@ pub struct HeldSweep {
     /// Payments still settling longer than the horizon after their charge began: payment id
     /// and how long, seconds.
     pub overdue: Vec<(String, i64)>,
+    /// Payments in the partition this sweep did not read: its time ran out first (the next
+    /// sweep starts elsewhere in the partition).
+    pub unread: usize,
+    /// Payments whose reading or resuming failed (each logged with its error; the sweep goes
+    /// on with the others, and the run reports the failure).
+    pub failed: Vec<(String, String)>,
+}
+
+impl HeldSweep {
+    /// The sweep's EMF line (namespace `ProviderEvents`, dimensions `Stack`, `Service`):
+    /// `HeldRefunds` (the refunds payments hold until they settle), `HeldRefundsOverdue` (the
+    /// payments holding refunds still settling past the horizon), which the template alarms
+    /// on, and `HeldSweepFailed` (payments the sweep could not read or resume).
+    pub fn emf_line(&self, now_ms: i64) -> String {
+        let line = serde_json::json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": "ProviderEvents",
+                    "Dimensions": [["Service"]],
+                    "Metrics": [
+                        {"Name": "HeldRefunds", "Unit": "Count"},
+                        {"Name": "HeldRefundsOverdue", "Unit": "Count"},
+                        {"Name": "HeldSweepFailed", "Unit": "Count"}
+                    ]
+                }]
+            },
+            "Service": "event-processor",
+            "HeldRefunds": self.held,
+            "HeldRefundsOverdue": self.overdue.len(),
+            "HeldSweepFailed": self.failed.len(),
+            "held_payments": self.payments,
+            "held_resumed": self.resumed,
+            "held_unread": self.unread,
+        });
+        crate::telemetry::with_dimensions(line, crate::telemetry::dimensions()).to_string()
+    }
+}
+
+/// What one resume of a payment's held refunds did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Held refunds sent to the refunds queue.
+    pub sent: usize,
+    /// Held refunds an attempt holds now (claimed, its lease running): not sent, since the
+    /// attempt's own message is in flight. One that is holding the refund (it read the
+    /// payment settling) completes it `held` after this read: whoever resumed must resume
+    /// again once that attempt is over (the inbox fails its event, which comes back).
+    pub busy: usize,
 }
 
 /// The held refunds of the idempotency table, resumed through the refunds queue.
@@ -116,17 +165,25 @@ pub struct HeldRefunds {
     refunds: DynamoStore,
     queue: Arc<dyn RefundQueue>,
     clock: Arc<dyn sqs_once::clock::Clock>,
+    refund_window: Duration,
 }
 
 impl HeldRefunds {
-    /// The held refunds of the table `table`, resumed into `queue`.
-    pub fn new(client: aws_sdk_dynamodb::Client, table: &str, queue: Arc<dyn RefundQueue>) -> Self {
+    /// The held refunds of the table `table`, resumed into `queue`; a refund record reopened
+    /// is kept `refund_window` from then (as its completion kept it).
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        table: &str,
+        queue: Arc<dyn RefundQueue>,
+        refund_window: Duration,
+    ) -> Self {
         Self {
             payments: crate::payments::payment_store(client.clone(), table),
             refunds: crate::refunds::refund_store(client.clone(), table),
             client,
             queue,
             clock: sqs_once::clock::system(),
+            refund_window,
         }
     }
 
@@ -161,32 +218,50 @@ impl HeldRefunds {
         Ok(Some((status, held_of(item))))
     }
 
-    /// Resumes the payment's held refunds if it has settled (any status but a settling one):
-    /// each one's record still completed `held` is reopened and its message sent; one whose
-    /// record is completed otherwise has its entry removed; any other is sent again. How many
-    /// were sent (0 while it settles or holds none).
-    pub async fn resume(&self, payment_id: &str) -> Result<usize, StoreError> {
+    /// Resumes the payment's held refunds if it has settled (any status but a settling one).
+    /// Each one's record:
+    /// - completed `held`: reopened, and its message sent;
+    /// - completed otherwise (made, canceled, refused): done; its entry is removed;
+    /// - claimed by an attempt whose lease runs, or handed back until a later time (its
+    ///   message comes back then): left to that attempt ([`Resumed::busy`] counts the first);
+    /// - anything else (failed and due, claimed by an attempt that died, gone): sent again.
+    ///
+    /// Nothing is done while the payment settles or holds none.
+    pub async fn resume(&self, payment_id: &str) -> Result<Resumed, StoreError> {
         let Some((status, held)) = self.held(payment_id).await? else {
-            return Ok(0);
+            return Ok(Resumed::default());
         };
         if held.is_empty() || crate::provider::event::payment_settling(&status) {
-            return Ok(0);
+            return Ok(Resumed::default());
         }
         let now_ms = self.clock.now_ms();
+        let keep_s = now_ms / 1000 + self.refund_window.as_secs() as i64;
         let mut bodies = Vec::new();
+        let mut busy = 0;
         let mut left = held.len();
         for (refund_id, body) in held {
             let record = self.refunds.get(&refund_id).await?;
-            let done = record.as_ref().is_some_and(|r| {
-                r.status == sqs_once::record::RecordStatus::Completed
-                    && r.outcome.as_ref().is_some_and(|o| o.status != HELD)
-            });
-            if done {
-                // Its refund was made, canceled or refused: nothing brings it back any more.
-                if self.forget(payment_id, &refund_id, left).await? {
-                    left -= 1;
+            if let Some(r) = &record {
+                use sqs_once::record::RecordStatus;
+                match r.status {
+                    RecordStatus::Completed
+                        if r.outcome.as_ref().is_some_and(|o| o.status != HELD) =>
+                    {
+                        // Made, canceled or refused: nothing brings it back any more.
+                        if self.forget(payment_id, &refund_id, left).await? {
+                            left -= 1;
+                        }
+                        continue;
+                    }
+                    RecordStatus::InProgress if r.lease_expires_at_ms > now_ms => {
+                        busy += 1;
+                        continue;
+                    }
+                    RecordStatus::Failed if r.not_before_ms.is_some_and(|t| t > now_ms) => {
+                        continue;
+                    }
+                    _ => {}
                 }
-                continue;
             }
             self.refunds
                 .reopen(
@@ -196,24 +271,28 @@ impl HeldRefunds {
                         "payment {payment_id} settled {status}: the held refund is decided again"
                     ),
                     now_ms,
+                    keep_s,
                 )
                 .await?;
             bodies.push(body);
         }
-        if bodies.is_empty() {
-            return Ok(0);
+        if !bodies.is_empty() {
+            self.queue
+                .send(&bodies)
+                .await
+                .map_err(StoreError::Unavailable)?;
+            tracing::info!(
+                payment_id,
+                status,
+                sent = bodies.len(),
+                busy,
+                "held refunds resumed"
+            );
         }
-        self.queue
-            .send(&bodies)
-            .await
-            .map_err(StoreError::Unavailable)?;
-        tracing::info!(
-            payment_id,
-            status,
-            sent = bodies.len(),
-            "held refunds resumed"
-        );
-        Ok(bodies.len())
+        Ok(Resumed {
+            sent: bodies.len(),
+            busy,
+        })
     }
 
     /// Removes a done refund's held entry from the payment whose `held_refunds` map has
@@ -252,14 +331,12 @@ impl HeldRefunds {
         }
     }
 
-    /// Every payment that holds refunds (the sparse index's `refund_held` partition, read
-    /// page by page): each that settled is resumed; each still settling longer than `horizon`
-    /// after its charge began is counted overdue.
-    pub async fn sweep(&self, horizon: Duration) -> Result<HeldSweep, StoreError> {
-        let mut out = HeldSweep::default();
-        let now_ms = self.clock.now_ms();
+    /// The payments of the sparse index's `refund_held` partition (read page by page, keys
+    /// only), each with the start of its charge (epoch ms).
+    async fn holding(&self) -> Result<Vec<(String, Option<i64>)>, StoreError> {
         let prefix = self.payments.layout().record_prefix.clone();
         let attribute = self.payments.layout().attribute.clone();
+        let mut found = Vec::new();
         let mut start: Option<std::collections::HashMap<String, AttributeValue>> = None;
         loop {
             let page = self
@@ -275,40 +352,100 @@ impl HeldRefunds {
                 .await
                 .map_err(|e| StoreError::Unavailable(DisplayErrorContext(&e).to_string()))?;
             for item in page.items() {
-                let Some(payment_id) = item
+                if let Some(payment_id) = item
                     .get(&attribute)
                     .and_then(|v| v.as_s().ok())
                     .and_then(|k| k.strip_prefix(&prefix))
-                else {
-                    continue;
-                };
-                let Some((status, held)) = self.held(payment_id).await? else {
-                    continue;
-                };
-                out.payments += 1;
-                out.held += held.len();
-                if crate::provider::event::payment_settling(&status) {
-                    let since = sqs_once::dynamo::get_n(item, "first_attempt_at").unwrap_or(now_ms);
-                    let age_s = (now_ms - since).max(0) / 1000;
-                    if age_s > horizon.as_secs() as i64 {
-                        tracing::warn!(
-                            payment_id,
-                            status,
-                            age_s,
-                            held = held.len(),
-                            "a payment holding refunds has not settled within the horizon"
-                        );
-                        out.overdue.push((payment_id.to_owned(), age_s));
-                    }
-                } else {
-                    out.resumed += self.resume(payment_id).await?;
+                {
+                    found.push((
+                        payment_id.to_owned(),
+                        sqs_once::dynamo::get_n(item, "first_attempt_at"),
+                    ));
                 }
             }
             match page.last_evaluated_key() {
                 Some(k) => start = Some(k.clone()),
-                None => break,
+                None => return Ok(found),
+            }
+        }
+    }
+
+    /// Every payment that holds refunds (the sparse index's `refund_held` partition): each
+    /// that settled is resumed; each still settling longer than `horizon` after its charge
+    /// began is counted overdue. No payment is started after `until`: the sweep starts at a
+    /// random place in the partition and goes round, so that sweeps cut short by their time
+    /// still reach every payment in turn. A payment that cannot be read or resumed is logged
+    /// and counted ([`HeldSweep::failed`]) and the sweep goes on; only a partition that cannot
+    /// be listed fails it.
+    pub async fn sweep(
+        &self,
+        horizon: Duration,
+        until: tokio::time::Instant,
+    ) -> Result<HeldSweep, StoreError> {
+        let mut out = HeldSweep::default();
+        let now_ms = self.clock.now_ms();
+        let mut payments = self.holding().await?;
+        if !payments.is_empty() {
+            let from = (uuid::Uuid::new_v4().as_u128() % payments.len() as u128) as usize;
+            payments.rotate_left(from);
+        }
+        let total = payments.len();
+        for (n, (payment_id, since)) in payments.into_iter().enumerate() {
+            if tokio::time::Instant::now() >= until {
+                out.unread = total - n;
+                tracing::warn!(
+                    unread = out.unread,
+                    total,
+                    "the sweep of the held refunds ran out of time; the next one goes on"
+                );
+                break;
+            }
+            match self.sweep_one(&payment_id, since, horizon, now_ms).await {
+                Ok(None) => {}
+                Ok(Some((held, settling_s, sent))) => {
+                    out.payments += 1;
+                    out.held += held;
+                    out.resumed += sent;
+                    if let Some(age_s) = settling_s {
+                        out.overdue.push((payment_id, age_s));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(payment_id, error = %e, "sweeping a payment's held refunds");
+                    out.failed.push((payment_id, e.to_string()));
+                }
             }
         }
         Ok(out)
+    }
+
+    /// One payment of the sweep: how many refunds it holds, how long it has settled when that
+    /// is past the horizon, and how many of its refunds were sent. `None`: no record.
+    async fn sweep_one(
+        &self,
+        payment_id: &str,
+        since: Option<i64>,
+        horizon: Duration,
+        now_ms: i64,
+    ) -> Result<Option<(usize, Option<i64>, usize)>, StoreError> {
+        let Some((status, held)) = self.held(payment_id).await? else {
+            return Ok(None);
+        };
+        if !crate::provider::event::payment_settling(&status) {
+            let sent = self.resume(payment_id).await?.sent;
+            return Ok(Some((held.len(), None, sent)));
+        }
+        let age_s = (now_ms - since.unwrap_or(now_ms)).max(0) / 1000;
+        if age_s <= horizon.as_secs() as i64 {
+            return Ok(Some((held.len(), None, 0)));
+        }
+        tracing::warn!(
+            payment_id,
+            status,
+            age_s,
+            held = held.len(),
+            "a payment holding refunds has not settled within the horizon"
+        );
+        Ok(Some((held.len(), Some(age_s), 0)))
     }
 }

@@ -510,7 +510,11 @@ impl RefundLedger for DynamoRefundLedger {
         };
         // The held entry, in the same write: the map's first entry creates it.
         let (held_set, held_condition) = match hold {
+            // Already held: an earlier hold of this refund whose reservation a cancel gave back
+            // before its record completed (the payment went back to settling since). The
+            // entry is this refund's message; it stays as it is.
             None => ("", ""),
+            Some(_) if seen.held.contains_key(refund_id) => ("", ""),
             Some(body) if seen.has_held => {
                 req = req
                     .expression_attribute_names("#hid", refund_id)
@@ -699,7 +703,13 @@ impl RefundLedger for InMemoryRefundLedger {
             let total = seen.refunded + amount;
             let fits = p.status == RecordStatus::Completed
                 && charged.is_some_and(|c| total + seen.disputed <= c);
+            // As the conditional write: a new entry only where none is (an entry already there
+            // when this attempt read the payment is left as it is).
+            let entry_taken = hold.is_some()
+                && !seen.held.contains_key(refund_id)
+                && p.held.contains_key(refund_id);
             if !fits
+                || entry_taken
                 || p.held.len() != seen.held.len()
                 || p.refunds.contains_key(refund_id)
                 || p.refunded != seen.refunded

@@ -224,8 +224,9 @@ impl RefundWork {
     }
 
     /// Reserves the refund's amount on the payment as read (or finds it reserved by an
-    /// earlier attempt, or by its own hold), holding the refund when `hold` carries its
-    /// message. `Ok(None)`: the payment changed since it was read; decide again. A held
+    /// earlier attempt, or by its own hold: [`Reserved::earlier`]), holding the refund when
+    /// `hold` carries its message. `Ok(None)`: the payment changed since it was read; decide
+    /// again. A held
     /// refund's entry stays on the payment until whatever resumes held refunds reads this
     /// refund's record completed ([`crate::refunds::held`]): until then it is sent again.
     async fn reserve(
@@ -235,10 +236,13 @@ impl RefundWork {
         charged: i64,
         owner: &str,
         hold: Option<&str>,
-    ) -> Result<Option<Result<i64, Outcome>>, CallError> {
+    ) -> Result<Option<Result<Reserved, Outcome>>, CallError> {
         let keep = self.keep_until(p.expires_at_s);
         if let Some(a) = p.refunds.get(&r.refund_id) {
-            return Ok(Some(Ok(*a)));
+            return Ok(Some(Ok(Reserved {
+                amount: *a,
+                earlier: true,
+            })));
         }
         let amount = r.amount.unwrap_or(p.left(charged));
         if amount <= 0 || amount > p.left(charged) {
@@ -262,7 +266,12 @@ impl RefundWork {
             .reserve(&r.payment_id, &r.refund_id, amount, p, owner, keep, hold)
             .await
             .map_err(store_error)?;
-        Ok((reservation == Reservation::Reserved).then_some(Ok(amount)))
+        Ok(
+            (reservation == Reservation::Reserved).then_some(Ok(Reserved {
+                amount,
+                earlier: false,
+            })),
+        )
     }
 
     /// Decides the refund on its payment, reading it again each time it changed under a
@@ -272,7 +281,7 @@ impl RefundWork {
         &self,
         r: &RefundRequest,
         owner: &str,
-    ) -> Result<Result<(String, String, i64, i64), Outcome>, CallError> {
+    ) -> Result<Result<(String, String, Reserved, i64), Outcome>, CallError> {
         let pid = &r.payment_id;
         for _ in 0..RESERVE_TRIES {
             let (p, hold, charged, currency, intent) = match self.charged(r).await? {
@@ -299,13 +308,14 @@ impl RefundWork {
                 }
             }
             let body = hold.as_ref().map(|_| r.to_message_body());
-            let amount = match self.reserve(r, &p, charged, owner, body.as_deref()).await? {
+            let reserved = match self.reserve(r, &p, charged, owner, body.as_deref()).await? {
                 None => continue,
                 Some(Err(refused)) => return Ok(Err(refused)),
-                Some(Ok(amount)) => amount,
+                Some(Ok(reserved)) => reserved,
             };
+            let amount = reserved.amount;
             return Ok(match (intent, hold) {
-                (Some(intent), _) => Ok((intent, currency, amount, p.expires_at_s)),
+                (Some(intent), _) => Ok((intent, currency, reserved, p.expires_at_s)),
                 (None, waits_for) => Err(Outcome::new(HELD)
                     .with_text("payment_id", pid)
                     .with_number("amount", amount)
@@ -386,10 +396,22 @@ impl Work for RefundWork {
         r: &RefundRequest,
         attempt: &AttemptContext,
     ) -> Result<Outcome, CallError> {
-        let (intent, currency, amount, read_ttl) = match self.decide(r, &attempt.owner).await? {
+        let (intent, currency, reserved, read_ttl) = match self.decide(r, &attempt.owner).await? {
             Ok(reserved) => reserved,
             Err(done) => return Ok(done),
         };
+        let amount = reserved.amount;
+        if reserved.earlier && !attempt.inherited_unknown {
+            // The amount was reserved before this attempt's claim: by a hold now resumed, by
+            // an attempt that stopped before its call, or by one whose call was made and
+            // whose record is gone since (its TTL ran while the payment's ledger lived on).
+            // The key may be forgotten by the provider after a day: a blind call could refund
+            // twice. The charge's refunds say which (one list call; an unknown outcome
+            // inherited is looked up by the runner instead).
+            if let Some(found) = self.lookup(r, attempt).await? {
+                return Ok(found);
+            }
+        }
         let call = RefundCall {
             refund_id: r.refund_id.clone(),
             payment_id: r.payment_id.clone(),
@@ -524,6 +546,14 @@ impl Work for RefundWork {
     fn settle_hint(&self, key: &str) -> String {
         format!("find refund {key} at the provider (GET /v1/refunds?payment_intent=..., metadata[refund_id]) and settle its record refund#{key} by hand")
     }
+}
+
+/// A refund's amount reserved on its payment.
+#[derive(Debug, Clone, Copy)]
+struct Reserved {
+    amount: i64,
+    /// Reserved before this attempt read the payment (by a hold, or by an earlier attempt).
+    earlier: bool,
 }
 
 /// The EMF metric names of the refund processor (namespace `RefundProcessor`).
