@@ -2,8 +2,8 @@
 //! ledger on the payment's own record that keeps refunds from adding up to more than the charge
 //! however many run at once ([`ledger`]).
 //!
-//! May use: domain, provider, payments (a refund reads the charge's stored outcome and fences
-//! its writes by the payment's record).
+//! May use: domain, provider, telemetry (the held refunds' sweep writes its EMF line), payments
+//! (a refund reads the charge's stored outcome and fences its writes by the payment's record).
 
 pub mod held;
 pub mod ledger;
