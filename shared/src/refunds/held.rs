@@ -8,8 +8,9 @@
 //! Once the payment is anything but settling, [`HeldRefunds::resume`] reads each held refund's
 //! record: one still completed `held` is reopened (`COMPLETED`/`held` → `FAILED`,
 //! [`sqs_once::DynamoStore::reopen`]) and its message sent to the refunds queue again; one
-//! completed otherwise (made, canceled, refused) is done, and its entry removed; one in between
-//! (claimed, failed, gone) is sent again. The refund processor then runs the refund once more
+//! completed otherwise (made, canceled, refused) is done, and its entry removed; one an attempt
+//! holds (or handed back until a later time) is left to that attempt's message; any other
+//! (failed and due, claimed by an attempt that died, gone) is sent again. The refund processor then runs the refund once more
 //! and makes it (the payment succeeded) or cancels it and gives its amount back (it failed).
 //! The entry goes only once the refund's record says it is done: a refund taken up and then
 //! lost (its worker crashed, its message deleted by a late acknowledgement of a copy) is sent
