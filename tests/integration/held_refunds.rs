@@ -2,8 +2,9 @@
 //! local stack: held (reserved, acknowledged, nothing sent), then made once the payment
 //! succeeds or canceled with their amount given back once it fails, whatever crashes between
 //! the payment's settlement and the refund's send; the catch-up's sweep resumes what the inbox
-//! did not; a stale decline never overturns a settling payment. The simulator's books are the
-//! ground truth.
+//! did not, even in a run whose listing fails; a refund another attempt is deciding is left to
+//! it and the event comes back for it; a refund whose cancel died is held again; a stale
+//! decline never overturns a settling payment. The simulator's books are the ground truth.
 
 use std::time::Duration;
 
@@ -406,5 +407,272 @@ async fn a_stale_decline_never_declines_a_settling_payment_or_cancels_its_refund
     assert_eq!(s.done("refunded"), 1, "{s:?}");
     assert_eq!(made(&t, &rid).await, [1200]);
     assert_eq!(ledger(&t, &pid).await.outcome.unwrap().status, "succeeded");
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// The refunds' records in the stack's table.
+async fn refund_store(t: &TestStack) -> sqs_once::DynamoStore {
+    payment_core::refunds::refund_store(
+        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
+        &t.config.idempotency_table,
+    )
+}
+
+/// Another attempt takes the held refund `rid` up as the refund processor would on a copy of
+/// its message (its record reopened, then claimed with a lease ending at `lease_end_ms`): the
+/// attempt's fencing token.
+async fn taken_up(t: &TestStack, rid: &str, lease_end_ms: i64) -> String {
+    let store = refund_store(t).await;
+    let now = sqs_once::runner::now_ms();
+    let record = store.get(rid).await.unwrap().expect("the refund's record");
+    assert!(
+        store
+            .reopen(
+                rid,
+                "held",
+                "taken up by the test",
+                now,
+                now / 1000 + 86_400
+            )
+            .await
+            .unwrap(),
+        "{record:?}"
+    );
+    let owner = format!("other-attempt-{}", uuid::Uuid::new_v4());
+    let claimed = store
+        .claim(&sqs_once::record::ClaimRequest {
+            key: rid.to_owned(),
+            payload_hash: record.payload_hash,
+            owner: owner.clone(),
+            now_ms: now,
+            lease_expires_at_ms: lease_end_ms,
+            expires_at_s: now / 1000 + 86_400,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(claimed, sqs_once::record::ClaimResult::Claimed { .. }),
+        "{claimed:?}"
+    );
+    owner
+}
+
+/// A held refund whose payment failed, and whose cancel died after it gave the amount back
+/// and before its record completed, while the provider took the customer's next try of the
+/// payment (settling again): the refund is held again on the DynamoDB ledger, its entry kept
+/// and its amount reserved again, nothing sent and nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_cancel_crashed_is_held_again_with_its_amount_reserved() {
+    let t = TestStack::new("held-rehold").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_success",
+        1500,
+        &[(rid.clone(), 600)],
+    )
+    .await;
+    // The cancel: its attempt holds the refund (a lease already over by the next claim) and
+    // gives its amount back; then it dies.
+    let now = sqs_once::runner::now_ms();
+    let owner = taken_up(&t, &rid, now).await;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    DynamoRefundLedger::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        &t.config.idempotency_table,
+    )
+    .release(&pid, &rid, 600, &owner, now / 1000 + 86_400)
+    .await
+    .expect("the cancel's release");
+    let p = ledger(&t, &pid).await;
+    assert_eq!(
+        (p.refunded, p.held.len()),
+        (0, 1),
+        "given back, the entry kept until the refund is done"
+    );
+
+    let s = refund(&t, &[refund_body(&rid, &pid, Some(600))])
+        .await
+        .summary;
+    assert_eq!(s.done("held"), 1, "{s:?}");
+    assert!(s.dead_lettered.is_empty() && s.retried == 0, "{s:?}");
+    let p = ledger(&t, &pid).await;
+    assert_eq!((p.refunded, p.held.len()), (600, 1), "reserved again");
+    assert!(made(&t, &rid).await.is_empty());
+    let record = refund_store(&t).await.get(&rid).await.unwrap().unwrap();
+    assert_eq!(record.outcome.unwrap().status, "held");
+
+    // It is made once when the debit settles.
+    let listed = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await;
+    e.deliver_all(&listed, 1).await;
+    e.drain(&t).await;
+    assert_eq!(drain_refunds(&t).await.done("refunded"), 1);
+    assert_eq!(made(&t, &rid).await, [600]);
+    assert_eq!(ledger(&t, &pid).await.refunded, 600);
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A held refund another attempt holds when its payment's success is applied (a copy of its
+/// message, deciding it): the inbox sends nothing (a copy would race the attempt), and its
+/// event comes back instead of completing; once the attempt is over, the event's next
+/// delivery sends the refund, and it is made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_meets_a_held_refund_being_decided_comes_back_for_it() {
+    let t = TestStack::new("held-busy").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_success",
+        1500,
+        &[(rid.clone(), 700)],
+    )
+    .await;
+    let owner = taken_up(&t, &rid, sqs_once::runner::now_ms() + 120_000).await;
+    let listed: Vec<_> = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await
+        .into_iter()
+        .filter(|(ev, _)| ev.kind == "payment_intent.succeeded")
+        .collect();
+    assert_eq!(listed.len(), 1, "one success for {pid}");
+    e.deliver_all(&listed, 1).await;
+    let event_id = listed[0].0.id.clone();
+
+    // The event's first attempt applies the success, meets the attempt and hands the event
+    // back: its record is FAILED, the refund's still held by the other attempt. Then the
+    // other attempt is over (handed back: a failure it recorded), while the events drain.
+    let events_store = payment_core::events::event_store(
+        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
+        &t.config.idempotency_table,
+    );
+    let watch = async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let handed_back = loop {
+            let r = events_store.get(&event_id).await.unwrap();
+            if let Some(r) = r.filter(|r| r.status == sqs_once::record::RecordStatus::Failed) {
+                break r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the event was never handed back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            handed_back
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("being decided by another attempt")),
+            "{handed_back:?}"
+        );
+        assert_eq!(ledger(&t, &pid).await.outcome.unwrap().status, "succeeded");
+        assert_eq!(refund(&t, &[]).await.received, 0, "nothing sent meanwhile");
+        refund_store(&t)
+            .await
+            .fail(
+                &rid,
+                &owner,
+                sqs_once::runner::now_ms(),
+                &sqs_once::record::FailureNote {
+                    error: "the test's attempt handed it back".into(),
+                    unknown_outcome: false,
+                    not_before_ms: None,
+                },
+            )
+            .await
+            .unwrap();
+    };
+    let (drained, ()) = tokio::join!(e.drain(&t), watch);
+    let s = drained.summary;
+    assert_eq!(s.done("unchanged") + s.done("applied"), 1, "{s:?}");
+    assert!(s.retried >= 1, "{s:?}");
+    let s = drain_refunds(&t).await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert_eq!(made(&t, &rid).await, [700]);
+    assert_eq!(ledger(&t, &pid).await.refunded, 700);
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A scheduled run whose listing fails (the provider key revoked: every list answers `401`)
+/// still sweeps the held refunds: the one whose payment settled is sent and made, and the
+/// run reports the listing's failure (the function's errors alarm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_listing_fails_still_makes_the_held_refunds() {
+    use payment_core::events::catch_up::Budget;
+    let t = TestStack::new("held-nolist").await;
+    let mut e = events(&t).await;
+    let mut config = proving::demo::event_config_for(&t.stack, &fast_settings()).unwrap();
+    config.refunds_queue_url = None;
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    e.processor = payment_core::edges::bootstrap::build_event_processor(&config, &sdk)
+        .await
+        .unwrap();
+    let rid = t.pid("r1");
+    let pid = held_debit(
+        &t,
+        "debit",
+        "pm_usBankAccount_success",
+        800,
+        &[(rid.clone(), 800)],
+    )
+    .await;
+    let listed = e
+        .listed(std::slice::from_ref(&pid), |l| {
+            kinds(l).contains(&"payment_intent.succeeded")
+        })
+        .await;
+    e.deliver_all(&listed, 1).await;
+    e.drain(&t).await;
+    assert_eq!(refund(&t, &[]).await.received, 0, "no inbox sent it");
+
+    let mut config = proving::demo::event_config_for(&t.stack, &fast_settings()).unwrap();
+    config.api_key = payment_core::edges::config::ApiKeySource::Plain("sk_test_revoked".into());
+    let catch_up = payment_core::edges::bootstrap::build_catch_up(&config, &sdk)
+        .await
+        .unwrap()
+        .expect("the event function's catch-up");
+    // The sparse index is read eventually consistently: a run may need a moment to see it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let run = loop {
+        let budget =
+            Budget::before_deadline(sqs_once::runner::now_ms() + 60_000, Duration::from_secs(15));
+        let run = catch_up.run(budget).await;
+        let swept = run.held.as_ref().and_then(|h| h.as_ref().ok());
+        if swept.is_some_and(|h| h.payments > 0) || std::time::Instant::now() > deadline {
+            break run;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let listing = run.listing.as_ref().expect_err("the listing fails");
+    assert!(
+        listing.contains("401") || listing.contains("Invalid API Key"),
+        "{listing}"
+    );
+    let swept = run.held.as_ref().unwrap().as_ref().unwrap().clone();
+    assert_eq!((swept.payments, swept.resumed), (1, 1), "{swept:?}");
+    assert!(swept.failed.is_empty(), "{swept:?}");
+    assert_eq!(
+        run.emf_lines(0).len(),
+        1,
+        "the sweep's line, not the listing's"
+    );
+    assert!(
+        run.into_result().is_err(),
+        "the run reports the listing's failure"
+    );
+
+    let s = drain_refunds(&t).await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert_eq!(made(&t, &rid).await, [800]);
     nothing_dead_lettered(&t, &e).await;
 }
