@@ -39,6 +39,9 @@
  *              entry once it reads the record completed with another outcome
  *           2: the same, but the worker that takes the reopened record removes the entry
  *              (fenced) before its call: S5 fails (the first design; README)
+ *           3: as 1, and the Settler sends no message while an attempt holds the record (a
+ *              live lease) or while a FAILED record may not be claimed yet (GUARD: a call may
+ *              still land; the code's not_before): HeldRefunds::resume's busy and not-yet skips
  *   LIVE    1: environment may turn calm (no more crashes/slowness/losses); for L1
  *   NW, NM  workers (2..3), messages (2..3)
  *   CHK     bit set of safety properties to assert: 1 S1, 2 S2, 4 S3, 8 S4, 16 S5 (default 63;
@@ -575,7 +578,9 @@ end_s:
   /* One resume, as HeldRefunds::resume makes it: a record completed otherwise is done and its
    * entry goes; else a record still completed held is reopened, then its message is sent,
    * unless the resume stops (crashes) before the send, or a message of it is still out (the
-   * model has one slot for it; duplicates of a message are m0/m1's). */
+   * model has one slot for it; duplicates of a message are m0/m1's). SETTLE=3 also leaves a
+   * record an attempt holds, or one whose claim must wait, as the code's resume does: the
+   * inbox's event (or the next sweep) comes back for it. */
   :: atomic { settled && held_entry ->
        if
        :: rec_status == COMPLETED && rec_out != O_HELD -> held_entry = 0
@@ -586,7 +591,13 @@ end_s:
             fi;
             if
             :: chaos -> skip
+#if SETTLE == 3
+            :: (msg[NM] == M_NONE || msg[NM] == M_DONE) &&
+               !(rec_status == INPROG && rec_live) &&
+               !(rec_status == FAILED && GUARD && !NETIDLE) -> msg[NM] = M_VIS
+#else
             :: msg[NM] == M_NONE || msg[NM] == M_DONE -> msg[NM] = M_VIS
+#endif
             :: else -> skip
             fi
        fi }

@@ -14,8 +14,9 @@
 //! and makes it (the payment succeeded) or cancels it and gives its amount back (it failed).
 //! The entry goes only once the refund's record says it is done: a refund taken up and then
 //! lost (its worker crashed, its message deleted by a late acknowledgement of a copy) is sent
-//! again by the next resume. The SPIN model's `SETTLE` switch checks this, and shows the
-//! design that removed the entry before the refund's call losing the refund.
+//! again by the next resume. The SPIN model's `SETTLE=3` checks this resume (S1–S5 and L1,
+//! model/README.md), and `SETTLE=2` shows the design that removed the entry before the
+//! refund's call losing the refund.
 //!
 //! Who resumes, so that a crash at any point strands nothing:
 //! - the inbox, after it applied (or found applied) the payment's settlement, before its own
