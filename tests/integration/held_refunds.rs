@@ -5,6 +5,10 @@
 //! did not, even in a run whose listing fails; a refund another attempt is deciding is left to
 //! it and the event comes back for it; a refund whose cancel died is held again; a stale
 //! decline never overturns a settling payment. The simulator's books are the ground truth.
+//!
+//! Why one file of this length: every test starts from the same held debit and reads the same
+//! books (`held_debit`, `ledger`, `made`, `taken_up`, `nothing_dead_lettered`); these helpers
+//! belong to this one story, not to the suite's shared ones.
 
 use std::time::Duration;
 
