@@ -168,6 +168,10 @@ impl<W: Work> BatchRunner<W> {
 
         // The calls and the heartbeat run together; a lost lease stops the calls.
         let executed = tokio::select! {
+            // Polled in this order, not at random: a run is then the same each time (the
+            // simulator's seeds replay). When both are ready, the outcome is taken; completing
+            // it is fenced by the lease, so a lost lease still loses the completion.
+            biased;
             r = self.execute(request, key, &attempt, deadline_ms, latencies) => r,
             lost = self.heartbeat(msg, key, &attempt, deadline_ms) => Err(lost),
         };
@@ -322,7 +326,7 @@ impl<W: Work> BatchRunner<W> {
             ));
         }
         let mut hash = self.work.fingerprint(request);
-        let owner = uuid::Uuid::new_v4().to_string();
+        let owner = crate::token::new();
         let mut claim = ClaimRequest {
             key: key.to_owned(),
             payload_hash: hash.clone(),

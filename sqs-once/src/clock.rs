@@ -41,6 +41,15 @@ impl TokioClock {
             base: tokio::time::Instant::now(),
         }
     }
+
+    /// Anchors a clock at a given epoch time instead of the wall clock: a run that must be
+    /// the same each time (the simulator's) reads no host time at all.
+    pub fn starting_at(base_ms: i64) -> Self {
+        Self {
+            base_ms,
+            base: tokio::time::Instant::now(),
+        }
+    }
 }
 
 impl Default for TokioClock {

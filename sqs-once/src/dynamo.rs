@@ -23,7 +23,6 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use crate::clock::Clock;
 use crate::record::{
     ClaimRequest, ClaimResult, DeadLetterMark, FailureNote, IdempotencyRecord, IdempotencyStore,
     Outcome, RecordStatus, StoreError, Value,
@@ -60,6 +59,8 @@ pub struct DynamoStore {
     table: String,
     /// The partition key's name and this work's prefixes.
     layout: KeyLayout,
+    /// What `completed_at` is read from (the runner's clock, in a run on another calendar).
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -83,7 +84,14 @@ impl DynamoStore {
             client,
             table: table.into(),
             layout,
+            clock: crate::clock::system(),
         }
+    }
+
+    /// Stamps completions from `clock` instead of the host's (give it the runner's clock).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The table's name.
@@ -513,7 +521,7 @@ impl IdempotencyStore for DynamoStore {
             (":completed", s(RecordStatus::Completed.as_str())),
             (":o", outcome_to_attr(outcome)),
             (":f", AttributeValue::Bool(false)),
-            (":t", n(crate::clock::SystemClock.now_ms())),
+            (":t", n(self.clock.now_ms())),
         ];
         let update = match expires_at_s {
             Some(ttl) => {

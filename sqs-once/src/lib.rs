@@ -42,6 +42,7 @@ pub mod record;
 pub mod redelivery;
 pub mod runner;
 pub mod settings;
+pub mod token;
 pub mod work;
 
 pub use dynamo::{DynamoStore, KeyLayout};

@@ -446,8 +446,11 @@ impl<W: Work> BatchRunner<W> {
             // The producer's `String` attributes (a copy sends them as `String`).
             .filter(|(_, v)| v.data_type.as_deref().unwrap_or("String") == "String")
             .filter_map(|(k, v)| Some((k.clone(), v.string_value.clone()?)))
-            .take(8) // SQS allows 10 attributes; two are ours
             .collect();
+        // The same eight each time (by name), not the map's order of the moment: SQS allows
+        // 10 attributes, and two are ours.
+        attributes.sort();
+        attributes.truncate(8);
         if let Some(t) = first_sent_at_ms(msg) {
             attributes.push((attrs::FIRST_SENT_AT.to_owned(), t.to_string()));
         }

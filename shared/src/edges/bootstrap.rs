@@ -162,7 +162,8 @@ pub async fn build_refund_processor_on(
     )
     .with_refund_window(config.refund_window)
     .with_clock(Arc::clone(&clock));
-    let store = crate::refunds::refund_store(dynamodb, &config.idempotency_table);
+    let store = crate::refunds::refund_store(dynamodb, &config.idempotency_table)
+        .with_clock(Arc::clone(&clock));
     let queues = SqsQueues::new(
         aws_sdk_sqs::Client::new(sdk),
         config.dead_letter_queue_url.clone(),

@@ -388,7 +388,7 @@ impl HeldRefunds {
         let now_ms = self.clock.now_ms();
         let mut payments = self.holding().await?;
         if !payments.is_empty() {
-            let from = (uuid::Uuid::new_v4().as_u128() % payments.len() as u128) as usize;
+            let from = (sqs_once::token::bits() % payments.len() as u128) as usize;
             payments.rotate_left(from);
         }
         let total = payments.len();

@@ -1,0 +1,115 @@
+//! `make sim`: many seeds of the whole system on a simulated clock, each checked; a failing seed
+//! prints the invariant, when, the trace's last lines and the command that replays it.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Parser;
+use simulator::world::{run, Options};
+
+/// Runs seeds of the simulated system.
+#[derive(Parser, Debug)]
+struct Args {
+    /// How many seeds, from `--first`.
+    #[arg(long, env = "SEEDS", default_value_t = 20)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, env = "FIRST_SEED", default_value_t = 1)]
+    first: u64,
+    /// Simulated days per seed.
+    #[arg(long, env = "DAYS", default_value_t = 30.0)]
+    days: f64,
+    /// Payments per seed.
+    #[arg(long, env = "PAYMENTS", default_value_t = 10_000)]
+    payments: usize,
+    /// Chance an invocation is killed at a random moment.
+    #[arg(long, env = "CRASH_RATE")]
+    crash_rate: Option<f64>,
+    /// Chance of each AWS fault (500, throttle, lost answer) per request.
+    #[arg(long, env = "AWS_FAULT_RATE")]
+    aws_fault_rate: Option<f64>,
+    /// Chance of each provider fault (500 before or after the write, lost answer) per request.
+    #[arg(long, env = "PROVIDER_FAULT_RATE")]
+    provider_fault_rate: Option<f64>,
+    /// Write the failing (or only) seed's whole trace to this file.
+    #[arg(long, env = "TRACE")]
+    trace: Option<std::path::PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut failed = Vec::new();
+    let started = Instant::now();
+    let mut sim_days = 0.0;
+    for seed in args.first..args.first + args.seeds {
+        let mut opts = Options::new(seed, args.payments, args.days);
+        if let Some(r) = args.crash_rate {
+            opts.crash_rate = r;
+        }
+        if let Some(r) = args.aws_fault_rate {
+            opts.aws.error_rate = r;
+            opts.aws.throttle_rate = r;
+            opts.aws.lost_answer_rate = r;
+        }
+        if let Some(r) = args.provider_fault_rate {
+            opts.provider.error_before_rate = r;
+            opts.provider.error_after_rate = r;
+            opts.provider.lost_answer_rate = r;
+        }
+        opts.keep_trace = args.trace.is_some();
+        let t0 = Instant::now();
+        let report = run(opts)?;
+        let took = t0.elapsed().as_secs_f64();
+        sim_days += report.days;
+        println!(
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            report.days,
+            report.payments,
+            report.charged,
+            report.dead_letters,
+            report.invocations,
+            report.cold_starts,
+            report.killed,
+            report.aws_requests,
+            report.provider_requests,
+            report.provider_refused,
+            report.expired_records,
+            report.digest,
+            report.days / took.max(1e-9),
+        );
+        if let Some(path) = &args.trace {
+            std::fs::write(path, report.trace.join("\n"))?;
+        }
+        if !report.violations.is_empty() {
+            for v in &report.violations {
+                println!(
+                    "  VIOLATED {} at {:.3} days: {}",
+                    v.invariant,
+                    v.at_ms as f64 / 86_400_000.0,
+                    v.detail
+                );
+            }
+            println!("  last events:");
+            for line in report.trace.iter().rev().take(20).rev() {
+                println!("    {line}");
+            }
+            println!(
+                "  replay: make sim FIRST_SEED={seed} SEEDS=1 DAYS={} PAYMENTS={} TRACE=sim-{seed}.trace",
+                args.days, args.payments
+            );
+            failed.push(seed);
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "{} seeds, {} failed {:?}; {sim_days:.0} simulated days in {wall:.1} s ({:.1} days/s)",
+        args.seeds,
+        failed.len(),
+        failed,
+        sim_days / wall.max(1e-9)
+    );
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

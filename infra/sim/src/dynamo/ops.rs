@@ -1,0 +1,761 @@
+//! The operations: control plane (tables, time to live) and data plane (items, transactions,
+//! batches, queries), each reading DynamoDB's JSON request and writing its JSON answer.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value as Json};
+
+use super::expr::{self, Names};
+use super::table::{Index, KeySchema, Table};
+use super::value::{item_from_json, item_to_json, Item, Value};
+use super::{ApiError, Dynamo};
+
+fn text<'a>(body: &'a Json, field: &str) -> Result<&'a str, ApiError> {
+    body.get(field)
+        .and_then(Json::as_str)
+        .ok_or_else(|| ApiError::validation(format!("1 validation error detected: Value null at '{field}' failed to satisfy constraint: Member must not be null")))
+}
+
+fn item_field(body: &Json, field: &str) -> Result<Item, ApiError> {
+    item_from_json(body.get(field).unwrap_or(&Json::Null)).map_err(|e| ApiError::validation(e.0))
+}
+
+/// The request's placeholders.
+struct Placeholders {
+    names: BTreeMap<String, String>,
+    values: BTreeMap<String, Value>,
+}
+
+impl Placeholders {
+    fn of(body: &Json) -> Result<Self, ApiError> {
+        let names = match body.get("ExpressionAttributeNames") {
+            Some(Json::Object(m)) => m
+                .iter()
+                .map(|(k, v)| {
+                    Ok((
+                        k.clone(),
+                        v.as_str()
+                            .ok_or_else(|| ApiError::validation("a name must be a string"))?
+                            .to_owned(),
+                    ))
+                })
+                .collect::<Result<_, ApiError>>()?,
+            _ => BTreeMap::new(),
+        };
+        let values = match body.get("ExpressionAttributeValues") {
+            Some(v @ Json::Object(_)) => {
+                item_from_json(v).map_err(|e| ApiError::validation(e.0))?
+            }
+            _ => BTreeMap::new(),
+        };
+        Ok(Self { names, values })
+    }
+}
+
+fn invalid(e: expr::Invalid) -> ApiError {
+    ApiError::validation(e.0)
+}
+
+/// A write, parsed: the key it touches and how the item changes, with its condition.
+struct Write {
+    table: String,
+    key: String,
+    kind: WriteKind,
+    condition: Option<expr::Cond>,
+    /// `ReturnValuesOnConditionCheckFailure=ALL_OLD`.
+    old_on_failure: bool,
+}
+
+enum WriteKind {
+    Put(Item),
+    Update(expr::Update),
+    Delete,
+    Check,
+}
+
+fn parse_write(db: &Dynamo, body: &Json, kind: &str) -> Result<Write, ApiError> {
+    let table_name = text(body, "TableName")?.to_owned();
+    let table = db.table(&table_name)?;
+    let p = Placeholders::of(body)?;
+    let mut names = Names::new(&p.names, &p.values);
+    let condition = match body.get("ConditionExpression").and_then(Json::as_str) {
+        Some(c) => Some(expr::condition(c, &mut names).map_err(invalid)?),
+        None => None,
+    };
+    let (key, kind) = match kind {
+        "Put" => {
+            let item = item_field(body, "Item")?;
+            (
+                table.check_item(&item).map_err(ApiError::validation)?,
+                WriteKind::Put(item),
+            )
+        }
+        _ => {
+            let key = table
+                .key_text(&item_field(body, "Key")?)
+                .map_err(ApiError::validation)?;
+            let kind = match kind {
+                "Update" => {
+                    let u = expr::update(text(body, "UpdateExpression")?, &mut names)
+                        .map_err(invalid)?;
+                    for attr in expr::top_level_written(&u) {
+                        if table.keys.names().contains(&attr.as_str()) {
+                            return Err(ApiError::validation(format!(
+                                "One or more parameter values were invalid: Cannot update attribute {attr}. This attribute is part of the key"
+                            )));
+                        }
+                    }
+                    WriteKind::Update(u)
+                }
+                "Delete" => WriteKind::Delete,
+                _ => {
+                    if condition.is_none() {
+                        return Err(ApiError::validation(
+                            "ConditionCheck needs a ConditionExpression",
+                        ));
+                    }
+                    WriteKind::Check
+                }
+            };
+            (key, kind)
+        }
+    };
+    names.check_all_used().map_err(invalid)?;
+    let old_on_failure = body
+        .get("ReturnValuesOnConditionCheckFailure")
+        .and_then(Json::as_str)
+        == Some("ALL_OLD");
+    Ok(Write {
+        table: table_name,
+        key,
+        kind,
+        condition,
+        old_on_failure,
+    })
+}
+
+/// What a write would make of the item, or `Err(old item)` when its condition fails.
+fn decide(
+    db: &Dynamo,
+    w: &Write,
+    req_key: Option<&Item>,
+) -> Result<Result<Option<Item>, Option<Item>>, ApiError> {
+    let table = db.table(&w.table)?;
+    let before = table.items.get(&w.key).cloned();
+    let seen = before.clone().unwrap_or_default();
+    if let Some(c) = &w.condition {
+        if !expr::holds(c, &seen) {
+            return Ok(Err(before));
+        }
+    }
+    Ok(Ok(match &w.kind {
+        WriteKind::Put(item) => Some(item.clone()),
+        WriteKind::Delete => None,
+        WriteKind::Check => before,
+        WriteKind::Update(u) => {
+            let mut base = seen;
+            if before.is_none() {
+                base.extend(req_key.cloned().unwrap_or_default());
+            }
+            let after = expr::apply(u, &base).map_err(invalid)?;
+            table.check_item(&after).map_err(ApiError::validation)?;
+            Some(after)
+        }
+    }))
+}
+
+fn condition_failed(old: Option<Item>, wanted: bool) -> ApiError {
+    let mut e = ApiError::new(
+        "ConditionalCheckFailedException",
+        "The conditional request failed",
+    );
+    if let (true, Some(item)) = (wanted, old) {
+        e.extra.insert("Item".into(), item_to_json(&item));
+    }
+    e
+}
+
+fn returned(body: &Json, before: &Option<Item>, after: &Option<Item>) -> Json {
+    let pick = match body.get("ReturnValues").and_then(Json::as_str) {
+        Some("ALL_OLD") => before.as_ref(),
+        Some("ALL_NEW") => after.as_ref(),
+        Some("UPDATED_OLD") | Some("UPDATED_NEW") => {
+            let (from, other) = if body["ReturnValues"] == "UPDATED_OLD" {
+                (before, after)
+            } else {
+                (after, before)
+            };
+            let changed: Item = from
+                .iter()
+                .flatten()
+                .filter(|(k, v)| other.as_ref().and_then(|o| o.get(*k)) != Some(*v))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            return json!({ "Attributes": item_to_json(&changed) });
+        }
+        _ => None,
+    };
+    match pick {
+        Some(item) => json!({ "Attributes": item_to_json(item) }),
+        None => json!({}),
+    }
+}
+
+fn single_write(db: &mut Dynamo, body: &Json, kind: &str, now_s: i64) -> Result<Json, ApiError> {
+    let w = parse_write(db, body, kind)?;
+    let key_item = body
+        .get("Key")
+        .map(item_from_json)
+        .transpose()
+        .map_err(|e| ApiError::validation(e.0))?;
+    match decide(db, &w, key_item.as_ref())? {
+        Err(old) => Err(condition_failed(old, w.old_on_failure)),
+        Ok(after) => {
+            let table = db.table_mut(&w.table)?;
+            let before = table.items.get(&w.key).cloned();
+            table.write(&w.key, after.clone(), now_s, false);
+            Ok(returned(body, &before, &after))
+        }
+    }
+}
+
+fn transact(db: &mut Dynamo, body: &Json, now_s: i64) -> Result<Json, ApiError> {
+    let items = body
+        .get("TransactItems")
+        .and_then(Json::as_array)
+        .ok_or_else(|| ApiError::validation("TransactItems must not be null"))?;
+    if items.is_empty() || items.len() > 100 {
+        return Err(ApiError::validation(
+            "Member must have length between 1 and 100",
+        ));
+    }
+    let mut writes = Vec::new();
+    for t in items {
+        let (kind, inner) = ["ConditionCheck", "Put", "Update", "Delete"]
+            .iter()
+            .find_map(|k| t.get(*k).map(|v| (*k, v)))
+            .ok_or_else(|| {
+                ApiError::validation(
+                    "a TransactItem needs one of ConditionCheck, Put, Update, Delete",
+                )
+            })?;
+        let key_item = inner
+            .get("Key")
+            .map(item_from_json)
+            .transpose()
+            .map_err(|e| ApiError::validation(e.0))?;
+        writes.push((parse_write(db, inner, kind)?, key_item));
+    }
+    for (i, (a, _)) in writes.iter().enumerate() {
+        if writes[i + 1..]
+            .iter()
+            .any(|(b, _)| a.table == b.table && a.key == b.key)
+        {
+            return Err(ApiError::validation(
+                "Transaction request cannot include multiple operations on one item",
+            ));
+        }
+    }
+    let mut outcomes = Vec::new();
+    for (w, key_item) in &writes {
+        outcomes.push(decide(db, w, key_item.as_ref())?);
+    }
+    if outcomes.iter().any(Result::is_err) {
+        let reasons: Vec<Json> = outcomes
+            .iter()
+            .zip(&writes)
+            .map(|(o, (w, _))| match o {
+                Ok(_) => json!({"Code": "None"}),
+                Err(old) => {
+                    let mut r = json!({"Code": "ConditionalCheckFailed", "Message": "The conditional request failed"});
+                    if let (true, Some(item)) = (w.old_on_failure, old) {
+                        r["Item"] = item_to_json(item);
+                    }
+                    r
+                }
+            })
+            .collect();
+        let codes: Vec<&str> = reasons
+            .iter()
+            .map(|r| r["Code"].as_str().unwrap_or("None"))
+            .collect();
+        let mut e = ApiError::new(
+            "TransactionCanceledException",
+            format!("Transaction cancelled, please refer cancellation reasons for specific reasons [{}]", codes.join(", ")),
+        );
+        e.extra
+            .insert("CancellationReasons".into(), Json::Array(reasons));
+        return Err(e);
+    }
+    for ((w, _), after) in writes.iter().zip(outcomes) {
+        if matches!(w.kind, WriteKind::Check) {
+            continue;
+        }
+        db.table_mut(&w.table)?
+            .write(&w.key, after.expect("no failure"), now_s, false);
+    }
+    Ok(json!({}))
+}
+
+fn projection_of(body: &Json) -> Result<Option<Vec<expr::Path>>, ApiError> {
+    let Some(p) = body.get("ProjectionExpression").and_then(Json::as_str) else {
+        if body.get("ExpressionAttributeNames").is_some()
+            && body.get("KeyConditionExpression").is_none()
+            && body.get("FilterExpression").is_none()
+        {
+            return Err(ApiError::validation(
+                "ExpressionAttributeNames can only be specified when using expressions",
+            ));
+        }
+        return Ok(None);
+    };
+    let ph = Placeholders::of(body)?;
+    let mut names = Names::new(&ph.names, &ph.values);
+    let paths = expr::projection(p, &mut names).map_err(invalid)?;
+    Ok(Some(paths))
+}
+
+fn get_item(db: &Dynamo, body: &Json) -> Result<Json, ApiError> {
+    let table = db.table(text(body, "TableName")?)?;
+    let key = table
+        .key_text(&item_field(body, "Key")?)
+        .map_err(ApiError::validation)?;
+    let projection = projection_of(body)?;
+    Ok(match table.items.get(&key) {
+        Some(item) => {
+            let item = match &projection {
+                Some(p) => expr::project(item, p),
+                None => item.clone(),
+            };
+            json!({ "Item": item_to_json(&item) })
+        }
+        None => json!({}),
+    })
+}
+
+fn batch_get(db: &Dynamo, body: &Json) -> Result<Json, ApiError> {
+    let requests = body
+        .get("RequestItems")
+        .and_then(Json::as_object)
+        .ok_or_else(|| ApiError::validation("RequestItems must not be null"))?;
+    let total: usize = requests
+        .values()
+        .map(|r| r["Keys"].as_array().map_or(0, Vec::len))
+        .sum();
+    if total > 100 {
+        return Err(ApiError::validation(
+            "Too many items requested for the BatchGetItem call",
+        ));
+    }
+    let mut responses = serde_json::Map::new();
+    for (name, request) in requests {
+        let table = db.table(name)?;
+        let projection = projection_of(request)?;
+        let mut found = Vec::new();
+        for key in request["Keys"].as_array().into_iter().flatten() {
+            let key = item_from_json(key).map_err(|e| ApiError::validation(e.0))?;
+            let key = table.key_text(&key).map_err(ApiError::validation)?;
+            if let Some(item) = table.items.get(&key) {
+                found.push(item_to_json(&match &projection {
+                    Some(p) => expr::project(item, p),
+                    None => item.clone(),
+                }));
+            }
+        }
+        responses.insert(name.clone(), Json::Array(found));
+    }
+    Ok(json!({ "Responses": responses, "UnprocessedKeys": {} }))
+}
+
+/// `Query` (with its key condition) or `Scan` (without): items in key order, filtered, paged.
+fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
+    let table = db.table(text(body, "TableName")?)?;
+    let schema = match body.get("IndexName").and_then(Json::as_str) {
+        Some(i) => {
+            if body.get("ConsistentRead") == Some(&Json::Bool(true)) {
+                return Err(ApiError::validation(
+                    "Consistent reads are not supported on global secondary indexes",
+                ));
+            }
+            &table
+                .indexes
+                .iter()
+                .find(|x| x.name == i)
+                .ok_or_else(|| {
+                    ApiError::validation(format!(
+                        "The table does not have the specified index: {i}"
+                    ))
+                })?
+                .keys
+        }
+        None => &table.keys,
+    };
+    let ph = Placeholders::of(body)?;
+    let mut names = Names::new(&ph.names, &ph.values);
+    let key_cond = match scan {
+        true => None,
+        false => Some(
+            expr::condition(text(body, "KeyConditionExpression")?, &mut names).map_err(invalid)?,
+        ),
+    };
+    let filter = match body.get("FilterExpression").and_then(Json::as_str) {
+        Some(f) => Some(expr::condition(f, &mut names).map_err(invalid)?),
+        None => None,
+    };
+    let projection = match body.get("ProjectionExpression").and_then(Json::as_str) {
+        Some(p) => Some(expr::projection(p, &mut names).map_err(invalid)?),
+        None => None,
+    };
+    names.check_all_used().map_err(invalid)?;
+    let mut rows: Vec<(&String, &Item)> = table
+        .items
+        .iter()
+        .filter(|(_, item)| {
+            Table::key_text_of(schema, item).ok().flatten().is_some()
+                && key_cond.as_ref().is_none_or(|c| expr::holds(c, item))
+        })
+        .collect();
+    let sort = |item: &Item| {
+        schema
+            .range
+            .as_ref()
+            .and_then(|(r, _)| item.get(r).cloned())
+    };
+    rows.sort_by(|a, b| match (sort(a.1), sort(b.1)) {
+        (Some(x), Some(y)) => x
+            .compare(&y)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.0.cmp(b.0)),
+        _ => a.0.cmp(b.0),
+    });
+    if body.get("ScanIndexForward") == Some(&Json::Bool(false)) {
+        rows.reverse();
+    }
+    if let Some(start) = body.get("ExclusiveStartKey") {
+        let start = item_from_json(start).map_err(|e| ApiError::validation(e.0))?;
+        let start_key = Table::key_text_of(&table.keys, &start).map_err(ApiError::validation)?;
+        if let Some(pos) = rows
+            .iter()
+            .position(|(k, _)| Some(*k) == start_key.as_ref())
+        {
+            rows.drain(..=pos);
+        }
+    }
+    let limit = body.get("Limit").and_then(Json::as_u64).map(|l| l as usize);
+    let mut out = Vec::new();
+    let mut scanned = 0;
+    let mut last = None;
+    for (k, item) in &rows {
+        if limit.is_some_and(|l| scanned >= l) {
+            break;
+        }
+        scanned += 1;
+        last = Some((*k, *item));
+        if filter.as_ref().is_none_or(|f| expr::holds(f, item)) {
+            out.push(item_to_json(&match &projection {
+                Some(p) => expr::project(item, p),
+                None => (*item).clone(),
+            }));
+        }
+    }
+    let mut answer = json!({ "Count": out.len(), "ScannedCount": scanned });
+    if body.get("Select").and_then(Json::as_str) != Some("COUNT") {
+        answer["Items"] = Json::Array(out);
+    }
+    if let (Some(l), Some((_, item))) = (limit, last) {
+        if scanned == l && rows.len() > l {
+            let mut key = table.key_of(item);
+            for n in schema.names() {
+                if let Some(v) = item.get(n) {
+                    key.insert(n.to_owned(), v.clone());
+                }
+            }
+            answer["LastEvaluatedKey"] = item_to_json(&key);
+        }
+    }
+    Ok(answer)
+}
+
+fn key_schema(v: &Json, definitions: &Json) -> Result<KeySchema, ApiError> {
+    let ty = |name: &str| -> Result<String, ApiError> {
+        definitions
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["AttributeName"] == name)
+            .and_then(|d| d["AttributeType"].as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                ApiError::validation(format!("No attribute definition for key attribute {name}"))
+            })
+    };
+    let mut hash = None;
+    let mut range = None;
+    for k in v.as_array().into_iter().flatten() {
+        let name = k["AttributeName"].as_str().unwrap_or_default();
+        match k["KeyType"].as_str() {
+            Some("HASH") => hash = Some((name.to_owned(), ty(name)?)),
+            Some("RANGE") => range = Some((name.to_owned(), ty(name)?)),
+            _ => return Err(ApiError::validation("KeyType must be HASH or RANGE")),
+        }
+    }
+    Ok(KeySchema {
+        hash: hash.ok_or_else(|| ApiError::validation("a key schema needs a HASH key"))?,
+        range,
+    })
+}
+
+fn describe(t: &Table) -> Json {
+    let mut d = json!({
+        "TableName": t.name,
+        "TableStatus": "ACTIVE",
+        "TableArn": format!("arn:aws:dynamodb:us-east-1:000000000000:table/{}", t.name),
+        "KeySchema": t.keys.to_json(),
+        "AttributeDefinitions": t.definitions,
+        "ItemCount": t.items.len(),
+        "BillingModeSummary": {"BillingMode": "PAY_PER_REQUEST"},
+    });
+    if !t.indexes.is_empty() {
+        d["GlobalSecondaryIndexes"] = Json::Array(
+            t.indexes
+                .iter()
+                .map(|i| json!({"IndexName": i.name, "KeySchema": i.keys.to_json(), "Projection": i.projection, "IndexStatus": "ACTIVE"}))
+                .collect(),
+        );
+    }
+    if let Some(view) = &t.stream_view {
+        d["StreamSpecification"] = json!({"StreamEnabled": true, "StreamViewType": view});
+        d["LatestStreamArn"] = json!(format!(
+            "arn:aws:dynamodb:us-east-1:000000000000:table/{}/stream/1970-01-01T00:00:00.000",
+            t.name
+        ));
+        d["LatestStreamLabel"] = json!("1970-01-01T00:00:00.000");
+    }
+    d
+}
+
+fn create_table(db: &mut Dynamo, body: &Json) -> Result<Json, ApiError> {
+    let name = text(body, "TableName")?.to_owned();
+    if db.tables.contains_key(&name) {
+        return Err(ApiError::new(
+            "ResourceInUseException",
+            format!("Table already exists: {name}"),
+        ));
+    }
+    let definitions = body
+        .get("AttributeDefinitions")
+        .cloned()
+        .unwrap_or(Json::Null);
+    let keys = key_schema(&body["KeySchema"], &definitions)?;
+    let mut indexes = Vec::new();
+    for g in body
+        .get("GlobalSecondaryIndexes")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        indexes.push(Index {
+            name: g["IndexName"].as_str().unwrap_or_default().to_owned(),
+            keys: key_schema(&g["KeySchema"], &definitions)?,
+            projection: g
+                .get("Projection")
+                .cloned()
+                .unwrap_or(json!({"ProjectionType": "ALL"})),
+        });
+    }
+    let stream = body
+        .get("StreamSpecification")
+        .filter(|s| s["StreamEnabled"] == Json::Bool(true))
+        .and_then(|s| s["StreamViewType"].as_str())
+        .map(str::to_owned);
+    let table = Table::new(name.clone(), keys, definitions, indexes, stream);
+    let d = describe(&table);
+    db.tables.insert(name, table);
+    Ok(json!({ "TableDescription": d }))
+}
+
+pub(super) fn handle(
+    db: &mut Dynamo,
+    operation: &str,
+    body: &Json,
+    now_s: i64,
+) -> Result<Json, ApiError> {
+    match operation {
+        "CreateTable" => create_table(db, body),
+        "DescribeTable" => Ok(json!({ "Table": describe(db.table(text(body, "TableName")?)?) })),
+        "DeleteTable" => {
+            let name = text(body, "TableName")?;
+            let d = describe(db.table(name)?);
+            db.tables.remove(name);
+            Ok(json!({ "TableDescription": d }))
+        }
+        "ListTables" => Ok(json!({ "TableNames": db.tables.keys().collect::<Vec<_>>() })),
+        "UpdateTimeToLive" => {
+            let spec = body
+                .get("TimeToLiveSpecification")
+                .cloned()
+                .unwrap_or(Json::Null);
+            let table = db.table_mut(text(body, "TableName")?)?;
+            table.ttl_attribute = (spec["Enabled"] == Json::Bool(true))
+                .then(|| spec["AttributeName"].as_str().map(str::to_owned))
+                .flatten();
+            Ok(json!({ "TimeToLiveSpecification": spec }))
+        }
+        "DescribeTimeToLive" => {
+            let table = db.table(text(body, "TableName")?)?;
+            Ok(
+                json!({ "TimeToLiveDescription": match &table.ttl_attribute {
+                    Some(a) => json!({"TimeToLiveStatus": "ENABLED", "AttributeName": a}),
+                    None => json!({"TimeToLiveStatus": "DISABLED"}),
+                }}),
+            )
+        }
+        "GetItem" => get_item(db, body),
+        "BatchGetItem" => batch_get(db, body),
+        "Query" => query(db, body, false),
+        "Scan" => query(db, body, true),
+        "PutItem" => single_write(db, body, "Put", now_s),
+        "UpdateItem" => single_write(db, body, "Update", now_s),
+        "DeleteItem" => single_write(db, body, "Delete", now_s),
+        "TransactWriteItems" => transact(db, body, now_s),
+        "ListStreams" | "DescribeStream" | "GetShardIterator" | "GetRecords" => {
+            streams(db, operation, body)
+        }
+        other => Err(ApiError::new(
+            "UnknownOperationException",
+            format!("the simulator does not model DynamoDB's {other}"),
+        )),
+    }
+}
+
+/// The table a stream ARN (`<table ARN>/stream/<label>`) belongs to.
+fn table_of_stream(arn: &str) -> &str {
+    arn.split("/stream/")
+        .next()
+        .and_then(|t| t.rsplit('/').next())
+        .unwrap_or("")
+}
+
+const SHARD: &str = "shardId-00000000000000000001-00000001";
+
+/// DynamoDB Streams: one shard per table, its records kept 24 hours; an iterator is the table
+/// and the next sequence number to read.
+fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json, ApiError> {
+    let not_found = || {
+        ApiError::new(
+            "ResourceNotFoundException",
+            "Requested resource not found: Stream not found",
+        )
+    };
+    match operation {
+        "ListStreams" => {
+            let only = body.get("TableName").and_then(Json::as_str);
+            let list: Vec<Json> = db
+                .tables
+                .values()
+                .filter(|t| t.stream_view.is_some() && only.is_none_or(|o| o == t.name))
+                .map(|t| json!({"StreamArn": describe(t)["LatestStreamArn"], "TableName": t.name, "StreamLabel": "1970-01-01T00:00:00.000"}))
+                .collect();
+            Ok(json!({ "Streams": list }))
+        }
+        "DescribeStream" => {
+            let arn = text(body, "StreamArn")?;
+            let t = db
+                .tables
+                .get(table_of_stream(arn))
+                .filter(|t| t.stream_view.is_some())
+                .ok_or_else(not_found)?;
+            let first = t.changes.first().map_or(1, |c| c.sequence);
+            Ok(json!({ "StreamDescription": {
+                "StreamArn": arn, "StreamLabel": "1970-01-01T00:00:00.000", "StreamStatus": "ENABLED",
+                "StreamViewType": t.stream_view, "TableName": t.name, "KeySchema": t.keys.to_json(),
+                "Shards": [{"ShardId": SHARD, "SequenceNumberRange": {"StartingSequenceNumber": format!("{first:021}")}}],
+            }}))
+        }
+        "GetShardIterator" => {
+            let arn = text(body, "StreamArn")?;
+            let t = db
+                .tables
+                .get(table_of_stream(arn))
+                .filter(|t| t.stream_view.is_some())
+                .ok_or_else(not_found)?;
+            if text(body, "ShardId")? != SHARD {
+                return Err(not_found());
+            }
+            let seq = |b: &Json| -> Result<u64, ApiError> {
+                text(b, "SequenceNumber")?
+                    .parse()
+                    .map_err(|_| ApiError::validation("SequenceNumber is not valid"))
+            };
+            let next = match text(body, "ShardIteratorType")? {
+                "TRIM_HORIZON" => t.changes.first().map_or(t.next_sequence(), |c| c.sequence),
+                "LATEST" => t.next_sequence(),
+                "AT_SEQUENCE_NUMBER" => seq(body)?,
+                "AFTER_SEQUENCE_NUMBER" => seq(body)? + 1,
+                other => {
+                    return Err(ApiError::validation(format!(
+                        "unknown ShardIteratorType {other}"
+                    )))
+                }
+            };
+            Ok(json!({ "ShardIterator": format!("{}|{next}", t.name) }))
+        }
+        _ => {
+            let it = text(body, "ShardIterator")?;
+            let (name, next) = it
+                .rsplit_once('|')
+                .ok_or_else(|| ApiError::validation("Invalid ShardIterator"))?;
+            let next: u64 = next
+                .parse()
+                .map_err(|_| ApiError::validation("Invalid ShardIterator"))?;
+            let t = db.tables.get(name).ok_or_else(not_found)?;
+            if t.changes.first().is_some_and(|c| c.sequence > next) {
+                return Err(ApiError::new(
+                    "TrimmedDataAccessException",
+                    "the records asked for are past the stream's 24 hours",
+                ));
+            }
+            let limit = body.get("Limit").and_then(Json::as_u64).unwrap_or(1000) as usize;
+            let view = t.stream_view.as_deref().unwrap_or("KEYS_ONLY");
+            let records: Vec<Json> = t
+                .changes
+                .iter()
+                .filter(|c| c.sequence >= next)
+                .take(limit)
+                .map(|c| {
+                    let mut d = json!({
+                        "ApproximateCreationDateTime": c.at_s,
+                        "Keys": item_to_json(&c.keys),
+                        "SequenceNumber": format!("{:021}", c.sequence),
+                        "SizeBytes": c.new.as_ref().or(c.old.as_ref()).map_or(0, super::value::item_size),
+                        "StreamViewType": view,
+                    });
+                    if matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES") {
+                        if let Some(n) = &c.new {
+                            d["NewImage"] = item_to_json(n);
+                        }
+                    }
+                    if matches!(view, "OLD_IMAGE" | "NEW_AND_OLD_IMAGES") {
+                        if let Some(o) = &c.old {
+                            d["OldImage"] = item_to_json(o);
+                        }
+                    }
+                    let mut r = json!({
+                        "eventID": format!("{}-{}", t.name, c.sequence), "eventName": c.event, "eventVersion": "1.1",
+                        "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "dynamodb": d,
+                    });
+                    if c.by_ttl {
+                        r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
+                    }
+                    r
+                })
+                .collect();
+            let after = records
+                .last()
+                .and_then(|r| r["dynamodb"]["SequenceNumber"].as_str())
+                .and_then(|s| s.parse::<u64>().ok())
+                .map_or(next, |s| s + 1);
+            Ok(json!({ "Records": records, "NextShardIterator": format!("{name}|{after}") }))
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! One table: its key schema, items, secondary indexes, time to live and stream.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value as Json};
+
+use super::value::{number, Item, Value};
+
+/// A key schema: the partition key and the optional sort key, with their scalar types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySchema {
+    /// Partition key attribute and its type (`S`, `N` or `B`).
+    pub hash: (String, String),
+    /// Sort key attribute and its type.
+    pub range: Option<(String, String)>,
+}
+
+impl KeySchema {
+    /// The wire `KeySchema`.
+    pub fn to_json(&self) -> Json {
+        let mut out = vec![json!({"AttributeName": self.hash.0, "KeyType": "HASH"})];
+        if let Some((r, _)) = &self.range {
+            out.push(json!({"AttributeName": r, "KeyType": "RANGE"}));
+        }
+        Json::Array(out)
+    }
+
+    /// The attribute names of the key.
+    pub fn names(&self) -> Vec<&str> {
+        let mut out = vec![self.hash.0.as_str()];
+        if let Some((r, _)) = &self.range {
+            out.push(r.as_str());
+        }
+        out
+    }
+}
+
+/// A global secondary index (all attributes projected).
+#[derive(Debug, Clone)]
+pub struct Index {
+    /// Its name.
+    pub name: String,
+    /// Its keys.
+    pub keys: KeySchema,
+    /// The wire `Projection`, echoed by `DescribeTable`.
+    pub projection: Json,
+}
+
+/// One change as the table's stream carries it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Increasing per table.
+    pub sequence: u64,
+    /// `INSERT`, `MODIFY` or `REMOVE`.
+    pub event: &'static str,
+    /// The item's key.
+    pub keys: Item,
+    /// The item before (absent for an insert).
+    pub old: Option<Item>,
+    /// The item after (absent for a remove).
+    pub new: Option<Item>,
+    /// True for a deletion by time to live (the stream's `userIdentity` says so).
+    pub by_ttl: bool,
+    /// Simulated epoch seconds of the change.
+    pub at_s: i64,
+}
+
+/// A table.
+#[derive(Debug)]
+pub struct Table {
+    /// Its name.
+    pub name: String,
+    /// Its primary key.
+    pub keys: KeySchema,
+    /// Its attribute definitions, echoed by `DescribeTable`.
+    pub definitions: Json,
+    /// Its global secondary indexes.
+    pub indexes: Vec<Index>,
+    /// The time-to-live attribute, once enabled.
+    pub ttl_attribute: Option<String>,
+    /// The stream's view type, when the table has one.
+    pub stream_view: Option<String>,
+    /// Items by their key's canonical text.
+    pub items: BTreeMap<String, Item>,
+    /// The stream's records not yet trimmed (24 h, as DynamoDB Streams keeps them).
+    pub changes: Vec<Change>,
+    /// The next stream sequence number.
+    next_sequence: u64,
+}
+
+/// Why a key or item does not fit the table (a `ValidationException`).
+pub type Refused = String;
+
+impl Table {
+    /// A new, empty table.
+    pub fn new(
+        name: String,
+        keys: KeySchema,
+        definitions: Json,
+        indexes: Vec<Index>,
+        stream_view: Option<String>,
+    ) -> Self {
+        Self {
+            name,
+            keys,
+            definitions,
+            indexes,
+            ttl_attribute: None,
+            stream_view,
+            items: BTreeMap::new(),
+            changes: Vec::new(),
+            next_sequence: 1,
+        }
+    }
+
+    fn part(v: &Value, ty: &str, name: &str) -> Result<String, Refused> {
+        match (v, ty) {
+            (Value::S(s), "S") | (Value::B(s), "B") => {
+                if s.is_empty() {
+                    return Err(format!(
+                        "One or more parameter values are not valid. The AttributeValue for a key attribute cannot contain an empty string value. Key: {name}"
+                    ));
+                }
+                Ok(format!("{ty}:{s}"))
+            }
+            (Value::N(n), "N") => Ok(format!("N:{}", number(n).map(|x| x.text()).unwrap_or_default())),
+            _ => Err(format!(
+                "One or more parameter values were invalid: Type mismatch for key {name} expected: {ty} actual: {}",
+                v.type_name()
+            )),
+        }
+    }
+
+    /// The canonical text of an item's key under a schema; `Ok(None)` when the item lacks one of
+    /// the key's attributes (an index skips such items; the table refuses them).
+    pub fn key_text_of(schema: &KeySchema, item: &Item) -> Result<Option<String>, Refused> {
+        let Some(h) = item.get(&schema.hash.0) else {
+            return Ok(None);
+        };
+        let mut text = Self::part(h, &schema.hash.1, &schema.hash.0)?;
+        if let Some((r, ty)) = &schema.range {
+            let Some(v) = item.get(r) else {
+                return Ok(None);
+            };
+            text.push('\u{0}');
+            text.push_str(&Self::part(v, ty, r)?);
+        }
+        Ok(Some(text))
+    }
+
+    /// The canonical text of a request's `Key`, which must name exactly the key's attributes.
+    pub fn key_text(&self, key: &Item) -> Result<String, Refused> {
+        if key.len() != self.keys.names().len()
+            || !self.keys.names().iter().all(|n| key.contains_key(*n))
+        {
+            return Err("The provided key element does not match the schema".into());
+        }
+        Self::key_text_of(&self.keys, key)?
+            .ok_or_else(|| "The provided key element does not match the schema".into())
+    }
+
+    /// Checks an item about to be stored: its key, its indexes' key types, its size.
+    pub fn check_item(&self, item: &Item) -> Result<String, Refused> {
+        let key = Self::key_text_of(&self.keys, item)?.ok_or_else(|| {
+            format!(
+                "One or more parameter values were invalid: Missing the key {} in the item",
+                self.keys.names().join(", ")
+            )
+        })?;
+        for index in &self.indexes {
+            for (name, ty) in std::iter::once(&index.keys.hash).chain(index.keys.range.iter()) {
+                if let Some(v) = item.get(name) {
+                    if v.type_name() != ty {
+                        return Err(format!(
+                            "One or more parameter values were invalid: Type mismatch for Index Key {name} Expected: {ty} Actual: {} IndexName: {}",
+                            v.type_name(),
+                            index.name
+                        ));
+                    }
+                }
+            }
+        }
+        if super::value::item_size(item) > 400 * 1024 {
+            return Err("Item size has exceeded the maximum allowed size".into());
+        }
+        Ok(key)
+    }
+
+    /// The sequence number the next change will get.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
+    }
+
+    /// The key attributes of an item.
+    pub fn key_of(&self, item: &Item) -> Item {
+        self.keys
+            .names()
+            .iter()
+            .filter_map(|n| item.get(*n).map(|v| (n.to_string(), v.clone())))
+            .collect()
+    }
+
+    /// Stores (or, with `None`, deletes) the item at `key`, recording the change on the stream.
+    pub fn write(&mut self, key: &str, after: Option<Item>, at_s: i64, by_ttl: bool) {
+        let before = match &after {
+            Some(item) => self.items.insert(key.to_owned(), item.clone()),
+            None => self.items.remove(key),
+        };
+        if self.stream_view.is_none() || (before.is_none() && after.is_none()) {
+            return;
+        }
+        let event = match (&before, &after) {
+            (None, Some(_)) => "INSERT",
+            (Some(_), Some(_)) => "MODIFY",
+            _ => "REMOVE",
+        };
+        let keys = self.key_of(after.as_ref().or(before.as_ref()).expect("one side"));
+        self.changes.push(Change {
+            sequence: self.next_sequence,
+            event,
+            keys,
+            old: before,
+            new: after,
+            by_ttl,
+            at_s,
+        });
+        self.next_sequence += 1;
+        // DynamoDB Streams keeps a record 24 hours.
+        let horizon = at_s - 24 * 3600;
+        if self.changes.first().is_some_and(|c| c.at_s < horizon) {
+            self.changes.retain(|c| c.at_s >= horizon);
+        }
+    }
+
+    /// The items whose time to live has passed and whose deletion is due by `now_s`: DynamoDB
+    /// deletes an expired item at any time within about 48 hours after its `expires_at`; here the
+    /// delay is drawn per item from `delay_of` (deterministic in the run's seed).
+    pub fn expired(&self, now_s: i64, delay_of: impl Fn(&str, i64) -> i64) -> Vec<String> {
+        let Some(attr) = &self.ttl_attribute else {
+            return Vec::new();
+        };
+        self.items
+            .iter()
+            .filter_map(|(k, item)| {
+                let Some(Value::N(n)) = item.get(attr) else {
+                    return None;
+                };
+                let at = number(n)?.text().split('.').next()?.parse::<i64>().ok()?;
+                // DynamoDB skips a TTL more than five years in the past.
+                if at < now_s - 5 * 365 * 86_400 {
+                    return None;
+                }
+                (at + delay_of(k, at) <= now_s).then(|| k.clone())
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,522 @@
+//! Stripe, modelled behind the project's provider port ([`PaymentProvider`]): the wire client is
+//! held to Stripe's own definitions by the contract test, so here the provider is its
+//! behaviour, not its bytes.
+//!
+//! Modelled: PaymentIntents created and confirmed under an `Idempotency-Key`, by payment
+//! method (a card that succeeds, one declined, one needing its customer, a bank debit that stays
+//! `processing` and settles days later or fails); keys remembered 24 hours, a key reused with
+//! other parameters refused, a key whose first request is still running answered `409`, a
+//! stored `500` replayed; log-normal latency; `500`s before and after the write commits; an
+//! answer lost after the commit (the client's timeout); `429` by the account's rate; the
+//! listing a lookup reads. The books ([`Books`]) are the ground truth every invariant is
+//! checked against.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use payment_core::domain::PaymentRequest;
+use payment_core::provider::{
+    FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
+    RateLimit,
+};
+use sqs_once::clock::Clock;
+use sqs_once::pace::Pace;
+
+/// The payment methods the simulated customers pay with, as the test mode names them.
+pub mod methods {
+    /// A card that is charged at once.
+    pub const CARD: &str = "pm_card_visa";
+    /// A card declined (`card_declined`, `generic_decline`).
+    pub const DECLINED: &str = "pm_card_chargeDeclined";
+    /// A card that needs its customer (`authentication_required`).
+    pub const NEEDS_CUSTOMER: &str = "pm_card_authenticationRequired";
+    /// A bank debit: `processing`, settled days later.
+    pub const BANK_DEBIT: &str = "pm_usBankAccount_success";
+    /// A bank debit that fails days later.
+    pub const BANK_DEBIT_FAILS: &str = "pm_usBankAccount_failure";
+}
+
+/// One PaymentIntent.
+#[derive(Debug, Clone)]
+pub struct Intent {
+    /// `pi_...`.
+    pub id: String,
+    /// `metadata[payment_id]`.
+    pub payment_id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Lowercase.
+    pub currency: String,
+    /// The customer.
+    pub customer: String,
+    /// Its status.
+    pub status: String,
+    /// When created, epoch ms.
+    pub created_ms: i64,
+    /// When a `processing` debit settles (or fails), epoch ms.
+    pub settles_ms: Option<i64>,
+    /// The last confirmation's failure code.
+    pub failure_code: Option<String>,
+}
+
+/// What the provider remembers for a key: the request's parameters and its answer.
+#[derive(Debug, Clone)]
+struct Kept {
+    params: String,
+    answer: Result<ProviderResponse, ProviderError>,
+    at_ms: i64,
+    /// The first request with the key has not answered yet.
+    running: bool,
+}
+
+/// What the provider does besides answering: its latency, faults and rate.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// Median latency, ms.
+    pub latency_ms: f64,
+    /// Chance of a `500` before anything is written.
+    pub error_before_rate: f64,
+    /// Chance of a `500` after the intent was written (stored under the key and replayed).
+    pub error_after_rate: f64,
+    /// Chance the answer is lost after the write (the client times out).
+    pub lost_answer_rate: f64,
+    /// Requests per second the account allows (live mode: 100), shared with the merchant.
+    pub account_rate: f64,
+    /// Days a bank debit takes to settle.
+    pub settle_days: f64,
+    /// The provider is down until this epoch ms (every request: `500` before anything).
+    pub outage_until_ms: i64,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            latency_ms: 300.0,
+            error_before_rate: 0.0,
+            error_after_rate: 0.0,
+            lost_answer_rate: 0.0,
+            account_rate: 100.0,
+            settle_days: 4.0,
+            outage_until_ms: 0,
+        }
+    }
+}
+
+/// The provider's state: its books.
+#[derive(Debug, Default)]
+pub struct Books {
+    /// Intents by id.
+    pub intents: BTreeMap<String, Intent>,
+    /// Idempotency keys.
+    keys: BTreeMap<String, Kept>,
+    /// Requests answered.
+    pub requests: u64,
+    /// Requests refused `429`.
+    pub refused: u64,
+    /// Requests in the current second, and which second.
+    second: (i64, f64),
+    next_id: u64,
+    /// Intent ids by payment id.
+    by_payment: BTreeMap<String, Vec<String>>,
+    /// Every moment a payment came to hold two live charges (succeeded, processing or
+    /// authorised), as found when it happened.
+    pub double_charges: Vec<String>,
+}
+
+/// True for an intent that moved money or will (`processing` settles by itself).
+pub fn live(status: &str) -> bool {
+    matches!(status, "succeeded" | "processing" | "requires_capture")
+}
+
+impl Books {
+    /// The intents of a payment.
+    pub fn intents_of(&self, payment_id: &str) -> Vec<&Intent> {
+        self.by_payment
+            .get(payment_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.intents.get(id))
+            .collect()
+    }
+
+    fn add(&mut self, intent: Intent) {
+        let pid = intent.payment_id.clone();
+        let id = intent.id.clone();
+        let is_live = live(&intent.status);
+        self.intents.insert(id.clone(), intent);
+        let ids = self.by_payment.entry(pid.clone()).or_default();
+        ids.push(id);
+        if is_live {
+            let n = ids
+                .iter()
+                .filter(|i| self.intents.get(*i).is_some_and(|x| live(&x.status)))
+                .count();
+            if n > 1 {
+                self.double_charges
+                    .push(format!("{pid} holds {n} live charges: {ids:?}"));
+            }
+        }
+    }
+
+    /// Moves every debit whose day has come to `succeeded` (or, when `fails` says so, to
+    /// `requires_payment_method`).
+    pub fn settle(&mut self, now_ms: i64, fails: impl Fn(&Intent) -> bool) {
+        for i in self.intents.values_mut() {
+            if i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms) {
+                if fails(i) {
+                    i.status = "requires_payment_method".into();
+                    i.failure_code = Some("debit_not_authorized".into());
+                } else {
+                    i.status = "succeeded".into();
+                }
+            }
+        }
+    }
+}
+
+/// The simulated provider, shared by every process of the run.
+#[derive(Clone)]
+pub struct Provider {
+    /// Its books.
+    pub books: Arc<Mutex<Books>>,
+    /// Its behaviour.
+    pub behaviour: Arc<Mutex<Behaviour>>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<Mutex<fastrand::Rng>>,
+    /// The client's timeout.
+    timeout: Duration,
+}
+
+impl Provider {
+    /// A provider with empty books.
+    pub fn new(seed: u64, clock: Arc<dyn Clock>, timeout: Duration) -> Self {
+        Self {
+            books: Arc::new(Mutex::new(Books::default())),
+            behaviour: Arc::new(Mutex::new(Behaviour::default())),
+            clock,
+            rng: Arc::new(Mutex::new(fastrand::Rng::with_seed(seed))),
+            timeout,
+        }
+    }
+
+    fn draw(&self) -> f64 {
+        self.rng.lock().expect("rng").f64()
+    }
+
+    fn latency(&self, median_ms: f64) -> Duration {
+        let (u1, u2) = (self.draw().max(1e-12), self.draw());
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        Duration::from_micros((median_ms * (0.6 * z).exp() * 1000.0) as u64)
+            .min(Duration::from_secs(60))
+    }
+
+    /// Counts a request against the account's rate; `false` when it is over.
+    fn admit(&self, rate: f64) -> bool {
+        let now = self.clock.now_ms();
+        let mut b = self.books.lock().expect("books");
+        b.requests += 1;
+        let second = now.div_euclid(1000);
+        if b.second.0 != second {
+            b.second = (second, 0.0);
+        }
+        b.second.1 += 1.0;
+        if b.second.1 > rate {
+            b.refused += 1;
+            return false;
+        }
+        true
+    }
+
+    fn error(kind: FailureKind, message: &str) -> ProviderError {
+        ProviderError::new(kind, message)
+    }
+}
+
+fn params_of(r: &PaymentRequest) -> String {
+    format!(
+        "{}|{}|{}|{}|{}",
+        r.payment_id, r.money.amount, r.money.currency, r.customer_id, r.payment_method
+    )
+}
+
+/// One process's client of the provider: its requests paced as the wire client paces them
+/// (a slot before each request, a `429` about the account slowing the pace, another answer
+/// speeding it up again).
+#[derive(Clone)]
+pub struct Client {
+    /// The provider.
+    pub provider: Provider,
+    /// The process's pace, shared with its runner.
+    pub pace: Option<Arc<Pace>>,
+}
+
+impl Client {
+    async fn slot(&self) -> Result<(), ProviderError> {
+        match &self.pace {
+            Some(p) => p
+                .acquire(self.provider.timeout)
+                .await
+                .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn told<T>(&self, answer: &Result<T, ProviderError>) {
+        let Some(pace) = &self.pace else { return };
+        match answer {
+            Err(e) if e.kind == FailureKind::RateLimited => {
+                if e.rate_limit != Some(RateLimit::Object) {
+                    pace.slowed(e.retry_after);
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind,
+                    FailureKind::ServerError | FailureKind::Timeout | FailureKind::NotSent
+                ) => {}
+            _ => pace.succeeded(),
+        }
+    }
+}
+
+#[async_trait]
+impl PaymentProvider for Client {
+    fn request_timeout(&self) -> Duration {
+        self.provider.timeout
+    }
+
+    async fn create_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<ProviderResponse, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.create_payment(request).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn find_payments(
+        &self,
+        query: &PaymentQuery,
+    ) -> Result<Vec<FoundPayment>, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.find_payments(query).await;
+        self.told(&answer);
+        answer
+    }
+}
+
+impl Provider {
+    /// Creates and confirms a payment, as `POST /v1/payment_intents` with `confirm=true`.
+    pub async fn create_payment(
+        &self,
+        request: &PaymentRequest,
+    ) -> Result<ProviderResponse, ProviderError> {
+        let b = self.behaviour.lock().expect("behaviour").clone();
+        let (there, back) = (
+            self.latency(b.latency_ms / 2.0),
+            self.latency(b.latency_ms / 2.0),
+        );
+        if there + back > self.timeout {
+            // The request may still arrive and be executed; the client gave up.
+            tokio::time::sleep(self.timeout).await;
+            if self.draw() < 0.5 {
+                let _ = self.execute(request, &b);
+                self.release(request);
+            }
+            return Err(Self::error(
+                FailureKind::Timeout,
+                "no answer within the client's timeout",
+            ));
+        }
+        tokio::time::sleep(there).await;
+        let answer = if self.clock.now_ms() < b.outage_until_ms {
+            Err(Self::error(
+                FailureKind::ServerError,
+                "500: the provider is down",
+            ))
+        } else if !self.admit(b.account_rate) {
+            let mut e = Self::error(FailureKind::RateLimited, "429: too many requests");
+            e.rate_limit = Some(RateLimit::Account);
+            Err(e)
+        } else if self.draw() < b.error_before_rate {
+            Err(Self::error(
+                FailureKind::ServerError,
+                "500 before any write",
+            ))
+        } else {
+            self.execute(request, &b)
+        };
+        let lost = answer.is_ok() && self.draw() < b.lost_answer_rate;
+        // The key is held while the request runs: a second request with it meanwhile is 409.
+        tokio::time::sleep(back / 2).await;
+        self.release(request);
+        tokio::time::sleep(back - back / 2).await;
+        if lost {
+            tokio::time::sleep(self.timeout.saturating_sub(there + back)).await;
+            return Err(Self::error(FailureKind::Timeout, "the answer was lost"));
+        }
+        answer
+    }
+
+    /// Lists a payment's intents (the customer's list, filtered by `metadata[payment_id]`).
+    pub async fn find_payments(
+        &self,
+        query: &PaymentQuery,
+    ) -> Result<Vec<FoundPayment>, ProviderError> {
+        let b = self.behaviour.lock().expect("behaviour").clone();
+        tokio::time::sleep(self.latency(b.latency_ms)).await;
+        if self.clock.now_ms() < b.outage_until_ms {
+            return Err(Self::error(
+                FailureKind::ServerError,
+                "500: the provider is down",
+            ));
+        }
+        if !self.admit(b.account_rate) {
+            let mut e = Self::error(FailureKind::RateLimited, "429: too many requests");
+            e.rate_limit = Some(RateLimit::Account);
+            return Err(e);
+        }
+        let books = self.books.lock().expect("books");
+        let from_ms = query.created_from_s.map_or(i64::MIN, |s| s * 1000);
+        Ok(books
+            .intents
+            .values()
+            .filter(|i| i.payment_id == query.payment_id.as_str() && i.created_ms >= from_ms)
+            .filter(|i| query.customer.as_deref().is_none_or(|c| c == i.customer))
+            .map(|i| FoundPayment {
+                provider_payment_id: i.id.clone(),
+                status: i.status.clone(),
+                payment_id: Some(i.payment_id.clone()),
+                amount: Some(i.amount),
+                currency: Some(i.currency.clone()),
+                failure_code: i.failure_code.clone(),
+            })
+            .collect())
+    }
+}
+
+impl Provider {
+    /// The request with this key has finished running.
+    fn release(&self, r: &PaymentRequest) {
+        if let Some(k) = self
+            .books
+            .lock()
+            .expect("books")
+            .keys
+            .get_mut(r.payment_id.as_str())
+        {
+            k.running = false;
+        }
+    }
+
+    /// Executes a create-and-confirm under its key, as the provider's API does.
+    fn execute(
+        &self,
+        r: &PaymentRequest,
+        b: &Behaviour,
+    ) -> Result<ProviderResponse, ProviderError> {
+        let now = self.clock.now_ms();
+        let key = r.payment_id.as_str().to_owned();
+        let params = params_of(r);
+        let error_after = self.draw() < b.error_after_rate;
+        let mut books = self.books.lock().expect("books");
+        books.keys.retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
+        if let Some(k) = books.keys.get(&key) {
+            if k.params != params {
+                return Ok(ProviderResponse::KeyReused {
+                    message: "Keys for idempotent requests can only be used with the same parameters they were first used with".into(),
+                });
+            }
+            if k.running {
+                return Err(Self::error(
+                    FailureKind::KeyInUse,
+                    "409: a request with this key is in flight",
+                ));
+            }
+            return match k.answer.clone() {
+                Ok(ProviderResponse::Charged {
+                    provider_payment_id,
+                    status,
+                    ..
+                }) => Ok(ProviderResponse::Charged {
+                    provider_payment_id,
+                    status,
+                    replayed: true,
+                }),
+                Err(mut e) => {
+                    e.replayed = true;
+                    Err(e)
+                }
+                other => other,
+            };
+        }
+        books.next_id += 1;
+        let id = format!("pi_sim{:08}", books.next_id);
+        let (status, failure, answer) = match r.payment_method.as_str() {
+            methods::DECLINED => (
+                "requires_payment_method",
+                Some("generic_decline"),
+                ProviderResponse::Declined {
+                    provider_payment_id: Some(id.clone()),
+                    decline_code: Some("generic_decline".into()),
+                },
+            ),
+            methods::NEEDS_CUSTOMER => (
+                "requires_payment_method",
+                Some("authentication_required"),
+                ProviderResponse::NeedsAuthentication {
+                    provider_payment_id: Some(id.clone()),
+                },
+            ),
+            methods::BANK_DEBIT | methods::BANK_DEBIT_FAILS => (
+                "processing",
+                None,
+                ProviderResponse::Charged {
+                    provider_payment_id: id.clone(),
+                    status: "processing".into(),
+                    replayed: false,
+                },
+            ),
+            _ => (
+                "succeeded",
+                None,
+                ProviderResponse::Charged {
+                    provider_payment_id: id.clone(),
+                    status: "succeeded".into(),
+                    replayed: false,
+                },
+            ),
+        };
+        let settles_ms =
+            (status == "processing").then(|| now + (b.settle_days * 86_400_000.0) as i64);
+        books.add(Intent {
+            id,
+            payment_id: key.clone(),
+            amount: r.money.amount,
+            currency: r.money.currency.clone(),
+            customer: r.customer_id.clone(),
+            status: status.into(),
+            created_ms: now,
+            settles_ms,
+            failure_code: failure.map(str::to_owned),
+        });
+        let answer = if error_after {
+            Err(Self::error(FailureKind::ServerError, "500 after the write"))
+        } else {
+            Ok(answer)
+        };
+        books.keys.insert(
+            key,
+            Kept {
+                params,
+                answer: answer.clone(),
+                at_ms: now,
+                running: true,
+            },
+        );
+        answer
+    }
+}

@@ -1,0 +1,730 @@
+//! SQS, modelled: standard and FIFO queues as the project's code and Lambda's event-source
+//! mapping see them, answering the SDK's JSON protocol (`X-Amz-Target: AmazonSQS.<operation>`).
+//!
+//! What is modelled: visibility timeouts and `ChangeMessageVisibility`; receive counts and the
+//! first receive's time; redrive to the dead-letter queue on the receive after
+//! `maxReceiveCount`; retention (counted from the first enqueue, which a standard queue's
+//! dead-letter move keeps and a FIFO one resets); queue and message delays; batches of at most
+//! ten; a standard queue's lack of order and its duplicate deliveries (a delivered message may
+//! stay visible as a twin with the same `MessageId`); a FIFO queue's group order, its group
+//! blocking while a message is in flight, and its five-minute deduplication. Receipt handles
+//! are per receive: only the latest deletes.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value as Json};
+
+/// An SQS error as the wire carries it.
+#[derive(Debug, Clone)]
+pub struct SqsError {
+    /// The shape's name (`QueueDoesNotExist`).
+    pub code: &'static str,
+    /// Its message.
+    pub message: String,
+}
+
+impl SqsError {
+    fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The wire body.
+    pub fn body(&self) -> Json {
+        json!({"__type": format!("com.amazonaws.sqs#{}", self.code), "message": self.message})
+    }
+
+    /// The code of SQS's older query protocol, which the JSON protocol still sends in the
+    /// `x-amzn-query-error` header and the SDK matches its error shapes on.
+    pub fn query_code(&self) -> String {
+        match self.code {
+            "QueueDoesNotExist" => "AWS.SimpleQueueService.NonExistentQueue".into(),
+            "QueueNameExists" => "QueueAlreadyExists".into(),
+            "EmptyBatchRequest"
+            | "BatchRequestTooLong"
+            | "TooManyEntriesInBatchRequest"
+            | "UnsupportedOperation"
+            | "MessageNotInflight" => {
+                format!("AWS.SimpleQueueService.{}", self.code)
+            }
+            other => other.into(),
+        }
+    }
+}
+
+/// One message in a queue.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// Its id (kept by a dead-letter move, shared by a duplicate delivery's twin).
+    pub id: String,
+    /// Its body.
+    pub body: String,
+    /// Message attributes, in the wire's form (`{"DataType": .., "StringValue": ..}`).
+    pub attributes: Map<String, Json>,
+    /// FIFO group.
+    pub group: Option<String>,
+    /// FIFO deduplication id.
+    pub dedup: Option<String>,
+    /// Order of sending (FIFO sequence number).
+    pub sequence: u64,
+    /// When it was first enqueued (retention counts from here), ms.
+    pub sent_ms: i64,
+    /// Not receivable before this, ms.
+    pub visible_ms: i64,
+    /// Times received.
+    pub receives: u32,
+    /// First receive, ms.
+    pub first_receive_ms: Option<i64>,
+    /// The latest receive's handle.
+    pub handle: Option<String>,
+}
+
+/// A queue.
+#[derive(Debug, Clone)]
+pub struct Queue {
+    /// Its name (`.fifo` for a FIFO queue).
+    pub name: String,
+    /// Its attributes as set (`VisibilityTimeout`, `RedrivePolicy`, ...).
+    pub attributes: BTreeMap<String, String>,
+    /// Its messages, in sending order.
+    pub messages: Vec<Message>,
+    /// FIFO deduplication ids seen, with when, ms.
+    dedup_seen: BTreeMap<String, i64>,
+    /// Its tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Queue {
+    fn attr_i64(&self, name: &str, default: i64) -> i64 {
+        self.attributes
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// True for a FIFO queue.
+    pub fn fifo(&self) -> bool {
+        self.name.ends_with(".fifo")
+    }
+
+    /// The visibility timeout, s.
+    pub fn visibility_s(&self) -> i64 {
+        self.attr_i64("VisibilityTimeout", 30)
+    }
+
+    /// The retention, s.
+    pub fn retention_s(&self) -> i64 {
+        self.attr_i64("MessageRetentionPeriod", 345_600)
+    }
+
+    /// The redrive policy: the dead-letter queue's name and `maxReceiveCount`.
+    pub fn redrive(&self) -> Option<(String, u32)> {
+        let p: Json = serde_json::from_str(self.attributes.get("RedrivePolicy")?).ok()?;
+        let arn = p["deadLetterTargetArn"].as_str()?;
+        let max = match &p["maxReceiveCount"] {
+            Json::String(s) => s.parse().ok()?,
+            v => v.as_u64()? as u32,
+        };
+        Some((arn.rsplit(':').next()?.to_owned(), max))
+    }
+}
+
+/// The account's queues.
+#[derive(Debug)]
+pub struct Sqs {
+    /// Queues by name.
+    pub queues: BTreeMap<String, Queue>,
+    /// Chooses which visible messages a standard queue delivers, and its duplicates.
+    rng: fastrand::Rng,
+    /// Chance that a standard queue delivers a message twice.
+    pub duplicate_rate: f64,
+    next_id: u64,
+    /// Woken at each send: a long poll returns as soon as a message arrives.
+    pub arrivals: std::sync::Arc<tokio::sync::Notify>,
+}
+
+/// The account id of the model's ARNs and URLs.
+pub const ACCOUNT: &str = "000000000000";
+
+/// The URL of a queue.
+pub fn url_of(name: &str) -> String {
+    format!("https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/{name}")
+}
+
+/// The ARN of a queue.
+pub fn arn_of(name: &str) -> String {
+    format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}")
+}
+
+fn name_of_url(url: &str) -> &str {
+    url.rsplit('/').next().unwrap_or(url)
+}
+
+fn text<'a>(body: &'a Json, field: &str) -> Result<&'a str, SqsError> {
+    body.get(field).and_then(Json::as_str).ok_or_else(|| {
+        SqsError::new(
+            "MissingParameter",
+            format!("The request must contain the parameter {field}."),
+        )
+    })
+}
+
+impl Sqs {
+    /// No queues; `seed` fixes the order and duplicates of deliveries.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            queues: BTreeMap::new(),
+            rng: fastrand::Rng::with_seed(seed),
+            duplicate_rate: 0.0,
+            next_id: 1,
+            arrivals: Default::default(),
+        }
+    }
+
+    fn id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}-{:012}", self.next_id)
+    }
+
+    fn queue_mut(&mut self, url: &str) -> Result<&mut Queue, SqsError> {
+        self.queues.get_mut(name_of_url(url)).ok_or_else(|| {
+            SqsError::new("QueueDoesNotExist", "The specified queue does not exist.")
+        })
+    }
+
+    /// Creates a queue (or returns the existing one's URL when its attributes agree).
+    pub fn create(
+        &mut self,
+        name: &str,
+        attributes: BTreeMap<String, String>,
+    ) -> Result<String, SqsError> {
+        if let Some(q) = self.queues.get(name) {
+            if attributes
+                .iter()
+                .any(|(k, v)| q.attributes.get(k) != Some(v))
+            {
+                return Err(SqsError::new("QueueNameExists", format!("A queue already exists with the same name and a different value for attribute(s) of {name}")));
+            }
+            return Ok(url_of(name));
+        }
+        if name.ends_with(".fifo")
+            != (attributes.get("FifoQueue").map(String::as_str) == Some("true"))
+        {
+            return Err(SqsError::new("InvalidParameterValue", "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores, must end with .fifo suffix."));
+        }
+        self.queues.insert(
+            name.to_owned(),
+            Queue {
+                name: name.to_owned(),
+                attributes,
+                messages: Vec::new(),
+                dedup_seen: BTreeMap::new(),
+                tags: BTreeMap::new(),
+            },
+        );
+        Ok(url_of(name))
+    }
+
+    /// Enqueues a message; returns its id (a FIFO duplicate within five minutes is accepted and
+    /// dropped, as SQS does).
+    #[allow(clippy::too_many_arguments)]
+    pub fn send(
+        &mut self,
+        url: &str,
+        body: &str,
+        attributes: Map<String, Json>,
+        group: Option<String>,
+        dedup: Option<String>,
+        delay_s: Option<i64>,
+        now_ms: i64,
+    ) -> Result<String, SqsError> {
+        if body.is_empty() || body.len() > 262_144 {
+            return Err(SqsError::new(
+                "InvalidParameterValue",
+                "The message body must be between 1 byte and 256 KiB.",
+            ));
+        }
+        let id = self.id("msg");
+        let sequence = self.next_id;
+        let q = self.queue_mut(url)?;
+        if q.fifo() {
+            let group = group.as_ref().ok_or_else(|| {
+                SqsError::new(
+                    "MissingParameter",
+                    "The request must contain the parameter MessageGroupId.",
+                )
+            })?;
+            let _ = group;
+            let d = match (&dedup, q.attributes.get("ContentBasedDeduplication").map(String::as_str)) {
+                (Some(d), _) => d.clone(),
+                (None, Some("true")) => format!("content:{body}"),
+                _ => return Err(SqsError::new("InvalidParameterValue", "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly")),
+            };
+            q.dedup_seen.retain(|_, at| *at + 300_000 > now_ms);
+            if q.dedup_seen.contains_key(&d) {
+                return Ok(id);
+            }
+            q.dedup_seen.insert(d, now_ms);
+        } else if group.is_some() && dedup.is_some() {
+            return Err(SqsError::new(
+                "InvalidParameterValue",
+                "The request includes a parameter that is not valid for this queue type.",
+            ));
+        }
+        let delay = delay_s.unwrap_or_else(|| q.attr_i64("DelaySeconds", 0));
+        q.messages.push(Message {
+            id: id.clone(),
+            body: body.to_owned(),
+            attributes,
+            group,
+            dedup,
+            sequence,
+            sent_ms: now_ms,
+            visible_ms: now_ms + delay * 1000,
+            receives: 0,
+            first_receive_ms: None,
+            handle: None,
+        });
+        self.arrivals.notify_one();
+        Ok(id)
+    }
+
+    /// When the next message of a queue becomes receivable (now if one is), epoch ms.
+    pub fn next_visible(&self, url: &str) -> Option<i64> {
+        self.queues
+            .get(name_of_url(url))?
+            .messages
+            .iter()
+            .map(|m| m.visible_ms)
+            .min()
+    }
+
+    /// Drops what is past its queue's retention.
+    pub fn expire(&mut self, now_ms: i64) -> Vec<(String, Message)> {
+        let mut gone = Vec::new();
+        for q in self.queues.values_mut() {
+            let keep = q.retention_s() * 1000;
+            let (old, kept): (Vec<Message>, Vec<Message>) = q
+                .messages
+                .drain(..)
+                .partition(|m| m.sent_ms + keep <= now_ms);
+            q.messages = kept;
+            gone.extend(old.into_iter().map(|m| (q.name.clone(), m)));
+        }
+        gone
+    }
+
+    /// Receives up to `max` messages as `ReceiveMessage` would, with visibility `visibility_s`
+    /// (the queue's when `None`); messages past `maxReceiveCount` move to the dead-letter queue
+    /// instead of being delivered.
+    pub fn receive(
+        &mut self,
+        url: &str,
+        max: usize,
+        visibility_s: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Vec<Message>, SqsError> {
+        let max = max.clamp(1, 10);
+        let dup_rate = self.duplicate_rate;
+        let name = name_of_url(url).to_owned();
+        let q = self.queues.get(&name).ok_or_else(|| {
+            SqsError::new("QueueDoesNotExist", "The specified queue does not exist.")
+        })?;
+        let redrive = q.redrive();
+        let visibility = visibility_s.unwrap_or_else(|| q.visibility_s());
+        let fifo = q.fifo();
+        let mut picked: Vec<usize> = Vec::new();
+        if fifo {
+            let mut blocked: Vec<&str> = q
+                .messages
+                .iter()
+                .filter(|m| m.visible_ms > now_ms && m.receives > 0)
+                .filter_map(|m| m.group.as_deref())
+                .collect();
+            blocked.sort();
+            for (i, m) in q.messages.iter().enumerate() {
+                let g = m.group.as_deref().unwrap_or("");
+                if blocked.binary_search(&g).is_ok() {
+                    continue;
+                }
+                if m.visible_ms > now_ms {
+                    // A message not visible yet holds its group's later ones back.
+                    blocked.push(g);
+                    blocked.sort();
+                    continue;
+                }
+                if picked.len() < max {
+                    picked.push(i);
+                }
+            }
+        } else {
+            let mut visible: Vec<usize> = (0..q.messages.len())
+                .filter(|&i| q.messages[i].visible_ms <= now_ms)
+                .collect();
+            self.rng.shuffle(&mut visible);
+            visible.truncate(max);
+            visible.sort();
+            picked = visible;
+        }
+        let mut out = Vec::new();
+        let mut to_dlq = Vec::new();
+        let mut twins = Vec::new();
+        let mut handles = Vec::new();
+        for _ in &picked {
+            handles.push(self.id("rh"));
+        }
+        let q = self.queues.get_mut(&name).expect("found");
+        for (n, &i) in picked.iter().enumerate() {
+            let m = &mut q.messages[i];
+            if let Some((_, max_receives)) = &redrive {
+                if m.receives >= *max_receives {
+                    to_dlq.push(i);
+                    continue;
+                }
+            }
+            m.receives += 1;
+            m.first_receive_ms.get_or_insert(now_ms);
+            m.visible_ms = now_ms + visibility * 1000;
+            m.handle = Some(handles[n].clone());
+            out.push(m.clone());
+            if !fifo && dup_rate > 0.0 && self.rng.f64() < dup_rate {
+                let mut twin = m.clone();
+                twin.visible_ms = now_ms;
+                twin.handle = None;
+                twins.push(twin);
+            }
+        }
+        let mut moved = Vec::new();
+        for i in to_dlq.into_iter().rev() {
+            moved.push(q.messages.remove(i));
+        }
+        q.messages.extend(twins);
+        if let Some((dlq, _)) = redrive {
+            let dlq_fifo = dlq.ends_with(".fifo");
+            if let Some(d) = self.queues.get_mut(&dlq) {
+                for mut m in moved.into_iter().rev() {
+                    m.visible_ms = now_ms;
+                    m.receives = 0;
+                    m.handle = None;
+                    m.first_receive_ms = None;
+                    if dlq_fifo {
+                        m.sent_ms = now_ms;
+                    }
+                    d.messages.push(m);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes by receipt handle: a handle of an earlier receive deletes nothing, and succeeds.
+    pub fn delete(&mut self, url: &str, handle: &str) -> Result<(), SqsError> {
+        let q = self.queue_mut(url)?;
+        if !handle.starts_with("rh-") {
+            return Err(SqsError::new(
+                "ReceiptHandleIsInvalid",
+                format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
+            ));
+        }
+        q.messages.retain(|m| m.handle.as_deref() != Some(handle));
+        Ok(())
+    }
+
+    /// `ChangeMessageVisibility`: only a message in flight under this handle.
+    pub fn change_visibility(
+        &mut self,
+        url: &str,
+        handle: &str,
+        seconds: i64,
+        now_ms: i64,
+    ) -> Result<(), SqsError> {
+        if !(0..=43_200).contains(&seconds) {
+            return Err(SqsError::new("InvalidParameterValue", format!("Value {seconds} for parameter VisibilityTimeout is invalid. Reason: Must be between 0 and 43200.")));
+        }
+        let q = self.queue_mut(url)?;
+        let m = q
+            .messages
+            .iter_mut()
+            .find(|m| m.handle.as_deref() == Some(handle))
+            .ok_or_else(|| {
+                SqsError::new(
+                    "ReceiptHandleIsInvalid",
+                    format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
+                )
+            })?;
+        if m.visible_ms <= now_ms {
+            return Err(SqsError::new(
+                "MessageNotInflight",
+                "The message referred to isn't in flight.",
+            ));
+        }
+        m.visible_ms = now_ms + seconds * 1000;
+        Ok(())
+    }
+
+    /// The wire form of a received message, as `ReceiveMessage` answers with every attribute.
+    pub fn message_json(q_fifo: bool, m: &Message) -> Json {
+        let mut attrs = json!({
+            "ApproximateReceiveCount": m.receives.to_string(),
+            "SentTimestamp": m.sent_ms.to_string(),
+            "ApproximateFirstReceiveTimestamp": m.first_receive_ms.unwrap_or(m.sent_ms).to_string(),
+            "SenderId": "AIDASIMULATOR",
+        });
+        if q_fifo {
+            attrs["MessageGroupId"] = json!(m.group);
+            attrs["MessageDeduplicationId"] = json!(m.dedup);
+            attrs["SequenceNumber"] = json!(format!("{:020}", m.sequence));
+        }
+        let mut out = json!({"MessageId": m.id, "ReceiptHandle": m.handle, "Body": m.body, "Attributes": attrs});
+        if !m.attributes.is_empty() {
+            out["MessageAttributes"] = Json::Object(m.attributes.clone());
+        }
+        out
+    }
+
+    /// Answers one request of the JSON protocol at `now_ms`.
+    pub fn handle(&mut self, operation: &str, body: &Json, now_ms: i64) -> Result<Json, SqsError> {
+        let attrs_of = |v: Option<&Json>| -> BTreeMap<String, String> {
+            v.and_then(Json::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        match operation {
+            "CreateQueue" => {
+                let url =
+                    self.create(text(body, "QueueName")?, attrs_of(body.get("Attributes")))?;
+                let tags = attrs_of(body.get("tags"));
+                self.queue_mut(&url)?.tags.extend(tags);
+                Ok(json!({"QueueUrl": url}))
+            }
+            "GetQueueUrl" => {
+                let name = text(body, "QueueName")?;
+                if self.queues.contains_key(name) {
+                    Ok(json!({"QueueUrl": url_of(name)}))
+                } else {
+                    Err(SqsError::new(
+                        "QueueDoesNotExist",
+                        "The specified queue does not exist.",
+                    ))
+                }
+            }
+            "ListQueues" => {
+                let prefix = body
+                    .get("QueueNamePrefix")
+                    .and_then(Json::as_str)
+                    .unwrap_or("");
+                Ok(
+                    json!({"QueueUrls": self.queues.keys().filter(|n| n.starts_with(prefix)).map(|n| url_of(n)).collect::<Vec<_>>()}),
+                )
+            }
+            "DeleteQueue" => {
+                let name = name_of_url(text(body, "QueueUrl")?).to_owned();
+                self.queues.remove(&name).ok_or_else(|| {
+                    SqsError::new("QueueDoesNotExist", "The specified queue does not exist.")
+                })?;
+                Ok(json!({}))
+            }
+            "GetQueueAttributes" => {
+                let url = text(body, "QueueUrl")?.to_owned();
+                let now = now_ms;
+                let q = self.queue_mut(&url)?;
+                let mut all: BTreeMap<String, String> = q.attributes.clone();
+                all.insert("QueueArn".into(), arn_of(&q.name));
+                all.entry("VisibilityTimeout".into())
+                    .or_insert_with(|| "30".into());
+                all.entry("MessageRetentionPeriod".into())
+                    .or_insert_with(|| "345600".into());
+                all.entry("DelaySeconds".into())
+                    .or_insert_with(|| "0".into());
+                let visible = q.messages.iter().filter(|m| m.visible_ms <= now).count();
+                let in_flight = q
+                    .messages
+                    .iter()
+                    .filter(|m| m.visible_ms > now && m.receives > 0)
+                    .count();
+                let delayed = q.messages.len() - visible - in_flight;
+                all.insert("ApproximateNumberOfMessages".into(), visible.to_string());
+                all.insert(
+                    "ApproximateNumberOfMessagesNotVisible".into(),
+                    in_flight.to_string(),
+                );
+                all.insert(
+                    "ApproximateNumberOfMessagesDelayed".into(),
+                    delayed.to_string(),
+                );
+                let wanted: Vec<String> = body
+                    .get("AttributeNames")
+                    .and_then(Json::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let picked: Map<String, Json> = all
+                    .into_iter()
+                    .filter(|(k, _)| wanted.iter().any(|w| w == "All" || w == k))
+                    .map(|(k, v)| (k, json!(v)))
+                    .collect();
+                Ok(json!({"Attributes": picked}))
+            }
+            "SetQueueAttributes" => {
+                let q = self.queue_mut(text(body, "QueueUrl")?)?;
+                q.attributes.extend(attrs_of(body.get("Attributes")));
+                Ok(json!({}))
+            }
+            "SendMessage" => {
+                let id = self.send(
+                    text(body, "QueueUrl")?,
+                    text(body, "MessageBody")?,
+                    body.get("MessageAttributes")
+                        .and_then(Json::as_object)
+                        .cloned()
+                        .unwrap_or_default(),
+                    body.get("MessageGroupId")
+                        .and_then(Json::as_str)
+                        .map(str::to_owned),
+                    body.get("MessageDeduplicationId")
+                        .and_then(Json::as_str)
+                        .map(str::to_owned),
+                    body.get("DelaySeconds").and_then(Json::as_i64),
+                    now_ms,
+                )?;
+                Ok(json!({"MessageId": id}))
+            }
+            "SendMessageBatch" => {
+                let url = text(body, "QueueUrl")?.to_owned();
+                let entries = body
+                    .get("Entries")
+                    .and_then(Json::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                if entries.is_empty() {
+                    return Err(SqsError::new(
+                        "EmptyBatchRequest",
+                        "There should be at least one SendMessageBatchRequestEntry in the request.",
+                    ));
+                }
+                if entries.len() > 10 {
+                    return Err(SqsError::new(
+                        "TooManyEntriesInBatchRequest",
+                        "Maximum number of entries per request are 10.",
+                    ));
+                }
+                let total: usize = entries
+                    .iter()
+                    .map(|e| e["MessageBody"].as_str().map_or(0, str::len))
+                    .sum();
+                if total > 262_144 {
+                    return Err(SqsError::new(
+                        "BatchRequestTooLong",
+                        "Batch requests cannot be longer than 262144 bytes.",
+                    ));
+                }
+                let mut ok = Vec::new();
+                let mut failed = Vec::new();
+                for e in entries {
+                    let id = e["Id"].as_str().unwrap_or_default().to_owned();
+                    match self.send(
+                        &url,
+                        e["MessageBody"].as_str().unwrap_or_default(),
+                        e.get("MessageAttributes").and_then(Json::as_object).cloned().unwrap_or_default(),
+                        e.get("MessageGroupId").and_then(Json::as_str).map(str::to_owned),
+                        e.get("MessageDeduplicationId").and_then(Json::as_str).map(str::to_owned),
+                        e.get("DelaySeconds").and_then(Json::as_i64),
+                        now_ms,
+                    ) {
+                        Ok(mid) => ok.push(json!({"Id": id, "MessageId": mid})),
+                        Err(err) => failed.push(json!({"Id": id, "SenderFault": true, "Code": err.code, "Message": err.message})),
+                    }
+                }
+                Ok(json!({"Successful": ok, "Failed": failed}))
+            }
+            "ReceiveMessage" => {
+                let url = text(body, "QueueUrl")?.to_owned();
+                let max = body
+                    .get("MaxNumberOfMessages")
+                    .and_then(Json::as_u64)
+                    .unwrap_or(1) as usize;
+                let vis = body.get("VisibilityTimeout").and_then(Json::as_i64);
+                let fifo = name_of_url(&url).ends_with(".fifo");
+                let msgs = self.receive(&url, max, vis, now_ms)?;
+                Ok(
+                    json!({"Messages": msgs.iter().map(|m| Sqs::message_json(fifo, m)).collect::<Vec<_>>()}),
+                )
+            }
+            "DeleteMessage" => {
+                self.delete(text(body, "QueueUrl")?, text(body, "ReceiptHandle")?)?;
+                Ok(json!({}))
+            }
+            "DeleteMessageBatch" => {
+                let url = text(body, "QueueUrl")?.to_owned();
+                let mut ok = Vec::new();
+                let mut failed = Vec::new();
+                for e in body
+                    .get("Entries")
+                    .and_then(Json::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    let id = e["Id"].as_str().unwrap_or_default().to_owned();
+                    match self.delete(&url, e["ReceiptHandle"].as_str().unwrap_or_default()) {
+                        Ok(()) => ok.push(json!({"Id": id})),
+                        Err(err) => failed.push(json!({"Id": id, "SenderFault": true, "Code": err.code, "Message": err.message})),
+                    }
+                }
+                Ok(json!({"Successful": ok, "Failed": failed}))
+            }
+            "ChangeMessageVisibility" => {
+                let seconds = body
+                    .get("VisibilityTimeout")
+                    .and_then(Json::as_i64)
+                    .unwrap_or(0);
+                self.change_visibility(
+                    text(body, "QueueUrl")?,
+                    text(body, "ReceiptHandle")?,
+                    seconds,
+                    now_ms,
+                )?;
+                Ok(json!({}))
+            }
+            "ListQueueTags" => {
+                let q = self.queue_mut(text(body, "QueueUrl")?)?;
+                Ok(json!({"Tags": q.tags}))
+            }
+            "TagQueue" => {
+                let tags = attrs_of(body.get("Tags"));
+                self.queue_mut(text(body, "QueueUrl")?)?.tags.extend(tags);
+                Ok(json!({}))
+            }
+            "UntagQueue" => {
+                let q = self.queue_mut(text(body, "QueueUrl")?)?;
+                for k in body
+                    .get("TagKeys")
+                    .and_then(Json::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(k) = k.as_str() {
+                        q.tags.remove(k);
+                    }
+                }
+                Ok(json!({}))
+            }
+            "PurgeQueue" => {
+                self.queue_mut(text(body, "QueueUrl")?)?.messages.clear();
+                Ok(json!({}))
+            }
+            other => Err(SqsError::new(
+                "UnsupportedOperation",
+                format!("the simulator does not model SQS's {other}"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The AWS SDK's transport, replaced: the official `aws-sdk-dynamodb` and `aws-sdk-sqs` clients
+//! are built on this [`HttpClient`](aws_smithy_runtime_api::client::http::HttpClient), which
+//! answers their signed JSON requests from the models in process, on the simulated clock, with
+//! no socket. Everything the SDK does around a request (serialising, signing, retrying with
+//! backoff, parsing errors into their shapes) runs as in production.
+//!
+//! Around each request the transport draws a latency (before the model applies it and after),
+//! and its faults: a `500` or a throttle refused before anything is applied, or an answer lost
+//! after the model applied the request (the caller times out on a write that committed).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::body::SdkBody;
+use serde_json::Value as Json;
+
+use crate::dynamo::Dynamo;
+use crate::sqs::Sqs;
+use sqs_once::clock::Clock;
+
+/// What the transport does besides carrying requests: latencies and faults, per service.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Median latency of one request, ms (log-normal around it).
+    pub latency_ms: f64,
+    /// Chance a request is refused with a `500` before it is applied.
+    pub error_rate: f64,
+    /// Chance a request is throttled (`ThrottlingException`, `RequestThrottled`).
+    pub throttle_rate: f64,
+    /// Chance the answer to an applied request is lost (the caller sees a timeout).
+    pub lost_answer_rate: f64,
+    /// The service is down until this epoch ms (every request fails with a `503`).
+    pub outage_until_ms: i64,
+}
+
+/// The simulated AWS account: its services' state, shared by every client built on it.
+#[derive(Debug)]
+pub struct Aws {
+    /// DynamoDB's tables.
+    pub dynamo: Dynamo,
+    /// SQS's queues.
+    pub sqs: Sqs,
+    /// DynamoDB's faults.
+    pub dynamo_faults: Faults,
+    /// SQS's faults.
+    pub sqs_faults: Faults,
+    /// Latencies and faults are drawn from it.
+    rng: fastrand::Rng,
+    /// Requests answered, per service and operation, in order (the trace digest reads it).
+    pub log: Vec<String>,
+    /// Keep [`Aws::log`] (off for long runs: the digest is then kept as a running hash).
+    pub keep_log: bool,
+    /// A running hash of every request and answer.
+    pub digest: u64,
+    /// Requests answered.
+    pub requests: u64,
+}
+
+impl Aws {
+    /// An empty account whose randomness comes from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            dynamo: Dynamo::new(),
+            sqs: Sqs::new(seed ^ 0x5157),
+            dynamo_faults: Faults::default(),
+            sqs_faults: Faults::default(),
+            rng: fastrand::Rng::with_seed(seed),
+            log: Vec::new(),
+            keep_log: false,
+            digest: 0xcbf2_9ce4_8422_2325,
+            requests: 0,
+        }
+    }
+
+    /// Folds bytes into the running digest (FNV-1a, 64 bits).
+    pub fn fold(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.digest ^= *b as u64;
+            self.digest = self.digest.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn latency(&mut self, faults: &Faults) -> Duration {
+        if faults.latency_ms <= 0.0 {
+            return Duration::ZERO;
+        }
+        // Log-normal with sigma 0.5 around the median (Box-Muller from two uniform draws).
+        let (u1, u2) = (self.rng.f64().max(1e-12), self.rng.f64());
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        Duration::from_micros((faults.latency_ms * (0.5 * z).exp() * 1000.0) as u64)
+    }
+}
+
+/// The transport: clients built with [`Wire::sdk_config`] reach the shared [`Aws`].
+#[derive(Debug, Clone)]
+pub struct Wire {
+    /// The account.
+    pub aws: Arc<Mutex<Aws>>,
+    /// The simulated clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+fn respond(status: u16, body: Json, query_error: Option<&str>) -> HttpResponse {
+    let mut r = HttpResponse::new(
+        status.try_into().expect("a valid status"),
+        SdkBody::from(body.to_string()),
+    );
+    r.headers_mut()
+        .insert("content-type", "application/x-amz-json-1.0");
+    if let Some(q) = query_error {
+        r.headers_mut().insert("x-amzn-query-error", q.to_owned());
+    }
+    r
+}
+
+impl Wire {
+    /// A transport on a fresh account.
+    pub fn new(seed: u64, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            aws: Arc::new(Mutex::new(Aws::new(seed))),
+            clock,
+        }
+    }
+
+    /// The SDK configuration of every client of the run: this transport, fixed credentials and
+    /// region, tokio's (paused) sleep, and the simulated clock as the SDK's time source.
+    pub fn sdk_config(&self) -> aws_config::SdkConfig {
+        let clock = Arc::clone(&self.clock);
+        aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(
+                aws_credential_types::provider::SharedCredentialsProvider::new(
+                    aws_credential_types::Credentials::new(
+                        "AKIDSIMULATOR",
+                        "simulator",
+                        None,
+                        None,
+                        "simulator",
+                    ),
+                ),
+            )
+            .endpoint_url("https://aws.simulator")
+            .http_client(SharedHttpClient::new(self.clone()))
+            .sleep_impl(aws_smithy_async::rt::sleep::SharedAsyncSleep::new(
+                aws_smithy_async::rt::sleep::TokioSleep::new(),
+            ))
+            .time_source(aws_smithy_async::time::SharedTimeSource::new(SimTime(
+                clock,
+            )))
+            .stalled_stream_protection(
+                aws_config::stalled_stream_protection::StalledStreamProtectionConfig::disabled(),
+            )
+            .build()
+    }
+
+    async fn answer(self, target: String, body: Json) -> Result<HttpResponse, ConnectorError> {
+        let (service, operation) = target.split_once('.').unwrap_or(("", ""));
+        let dynamo = service.starts_with("DynamoDB");
+        let (before, after, fault) = {
+            let mut aws = self.aws.lock().expect("the account");
+            let faults = if dynamo {
+                aws.dynamo_faults.clone()
+            } else {
+                aws.sqs_faults.clone()
+            };
+            let before = aws.latency(&faults);
+            let after = aws.latency(&faults);
+            let now = self.clock.now_ms();
+            let roll = aws.rng.f64();
+            let fault = if now < faults.outage_until_ms {
+                Some(503)
+            } else if roll < faults.error_rate {
+                Some(500)
+            } else if roll < faults.error_rate + faults.throttle_rate {
+                Some(400)
+            } else if roll < faults.error_rate + faults.throttle_rate + faults.lost_answer_rate {
+                Some(0)
+            } else {
+                None
+            };
+            (before, after, fault)
+        };
+        tokio::time::sleep(before).await;
+        let now_ms = self.clock.now_ms();
+        if let Some(code @ (400 | 500 | 503)) = fault {
+            self.aws
+                .lock()
+                .expect("the account")
+                .fold(format!("{now_ms} {target} fault {code}\n").as_bytes());
+            tokio::time::sleep(after).await;
+            let (shape, q) = match (dynamo, code) {
+                (true, 400) => ("com.amazonaws.dynamodb.v20120810#ThrottlingException", None),
+                (true, _) => ("com.amazonaws.dynamodb.v20120810#InternalServerError", None),
+                (false, 400) => (
+                    "com.amazonaws.sqs#RequestThrottled",
+                    Some("RequestThrottled;Sender"),
+                ),
+                (false, _) => (
+                    "com.amazonaws.sqs#InternalError",
+                    Some("InternalError;Receiver"),
+                ),
+            };
+            return Ok(respond(
+                code,
+                serde_json::json!({"__type": shape, "message": "the simulator's fault"}),
+                q,
+            ));
+        }
+        let (status, answer, query_error) = {
+            let mut aws = self.aws.lock().expect("the account");
+            aws.requests += 1;
+            let out = if dynamo {
+                match aws.dynamo.handle(operation, &body, now_ms.div_euclid(1000)) {
+                    Ok(j) => (200, j, None),
+                    Err(e) => (e.status, e.body(), None),
+                }
+            } else {
+                match aws.sqs.handle(operation, &body, now_ms) {
+                    Ok(j) => (200, j, None),
+                    Err(e) => (400, e.body(), Some(format!("{};Sender", e.query_code()))),
+                }
+            };
+            let line = format!("{now_ms} {target} {} -> {} {}\n", body, out.0, out.1);
+            aws.fold(line.as_bytes());
+            if aws.keep_log {
+                aws.log.push(line);
+            }
+            out
+        };
+        tokio::time::sleep(after).await;
+        if fault == Some(0) {
+            return Err(ConnectorError::timeout(
+                "the simulator lost the answer".into(),
+            ));
+        }
+        Ok(respond(status, answer, query_error.as_deref()))
+    }
+}
+
+impl HttpConnector for Wire {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let target = request
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or_default()
+            .to_owned();
+        let body: Json = request
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or(Json::Null);
+        HttpConnectorFuture::new(self.clone().answer(target, body))
+    }
+}
+
+impl HttpClient for Wire {
+    fn http_connector(
+        &self,
+        _settings: &HttpConnectorSettings,
+        _components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(self.clone())
+    }
+}
+
+/// The SDK's time source (request signing, retry timing) read from the simulated clock.
+#[derive(Debug)]
+struct SimTime(Arc<dyn Clock>);
+
+impl aws_smithy_async::time::TimeSource for SimTime {
+    fn now(&self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_millis(self.0.now_ms().max(0) as u64)
+    }
+}
