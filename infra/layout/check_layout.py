@@ -27,7 +27,7 @@ import re
 import sys
 
 LIMIT = 500
-CRATES = ["sqs-once/src", "shared/src", "infra/local/src", "infra/payctl/src", "infra/proving/src"]
+CRATES = ["sqs-once/src", "shared/src", "infra/local/src", "infra/payctl/src", "infra/proving/src", "infra/sim/src"]
 ROOMED = ["shared/src"]
 FLAT = 12
 

@@ -168,10 +168,7 @@ impl<W: Work> BatchRunner<W> {
 
         // The calls and the heartbeat run together; a lost lease stops the calls.
         let executed = tokio::select! {
-            // Polled in this order, not at random: a run is then the same each time (the
-            // simulator's seeds replay). When both are ready, the outcome is taken; completing
-            // it is fenced by the lease, so a lost lease still loses the completion.
-            biased;
+            biased; // in order, so a seed replays; a taken outcome's completion is still fenced
             r = self.execute(request, key, &attempt, deadline_ms, latencies) => r,
             lost = self.heartbeat(msg, key, &attempt, deadline_ms) => Err(lost),
         };

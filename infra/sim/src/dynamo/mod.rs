@@ -7,9 +7,12 @@
 //! strongly consistent whether asked or not, and a secondary index is updated with its table:
 //! the model is stricter than DynamoDB there (see `docs/design.md`, "The simulator").
 
+mod control;
 pub mod expr;
 mod ops;
+mod request;
 mod reserved;
+mod streams;
 pub mod table;
 pub mod value;
 

@@ -1,60 +1,13 @@
 //! The operations: control plane (tables, time to live) and data plane (items, transactions,
 //! batches, queries), each reading DynamoDB's JSON request and writing its JSON answer.
 
-use std::collections::BTreeMap;
-
 use serde_json::{json, Value as Json};
 
 use super::expr::{self, Names};
-use super::table::{Index, KeySchema, Table};
-use super::value::{item_from_json, item_to_json, Item, Value};
+use super::request::{invalid, item_field, text, Placeholders};
+use super::table::Table;
+use super::value::{item_from_json, item_to_json, Item};
 use super::{ApiError, Dynamo};
-
-fn text<'a>(body: &'a Json, field: &str) -> Result<&'a str, ApiError> {
-    body.get(field)
-        .and_then(Json::as_str)
-        .ok_or_else(|| ApiError::validation(format!("1 validation error detected: Value null at '{field}' failed to satisfy constraint: Member must not be null")))
-}
-
-fn item_field(body: &Json, field: &str) -> Result<Item, ApiError> {
-    item_from_json(body.get(field).unwrap_or(&Json::Null)).map_err(|e| ApiError::validation(e.0))
-}
-
-/// The request's placeholders.
-struct Placeholders {
-    names: BTreeMap<String, String>,
-    values: BTreeMap<String, Value>,
-}
-
-impl Placeholders {
-    fn of(body: &Json) -> Result<Self, ApiError> {
-        let names = match body.get("ExpressionAttributeNames") {
-            Some(Json::Object(m)) => m
-                .iter()
-                .map(|(k, v)| {
-                    Ok((
-                        k.clone(),
-                        v.as_str()
-                            .ok_or_else(|| ApiError::validation("a name must be a string"))?
-                            .to_owned(),
-                    ))
-                })
-                .collect::<Result<_, ApiError>>()?,
-            _ => BTreeMap::new(),
-        };
-        let values = match body.get("ExpressionAttributeValues") {
-            Some(v @ Json::Object(_)) => {
-                item_from_json(v).map_err(|e| ApiError::validation(e.0))?
-            }
-            _ => BTreeMap::new(),
-        };
-        Ok(Self { names, values })
-    }
-}
-
-fn invalid(e: expr::Invalid) -> ApiError {
-    ApiError::validation(e.0)
-}
 
 /// A write, parsed: the key it touches and how the item changes, with its condition.
 struct Write {
@@ -476,104 +429,6 @@ fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
     Ok(answer)
 }
 
-fn key_schema(v: &Json, definitions: &Json) -> Result<KeySchema, ApiError> {
-    let ty = |name: &str| -> Result<String, ApiError> {
-        definitions
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|d| d["AttributeName"] == name)
-            .and_then(|d| d["AttributeType"].as_str())
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                ApiError::validation(format!("No attribute definition for key attribute {name}"))
-            })
-    };
-    let mut hash = None;
-    let mut range = None;
-    for k in v.as_array().into_iter().flatten() {
-        let name = k["AttributeName"].as_str().unwrap_or_default();
-        match k["KeyType"].as_str() {
-            Some("HASH") => hash = Some((name.to_owned(), ty(name)?)),
-            Some("RANGE") => range = Some((name.to_owned(), ty(name)?)),
-            _ => return Err(ApiError::validation("KeyType must be HASH or RANGE")),
-        }
-    }
-    Ok(KeySchema {
-        hash: hash.ok_or_else(|| ApiError::validation("a key schema needs a HASH key"))?,
-        range,
-    })
-}
-
-fn describe(t: &Table) -> Json {
-    let mut d = json!({
-        "TableName": t.name,
-        "TableStatus": "ACTIVE",
-        "TableArn": format!("arn:aws:dynamodb:us-east-1:000000000000:table/{}", t.name),
-        "KeySchema": t.keys.to_json(),
-        "AttributeDefinitions": t.definitions,
-        "ItemCount": t.items.len(),
-        "BillingModeSummary": {"BillingMode": "PAY_PER_REQUEST"},
-    });
-    if !t.indexes.is_empty() {
-        d["GlobalSecondaryIndexes"] = Json::Array(
-            t.indexes
-                .iter()
-                .map(|i| json!({"IndexName": i.name, "KeySchema": i.keys.to_json(), "Projection": i.projection, "IndexStatus": "ACTIVE"}))
-                .collect(),
-        );
-    }
-    if let Some(view) = &t.stream_view {
-        d["StreamSpecification"] = json!({"StreamEnabled": true, "StreamViewType": view});
-        d["LatestStreamArn"] = json!(format!(
-            "arn:aws:dynamodb:us-east-1:000000000000:table/{}/stream/1970-01-01T00:00:00.000",
-            t.name
-        ));
-        d["LatestStreamLabel"] = json!("1970-01-01T00:00:00.000");
-    }
-    d
-}
-
-fn create_table(db: &mut Dynamo, body: &Json) -> Result<Json, ApiError> {
-    let name = text(body, "TableName")?.to_owned();
-    if db.tables.contains_key(&name) {
-        return Err(ApiError::new(
-            "ResourceInUseException",
-            format!("Table already exists: {name}"),
-        ));
-    }
-    let definitions = body
-        .get("AttributeDefinitions")
-        .cloned()
-        .unwrap_or(Json::Null);
-    let keys = key_schema(&body["KeySchema"], &definitions)?;
-    let mut indexes = Vec::new();
-    for g in body
-        .get("GlobalSecondaryIndexes")
-        .and_then(Json::as_array)
-        .into_iter()
-        .flatten()
-    {
-        indexes.push(Index {
-            name: g["IndexName"].as_str().unwrap_or_default().to_owned(),
-            keys: key_schema(&g["KeySchema"], &definitions)?,
-            projection: g
-                .get("Projection")
-                .cloned()
-                .unwrap_or(json!({"ProjectionType": "ALL"})),
-        });
-    }
-    let stream = body
-        .get("StreamSpecification")
-        .filter(|s| s["StreamEnabled"] == Json::Bool(true))
-        .and_then(|s| s["StreamViewType"].as_str())
-        .map(str::to_owned);
-    let table = Table::new(name.clone(), keys, definitions, indexes, stream);
-    let d = describe(&table);
-    db.tables.insert(name, table);
-    Ok(json!({ "TableDescription": d }))
-}
-
 pub(super) fn handle(
     db: &mut Dynamo,
     operation: &str,
@@ -581,11 +436,13 @@ pub(super) fn handle(
     now_s: i64,
 ) -> Result<Json, ApiError> {
     match operation {
-        "CreateTable" => create_table(db, body),
-        "DescribeTable" => Ok(json!({ "Table": describe(db.table(text(body, "TableName")?)?) })),
+        "CreateTable" => super::control::create_table(db, body),
+        "DescribeTable" => {
+            Ok(json!({ "Table": super::control::describe(db.table(text(body, "TableName")?)?) }))
+        }
         "DeleteTable" => {
             let name = text(body, "TableName")?;
-            let d = describe(db.table(name)?);
+            let d = super::control::describe(db.table(name)?);
             db.tables.remove(name);
             Ok(json!({ "TableDescription": d }))
         }
@@ -619,143 +476,11 @@ pub(super) fn handle(
         "DeleteItem" => single_write(db, body, "Delete", now_s),
         "TransactWriteItems" => transact(db, body, now_s),
         "ListStreams" | "DescribeStream" | "GetShardIterator" | "GetRecords" => {
-            streams(db, operation, body)
+            super::streams::streams(db, operation, body)
         }
         other => Err(ApiError::new(
             "UnknownOperationException",
             format!("the simulator does not model DynamoDB's {other}"),
         )),
-    }
-}
-
-/// The table a stream ARN (`<table ARN>/stream/<label>`) belongs to.
-fn table_of_stream(arn: &str) -> &str {
-    arn.split("/stream/")
-        .next()
-        .and_then(|t| t.rsplit('/').next())
-        .unwrap_or("")
-}
-
-const SHARD: &str = "shardId-00000000000000000001-00000001";
-
-/// DynamoDB Streams: one shard per table, its records kept 24 hours; an iterator is the table
-/// and the next sequence number to read.
-fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json, ApiError> {
-    let not_found = || {
-        ApiError::new(
-            "ResourceNotFoundException",
-            "Requested resource not found: Stream not found",
-        )
-    };
-    match operation {
-        "ListStreams" => {
-            let only = body.get("TableName").and_then(Json::as_str);
-            let list: Vec<Json> = db
-                .tables
-                .values()
-                .filter(|t| t.stream_view.is_some() && only.is_none_or(|o| o == t.name))
-                .map(|t| json!({"StreamArn": describe(t)["LatestStreamArn"], "TableName": t.name, "StreamLabel": "1970-01-01T00:00:00.000"}))
-                .collect();
-            Ok(json!({ "Streams": list }))
-        }
-        "DescribeStream" => {
-            let arn = text(body, "StreamArn")?;
-            let t = db
-                .tables
-                .get(table_of_stream(arn))
-                .filter(|t| t.stream_view.is_some())
-                .ok_or_else(not_found)?;
-            let first = t.changes.first().map_or(1, |c| c.sequence);
-            Ok(json!({ "StreamDescription": {
-                "StreamArn": arn, "StreamLabel": "1970-01-01T00:00:00.000", "StreamStatus": "ENABLED",
-                "StreamViewType": t.stream_view, "TableName": t.name, "KeySchema": t.keys.to_json(),
-                "Shards": [{"ShardId": SHARD, "SequenceNumberRange": {"StartingSequenceNumber": format!("{first:021}")}}],
-            }}))
-        }
-        "GetShardIterator" => {
-            let arn = text(body, "StreamArn")?;
-            let t = db
-                .tables
-                .get(table_of_stream(arn))
-                .filter(|t| t.stream_view.is_some())
-                .ok_or_else(not_found)?;
-            if text(body, "ShardId")? != SHARD {
-                return Err(not_found());
-            }
-            let seq = |b: &Json| -> Result<u64, ApiError> {
-                text(b, "SequenceNumber")?
-                    .parse()
-                    .map_err(|_| ApiError::validation("SequenceNumber is not valid"))
-            };
-            let next = match text(body, "ShardIteratorType")? {
-                "TRIM_HORIZON" => t.changes.first().map_or(t.next_sequence(), |c| c.sequence),
-                "LATEST" => t.next_sequence(),
-                "AT_SEQUENCE_NUMBER" => seq(body)?,
-                "AFTER_SEQUENCE_NUMBER" => seq(body)? + 1,
-                other => {
-                    return Err(ApiError::validation(format!(
-                        "unknown ShardIteratorType {other}"
-                    )))
-                }
-            };
-            Ok(json!({ "ShardIterator": format!("{}|{next}", t.name) }))
-        }
-        _ => {
-            let it = text(body, "ShardIterator")?;
-            let (name, next) = it
-                .rsplit_once('|')
-                .ok_or_else(|| ApiError::validation("Invalid ShardIterator"))?;
-            let next: u64 = next
-                .parse()
-                .map_err(|_| ApiError::validation("Invalid ShardIterator"))?;
-            let t = db.tables.get(name).ok_or_else(not_found)?;
-            if t.changes.first().is_some_and(|c| c.sequence > next) {
-                return Err(ApiError::new(
-                    "TrimmedDataAccessException",
-                    "the records asked for are past the stream's 24 hours",
-                ));
-            }
-            let limit = body.get("Limit").and_then(Json::as_u64).unwrap_or(1000) as usize;
-            let view = t.stream_view.as_deref().unwrap_or("KEYS_ONLY");
-            let records: Vec<Json> = t
-                .changes
-                .iter()
-                .filter(|c| c.sequence >= next)
-                .take(limit)
-                .map(|c| {
-                    let mut d = json!({
-                        "ApproximateCreationDateTime": c.at_s,
-                        "Keys": item_to_json(&c.keys),
-                        "SequenceNumber": format!("{:021}", c.sequence),
-                        "SizeBytes": c.new.as_ref().or(c.old.as_ref()).map_or(0, super::value::item_size),
-                        "StreamViewType": view,
-                    });
-                    if matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES") {
-                        if let Some(n) = &c.new {
-                            d["NewImage"] = item_to_json(n);
-                        }
-                    }
-                    if matches!(view, "OLD_IMAGE" | "NEW_AND_OLD_IMAGES") {
-                        if let Some(o) = &c.old {
-                            d["OldImage"] = item_to_json(o);
-                        }
-                    }
-                    let mut r = json!({
-                        "eventID": format!("{}-{}", t.name, c.sequence), "eventName": c.event, "eventVersion": "1.1",
-                        "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "dynamodb": d,
-                    });
-                    if c.by_ttl {
-                        r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
-                    }
-                    r
-                })
-                .collect();
-            let after = records
-                .last()
-                .and_then(|r| r["dynamodb"]["SequenceNumber"].as_str())
-                .and_then(|s| s.parse::<u64>().ok())
-                .map_or(next, |s| s + 1);
-            Ok(json!({ "Records": records, "NextShardIterator": format!("{name}|{after}") }))
-        }
     }
 }

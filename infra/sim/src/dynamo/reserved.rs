@@ -1,5 +1,6 @@
 //! DynamoDB's reserved words (its developer guide, "Reserved words in DynamoDB"): an
-//! expression that writes one bare as an attribute name is refused.
+//! expression that writes one bare as an attribute name is refused. Why one long file: the list
+//! is DynamoDB's, kept whole and in its order, to be compared with its source at a glance.
 
 /// The words, upper case, sorted (looked up by binary search).
 pub const RESERVED: &[&str] = &[

@@ -15,14 +15,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use payment_core::domain::PaymentRequest;
 use payment_core::provider::{
-    FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
-    RateLimit,
+    FailureKind, FoundPayment, PaymentQuery, ProviderError, ProviderResponse, RateLimit,
 };
 use sqs_once::clock::Clock;
-use sqs_once::pace::Pace;
+
+pub mod client;
 
 /// The payment methods the simulated customers pay with, as the test mode names them.
 pub mod methods {
@@ -239,73 +238,6 @@ fn params_of(r: &PaymentRequest) -> String {
         "{}|{}|{}|{}|{}",
         r.payment_id, r.money.amount, r.money.currency, r.customer_id, r.payment_method
     )
-}
-
-/// One process's client of the provider: its requests paced as the wire client paces them
-/// (a slot before each request, a `429` about the account slowing the pace, another answer
-/// speeding it up again).
-#[derive(Clone)]
-pub struct Client {
-    /// The provider.
-    pub provider: Provider,
-    /// The process's pace, shared with its runner.
-    pub pace: Option<Arc<Pace>>,
-}
-
-impl Client {
-    async fn slot(&self) -> Result<(), ProviderError> {
-        match &self.pace {
-            Some(p) => p
-                .acquire(self.provider.timeout)
-                .await
-                .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string())),
-            None => Ok(()),
-        }
-    }
-
-    fn told<T>(&self, answer: &Result<T, ProviderError>) {
-        let Some(pace) = &self.pace else { return };
-        match answer {
-            Err(e) if e.kind == FailureKind::RateLimited => {
-                if e.rate_limit != Some(RateLimit::Object) {
-                    pace.slowed(e.retry_after);
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind,
-                    FailureKind::ServerError | FailureKind::Timeout | FailureKind::NotSent
-                ) => {}
-            _ => pace.succeeded(),
-        }
-    }
-}
-
-#[async_trait]
-impl PaymentProvider for Client {
-    fn request_timeout(&self) -> Duration {
-        self.provider.timeout
-    }
-
-    async fn create_payment(
-        &self,
-        request: &PaymentRequest,
-    ) -> Result<ProviderResponse, ProviderError> {
-        self.slot().await?;
-        let answer = self.provider.create_payment(request).await;
-        self.told(&answer);
-        answer
-    }
-
-    async fn find_payments(
-        &self,
-        query: &PaymentQuery,
-    ) -> Result<Vec<FoundPayment>, ProviderError> {
-        self.slot().await?;
-        let answer = self.provider.find_payments(query).await;
-        self.told(&answer);
-        answer
-    }
 }
 
 impl Provider {

@@ -1,0 +1,202 @@
+//! The invariants, and the services' own time that can break them: debits settling, time to
+//! live deleting, retention dropping.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::World;
+use crate::dynamo::value::Value;
+use crate::provider::methods;
+
+/// The provider's and AWS's own time, every ten minutes: debits settle, retention drops,
+/// and (hourly, as lazily as DynamoDB's own sweep) time to live deletes.
+pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
+    let seed = w.opts.seed;
+    let mut tick: u64 = 0;
+    while w.clock.now_ms() < end_ms {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        tick += 1;
+        let now = w.clock.now_ms();
+        w.provider
+            .books
+            .lock()
+            .expect("books")
+            .settle(now, |i| is_failing(&w, &i.payment_id));
+        let (expired, dropped) = {
+            let mut aws = w.wire.aws.lock().expect("aws");
+            let expired = if tick.is_multiple_of(6) {
+                aws.dynamo.expire(now.div_euclid(1000), &|table, key, at| {
+                    // Up to 48 hours after `expires_at`, drawn per item from the seed.
+                    (fnv(format!("{seed}/{table}/{key}/{at}").as_bytes()) % (48 * 3600)) as i64
+                })
+            } else {
+                Vec::new()
+            };
+            (expired, aws.sqs.expire(now))
+        };
+        w.stats.lock().expect("stats").expired_records += expired.len();
+        for (_, item) in expired {
+            check_expiry(&w, &item);
+        }
+        for (queue, m) in dropped {
+            w.violated(
+                "no message lost at a queue's retention",
+                format!(
+                    "{} dropped from {queue} after {} receives: {}",
+                    m.id, m.receives, m.body
+                ),
+            );
+        }
+        check_now(&w);
+    }
+}
+
+fn is_failing(w: &World, payment_id: &str) -> bool {
+    w.sent
+        .lock()
+        .expect("sent")
+        .get(payment_id)
+        .is_some_and(|s| s.method == methods::BANK_DEBIT_FAILS)
+}
+
+/// FNV-1a, 64 bits.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// A record deleted by time to live while the provider may still change its payment is lost
+/// history: a late settlement, refund or dispute would find nothing.
+fn check_expiry(w: &World, item: &crate::dynamo::value::Item) {
+    let Some(Value::S(pk)) = item.get("pk") else {
+        return;
+    };
+    let Some(pid) = pk.strip_prefix("payment#") else {
+        return;
+    };
+    let books = w.provider.books.lock().expect("books");
+    for i in books.intents_of(pid) {
+        if i.status == "processing" {
+            w.violated(
+                "no record deleted while the provider can still change it",
+                format!("{pk} expired while {} is processing", i.id),
+            );
+        }
+    }
+}
+
+/// The invariants that hold at every step: what the provider's books found as it happened.
+pub(super) fn check_now(w: &World) {
+    let found: Vec<String> =
+        std::mem::take(&mut w.provider.books.lock().expect("books").double_charges);
+    for detail in found {
+        w.violated("no payment charged twice", detail);
+    }
+}
+
+/// The invariants of a quiet system, at the end.
+pub(super) fn check_end(w: &World) {
+    let aws = w.wire.aws.lock().expect("aws");
+    let table = &w.config.idempotency_table;
+    let Some(t) = aws.dynamo.tables.get(table) else {
+        drop(aws);
+        w.violated("the stack exists", format!("no table {table}"));
+        return;
+    };
+    let mut dead: BTreeMap<String, usize> = BTreeMap::new();
+    let mut dead_ids: BTreeSet<String> = BTreeSet::new();
+    if let Some(q) = aws.sqs.queues.get(&w.dlq) {
+        for m in &q.messages {
+            let code = m
+                .attributes
+                .get("error_code")
+                .and_then(|v| v["StringValue"].as_str())
+                .unwrap_or("max_receives")
+                .to_owned();
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.body) {
+                if let Some(id) = v["payment_id"].as_str() {
+                    dead_ids.insert(id.to_owned());
+                }
+            }
+            *dead.entry(code).or_default() += 1;
+        }
+    }
+    let in_queue = aws.sqs.queues.get(&w.queue).map_or(0, |q| q.messages.len());
+    let records: BTreeMap<String, crate::dynamo::value::Item> = t
+        .items
+        .values()
+        .filter_map(|i| match i.get("pk") {
+            Some(Value::S(pk)) => pk
+                .strip_prefix("payment#")
+                .map(|p| (p.to_owned(), i.clone())),
+            _ => None,
+        })
+        .collect();
+    drop(aws);
+    for code in dead.keys() {
+        if !payctl::dead_letter_codes::KNOWN_CODES.contains(&code.as_str()) {
+            w.violated(
+                "every dead letter has a code the runbook explains",
+                format!("code {code}"),
+            );
+        }
+    }
+    if in_queue > 0 {
+        w.violated(
+            "every accepted payment ends",
+            format!("{in_queue} messages still in the source queue at the end"),
+        );
+    }
+    let sent = w.sent.lock().expect("sent").clone();
+    let books = w.provider.books.lock().expect("books");
+    for (pid, s) in &sent {
+        let intents = books.intents_of(pid);
+        let charged = intents
+            .iter()
+            .any(|i| matches!(i.status.as_str(), "succeeded" | "processing"));
+        let record = records.get(pid);
+        let status = record.and_then(|r| match r.get("status") {
+            Some(Value::S(s)) => Some(s.as_str()),
+            _ => None,
+        });
+        let ended = status == Some("COMPLETED")
+            || dead_ids.contains(pid)
+            || (record.is_none() && !intents.is_empty());
+        if !ended {
+            w.violated(
+                "every accepted payment ends",
+                format!(
+                    "{pid} ({}) has record {status:?}, {} intents, no dead letter",
+                    s.method,
+                    intents.len()
+                ),
+            );
+        }
+        if status == Some("COMPLETED") {
+            let outcome = record.and_then(|r| match r.get("outcome") {
+                Some(Value::M(m)) => m.get("provider_payment_id").cloned(),
+                _ => None,
+            });
+            if let Some(Value::S(pi)) = outcome {
+                if !intents.iter().any(|i| i.id == pi) {
+                    w.violated(
+                        "every ledger equals the provider's books",
+                        format!("{pid}'s record names {pi}, which the provider does not hold"),
+                    );
+                }
+            } else if charged {
+                w.violated(
+                    "every ledger equals the provider's books",
+                    format!("{pid} is charged at the provider and its record names no intent"),
+                );
+            }
+        }
+    }
+    drop(books);
+    w.stats.lock().expect("stats").dead_letters = dead;
+}

@@ -1,0 +1,177 @@
+//! Lambda's event-source mapping for the processor: long polls, batches, invokes up to its
+//! maximum concurrency on instances reused or cold, kills an invocation at its deadline or a
+//! crash, deletes what the batch response does not report as failed.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
+use payment_core::payments::charge::Processor;
+
+use super::checks::check_now;
+use super::World;
+use crate::sqs::{arn_of, url_of, Message};
+
+/// The Lambda record of a received message, as the event-source mapping builds it.
+fn record_of(m: &Message, queue: &str, fifo: bool) -> SqsMessage {
+    let mut r = SqsMessage::default();
+    r.message_id = Some(m.id.clone());
+    r.receipt_handle = m.handle.clone();
+    r.body = Some(m.body.clone());
+    let attrs = crate::sqs::Sqs::message_json(fifo, m);
+    r.attributes = attrs["Attributes"]
+        .as_object()
+        .map(|a| {
+            a.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    r.message_attributes = m
+        .attributes
+        .iter()
+        .map(|(k, v)| {
+            let mut a = SqsMessageAttribute::default();
+            a.string_value = v["StringValue"].as_str().map(str::to_owned);
+            a.data_type = v["DataType"].as_str().map(str::to_owned);
+            (k.clone(), a)
+        })
+        .collect();
+    r.event_source_arn = Some(arn_of(queue));
+    r.event_source = Some("aws:sqs".into());
+    r.aws_region = Some("us-east-1".into());
+    r
+}
+
+/// Lambda's event-source mapping for the processor: polls, batches, invokes up to its maximum
+/// concurrency, deletes what the response does not report as failed.
+pub(super) async fn event_source(
+    w: Arc<World>,
+    batch: usize,
+    timeout_s: i64,
+    concurrency: usize,
+    end_ms: i64,
+) {
+    let idle: Arc<Mutex<Vec<Arc<Processor>>>> = Arc::new(Mutex::new(Vec::new()));
+    let running = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let fifo = w.queue.ends_with(".fifo");
+    loop {
+        if w.clock.now_ms() >= end_ms {
+            break;
+        }
+        let permit = Arc::clone(&running).acquire_owned().await.expect("open");
+        let msgs = {
+            let mut aws = w.wire.aws.lock().expect("aws");
+            let now = w.clock.now_ms();
+            aws.sqs
+                .receive(&url_of(&w.queue), batch, None, now)
+                .unwrap_or_default()
+        };
+        if msgs.is_empty() {
+            drop(permit);
+            // Long polling: the mapping asks again as soon as a message arrives or one in
+            // flight becomes visible again (and at least every 20 s, as a long poll ends).
+            let (arrivals, next) = {
+                let aws = w.wire.aws.lock().expect("aws");
+                (
+                    std::sync::Arc::clone(&aws.sqs.arrivals),
+                    aws.sqs.next_visible(&url_of(&w.queue)),
+                )
+            };
+            let now = w.clock.now_ms();
+            let wait = next.map_or(20_000, |n| (n - now).clamp(1, 20_000));
+            let _ =
+                tokio::time::timeout(Duration::from_millis(wait as u64), arrivals.notified()).await;
+            continue;
+        }
+        let records: Vec<SqsMessage> = msgs.iter().map(|m| record_of(m, &w.queue, fifo)).collect();
+        let instance = idle.lock().expect("idle").pop();
+        let (w2, idle2) = (Arc::clone(&w), Arc::clone(&idle));
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (instance, cold) = match instance {
+                Some(i) => (i, false),
+                None => {
+                    // A cold start: the init runs before the batch (~150 ms on arm64).
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    (w2.instance(), true)
+                }
+            };
+            invoke(&w2, instance, records, timeout_s, cold, &idle2).await;
+        });
+    }
+}
+
+/// One invocation: the runner's `handle_batch` until it answers, the deadline kills it, or a
+/// crash does; then the mapping deletes what succeeded.
+async fn invoke(
+    w: &Arc<World>,
+    instance: Arc<Processor>,
+    records: Vec<SqsMessage>,
+    timeout_s: i64,
+    cold: bool,
+    idle: &Arc<Mutex<Vec<Arc<Processor>>>>,
+) {
+    {
+        let mut s = w.stats.lock().expect("stats");
+        s.invocations += 1;
+        s.cold_starts += cold as u64;
+    }
+    let deadline_ms = w.clock.now_ms() + timeout_s * 1000;
+    // A crash lands at a moment of the invocation's work: exponential with a mean of one
+    // second (a batch's typical length), so that most land while it works, some late.
+    let crash_at = (w.draw() < w.opts.crash_rate)
+        .then(|| Duration::from_secs_f64((-(1.0 - w.draw()).ln()).min(timeout_s as f64)));
+    let ids: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.message_id.clone().unwrap_or_default(),
+                r.receipt_handle.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let run = {
+        let instance = Arc::clone(&instance);
+        tokio::spawn(async move { instance.handle_batch(records, deadline_ms).await })
+    };
+    let limit = crash_at.unwrap_or(Duration::from_secs(timeout_s as u64));
+    let abort = run.abort_handle();
+    let answered = tokio::time::timeout(limit, run).await;
+    let response = match answered {
+        Ok(Ok((response, _summary))) => response,
+        _ => {
+            // Killed (a crash, or the deadline): the process and everything it was doing are
+            // gone; its messages come back when their visibility ends.
+            abort.abort();
+            w.stats.lock().expect("stats").killed += 1;
+            w.note(format!(
+                "invocation of {} killed after {limit:?}",
+                ids.len()
+            ));
+            check_now(w);
+            return;
+        }
+    };
+    let failed: BTreeSet<String> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    {
+        let mut aws = w.wire.aws.lock().expect("aws");
+        for (id, handle) in &ids {
+            if !failed.contains(id) {
+                let _ = aws.sqs.delete(&url_of(&w.queue), handle);
+            }
+        }
+    }
+    w.note(format!(
+        "invocation of {}: {} handed back",
+        ids.len(),
+        failed.len()
+    ));
+    idle.lock().expect("idle").push(instance);
+    check_now(w);
+}

@@ -1,0 +1,386 @@
+//! One run: the stack provisioned from `template.yaml` into the models, the payment processor
+//! built as its function's environment says, Lambda's event-source mapping feeding it, a
+//! producer sending payments (duplicates and bad input among them), the provider settling bank
+//! debits days later, DynamoDB's time to live and SQS's retention running, and every invariant
+//! checked after every step.
+//!
+//! Everything runs on one thread, on tokio's paused clock: time moves only when every task
+//! waits, so a month passes as fast as the work in it, and the seed fixes every draw.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+use payment_core::edges::config::Config;
+use payment_core::payments::charge::{PaymentWork, Processor};
+use sqs_once::clock::{Clock, TokioClock};
+use sqs_once::SqsQueues;
+
+use crate::provider::client::Client;
+use crate::provider::{Behaviour, Provider};
+use crate::wire::{Faults, Wire};
+
+mod checks;
+mod esm;
+mod producer;
+
+/// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
+pub const EPOCH_MS: i64 = 1_767_225_600_000;
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Fixes every draw of the run.
+    pub seed: u64,
+    /// Payments the producer sends.
+    pub payments: usize,
+    /// Days the payments arrive over.
+    pub arrival_days: f64,
+    /// Days the run lasts in all (the provider's late settlements and the records' lifetimes
+    /// play out after the last arrival).
+    pub days: f64,
+    /// Share of payments the producer sends twice (a retrying producer).
+    pub duplicate_share: f64,
+    /// Share of messages that are not a payment (bad JSON, a payment with a bad field).
+    pub bad_input_share: f64,
+    /// Share of payments sent again under the same id with another amount (a reused key).
+    pub reused_key_share: f64,
+    /// Chance that an invocation's process is killed at a random moment of it.
+    pub crash_rate: f64,
+    /// AWS's faults (both services).
+    pub aws: Faults,
+    /// The provider's behaviour.
+    pub provider: Behaviour,
+    /// Chance a standard queue delivers a message twice.
+    pub duplicate_delivery_rate: f64,
+    /// Template parameters given to the provisioning (`MaxReceiveCount`, ...).
+    pub parameters: BTreeMap<String, String>,
+    /// Where `template.yaml` is.
+    pub template: std::path::PathBuf,
+    /// Keep every request in the trace (else only its digest).
+    pub keep_trace: bool,
+    /// A mutation switched on in the code under test (the simulator's teeth), by name.
+    pub mutation: Option<String>,
+}
+
+impl Options {
+    /// A run of `payments` payments over `days` days with the template's settings and modest
+    /// faults everywhere.
+    pub fn new(seed: u64, payments: usize, days: f64) -> Self {
+        Self {
+            seed,
+            payments,
+            arrival_days: (days / 3.0).min(days),
+            days,
+            duplicate_share: 0.05,
+            bad_input_share: 0.01,
+            reused_key_share: 0.005,
+            crash_rate: 0.02,
+            aws: Faults {
+                latency_ms: 8.0,
+                error_rate: 0.002,
+                throttle_rate: 0.002,
+                lost_answer_rate: 0.002,
+                outage_until_ms: 0,
+            },
+            provider: Behaviour {
+                error_before_rate: 0.01,
+                error_after_rate: 0.01,
+                lost_answer_rate: 0.01,
+                ..Behaviour::default()
+            },
+            duplicate_delivery_rate: 0.01,
+            parameters: BTreeMap::new(),
+            template: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml"),
+            keep_trace: false,
+            mutation: None,
+        }
+    }
+}
+
+/// An invariant that did not hold.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+    /// Simulated time, ms since the run's start.
+    pub at_ms: i64,
+}
+
+/// What a run did and found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The digest of every request, answer and provider write, in order: the same seed and
+    /// commit give the same digest.
+    pub digest: u64,
+    /// What did not hold.
+    pub violations: Vec<Violation>,
+    /// Simulated days run.
+    pub days: f64,
+    /// Payments sent (distinct ids).
+    pub payments: usize,
+    /// Payments charged at the provider (distinct ids).
+    pub charged: usize,
+    /// Dead letters, by code.
+    pub dead_letters: BTreeMap<String, usize>,
+    /// Invocations of the processor, cold starts among them, and those killed.
+    pub invocations: u64,
+    /// Cold starts.
+    pub cold_starts: u64,
+    /// Invocations killed (a crash or the deadline).
+    pub killed: u64,
+    /// AWS requests answered.
+    pub aws_requests: u64,
+    /// Provider requests, and those refused `429`.
+    pub provider_requests: u64,
+    /// Provider requests refused by its rate.
+    pub provider_refused: u64,
+    /// Records deleted by time to live.
+    pub expired_records: usize,
+    /// The last lines of the trace (or all of it with `keep_trace`).
+    pub trace: Vec<String>,
+}
+
+/// What the producer sent for one payment id.
+#[derive(Debug, Clone)]
+struct Sent {
+    /// The payment method (what the provider will do with it).
+    method: &'static str,
+}
+
+struct World {
+    opts: Options,
+    clock: Arc<dyn Clock>,
+    wire: Wire,
+    provider: Provider,
+    config: Config,
+    sdk: aws_config::SdkConfig,
+    queue: String,
+    dlq: String,
+    /// Payment ids sent (valid ones), with what was sent.
+    sent: Mutex<BTreeMap<String, Sent>>,
+    /// Bodies sent that are not valid payments.
+    bad: Mutex<usize>,
+    violations: Mutex<Vec<Violation>>,
+    trace: Mutex<std::collections::VecDeque<String>>,
+    stats: Mutex<Report>,
+    rng: Mutex<fastrand::Rng>,
+}
+
+impl World {
+    fn now(&self) -> i64 {
+        self.clock.now_ms() - EPOCH_MS
+    }
+
+    fn note(&self, line: String) {
+        let mut t = self.trace.lock().expect("trace");
+        let line = format!("{:>12} {line}", self.now());
+        self.wire.aws.lock().expect("aws").fold(line.as_bytes());
+        t.push_back(line);
+        if !self.opts.keep_trace && t.len() > 40 {
+            t.pop_front();
+        }
+    }
+
+    fn violated(&self, invariant: &'static str, detail: String) {
+        self.note(format!("VIOLATION {invariant}: {detail}"));
+        self.violations.lock().expect("violations").push(Violation {
+            invariant,
+            detail,
+            at_ms: self.now(),
+        });
+    }
+
+    fn draw(&self) -> f64 {
+        self.rng.lock().expect("rng").f64()
+    }
+
+    /// A fresh processor instance (a cold start): the function's init, on the run's clients.
+    fn instance(&self) -> Arc<Processor> {
+        let pace = payment_core::edges::bootstrap::pace_of(&self.config);
+        let client = Client {
+            provider: self.provider.clone(),
+            pace: pace.clone(),
+        };
+        let work = PaymentWork::new(Arc::new(client), self.config.provider_key_retention)
+            .with_refund_window(self.config.refund_window);
+        let store = payment_core::payment_store(
+            aws_sdk_dynamodb::Client::new(&self.sdk),
+            &self.config.idempotency_table,
+        )
+        .with_clock(Arc::clone(&self.clock));
+        let queues = SqsQueues::new(
+            aws_sdk_sqs::Client::new(&self.sdk),
+            self.config.dead_letter_queue_url.clone(),
+        );
+        let mut runner = Processor::new(
+            Arc::new(work),
+            Arc::new(store),
+            Arc::new(queues),
+            self.config.settings.clone(),
+        )
+        .with_clock(Arc::clone(&self.clock));
+        if let Some(p) = pace {
+            runner = runner.with_pace(p);
+        }
+        Arc::new(runner)
+    }
+}
+
+/// Runs one seed to its end and checks it.
+pub fn run(opts: Options) -> Result<Report> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .context("building the simulator's runtime")?;
+    // The code under test draws its jitter (fastrand) and tokens on this thread: seeded here.
+    fastrand::seed(opts.seed);
+    sqs_once::token::seed_this_thread(opts.seed.rotate_left(17));
+    rt.block_on(run_on(opts))
+}
+
+async fn run_on(opts: Options) -> Result<Report> {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(EPOCH_MS));
+    let wire = Wire::new(opts.seed, Arc::clone(&clock));
+    {
+        let mut aws = wire.aws.lock().expect("aws");
+        aws.keep_log = opts.keep_trace;
+    }
+    let sdk = wire.sdk_config();
+    let mut parameters: std::collections::HashMap<String, String> =
+        opts.parameters.clone().into_iter().collect();
+    parameters
+        .entry("ProviderEventsDelivery".into())
+        .or_insert_with(|| "webhook".into());
+    let stack = payctl::template::provision(
+        &sdk,
+        &opts.template,
+        &payctl::template::ProvisionOptions {
+            stack_name: "sim".into(),
+            parameters,
+            ..Default::default()
+        },
+    )
+    .await
+    .context("provisioning template.yaml into the models")?;
+    let env = stack
+        .function_envs
+        .get("PaymentProcessorFunction")
+        .context("the template has no PaymentProcessorFunction")?
+        .clone();
+    let mut env = env;
+    for (k, v) in stack
+        .deployed_pace
+        .get("PaymentProcessorFunction")
+        .cloned()
+        .unwrap_or_default()
+    {
+        env.insert(k, v);
+    }
+    // The provider is reached through its port, not its wire client: no key is ever read.
+    if env
+        .get("PAYMENT_API_KEY_SECRET_ARN")
+        .is_none_or(|v| v.trim().is_empty())
+    {
+        env.insert("PAYMENT_API_KEY".into(), "sk_test_simulator".into());
+    }
+    let config =
+        Config::from_lookup(|k| env.get(k).cloned()).context("the processor's configuration")?;
+    let source = stack.event_sources.get("PaymentProcessorFunction").cloned();
+    let queue_url = config
+        .source_queue_url
+        .clone()
+        .context("SOURCE_QUEUE_URL")?;
+    let queue = queue_url.rsplit('/').next().unwrap_or_default().to_owned();
+    let dlq = config
+        .dead_letter_queue_url
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    {
+        let mut aws = wire.aws.lock().expect("aws");
+        aws.dynamo_faults = opts.aws.clone();
+        aws.sqs_faults = opts.aws.clone();
+        aws.sqs.duplicate_rate = opts.duplicate_delivery_rate;
+    }
+    let provider = Provider::new(
+        opts.seed ^ 0x9e37,
+        Arc::clone(&clock),
+        config.provider_timeout,
+    );
+    *provider.behaviour.lock().expect("behaviour") = opts.provider.clone();
+    let world = Arc::new(World {
+        opts: opts.clone(),
+        clock: Arc::clone(&clock),
+        wire: wire.clone(),
+        provider,
+        config,
+        sdk: sdk.clone(),
+        queue,
+        dlq,
+        sent: Mutex::new(BTreeMap::new()),
+        bad: Mutex::new(0),
+        violations: Mutex::new(Vec::new()),
+        trace: Mutex::new(Default::default()),
+        stats: Mutex::new(Report::default()),
+        rng: Mutex::new(fastrand::Rng::with_seed(opts.seed ^ 0xa5a5)),
+    });
+    let batch_size = source.as_ref().map_or(10, |s| s.batch_size.max(1) as usize);
+    let timeout_s = source
+        .as_ref()
+        .map_or(60, |s| s.function_timeout_seconds.max(1) as i64);
+    let window_s = source
+        .as_ref()
+        .map_or(0, |s| s.batching_window_seconds.max(0) as u64);
+    let concurrency: usize = env
+        .get("EVENT_SOURCE_MAX_CONCURRENCY")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    world.note(format!(
+        "start: seed {} payments {} days {} batch {batch_size} timeout {timeout_s}s window {window_s}s concurrency {concurrency}",
+        opts.seed, opts.payments, opts.days
+    ));
+
+    let end_ms = EPOCH_MS + (opts.days * 86_400_000.0) as i64;
+    let producer = tokio::spawn(producer::produce(Arc::clone(&world)));
+    let housekeeping = tokio::spawn(checks::housekeep(Arc::clone(&world), end_ms));
+    let esm = tokio::spawn(esm::event_source(
+        Arc::clone(&world),
+        batch_size,
+        timeout_s,
+        concurrency,
+        end_ms,
+    ));
+    producer.await.context("the producer")?;
+    esm.await.context("the event source")?;
+    housekeeping.await.context("housekeeping")?;
+    checks::check_end(&world);
+
+    let mut report = world.stats.lock().expect("stats").clone();
+    let aws = wire.aws.lock().expect("aws");
+    report.digest = aws.digest;
+    report.aws_requests = aws.requests;
+    report.violations = world.violations.lock().expect("v").clone();
+    report.days = (clock.now_ms() - EPOCH_MS) as f64 / 86_400_000.0;
+    report.payments = world.sent.lock().expect("sent").len();
+    let books = world.provider.books.lock().expect("books");
+    report.provider_requests = books.requests;
+    report.provider_refused = books.refused;
+    report.charged = books
+        .intents
+        .values()
+        .filter(|i| i.status == "succeeded")
+        .map(|i| &i.payment_id)
+        .collect::<BTreeSet<_>>()
+        .len();
+    let mut trace: Vec<String> = world.trace.lock().expect("trace").iter().cloned().collect();
+    if opts.keep_trace {
+        trace.extend(aws.log.iter().cloned());
+    }
+    report.trace = trace;
+    Ok(report)
+}
