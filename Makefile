@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast test-localstack chaos timeline check-template package e2e-sam bench lint fmt build install
+.PHONY: demo test test-fast test-localstack chaos sim timeline check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -32,6 +32,21 @@ test-localstack:
 ## AWS calls throttled, refused, stalled and answers lost (CHAOS_AWS_FAULTS of the calls).
 chaos:
 	bash infra/scripts/chaos.sh --payments $(CHAOS_PAYMENTS) --seed $(CHAOS_SEED) --aws-faults $(CHAOS_AWS_FAULTS)
+
+## The whole system on a simulated clock (infra/sim): SEEDS seeds from FIRST_SEED, each DAYS simulated
+## days of PAYMENTS payments through the real processor against models of SQS, DynamoDB, Lambda's
+## event source and the provider, faults injected (CRASH_RATE, AWS_FAULT_RATE, PROVIDER_FAULT_RATE),
+## every invariant checked; a line per seed; a failing seed prints the command that replays it
+## (TRACE=FILE writes its whole trace). make test runs a few small seeds.
+SEEDS ?= 20
+FIRST_SEED ?= 1
+DAYS ?= 30
+PAYMENTS ?= 10000
+sim:
+	SEEDS=$(SEEDS) FIRST_SEED=$(FIRST_SEED) DAYS=$(DAYS) PAYMENTS=$(PAYMENTS) \
+	  $(if $(CRASH_RATE),CRASH_RATE=$(CRASH_RATE)) $(if $(AWS_FAULT_RATE),AWS_FAULT_RATE=$(AWS_FAULT_RATE)) \
+	  $(if $(PROVIDER_FAULT_RATE),PROVIDER_FAULT_RATE=$(PROVIDER_FAULT_RATE)) $(if $(TRACE),TRACE=$(TRACE)) \
+	  cargo run --profile perf -q -p simulator --bin sim
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
 ## authenticating, a debit settling, a dispute won, a refund months after the charge) with the

@@ -46,3 +46,23 @@ fn the_fixed_seeds_keep_every_invariant() {
         );
     }
 }
+
+#[test]
+fn a_provider_that_ignores_its_keys_is_caught_charging_twice() {
+    // The invariant's own teeth: retries after lost answers, with no key to absorb them.
+    let mut opts = small(5);
+    opts.provider.ignores_keys = true;
+    opts.provider.lost_answer_rate = 0.05;
+    let r = run(opts).unwrap();
+    let twice: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| v.invariant == "no payment charged twice")
+        .collect();
+    assert!(
+        !twice.is_empty(),
+        "no double charge found in {} payments: {:#?}",
+        r.payments,
+        r.violations
+    );
+}

@@ -250,7 +250,7 @@ impl Table {
                 if at < now_s - 5 * 365 * 86_400 {
                     return None;
                 }
-                (at + delay_of(k, at) <= now_s).then(|| k.clone())
+                (at <= now_s && at + delay_of(k, at) <= now_s).then(|| k.clone())
             })
             .collect()
     }

@@ -87,6 +87,9 @@ pub struct Behaviour {
     pub settle_days: f64,
     /// The provider is down until this epoch ms (every request: `500` before anything).
     pub outage_until_ms: i64,
+    /// A provider that ignores `Idempotency-Key` (no real one does): the simulator's own
+    /// check that its double-charge invariant fires.
+    pub ignores_keys: bool,
 }
 
 impl Default for Behaviour {
@@ -99,6 +102,7 @@ impl Default for Behaviour {
             account_rate: 100.0,
             settle_days: 4.0,
             outage_until_ms: 0,
+            ignores_keys: false,
         }
     }
 }
@@ -356,7 +360,7 @@ impl Provider {
         let error_after = self.draw() < b.error_after_rate;
         let mut books = self.books.lock().expect("books");
         books.keys.retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
-        if let Some(k) = books.keys.get(&key) {
+        if let Some(k) = books.keys.get(&key).filter(|_| !b.ignores_keys) {
             if k.params != params {
                 return Ok(ProviderResponse::KeyReused {
                     message: "Keys for idempotent requests can only be used with the same parameters they were first used with".into(),

@@ -26,7 +26,7 @@ pub struct SqsError {
 }
 
 impl SqsError {
-    fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),

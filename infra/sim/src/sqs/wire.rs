@@ -240,6 +240,37 @@ impl Sqs {
                 }
                 Ok(json!({}))
             }
+            "ChangeMessageVisibilityBatch" => {
+                let url = text(body, "QueueUrl")?.to_owned();
+                let entries = body
+                    .get("Entries")
+                    .and_then(Json::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                if entries.is_empty() {
+                    return Err(SqsError::new("EmptyBatchRequest", "There should be at least one ChangeMessageVisibilityBatchRequestEntry in the request."));
+                }
+                if entries.len() > 10 {
+                    return Err(SqsError::new(
+                        "TooManyEntriesInBatchRequest",
+                        "Maximum number of entries per request are 10.",
+                    ));
+                }
+                let mut ok = Vec::new();
+                let mut failed = Vec::new();
+                for e in entries {
+                    let id = e["Id"].as_str().unwrap_or_default().to_owned();
+                    let seconds = e
+                        .get("VisibilityTimeout")
+                        .and_then(Json::as_i64)
+                        .unwrap_or(0);
+                    match self.change_visibility(&url, e["ReceiptHandle"].as_str().unwrap_or_default(), seconds, now_ms) {
+                        Ok(()) => ok.push(json!({"Id": id})),
+                        Err(err) => failed.push(json!({"Id": id, "SenderFault": true, "Code": err.code, "Message": err.message})),
+                    }
+                }
+                Ok(json!({"Successful": ok, "Failed": failed}))
+            }
             "PurgeQueue" => {
                 self.queue_mut(text(body, "QueueUrl")?)?.messages.clear();
                 Ok(json!({}))

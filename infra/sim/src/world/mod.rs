@@ -22,6 +22,7 @@ use crate::wire::{Faults, Wire};
 
 mod checks;
 mod esm;
+mod operator;
 mod producer;
 
 /// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
@@ -167,6 +168,8 @@ struct World {
     trace: Mutex<std::collections::VecDeque<String>>,
     stats: Mutex<Report>,
     rng: Mutex<fastrand::Rng>,
+    /// The dead letters the operator has read.
+    seen: Mutex<Option<operator::Seen>>,
 }
 
 impl World {
@@ -328,6 +331,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         trace: Mutex::new(Default::default()),
         stats: Mutex::new(Report::default()),
         rng: Mutex::new(fastrand::Rng::with_seed(opts.seed ^ 0xa5a5)),
+        seen: Mutex::new(None),
     });
     let batch_size = source.as_ref().map_or(10, |s| s.batch_size.max(1) as usize);
     let timeout_s = source
@@ -348,6 +352,13 @@ async fn run_on(opts: Options) -> Result<Report> {
     let end_ms = EPOCH_MS + (opts.days * 86_400_000.0) as i64;
     let producer = tokio::spawn(producer::produce(Arc::clone(&world)));
     let housekeeping = tokio::spawn(checks::housekeep(Arc::clone(&world), end_ms));
+    let seen: operator::Seen = Default::default();
+    let operator = tokio::spawn(operator::answer_alarms(
+        Arc::clone(&world),
+        Arc::clone(&seen),
+        end_ms,
+    ));
+    *world.seen.lock().expect("seen") = Some(seen);
     let esm = tokio::spawn(esm::event_source(
         Arc::clone(&world),
         batch_size,
@@ -358,6 +369,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     producer.await.context("the producer")?;
     esm.await.context("the event source")?;
     housekeeping.await.context("housekeeping")?;
+    operator.await.context("the operator")?;
     checks::check_end(&world);
 
     let mut report = world.stats.lock().expect("stats").clone();

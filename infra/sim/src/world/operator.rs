@@ -1,0 +1,62 @@
+//! The operator: answers the dead-letter alarm after a delay, as the runbook says: reads the
+//! dead letters (`payctl dlq list`, which keeps each one's code and reason for the record) and
+//! redrives what can succeed (`payctl dlq redrive`, which leaves the codes never redriven in
+//! place). Both are payctl's own code, over the SDK, against the models.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::World;
+use crate::sqs::url_of;
+
+/// How long the operator takes to answer an alarm (a working day).
+pub(super) const ANSWER_AFTER: Duration = Duration::from_secs(8 * 3600);
+
+/// The dead letters the operator has read (their reasons are on record), by message id.
+pub(super) type Seen = Arc<Mutex<BTreeSet<String>>>;
+
+/// Watches the dead-letter queue until `end_ms`; from the first letter on, answers after
+/// [`ANSWER_AFTER`], then again at each later letter.
+pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
+    let sqs = aws_sdk_sqs::Client::new(&w.sdk);
+    let (dlq, queue) = (url_of(&w.dlq), url_of(&w.queue));
+    while w.clock.now_ms() < end_ms {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let waiting = {
+            let aws = w.wire.aws.lock().expect("aws");
+            aws.sqs.queues.get(&w.dlq).map_or(0, |q| {
+                let seen = seen.lock().expect("seen");
+                q.messages.iter().filter(|m| !seen.contains(&m.id)).count()
+            })
+        };
+        if waiting == 0 {
+            continue;
+        }
+        w.note(format!(
+            "alarm: {waiting} new dead letters; the operator answers in {ANSWER_AFTER:?}"
+        ));
+        tokio::time::sleep(ANSWER_AFTER).await;
+        match payctl::dlq::list(&sqs, &dlq, 10_000).await {
+            Ok(letters) => {
+                let mut s = seen.lock().expect("seen");
+                for l in &letters {
+                    s.insert(l.message_id.clone());
+                }
+                w.note(format!("operator: read {} dead letters", letters.len()));
+            }
+            Err(e) => w.note(format!("operator: dlq list failed: {e:#}")),
+        }
+        let opts = payctl::dlq::RedriveOptions {
+            dlq_url: dlq.clone(),
+            queue_url: queue.clone(),
+            error_code: None,
+            max: None,
+            force: false,
+        };
+        match payctl::dlq::redrive(&sqs, &opts).await {
+            Ok(r) => w.note(format!("operator: redrove {}, kept {:?}", r.moved, r.kept)),
+            Err(e) => w.note(format!("operator: redrive failed: {e:#}")),
+        }
+    }
+}
