@@ -37,7 +37,8 @@ chaos:
 ## days of PAYMENTS payments through the real processor against models of SQS, DynamoDB, Lambda's
 ## event source and the provider, faults injected (CRASH_RATE, AWS_FAULT_RATE, PROVIDER_FAULT_RATE),
 ## every invariant checked; a line per seed; a failing seed prints the command that replays it
-## (TRACE=FILE writes its whole trace). make test runs a few small seeds.
+## (TRACE=FILE writes its whole trace). MUTATION=NAME puts a known bug back (the simulator's
+## teeth), FIFO=true, PROVIDER_OUTAGE_DAY=D (30 hours). make test runs a few small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
 DAYS ?= 30
@@ -46,7 +47,9 @@ sim:
 	SEEDS=$(SEEDS) FIRST_SEED=$(FIRST_SEED) DAYS=$(DAYS) PAYMENTS=$(PAYMENTS) \
 	  $(if $(CRASH_RATE),CRASH_RATE=$(CRASH_RATE)) $(if $(AWS_FAULT_RATE),AWS_FAULT_RATE=$(AWS_FAULT_RATE)) \
 	  $(if $(PROVIDER_FAULT_RATE),PROVIDER_FAULT_RATE=$(PROVIDER_FAULT_RATE)) $(if $(TRACE),TRACE=$(TRACE)) \
-	  cargo run --profile perf -q -p simulator --bin sim
+	  $(if $(MUTATION),MUTATION=$(MUTATION)) $(if $(FIFO),FIFO=$(FIFO)) \
+	  $(if $(PROVIDER_OUTAGE_DAY),PROVIDER_OUTAGE_DAY=$(PROVIDER_OUTAGE_DAY)) \
+	  cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
 ## authenticating, a debit settling, a dispute won, a refund months after the charge) with the

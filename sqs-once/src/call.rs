@@ -128,7 +128,8 @@ impl<W: Work> BatchRunner<W> {
         // `must_look`: a blind call could act twice once the key may be forgotten; a
         // lookup that proves no effect lifts it until the next ambiguous answer.
         // `landing`: the latest time a call whose answer was not definitive may still land.
-        let mut mark = attempt.context.inherited_unknown;
+        let mut mark =
+            attempt.context.inherited_unknown && !crate::mutation::on("unknown_mark_not_sticky");
         let mut must_look = attempt.context.inherited_unknown;
         let mut landing = attempt.landing_ms;
         let mut last: Option<CallError> = None;

@@ -557,9 +557,9 @@ impl IdempotencyStore for DynamoStore {
             (":now", n(now_ms)),
             (":open", s(&self.layout.record_prefix)),
         ];
-        if note.unknown_outcome {
+        if note.unknown_outcome || crate::mutation::on("unknown_mark_not_sticky") {
             update.push_str(", unknown_outcome = :u");
-            values.push((":u", AttributeValue::Bool(true)));
+            values.push((":u", AttributeValue::Bool(note.unknown_outcome)));
         }
         if let Some(t) = note.not_before_ms {
             update.push_str(", not_before = :nb");

@@ -36,6 +36,7 @@ pub mod fingerprint;
 pub mod lambda;
 pub mod memory;
 pub mod metrics;
+pub mod mutation;
 pub mod pace;
 pub mod queue;
 pub mod record;

@@ -34,6 +34,24 @@ struct Args {
     /// Write the failing (or only) seed's whole trace to this file.
     #[arg(long, env = "TRACE")]
     trace: Option<std::path::PathBuf>,
+    /// Put a mutation back (the simulator's teeth): one of `simulator::world::MUTATIONS`.
+    #[arg(long, env = "MUTATION")]
+    mutation: Option<String>,
+    /// FIFO queues.
+    #[arg(long, env = "FIFO")]
+    fifo: bool,
+    /// The source queue's visibility timeout, seconds (else the template's).
+    #[arg(long, env = "VISIBILITY_TIMEOUT")]
+    visibility_timeout: Option<i32>,
+    /// `maxReceiveCount` (else the template's).
+    #[arg(long, env = "MAX_RECEIVE_COUNT")]
+    max_receive_count: Option<i32>,
+    /// The provider down from this day ...
+    #[arg(long, env = "PROVIDER_OUTAGE_DAY")]
+    provider_outage_day: Option<f64>,
+    /// ... for this many hours.
+    #[arg(long, env = "PROVIDER_OUTAGE_HOURS", default_value_t = 30.0)]
+    provider_outage_hours: f64,
 }
 
 fn main() -> Result<()> {
@@ -57,12 +75,30 @@ fn main() -> Result<()> {
             opts.provider.lost_answer_rate = r;
         }
         opts.keep_trace = args.trace.is_some();
+        if let Some(m) = &args.mutation {
+            if !simulator::world::MUTATIONS.iter().any(|(n, _)| n == m) {
+                anyhow::bail!(
+                    "no mutation {m}: the mutations are {:?}",
+                    simulator::world::MUTATIONS
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                );
+            }
+            opts.mutation = Some(m.clone());
+        }
+        opts.fifo = args.fifo;
+        opts.visibility_timeout = args.visibility_timeout;
+        opts.max_receive_count = args.max_receive_count;
+        opts.provider_outage = args
+            .provider_outage_day
+            .map(|d| (d, args.provider_outage_hours));
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -73,6 +109,8 @@ fn main() -> Result<()> {
             report.aws_requests,
             report.provider_requests,
             report.provider_refused,
+            report.refunds_sent,
+            report.refunds_made,
             report.expired_records,
             report.digest,
             report.days / took.max(1e-9),

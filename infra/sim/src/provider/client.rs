@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use payment_core::domain::PaymentRequest;
 use payment_core::provider::{
-    FailureKind, FoundPayment, PaymentProvider, PaymentQuery, ProviderError, ProviderResponse,
-    RateLimit,
+    FailureKind, FoundPayment, FoundRefund, PaymentProvider, PaymentQuery, ProviderError,
+    ProviderResponse, RateLimit, RefundCall, RefundProvider, RefundResponse,
 };
 use sqs_once::pace::Pace;
 
@@ -75,6 +75,34 @@ impl PaymentProvider for Client {
     ) -> Result<Vec<FoundPayment>, ProviderError> {
         self.slot().await?;
         let answer = self.provider.find_payments(query).await;
+        self.told(&answer);
+        answer
+    }
+}
+
+#[async_trait]
+impl RefundProvider for Client {
+    fn request_timeout(&self) -> Duration {
+        self.provider.timeout
+    }
+
+    async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.create_refund(call).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.find_refunds(payment_intent).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.payment_status(payment_intent).await;
         self.told(&answer);
         answer
     }

@@ -21,7 +21,10 @@ use payment_core::provider::{
 };
 use sqs_once::clock::Clock;
 
+mod behaviour;
 pub mod client;
+pub use behaviour::{Behaviour, Outage};
+pub mod refunds;
 
 /// The payment methods the simulated customers pay with, as the test mode names them.
 pub mod methods {
@@ -70,43 +73,6 @@ struct Kept {
     running: bool,
 }
 
-/// What the provider does besides answering: its latency, faults and rate.
-#[derive(Debug, Clone)]
-pub struct Behaviour {
-    /// Median latency, ms.
-    pub latency_ms: f64,
-    /// Chance of a `500` before anything is written.
-    pub error_before_rate: f64,
-    /// Chance of a `500` after the intent was written (stored under the key and replayed).
-    pub error_after_rate: f64,
-    /// Chance the answer is lost after the write (the client times out).
-    pub lost_answer_rate: f64,
-    /// Requests per second the account allows (live mode: 100), shared with the merchant.
-    pub account_rate: f64,
-    /// Days a bank debit takes to settle.
-    pub settle_days: f64,
-    /// The provider is down until this epoch ms (every request: `500` before anything).
-    pub outage_until_ms: i64,
-    /// A provider that ignores `Idempotency-Key` (no real one does): the simulator's own
-    /// check that its double-charge invariant fires.
-    pub ignores_keys: bool,
-}
-
-impl Default for Behaviour {
-    fn default() -> Self {
-        Self {
-            latency_ms: 300.0,
-            error_before_rate: 0.0,
-            error_after_rate: 0.0,
-            lost_answer_rate: 0.0,
-            account_rate: 100.0,
-            settle_days: 4.0,
-            outage_until_ms: 0,
-            ignores_keys: false,
-        }
-    }
-}
-
 /// The provider's state: its books.
 #[derive(Debug, Default)]
 pub struct Books {
@@ -126,6 +92,12 @@ pub struct Books {
     /// Every moment a payment came to hold two live charges (succeeded, processing or
     /// authorised), as found when it happened.
     pub double_charges: Vec<String>,
+    /// Refunds by id (`re_...`).
+    pub refunds: BTreeMap<String, refunds::Refund>,
+    /// Refund requests' keys (`refund:<refund_id>`): parameters, answer, when.
+    refund_keys: BTreeMap<String, refunds::KeptRefund>,
+    /// Every moment a refund went beyond its charge, or a refund id was refunded twice.
+    pub refund_breaches: Vec<String>,
 }
 
 /// True for an intent that moved money or will (`processing` settles by itself).
@@ -255,7 +227,8 @@ impl Provider {
             self.latency(b.latency_ms / 2.0),
             self.latency(b.latency_ms / 2.0),
         );
-        if there + back > self.timeout {
+        let outage = b.outage(self.clock.now_ms());
+        if there + back > self.timeout || outage == Some(Outage::Failing) {
             // The request may still arrive and be executed; the client gave up.
             tokio::time::sleep(self.timeout).await;
             if self.draw() < 0.5 {
@@ -268,10 +241,10 @@ impl Provider {
             ));
         }
         tokio::time::sleep(there).await;
-        let answer = if self.clock.now_ms() < b.outage_until_ms {
+        let answer = if outage.is_some() {
             Err(Self::error(
-                FailureKind::ServerError,
-                "500: the provider is down",
+                FailureKind::Connect,
+                "the provider cannot be reached",
             ))
         } else if !self.admit(b.account_rate) {
             let mut e = Self::error(FailureKind::RateLimited, "429: too many requests");
@@ -303,13 +276,23 @@ impl Provider {
         query: &PaymentQuery,
     ) -> Result<Vec<FoundPayment>, ProviderError> {
         let b = self.behaviour.lock().expect("behaviour").clone();
-        tokio::time::sleep(self.latency(b.latency_ms)).await;
-        if self.clock.now_ms() < b.outage_until_ms {
-            return Err(Self::error(
-                FailureKind::ServerError,
-                "500: the provider is down",
-            ));
+        match b.outage(self.clock.now_ms()) {
+            Some(Outage::Failing) => {
+                tokio::time::sleep(self.timeout).await;
+                return Err(Self::error(
+                    FailureKind::Timeout,
+                    "no answer within the client's timeout",
+                ));
+            }
+            Some(Outage::Down) => {
+                return Err(Self::error(
+                    FailureKind::Connect,
+                    "the provider cannot be reached",
+                ));
+            }
+            None => {}
         }
+        tokio::time::sleep(self.latency(b.latency_ms)).await;
         if !self.admit(b.account_rate) {
             let mut e = Self::error(FailureKind::RateLimited, "429: too many requests");
             e.rate_limit = Some(RateLimit::Account);

@@ -289,7 +289,9 @@ impl Sqs {
             first_receive_ms: None,
             handle: None,
         });
-        self.arrivals.notify_one();
+        // Every mapping waiting wakes (one thread: none can miss it between its receive and
+        // its wait, as nothing else runs there).
+        self.arrivals.notify_waiters();
         Ok(id)
     }
 

@@ -52,7 +52,7 @@ pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
                 .attributes
                 .get("error_code")
                 .and_then(|v| v["StringValue"].as_str());
-            if queue == w.dlq
+            if (queue == w.dlq || queue == w.refunds.dlq)
                 && read
                 && code.is_some_and(|c| payctl::dead_letter_codes::never_redriven(c).is_some())
             {
@@ -96,8 +96,15 @@ pub fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
+/// How long after a charge the provider can still change it: a cardholder disputes for about
+/// 120 days (Stripe's "How disputes work"); refunds come later still, within the merchant's
+/// refund window, which the record's lifetime follows.
+pub(super) const DISPUTE_WINDOW_MS: i64 = 120 * 86_400_000;
+
 /// A record deleted by time to live while the provider may still change its payment is lost
-/// history: a late settlement, refund or dispute would find nothing.
+/// history: a late settlement, refund or dispute would find nothing. Still changeable: a debit
+/// `processing`, and any PaymentIntent within the dispute window of its creation (a decline or
+/// a customer's authentication can still be confirmed on-session, a charge disputed).
 fn check_expiry(w: &World, item: &crate::dynamo::value::Item) {
     let Some(Value::S(pk)) = item.get("pk") else {
         return;
@@ -105,12 +112,24 @@ fn check_expiry(w: &World, item: &crate::dynamo::value::Item) {
     let Some(pid) = pk.strip_prefix("payment#") else {
         return;
     };
+    let now = w.clock.now_ms();
     let books = w.provider.books.lock().expect("books");
     for i in books.intents_of(pid) {
-        if i.status == "processing" {
+        let open = if i.status == "processing" {
+            Some("is processing".to_owned())
+        } else if now < i.created_ms + DISPUTE_WINDOW_MS {
+            Some(format!(
+                "is {} and {} days old, within the dispute window",
+                i.status,
+                (now - i.created_ms) / 86_400_000
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = open {
             w.violated(
                 "no record deleted while the provider can still change it",
-                format!("{pk} expired while {} is processing", i.id),
+                format!("{pk} expired while {} {why}", i.id),
             );
         }
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsMessage, SqsMessageAttribute};
-use payment_core::payments::charge::Processor;
+use sqs_once::{BatchRunner, Work};
 
 use super::checks::check_now;
 use super::World;
@@ -44,18 +44,30 @@ fn record_of(m: &Message, queue: &str, fifo: bool) -> SqsMessage {
     r
 }
 
-/// Lambda's event-source mapping for the processor: polls, batches, invokes up to its maximum
+/// A function and the queue its event-source mapping reads, as the template declares them.
+pub(super) struct Source<W: Work> {
+    /// The source queue's name.
+    pub queue: String,
+    /// `BatchSize`.
+    pub batch: usize,
+    /// The function's timeout, s.
+    pub timeout_s: i64,
+    /// `MaximumConcurrency`.
+    pub concurrency: usize,
+    /// The function's init: a new instance (a cold start).
+    pub init: Arc<dyn Fn() -> Arc<BatchRunner<W>> + Send + Sync>,
+}
+
+type Idle<W> = Arc<Mutex<Vec<Arc<BatchRunner<W>>>>>;
+
+/// Lambda's event-source mapping for a function: polls, batches, invokes up to its maximum
 /// concurrency, deletes what the response does not report as failed.
-pub(super) async fn event_source(
-    w: Arc<World>,
-    batch: usize,
-    timeout_s: i64,
-    concurrency: usize,
-    end_ms: i64,
-) {
-    let idle: Arc<Mutex<Vec<Arc<Processor>>>> = Arc::new(Mutex::new(Vec::new()));
-    let running = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
-    let fifo = w.queue.ends_with(".fifo");
+pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>, end_ms: i64) {
+    let s = Arc::new(s);
+    let idle: Idle<W> = Arc::new(Mutex::new(Vec::new()));
+    let running = Arc::new(tokio::sync::Semaphore::new(s.concurrency.max(1)));
+    let fifo = s.queue.ends_with(".fifo");
+    let (queue, batch) = (s.queue.clone(), s.batch);
     loop {
         if w.clock.now_ms() >= end_ms {
             break;
@@ -65,7 +77,7 @@ pub(super) async fn event_source(
             let mut aws = w.wire.aws.lock().expect("aws");
             let now = w.clock.now_ms();
             aws.sqs
-                .receive(&url_of(&w.queue), batch, None, now)
+                .receive(&url_of(&queue), batch, None, now)
                 .unwrap_or_default()
         };
         if msgs.is_empty() {
@@ -76,7 +88,7 @@ pub(super) async fn event_source(
                 let aws = w.wire.aws.lock().expect("aws");
                 (
                     std::sync::Arc::clone(&aws.sqs.arrivals),
-                    aws.sqs.next_visible(&url_of(&w.queue)),
+                    aws.sqs.next_visible(&url_of(&queue)),
                 )
             };
             let now = w.clock.now_ms();
@@ -85,9 +97,9 @@ pub(super) async fn event_source(
                 tokio::time::timeout(Duration::from_millis(wait as u64), arrivals.notified()).await;
             continue;
         }
-        let records: Vec<SqsMessage> = msgs.iter().map(|m| record_of(m, &w.queue, fifo)).collect();
+        let records: Vec<SqsMessage> = msgs.iter().map(|m| record_of(m, &queue, fifo)).collect();
         let instance = idle.lock().expect("idle").pop();
-        let (w2, idle2) = (Arc::clone(&w), Arc::clone(&idle));
+        let (w2, idle2, s2) = (Arc::clone(&w), Arc::clone(&idle), Arc::clone(&s));
         tokio::spawn(async move {
             let _permit = permit;
             let (instance, cold) = match instance {
@@ -95,24 +107,25 @@ pub(super) async fn event_source(
                 None => {
                     // A cold start: the init runs before the batch (~150 ms on arm64).
                     tokio::time::sleep(Duration::from_millis(150)).await;
-                    (w2.instance(), true)
+                    ((s2.init)(), true)
                 }
             };
-            invoke(&w2, instance, records, timeout_s, cold, &idle2).await;
+            invoke(&w2, &s2, instance, records, cold, &idle2).await;
         });
     }
 }
 
 /// One invocation: the runner's `handle_batch` until it answers, the deadline kills it, or a
 /// crash does; then the mapping deletes what succeeded.
-async fn invoke(
+async fn invoke<W: Work + 'static>(
     w: &Arc<World>,
-    instance: Arc<Processor>,
+    s: &Source<W>,
+    instance: Arc<BatchRunner<W>>,
     records: Vec<SqsMessage>,
-    timeout_s: i64,
     cold: bool,
-    idle: &Arc<Mutex<Vec<Arc<Processor>>>>,
+    idle: &Idle<W>,
 ) {
+    let timeout_s = s.timeout_s;
     {
         let mut s = w.stats.lock().expect("stats");
         s.invocations += 1;
@@ -147,7 +160,8 @@ async fn invoke(
             abort.abort();
             w.stats.lock().expect("stats").killed += 1;
             w.note(format!(
-                "invocation of {} killed after {limit:?}",
+                "{}: invocation of {} killed after {limit:?}",
+                s.queue,
                 ids.len()
             ));
             check_now(w);
@@ -163,12 +177,13 @@ async fn invoke(
         let mut aws = w.wire.aws.lock().expect("aws");
         for (id, handle) in &ids {
             if !failed.contains(id) {
-                let _ = aws.sqs.delete(&url_of(&w.queue), handle);
+                let _ = aws.sqs.delete(&url_of(&s.queue), handle);
             }
         }
     }
     w.note(format!(
-        "invocation of {}: {} handed back",
+        "{}: invocation of {}: {} handed back",
+        s.queue,
         ids.len(),
         failed.len()
     ));

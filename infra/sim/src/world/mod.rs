@@ -22,8 +22,11 @@ use crate::wire::{Faults, Wire};
 
 mod checks;
 mod esm;
+mod function;
 mod operator;
 mod producer;
+mod refunds;
+mod sender;
 
 /// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
@@ -46,6 +49,8 @@ pub struct Options {
     pub bad_input_share: f64,
     /// Share of payments sent again under the same id with another amount (a reused key).
     pub reused_key_share: f64,
+    /// Share of card payments the merchant refunds (hours to ten days later).
+    pub refund_share: f64,
     /// Chance that an invocation's process is killed at a random moment of it.
     pub crash_rate: f64,
     /// AWS's faults (both services).
@@ -60,8 +65,17 @@ pub struct Options {
     pub template: std::path::PathBuf,
     /// Keep every request in the trace (else only its digest).
     pub keep_trace: bool,
-    /// A mutation switched on in the code under test (the simulator's teeth), by name.
+    /// A mutation put back into the system (the simulator's teeth), by name: see
+    /// [`MUTATIONS`].
     pub mutation: Option<String>,
+    /// The source queue's visibility timeout, when not the template's (users bring their own).
+    pub visibility_timeout: Option<i32>,
+    /// `maxReceiveCount`, when not the template's.
+    pub max_receive_count: Option<i32>,
+    /// Every queue FIFO (content-based deduplication; payments grouped by customer).
+    pub fifo: bool,
+    /// The provider down for a while: (from day, for hours).
+    pub provider_outage: Option<(f64, f64)>,
 }
 
 impl Options {
@@ -76,6 +90,7 @@ impl Options {
             duplicate_share: 0.05,
             bad_input_share: 0.01,
             reused_key_share: 0.005,
+            refund_share: 0.1,
             crash_rate: 0.02,
             aws: Faults {
                 latency_ms: 8.0,
@@ -95,9 +110,28 @@ impl Options {
             template: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml"),
             keep_trace: false,
             mutation: None,
+            visibility_timeout: None,
+            max_receive_count: None,
+            fifo: false,
+            provider_outage: None,
         }
     }
 }
+
+/// The mutations a run can put back, each a version of the system that was (or would be)
+/// wrong, for the simulator to show that it finds them. Those of the protocol
+/// (`sqs_once::mutation::ALL`) are put back in `sqs-once` itself and need a build with its
+/// `sim-mutations` feature (the simulator's tests; `make sim MUTATION=...`).
+pub const MUTATIONS: &[(&str, &str)] = &[
+    (
+        "charged_records_21_days",
+        "a charged payment's record kept the record retention (21 days), not the refund window: main before the lifetimes work",
+    ),
+    (
+        "unknown_mark_not_sticky",
+        "an attempt starts with a clear unknown-outcome mark instead of the one it inherits (sqs_once::mutation)",
+    ),
+];
 
 /// An invariant that did not hold.
 #[derive(Debug, Clone)]
@@ -140,6 +174,10 @@ pub struct Report {
     pub provider_refused: u64,
     /// Records deleted by time to live.
     pub expired_records: usize,
+    /// Refunds the merchant sent (refund ids), and those the provider made.
+    pub refunds_sent: usize,
+    /// Refunds the provider made.
+    pub refunds_made: usize,
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }
@@ -170,6 +208,10 @@ struct World {
     rng: Mutex<fastrand::Rng>,
     /// The dead letters the operator has read.
     seen: Mutex<Option<operator::Seen>>,
+    /// The refund processor.
+    refunds: function::Function,
+    /// Refunds the merchant sent, by refund id.
+    refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
 }
 
 impl World {
@@ -207,8 +249,12 @@ impl World {
             provider: self.provider.clone(),
             pace: pace.clone(),
         };
+        let refund_window = match self.opts.mutation.as_deref() {
+            Some("charged_records_21_days") => self.config.settings.record_ttl,
+            _ => self.config.refund_window,
+        };
         let work = PaymentWork::new(Arc::new(client), self.config.provider_key_retention)
-            .with_refund_window(self.config.refund_window);
+            .with_refund_window(refund_window);
         let store = payment_core::payment_store(
             aws_sdk_dynamodb::Client::new(&self.sdk),
             &self.config.idempotency_table,
@@ -242,6 +288,12 @@ pub fn run(opts: Options) -> Result<Report> {
     // The code under test draws its jitter (fastrand) and tokens on this thread: seeded here.
     fastrand::seed(opts.seed);
     sqs_once::token::seed_this_thread(opts.seed.rotate_left(17));
+    if let Some(m) = opts.mutation.as_deref() {
+        anyhow::ensure!(MUTATIONS.iter().any(|(n, _)| *n == m), "no mutation {m}");
+        if sqs_once::mutation::ALL.iter().any(|(n, _)| *n == m) {
+            sqs_once::mutation::put_back(m).map_err(anyhow::Error::msg)?;
+        }
+    }
     rt.block_on(run_on(opts))
 }
 
@@ -264,46 +316,19 @@ async fn run_on(opts: Options) -> Result<Report> {
         &payctl::template::ProvisionOptions {
             stack_name: "sim".into(),
             parameters,
-            ..Default::default()
+            visibility_timeout: opts.visibility_timeout,
+            max_receive_count: opts.max_receive_count,
+            fifo: opts.fifo,
+            read_only: false,
         },
     )
     .await
     .context("provisioning template.yaml into the models")?;
-    let env = stack
-        .function_envs
-        .get("PaymentProcessorFunction")
-        .context("the template has no PaymentProcessorFunction")?
-        .clone();
-    let mut env = env;
-    for (k, v) in stack
-        .deployed_pace
-        .get("PaymentProcessorFunction")
-        .cloned()
-        .unwrap_or_default()
-    {
-        env.insert(k, v);
-    }
-    // The provider is reached through its port, not its wire client: no key is ever read.
-    if env
-        .get("PAYMENT_API_KEY_SECRET_ARN")
-        .is_none_or(|v| v.trim().is_empty())
-    {
-        env.insert("PAYMENT_API_KEY".into(), "sk_test_simulator".into());
-    }
-    let config =
-        Config::from_lookup(|k| env.get(k).cloned()).context("the processor's configuration")?;
-    let source = stack.event_sources.get("PaymentProcessorFunction").cloned();
-    let queue_url = config
-        .source_queue_url
-        .clone()
-        .context("SOURCE_QUEUE_URL")?;
-    let queue = queue_url.rsplit('/').next().unwrap_or_default().to_owned();
-    let dlq = config
-        .dead_letter_queue_url
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let payments = function::Function::of(&stack, "PaymentProcessorFunction")?;
+    let refunds = function::Function::of(&stack, "RefundProcessorFunction")?;
+    let config = payments.config.clone();
+    let queue = payments.queue.clone();
+    let dlq = payments.dlq.clone();
     {
         let mut aws = wire.aws.lock().expect("aws");
         aws.dynamo_faults = opts.aws.clone();
@@ -315,7 +340,12 @@ async fn run_on(opts: Options) -> Result<Report> {
         Arc::clone(&clock),
         config.provider_timeout,
     );
-    *provider.behaviour.lock().expect("behaviour") = opts.provider.clone();
+    let mut behaviour = opts.provider.clone();
+    if let Some((from_day, hours)) = opts.provider_outage {
+        behaviour.outage_from_ms = EPOCH_MS + (from_day * 86_400_000.0) as i64;
+        behaviour.outage_until_ms = behaviour.outage_from_ms + (hours * 3_600_000.0) as i64;
+    }
+    *provider.behaviour.lock().expect("behaviour") = behaviour;
     let world = Arc::new(World {
         opts: opts.clone(),
         clock: Arc::clone(&clock),
@@ -325,6 +355,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         sdk: sdk.clone(),
         queue,
         dlq,
+        refunds: refunds.clone(),
+        refunds_sent: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
         violations: Mutex::new(Vec::new()),
@@ -333,20 +365,10 @@ async fn run_on(opts: Options) -> Result<Report> {
         rng: Mutex::new(fastrand::Rng::with_seed(opts.seed ^ 0xa5a5)),
         seen: Mutex::new(None),
     });
-    let batch_size = source.as_ref().map_or(10, |s| s.batch_size.max(1) as usize);
-    let timeout_s = source
-        .as_ref()
-        .map_or(60, |s| s.function_timeout_seconds.max(1) as i64);
-    let window_s = source
-        .as_ref()
-        .map_or(0, |s| s.batching_window_seconds.max(0) as u64);
-    let concurrency: usize = env
-        .get("EVENT_SOURCE_MAX_CONCURRENCY")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
     world.note(format!(
-        "start: seed {} payments {} days {} batch {batch_size} timeout {timeout_s}s window {window_s}s concurrency {concurrency}",
-        opts.seed, opts.payments, opts.days
+        "start: seed {} payments {} days {}; payments: batch {} timeout {}s concurrency {}; refunds: batch {} timeout {}s concurrency {}",
+        opts.seed, opts.payments, opts.days, payments.batch, payments.timeout_s, payments.concurrency,
+        refunds.batch, refunds.timeout_s, refunds.concurrency
     ));
 
     let end_ms = EPOCH_MS + (opts.days * 86_400_000.0) as i64;
@@ -359,18 +381,27 @@ async fn run_on(opts: Options) -> Result<Report> {
         end_ms,
     ));
     *world.seen.lock().expect("seen") = Some(seen);
+    let w = Arc::clone(&world);
+    let payments_source = payments.source(Arc::new(move || w.instance()));
     let esm = tokio::spawn(esm::event_source(
         Arc::clone(&world),
-        batch_size,
-        timeout_s,
-        concurrency,
+        payments_source,
+        end_ms,
+    ));
+    let w = Arc::clone(&world);
+    let refunds_source = refunds.source(Arc::new(move || refunds::instance(&w)));
+    let refund_esm = tokio::spawn(esm::event_source(
+        Arc::clone(&world),
+        refunds_source,
         end_ms,
     ));
     producer.await.context("the producer")?;
     esm.await.context("the event source")?;
+    refund_esm.await.context("the refunds' event source")?;
     housekeeping.await.context("housekeeping")?;
     operator.await.context("the operator")?;
     checks::check_end(&world);
+    refunds::check_end(&world);
 
     let mut report = world.stats.lock().expect("stats").clone();
     let aws = wire.aws.lock().expect("aws");
@@ -382,6 +413,8 @@ async fn run_on(opts: Options) -> Result<Report> {
     let books = world.provider.books.lock().expect("books");
     report.provider_requests = books.requests;
     report.provider_refused = books.refused;
+    report.refunds_made = books.refunds.len();
+    report.refunds_sent = world.refunds_sent.lock().expect("refunds").len();
     report.charged = books
         .intents
         .values()

@@ -20,15 +20,20 @@ pub(super) type Seen = Arc<Mutex<BTreeSet<String>>>;
 /// [`ANSWER_AFTER`], then again at each later letter.
 pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
     let sqs = aws_sdk_sqs::Client::new(&w.sdk);
-    let (dlq, queue) = (url_of(&w.dlq), url_of(&w.queue));
+    let pairs = [
+        (w.dlq.clone(), w.queue.clone()),
+        (w.refunds.dlq.clone(), w.refunds.queue.clone()),
+    ];
     while w.clock.now_ms() < end_ms {
         tokio::time::sleep(Duration::from_secs(600)).await;
-        let waiting = {
+        let waiting: usize = {
             let aws = w.wire.aws.lock().expect("aws");
-            aws.sqs.queues.get(&w.dlq).map_or(0, |q| {
-                let seen = seen.lock().expect("seen");
-                q.messages.iter().filter(|m| !seen.contains(&m.id)).count()
-            })
+            let seen = seen.lock().expect("seen");
+            pairs
+                .iter()
+                .filter_map(|(dlq, _)| aws.sqs.queues.get(dlq))
+                .map(|q| q.messages.iter().filter(|m| !seen.contains(&m.id)).count())
+                .sum()
         };
         if waiting == 0 {
             continue;
@@ -37,26 +42,35 @@ pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
             "alarm: {waiting} new dead letters; the operator answers in {ANSWER_AFTER:?}"
         ));
         tokio::time::sleep(ANSWER_AFTER).await;
-        match payctl::dlq::list(&sqs, &dlq, 10_000).await {
-            Ok(letters) => {
-                let mut s = seen.lock().expect("seen");
-                for l in &letters {
-                    s.insert(l.message_id.clone());
+        for (dlq, queue) in &pairs {
+            let (dlq, queue) = (url_of(dlq), url_of(queue));
+            match payctl::dlq::list(&sqs, &dlq, 10_000).await {
+                Ok(letters) => {
+                    let mut s = seen.lock().expect("seen");
+                    for l in &letters {
+                        s.insert(l.message_id.clone());
+                    }
+                    w.note(format!(
+                        "operator: read {} dead letters of {dlq}",
+                        letters.len()
+                    ));
                 }
-                w.note(format!("operator: read {} dead letters", letters.len()));
+                Err(e) => w.note(format!("operator: dlq list failed: {e:#}")),
             }
-            Err(e) => w.note(format!("operator: dlq list failed: {e:#}")),
-        }
-        let opts = payctl::dlq::RedriveOptions {
-            dlq_url: dlq.clone(),
-            queue_url: queue.clone(),
-            error_code: None,
-            max: None,
-            force: false,
-        };
-        match payctl::dlq::redrive(&sqs, &opts).await {
-            Ok(r) => w.note(format!("operator: redrove {}, kept {:?}", r.moved, r.kept)),
-            Err(e) => w.note(format!("operator: redrive failed: {e:#}")),
+            let opts = payctl::dlq::RedriveOptions {
+                dlq_url: dlq.clone(),
+                queue_url: queue.clone(),
+                error_code: None,
+                max: None,
+                force: false,
+            };
+            match payctl::dlq::redrive(&sqs, &opts).await {
+                Ok(r) => w.note(format!(
+                    "operator: redrove {} of {dlq}, kept {:?}",
+                    r.moved, r.kept
+                )),
+                Err(e) => w.note(format!("operator: redrive failed: {e:#}")),
+            }
         }
     }
 }

@@ -57,14 +57,17 @@ pub(super) async fn produce(w: Arc<World>) {
                     body.clone(),
                 ));
             }
+            if method == methods::CARD {
+                super::refunds::maybe_refund(&w, n, &id, amount);
+            }
             w.sent.lock().expect("sent").insert(id, Sent { method });
             body
         };
-        send(&w, &sqs, &url, &body).await;
+        super::sender::send(&w, &sqs, &url, &body).await;
         later.retain(|(at, b)| {
             if *at <= w.clock.now_ms() {
                 let (w2, sqs2, url2, b2) = (Arc::clone(&w), sqs.clone(), url.clone(), b.clone());
-                tokio::spawn(async move { send(&w2, &sqs2, &url2, &b2).await });
+                tokio::spawn(async move { super::sender::send(&w2, &sqs2, &url2, &b2).await });
                 false
             } else {
                 true
@@ -75,23 +78,6 @@ pub(super) async fn produce(w: Arc<World>) {
     for (at, body) in later {
         let wait = (at - w.clock.now_ms()).max(0);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        send(&w, &sqs, &url, &body).await;
-    }
-}
-
-/// Sends one message as a producer does: retried until SQS takes it.
-async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
-    loop {
-        match sqs
-            .send_message()
-            .queue_url(url)
-            .message_body(body)
-            .send()
-            .await
-        {
-            Ok(_) => return,
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
-        w.note("producer: send retried".into());
+        super::sender::send(&w, &sqs, &url, &body).await;
     }
 }

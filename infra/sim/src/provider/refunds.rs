@@ -1,0 +1,240 @@
+//! Refunds at the simulated provider: created under `refund:<refund_id>`, never beyond what is
+//! left of the charge (Stripe's `amount_too_large`, `charge_already_refunded`), only of a
+//! charge that succeeded (`charge_not_refundable` otherwise); the lookups a refund's unknown
+//! outcome and a held refund read.
+
+use payment_core::provider::{FailureKind, FoundRefund, ProviderError, RefundCall, RefundResponse};
+
+use super::{Books, Outage, Provider};
+
+/// One refund the provider made.
+#[derive(Debug, Clone)]
+pub struct Refund {
+    /// `re_...`.
+    pub id: String,
+    /// `metadata[refund_id]`.
+    pub refund_id: String,
+    /// The PaymentIntent refunded.
+    pub payment_intent: String,
+    /// Minor units.
+    pub amount: i64,
+    /// `succeeded` (the model's refunds do not fail later yet).
+    pub status: String,
+}
+
+/// What the provider remembers for a refund's key.
+#[derive(Debug, Clone)]
+pub(super) struct KeptRefund {
+    params: String,
+    answer: Result<RefundResponse, ProviderError>,
+    at_ms: i64,
+}
+
+impl Books {
+    /// What is refunded of a PaymentIntent (refunds that did not fail).
+    pub fn refunded(&self, payment_intent: &str) -> i64 {
+        self.refunds
+            .values()
+            .filter(|r| {
+                r.payment_intent == payment_intent && r.status != "failed" && r.status != "canceled"
+            })
+            .map(|r| r.amount)
+            .sum()
+    }
+}
+
+impl Provider {
+    /// `POST /v1/refunds` with its key.
+    pub async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
+        let b = self.behaviour.lock().expect("behaviour").clone();
+        let (there, back) = (
+            self.latency(b.latency_ms / 2.0),
+            self.latency(b.latency_ms / 2.0),
+        );
+        match b.outage(self.clock.now_ms()) {
+            Some(Outage::Down) => {
+                return Err(ProviderError::new(
+                    FailureKind::Connect,
+                    "the provider cannot be reached",
+                ))
+            }
+            Some(Outage::Failing) => {
+                tokio::time::sleep(self.timeout).await;
+                if self.draw() < 0.5 {
+                    let _ = self.refund_now(call);
+                }
+                return Err(ProviderError::new(
+                    FailureKind::Timeout,
+                    "no answer within the client's timeout",
+                ));
+            }
+            None => {}
+        }
+        tokio::time::sleep(there).await;
+        let answer = if !self.admit(b.account_rate) {
+            let mut e = ProviderError::new(FailureKind::RateLimited, "429: too many requests");
+            e.rate_limit = Some(payment_core::provider::RateLimit::Account);
+            Err(e)
+        } else if self.draw() < b.error_before_rate {
+            Err(ProviderError::new(
+                FailureKind::ServerError,
+                "500 before any write",
+            ))
+        } else {
+            self.refund_now(call)
+        };
+        let lost = answer.is_ok() && self.draw() < b.lost_answer_rate;
+        tokio::time::sleep(back).await;
+        if lost {
+            tokio::time::sleep(self.timeout.saturating_sub(there + back)).await;
+            return Err(ProviderError::new(
+                FailureKind::Timeout,
+                "the answer was lost",
+            ));
+        }
+        answer
+    }
+
+    fn refund_now(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
+        let now = self.clock.now_ms();
+        let key = format!("refund:{}", call.refund_id);
+        let params = format!("{}|{}|{}", call.payment_intent, call.amount, call.refund_id);
+        let mut books = self.books.lock().expect("books");
+        books
+            .refund_keys
+            .retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
+        if let Some(k) = books.refund_keys.get(&key) {
+            if k.params != params {
+                return Ok(RefundResponse::KeyReused {
+                    message: "Keys for idempotent requests can only be used with the same parameters they were first used with".into(),
+                });
+            }
+            return k.answer.clone();
+        }
+        let charge = books.intents.get(&call.payment_intent).cloned();
+        let answer = match charge {
+            None => Ok(RefundResponse::Rejected {
+                code: "resource_missing".into(),
+                message: format!("No such payment_intent: '{}'", call.payment_intent),
+            }),
+            Some(pi) if pi.status != "succeeded" => Ok(RefundResponse::Rejected {
+                code: "charge_not_refundable".into(),
+                message: format!(
+                    "This PaymentIntent ({}) does not have a successful charge to refund.",
+                    pi.id
+                ),
+            }),
+            Some(pi) => {
+                let left = pi.amount - books.refunded(&pi.id);
+                if left <= 0 {
+                    Ok(RefundResponse::Rejected {
+                        code: "charge_already_refunded".into(),
+                        message: format!("Charge for {} has already been refunded.", pi.id),
+                    })
+                } else if call.amount > left {
+                    Ok(RefundResponse::Rejected {
+                        code: "amount_too_large".into(),
+                        message: format!("Refund amount ({}) is greater than unrefunded amount on charge ({left})", call.amount),
+                    })
+                } else {
+                    books.next_id += 1;
+                    let id = format!("re_sim{:08}", books.next_id);
+                    if books
+                        .refunds
+                        .values()
+                        .any(|r| r.refund_id == call.refund_id && r.status != "failed")
+                    {
+                        books.refund_breaches.push(format!(
+                            "refund {} made twice at the provider",
+                            call.refund_id
+                        ));
+                    }
+                    books.refunds.insert(
+                        id.clone(),
+                        Refund {
+                            id: id.clone(),
+                            refund_id: call.refund_id.clone(),
+                            payment_intent: pi.id.clone(),
+                            amount: call.amount,
+                            status: "succeeded".into(),
+                        },
+                    );
+                    Ok(RefundResponse::Refunded {
+                        provider_refund_id: id,
+                        status: "succeeded".into(),
+                    })
+                }
+            }
+        };
+        books.refund_keys.insert(
+            key,
+            KeptRefund {
+                params,
+                answer: answer.clone(),
+                at_ms: now,
+            },
+        );
+        answer
+    }
+
+    /// `GET /v1/refunds?payment_intent=...`.
+    pub async fn find_refunds(
+        &self,
+        payment_intent: &str,
+    ) -> Result<Vec<FoundRefund>, ProviderError> {
+        self.reachable().await?;
+        let books = self.books.lock().expect("books");
+        Ok(books
+            .refunds
+            .values()
+            .filter(|r| r.payment_intent == payment_intent)
+            .map(|r| FoundRefund {
+                provider_refund_id: r.id.clone(),
+                status: r.status.clone(),
+                amount: r.amount,
+                refund_id: Some(r.refund_id.clone()),
+            })
+            .collect())
+    }
+
+    /// `GET /v1/payment_intents/:id`, its status in the record's words.
+    pub async fn payment_status(
+        &self,
+        payment_intent: &str,
+    ) -> Result<Option<String>, ProviderError> {
+        self.reachable().await?;
+        let books = self.books.lock().expect("books");
+        Ok(books
+            .intents
+            .get(payment_intent)
+            .and_then(|i| payment_core::provider::event::payment_status(Some(&i.status))))
+    }
+
+    /// A read's latency, outage and rate.
+    async fn reachable(&self) -> Result<(), ProviderError> {
+        let b = self.behaviour.lock().expect("behaviour").clone();
+        match b.outage(self.clock.now_ms()) {
+            Some(Outage::Down) => {
+                return Err(ProviderError::new(
+                    FailureKind::Connect,
+                    "the provider cannot be reached",
+                ))
+            }
+            Some(Outage::Failing) => {
+                tokio::time::sleep(self.timeout).await;
+                return Err(ProviderError::new(
+                    FailureKind::Timeout,
+                    "no answer within the client's timeout",
+                ));
+            }
+            None => {}
+        }
+        tokio::time::sleep(self.latency(b.latency_ms)).await;
+        if !self.admit(b.account_rate) {
+            let mut e = ProviderError::new(FailureKind::RateLimited, "429: too many requests");
+            e.rate_limit = Some(payment_core::provider::RateLimit::Account);
+            return Err(e);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! Refunds: the refund processor as its function's environment builds it (the real
+//! `RefundWork`, its DynamoDB ledger on the payment's record, the provider's refunds), and a
+//! merchant refunding some charged payments days later: in full, in two parts that add up to
+//! the charge, twice under one refund id, and once more than is left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payment_core::refunds::ledger::DynamoRefundLedger;
+use payment_core::refunds::work::{RefundProcessor, RefundWork};
+use serde_json::json;
+use sqs_once::SqsQueues;
+
+use super::World;
+use crate::dynamo::value::Value;
+use crate::provider::client::Client;
+use crate::sqs::url_of;
+
+/// A refund the merchant sent.
+#[derive(Debug, Clone)]
+pub(super) struct RefundSent {
+    /// The payment refunded.
+    pub payment_id: String,
+    /// Minor units asked (`None`: what is left).
+    pub amount: Option<i64>,
+}
+
+/// A fresh refund processor instance (a cold start): the function's init, on the run's clients.
+pub(super) fn instance(w: &World) -> Arc<RefundProcessor> {
+    let cfg = &w.refunds.config;
+    let pace = payment_core::edges::bootstrap::pace_of(cfg);
+    let client = Client {
+        provider: w.provider.clone(),
+        pace: pace.clone(),
+    };
+    let dynamodb = aws_sdk_dynamodb::Client::new(&w.sdk);
+    let ledger = DynamoRefundLedger::new(dynamodb.clone(), &cfg.idempotency_table)
+        .with_payments_table(cfg.payments_table.clone());
+    let work = RefundWork::new(
+        Arc::new(client),
+        Arc::new(ledger),
+        cfg.provider_key_retention,
+    )
+    .with_refund_window(cfg.refund_window)
+    .with_clock(Arc::clone(&w.clock));
+    let store = payment_core::refund_store(dynamodb, &cfg.idempotency_table)
+        .with_clock(Arc::clone(&w.clock));
+    let queues = SqsQueues::new(
+        aws_sdk_sqs::Client::new(&w.sdk),
+        cfg.dead_letter_queue_url.clone(),
+    );
+    let mut runner = RefundProcessor::new(
+        Arc::new(work),
+        Arc::new(store),
+        Arc::new(queues),
+        cfg.settings.clone(),
+    )
+    .with_clock(Arc::clone(&w.clock));
+    if let Some(p) = pace {
+        runner = runner.with_pace(p);
+    }
+    Arc::new(runner)
+}
+
+/// Maybe refunds a card payment just sent: some hours to ten days later.
+pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i64) {
+    if w.draw() >= w.opts.refund_share {
+        return;
+    }
+    let after = Duration::from_secs_f64(7_200.0 + w.draw() * 10.0 * 86_400.0);
+    // The last two days are quiet: every refund sent has ended by the run's end.
+    let quiet_from = super::EPOCH_MS + ((w.opts.days - 2.0) * 86_400_000.0) as i64;
+    if w.clock.now_ms() + after.as_millis() as i64 + 5 * 86_400_000 > quiet_from {
+        return;
+    }
+    let kind = w.draw();
+    let plan: Vec<(String, Option<i64>, u32)> = if kind < 0.5 {
+        vec![(format!("r-{n:07}-a"), None, 1)]
+    } else if kind < 0.75 {
+        let half = amount / 2;
+        vec![
+            (format!("r-{n:07}-a"), Some(half), 1),
+            (format!("r-{n:07}-b"), Some(amount - half), 1),
+        ]
+    } else if kind < 0.9 {
+        // Sent twice: refunded once.
+        vec![(format!("r-{n:07}-a"), Some(amount), 2)]
+    } else {
+        // The whole charge, then one more unit than is left: `refund_exceeds_charge`.
+        vec![
+            (format!("r-{n:07}-a"), Some(amount), 1),
+            (format!("r-{n:07}-b"), Some(1), 1),
+        ]
+    };
+    let (w2, pid) = (Arc::clone(w), payment_id.to_owned());
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        // The merchant refunds what it saw charged: until then it looks again daily (a few
+        // times), and gives up on a payment that never was.
+        let mut looks = 0;
+        while !w2
+            .provider
+            .books
+            .lock()
+            .expect("books")
+            .intents_of(&pid)
+            .iter()
+            .any(|i| i.status == "succeeded")
+        {
+            looks += 1;
+            if looks > 5 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(86_400)).await;
+        }
+        let sqs = aws_sdk_sqs::Client::new(&w2.sdk);
+        let url = url_of(&w2.refunds.queue);
+        for (refund_id, amount, copies) in plan {
+            w2.refunds_sent.lock().expect("refunds").insert(
+                refund_id.clone(),
+                RefundSent {
+                    payment_id: pid.clone(),
+                    amount,
+                },
+            );
+            let mut body = json!({"refund_id": refund_id, "payment_id": pid});
+            if let Some(a) = amount {
+                body["amount"] = json!(a);
+            }
+            for _ in 0..copies {
+                super::sender::send(&w2, &sqs, &url, &body.to_string()).await;
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    });
+}
+
+/// The refunds' invariants, once the system is quiet: the provider never refunded more than a
+/// charge nor one refund id twice (as found at each write); every refund ended (its record
+/// completed, or dead-lettered with a reason); each payment's ledger (`refunded_amount`) equals
+/// what the provider refunded of it.
+pub(super) fn check_end(w: &World) {
+    let breaches = std::mem::take(&mut w.provider.books.lock().expect("books").refund_breaches);
+    for b in breaches {
+        w.violated("each refund made at most once", b);
+    }
+    let aws = w.wire.aws.lock().expect("aws");
+    let Some(table) = aws.dynamo.tables.get(&w.refunds.config.idempotency_table) else {
+        return;
+    };
+    let dead: std::collections::BTreeSet<String> = aws
+        .sqs
+        .queues
+        .get(&w.refunds.dlq)
+        .map(|q| {
+            q.messages
+                .iter()
+                .filter_map(|m| serde_json::from_str::<serde_json::Value>(&m.body).ok())
+                .filter_map(|v| v["refund_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Items are kept by their key's canonical text (`S:<pk>` for the table's string key).
+    let get = |pk: String| table.items.get(&format!("S:{pk}")).cloned();
+    let sent = w.refunds_sent.lock().expect("refunds").clone();
+    let books = w.provider.books.lock().expect("books");
+    let mut payments = std::collections::BTreeSet::new();
+    for (refund_id, r) in &sent {
+        payments.insert(r.payment_id.clone());
+        let record = get(format!("refund#{refund_id}"));
+        let completed =
+            record.as_ref().and_then(|i| i.get("status")) == Some(&Value::S("COMPLETED".into()));
+        // Dead-lettered: in the DLQ, or its mark kept (the letter may have passed its retention
+        // after the operator read it).
+        let marked = get(format!("refund_dead_letter#{refund_id}")).is_some();
+        if !completed && !dead.contains(refund_id) && !marked {
+            w.violated(
+                "every refund ends",
+                format!(
+                    "{refund_id} of {} ({:?}) is neither completed nor dead-lettered",
+                    r.payment_id, r.amount
+                ),
+            );
+        }
+    }
+    for pid in payments {
+        let Some(record) = get(format!("payment#{pid}")) else {
+            continue;
+        };
+        let ledger = match record.get("refunded_amount") {
+            Some(Value::N(n)) => n.parse::<i64>().unwrap_or(-1),
+            _ => 0,
+        };
+        let intents = books.intents_of(&pid);
+        let refunded: i64 = intents.iter().map(|i| books.refunded(&i.id)).sum();
+        let charged: i64 = intents
+            .iter()
+            .filter(|i| i.status == "succeeded")
+            .map(|i| i.amount)
+            .sum();
+        if ledger != refunded {
+            w.violated(
+                "every ledger equals the provider's books",
+                format!("{pid}: the ledger says {ledger} refunded, the provider {refunded}"),
+            );
+        }
+        if ledger > charged {
+            w.violated(
+                "no refund beyond its charge",
+                format!("{pid}: {ledger} refunded of {charged}"),
+            );
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Sending a message as a producer does: retried until SQS takes it.
+
+use std::time::Duration;
+
+use super::World;
+
+/// Sends one message as a producer does: retried until SQS takes it.
+pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
+    // A FIFO queue's producer groups a customer's payments (content-based deduplication).
+    let group = w.queue.ends_with(".fifo").then(|| {
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["customer_id"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "unreadable".into())
+    });
+    loop {
+        match sqs
+            .send_message()
+            .queue_url(url)
+            .message_body(body)
+            .set_message_group_id(group.clone())
+            .send()
+            .await
+        {
+            Ok(_) => return,
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+        w.note("producer: send retried".into());
+    }
+}
