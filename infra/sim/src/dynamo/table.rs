@@ -245,7 +245,11 @@ impl Table {
                 let Some(Value::N(n)) = item.get(attr) else {
                     return None;
                 };
-                let at = number(n)?.text().split('.').next()?.parse::<i64>().ok()?;
+                // Epoch seconds are written as integers; anything else is read exactly.
+                let at = match n.parse::<i64>() {
+                    Ok(at) => at,
+                    Err(_) => number(n)?.text().split('.').next()?.parse::<i64>().ok()?,
+                };
                 // DynamoDB skips a TTL more than five years in the past.
                 if at < now_s - 5 * 365 * 86_400 {
                     return None;

@@ -249,6 +249,10 @@ impl Number {
 
 /// Parses DynamoDB's number text (`-12`, `3.50`, `1e3`).
 pub fn number(text: &str) -> Option<Number> {
+    // Most numbers are plain integers: no allocation for them.
+    if let Ok(m) = text.parse::<i64>() {
+        return Some(Number::normal(m as i128, 0));
+    }
     let t = text.trim();
     let (body, exp) = match t.find(['e', 'E']) {
         Some(i) => (&t[..i], t[i + 1..].parse::<i32>().ok()?),

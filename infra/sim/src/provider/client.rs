@@ -107,3 +107,44 @@ impl RefundProvider for Client {
         answer
     }
 }
+
+#[async_trait]
+impl payment_core::events::inbox::ProviderObjects for Client {
+    fn request_timeout(&self) -> Duration {
+        self.provider.timeout
+    }
+
+    async fn payment_intent(
+        &self,
+        id: &str,
+    ) -> Result<payment_core::provider::event::PaymentChange, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.payment_intent(id).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn refund(
+        &self,
+        id: &str,
+    ) -> Result<payment_core::provider::event::RefundChange, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.refund(id).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn dispute(
+        &self,
+        id: &str,
+    ) -> Result<payment_core::provider::event::DisputeChange, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.dispute(id).await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn charge_intent(&self, _charge: &str) -> Result<Option<String>, ProviderError> {
+        Ok(None)
+    }
+}

@@ -23,6 +23,7 @@ use sqs_once::clock::Clock;
 
 mod behaviour;
 pub mod client;
+pub mod events;
 pub use behaviour::{Behaviour, Outage};
 pub mod refunds;
 
@@ -98,6 +99,8 @@ pub struct Books {
     refund_keys: BTreeMap<String, refunds::KeptRefund>,
     /// Every moment a refund went beyond its charge, or a refund id was refunded twice.
     pub refund_breaches: Vec<String>,
+    /// Events not handed to the delivery yet.
+    events: Vec<events::Event>,
 }
 
 /// True for an intent that moved money or will (`processing` settles by itself).
@@ -138,15 +141,23 @@ impl Books {
     /// Moves every debit whose day has come to `succeeded` (or, when `fails` says so, to
     /// `requires_payment_method`).
     pub fn settle(&mut self, now_ms: i64, fails: impl Fn(&Intent) -> bool) {
-        for i in self.intents.values_mut() {
-            if i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms) {
-                if fails(i) {
-                    i.status = "requires_payment_method".into();
-                    i.failure_code = Some("debit_not_authorized".into());
-                } else {
-                    i.status = "succeeded".into();
-                }
+        let due: Vec<String> = self
+            .intents
+            .values()
+            .filter(|i| i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms))
+            .map(|i| i.id.clone())
+            .collect();
+        for id in due {
+            let Some(i) = self.intents.get_mut(&id) else {
+                continue;
+            };
+            if fails(i) {
+                i.status = "requires_payment_method".into();
+                i.failure_code = Some("debit_not_authorized".into());
+            } else {
+                i.status = "succeeded".into();
             }
+            self.emit_intent(&id, now_ms);
         }
     }
 }
@@ -412,7 +423,7 @@ impl Provider {
         let settles_ms =
             (status == "processing").then(|| now + (b.settle_days * 86_400_000.0) as i64);
         books.add(Intent {
-            id,
+            id: id.clone(),
             payment_id: key.clone(),
             amount: r.money.amount,
             currency: r.money.currency.clone(),
@@ -422,6 +433,7 @@ impl Provider {
             settles_ms,
             failure_code: failure.map(str::to_owned),
         });
+        books.emit_intent(&id, now);
         let answer = if error_after {
             Err(Self::error(FailureKind::ServerError, "500 after the write"))
         } else {

@@ -5,6 +5,8 @@
 
 use payment_core::provider::{FailureKind, FoundRefund, ProviderError, RefundCall, RefundResponse};
 
+use serde_json::{json, Value as Json};
+
 use super::{Books, Outage, Provider};
 
 /// One refund the provider made.
@@ -159,6 +161,8 @@ impl Provider {
                             status: "succeeded".into(),
                         },
                     );
+                    let object = refund_json(&books.refunds[&id], &pi.payment_id);
+                    books.emit("refund.created", object, now);
                     Ok(RefundResponse::Refunded {
                         provider_refund_id: id,
                         status: "succeeded".into(),
@@ -211,7 +215,7 @@ impl Provider {
     }
 
     /// A read's latency, outage and rate.
-    async fn reachable(&self) -> Result<(), ProviderError> {
+    pub(super) async fn reachable(&self) -> Result<(), ProviderError> {
         let b = self.behaviour.lock().expect("behaviour").clone();
         match b.outage(self.clock.now_ms()) {
             Some(Outage::Down) => {
@@ -237,4 +241,13 @@ impl Provider {
         }
         Ok(())
     }
+}
+
+/// A refund's JSON as the API writes it.
+pub fn refund_json(r: &Refund, payment_id: &str) -> Json {
+    json!({
+        "id": r.id, "object": "refund", "amount": r.amount, "status": r.status,
+        "payment_intent": r.payment_intent,
+        "metadata": {"refund_id": r.refund_id, "payment_id": payment_id},
+    })
 }

@@ -295,13 +295,16 @@ impl Sqs {
         Ok(id)
     }
 
-    /// When the next message of a queue becomes receivable (now if one is), epoch ms.
-    pub fn next_visible(&self, url: &str) -> Option<i64> {
+    /// When the next message of a queue that is not visible now becomes visible (one in
+    /// flight, or delayed), epoch ms: what a receive that found nothing waits for (a FIFO
+    /// group's visible messages wait for its message in flight).
+    pub fn next_visible(&self, url: &str, now_ms: i64) -> Option<i64> {
         self.queues
             .get(name_of_url(url))?
             .messages
             .iter()
             .map(|m| m.visible_ms)
+            .filter(|&v| v > now_ms)
             .min()
     }
 

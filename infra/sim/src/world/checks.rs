@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::World;
 use crate::dynamo::value::Value;
 use crate::provider::methods;
+use payment_core::provider::event::{ProviderEvent, Subject};
 
 /// The provider's and AWS's own time, every ten minutes: debits settle, retention drops,
 /// and (hourly, as lazily as DynamoDB's own sweep) time to live deletes.
@@ -52,7 +53,7 @@ pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
                 .attributes
                 .get("error_code")
                 .and_then(|v| v["StringValue"].as_str());
-            if (queue == w.dlq || queue == w.refunds.dlq)
+            if (queue == w.dlq || queue == w.refunds.dlq || queue == w.events.dlq)
                 && read
                 && code.is_some_and(|c| payctl::dead_letter_codes::never_redriven(c).is_some())
             {
@@ -228,11 +229,36 @@ pub(super) fn check_end(w: &World) {
                 _ => None,
             });
             if let Some(Value::S(pi)) = outcome {
-                if !intents.iter().any(|i| i.id == pi) {
-                    w.violated(
+                match intents.iter().find(|i| i.id == pi) {
+                    None => w.violated(
                         "every ledger equals the provider's books",
                         format!("{pid}'s record names {pi}, which the provider does not hold"),
-                    );
+                    ),
+                    Some(i) => {
+                        // The intent now, in the record's words (the inbox's own reading).
+                        let now = ProviderEvent {
+                            id: "evt_check".into(),
+                            kind: "payment_intent.retrieved".into(),
+                            created: 0,
+                            object: crate::provider::events::intent_json(i),
+                        }
+                        .subject();
+                        let recorded = record.and_then(|r| match r.get("outcome") {
+                            Some(Value::M(m)) => match m.get("status") {
+                                Some(Value::S(s)) => Some(s.clone()),
+                                _ => None,
+                            },
+                            _ => None,
+                        });
+                        if let Subject::Payment(p) = now {
+                            if recorded.as_deref() != Some(p.status.as_str()) {
+                                w.violated(
+                                    "every ledger equals the provider's books",
+                                    format!("{pid}'s record says {recorded:?}, the provider's {pi} is {} ({})", p.status, i.status),
+                                );
+                            }
+                        }
+                    }
                 }
             } else if charged {
                 w.violated(

@@ -88,7 +88,7 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
                 let aws = w.wire.aws.lock().expect("aws");
                 (
                     std::sync::Arc::clone(&aws.sqs.arrivals),
-                    aws.sqs.next_visible(&url_of(&queue)),
+                    aws.sqs.next_visible(&url_of(&queue), w.clock.now_ms()),
                 )
             };
             let now = w.clock.now_ms();

@@ -22,6 +22,7 @@ use crate::wire::{Faults, Wire};
 
 mod checks;
 mod esm;
+mod events;
 mod function;
 mod operator;
 mod producer;
@@ -178,6 +179,8 @@ pub struct Report {
     pub refunds_sent: usize,
     /// Refunds the provider made.
     pub refunds_made: usize,
+    /// Events the provider emitted.
+    pub events: u64,
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }
@@ -210,6 +213,8 @@ struct World {
     seen: Mutex<Option<operator::Seen>>,
     /// The refund processor.
     refunds: function::Function,
+    /// The events inbox.
+    events: function::Function,
     /// Refunds the merchant sent, by refund id.
     refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
 }
@@ -240,6 +245,12 @@ impl World {
 
     fn draw(&self) -> f64 {
         self.rng.lock().expect("rng").f64()
+    }
+
+    /// A standard normal draw (Box-Muller).
+    fn normal(&self) -> f64 {
+        let (u1, u2) = (self.draw().max(1e-12), self.draw());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
     /// A fresh processor instance (a cold start): the function's init, on the run's clients.
@@ -326,6 +337,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     .context("provisioning template.yaml into the models")?;
     let payments = function::Function::of(&stack, "PaymentProcessorFunction")?;
     let refunds = function::Function::of(&stack, "RefundProcessorFunction")?;
+    let events = function::Function::of(&stack, "EventProcessorFunction")?;
     let config = payments.config.clone();
     let queue = payments.queue.clone();
     let dlq = payments.dlq.clone();
@@ -356,6 +368,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         queue,
         dlq,
         refunds: refunds.clone(),
+        events: events.clone(),
         refunds_sent: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
@@ -395,7 +408,13 @@ async fn run_on(opts: Options) -> Result<Report> {
         refunds_source,
         end_ms,
     ));
+    let w = Arc::clone(&world);
+    let events_source = events.source(Arc::new(move || events::instance(&w)));
+    let events_esm = tokio::spawn(esm::event_source(Arc::clone(&world), events_source, end_ms));
+    let delivery = tokio::spawn(events::deliver(Arc::clone(&world), end_ms));
     producer.await.context("the producer")?;
+    events_esm.await.context("the inbox's event source")?;
+    delivery.await.context("the webhook")?;
     esm.await.context("the event source")?;
     refund_esm.await.context("the refunds' event source")?;
     housekeeping.await.context("housekeeping")?;

@@ -57,7 +57,11 @@ pub(super) async fn produce(w: Arc<World>) {
                     body.clone(),
                 ));
             }
-            if method == methods::CARD {
+            // Card charges, and bank debits (a refund asked while one settles is held).
+            if matches!(
+                method,
+                methods::CARD | methods::BANK_DEBIT | methods::BANK_DEBIT_FAILS
+            ) {
                 super::refunds::maybe_refund(&w, n, &id, amount);
             }
             w.sent.lock().expect("sent").insert(id, Sent { method });

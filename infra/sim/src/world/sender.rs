@@ -10,7 +10,13 @@ pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: 
     let group = w.queue.ends_with(".fifo").then(|| {
         serde_json::from_str::<serde_json::Value>(body)
             .ok()
-            .and_then(|v| v["customer_id"].as_str().map(str::to_owned))
+            .and_then(|v| {
+                // A payment's customer; an event's payment (its object's metadata).
+                v["customer_id"]
+                    .as_str()
+                    .or_else(|| v["data"]["object"]["metadata"]["payment_id"].as_str())
+                    .map(str::to_owned)
+            })
             .unwrap_or_else(|| "unreadable".into())
     });
     loop {
