@@ -13,8 +13,9 @@
 use std::time::Duration;
 
 use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
-use payment_core::refunds::held::{HeldRefunds, SqsRefundQueue};
+use payment_core::refunds::held::HeldRefunds;
 use payment_core::refunds::ledger::{DynamoRefundLedger, RefundLedger};
+use payment_core::refunds::queue::SqsRefundQueue;
 use proving::check::drain_dlq;
 use sqs_once::IdempotencyStore;
 

@@ -341,7 +341,7 @@ fn held_refunds(
     clock: Arc<dyn sqs_once::clock::Clock>,
 ) -> Option<Arc<crate::refunds::held::HeldRefunds>> {
     let url = config.refunds_queue_url.as_ref()?;
-    let queue = crate::refunds::held::SqsRefundQueue::new(aws_sdk_sqs::Client::new(sdk), url);
+    let queue = crate::refunds::queue::SqsRefundQueue::new(aws_sdk_sqs::Client::new(sdk), url);
     Some(Arc::new(
         crate::refunds::held::HeldRefunds::new(
             aws_sdk_dynamodb::Client::new(sdk),

@@ -31,7 +31,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::AttributeValue;
 use sqs_once::dynamo::{s, DynamoStore};
@@ -39,81 +38,8 @@ use sqs_once::record::StoreError;
 use sqs_once::IdempotencyStore;
 
 use crate::refunds::ledger::{held_of, HELD_PARTITION};
+use crate::refunds::queue::RefundQueue;
 use crate::refunds::work::HELD;
-
-/// Where resumed refunds go: the refunds queue.
-#[async_trait]
-pub trait RefundQueue: Send + Sync {
-    /// Sends each body as one message; an error when any was not taken.
-    async fn send(&self, bodies: &[String]) -> Result<(), String>;
-}
-
-/// The refunds queue on SQS.
-#[derive(Debug, Clone)]
-pub struct SqsRefundQueue {
-    client: aws_sdk_sqs::Client,
-    url: String,
-}
-
-impl SqsRefundQueue {
-    /// The queue at `url`.
-    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
-        Self {
-            client,
-            url: url.into(),
-        }
-    }
-}
-
-#[async_trait]
-impl RefundQueue for SqsRefundQueue {
-    async fn send(&self, bodies: &[String]) -> Result<(), String> {
-        for chunk in bodies.chunks(10) {
-            let mut batch = self.client.send_message_batch().queue_url(&self.url);
-            for (i, body) in chunk.iter().enumerate() {
-                let mut entry = aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(body);
-                if self.url.ends_with(".fifo") {
-                    // A FIFO queue refuses a message without its group: a payment's refunds
-                    // go in its group, in order, each deduplicated by its own id.
-                    let (group, dedup) = fifo_ids(body)?;
-                    entry = entry
-                        .message_group_id(group)
-                        .message_deduplication_id(dedup);
-                }
-                batch = batch.entries(entry.build().map_err(|e| e.to_string())?);
-            }
-            let out = batch.send().await.map_err(|e| {
-                format!(
-                    "sending held refunds to {}: {}",
-                    self.url,
-                    aws_sdk_sqs::error::DisplayErrorContext(&e)
-                )
-            })?;
-            if let Some(f) = out.failed().first() {
-                return Err(format!(
-                    "the refunds queue refused a held refund: {} {}",
-                    f.code(),
-                    f.message().unwrap_or_default()
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A resumed refund's FIFO group (its payment) and deduplication id (its refund id).
-fn fifo_ids(body: &str) -> Result<(String, String), String> {
-    let v: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| format!("a held refund's body: {e}"))?;
-    match (v["payment_id"].as_str(), v["refund_id"].as_str()) {
-        (Some(p), Some(r)) => Ok((p.to_owned(), r.to_owned())),
-        _ => Err(format!(
-            "a held refund's body names no payment_id and refund_id: {body}"
-        )),
-    }
-}
 
 /// What one sweep of the held refunds found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -467,18 +393,5 @@ impl HeldRefunds {
             "a payment holding refunds has not settled within the horizon"
         );
         Ok(Some((held.len(), Some(age_s), 0)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_resumed_refund_goes_in_its_payments_fifo_group_deduplicated_by_its_id() {
-        let body = r#"{"refund_id":"r-1","payment_id":"p-9","amount":5}"#;
-        assert_eq!(
-            super::fifo_ids(body).unwrap(),
-            ("p-9".to_owned(), "r-1".to_owned())
-        );
-        assert!(super::fifo_ids(r#"{"refund_id":"r-1"}"#).is_err());
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod held;
 pub mod ledger;
+pub mod queue;
 pub mod request;
 pub mod work;
 

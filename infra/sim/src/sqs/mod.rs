@@ -248,6 +248,19 @@ impl Sqs {
                 "The message body must be between 1 byte and 256 KiB.",
             ));
         }
+        for (name, v) in [
+            ("MessageGroupId", &group),
+            ("MessageDeduplicationId", &dedup),
+        ] {
+            if let Some(v) = v {
+                if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(SqsError::new(
+                        "InvalidParameterValue",
+                        format!("Value {v} for parameter {name} is invalid. Reason: it must be 1 to 128 characters of alphanumerics and punctuation."),
+                    ));
+                }
+            }
+        }
         let id = self.id("msg");
         let sequence = self.next_id;
         let q = self.queue_mut(url)?;
@@ -469,25 +482,5 @@ impl Sqs {
         }
         m.visible_ms = now_ms + seconds * 1000;
         Ok(())
-    }
-
-    /// The wire form of a received message, as `ReceiveMessage` answers with every attribute.
-    pub fn message_json(q_fifo: bool, m: &Message) -> Json {
-        let mut attrs = json!({
-            "ApproximateReceiveCount": m.receives.to_string(),
-            "SentTimestamp": m.sent_ms.to_string(),
-            "ApproximateFirstReceiveTimestamp": m.first_receive_ms.unwrap_or(m.sent_ms).to_string(),
-            "SenderId": "AIDASIMULATOR",
-        });
-        if q_fifo {
-            attrs["MessageGroupId"] = json!(m.group);
-            attrs["MessageDeduplicationId"] = json!(m.dedup);
-            attrs["SequenceNumber"] = json!(format!("{:020}", m.sequence));
-        }
-        let mut out = json!({"MessageId": m.id, "ReceiptHandle": m.handle, "Body": m.body, "Attributes": attrs});
-        if !m.attributes.is_empty() {
-            out["MessageAttributes"] = Json::Object(m.attributes.clone());
-        }
-        out
     }
 }

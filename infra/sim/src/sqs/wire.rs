@@ -4,9 +4,29 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value as Json};
 
-use super::{arn_of, name_of_url, text, url_of, Sqs, SqsError};
+use super::{arn_of, name_of_url, text, url_of, Message, Sqs, SqsError};
 
 impl Sqs {
+    /// The wire form of a received message, as `ReceiveMessage` answers with every attribute.
+    pub fn message_json(q_fifo: bool, m: &Message) -> Json {
+        let mut attrs = json!({
+            "ApproximateReceiveCount": m.receives.to_string(),
+            "SentTimestamp": m.sent_ms.to_string(),
+            "ApproximateFirstReceiveTimestamp": m.first_receive_ms.unwrap_or(m.sent_ms).to_string(),
+            "SenderId": "AIDASIMULATOR",
+        });
+        if q_fifo {
+            attrs["MessageGroupId"] = json!(m.group);
+            attrs["MessageDeduplicationId"] = json!(m.dedup);
+            attrs["SequenceNumber"] = json!(format!("{:020}", m.sequence));
+        }
+        let mut out = json!({"MessageId": m.id, "ReceiptHandle": m.handle, "Body": m.body, "Attributes": attrs});
+        if !m.attributes.is_empty() {
+            out["MessageAttributes"] = Json::Object(m.attributes.clone());
+        }
+        out
+    }
+
     /// Answers one request of the JSON protocol at `now_ms`.
     pub fn handle(&mut self, operation: &str, body: &Json, now_ms: i64) -> Result<Json, SqsError> {
         let attrs_of = |v: Option<&Json>| -> BTreeMap<String, String> {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use payment_core::events::inbox::{EventProcessor, EventWork};
 use payment_core::events::settlement::DynamoSettlements;
-use payment_core::refunds::held::{HeldRefunds, SqsRefundQueue};
+use payment_core::refunds::held::HeldRefunds;
+use payment_core::refunds::queue::SqsRefundQueue;
 use sqs_once::SqsQueues;
 
 use super::World;

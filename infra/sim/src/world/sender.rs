@@ -11,10 +11,11 @@ pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: 
         serde_json::from_str::<serde_json::Value>(body)
             .ok()
             .and_then(|v| {
-                // A payment's customer; an event's payment (its object's metadata).
+                // A payment's customer; an event's payment (its object's metadata); a refund's payment.
                 v["customer_id"]
                     .as_str()
                     .or_else(|| v["data"]["object"]["metadata"]["payment_id"].as_str())
+                    .or_else(|| v["payment_id"].as_str())
                     .map(str::to_owned)
             })
             .unwrap_or_else(|| "unreadable".into())
