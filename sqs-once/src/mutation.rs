@@ -1,7 +1,7 @@
 //! Mutations of the protocol that the whole-system simulator puts back, to show that its
 //! invariants find them (its "teeth"). Each is a version of a rule that was, or would be,
 //! wrong. They exist only in a build with the `sim-mutations` feature, which only the
-//! simulator turns on (its tests, and `make sim MUTATION=...`); elsewhere [`on`] is `false`,
+//! simulator turns on (its tests, and `make sim MUTATION=...`); elsewhere its check (`on`) is `false`,
 //! a constant, and [`put_back`] refuses.
 
 /// The mutations, by name, with what each undoes.
