@@ -281,24 +281,21 @@ impl Provider {
         answer
     }
 
-    /// Lists a payment's intents (the customer's list, filtered by `metadata[payment_id]`).
-    pub async fn find_payments(
-        &self,
-        query: &PaymentQuery,
-    ) -> Result<Vec<FoundPayment>, ProviderError> {
+    /// A read's latency, outage and rate.
+    pub(super) async fn reachable(&self) -> Result<(), ProviderError> {
         let b = self.behaviour.lock().expect("behaviour").clone();
         match b.outage(self.clock.now_ms()) {
+            Some(Outage::Down) => {
+                return Err(Self::error(
+                    FailureKind::Connect,
+                    "the provider cannot be reached",
+                ))
+            }
             Some(Outage::Failing) => {
                 tokio::time::sleep(self.timeout).await;
                 return Err(Self::error(
                     FailureKind::Timeout,
                     "no answer within the client's timeout",
-                ));
-            }
-            Some(Outage::Down) => {
-                return Err(Self::error(
-                    FailureKind::Connect,
-                    "the provider cannot be reached",
                 ));
             }
             None => {}
@@ -309,6 +306,15 @@ impl Provider {
             e.rate_limit = Some(RateLimit::Account);
             return Err(e);
         }
+        Ok(())
+    }
+
+    /// Lists a payment's intents (the customer's list, filtered by `metadata[payment_id]`).
+    pub async fn find_payments(
+        &self,
+        query: &PaymentQuery,
+    ) -> Result<Vec<FoundPayment>, ProviderError> {
+        self.reachable().await?;
         let books = self.books.lock().expect("books");
         let from_ms = query.created_from_s.map_or(i64::MIN, |s| s * 1000);
         Ok(books

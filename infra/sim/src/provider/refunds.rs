@@ -213,34 +213,6 @@ impl Provider {
             .get(payment_intent)
             .and_then(|i| payment_core::provider::event::payment_status(Some(&i.status))))
     }
-
-    /// A read's latency, outage and rate.
-    pub(super) async fn reachable(&self) -> Result<(), ProviderError> {
-        let b = self.behaviour.lock().expect("behaviour").clone();
-        match b.outage(self.clock.now_ms()) {
-            Some(Outage::Down) => {
-                return Err(ProviderError::new(
-                    FailureKind::Connect,
-                    "the provider cannot be reached",
-                ))
-            }
-            Some(Outage::Failing) => {
-                tokio::time::sleep(self.timeout).await;
-                return Err(ProviderError::new(
-                    FailureKind::Timeout,
-                    "no answer within the client's timeout",
-                ));
-            }
-            None => {}
-        }
-        tokio::time::sleep(self.latency(b.latency_ms)).await;
-        if !self.admit(b.account_rate) {
-            let mut e = ProviderError::new(FailureKind::RateLimited, "429: too many requests");
-            e.rate_limit = Some(payment_core::provider::RateLimit::Account);
-            return Err(e);
-        }
-        Ok(())
-    }
 }
 
 /// A refund's JSON as the API writes it.
