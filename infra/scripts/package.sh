@@ -3,11 +3,12 @@
 # zig from PyPI), then checks that each bootstrap is an ELF of the wanted architecture.
 # Usage: package.sh [arm64|x86_64] [--cross-check]   (default arm64)
 #
-# --cross-check (make test's arm64 package): the same code, dependencies, optimisation level,
-# zig linker and sam build packaging, without the release profile's whole-program link (lto = true,
-# one codegen unit), which takes a core for about a minute a binary. What it cannot catch, a
-# failure or size change of the whole-program link on arm64 alone, `make package` (arm64, the
-# template's default) and `make bench` build in full; make test runs the x86_64 package, the one
+# --cross-check (make test's arm64 package): the same code, dependencies, features, zig linker
+# and sam build packaging, without the release profile's optimisation (opt-level 0: LLVM's passes
+# were most of its 21 minutes beside make test's other work on two cores) and whole-program link
+# (lto = true, one codegen unit), which takes a core for about a minute a binary. What it cannot
+# catch, a failure or size change of the optimised, whole-program build on arm64 alone, `make
+# package` (arm64, the template's default) and `make bench` build in full; make test runs the x86_64 package, the one
 # it deploys and runs, with the whole-program link. The cross-check's bootstraps are not the
 # product: they go to a folder of their own, .aws-sam/cross-check/build-ARCH (with a CROSS-CHECK
 # note), never to .aws-sam/build-ARCH that sam deploy takes, and sam build's build.toml there is
@@ -22,7 +23,8 @@ case "${2:-}" in
   --cross-check)
     cross_check=1
     build_dir=".aws-sam/cross-check/build-$arch"
-    export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
+    export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+      CARGO_PROFILE_RELEASE_OPT_LEVEL=0
     ;;
   *) echo "package.sh: unknown option ${2}" >&2; exit 2 ;;
 esac
@@ -51,7 +53,7 @@ methods=$(grep -c '^ *BuildMethod: *rust-cargolambda *$' template.yaml || true)
   || { echo "template.yaml: ${#binaries[@]} plain 'Binary: name' lines for $methods rust-cargolambda functions" >&2; exit 1; }
 started=$SECONDS
 cargo lambda build --release "${lambda_arch[@]}" $(printf -- '--bin %s ' "${binaries[@]}")
-log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s${cross_check:+ (cross-check: no whole-program link)}"
+log "the ${#binaries[@]} $arch bootstraps built together in $((SECONDS - started)) s${cross_check:+ (cross-check: unoptimised, no whole-program link)}"
 built_at() { # each bootstrap's newest build in cargo's folder (cargo-lambda moves the linked copy)
   for b in "${binaries[@]}"; do
     find "$TARGET/$target/release/deps" -maxdepth 1 -type f -name "${b//-/_}-*" ! -name '*.d' -printf '%T@\n' | sort -n | tail -1
@@ -61,7 +63,7 @@ before=$(built_at)
 started=$SECONDS
 sam build --template template.yaml --build-dir "$build_dir" --parameter-overrides "Architecture=$arch"
 if [ -n "$cross_check" ]; then
-  echo "These bootstraps are make test's cross-check (package.sh $arch --cross-check): built without the whole-program link, not the product. make package ARCH=$arch builds the product." >"$build_dir/CROSS-CHECK"
+  echo "These bootstraps are make test's cross-check (package.sh $arch --cross-check): built unoptimised and without the whole-program link, not the product. make package ARCH=$arch builds the product." >"$build_dir/CROSS-CHECK"
 fi
 if [ "$(built_at)" = "$before" ]; then
   log "sam build of $arch in $((SECONDS - started)) s: its cargo commands found the bootstraps up to date"

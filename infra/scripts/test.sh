@@ -36,7 +36,7 @@ whole=""
 # so that none waits on another's cargo lock:
 # - the x86_64 release package, with the whole-program link: the one e2e-sam deploys and the bench
 #   smoke runs, so it comes first (nice 10 against the others' 19);
-# - the arm64 package as a cross-check, without the whole-program link (package.sh says what
+# - the arm64 package as a cross-check, unoptimised and without the whole-program link (package.sh says what
 #   that proves and what builds the rest), in target/cross-check: a later make package of the
 #   product finds its own build where it left it;
 # - the crate checks and payctl's install (crate_checks below), in target/crate-checks: they
