@@ -138,6 +138,20 @@ pub struct SqsQueues {
     limits: Mutex<HashMap<String, QueueLimits>>,
 }
 
+/// A FIFO queue's `MessageGroupId` or `MessageDeduplicationId` for `text`: `text` itself when
+/// SQS takes it (1 to 128 printable ASCII characters), else its SHA-256 in hex (64 characters,
+/// stable: one payment keeps one group). Keys this toolkit takes may be longer than 128.
+pub fn fifo_id(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    if !text.is_empty() && text.len() <= 128 && text.bytes().all(|b| b.is_ascii_graphic()) {
+        return text.to_owned();
+    }
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A `String` message attribute (an error only for a value the SDK refuses to build).
 pub fn string_attr(v: &str) -> Result<MessageAttributeValue, QueueError> {
     MessageAttributeValue::builder()
@@ -361,6 +375,18 @@ pub fn parse_max_receive_count(policy: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_id_is_the_text_when_sqs_takes_it_else_its_stable_hash() {
+        assert_eq!(fifo_id("cus_1:a.b-c_d"), "cus_1:a.b-c_d");
+        let long = "k".repeat(129);
+        let id = fifo_id(&long);
+        assert_eq!(id.len(), 64);
+        assert_eq!(id, fifo_id(&long));
+        assert_ne!(id, fifo_id(&"k".repeat(130)));
+        assert_eq!(fifo_id(&"k".repeat(128)), "k".repeat(128));
+        assert_eq!(fifo_id("").len(), 64);
+    }
 
     #[test]
     fn max_receive_count_as_a_number_or_a_string() {

@@ -442,19 +442,22 @@ async fn rows_the_processor_never_saw_are_republished() {
 }
 
 /// On a FIFO payments queue the relay sets MessageDeduplicationId = payment_id and groups by
-/// customer: one customer's payments in acceptance order, in one group.
+/// customer: one customer's payments in acceptance order, in one group. A payment id longer
+/// than the 128 characters SQS takes for the id (ids may have 255) is sent as its SHA-256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
     let t = TestStack::fifo("api-fifo").await;
     let (_server, c) = served(&t).await;
-    let keys: Vec<String> = (0..3).map(|i| t.pid(&format!("p{i}"))).collect();
+    let mut keys: Vec<String> = (0..3).map(|i| t.pid(&format!("p{i}"))).collect();
+    let long = format!("{}-{}", t.pid("long"), "x".repeat(255));
+    keys.push(long[..255].to_owned());
     for k in &keys {
         assert_eq!(c.create(k, BODY).await.unwrap().status, 202);
     }
     let mapping = relay(&t).await;
-    relayed(&mapping, 3).await;
+    relayed(&mapping, 4).await;
     drop(mapping);
-    let records = t.receive_records(3).await;
+    let records = t.receive_records(4).await;
     let seen: Vec<(String, String, String)> = records
         .iter()
         .map(|r| {
@@ -479,10 +482,14 @@ async fn a_fifo_queue_gets_customer_groups_and_payment_dedup_ids() {
         keys.iter().map(String::as_str).collect::<Vec<_>>(),
         "in order"
     );
-    for (id, group, dedup) in &seen {
+    for (id, group, dedup) in &seen[..3] {
         assert_eq!(group, "cus_api");
         assert_eq!(dedup, id);
     }
+    let (_, group, dedup) = &seen[3];
+    assert_eq!(group, "cus_api");
+    assert_eq!(dedup, &sqs_once::queue::fifo_id(&keys[3]));
+    assert_eq!(dedup.len(), 64);
     let response = t.invoke(records).await;
     assert!(response.batch_item_failures.is_empty());
     for k in &keys {

@@ -53,6 +53,28 @@ impl Progress {
     }
 }
 
+/// A message's FIFO group and deduplication id, as the system's own senders give them. A
+/// refund (it has a `refund_id`) goes in its payment's group, with a deduplication id of this
+/// send's own, as a resumed held refund does (a refund sent again is not dropped as a copy;
+/// its record absorbs copies). A payment goes in its customer's group and is deduplicated by
+/// its `payment_id`, as the relay does at its default `FIFO_GROUP_BY=customer`. Anything else
+/// (a body sent with `--no-validate`) goes in a group of its own.
+pub fn fifo_ids(body: &str) -> (String, String) {
+    use sqs_once::queue::fifo_id;
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    if v["refund_id"].is_string() {
+        if let Ok(ids) = payment_core::refunds::queue::fifo_ids(body, &sqs_once::token::new()) {
+            return ids;
+        }
+    }
+    if let Some(payment_id) = v["payment_id"].as_str() {
+        let group = v["customer_id"].as_str().unwrap_or(payment_id);
+        return (fifo_id(group), fifo_id(payment_id));
+    }
+    let own = sqs_once::token::new();
+    (own.clone(), own)
+}
+
 /// Sends bodies in batches of ten, eight batches at a time; returns each message's id in order.
 pub async fn send_all(
     sqs: &aws_sdk_sqs::Client,
@@ -73,14 +95,23 @@ pub async fn send_all_observed(
     let chunks: Vec<(usize, &[String])> = bodies.chunks(10).enumerate().collect();
     let results: Vec<(usize, HashMap<String, String>)> = stream::iter(chunks)
         .map(|(ci, chunk)| async move {
+            let fifo = queue_url.ends_with(".fifo");
             let entries = chunk
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
-                    SendMessageBatchRequestEntry::builder()
+                    let entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
-                        .message_body(b)
-                        .build()
+                        .message_body(b);
+                    let entry = if fifo {
+                        let (group, dedup) = fifo_ids(b);
+                        entry
+                            .message_group_id(group)
+                            .message_deduplication_id(dedup)
+                    } else {
+                        entry
+                    };
+                    entry.build()
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let out = sqs
@@ -116,4 +147,33 @@ pub async fn send_all_observed(
         }
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fifo_ids, payment_body};
+
+    #[test]
+    fn fifo_ids_follow_the_systems_own_senders_and_always_fit_sqs() {
+        // A payment: its customer's group, deduplicated by its id (as the relay sends it).
+        let p = payment_body("pay-1", 1000, "pm_card_visa");
+        let v: serde_json::Value = serde_json::from_str(&p).unwrap();
+        let (group, dedup) = fifo_ids(&p);
+        assert_eq!(group, v["customer_id"].as_str().unwrap());
+        assert_eq!(dedup, "pay-1");
+        assert_eq!(fifo_ids(&p), (group, dedup));
+        // A refund: its payment's group, each send a message of its own.
+        let r = r#"{"refund_id":"r-1","payment_id":"pay-1","amount":5}"#;
+        let (g1, d1) = fifo_ids(r);
+        let (g2, d2) = fifo_ids(r);
+        assert_eq!((g1.as_str(), g2.as_str()), ("pay-1", "pay-1"));
+        assert_ne!(d1, d2);
+        // Ids as long as the system takes (255) are hashed into what SQS takes (128).
+        let long = "p".repeat(255);
+        let (g, d) = fifo_ids(&payment_body(&long, 1000, "pm_card_visa"));
+        assert!(g.len() <= 128 && d.len() <= 128 && d != long);
+        // A body that is not one (sent to try the DLQ) still gets ids SQS takes.
+        let (g, d) = fifo_ids("not json");
+        assert!(!g.is_empty() && g.len() <= 128 && d.len() <= 128);
+    }
 }

@@ -155,8 +155,8 @@ impl Relay {
                 );
             if self.fifo() {
                 e = e
-                    .message_group_id(self.group_by.group_of(entry))
-                    .message_deduplication_id(&entry.payment_id);
+                    .message_group_id(sqs_once::queue::fifo_id(self.group_by.group_of(entry)))
+                    .message_deduplication_id(sqs_once::queue::fifo_id(&entry.payment_id));
             }
             request = request.entries(e.build().map_err(|e| e.to_string())?);
         }

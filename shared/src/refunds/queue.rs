@@ -68,11 +68,11 @@ impl RefundQueue for SqsRefundQueue {
     }
 }
 
-/// A resumed refund's FIFO group (its payment's id) and a deduplication id of this send's own
-/// (its refund id and `nonce`). SQS takes at most 128 characters of `[A-Za-z0-9]` and
-/// punctuation for each, where ids may have 255: a longer group is its SHA-256 (hex, stable:
+/// A refund's FIFO group (its payment's id) and a deduplication id of this send's own (its
+/// refund id and `nonce`). SQS takes at most 128 characters of `[A-Za-z0-9]` and punctuation
+/// for each, where ids may have 255: a longer group is its SHA-256 ([`sqs_once::queue::fifo_id`]:
 /// the same payment, the same group), and the deduplication id is always one.
-fn fifo_ids(body: &str, nonce: &str) -> Result<(String, String), String> {
+pub fn fifo_ids(body: &str, nonce: &str) -> Result<(String, String), String> {
     use sha2::{Digest, Sha256};
     let v: serde_json::Value =
         serde_json::from_str(body).map_err(|e| format!("a held refund's body: {e}"))?;
@@ -82,12 +82,7 @@ fn fifo_ids(body: &str, nonce: &str) -> Result<(String, String), String> {
             "a held refund's body names no payment_id and refund_id: {body}"
         ));
     };
-    let fits = |s: &str| s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic());
-    let group = if fits(payment_id) {
-        payment_id.to_owned()
-    } else {
-        hex::encode(Sha256::digest(payment_id.as_bytes()))
-    };
+    let group = sqs_once::queue::fifo_id(payment_id);
     let dedup = hex::encode(Sha256::digest(format!("{refund_id}\n{nonce}").as_bytes()));
     Ok((group, dedup))
 }
