@@ -170,13 +170,15 @@ impl DynamoStore {
     }
 
     /// Runs a write conditional on `owner` holding the lease; a failed condition is
-    /// [`StoreError::LeaseLost`].
+    /// [`StoreError::LeaseLost`]. Every write is `fenced` but where the simulator takes a
+    /// completion's fence off (the `completion_unfenced` mutation).
     async fn owned_update(
         &self,
         key: &str,
         owner: &str,
         update: &str,
         values: Vec<(&str, AttributeValue)>,
+        fenced: bool,
     ) -> Result<(), StoreError> {
         let mut req = self
             .client
@@ -184,13 +186,16 @@ impl DynamoStore {
             .table_name(&self.table)
             .key(&self.layout.attribute, self.record_key(key))
             .update_expression(update)
-            .condition_expression(OWNED_BY_ME)
-            .expression_attribute_names("#s", "status")
-            .expression_attribute_values(":me", AttributeValue::S(owner.to_owned()))
-            .expression_attribute_values(
-                ":in_progress",
-                AttributeValue::S(RecordStatus::InProgress.as_str().to_owned()),
-            );
+            .expression_attribute_names("#s", "status");
+        if fenced {
+            req = req
+                .condition_expression(OWNED_BY_ME)
+                .expression_attribute_values(":me", AttributeValue::S(owner.to_owned()))
+                .expression_attribute_values(
+                    ":in_progress",
+                    AttributeValue::S(RecordStatus::InProgress.as_str().to_owned()),
+                );
+        }
         for (k, v) in values {
             req = req.expression_attribute_values(k, v);
         }
@@ -534,7 +539,8 @@ impl IdempotencyStore for DynamoStore {
                  REMOVE last_error, not_before, open_work"
             }
         };
-        self.owned_update(key, owner, update, values).await
+        let fenced = !crate::mutation::on("completion_unfenced");
+        self.owned_update(key, owner, update, values, fenced).await
     }
 
     async fn fail(
@@ -565,7 +571,7 @@ impl IdempotencyStore for DynamoStore {
             update.push_str(", not_before = :nb");
             values.push((":nb", n(t)));
         }
-        self.owned_update(key, owner, &update, values).await
+        self.owned_update(key, owner, &update, values, true).await
     }
 
     async fn renew_lease(&self, key: &str, owner: &str, until_ms: i64) -> Result<(), StoreError> {
@@ -574,6 +580,7 @@ impl IdempotencyStore for DynamoStore {
             owner,
             "SET lease_expires_at = :lease",
             vec![(":lease", n(until_ms))],
+            true,
         )
         .await
     }

@@ -2,13 +2,21 @@
 //! invariants find them (its "teeth"). Each is a version of a rule that was, or would be,
 //! wrong. They exist only in a build with the `sim-mutations` feature, which only the
 //! simulator turns on (its tests, and `make sim MUTATION=...`); elsewhere its check (`on`) is `false`,
-//! a constant, and [`put_back`] refuses.
+//! a constant, and [`put_back`] refuses. A crate built on `sqs-once` can keep mutations of its
+//! own `Work`s on the same switch: it lists them and checks [`on`]; the simulator puts them
+//! back with [`put_back_from`].
 
 /// The mutations, by name, with what each undoes.
-pub const ALL: &[(&str, &str)] = &[(
-    "unknown_mark_not_sticky",
-    "the unknown-outcome mark is not sticky: an attempt starts with a clear mark instead of the one it inherits, and a failure's write sets the record's mark to what that failure alone says (a refused connection clears it)",
-)];
+pub const ALL: &[(&str, &str)] = &[
+    (
+        "unknown_mark_not_sticky",
+        "the unknown-outcome mark is not sticky: an attempt starts with a clear mark instead of the one it inherits, and a failure's write sets the record's mark to what that failure alone says (a refused connection clears it)",
+    ),
+    (
+        "completion_unfenced",
+        "a completion is written whoever holds the lease (the model's FENCED=0): an attempt whose lease ended completes over the record's next attempt, or over its completion",
+    ),
+];
 
 #[cfg(feature = "sim-mutations")]
 thread_local! {
@@ -16,13 +24,22 @@ thread_local! {
     static ON: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Puts a mutation back on this thread; an unknown name, or a build without the feature, is
-/// refused.
+/// Puts one of this crate's mutations ([`ALL`]) back on this thread; an unknown name, or a
+/// build without the feature, is refused.
 pub fn put_back(name: &str) -> Result<(), String> {
-    let Some((known, _)) = ALL.iter().find(|(n, _)| *n == name) else {
+    put_back_from(ALL, name)
+}
+
+/// Puts a mutation of `list` (a crate's own, as [`ALL`] is this one's) back on this thread; a
+/// name not in `list`, or a build without the feature, is refused.
+pub fn put_back_from(
+    list: &'static [(&'static str, &'static str)],
+    name: &str,
+) -> Result<(), String> {
+    let Some((known, _)) = list.iter().find(|(n, _)| *n == name) else {
         return Err(format!(
             "no mutation {name}; the mutations are {:?}",
-            ALL.iter().map(|(n, _)| n).collect::<Vec<_>>()
+            list.iter().map(|(n, _)| n).collect::<Vec<_>>()
         ));
     };
     #[cfg(feature = "sim-mutations")]
@@ -38,9 +55,16 @@ pub fn put_back(name: &str) -> Result<(), String> {
     }
 }
 
-/// Whether a mutation is put back on this thread.
+/// Takes every mutation off this thread again (a run that follows another on it starts clean).
+pub fn clear() {
+    #[cfg(feature = "sim-mutations")]
+    ON.with(|on| on.borrow_mut().clear());
+}
+
+/// Whether a mutation is put back on this thread: always `false` (a constant) in a build
+/// without the `sim-mutations` feature.
 #[inline]
-pub(crate) fn on(name: &str) -> bool {
+pub fn on(name: &str) -> bool {
     #[cfg(feature = "sim-mutations")]
     {
         ON.with(|on| on.borrow().contains(&name))

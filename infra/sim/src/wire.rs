@@ -5,8 +5,10 @@
 //! backoff, parsing errors into their shapes) runs as in production.
 //!
 //! Around each request the transport draws a latency (before the model applies it and after),
-//! and its faults: a `500` or a throttle refused before anything is applied, or an answer lost
-//! after the model applied the request (the caller times out on a write that committed).
+//! and its faults: a `500` or a throttle refused before anything is applied, an answer lost
+//! after the model applied the request (the caller times out on a write that committed), or a
+//! request held in the network for seconds. A request lands on its own task: one sent by an
+//! invocation that is killed before it lands is applied all the same, as on the wire.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,9 @@ pub struct Faults {
     pub throttle_rate: f64,
     /// Chance the answer to an applied request is lost (the caller sees a timeout).
     pub lost_answer_rate: f64,
+    /// Chance a request is held in the network 5 to 60 s before it lands (a host's pause, a
+    /// connection's retransmissions): it lands then, whether or not its sender still waits.
+    pub stall_rate: f64,
     /// The service is down until this epoch ms (every request fails with a `503`).
     pub outage_until_ms: i64,
 }
@@ -171,7 +176,10 @@ impl Wire {
             } else {
                 aws.sqs_faults.clone()
             };
-            let before = aws.latency(&faults);
+            let mut before = aws.latency(&faults);
+            if faults.stall_rate > 0.0 && aws.rng.f64() < faults.stall_rate {
+                before += Duration::from_millis(aws.rng.u64(5_000..=60_000));
+            }
             let after = aws.latency(&faults);
             let now = self.clock.now_ms();
             let roll = aws.rng.f64();
@@ -257,7 +265,14 @@ impl HttpConnector for Wire {
             .bytes()
             .and_then(|b| serde_json::from_slice(b).ok())
             .unwrap_or(Json::Null);
-        HttpConnectorFuture::new(self.clone().answer(target, body))
+        // A request sent lands whether or not its sender still waits for the answer: one whose
+        // invocation is killed while it is in flight is still applied (its own task).
+        let landing = tokio::spawn(self.clone().answer(target, body));
+        HttpConnectorFuture::new(async move {
+            landing
+                .await
+                .map_err(|e| ConnectorError::other(Box::new(e), None))?
+        })
     }
 }
 

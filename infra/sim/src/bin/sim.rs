@@ -68,6 +68,7 @@ fn main() -> Result<()> {
             opts.aws.error_rate = r;
             opts.aws.throttle_rate = r;
             opts.aws.lost_answer_rate = r;
+            opts.aws.stall_rate = r / 4.0;
         }
         if let Some(r) = args.provider_fault_rate {
             opts.provider.error_before_rate = r;

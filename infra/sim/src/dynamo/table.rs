@@ -86,7 +86,15 @@ pub struct Table {
     pub changes: Vec<Change>,
     /// The next stream sequence number.
     next_sequence: u64,
+    /// A check of every write (its key, the item before and after), installed by whoever
+    /// watches the table (the simulator's invariants); what it returns is kept in `findings`.
+    pub watch: Option<Watch>,
+    /// What [`Table::watch`] found, until its reader takes it.
+    pub findings: Vec<String>,
 }
+
+/// A check of one write: the key, the item before and after; `Some` is a finding.
+pub type Watch = fn(&str, Option<&Item>, Option<&Item>) -> Option<String>;
 
 /// Why a key or item does not fit the table (a `ValidationException`).
 pub type Refused = String;
@@ -110,6 +118,8 @@ impl Table {
             items: BTreeMap::new(),
             changes: Vec::new(),
             next_sequence: 1,
+            watch: None,
+            findings: Vec::new(),
         }
     }
 
@@ -206,6 +216,12 @@ impl Table {
             Some(item) => self.items.insert(key.to_owned(), item.clone()),
             None => self.items.remove(key),
         };
+        if let Some(found) = self
+            .watch
+            .and_then(|watch| watch(key, before.as_ref(), after.as_ref()))
+        {
+            self.findings.push(found);
+        }
         if self.stream_view.is_none() || (before.is_none() && after.is_none()) {
             return;
         }

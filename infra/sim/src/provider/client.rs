@@ -53,6 +53,17 @@ impl Client {
     }
 }
 
+/// Runs a request that writes at the provider on a task of its own: it lands whether or not
+/// its sender still waits (a call sent by an invocation that is killed stays in the network,
+/// is executed, and keeps its key busy while it runs, as at the provider).
+async fn landed<T: Send + 'static>(
+    request: impl std::future::Future<Output = Result<T, ProviderError>> + Send + 'static,
+) -> Result<T, ProviderError> {
+    tokio::spawn(request)
+        .await
+        .unwrap_or_else(|e| Err(ProviderError::new(FailureKind::Timeout, e.to_string())))
+}
+
 #[async_trait]
 impl PaymentProvider for Client {
     fn request_timeout(&self) -> Duration {
@@ -64,7 +75,8 @@ impl PaymentProvider for Client {
         request: &PaymentRequest,
     ) -> Result<ProviderResponse, ProviderError> {
         self.slot().await?;
-        let answer = self.provider.create_payment(request).await;
+        let (provider, request) = (self.provider.clone(), request.clone());
+        let answer = landed(async move { provider.create_payment(&request).await }).await;
         self.told(&answer);
         answer
     }
@@ -88,7 +100,8 @@ impl RefundProvider for Client {
 
     async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
         self.slot().await?;
-        let answer = self.provider.create_refund(call).await;
+        let (provider, call) = (self.provider.clone(), call.clone());
+        let answer = landed(async move { provider.create_refund(&call).await }).await;
         self.told(&answer);
         answer
     }

@@ -98,6 +98,7 @@ impl Options {
                 error_rate: 0.002,
                 throttle_rate: 0.002,
                 lost_answer_rate: 0.002,
+                stall_rate: 0.0005,
                 outage_until_ms: 0,
             },
             provider: Behaviour {
@@ -131,6 +132,14 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     (
         "unknown_mark_not_sticky",
         "an attempt starts with a clear unknown-outcome mark instead of the one it inherits (sqs_once::mutation)",
+    ),
+    (
+        "completion_unfenced",
+        "a completion is written whoever holds the lease (sqs_once::mutation; the model's FENCED=0)",
+    ),
+    (
+        "early_refund_not_held",
+        "a refund of a settling payment is handed back until its retry horizon, then dead-lettered: main before held refunds (payment_core::refunds::MUTATIONS)",
     ),
 ];
 
@@ -217,6 +226,8 @@ struct World {
     events: function::Function,
     /// Refunds the merchant sent, by refund id.
     refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
+    /// The refunds' dead letters already judged, by message id.
+    refund_letters: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl World {
@@ -299,10 +310,13 @@ pub fn run(opts: Options) -> Result<Report> {
     // The code under test draws its jitter (fastrand) and tokens on this thread: seeded here.
     fastrand::seed(opts.seed);
     sqs_once::token::seed_this_thread(opts.seed.rotate_left(17));
+    sqs_once::mutation::clear();
     if let Some(m) = opts.mutation.as_deref() {
         anyhow::ensure!(MUTATIONS.iter().any(|(n, _)| *n == m), "no mutation {m}");
-        if sqs_once::mutation::ALL.iter().any(|(n, _)| *n == m) {
-            sqs_once::mutation::put_back(m).map_err(anyhow::Error::msg)?;
+        for list in [sqs_once::mutation::ALL, payment_core::refunds::MUTATIONS] {
+            if list.iter().any(|(n, _)| *n == m) {
+                sqs_once::mutation::put_back_from(list, m).map_err(anyhow::Error::msg)?;
+            }
         }
     }
     rt.block_on(run_on(opts))
@@ -346,6 +360,9 @@ async fn run_on(opts: Options) -> Result<Report> {
         aws.dynamo_faults = opts.aws.clone();
         aws.sqs_faults = opts.aws.clone();
         aws.sqs.duplicate_rate = opts.duplicate_delivery_rate;
+        if let Some(t) = aws.dynamo.tables.get_mut(&config.idempotency_table) {
+            t.watch = Some(checks::completed_again);
+        }
     }
     let provider = Provider::new(
         opts.seed ^ 0x9e37,
@@ -370,6 +387,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         refunds: refunds.clone(),
         events: events.clone(),
         refunds_sent: Mutex::new(BTreeMap::new()),
+        refund_letters: Mutex::new(std::collections::BTreeSet::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
         violations: Mutex::new(Vec::new()),

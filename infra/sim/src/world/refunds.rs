@@ -135,6 +135,63 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
     });
 }
 
+/// No refund is dead-lettered only for waiting: a refund's new dead letter that gave up
+/// (`retries_exhausted`, or SQS's redrive) while its payment was still settling at the
+/// provider (a debit `processing`, a customer yet to authenticate) pages an operator for a
+/// normal business event, and its letter may outlive neither the debit nor the DLQ's retention.
+pub(super) fn check_dead_letters(w: &World) {
+    let letters: Vec<(String, Option<String>, String)> = {
+        let aws = w.wire.aws.lock().expect("aws");
+        let Some(q) = aws.sqs.queues.get(&w.refunds.dlq) else {
+            return;
+        };
+        let judged = w.refund_letters.lock().expect("letters");
+        q.messages
+            .iter()
+            .filter(|m| !judged.contains(&m.id))
+            .map(|m| {
+                let code = m
+                    .attributes
+                    .get("error_code")
+                    .and_then(|v| v["StringValue"].as_str());
+                (m.id.clone(), code.map(str::to_owned), m.body.clone())
+            })
+            .collect()
+    };
+    for (id, code, body) in letters {
+        w.refund_letters.lock().expect("letters").insert(id);
+        if !matches!(code.as_deref(), None | Some("retries_exhausted")) {
+            continue;
+        }
+        let Some(pid) = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
+        else {
+            continue;
+        };
+        let settling: Vec<String> = w
+            .provider
+            .books
+            .lock()
+            .expect("books")
+            .intents_of(&pid)
+            .iter()
+            .filter(|i| payment_core::provider::event::payment_settling(&i.status))
+            .map(|i| format!("{} {}", i.id, i.status))
+            .collect();
+        if !settling.is_empty() {
+            w.violated(
+                "no message dead-lettered only for waiting",
+                format!(
+                    "a refund of {pid} dead-lettered ({}) while its payment is {}: {body}",
+                    code.as_deref().unwrap_or("max receives"),
+                    settling.join(", ")
+                ),
+            );
+        }
+    }
+}
+
 /// The refunds' invariants, once the system is quiet: the provider never refunded more than a
 /// charge nor one refund id twice (as found at each write); every refund ended (its record
 /// completed, or dead-lettered with a reason); each payment's ledger (`refunded_amount`) equals
