@@ -103,6 +103,14 @@ impl Aws {
     }
 }
 
+/// Writing to the account folds the text into its digest.
+impl std::fmt::Write for Aws {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.fold(s.as_bytes());
+        Ok(())
+    }
+}
+
 /// The transport: clients built with [`Wire::sdk_config`] reach the shared [`Aws`].
 #[derive(Debug, Clone)]
 pub struct Wire {
@@ -236,10 +244,14 @@ impl Wire {
                     Err(e) => (400, e.body(), Some(format!("{};Sender", e.query_code()))),
                 }
             };
-            let line = format!("{now_ms} {target} {} -> {} {}\n", body, out.0, out.1);
-            aws.fold(line.as_bytes());
             if aws.keep_log {
+                let line = format!("{now_ms} {target} {} -> {} {}\n", body, out.0, out.1);
+                aws.fold(line.as_bytes());
                 aws.log.push(line);
+            } else {
+                // The same bytes, folded as they are written (no line to keep).
+                use std::fmt::Write;
+                let _ = writeln!(aws, "{now_ms} {target} {} -> {} {}", body, out.0, out.1);
             }
             out
         };

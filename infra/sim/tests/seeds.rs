@@ -153,18 +153,28 @@ fn an_unknown_outcome_mark_that_is_not_sticky_is_caught_charging_twice() {
 fn an_early_refund_dead_lettered_after_the_retry_horizon_is_caught() {
     // Main before held refunds: a refund of a debit still processing was handed back until its
     // retry horizon (an hour) and then dead-lettered, paging the operator for a normal wait.
-    let mut opts = Options::new(1, 300, 10.0);
-    opts.mutation = Some("early_refund_not_held".into());
-    let r = run(opts).unwrap();
-    let waiting: Vec<_> = r
-        .violations
-        .iter()
-        .filter(|v| v.invariant == "no message dead-lettered only for waiting")
-        .collect();
-    assert!(!waiting.is_empty(), "nothing caught: {:#?}", r.violations);
-    // The first early refund's horizon: within the first two days.
-    let first = waiting.iter().map(|v| v.at_ms).min().unwrap() as f64 / 86_400_000.0;
-    assert!(first < 2.0, "first found on day {first:.2}");
+    // Whether a seed refunds a debit before it settles is the seed's: seed 1 did when this was
+    // written (seed 2 did not); the test tries five.
+    let mut found = None;
+    for seed in 1..=5 {
+        let mut opts = small(seed);
+        opts.mutation = Some("early_refund_not_held".into());
+        let r = run(opts).unwrap();
+        let first = r
+            .violations
+            .iter()
+            .filter(|v| v.invariant == "no message dead-lettered only for waiting")
+            .map(|v| v.at_ms)
+            .min();
+        if let Some(at) = first {
+            found = Some((seed, at as f64 / 86_400_000.0));
+            break;
+        }
+    }
+    let (seed, day) = found.expect("five seeds did not find it");
+    eprintln!("found by seed {seed} on day {day:.2}");
+    // The first early refund's horizon, days before the debits settle.
+    assert!(day < 5.0, "first found on day {day:.2}");
 }
 
 #[test]

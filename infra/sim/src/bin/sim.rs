@@ -99,7 +99,7 @@ fn main() -> Result<()> {
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made, {} events, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), {} events, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -112,6 +112,7 @@ fn main() -> Result<()> {
             report.provider_refused,
             report.refunds_sent,
             report.refunds_made,
+            report.refunds_failed,
             report.events,
             report.expired_records,
             report.digest,

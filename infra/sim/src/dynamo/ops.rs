@@ -453,15 +453,17 @@ pub(super) fn handle(
                 .cloned()
                 .unwrap_or(Json::Null);
             let table = db.table_mut(text(body, "TableName")?)?;
-            table.ttl_attribute = (spec["Enabled"] == Json::Bool(true))
-                .then(|| spec["AttributeName"].as_str().map(str::to_owned))
-                .flatten();
+            table.set_ttl(
+                (spec["Enabled"] == Json::Bool(true))
+                    .then(|| spec["AttributeName"].as_str().map(str::to_owned))
+                    .flatten(),
+            );
             Ok(json!({ "TimeToLiveSpecification": spec }))
         }
         "DescribeTimeToLive" => {
             let table = db.table(text(body, "TableName")?)?;
             Ok(
-                json!({ "TimeToLiveDescription": match &table.ttl_attribute {
+                json!({ "TimeToLiveDescription": match table.ttl_attribute() {
                     Some(a) => json!({"TimeToLiveStatus": "ENABLED", "AttributeName": a}),
                     None => json!({"TimeToLiveStatus": "DISABLED"}),
                 }}),

@@ -76,8 +76,10 @@ pub struct Table {
     pub definitions: Json,
     /// Its global secondary indexes.
     pub indexes: Vec<Index>,
-    /// The time-to-live attribute, once enabled.
-    pub ttl_attribute: Option<String>,
+    /// The time-to-live attribute, once enabled ([`Table::set_ttl`]).
+    ttl_attribute: Option<String>,
+    /// Items by their time to live (epoch s) and key: the sweep reads only those past it.
+    by_expiry: std::collections::BTreeSet<(i64, String)>,
     /// The stream's view type, when the table has one.
     pub stream_view: Option<String>,
     /// Items by their key's canonical text.
@@ -114,6 +116,7 @@ impl Table {
             definitions,
             indexes,
             ttl_attribute: None,
+            by_expiry: std::collections::BTreeSet::new(),
             stream_view,
             items: BTreeMap::new(),
             changes: Vec::new(),
@@ -216,6 +219,12 @@ impl Table {
             Some(item) => self.items.insert(key.to_owned(), item.clone()),
             None => self.items.remove(key),
         };
+        if let Some(at) = before.as_ref().and_then(|i| self.expiry_of(i)) {
+            self.by_expiry.remove(&(at, key.to_owned()));
+        }
+        if let Some(at) = after.as_ref().and_then(|i| self.expiry_of(i)) {
+            self.by_expiry.insert((at, key.to_owned()));
+        }
         if let Some(found) = self
             .watch
             .and_then(|watch| watch(key, before.as_ref(), after.as_ref()))
@@ -252,26 +261,43 @@ impl Table {
     /// deletes an expired item at any time within about 48 hours after its `expires_at`; here the
     /// delay is drawn per item from `delay_of` (deterministic in the run's seed).
     pub fn expired(&self, now_s: i64, delay_of: impl Fn(&str, i64) -> i64) -> Vec<String> {
-        let Some(attr) = &self.ttl_attribute else {
-            return Vec::new();
-        };
-        self.items
+        let mut keys: Vec<String> = self
+            .by_expiry
+            .range(..(now_s.saturating_add(1), String::new()))
+            // DynamoDB skips a TTL more than five years in the past.
+            .filter(|(at, _)| *at >= now_s - 5 * 365 * 86_400)
+            .filter(|(at, k)| at + delay_of(k, *at) <= now_s)
+            .map(|(_, k)| k.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The time-to-live attribute, when enabled.
+    pub fn ttl_attribute(&self) -> Option<&str> {
+        self.ttl_attribute.as_deref()
+    }
+
+    /// Enables time to live on `attribute`, or disables it (`None`).
+    pub fn set_ttl(&mut self, attribute: Option<String>) {
+        self.ttl_attribute = attribute;
+        let expiring: std::collections::BTreeSet<(i64, String)> = self
+            .items
             .iter()
-            .filter_map(|(k, item)| {
-                let Some(Value::N(n)) = item.get(attr) else {
-                    return None;
-                };
-                // Epoch seconds are written as integers; anything else is read exactly.
-                let at = match n.parse::<i64>() {
-                    Ok(at) => at,
-                    Err(_) => number(n)?.text().split('.').next()?.parse::<i64>().ok()?,
-                };
-                // DynamoDB skips a TTL more than five years in the past.
-                if at < now_s - 5 * 365 * 86_400 {
-                    return None;
-                }
-                (at <= now_s && at + delay_of(k, at) <= now_s).then(|| k.clone())
-            })
-            .collect()
+            .filter_map(|(k, item)| Some((self.expiry_of(item)?, k.clone())))
+            .collect();
+        self.by_expiry = expiring;
+    }
+
+    /// An item's time to live, epoch s, when it has one.
+    fn expiry_of(&self, item: &Item) -> Option<i64> {
+        let Some(Value::N(n)) = item.get(self.ttl_attribute.as_deref()?) else {
+            return None;
+        };
+        // Epoch seconds are written as integers; anything else is read exactly.
+        match n.parse::<i64>() {
+            Ok(at) => Some(at),
+            Err(_) => number(n)?.text().split('.').next()?.parse::<i64>().ok(),
+        }
     }
 }

@@ -33,17 +33,22 @@ pub fn intent_json(i: &Intent) -> Json {
     })
 }
 
+/// An event as Stripe sends it: its envelope at the account's API version (the one the wire
+/// client pins), the object as it is now.
+pub fn event_json(id: &str, kind: &str, created_s: i64, object: Json) -> Json {
+    json!({
+        "id": id, "object": "event", "type": kind, "created": created_s,
+        "api_version": payment_core::stripe::DEFAULT_API_VERSION, "livemode": false,
+        "data": {"object": object},
+    })
+}
+
 impl Books {
     /// Records an event of `kind` about `object` at `now_ms`.
     pub(super) fn emit(&mut self, kind: &str, object: Json, now_ms: i64) {
         self.next_id += 1;
         let id = format!("evt_sim{:08}", self.next_id);
-        let body = json!({
-            "id": id, "object": "event", "type": kind, "created": now_ms / 1000,
-            "api_version": "2026-11-17.clover", "livemode": false,
-            "data": {"object": object},
-        })
-        .to_string();
+        let body = event_json(&id, kind, now_ms / 1000, object).to_string();
         self.events.push(Event { id, body });
     }
 

@@ -139,7 +139,7 @@ impl Books {
     }
 
     /// Moves every debit whose day has come to `succeeded` (or, when `fails` says so, to
-    /// `requires_payment_method`).
+    /// `requires_payment_method`), and every refund whose day has come to what it becomes.
     pub fn settle(&mut self, now_ms: i64, fails: impl Fn(&Intent) -> bool) {
         let due: Vec<String> = self
             .intents
@@ -159,6 +159,7 @@ impl Books {
             }
             self.emit_intent(&id, now_ms);
         }
+        self.settle_refunds(now_ms);
     }
 }
 

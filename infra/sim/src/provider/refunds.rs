@@ -1,7 +1,10 @@
 //! Refunds at the simulated provider: created under `refund:<refund_id>`, never beyond what is
 //! left of the charge (Stripe's `amount_too_large`, `charge_already_refunded`), only of a
 //! charge that succeeded (`charge_not_refundable` otherwise); the lookups a refund's unknown
-//! outcome and a held refund read.
+//! outcome and a held refund read. A refund of a bank debit is `pending` for 3 to 10 days and
+//! then succeeds, or fails (one in twenty); a card's refund succeeds at once and one in fifty
+//! fails 5 to 25 days later (a closed card account), as Stripe's refunds do: a failed refund's
+//! amount is no longer refunded, and its `refund.updated` and `refund.failed` events say so.
 
 use payment_core::provider::{FailureKind, FoundRefund, ProviderError, RefundCall, RefundResponse};
 
@@ -20,8 +23,41 @@ pub struct Refund {
     pub payment_intent: String,
     /// Minor units.
     pub amount: i64,
-    /// `succeeded` (the model's refunds do not fail later yet).
+    /// `pending`, `succeeded` or `failed`.
     pub status: String,
+    /// When its status changes next, and to what (epoch ms; `succeeded` or `failed`).
+    pub changes: Option<(i64, String)>,
+}
+
+impl Books {
+    /// Refunds whose time has come change their status, each change an event.
+    pub(super) fn settle_refunds(&mut self, now_ms: i64) {
+        let due: Vec<String> = self
+            .refunds
+            .values()
+            .filter(|r| r.changes.as_ref().is_some_and(|(at, _)| *at <= now_ms))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in due {
+            let Some(r) = self.refunds.get_mut(&id) else {
+                continue;
+            };
+            let Some((_, status)) = r.changes.take() else {
+                continue;
+            };
+            r.status = status;
+            let r = r.clone();
+            let pid = self
+                .intents
+                .get(&r.payment_intent)
+                .map(|i| i.payment_id.clone())
+                .unwrap_or_default();
+            self.emit("refund.updated", refund_json(&r, &pid), now_ms);
+            if r.status == "failed" {
+                self.emit("refund.failed", refund_json(&r, &pid), now_ms);
+            }
+        }
+    }
 }
 
 /// What the provider remembers for a refund's key.
@@ -99,6 +135,8 @@ impl Provider {
 
     fn refund_now(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
         let now = self.clock.now_ms();
+        // Drawn before the books are taken: whether it fails, and after how long.
+        let (fails, after) = (self.draw(), self.draw());
         let key = format!("refund:{}", call.refund_id);
         let params = format!("{}|{}|{}", call.payment_intent, call.amount, call.refund_id);
         let mut books = self.books.lock().expect("books");
@@ -151,6 +189,18 @@ impl Provider {
                             call.refund_id
                         ));
                     }
+                    const DAY: f64 = 86_400_000.0;
+                    let (status, changes) = if pi.settles_ms.is_some() {
+                        // A bank debit's refund: pending for days, then succeeded or failed.
+                        let then = if fails < 0.05 { "failed" } else { "succeeded" };
+                        let at = now + ((3.0 + 7.0 * after) * DAY) as i64;
+                        ("pending", Some((at, then.to_owned())))
+                    } else if fails < 0.02 {
+                        let at = now + ((5.0 + 20.0 * after) * DAY) as i64;
+                        ("succeeded", Some((at, "failed".to_owned())))
+                    } else {
+                        ("succeeded", None)
+                    };
                     books.refunds.insert(
                         id.clone(),
                         Refund {
@@ -158,14 +208,15 @@ impl Provider {
                             refund_id: call.refund_id.clone(),
                             payment_intent: pi.id.clone(),
                             amount: call.amount,
-                            status: "succeeded".into(),
+                            status: status.into(),
+                            changes,
                         },
                     );
                     let object = refund_json(&books.refunds[&id], &pi.payment_id);
                     books.emit("refund.created", object, now);
                     Ok(RefundResponse::Refunded {
                         provider_refund_id: id,
-                        status: "succeeded".into(),
+                        status: status.into(),
                     })
                 }
             }

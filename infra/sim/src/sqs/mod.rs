@@ -14,7 +14,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value as Json};
 
+mod queue;
 mod wire;
+
+pub use queue::{Message, Queue};
 
 /// An SQS error as the wire carries it.
 #[derive(Debug, Clone)]
@@ -53,83 +56,6 @@ impl SqsError {
             }
             other => other.into(),
         }
-    }
-}
-
-/// One message in a queue.
-#[derive(Debug, Clone)]
-pub struct Message {
-    /// Its id (kept by a dead-letter move, shared by a duplicate delivery's twin).
-    pub id: String,
-    /// Its body.
-    pub body: String,
-    /// Message attributes, in the wire's form (`{"DataType": .., "StringValue": ..}`).
-    pub attributes: Map<String, Json>,
-    /// FIFO group.
-    pub group: Option<String>,
-    /// FIFO deduplication id.
-    pub dedup: Option<String>,
-    /// Order of sending (FIFO sequence number).
-    pub sequence: u64,
-    /// When it was first enqueued (retention counts from here), ms.
-    pub sent_ms: i64,
-    /// Not receivable before this, ms.
-    pub visible_ms: i64,
-    /// Times received.
-    pub receives: u32,
-    /// First receive, ms.
-    pub first_receive_ms: Option<i64>,
-    /// The latest receive's handle.
-    pub handle: Option<String>,
-}
-
-/// A queue.
-#[derive(Debug, Clone)]
-pub struct Queue {
-    /// Its name (`.fifo` for a FIFO queue).
-    pub name: String,
-    /// Its attributes as set (`VisibilityTimeout`, `RedrivePolicy`, ...).
-    pub attributes: BTreeMap<String, String>,
-    /// Its messages, in sending order.
-    pub messages: Vec<Message>,
-    /// FIFO deduplication ids seen, with when, ms.
-    dedup_seen: BTreeMap<String, i64>,
-    /// Its tags.
-    pub tags: BTreeMap<String, String>,
-}
-
-impl Queue {
-    fn attr_i64(&self, name: &str, default: i64) -> i64 {
-        self.attributes
-            .get(name)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    }
-
-    /// True for a FIFO queue.
-    pub fn fifo(&self) -> bool {
-        self.name.ends_with(".fifo")
-    }
-
-    /// The visibility timeout, s.
-    pub fn visibility_s(&self) -> i64 {
-        self.attr_i64("VisibilityTimeout", 30)
-    }
-
-    /// The retention, s.
-    pub fn retention_s(&self) -> i64 {
-        self.attr_i64("MessageRetentionPeriod", 345_600)
-    }
-
-    /// The redrive policy: the dead-letter queue's name and `maxReceiveCount`.
-    pub fn redrive(&self) -> Option<(String, u32)> {
-        let p: Json = serde_json::from_str(self.attributes.get("RedrivePolicy")?).ok()?;
-        let arn = p["deadLetterTargetArn"].as_str()?;
-        let max = match &p["maxReceiveCount"] {
-            Json::String(s) => s.parse().ok()?,
-            v => v.as_u64()? as u32,
-        };
-        Some((arn.rsplit(':').next()?.to_owned(), max))
     }
 }
 
@@ -220,6 +146,7 @@ impl Sqs {
             name.to_owned(),
             Queue {
                 name: name.to_owned(),
+                policy: Queue::read_redrive(&attributes),
                 attributes,
                 messages: Vec::new(),
                 dedup_seen: BTreeMap::new(),
@@ -383,7 +310,11 @@ impl Sqs {
             let mut visible: Vec<usize> = (0..q.messages.len())
                 .filter(|&i| q.messages[i].visible_ms <= now_ms)
                 .collect();
-            self.rng.shuffle(&mut visible);
+            // `max` of them at random (the first steps of a Fisher-Yates shuffle).
+            for i in 0..max.min(visible.len()) {
+                let j = self.rng.usize(i..visible.len());
+                visible.swap(i, j);
+            }
             visible.truncate(max);
             visible.sort();
             picked = visible;

@@ -119,7 +119,7 @@ impl Sqs {
             }
             "SetQueueAttributes" => {
                 let q = self.queue_mut(text(body, "QueueUrl")?)?;
-                q.attributes.extend(attrs_of(body.get("Attributes")));
+                q.set_attributes(attrs_of(body.get("Attributes")));
                 Ok(json!({}))
             }
             "SendMessage" => {

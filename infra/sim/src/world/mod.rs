@@ -188,6 +188,8 @@ pub struct Report {
     pub refunds_sent: usize,
     /// Refunds the provider made.
     pub refunds_made: usize,
+    /// Of those, the ones that failed later (a debit's pending refund, a closed card).
+    pub refunds_failed: usize,
     /// Events the provider emitted.
     pub events: u64,
     /// The last lines of the trace (or all of it with `keep_trace`).
@@ -451,6 +453,11 @@ async fn run_on(opts: Options) -> Result<Report> {
     report.provider_requests = books.requests;
     report.provider_refused = books.refused;
     report.refunds_made = books.refunds.len();
+    report.refunds_failed = books
+        .refunds
+        .values()
+        .filter(|r| r.status == "failed")
+        .count();
     report.refunds_sent = world.refunds_sent.lock().expect("refunds").len();
     report.charged = books
         .intents
