@@ -38,7 +38,9 @@ chaos:
 ## event source and the provider, faults injected (CRASH_RATE, AWS_FAULT_RATE, PROVIDER_FAULT_RATE),
 ## every invariant checked; a line per seed; a failing seed prints the command that replays it
 ## (TRACE=FILE writes its whole trace). MUTATION=NAME puts a known bug back (the simulator's
-## teeth), FIFO=true, PROVIDER_OUTAGE_DAY=D (30 hours). make test runs a few small seeds.
+## teeth), FIFO=true, PROVIDER_OUTAGE_DAY=D (30 hours), DYNAMODB_OUTAGE_DAY=D and SQS_OUTAGE_DAY=D
+## (3 hours; _HOURS=H for others), VISIBILITY_TIMEOUT=S, MAX_RECEIVE_COUNT=N. make test runs a few
+## small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
 DAYS ?= 30
@@ -49,6 +51,8 @@ sim:
 	  $(if $(PROVIDER_FAULT_RATE),PROVIDER_FAULT_RATE=$(PROVIDER_FAULT_RATE)) $(if $(TRACE),TRACE=$(TRACE)) \
 	  $(if $(MUTATION),MUTATION=$(MUTATION)) $(if $(FIFO),FIFO=$(FIFO)) \
 	  $(if $(PROVIDER_OUTAGE_DAY),PROVIDER_OUTAGE_DAY=$(PROVIDER_OUTAGE_DAY)) \
+	  $(if $(DYNAMODB_OUTAGE_DAY),DYNAMODB_OUTAGE_DAY=$(DYNAMODB_OUTAGE_DAY)) \
+	  $(if $(SQS_OUTAGE_DAY),SQS_OUTAGE_DAY=$(SQS_OUTAGE_DAY)) \
 	  cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer

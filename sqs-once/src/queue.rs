@@ -140,10 +140,21 @@ pub struct SqsQueues {
 
 /// A FIFO queue's `MessageGroupId` or `MessageDeduplicationId` for `text`: `text` itself when
 /// SQS takes it (1 to 128 printable ASCII characters), else its SHA-256 in hex (64 characters,
-/// stable: one payment keeps one group). Keys this toolkit takes may be longer than 128.
+/// stable: one payment keeps one group). Keys this toolkit takes may be longer than 128. A text
+/// that looks like such a hash (64 lowercase hex digits) is hashed too, so that no id kept as it
+/// is can equal another's hash (a payment named after another's hash would be dropped as its
+/// copy).
 pub fn fifo_id(text: &str) -> String {
     use sha2::{Digest, Sha256};
-    if !text.is_empty() && text.len() <= 128 && text.bytes().all(|b| b.is_ascii_graphic()) {
+    let like_a_hash = text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !text.is_empty()
+        && text.len() <= 128
+        && text.bytes().all(|b| b.is_ascii_graphic())
+        && !like_a_hash
+    {
         return text.to_owned();
     }
     Sha256::digest(text.as_bytes())
@@ -386,6 +397,9 @@ mod tests {
         assert_ne!(id, fifo_id(&"k".repeat(130)));
         assert_eq!(fifo_id(&"k".repeat(128)), "k".repeat(128));
         assert_eq!(fifo_id("").len(), 64);
+        // An id named after another's hash is not that hash.
+        assert_ne!(fifo_id(&id), id);
+        assert_eq!(fifo_id(&id).len(), 64);
     }
 
     #[test]

@@ -470,7 +470,7 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
             }
             if fifo {
                 let group = sys_attr(&m, MessageSystemAttributeName::MessageGroupId)
-                    .or(i.payment_id.clone())
+                    .or(i.payment_id.as_deref().map(sqs_once::queue::fifo_id))
                     .unwrap_or_else(|| "redrive".to_owned());
                 send = send
                     .message_group_id(group)

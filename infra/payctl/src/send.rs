@@ -75,7 +75,8 @@ pub fn fifo_ids(body: &str) -> (String, String) {
     (own.clone(), own)
 }
 
-/// Sends bodies in batches of ten, eight batches at a time; returns each message's id in order.
+/// Sends bodies in batches of ten, eight batches at a time (one at a time to a FIFO queue, in
+/// order); returns each message's id in order.
 pub async fn send_all(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
@@ -136,7 +137,9 @@ pub async fn send_all_observed(
             progress.accepted(ci);
             Ok::<_, anyhow::Error>((ci, ids))
         })
-        .buffer_unordered(8)
+        // A FIFO queue takes each group's messages in the order they are sent: one batch at a
+        // time, so that the file's order is the queue's.
+        .buffer_unordered(if queue_url.ends_with(".fifo") { 1 } else { 8 })
         .try_collect()
         .await?;
     let mut ids = vec![String::new(); bodies.len()];

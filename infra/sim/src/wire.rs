@@ -41,7 +41,9 @@ pub struct Faults {
     /// Chance a request is held in the network 5 to 60 s before it lands (a host's pause, a
     /// connection's retransmissions): it lands then, whether or not its sender still waits.
     pub stall_rate: f64,
-    /// The service is down until this epoch ms (every request fails with a `503`).
+    /// The service is down from this epoch ms ...
+    pub outage_from_ms: i64,
+    /// ... until this one (every request fails with a `503`, applying nothing).
     pub outage_until_ms: i64,
 }
 
@@ -66,6 +68,8 @@ pub struct Aws {
     pub digest: u64,
     /// Requests answered.
     pub requests: u64,
+    /// Requests refused by an outage (`503`).
+    pub outage_refusals: u64,
 }
 
 impl Aws {
@@ -81,7 +85,14 @@ impl Aws {
             keep_log: false,
             digest: 0xcbf2_9ce4_8422_2325,
             requests: 0,
+            outage_refusals: 0,
         }
+    }
+
+    /// SQS is down at `now_ms`: Lambda's own poller (which is not the SDK's client here) can
+    /// neither receive nor delete.
+    pub fn sqs_down(&self, now_ms: i64) -> bool {
+        (self.sqs_faults.outage_from_ms..self.sqs_faults.outage_until_ms).contains(&now_ms)
     }
 
     /// Folds bytes into the running digest (FNV-1a, 64 bits).
@@ -191,7 +202,7 @@ impl Wire {
             let after = aws.latency(&faults);
             let now = self.clock.now_ms();
             let roll = aws.rng.f64();
-            let fault = if now < faults.outage_until_ms {
+            let fault = if (faults.outage_from_ms..faults.outage_until_ms).contains(&now) {
                 Some(503)
             } else if roll < faults.error_rate {
                 Some(500)
@@ -207,10 +218,15 @@ impl Wire {
         tokio::time::sleep(before).await;
         let now_ms = self.clock.now_ms();
         if let Some(code @ (400 | 500 | 503)) = fault {
-            self.aws
-                .lock()
-                .expect("the account")
-                .fold(format!("{now_ms} {target} fault {code}\n").as_bytes());
+            {
+                let mut aws = self.aws.lock().expect("the account");
+                aws.outage_refusals += u64::from(code == 503);
+                let line = format!("{now_ms} {target} fault {code}\n");
+                aws.fold(line.as_bytes());
+                if aws.keep_log {
+                    aws.log.push(line);
+                }
+            }
             tokio::time::sleep(after).await;
             let (shape, q) = match (dynamo, code) {
                 (true, 400) => ("com.amazonaws.dynamodb.v20120810#ThrottlingException", None),

@@ -215,3 +215,30 @@ fn a_completion_without_the_leases_fence_is_caught() {
         fenced.violations
     );
 }
+
+#[test]
+fn dynamodb_and_sqs_down_for_hours_lose_and_double_nothing() {
+    // DynamoDB down six hours while payments arrive (claims, completions and the DLQ's marks
+    // refused), then SQS down four hours (producers back off, the mapping can neither receive
+    // nor delete): what could not be done is done after, once each.
+    let mut opts = Options::new(61, 200, 4.0);
+    opts.dynamo_outage = Some((0.5, 6.0));
+    opts.sqs_outage = Some((1.2, 4.0));
+    let r = run(opts).unwrap();
+    assert!(
+        r.aws_outage_refusals > 500,
+        "only {} requests met the outages",
+        r.aws_outage_refusals
+    );
+    assert!(r.charged > 140, "only {} charged", r.charged);
+    assert!(
+        r.violations.is_empty(),
+        "{:#?}\n{}",
+        r.violations,
+        r.trace.join("\n")
+    );
+    eprintln!(
+        "{} requests refused by the outages, {} charged",
+        r.aws_outage_refusals, r.charged
+    );
+}

@@ -52,6 +52,18 @@ struct Args {
     /// ... for this many hours.
     #[arg(long, env = "PROVIDER_OUTAGE_HOURS", default_value_t = 30.0)]
     provider_outage_hours: f64,
+    /// DynamoDB down from this day ...
+    #[arg(long, env = "DYNAMODB_OUTAGE_DAY")]
+    dynamodb_outage_day: Option<f64>,
+    /// ... for this many hours.
+    #[arg(long, env = "DYNAMODB_OUTAGE_HOURS", default_value_t = 3.0)]
+    dynamodb_outage_hours: f64,
+    /// SQS down from this day ...
+    #[arg(long, env = "SQS_OUTAGE_DAY")]
+    sqs_outage_day: Option<f64>,
+    /// ... for this many hours.
+    #[arg(long, env = "SQS_OUTAGE_HOURS", default_value_t = 3.0)]
+    sqs_outage_hours: f64,
 }
 
 fn main() -> Result<()> {
@@ -94,6 +106,10 @@ fn main() -> Result<()> {
         opts.provider_outage = args
             .provider_outage_day
             .map(|d| (d, args.provider_outage_hours));
+        opts.dynamo_outage = args
+            .dynamodb_outage_day
+            .map(|d| (d, args.dynamodb_outage_hours));
+        opts.sqs_outage = args.sqs_outage_day.map(|d| (d, args.sqs_outage_hours));
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();

@@ -73,6 +73,13 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
             break;
         }
         let permit = Arc::clone(&running).acquire_owned().await.expect("open");
+        let down = w.wire.aws.lock().expect("aws").sqs_down(w.clock.now_ms());
+        if down {
+            // SQS is down: the poller's receive fails, and it tries again a little later.
+            drop(permit);
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            continue;
+        }
         let msgs = {
             let mut aws = w.wire.aws.lock().expect("aws");
             let now = w.clock.now_ms();
@@ -175,9 +182,13 @@ async fn invoke<W: Work + 'static>(
         .collect();
     {
         let mut aws = w.wire.aws.lock().expect("aws");
-        for (id, handle) in &ids {
-            if !failed.contains(id) {
-                let _ = aws.sqs.delete(&url_of(&s.queue), handle);
+        // SQS down: the mapping cannot delete what succeeded; it comes back when its
+        // visibility ends, and its record absorbs it.
+        if !aws.sqs_down(w.clock.now_ms()) {
+            for (id, handle) in &ids {
+                if !failed.contains(id) {
+                    let _ = aws.sqs.delete(&url_of(&s.queue), handle);
+                }
             }
         }
     }

@@ -27,7 +27,10 @@ mod function;
 mod operator;
 mod producer;
 mod refunds;
+mod report;
 mod sender;
+
+pub use report::{Report, Violation};
 
 /// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
@@ -77,6 +80,10 @@ pub struct Options {
     pub fifo: bool,
     /// The provider down for a while: (from day, for hours).
     pub provider_outage: Option<(f64, f64)>,
+    /// DynamoDB down from a day for some hours (every request `503`).
+    pub dynamo_outage: Option<(f64, f64)>,
+    /// SQS down from a day for some hours.
+    pub sqs_outage: Option<(f64, f64)>,
 }
 
 impl Options {
@@ -99,6 +106,7 @@ impl Options {
                 throttle_rate: 0.002,
                 lost_answer_rate: 0.002,
                 stall_rate: 0.0005,
+                outage_from_ms: 0,
                 outage_until_ms: 0,
             },
             provider: Behaviour {
@@ -116,6 +124,8 @@ impl Options {
             max_receive_count: None,
             fifo: false,
             provider_outage: None,
+            dynamo_outage: None,
+            sqs_outage: None,
         }
     }
 }
@@ -142,59 +152,6 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a refund of a settling payment is handed back until its retry horizon, then dead-lettered: main before held refunds (payment_core::refunds::MUTATIONS)",
     ),
 ];
-
-/// An invariant that did not hold.
-#[derive(Debug, Clone)]
-pub struct Violation {
-    /// Which invariant.
-    pub invariant: &'static str,
-    /// What was seen.
-    pub detail: String,
-    /// Simulated time, ms since the run's start.
-    pub at_ms: i64,
-}
-
-/// What a run did and found.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    /// The digest of every request, answer and provider write, in order: the same seed and
-    /// commit give the same digest.
-    pub digest: u64,
-    /// What did not hold.
-    pub violations: Vec<Violation>,
-    /// Simulated days run.
-    pub days: f64,
-    /// Payments sent (distinct ids).
-    pub payments: usize,
-    /// Payments charged at the provider (distinct ids).
-    pub charged: usize,
-    /// Dead letters, by code.
-    pub dead_letters: BTreeMap<String, usize>,
-    /// Invocations of the processor, cold starts among them, and those killed.
-    pub invocations: u64,
-    /// Cold starts.
-    pub cold_starts: u64,
-    /// Invocations killed (a crash or the deadline).
-    pub killed: u64,
-    /// AWS requests answered.
-    pub aws_requests: u64,
-    /// Provider requests, and those refused `429`.
-    pub provider_requests: u64,
-    /// Provider requests refused by its rate.
-    pub provider_refused: u64,
-    /// Records deleted by time to live.
-    pub expired_records: usize,
-    /// Refunds the merchant sent (refund ids), and those the provider made.
-    pub refunds_sent: usize,
-    /// Refunds the provider made.
-    pub refunds_made: usize,
-    /// Of those, the ones that failed later (a debit's pending refund, a closed card).
-    pub refunds_failed: usize,
-    /// Events the provider emitted.
-    pub events: u64,
-    /// The last lines of the trace (or all of it with `keep_trace`).
-    pub trace: Vec<String>,
-}
 
 /// What the producer sent for one payment id.
 #[derive(Debug, Clone)]
@@ -361,6 +318,22 @@ async fn run_on(opts: Options) -> Result<Report> {
         let mut aws = wire.aws.lock().expect("aws");
         aws.dynamo_faults = opts.aws.clone();
         aws.sqs_faults = opts.aws.clone();
+        let window = |(from_day, hours): (f64, f64)| {
+            let from = EPOCH_MS + (from_day * 86_400_000.0) as i64;
+            (from, from + (hours * 3_600_000.0) as i64)
+        };
+        if let Some(o) = opts.dynamo_outage {
+            (
+                aws.dynamo_faults.outage_from_ms,
+                aws.dynamo_faults.outage_until_ms,
+            ) = window(o);
+        }
+        if let Some(o) = opts.sqs_outage {
+            (
+                aws.sqs_faults.outage_from_ms,
+                aws.sqs_faults.outage_until_ms,
+            ) = window(o);
+        }
         aws.sqs.duplicate_rate = opts.duplicate_delivery_rate;
         if let Some(t) = aws.dynamo.tables.get_mut(&config.idempotency_table) {
             t.watch = Some(checks::completed_again);
@@ -446,6 +419,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     let aws = wire.aws.lock().expect("aws");
     report.digest = aws.digest;
     report.aws_requests = aws.requests;
+    report.aws_outage_refusals = aws.outage_refusals;
     report.violations = world.violations.lock().expect("v").clone();
     report.days = (clock.now_ms() - EPOCH_MS) as f64 / 86_400_000.0;
     report.payments = world.sent.lock().expect("sent").len();

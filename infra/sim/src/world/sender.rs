@@ -1,4 +1,4 @@
-//! Sending a message as a producer does: retried until SQS takes it.
+//! Sending a message as a producer does: retried, backing off, until SQS takes it.
 
 use std::time::Duration;
 
@@ -20,6 +20,8 @@ pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: 
             })
             .unwrap_or_else(|| "unreadable".into())
     });
+    // Backing off as a producer does: 1 s, doubled at each failure, at most five minutes.
+    let mut wait = Duration::from_secs(1);
     loop {
         match sqs
             .send_message()
@@ -30,8 +32,9 @@ pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: 
             .await
         {
             Ok(_) => return,
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(_) => tokio::time::sleep(wait).await,
         }
+        wait = (wait * 2).min(Duration::from_secs(300));
         w.note("producer: send retried".into());
     }
 }

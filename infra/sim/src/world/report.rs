@@ -1,0 +1,58 @@
+//! What a run did and found.
+
+use std::collections::BTreeMap;
+
+/// An invariant that did not hold.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+    /// Simulated time, ms since the run's start.
+    pub at_ms: i64,
+}
+
+/// What a run did and found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The digest of every request, answer and provider write, in order: the same seed and
+    /// commit give the same digest.
+    pub digest: u64,
+    /// What did not hold.
+    pub violations: Vec<Violation>,
+    /// Simulated days run.
+    pub days: f64,
+    /// Payments sent (distinct ids).
+    pub payments: usize,
+    /// Payments charged at the provider (distinct ids).
+    pub charged: usize,
+    /// Dead letters, by code.
+    pub dead_letters: BTreeMap<String, usize>,
+    /// Invocations of the processor, cold starts among them, and those killed.
+    pub invocations: u64,
+    /// Cold starts.
+    pub cold_starts: u64,
+    /// Invocations killed (a crash or the deadline).
+    pub killed: u64,
+    /// AWS requests answered.
+    pub aws_requests: u64,
+    /// Provider requests, and those refused `429`.
+    pub provider_requests: u64,
+    /// Provider requests refused by its rate.
+    pub provider_refused: u64,
+    /// Records deleted by time to live.
+    pub expired_records: usize,
+    /// Refunds the merchant sent (refund ids), and those the provider made.
+    pub refunds_sent: usize,
+    /// Refunds the provider made.
+    pub refunds_made: usize,
+    /// Of those, the ones that failed later (a debit's pending refund, a closed card).
+    pub refunds_failed: usize,
+    /// AWS requests refused by an outage.
+    pub aws_outage_refusals: u64,
+    /// Events the provider emitted.
+    pub events: u64,
+    /// The last lines of the trace (or all of it with `keep_trace`).
+    pub trace: Vec<String>,
+}
