@@ -314,6 +314,36 @@ impl HttpClient for Wire {
     }
 }
 
+/// A DynamoDB client with a retry quota of its own, as each Lambda process has. The SDK keeps a
+/// partition's default retry token bucket in a process-wide map: built with `Client::new`, every
+/// simulated instance, and every run in the same process (the tests run several at once), would
+/// share one bucket, and an outage's retries in one run would refuse another's (a seed that
+/// did not replay was how this showed).
+pub fn dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
+    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
+        .retry_partition(
+            RetryPartition::custom("simulated-process")
+                .token_bucket(TokenBucket::default())
+                .build(),
+        )
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// An SQS client with a retry quota of its own (as [`dynamodb_client`]).
+pub fn sqs_client(sdk: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::retry::{RetryPartition, TokenBucket};
+    let config = aws_sdk_sqs::config::Builder::from(sdk)
+        .retry_partition(
+            RetryPartition::custom("simulated-process")
+                .token_bucket(TokenBucket::default())
+                .build(),
+        )
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
 /// The SDK's time source (request signing, retry timing) read from the simulated clock.
 #[derive(Debug)]
 struct SimTime(Arc<dyn Clock>);

@@ -24,12 +24,12 @@ pub(super) fn instance(w: &World) -> Arc<EventProcessor> {
         provider: w.provider.clone(),
         pace: pace.clone(),
     };
-    let dynamodb = aws_sdk_dynamodb::Client::new(&w.sdk);
+    let dynamodb = crate::wire::dynamodb_client(&w.sdk);
     let settlements = DynamoSettlements::new(dynamodb.clone(), &cfg.idempotency_table);
     let mut work = EventWork::new(Arc::new(settlements), Arc::new(client), cfg.refund_window)
         .with_clock(Arc::clone(&w.clock));
     if let Some(url) = &cfg.refunds_queue_url {
-        let queue = SqsRefundQueue::new(aws_sdk_sqs::Client::new(&w.sdk), url);
+        let queue = SqsRefundQueue::new(crate::wire::sqs_client(&w.sdk), url);
         work = work.with_held_refunds(Arc::new(
             HeldRefunds::new(
                 dynamodb.clone(),
@@ -43,7 +43,7 @@ pub(super) fn instance(w: &World) -> Arc<EventProcessor> {
     let store = payment_core::event_store(dynamodb, &cfg.idempotency_table)
         .with_clock(Arc::clone(&w.clock));
     let queues = SqsQueues::new(
-        aws_sdk_sqs::Client::new(&w.sdk),
+        crate::wire::sqs_client(&w.sdk),
         cfg.dead_letter_queue_url.clone(),
     );
     let mut runner = EventProcessor::new(
@@ -62,7 +62,7 @@ pub(super) fn instance(w: &World) -> Arc<EventProcessor> {
 /// The webhook: every few seconds, the provider's new events, each delivered after a
 /// log-normal delay (median two seconds), one in twenty again up to three hours later.
 pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
-    let sqs = aws_sdk_sqs::Client::new(&w.sdk);
+    let sqs = crate::wire::sqs_client(&w.sdk);
     let url = url_of(&w.events.queue);
     while w.clock.now_ms() < end_ms {
         tokio::time::sleep(Duration::from_secs(5)).await;

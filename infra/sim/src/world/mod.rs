@@ -237,12 +237,12 @@ impl World {
         let work = PaymentWork::new(Arc::new(client), self.config.provider_key_retention)
             .with_refund_window(refund_window);
         let store = payment_core::payment_store(
-            aws_sdk_dynamodb::Client::new(&self.sdk),
+            crate::wire::dynamodb_client(&self.sdk),
             &self.config.idempotency_table,
         )
         .with_clock(Arc::clone(&self.clock));
         let queues = SqsQueues::new(
-            aws_sdk_sqs::Client::new(&self.sdk),
+            crate::wire::sqs_client(&self.sdk),
             self.config.dead_letter_queue_url.clone(),
         );
         let mut runner = Processor::new(

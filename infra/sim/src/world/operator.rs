@@ -19,7 +19,7 @@ pub(super) type Seen = Arc<Mutex<BTreeSet<String>>>;
 /// Watches the dead-letter queue until `end_ms`; from the first letter on, answers after
 /// [`ANSWER_AFTER`], then again at each later letter.
 pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
-    let sqs = aws_sdk_sqs::Client::new(&w.sdk);
+    let sqs = crate::wire::sqs_client(&w.sdk);
     let pairs = [
         (w.dlq.clone(), w.queue.clone()),
         (w.refunds.dlq.clone(), w.refunds.queue.clone()),

@@ -12,7 +12,7 @@ use crate::sqs::url_of;
 
 /// The producer: payments arriving at random over the arrival days, some twice, some bad.
 pub(super) async fn produce(w: Arc<World>) {
-    let sqs = aws_sdk_sqs::Client::new(&w.sdk);
+    let sqs = crate::wire::sqs_client(&w.sdk);
     let url = url_of(&w.queue);
     let span_ms = (w.opts.arrival_days * 86_400_000.0) as i64;
     let mut times: Vec<i64> = (0..w.opts.payments)

@@ -33,7 +33,7 @@ pub(super) fn instance(w: &World) -> Arc<RefundProcessor> {
         provider: w.provider.clone(),
         pace: pace.clone(),
     };
-    let dynamodb = aws_sdk_dynamodb::Client::new(&w.sdk);
+    let dynamodb = crate::wire::dynamodb_client(&w.sdk);
     let ledger = DynamoRefundLedger::new(dynamodb.clone(), &cfg.idempotency_table)
         .with_payments_table(cfg.payments_table.clone());
     let work = RefundWork::new(
@@ -46,7 +46,7 @@ pub(super) fn instance(w: &World) -> Arc<RefundProcessor> {
     let store = payment_core::refund_store(dynamodb, &cfg.idempotency_table)
         .with_clock(Arc::clone(&w.clock));
     let queues = SqsQueues::new(
-        aws_sdk_sqs::Client::new(&w.sdk),
+        crate::wire::sqs_client(&w.sdk),
         cfg.dead_letter_queue_url.clone(),
     );
     let mut runner = RefundProcessor::new(
@@ -113,7 +113,7 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
             }
             tokio::time::sleep(Duration::from_secs(86_400)).await;
         }
-        let sqs = aws_sdk_sqs::Client::new(&w2.sdk);
+        let sqs = crate::wire::sqs_client(&w2.sdk);
         let url = url_of(&w2.refunds.queue);
         for (refund_id, amount, copies) in plan {
             w2.refunds_sent.lock().expect("refunds").insert(
