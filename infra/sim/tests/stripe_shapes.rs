@@ -78,7 +78,7 @@ fn intent(status: &str, failure: Option<&str>) -> Intent {
 #[test]
 fn a_payment_intent_is_stripes_shape_and_status() {
     let stripe = fixture("payment_intent");
-    // PaymentIntent.status in Stripe's API reference (and the stripe package's type).
+    // PaymentIntent.status as the stripe package (16.x) types it (`_payment_intent.py`).
     let statuses = [
         "requires_payment_method",
         "requires_confirmation",
@@ -108,7 +108,7 @@ fn a_payment_intent_is_stripes_shape_and_status() {
 #[test]
 fn a_refund_is_stripes_shape_and_status() {
     let stripe = fixture("refund");
-    // Refund.status in Stripe's API reference.
+    // Refund.status as the stripe package (16.x) documents it (`_refund.py`).
     let statuses = [
         "pending",
         "requires_action",

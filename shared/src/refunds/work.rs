@@ -179,12 +179,10 @@ impl RefundWork {
                 format!("payment {pid} has no outcome: nothing to refund"),
             )));
         };
-        if crate::provider::event::payment_settling(&o.status)
-            && sqs_once::mutation::on("early_refund_not_held")
-        {
-            return Err(not_yet(pid, &format!("is {} at the provider", o.status)));
-        }
         if crate::provider::event::payment_settling(&o.status) {
+            if sqs_once::mutation::on("early_refund_not_held") {
+                return Err(not_yet(pid, &format!("is {} at the provider", o.status)));
+            }
             // Not charged yet, not refused either: the provider settles it later (a bank
             // debit in days, a customer's authentication whenever they come back).
             return Ok(Payment::Settling {

@@ -107,14 +107,10 @@ impl Provider {
     pub async fn refund(&self, id: &str) -> Result<RefundChange, ProviderError> {
         self.reachable().await?;
         let books = self.books.lock().expect("books");
-        let object = books.refunds.get(id).map(|r| {
-            let pid = books
-                .intents
-                .get(&r.payment_intent)
-                .map(|i| i.payment_id.clone())
-                .unwrap_or_default();
-            refund_json(r, &pid)
-        });
+        let object = books
+            .refunds
+            .get(id)
+            .map(|r| refund_json(r, &books.payment_of(&r.payment_intent)));
         drop(books);
         match object.map(|o| change("refund.retrieved", o)) {
             Some(Subject::Refund(r)) => Ok(r),

@@ -30,6 +30,14 @@ pub struct Refund {
 }
 
 impl Books {
+    /// The payment (`metadata[payment_id]`) of a PaymentIntent, empty when it has none here.
+    pub(super) fn payment_of(&self, payment_intent: &str) -> String {
+        self.intents
+            .get(payment_intent)
+            .map(|i| i.payment_id.clone())
+            .unwrap_or_default()
+    }
+
     /// Refunds whose time has come change their status, each change an event.
     pub(super) fn settle_refunds(&mut self, now_ms: i64) {
         let due: Vec<String> = self
@@ -47,11 +55,7 @@ impl Books {
             };
             r.status = status;
             let r = r.clone();
-            let pid = self
-                .intents
-                .get(&r.payment_intent)
-                .map(|i| i.payment_id.clone())
-                .unwrap_or_default();
+            let pid = self.payment_of(&r.payment_intent);
             self.emit("refund.updated", refund_json(&r, &pid), now_ms);
             if r.status == "failed" {
                 self.emit("refund.failed", refund_json(&r, &pid), now_ms);

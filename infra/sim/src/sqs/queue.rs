@@ -49,6 +49,13 @@ pub struct Queue {
     pub tags: BTreeMap<String, String>,
 }
 
+impl Message {
+    /// A `String` message attribute's value (`error_code`, ...).
+    pub fn string_attribute(&self, name: &str) -> Option<&str> {
+        self.attributes.get(name)?["StringValue"].as_str()
+    }
+}
+
 impl Queue {
     pub(super) fn attr_i64(&self, name: &str, default: i64) -> i64 {
         self.attributes

@@ -57,10 +57,7 @@ pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
                 .expect("seen")
                 .as_ref()
                 .is_some_and(|s| s.lock().expect("seen").contains(&m.id));
-            let code = m
-                .attributes
-                .get("error_code")
-                .and_then(|v| v["StringValue"].as_str());
+            let code = m.string_attribute("error_code");
             if (queue == w.dlq || queue == w.refunds.dlq || queue == w.events.dlq)
                 && read
                 && code.is_some_and(|c| payctl::dead_letter_codes::never_redriven(c).is_some())
@@ -175,21 +172,18 @@ pub(super) fn completed_again(
     before: Option<&crate::dynamo::value::Item>,
     after: Option<&crate::dynamo::value::Item>,
 ) -> Option<String> {
-    let status = |i: Option<&crate::dynamo::value::Item>| match i?.get("status") {
-        Some(Value::S(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let at = |i: Option<&crate::dynamo::value::Item>| i?.get("completed_at").cloned();
-    let completed = Some("COMPLETED".to_owned());
-    (status(before) == completed && status(after) == completed && at(before) != at(after)).then(
-        || {
-            format!(
-                "{key} completed again at {:?} (completed at {:?})",
-                at(after),
-                at(before)
-            )
-        },
-    )
+    // Every write to the table passes here: nothing is cloned unless it is a finding.
+    let completed = |i: Option<&crate::dynamo::value::Item>| matches!(i.and_then(|i| i.get("status")), Some(Value::S(s)) if s == "COMPLETED");
+    let (at_before, at_after) = (
+        before.and_then(|i| i.get("completed_at")),
+        after.and_then(|i| i.get("completed_at")),
+    );
+    (completed(before) && completed(after) && at_before != at_after).then(|| {
+        format!(
+            "{key} completed again at {:?} (completed at {:?})",
+            at_after, at_before
+        )
+    })
 }
 
 /// The invariants of a quiet system, at the end.
@@ -206,9 +200,7 @@ pub(super) fn check_end(w: &World) {
     if let Some(q) = aws.sqs.queues.get(&w.dlq) {
         for m in &q.messages {
             let code = m
-                .attributes
-                .get("error_code")
-                .and_then(|v| v["StringValue"].as_str())
+                .string_attribute("error_code")
                 .unwrap_or("max_receives")
                 .to_owned();
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.body) {

@@ -150,11 +150,8 @@ pub(super) fn check_dead_letters(w: &World) {
             .iter()
             .filter(|m| !judged.contains(&m.id))
             .map(|m| {
-                let code = m
-                    .attributes
-                    .get("error_code")
-                    .and_then(|v| v["StringValue"].as_str());
-                (m.id.clone(), code.map(str::to_owned), m.body.clone())
+                let code = m.string_attribute("error_code").map(str::to_owned);
+                (m.id.clone(), code, m.body.clone())
             })
             .collect()
     };
