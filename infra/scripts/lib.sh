@@ -100,13 +100,15 @@ ensure_localstack_venv() {
 
 # Every virtualenv a CI run uses, installed side by side (pip waits on the network and the disk,
 # so this runs beside the first build): the suite's, the deployment tools', the stripe package,
-# ministack, the Powertools peer; LocalStack's too with --localstack; with --fast, the suite's and
-# ministack's alone (make test-fast).
+# ministack, the Powertools peer; LocalStack's too with --localstack; with --fast, the suite's,
+# ministack's and the stripe package's (make test-fast: its cargo tests hold the webhook receiver
+# to the official verifier) alone.
 ensure_all_venvs() {
   ensure_venv
   local pids=() pid status=0
-  if [ "${1:-}" = --fast ]; then # make test-fast: the emulator alone
+  if [ "${1:-}" = --fast ]; then # make test-fast: the emulator and the stripe package
     ensure_ministack_venv
+    ensure_contract_tools
     return 0
   fi
   (ensure_deploy_tools) & pids+=($!)
