@@ -9,6 +9,9 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # Whatever happens, what it started is stopped (its own teardown is the block's last line).
 echo 'trap '"'"'kill ${API_PID:-} ${RELAY_PID:-} 2>/dev/null || true; declare -F stop_started >/dev/null && stop_started'"'"' EXIT' >"$work/quick-start.sh"
+# Each of the block's commands timed (the trap runs before each command of the block, not of the
+# functions it calls): the slowest print when it passes.
+echo 'trap '"'"'printf "%s\t%s\n" "$EPOCHREALTIME" "${BASH_COMMAND//$'"'"'\n'"'"'/ }" >>"'"$work"'/times.tsv"'"'"' DEBUG' >>"$work/quick-start.sh"
 awk '/<!-- quick-start -->/{on=1; next} /<!-- \/quick-start -->/{on=0} on' "$ROOT/README.md" \
   | sed -e '/^```/d' >>"$work/quick-start.sh"
 [ "$(wc -l <"$work/quick-start.sh")" -gt 1 ] || { echo "check-quick-start: no quick start in README.md" >&2; exit 1; }
@@ -24,4 +27,7 @@ for want in '"status": "succeeded"' 'refunded         500 in 1 refund(s)' 'event
   'stopped; payments relayed to the queue: 1'; do
   grep -qF "$want" "$work/out.log" || fail "the quick start did not show: $want"
 done
-echo "check-quick-start: the README's quick start ran as written ($(($(grep -c . "$work/quick-start.sh") - 1)) lines): a payment, a refund, the provider's events, a dead letter, the health view, the teardown"
+# The slowest commands: each line's time is until the next command starts.
+echo "check-quick-start: its slowest commands: $(awk -F'\t' 'NR > 1 { printf "%.1f s\t%s\n", $1 - t, c } { t = $1; c = substr($2, 1, 60) }' "$work/times.tsv" \
+  | sort -rn | head -4 | awk -F'\t' '{ printf "%s%s (%s)", (NR > 1 ? "; " : ""), $2, $1 }')"
+echo "check-quick-start: the README's quick start ran as written ($(($(grep -c . "$work/quick-start.sh") - 2)) lines): a payment, a refund, the provider's events, a dead letter, the health view, the teardown"

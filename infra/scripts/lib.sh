@@ -12,7 +12,8 @@ VENV="$ROOT/.venv"
 RUN_DIR="$ROOT/.local/run"
 STARTED_PIDS=()
 
-log() { echo "[local-stack] $*" >&2; }
+# Each line with the time of day, so that a slow step shows in a CI log.
+log() { echo "[local-stack $(date +%T)] $*" >&2; }
 
 # The project's virtualenv: the provider simulator and the checks need only the standard
 # library; moto is installed only for LOCAL_AWS=moto.
