@@ -39,7 +39,7 @@ whole=""
 # - the arm64 package as a cross-check, unoptimised and without the whole-program link (package.sh says what
 #   that proves and what builds the rest), in target/cross-check: a later make package of the
 #   product finds its own build where it left it;
-# - the crate checks (crate_checks below), in target/crate-checks: they
+# - the crate checks and payctl's install (crate_checks below), in target/crate-checks: they
 #   resolve one package's features, not the workspace's, so most dependencies build again anyway.
 x86_64_package() { nice -n 10 bash "$ROOT/infra/scripts/package.sh" x86_64; }
 arm64_cross_check() {
@@ -49,7 +49,8 @@ arm64_cross_check() {
 # dependency); the packaged copy, unpacked outside the workspace, checks with the lockfile it
 # ships (cargo check: a library has no link step, and its dependencies' metadata is what the docs
 # build needs too, where cargo package's own verification would build them in full as well);
-# its docs build with warnings as errors; it builds with the toolchain of its stated MSRV.
+# its docs build with warnings as errors; it builds with the toolchain of its stated MSRV. Then
+# the README's install of payctl (a debug install).
 crate_checks() {
   export CARGO_TARGET_DIR="$TARGET/crate-checks"
   nice -n 19 cargo package --quiet -p sqs-once --allow-dirty --no-verify
@@ -71,12 +72,14 @@ crate_checks() {
     nice -n 19 rustup run "$msrv" cargo check --quiet -p sqs-once --all-targets \
       || { echo "sqs-once does not build with its stated MSRV $msrv (rustup toolchain install $msrv)" >&2; return 1; }
   fi
+  nice -n 19 cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
+  "$RUN_DIR/install/bin/payctl" --version
 }
 if [ -n "$whole" ]; then
   phase_bg "release package x86_64" x86_64_package
   phase_bg "release package arm64 (cross-check)" arm64_cross_check
 fi
-[ -n "$fast" ] || phase_bg "sqs-once as a crate" crate_checks
+[ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl's install" crate_checks
 # The offline checks (about a core for 40 s, no endpoint), beside the cargo tests, which leave
 # about a core idle: the template's (three shapes), then the house rules of the tree (no module
 # circles, no file over 500 lines without a reason, the operator's crates apart from the proving
@@ -119,15 +122,6 @@ cargo_tests() {
 }
 [ -n "$fast" ] || phase_bg "template and layout checks" offline_checks
 phase "cargo test: unit, protocol, integration, doc tests" cargo_tests "$@"
-# The README's install of payctl (make install, here a debug one), from the suite's own build:
-# cargo install --path resolves payctl's features as the build of its binary does, so it links
-# nothing again (in a folder of its own it built every dependency a second time, beside the
-# x86_64 package the deploy waits for).
-install_payctl() {
-  cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
-  "$RUN_DIR/install/bin/payctl" --version
-}
-[ -n "$fast" ] || phase "payctl's install" install_payctl
 [ -n "$fast" ] || phase_wait "template and layout checks"
 [ -n "$fast" ] || grep -E "template checks passed|^layout:" "$(phase_log "template and layout checks")"
 if [ -n "$fast" ]; then # the cargo tests alone
@@ -135,7 +129,7 @@ if [ -n "$fast" ]; then # the cargo tests alone
   exit 0
 fi
 if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the checks before and the cargo tests
-  phase_wait "sqs-once as a crate"
+  phase_wait "sqs-once as a crate, payctl's install"
   summary 7 # the template and layout checks, the crate checks, the two self-tests, the install, the scripts' check
   exit 0
 fi
@@ -153,8 +147,6 @@ small_demo() {
   grep -q "^RESULT: OK" "$RUN_DIR/demo.log" || { echo "the demo's counts do not add up" >&2; return 1; }
 }
 phase "the small demo (40 payments)" small_demo
-# The README's quick start, run as written in a fresh shell with its own stack.
-phase "the README's quick start" bash "$ROOT/infra/scripts/check-quick-start.sh"
 # The contract test: every request the processors sent in the run above, checked against the
 # official stripe package's parameter definitions and pinned version.
 phase "the Stripe contract test" "$ROOT/.venv-stripe/bin/python" "$ROOT/infra/contract/check_requests.py" "$SIM_RECORD" \
@@ -171,6 +163,11 @@ stop_started
 if [ -n "${TEST_LOCALSTACK:-}" ]; then
   phase "make test-localstack (while the x86_64 package builds)" bash "$ROOT/infra/scripts/test-localstack.sh"
 fi
+# The README's quick start, run as written in a fresh shell with its own stack, here too where
+# the suite would wait for the x86_64 package: its `build --bin payctl` resolves payctl's
+# features alone, not the workspace's, so most of the dependencies build again (two minutes
+# of a cold run's foreground where it ran after the demo).
+phase "the README's quick start" bash "$ROOT/infra/scripts/check-quick-start.sh"
 # The deployed shape: sam deploy onto ministack with the x86_64 package built beside the tests.
 phase_wait "release package x86_64"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package x86_64")"
@@ -185,8 +182,8 @@ phase "sam deploy onto ministack, both event shapes (e2e-sam)" bash "$ROOT/infra
 BENCH_ARCHS=x86_64 PROVING_PROFILE=dev phase "bench smoke" bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 \
   --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --rate-payments 30 \
   --out "$RUN_DIR/bench-smoke"
-phase_wait "sqs-once as a crate"
-grep -E "^sqs-once:" "$(phase_log "sqs-once as a crate")"
+phase_wait "sqs-once as a crate, payctl's install"
+grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl's install")"
 phase_wait "release package arm64 (cross-check)"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package arm64 (cross-check)")"
 bench_results() {
