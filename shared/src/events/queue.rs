@@ -124,6 +124,23 @@ fn batches(events: &[(ProviderEvent, String)]) -> Vec<&[(ProviderEvent, String)]
     out
 }
 
+/// A FIFO queue's group and deduplication ids for `event` (`None` for a standard queue at
+/// `url`): the PaymentIntent it concerns (a payment's events in order, the others beside), else
+/// the event itself; and the event's id (a copy sent within SQS's five minutes is one), each as
+/// SQS takes it ([`sqs_once::queue::fifo_id`]).
+pub fn fifo_ids(url: &str, event: &ProviderEvent) -> (Option<String>, Option<String>) {
+    if !url.ends_with(".fifo") {
+        return (None, None);
+    }
+    let o = &event.object;
+    let intent = match o["object"].as_str() {
+        Some("payment_intent") => o["id"].as_str(),
+        _ => o["payment_intent"].as_str(),
+    };
+    let group = sqs_once::queue::fifo_id(intent.filter(|i| !i.is_empty()).unwrap_or(&event.id));
+    (Some(group), Some(sqs_once::queue::fifo_id(&event.id)))
+}
+
 /// The provider-events queue in SQS.
 pub struct SqsEventQueue {
     client: aws_sdk_sqs::Client,
@@ -174,9 +191,12 @@ impl EventQueue for SqsEventQueue {
                 .map_err(|e| e.to_string())
         };
         let message: String = why.chars().take(1_000).collect();
+        let (group, dedup) = fifo_ids(url, event);
         self.client
             .send_message()
             .queue_url(url)
+            .set_message_group_id(group)
+            .set_message_deduplication_id(dedup)
             .message_body(set_aside_body(event, body, why))
             .message_attributes(attrs::ERROR_CODE, attribute(code)?)
             .message_attributes(attrs::ERROR_MESSAGE, attribute(&message)?)
@@ -197,9 +217,12 @@ impl EventQueue for SqsEventQueue {
                 .build()
                 .map_err(|e| e.to_string())
         };
+        let (group, dedup) = fifo_ids(&self.url, event);
         self.client
             .send_message()
             .queue_url(&self.url)
+            .set_message_group_id(group)
+            .set_message_deduplication_id(dedup)
             .message_body(sqs_text(body))
             .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute(&event.kind)?)
             .send()
@@ -234,9 +257,12 @@ impl EventQueue for SqsEventQueue {
                         .string_value(&event.kind)
                         .build()
                         .map_err(|e| e.to_string())?;
+                    let (group, dedup) = fifo_ids(&self.url, event);
                     entries.push(
                         SendMessageBatchRequestEntry::builder()
                             .id(i.to_string())
+                            .set_message_group_id(group)
+                            .set_message_deduplication_id(dedup)
                             .message_body(body)
                             .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute)
                             .build()
@@ -297,6 +323,31 @@ mod tests {
             created: 1,
             object: serde_json::Value::Null,
         }
+    }
+
+    #[test]
+    fn a_fifo_queue_groups_an_event_by_its_payment_intent_and_dedups_by_its_id() {
+        let with = |object: serde_json::Value| ProviderEvent {
+            id: "evt_9".into(),
+            kind: "refund.updated".into(),
+            created: 1,
+            object,
+        };
+        let url = "https://sqs.eu-west-1.amazonaws.com/1/events.fifo";
+        let intent = with(serde_json::json!({"object": "payment_intent", "id": "pi_1"}));
+        let refund =
+            with(serde_json::json!({"object": "refund", "id": "re_1", "payment_intent": "pi_1"}));
+        let other = with(serde_json::json!({"object": "charge", "id": "ch_1"}));
+        assert_eq!(
+            fifo_ids(url, &intent),
+            (Some("pi_1".into()), Some("evt_9".into()))
+        );
+        assert_eq!(fifo_ids(url, &refund).0, Some("pi_1".into()));
+        assert_eq!(fifo_ids(url, &other).0, Some("evt_9".into()));
+        assert_eq!(
+            fifo_ids("https://sqs.eu-west-1.amazonaws.com/1/events", &refund),
+            (None, None)
+        );
     }
 
     #[test]
