@@ -39,7 +39,8 @@ chaos:
 ## every invariant checked; a line per seed; a failing seed prints the command that replays it
 ## (TRACE=FILE writes its whole trace). MUTATION=NAME puts a known bug back (the simulator's
 ## teeth), FIFO=true, PROVIDER_OUTAGE_DAY=D (30 hours), DYNAMODB_OUTAGE_DAY=D and SQS_OUTAGE_DAY=D
-## (3 hours; _HOURS=H for others), VISIBILITY_TIMEOUT=S, MAX_RECEIVE_COUNT=N. make test runs a few
+## (3 hours), WEBHOOK_OUTAGE_DAY=D (96 hours; _HOURS=H for others), VISIBILITY_TIMEOUT=S,
+## MAX_RECEIVE_COUNT=N, PARAMETERS='Name=Value ...' (the template's). make test runs a few
 ## small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
@@ -53,6 +54,8 @@ sim:
 	  $(if $(PROVIDER_OUTAGE_DAY),PROVIDER_OUTAGE_DAY=$(PROVIDER_OUTAGE_DAY)) \
 	  $(if $(DYNAMODB_OUTAGE_DAY),DYNAMODB_OUTAGE_DAY=$(DYNAMODB_OUTAGE_DAY)) \
 	  $(if $(SQS_OUTAGE_DAY),SQS_OUTAGE_DAY=$(SQS_OUTAGE_DAY)) \
+	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
+	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') \
 	  cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer

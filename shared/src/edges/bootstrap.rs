@@ -384,6 +384,7 @@ pub async fn build_catch_up(
         ),
         held: held_refunds(config, sdk, sqs_once::clock::system())
             .map(|h| (h, config.held_refund_horizon)),
+        clock: sqs_once::clock::system(),
     }))
 }
 

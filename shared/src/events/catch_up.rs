@@ -485,6 +485,8 @@ pub struct ScheduledCatchUp {
     /// The refunds payments hold until they settle, swept after each run, and how long a
     /// payment may settle before it is overdue.
     pub held: Option<(Arc<crate::refunds::held::HeldRefunds>, std::time::Duration)>,
+    /// The run's clock (the host's; the simulator's calendar in its runs).
+    pub clock: Arc<dyn sqs_once::clock::Clock>,
 }
 
 /// The time a scheduled run keeps for its sweep of the held refunds (one consistent read
@@ -499,7 +501,7 @@ impl ScheduledCatchUp {
     /// The listing stops starting pages [`SWEEP_TIME`] earlier than `budget` says, so that a
     /// long listing (a backlog) leaves the sweep its time.
     pub async fn run(&self, budget: Budget) -> ScheduledRun {
-        let now = sqs_once::runner::now_ms() / 1000;
+        let now = self.clock.now_ms() / 1000;
         let listing_budget = match &self.held {
             Some(_) => Budget {
                 until: budget

@@ -64,6 +64,85 @@ struct Args {
     /// ... for this many hours.
     #[arg(long, env = "SQS_OUTAGE_HOURS", default_value_t = 3.0)]
     sqs_outage_hours: f64,
+    /// The webhook route down (every delivery fails) from this day ...
+    #[arg(long, env = "WEBHOOK_OUTAGE_DAY")]
+    webhook_outage_day: Option<f64>,
+    /// ... for this many hours (past Stripe's three days of retries: only the catch-up finds
+    /// what it missed).
+    #[arg(long, env = "WEBHOOK_OUTAGE_HOURS", default_value_t = 96.0)]
+    webhook_outage_hours: f64,
+    /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
+    #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
+    parameters: Vec<(String, String)>,
+}
+
+fn parameter(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{text:?}: a template parameter is NAME=VALUE"))
+}
+
+/// The command that replays `seed` as it ran.
+fn replay(args: &Args, seed: u64) -> String {
+    let mut vars = vec![
+        format!("FIRST_SEED={seed}"),
+        "SEEDS=1".into(),
+        format!("DAYS={}", args.days),
+        format!("PAYMENTS={}", args.payments),
+    ];
+    let mut put = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            vars.push(format!("{name}={v}"));
+        }
+    };
+    put("MUTATION", args.mutation.clone());
+    put("CRASH_RATE", args.crash_rate.map(|r| r.to_string()));
+    put("AWS_FAULT_RATE", args.aws_fault_rate.map(|r| r.to_string()));
+    put(
+        "PROVIDER_FAULT_RATE",
+        args.provider_fault_rate.map(|r| r.to_string()),
+    );
+    put("FIFO", args.fifo.then(|| "true".into()));
+    put(
+        "VISIBILITY_TIMEOUT",
+        args.visibility_timeout.map(|v| v.to_string()),
+    );
+    put(
+        "MAX_RECEIVE_COUNT",
+        args.max_receive_count.map(|v| v.to_string()),
+    );
+    for (name, day, hours) in [
+        (
+            "PROVIDER",
+            args.provider_outage_day,
+            args.provider_outage_hours,
+        ),
+        (
+            "DYNAMODB",
+            args.dynamodb_outage_day,
+            args.dynamodb_outage_hours,
+        ),
+        ("SQS", args.sqs_outage_day, args.sqs_outage_hours),
+        (
+            "WEBHOOK",
+            args.webhook_outage_day,
+            args.webhook_outage_hours,
+        ),
+    ] {
+        if let Some(d) = day {
+            put(&format!("{name}_OUTAGE_DAY"), Some(d.to_string()));
+            put(&format!("{name}_OUTAGE_HOURS"), Some(hours.to_string()));
+        }
+    }
+    if !args.parameters.is_empty() {
+        let p: Vec<String> = args
+            .parameters
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        put("PARAMETERS", Some(format!("'{}'", p.join(" "))));
+    }
+    format!("make sim {} TRACE=sim-{seed}.trace", vars.join(" "))
 }
 
 fn main() -> Result<()> {
@@ -110,12 +189,16 @@ fn main() -> Result<()> {
             .dynamodb_outage_day
             .map(|d| (d, args.dynamodb_outage_hours));
         opts.sqs_outage = args.sqs_outage_day.map(|d| (d, args.sqs_outage_hours));
+        opts.webhook_outage = args
+            .webhook_outage_day
+            .map(|d| (d, args.webhook_outage_hours));
+        opts.parameters.extend(args.parameters.iter().cloned());
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), {} events, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), {} events ({} never delivered), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -130,6 +213,9 @@ fn main() -> Result<()> {
             report.refunds_made,
             report.refunds_failed,
             report.events,
+            report.events_undelivered,
+            report.catch_up_runs,
+            report.catch_up_worst_lag_s,
             report.expired_records,
             report.digest,
             report.days / took.max(1e-9),
@@ -150,10 +236,7 @@ fn main() -> Result<()> {
             for line in report.trace.iter().rev().take(20).rev() {
                 println!("    {line}");
             }
-            println!(
-                "  replay: make sim FIRST_SEED={seed} SEEDS=1 DAYS={} PAYMENTS={} TRACE=sim-{seed}.trace",
-                args.days, args.payments
-            );
+            println!("  replay: {}", replay(&args, seed));
             failed.push(seed);
         }
     }

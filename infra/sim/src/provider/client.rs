@@ -25,7 +25,7 @@ pub struct Client {
 }
 
 impl Client {
-    async fn slot(&self) -> Result<(), ProviderError> {
+    pub(super) async fn slot(&self) -> Result<(), ProviderError> {
         match &self.pace {
             Some(p) => p
                 .acquire(self.provider.timeout)
@@ -35,7 +35,7 @@ impl Client {
         }
     }
 
-    fn told<T>(&self, answer: &Result<T, ProviderError>) {
+    pub(super) fn told<T>(&self, answer: &Result<T, ProviderError>) {
         let Some(pace) = &self.pace else { return };
         match answer {
             Err(e) if e.kind == FailureKind::RateLimited => {

@@ -49,6 +49,7 @@ impl Books {
         self.next_id += 1;
         let id = format!("evt_sim{:08}", self.next_id);
         let body = event_json(&id, kind, now_ms / 1000, object).to_string();
+        self.logged(&id, kind, now_ms / 1000, &body);
         self.events.push(Event { id, body });
     }
 

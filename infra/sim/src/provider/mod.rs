@@ -24,6 +24,7 @@ use sqs_once::clock::Clock;
 mod behaviour;
 pub mod client;
 pub mod events;
+pub mod listing;
 pub use behaviour::{Behaviour, Outage};
 pub mod refunds;
 
@@ -101,6 +102,8 @@ pub struct Books {
     pub refund_breaches: Vec<String>,
     /// Events not handed to the delivery yet.
     events: Vec<events::Event>,
+    /// Every event of the last 30 days, oldest first, as `GET /v1/events` lists them.
+    log: std::collections::VecDeque<listing::Logged>,
 }
 
 /// True for an intent that moved money or will (`processing` settles by itself).

@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_core::events::inbox::{EventProcessor, EventWork};
+use payment_core::events::queue::{EventQueue, SqsEventQueue};
 use payment_core::events::settlement::DynamoSettlements;
+use payment_core::provider::event::ProviderEvent;
 use payment_core::refunds::held::HeldRefunds;
 use payment_core::refunds::queue::SqsRefundQueue;
 use sqs_once::SqsQueues;
 
 use super::World;
 use crate::provider::client::Client;
+use crate::provider::events::Event;
 use crate::sqs::url_of;
 
 /// A fresh inbox instance (a cold start): the event processor's init, on the run's clients.
@@ -60,10 +63,16 @@ pub(super) fn instance(w: &World) -> Arc<EventProcessor> {
 }
 
 /// The webhook: every few seconds, the provider's new events, each delivered after a
-/// log-normal delay (median two seconds), one in twenty again up to three hours later.
+/// log-normal delay (median two seconds), one in twenty again up to three hours later. The
+/// route queues what it is sent (the receiver's own queue) and answers `2xx` once the queue
+/// holds it; a delivery that fails (the route down, SQS refusing) is retried as Stripe retries,
+/// backing off for up to three days after the event, and then the event stays undelivered:
+/// only the catch-up's listing finds it.
 pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
-    let sqs = crate::wire::sqs_client(&w.sdk);
-    let url = url_of(&w.events.queue);
+    let queue = Arc::new(SqsEventQueue::new(
+        crate::wire::sqs_client(&w.sdk),
+        url_of(&w.events.queue),
+    ));
     while w.clock.now_ms() < end_ms {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let events = w.provider.books.lock().expect("books").take_events();
@@ -75,13 +84,47 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
             }
             w.stats.lock().expect("stats").events += 1;
             for delay in at {
-                let (w2, sqs2, url2, body) =
-                    (Arc::clone(&w), sqs.clone(), url.clone(), e.body.clone());
+                let (w2, queue2, e2) = (Arc::clone(&w), Arc::clone(&queue), e.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    super::sender::send(&w2, &sqs2, &url2, &body).await;
+                    delivery(&w2, &*queue2, &e2).await;
                 });
             }
         }
+    }
+}
+
+/// Stripe's retries of a failed delivery (after the first attempt), until three days after the
+/// event: minutes, then hours apart.
+const RETRIES_S: &[u64] = &[300, 1_800, 7_200, 18_000, 36_000, 43_200];
+
+/// One delivery of `e` and, while it fails, its retries.
+async fn delivery(w: &World, queue: &dyn EventQueue, e: &Event) {
+    let Ok(event) = ProviderEvent::parse(&e.body) else {
+        w.violated(
+            "the provider's events parse",
+            format!("{}: {}", e.id, e.body),
+        );
+        return;
+    };
+    let give_up_ms = w.clock.now_ms() + 3 * 86_400_000;
+    let mut retries = RETRIES_S.iter().chain(std::iter::repeat(&43_200));
+    loop {
+        let now = w.clock.now_ms();
+        let down = w.opts.webhook_outage.is_some_and(|(day, hours)| {
+            let from = super::EPOCH_MS + (day * 86_400_000.0) as i64;
+            (from..from + (hours * 3_600_000.0) as i64).contains(&now)
+        });
+        if !down && queue.enqueue(&event, &e.body).await.is_ok() {
+            w.provider.books.lock().expect("books").delivered(&e.id);
+            return;
+        }
+        let wait = Duration::from_secs(*retries.next().unwrap_or(&43_200));
+        if w.clock.now_ms() + wait.as_millis() as i64 > give_up_ms {
+            w.note(format!("webhook: {} not delivered in three days", e.id));
+            w.stats.lock().expect("stats").events_undelivered += 1;
+            return;
+        }
+        tokio::time::sleep(wait).await;
     }
 }

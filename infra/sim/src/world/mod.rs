@@ -20,6 +20,7 @@ use crate::provider::client::Client;
 use crate::provider::{Behaviour, Provider};
 use crate::wire::{Faults, Wire};
 
+mod catchup;
 mod checks;
 mod esm;
 mod events;
@@ -84,6 +85,8 @@ pub struct Options {
     pub dynamo_outage: Option<(f64, f64)>,
     /// SQS down from a day for some hours.
     pub sqs_outage: Option<(f64, f64)>,
+    /// The webhook route down (every delivery fails) from a day for some hours.
+    pub webhook_outage: Option<(f64, f64)>,
 }
 
 impl Options {
@@ -126,6 +129,7 @@ impl Options {
             provider_outage: None,
             dynamo_outage: None,
             sqs_outage: None,
+            webhook_outage: None,
         }
     }
 }
@@ -150,6 +154,14 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     (
         "early_refund_not_held",
         "a refund of a settling payment is handed back until its retry horizon, then dead-lettered: main before held refunds (payment_core::refunds::MUTATIONS)",
+    ),
+    (
+        "catch_up_off",
+        "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
+    ),
+    (
+        "catch_up_every_event_at_instance_share",
+        "the scheduled catch-up lists every event, not only the undelivered, at one instance's share of the function's rate: main before the events-at-pace work",
     ),
 ];
 
@@ -187,6 +199,8 @@ struct World {
     refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
     /// The refunds' dead letters already judged, by message id.
     refund_letters: Mutex<std::collections::BTreeSet<String>>,
+    /// The scheduled catch-up's runs.
+    catch_up: catchup::Shared,
 }
 
 impl World {
@@ -294,6 +308,12 @@ async fn run_on(opts: Options) -> Result<Report> {
     parameters
         .entry("ProviderEventsDelivery".into())
         .or_insert_with(|| "webhook".into());
+    let minutes: u64 = payctl::template::shape_of(&opts.template, &parameters)?
+        .parameters
+        .get("EventsCatchUpMinutes")
+        .and_then(|m| m.parse().ok())
+        .context("the template's EventsCatchUpMinutes")?;
+    let catch_up_every = std::time::Duration::from_secs(minutes * 60);
     let stack = payctl::template::provision(
         &sdk,
         &opts.template,
@@ -370,6 +390,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         stats: Mutex::new(Report::default()),
         rng: Mutex::new(fastrand::Rng::with_seed(opts.seed ^ 0xa5a5)),
         seen: Mutex::new(None),
+        catch_up: Default::default(),
     });
     world.note(format!(
         "start: seed {} payments {} days {}; payments: batch {} timeout {}s concurrency {}; refunds: batch {} timeout {}s concurrency {}",
@@ -405,9 +426,15 @@ async fn run_on(opts: Options) -> Result<Report> {
     let events_source = events.source(Arc::new(move || events::instance(&w)));
     let events_esm = tokio::spawn(esm::event_source(Arc::clone(&world), events_source, end_ms));
     let delivery = tokio::spawn(events::deliver(Arc::clone(&world), end_ms));
+    let catch_up = tokio::spawn(catchup::schedule(
+        Arc::clone(&world),
+        catch_up_every,
+        end_ms,
+    ));
     producer.await.context("the producer")?;
     events_esm.await.context("the inbox's event source")?;
     delivery.await.context("the webhook")?;
+    catch_up.await.context("the catch-up's schedule")?;
     esm.await.context("the event source")?;
     refund_esm.await.context("the refunds' event source")?;
     housekeeping.await.context("housekeeping")?;
@@ -433,6 +460,11 @@ async fn run_on(opts: Options) -> Result<Report> {
         .filter(|r| r.status == "failed")
         .count();
     report.refunds_sent = world.refunds_sent.lock().expect("refunds").len();
+    {
+        let c = world.catch_up.lock().expect("catch-up");
+        report.catch_up_runs = c.runs;
+        report.catch_up_worst_lag_s = c.worst_lag_s;
+    }
     report.charged = books
         .intents
         .values()

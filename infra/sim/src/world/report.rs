@@ -53,6 +53,12 @@ pub struct Report {
     pub aws_outage_refusals: u64,
     /// Events the provider emitted.
     pub events: u64,
+    /// Events whose deliveries all failed (the webhook route down past Stripe's retries).
+    pub events_undelivered: u64,
+    /// Scheduled catch-up invocations that succeeded, failed, and were killed.
+    pub catch_up_runs: (usize, usize, usize),
+    /// The catch-up's longest lag after a run, s.
+    pub catch_up_worst_lag_s: i64,
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }

@@ -1,0 +1,184 @@
+//! `GET /v1/events` as Stripe lists it: the events of the last 30 days, newest first, filtered
+//! by `created`, `types[]` and `delivery_success` (an event is undelivered while the webhook has
+//! not answered one of its deliveries `2xx`: its retries pending, or every one failed), paged
+//! with `starting_after` (older) and `ending_before` (the page just newer than a cursor, still
+//! newest first). The webhook endpoint is this stack's, enabled and sent every type the inbox
+//! applies. Served to the catch-up through its port ([`EventLister`]), paced as the wire client.
+
+use async_trait::async_trait;
+use payment_core::events::catch_up::{EventLister, EventPage, Listed, EVENT_TYPES, PAGE_SIZE};
+use payment_core::provider::event::ProviderEvent;
+use payment_core::provider::{FailureKind, ProviderError};
+
+use super::client::Client;
+use super::{Books, Provider};
+
+/// How long the provider lists an event: 30 days.
+pub const RETENTION_S: i64 = 30 * 86_400;
+
+/// One event as the list holds it.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    /// `evt_...`: ids grow with creation, so their order is the list's.
+    pub id: String,
+    /// `created`, epoch s.
+    pub created_s: i64,
+    /// Its type.
+    pub kind: String,
+    /// Its JSON.
+    pub body: String,
+    /// No delivery of it was answered `2xx` yet (`delivery_success=false` lists it).
+    pub pending: bool,
+}
+
+impl Books {
+    /// Keeps an event in the list (and drops those past the retention).
+    pub(super) fn logged(&mut self, id: &str, kind: &str, created_s: i64, body: &str) {
+        while self
+            .log
+            .front()
+            .is_some_and(|e| e.created_s < created_s - RETENTION_S)
+        {
+            self.log.pop_front();
+        }
+        self.log.push_back(Logged {
+            id: id.to_owned(),
+            created_s,
+            kind: kind.to_owned(),
+            body: body.to_owned(),
+            pending: true,
+        });
+    }
+
+    /// The webhook answered a delivery of `id` `2xx`.
+    pub fn delivered(&mut self, id: &str) {
+        if let Ok(i) = self.log.binary_search_by(|e| e.id.as_str().cmp(id)) {
+            self.log[i].pending = false;
+        }
+    }
+
+    /// Events listed undelivered now (the end's check of what the webhook never delivered).
+    pub fn undelivered(&self) -> usize {
+        self.log.iter().filter(|e| e.pending).count()
+    }
+
+    fn listed(e: &Logged, listed: Listed, oldest_s: i64) -> bool {
+        e.created_s >= oldest_s
+            && EVENT_TYPES.contains(&e.kind.as_str())
+            && (listed == Listed::All || e.pending)
+    }
+
+    /// Where `cursor` is in the list, or Stripe's `400` for an id it does not list.
+    fn place(&self, cursor: &str, oldest_s: i64) -> Result<usize, ProviderError> {
+        match self.log.binary_search_by(|e| e.id.as_str().cmp(cursor)) {
+            Ok(i) if self.log[i].created_s >= oldest_s => Ok(i),
+            _ => Err(ProviderError::new(
+                FailureKind::Misconfigured,
+                format!("400: No such event: '{cursor}'"),
+            )),
+        }
+    }
+}
+
+fn page(events: Vec<&Logged>, has_more: bool) -> Result<EventPage, ProviderError> {
+    let events = events
+        .into_iter()
+        .map(|e| {
+            ProviderEvent::parse(&e.body)
+                .map(|p| (p, e.body.clone()))
+                .map_err(|r| {
+                    ProviderError::new(
+                        FailureKind::Network,
+                        format!("unreadable event {}: {}", e.id, r.message),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EventPage { events, has_more })
+}
+
+impl Provider {
+    /// `GET /v1/events?created[gte]&created[lte]&starting_after`: newest first.
+    pub async fn list_back(
+        &self,
+        listed: Listed,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.reachable().await?;
+        let oldest = self.clock.now_ms() / 1000 - RETENTION_S;
+        let books = self.books.lock().expect("books");
+        let end = match starting_after {
+            Some(c) => books.place(c, oldest)?,
+            None => books.log.len(),
+        };
+        let mut found: Vec<&Logged> = books
+            .log
+            .range(..end)
+            .rev()
+            .filter(|e| Books::listed(e, listed, oldest))
+            .filter(|e| (since_s..=until_s).contains(&e.created_s))
+            .take(PAGE_SIZE + 1)
+            .collect();
+        let more = found.len() > PAGE_SIZE;
+        found.truncate(PAGE_SIZE);
+        page(found, more)
+    }
+
+    /// `GET /v1/events?ending_before=cursor`: the page of events just after it, newest first.
+    pub async fn list_after(
+        &self,
+        listed: Listed,
+        cursor: &str,
+    ) -> Result<EventPage, ProviderError> {
+        self.reachable().await?;
+        let oldest = self.clock.now_ms() / 1000 - RETENTION_S;
+        let books = self.books.lock().expect("books");
+        let from = books.place(cursor, oldest)? + 1;
+        let mut found: Vec<&Logged> = books
+            .log
+            .range(from..)
+            .filter(|e| Books::listed(e, listed, oldest))
+            .take(PAGE_SIZE + 1)
+            .collect();
+        let more = found.len() > PAGE_SIZE;
+        found.truncate(PAGE_SIZE);
+        found.reverse();
+        page(found, more)
+    }
+}
+
+#[async_trait]
+impl EventLister for Client {
+    async fn page_back(
+        &self,
+        listed: Listed,
+        since_s: i64,
+        until_s: i64,
+        starting_after: Option<&str>,
+    ) -> Result<EventPage, ProviderError> {
+        self.slot().await?;
+        let answer = self
+            .provider
+            .list_back(listed, since_s, until_s, starting_after)
+            .await;
+        self.told(&answer);
+        answer
+    }
+
+    async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.list_after(listed, cursor).await;
+        self.told(&answer);
+        answer
+    }
+
+    /// `GET /v1/webhook_endpoints`: this stack's endpoint, enabled, sent every type.
+    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.reachable().await.map(|()| None);
+        self.told(&answer);
+        answer
+    }
+}
