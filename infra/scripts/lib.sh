@@ -46,11 +46,7 @@ build() {
 # The deployment tools live in their own virtualenvs: aws-sam-cli and checkov pin conflicting
 # versions of boto3.
 ensure_tool_venv() { # name requirements-file probe-module
-  local venv="$ROOT/.venv-$1" lock
-  # One install at a time into a virtualenv: make test's x86_64 package, started beside the
-  # first build, asks for the deployment tools while the virtualenvs' own phase installs them.
-  exec {lock}>"$venv.lock"
-  flock "$lock"
+  local venv="$ROOT/.venv-$1"
   if [ ! -x "$venv/bin/python" ]; then
     log "creating the virtualenv $venv"
     python3 -m venv "$venv"
@@ -60,7 +56,6 @@ ensure_tool_venv() { # name requirements-file probe-module
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$2"
     cp "$2" "$venv/.requirements"
   fi
-  exec {lock}>&-
 }
 
 # The official stripe package: the authority of the contract test.

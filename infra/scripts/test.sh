@@ -28,23 +28,20 @@ finish() {
 trap finish EXIT
 phases_begin
 phase_bg "virtualenvs" ensure_all_venvs ${fast:+--fast}
-whole=""
-[ -n "$fast" ] || [ $# -gt 0 ] || whole=1
-# The x86_64 package (below) is what the deploy at the end waits for, so it starts first, beside
-# the build: a build's last crates compile one at a time, and the package takes the other core.
-x86_64_package() { nice -n 10 bash "$ROOT/infra/scripts/package.sh" x86_64; }
-[ -z "$whole" ] || phase_bg "release package x86_64" x86_64_package
 phase "build (debug: the workspace, all targets)" build --workspace --all-targets
 phase_wait "virtualenvs"
+whole=""
+[ -n "$fast" ] || [ $# -gt 0 ] || whole=1
 # Beside the tests, niced (a test never queues behind a link), each in a target folder of its own
 # so that none waits on another's cargo lock:
 # - the x86_64 release package, with the whole-program link: the one e2e-sam deploys and the bench
-#   smoke runs, so it comes first, started beside the build above (nice 10 against the others' 19);
+#   smoke runs, so it comes first (nice 10 against the others' 19);
 # - the arm64 package as a cross-check, unoptimised and without the whole-program link (package.sh says what
 #   that proves and what builds the rest), in target/cross-check: a later make package of the
 #   product finds its own build where it left it;
 # - the crate checks and payctl's install (crate_checks below), in target/crate-checks: they
 #   resolve one package's features, not the workspace's, so most dependencies build again anyway.
+x86_64_package() { nice -n 10 bash "$ROOT/infra/scripts/package.sh" x86_64; }
 arm64_cross_check() {
   CARGO_TARGET_DIR="$TARGET/cross-check" nice -n 19 bash "$ROOT/infra/scripts/package.sh" arm64 --cross-check
 }
@@ -78,7 +75,10 @@ crate_checks() {
   nice -n 19 cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
   "$RUN_DIR/install/bin/payctl" --version
 }
-[ -z "$whole" ] || phase_bg "release package arm64 (cross-check)" arm64_cross_check
+if [ -n "$whole" ]; then
+  phase_bg "release package x86_64" x86_64_package
+  phase_bg "release package arm64 (cross-check)" arm64_cross_check
+fi
 [ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl's install" crate_checks
 # The offline checks (about a core for 40 s, no endpoint), beside the cargo tests, which leave
 # about a core idle: the template's (three shapes), then the house rules of the tree (no module
