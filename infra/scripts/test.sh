@@ -39,7 +39,7 @@ whole=""
 # - the arm64 package as a cross-check, unoptimised and without the whole-program link (package.sh says what
 #   that proves and what builds the rest), in target/cross-check: a later make package of the
 #   product finds its own build where it left it;
-# - the crate checks and payctl's install (crate_checks below), in target/crate-checks: they
+# - the crate checks and payctl resolved alone (crate_checks below), in target/crate-checks: they
 #   resolve one package's features, not the workspace's, so most dependencies build again anyway.
 x86_64_package() { nice -n 10 bash "$ROOT/infra/scripts/package.sh" x86_64; }
 arm64_cross_check() {
@@ -50,7 +50,7 @@ arm64_cross_check() {
 # ships (cargo check: a library has no link step, and its dependencies' metadata is what the docs
 # build needs too, where cargo package's own verification would build them in full as well);
 # its docs build with warnings as errors; it builds with the toolchain of its stated MSRV. Then
-# the README's install of payctl (a debug install).
+# payctl as the README's install resolves it.
 crate_checks() {
   export CARGO_TARGET_DIR="$TARGET/crate-checks"
   nice -n 19 cargo package --quiet -p sqs-once --allow-dirty --no-verify
@@ -72,14 +72,18 @@ crate_checks() {
     nice -n 19 rustup run "$msrv" cargo check --quiet -p sqs-once --all-targets \
       || { echo "sqs-once does not build with its stated MSRV $msrv (rustup toolchain install $msrv)" >&2; return 1; }
   fi
-  nice -n 19 cargo install --quiet --debug --locked --path "$ROOT/infra/payctl" --root "$RUN_DIR/install"
-  "$RUN_DIR/install/bin/payctl" --version
+  # payctl resolved alone, as `make install` (cargo install --locked --path infra/payctl)
+  # resolves it: its own features, not the default members' that `build --bin payctl` unifies.
+  # Checked, not installed: an install built every dependency a third time (neither the suite's
+  # variant nor the quick start's), on the cores the x86_64 package waits for.
+  nice -n 19 cargo check --quiet --locked -p payctl
+  echo "payctl resolved alone (as make install resolves it) checks with the lockfile"
 }
 if [ -n "$whole" ]; then
   phase_bg "release package x86_64" x86_64_package
   phase_bg "release package arm64 (cross-check)" arm64_cross_check
 fi
-[ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl's install" crate_checks
+[ -n "$fast" ] || phase_bg "sqs-once as a crate, payctl alone" crate_checks
 # The offline checks (about a core for 40 s, no endpoint), beside the cargo tests, which leave
 # about a core idle: the template's (three shapes), then the house rules of the tree (no module
 # circles, no file over 500 lines without a reason, the operator's crates apart from the proving
@@ -129,7 +133,7 @@ if [ -n "$fast" ]; then # the cargo tests alone
   exit 0
 fi
 if [ $# -gt 0 ]; then # a filtered run (cargo test arguments): the checks before and the cargo tests
-  phase_wait "sqs-once as a crate, payctl's install"
+  phase_wait "sqs-once as a crate, payctl alone"
   summary 7 # the template and layout checks, the crate checks, the two self-tests, the install, the scripts' check
   exit 0
 fi
@@ -182,8 +186,8 @@ phase "sam deploy onto ministack, both event shapes (e2e-sam)" bash "$ROOT/infra
 BENCH_ARCHS=x86_64 PROVING_PROFILE=dev phase "bench smoke" bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 \
   --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --rate-payments 30 \
   --out "$RUN_DIR/bench-smoke"
-phase_wait "sqs-once as a crate, payctl's install"
-grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl's install")"
+phase_wait "sqs-once as a crate, payctl alone"
+grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl alone")"
 phase_wait "release package arm64 (cross-check)"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package arm64 (cross-check)")"
 bench_results() {

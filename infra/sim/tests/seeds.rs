@@ -252,7 +252,7 @@ fn a_webhook_down_past_stripes_retries_loses_no_event() {
     // the catch-up, the same seed ends with debits recorded `processing` that the provider
     // settled.
     let down = || {
-        let mut opts = Options::new(71, 300, 10.0);
+        let mut opts = Options::new(71, 200, 10.0);
         opts.webhook_outage = Some((4.0, 96.0));
         opts
     };
