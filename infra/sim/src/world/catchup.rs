@@ -178,10 +178,9 @@ fn check_lag(w: &World, now_s: i64, every: Duration) {
     ]
     .into_iter()
     .flatten()
-    .any(|(day, hours)| {
-        let from = EPOCH_MS / 1000 + (day * 86_400.0) as i64;
-        let until = from + (hours * 3_600.0) as i64;
-        from <= now_s && now_s - bound <= until
+    .any(|o| {
+        let w = super::outage_window(o);
+        w.start / 1000 <= now_s && now_s - bound <= w.end / 1000
     });
     if lag > bound && !recent_outage {
         w.violated(

@@ -111,10 +111,10 @@ async fn delivery(w: &World, queue: &dyn EventQueue, e: &Event) {
     let mut retries = RETRIES_S.iter().chain(std::iter::repeat(&43_200));
     loop {
         let now = w.clock.now_ms();
-        let down = w.opts.webhook_outage.is_some_and(|(day, hours)| {
-            let from = super::EPOCH_MS + (day * 86_400_000.0) as i64;
-            (from..from + (hours * 3_600_000.0) as i64).contains(&now)
-        });
+        let down = w
+            .opts
+            .webhook_outage
+            .is_some_and(|o| super::outage_window(o).contains(&now));
         if !down && queue.enqueue(&event, &e.body).await.is_ok() {
             w.provider.books.lock().expect("books").delivered(&e.id);
             return;

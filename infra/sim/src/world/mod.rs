@@ -33,6 +33,12 @@ mod sender;
 
 pub use report::{Report, Violation};
 
+/// An outage given as (from day, for hours): its epoch ms.
+fn outage_window((from_day, hours): (f64, f64)) -> std::ops::Range<i64> {
+    let from = EPOCH_MS + (from_day * 86_400_000.0) as i64;
+    from..from + (hours * 3_600_000.0) as i64
+}
+
 /// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
 
@@ -338,9 +344,9 @@ async fn run_on(opts: Options) -> Result<Report> {
         let mut aws = wire.aws.lock().expect("aws");
         aws.dynamo_faults = opts.aws.clone();
         aws.sqs_faults = opts.aws.clone();
-        let window = |(from_day, hours): (f64, f64)| {
-            let from = EPOCH_MS + (from_day * 86_400_000.0) as i64;
-            (from, from + (hours * 3_600_000.0) as i64)
+        let window = |o| {
+            let w = outage_window(o);
+            (w.start, w.end)
         };
         if let Some(o) = opts.dynamo_outage {
             (
@@ -366,8 +372,8 @@ async fn run_on(opts: Options) -> Result<Report> {
     );
     let mut behaviour = opts.provider.clone();
     if let Some((from_day, hours)) = opts.provider_outage {
-        behaviour.outage_from_ms = EPOCH_MS + (from_day * 86_400_000.0) as i64;
-        behaviour.outage_until_ms = behaviour.outage_from_ms + (hours * 3_600_000.0) as i64;
+        let w = outage_window((from_day, hours));
+        (behaviour.outage_from_ms, behaviour.outage_until_ms) = (w.start, w.end);
     }
     *provider.behaviour.lock().expect("behaviour") = behaviour;
     let world = Arc::new(World {
