@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's quick start, run as written: the fenced block between <!-- quick-start --> and
 # <!-- /quick-start --> in a fresh bash (no AWS or provider variables inherited; cargo's own
-# settings are, so that its build of payctl is the suite's, not another), from the
-# repository's root, stopping at the first failing command; then what it must have shown.
+# settings are, and make test's BUILD_OVER_WORKSPACE, so that its build of payctl is the
+# suite's, not another), from the repository's root, stopping at the first failing command;
+# then what it must have shown.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
@@ -19,6 +20,7 @@ status=0
 (cd "$ROOT" && env -i PATH="$PATH" HOME="$HOME" ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} \
   ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} ${CARGO_TARGET_DIR:+CARGO_TARGET_DIR="$CARGO_TARGET_DIR"} \
   ${CARGO_INCREMENTAL:+CARGO_INCREMENTAL="$CARGO_INCREMENTAL"} \
+  ${BUILD_OVER_WORKSPACE:+BUILD_OVER_WORKSPACE="$BUILD_OVER_WORKSPACE"} \
   bash -e "$work/quick-start.sh") >"$work/out.log" 2>&1 || status=$?
 fail() { cat "$work/out.log" >&2; echo "check-quick-start: $*" >&2; exit 1; }
 [ "$status" -eq 0 ] || fail "the quick start failed (exit $status) at the command above"

@@ -31,14 +31,22 @@ ensure_venv() {
 # cargo build ARGS, saying what it builds and how long it took; on a terminal cargo shows its
 # progress bar, elsewhere (CI) one line before and one after. A first build compiles the AWS
 # SDK: about ten minutes on two cores; later ones take seconds.
+# BUILD_OVER_WORKSPACE=1 (make test exports it after its build of the workspace, all targets):
+# the build is that one again (ARGS and --workspace --all-targets), which finds everything built,
+# the binaries asked for among it. Without it a build at the root resolves the default members'
+# features alone: tokio without the simulator's `test-util`, sqs-once without the feature its
+# tests turn on (`sim-mutations`, whose switches only the simulator throws), so a second build
+# of every dependency on tokio: about 155 s of a cold CI run's foreground, in the LocalStack
+# tier where it came first.
 build() {
-  local started=$SECONDS
+  local started=$SECONDS scope=()
+  [ -z "${BUILD_OVER_WORKSPACE:-}" ] || scope=(--workspace --all-targets)
   if [ -t 2 ]; then
-    log "building ($*) into $TARGET"
-    cargo build "$@"
+    log "building (${scope[*]:+${scope[*]} }$*) into $TARGET"
+    cargo build "${scope[@]}" "$@"
   else
-    log "building ($*) into $TARGET: a first build takes about ten minutes on two cores"
-    cargo build --quiet "$@"
+    log "building (${scope[*]:+${scope[*]} }$*) into $TARGET: a first build takes about ten minutes on two cores"
+    cargo build --quiet "${scope[@]}" "$@"
   fi
   log "built in $((SECONDS - started)) s"
 }

@@ -2,13 +2,14 @@
 
 use simulator::world::{run, Options};
 
+/// 300 payments arriving over the first 3.3 days, ten days in all.
 fn small(seed: u64) -> Options {
-    Options::new(seed, 400, 12.0)
+    Options::new(seed, 300, 10.0)
 }
 
 #[test]
 fn a_seed_replays_byte_for_byte_and_another_seed_does_not() {
-    let short = |seed| Options::new(seed, 200, 8.0);
+    let short = |seed| Options::new(seed, 100, 5.0);
     let a = run(short(11)).unwrap();
     let b = run(short(11)).unwrap();
     let c = run(short(12)).unwrap();
@@ -34,14 +35,14 @@ fn the_fixed_seeds_keep_every_invariant() {
     for seed in 1..=3 {
         let r = run(small(seed)).unwrap();
         assert!(
-            r.charged > 250,
+            r.charged > 190,
             "seed {seed}: only {} of {} payments charged",
             r.charged,
             r.payments
         );
         assert!(
             r.violations.is_empty(),
-            "seed {seed} broke an invariant: {:#?}\nlast events:\n{}\nreplay: make sim FIRST_SEED={seed} SEEDS=1 DAYS=12 PAYMENTS=400",
+            "seed {seed} broke an invariant: {:#?}\nlast events:\n{}\nreplay: make sim FIRST_SEED={seed} SEEDS=1 DAYS=10 PAYMENTS=300",
             r.violations,
             r.trace.join("\n")
         );
@@ -51,7 +52,7 @@ fn the_fixed_seeds_keep_every_invariant() {
 #[test]
 fn a_provider_that_ignores_its_keys_is_caught_charging_twice() {
     // The invariant's own teeth: retries after lost answers, with no key to absorb them.
-    let mut opts = small(5);
+    let mut opts = Options::new(5, 200, 4.0);
     opts.provider.ignores_keys = true;
     opts.provider.lost_answer_rate = 0.05;
     let r = run(opts).unwrap();
@@ -71,7 +72,7 @@ fn a_provider_that_ignores_its_keys_is_caught_charging_twice() {
 #[test]
 fn a_charged_record_kept_21_days_is_caught() {
     // Main before the lifetimes work: a charged payment's record lived the record retention.
-    let mut opts = Options::new(21, 150, 30.0);
+    let mut opts = Options::new(21, 100, 24.0);
     opts.mutation = Some("charged_records_21_days".into());
     let r = run(opts).unwrap();
     let early: Vec<_> = r
@@ -99,7 +100,7 @@ fn users_own_queues_keep_every_invariant() {
         opts.max_receive_count = receives;
         opts.fifo = fifo;
         let r = run(opts).unwrap();
-        assert!(r.charged > 250, "seed {seed}: only {} charged", r.charged);
+        assert!(r.charged > 190, "seed {seed}: only {} charged", r.charged);
         assert!(
             r.violations.is_empty(),
             "seed {seed}: {:#?}\n{}",
@@ -113,10 +114,10 @@ fn users_own_queues_keep_every_invariant() {
 fn a_provider_down_for_thirty_hours_loses_and_doubles_nothing() {
     // Longer than the retry horizon and than the provider keeps its keys: what was dead-lettered
     // is redriven by the operator after the outage, and an unknown outcome is looked up.
-    let mut opts = Options::new(41, 200, 8.0);
+    let mut opts = Options::new(41, 150, 6.0);
     opts.provider_outage = Some((1.0, 30.0));
     let r = run(opts).unwrap();
-    assert!(r.charged > 120, "only {} charged", r.charged);
+    assert!(r.charged > 90, "only {} charged", r.charged);
     assert!(
         r.violations.is_empty(),
         "{:#?}\n{}",
@@ -133,7 +134,7 @@ fn an_unknown_outcome_mark_that_is_not_sticky_is_caught_charging_twice() {
     // the outage test above keep every invariant.
     let mut found = None;
     for seed in 51..=55 {
-        let mut opts = Options::new(seed, 200, 8.0);
+        let mut opts = Options::new(seed, 150, 6.0);
         opts.provider_outage = Some((1.0, 30.0));
         opts.mutation = Some("unknown_mark_not_sticky".into());
         let r = run(opts).unwrap();
@@ -153,11 +154,14 @@ fn an_unknown_outcome_mark_that_is_not_sticky_is_caught_charging_twice() {
 fn an_early_refund_dead_lettered_after_the_retry_horizon_is_caught() {
     // Main before held refunds: a refund of a debit still processing was handed back until its
     // retry horizon (an hour) and then dead-lettered, paging the operator for a normal wait.
-    // Whether a seed refunds a debit before it settles is the seed's: seed 1 did when this was
-    // written (seed 2 did not); the test tries five.
+    // Whether a seed refunds a debit before it settles is the seed's (a debit is one payment in
+    // fourteen, its refund asked 2 h to 10 days after it): with half the payments refunded,
+    // seeds 1 to 3 of 200 payments did not when this was written, seed 4 did on day 0.93. The
+    // test starts there and tries five.
     let mut found = None;
-    for seed in 1..=5 {
-        let mut opts = small(seed);
+    for seed in 4..=8 {
+        let mut opts = Options::new(seed, 200, 10.0);
+        opts.refund_share = 0.5;
         opts.mutation = Some("early_refund_not_held".into());
         let r = run(opts).unwrap();
         let first = r
