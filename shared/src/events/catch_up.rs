@@ -19,7 +19,7 @@
 //! [`FIRST_WINDOW_S`] back; a checkpoint older than the provider keeps events starts from the
 //! oldest it still lists. Every run stops within its [`Budget`], below the function's timeout.
 //!
-//! Why ~510 lines: the walk, the scheduled run's use of the checkpoint and the run's sweep of
+//! Why ~610 lines: the walk, the scheduled run's use of the checkpoint and the run's sweep of
 //! held refunds are one run, read from its start to its report.
 
 use std::sync::Arc;
@@ -357,33 +357,62 @@ pub async fn scheduled(
             }
             p.clone()
         }
-        None => match start_at((lister, listed), since, now_s, budget, &mut report).await? {
-            // The pace kept it waiting to its budget's end (a `429`'s pause): the next run
-            // starts here again; nothing moved.
-            Start::Later => return Ok(report),
-            Start::Nothing => {
-                // Nothing listed since: checked through now all the same.
-                report.finished = true;
-                report.checked_through_s = Some(now_s);
-                let to = Position {
-                    caught_up: true,
-                    version: read.version + 1,
-                    from_s: None,
-                    checked_through_s: Some(now_s),
-                    listing_all: after.clone(),
-                    ..read.clone()
+        None => {
+            let (start, through) =
+                match start_at((lister, listed), since, now_s, budget, &mut report).await? {
+                    // The pace kept it waiting to its budget's end (a `429`'s pause): the next run
+                    // starts here again; nothing moved.
+                    Start::Later => return Ok(report),
+                    Start::Nothing => {
+                        // Nothing listed since: checked through now all the same.
+                        report.finished = true;
+                        report.checked_through_s = Some(now_s);
+                        let to = Position {
+                            caught_up: true,
+                            version: read.version + 1,
+                            from_s: None,
+                            checked_through_s: Some(now_s),
+                            listing_all: after.clone(),
+                            ..read.clone()
+                        };
+                        if !checkpoint.advance(&read, &to).await? {
+                            tracing::warn!("another catch-up moved the checkpoint meanwhile");
+                        }
+                        return Ok(report);
+                    }
+                    // Every event before the window is the last runs' (or before the catch-up's
+                    // time): the list is checked through its start.
+                    Start::After(p) => (p, since - 1),
+                    // The window's oldest event: there is none in it before this one.
+                    Start::With(e, text) => {
+                        queue_page(queue, &[(e.clone(), text)], &mut report).await?;
+                        let p = Place::of(&e);
+                        let through = p.created;
+                        (p, through)
+                    }
                 };
-                if !checkpoint.advance(&read, &to).await? {
-                    tracing::warn!("another catch-up moved the checkpoint meanwhile");
-                }
+            // The start is kept before the walk: a run whose request slots all went to finding
+            // it (the webhook's check, the walk back to a new account's oldest event), or whose
+            // first page failed, leaves the next run to go on from it, not to look for it
+            // again (at a pace of a few slots a run, every run would, and none would move), nor
+            // to start a window that has slid on since.
+            let to = Position {
+                last: Some(start.clone()),
+                caught_up: false,
+                version: read.version + 1,
+                from_s: None,
+                checked_through_s: read.checked_through_s.max(Some(through)),
+                listing_all: walking.clone(),
+            };
+            if !checkpoint.advance(&read, &to).await? {
+                tracing::warn!(
+                    "another catch-up moved the checkpoint while this run found where to start: this run stops"
+                );
                 return Ok(report);
             }
-            Start::After(p) => p,
-            Start::With(e, text) => {
-                queue_page(queue, &[(e.clone(), text)], &mut report).await?;
-                Place::of(&e)
-            }
-        },
+            read = to;
+            start
+        }
     };
     let mut moving = Moving {
         checkpoint,

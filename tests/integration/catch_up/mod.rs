@@ -7,6 +7,7 @@
 //! ([`webhook`]).
 
 mod backlog;
+mod start;
 mod webhook;
 
 use std::collections::{HashMap, HashSet};
@@ -26,6 +27,8 @@ use payment_core::provider::ProviderError;
 struct Provider {
     events: Mutex<Vec<(ProviderEvent, String)>>,
     calls: AtomicUsize,
+    /// The backward list calls among them (what finding a window's start takes).
+    backs: AtomicUsize,
     /// The events whose delivery failed: what `delivery_success=false` lists.
     undelivered: Mutex<HashSet<String>>,
     /// Why the endpoint is not sent every type (`None`: it is).
@@ -62,6 +65,7 @@ impl EventLister for Provider {
         starting_after: Option<&str>,
     ) -> Result<EventPage, ProviderError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.backs.fetch_add(1, Ordering::SeqCst);
         let events = self.events.lock().unwrap();
         let newest_first: Vec<_> = events
             .iter()

@@ -84,7 +84,19 @@ async fn events_never_sent_to_a_disabled_endpoint_are_found_by_listing_every_eve
     assert!(run(now, 10).await.is_err());
     let at = checkpoint.read().await.unwrap();
     assert!(at.listing_all.is_some(), "kept before any page: {at:?}");
-    assert_eq!(at.from_s, Some(now - 3_600 - OVERLAP_S), "{at:?}");
+    // The start it found is kept too, before the walk (whose first page failed): the newest
+    // event before where the list was checked through, less the overlap.
+    let start = provider
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(e, _)| e.created < now - 3_600 - OVERLAP_S)
+        .map(|(e, _)| e.id.clone());
+    assert_eq!(at.last.as_ref().map(|p| p.id.clone()), start, "{at:?}");
+    assert!(!at.caught_up && at.from_s.is_none(), "{at:?}");
+    assert_eq!(at.checked_through_s, Some(now - 3_600), "{at:?}");
 
     // 2. Every event from where the list was checked through, run after run.
     let second = run(now, 10).await.unwrap();
