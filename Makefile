@@ -40,12 +40,16 @@ chaos:
 ## (TRACE=FILE writes its whole trace). MUTATION=NAME puts a known bug back (the simulator's
 ## teeth), FIFO=true, PROVIDER_OUTAGE_DAY=D (30 hours), DYNAMODB_OUTAGE_DAY=D and SQS_OUTAGE_DAY=D
 ## (3 hours), WEBHOOK_OUTAGE_DAY=D (96 hours; _HOURS=H for others), VISIBILITY_TIMEOUT=S,
-## MAX_RECEIVE_COUNT=N, PARAMETERS='Name=Value ...' (the template's). make test runs a few
-## small seeds.
+## MAX_RECEIVE_COUNT=N, PARAMETERS='Name=Value ...' (the template's), DISPUTE_SHARE (0.01 of
+## charges) and DISPUTE_DAYS (opened FROM,TO days after the charge: 1,20 here, so that a month's
+## run sees disputes open, close and be appealed; a cardholder's window at Stripe is 30,120).
+## make test runs a few small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
 DAYS ?= 30
 PAYMENTS ?= 10000
+DISPUTE_SHARE ?= 0.01
+DISPUTE_DAYS ?= 1,20
 sim:
 	SEEDS=$(SEEDS) FIRST_SEED=$(FIRST_SEED) DAYS=$(DAYS) PAYMENTS=$(PAYMENTS) \
 	  $(if $(CRASH_RATE),CRASH_RATE=$(CRASH_RATE)) $(if $(AWS_FAULT_RATE),AWS_FAULT_RATE=$(AWS_FAULT_RATE)) \
@@ -55,7 +59,7 @@ sim:
 	  $(if $(DYNAMODB_OUTAGE_DAY),DYNAMODB_OUTAGE_DAY=$(DYNAMODB_OUTAGE_DAY)) \
 	  $(if $(SQS_OUTAGE_DAY),SQS_OUTAGE_DAY=$(SQS_OUTAGE_DAY)) \
 	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
-	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') \
+	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
 	  cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer

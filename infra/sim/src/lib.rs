@@ -21,3 +21,14 @@ pub mod provider;
 pub mod sqs;
 pub mod wire;
 pub mod world;
+
+/// FNV-1a, 64 bits: what a run draws from its seed and a name rather than from its order of
+/// events (an item's deletion by time to live, whether a charge is disputed).
+pub fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

@@ -330,3 +330,27 @@ fn a_catch_up_listing_every_event_at_one_instances_share_is_caught_falling_behin
         .expect("the lag stayed bounded");
     eprintln!("found on day {:.2}", first as f64 / 86_400_000.0);
 }
+
+#[test]
+fn disputes_opened_decided_and_appealed_are_each_recorded_as_the_provider_holds_them() {
+    // A fifth of the charges disputed 1 to 5 days after them (the course of each compressed
+    // in the same ratio: decided within three days, appealed and decided again within two
+    // more), the provider's events applied by the inbox, half the disputes naming only their
+    // charge: each payment's record ends holding its disputes as the provider does, and as
+    // disputed what the chargebacks hold; refunds of a charged-back charge are refused.
+    let mut opts = Options::new(81, 150, 9.0);
+    opts.disputes = (0.2, (1.0, 5.0));
+    let r = run(opts).unwrap();
+    assert!(r.disputes > 20, "only {} disputes opened", r.disputes);
+    assert!(r.disputes_appealed > 0, "no dispute appealed");
+    assert!(
+        r.violations.is_empty(),
+        "{:#?}\n{}",
+        r.violations,
+        r.trace.join("\n")
+    );
+    eprintln!(
+        "{} disputes opened, {} appealed",
+        r.disputes, r.disputes_appealed
+    );
+}

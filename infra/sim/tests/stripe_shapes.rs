@@ -148,3 +148,61 @@ fn an_event_is_stripes_envelope_at_the_pinned_api_version() {
     let parsed = payment_core::provider::event::ProviderEvent::parse(&ours.to_string()).unwrap();
     assert_eq!(parsed.kind, "payment_intent.succeeded");
 }
+
+#[test]
+fn a_dispute_is_stripes_shape_and_status() {
+    use simulator::provider::disputes::{dispute_json, Dispute};
+    let stripe = fixture("dispute");
+    // Dispute.status as the stripe package (16.x) types it (`_dispute.py`), the appeal's
+    // two among them (API version 2026-10-28).
+    let statuses = [
+        "appeal_needs_response",
+        "appeal_under_review",
+        "lost",
+        "needs_response",
+        "prevented",
+        "under_review",
+        "warning_closed",
+        "warning_needs_response",
+        "warning_under_review",
+        "won",
+    ];
+    for (status, names_intent) in [
+        ("needs_response", true),
+        ("warning_needs_response", false),
+        ("lost", false),
+        ("appeal_under_review", true),
+        ("won", true),
+    ] {
+        let d = Dispute {
+            id: "dp_sim00000004".into(),
+            payment_intent: "pi_sim00000001".into(),
+            charge: "ch_sim00000001".into(),
+            names_intent,
+            amount: 1999,
+            currency: "usd".into(),
+            status: status.into(),
+            opens_ms: 1_767_225_600_000,
+            steps: Default::default(),
+            appealed: false,
+        };
+        let ours = dispute_json(&d);
+        same_shape("dispute", &ours, &stripe);
+        assert!(statuses.contains(&ours["status"].as_str().unwrap()));
+        // What the inbox reads of it: the dispute, its charge, and its intent when named.
+        let event = event_json(
+            "evt_sim00000005",
+            "charge.dispute.updated",
+            1_767_225_600,
+            ours,
+        );
+        let parsed =
+            payment_core::provider::event::ProviderEvent::parse(&event.to_string()).unwrap();
+        let payment_core::provider::event::Subject::Dispute(c) = parsed.subject() else {
+            panic!("not read as a dispute: {parsed:?}");
+        };
+        assert_eq!((c.status.as_str(), c.amount), (status, 1999));
+        assert_eq!(c.intent_id.is_some(), names_intent);
+        assert_eq!(c.charge.as_deref(), Some("ch_sim00000001"));
+    }
+}

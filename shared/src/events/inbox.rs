@@ -19,7 +19,7 @@
 //! Every write keeps the records it changes for the refund window from now (never less than
 //! they were kept): the provider goes on changing a payment for months.
 //!
-//! Why ~570 lines: the payment, refund and dispute paths share one vocabulary (the outcomes,
+//! Why ~640 lines: the payment, refund and dispute paths share one vocabulary (the outcomes,
 //! the not-ours and not-yet rules, the retry on a moved state, the records' lifetime), and a
 //! reader checks each path against the others.
 //! - its object is this system's but its record is not completed yet (the answer that creates
@@ -37,9 +37,9 @@ use sqs_once::clock::Clock;
 
 use crate::events::settlement::{EventNote, Settlements};
 use crate::provider::event::{
-    dispute_holds_amount, dispute_step, payment_current, payment_step, refund_current,
-    refund_returns_nothing, refund_step, DisputeChange, PaymentChange, ProviderEvent, RefundChange,
-    Step, Subject,
+    dispute_fetched, dispute_holds_amount, dispute_step, payment_current, payment_step,
+    refund_current, refund_returns_nothing, refund_step, DisputeChange, PaymentChange,
+    ProviderEvent, RefundChange, Step, Subject,
 };
 use crate::provider::ProviderError;
 
@@ -89,6 +89,14 @@ pub trait ProviderObjects: Send + Sync {
     /// its charge.
     async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError>;
 }
+
+/// Mutations of the inbox that the whole-system simulator puts back
+/// (`sqs_once::mutation::put_back_from`) to show that it finds them; in a build without
+/// `sqs-once`'s `sim-mutations` feature they are never on.
+pub const MUTATIONS: &[(&str, &str)] = &[(
+    "inbox_reads_not_booked",
+    "a dispute's event is claimed before its first read has a slot of the pace, as a payment's or a refund's is",
+)];
 
 /// How many times a change is decided again when the state moved under it.
 const TRIES: usize = 4;
@@ -520,9 +528,10 @@ impl EventWork {
                     Step::Apply(to) => (to, c.amount),
                     Step::Fetch => {
                         let now = self.provider.dispute(did).await?;
-                        match dispute_step(stored.as_ref().map(|(s, _)| s.as_str()), &now.status) {
-                            Step::Apply(to) => (to, now.amount),
-                            _ => {
+                        let was = stored.as_ref().map_or("", |(s, _)| s.as_str());
+                        match dispute_fetched(was, &now.status) {
+                            Some(to) => (to, now.amount),
+                            None => {
                                 return Ok(outcome(
                                     labels::UNCHANGED,
                                     event,
@@ -618,6 +627,7 @@ impl Work for EventWork {
     /// unattempted, see [`Work::reads_only`]).
     fn paces_first_call(&self, event: &Self::Request) -> bool {
         matches!(event.subject(), Subject::Dispute(_))
+            && !sqs_once::mutation::on("inbox_reads_not_booked")
     }
 
     /// The inbox only reads from the provider; its writes are conditional writes of its own

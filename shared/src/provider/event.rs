@@ -366,7 +366,9 @@ pub fn refund_returns_nothing(status: &str) -> bool {
     matches!(status, "failed" | "canceled")
 }
 
-/// A dispute status's place in its life: inquiries, then disputes, then closed.
+/// A dispute status's place in its life: inquiries, then disputes, then decided, then an
+/// appeal of a lost one (API version 2026-10-28: `appeal_needs_response`,
+/// `appeal_under_review`), which is decided again: `won` or `lost` once more.
 fn dispute_rank(status: &str) -> u8 {
     match status {
         "warning_needs_response" => 1,
@@ -374,32 +376,56 @@ fn dispute_rank(status: &str) -> u8 {
         "needs_response" => 3,
         "under_review" => 4,
         "warning_closed" | "won" | "lost" | "prevented" => 5,
+        "appeal_needs_response" => 6,
+        "appeal_under_review" => 7,
         _ => 0,
     }
 }
 
 /// What a dispute event carrying `incoming` does to a dispute stored `stored` (`None`: not
 /// recorded yet): later in the dispute's life applies, earlier changes nothing, a different
-/// state at the same place is read from the provider.
+/// state at the same place is read from the provider. A decision arriving for a dispute
+/// stored under appeal is read from the provider too: it may be the appeal's decision, or the
+/// first decision's own event arriving late, which only the provider's copy tells apart.
 pub fn dispute_step(stored: Option<&str>, incoming: &str) -> Step {
     let Some(stored) = stored else {
         return Step::Apply(incoming.to_owned());
     };
     let (s, i) = (dispute_rank(stored), dispute_rank(incoming));
-    if stored == incoming || i < s || s == 5 {
+    if stored == incoming || i == 0 {
         Step::Unchanged
+    } else if s >= 6 && i == 5 {
+        Step::Fetch
     } else if i > s {
         Step::Apply(incoming.to_owned())
+    } else if i < s {
+        Step::Unchanged
     } else {
         Step::Fetch
     }
 }
 
+/// What the provider's copy of a dispute (`current`, read for a [`Step::Fetch`]) does to the
+/// state stored: it applies unless the stored state is past it (a copy older than the record),
+/// where a decision after an appeal is never older than the appeal.
+pub fn dispute_fetched(stored: &str, current: &str) -> Option<String> {
+    let (s, c) = (dispute_rank(stored), dispute_rank(current));
+    (current != stored && c != 0 && (c >= s || (s >= 6 && c == 5))).then(|| current.to_owned())
+}
+
 /// True when a dispute in this state holds its amount: a dispute (not an inquiry) the
-/// merchant has not won. Stripe withdraws a dispute's amount when it opens and returns it
-/// when the merchant wins; an inquiry withdraws nothing.
+/// merchant has not won, an appeal of a lost one among them. Stripe withdraws a dispute's
+/// amount when it opens and returns it when the merchant wins, on appeal too; an inquiry
+/// withdraws nothing.
 pub fn dispute_holds_amount(status: &str) -> bool {
-    matches!(status, "needs_response" | "under_review" | "lost")
+    matches!(
+        status,
+        "needs_response"
+            | "under_review"
+            | "lost"
+            | "appeal_needs_response"
+            | "appeal_under_review"
+    )
 }
 
 #[cfg(test)]
@@ -639,12 +665,56 @@ mod tests {
             dispute_step(Some("under_review"), "needs_response"),
             Step::Unchanged
         );
-        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
+        // Two decisions: the provider's copy says which holds.
+        assert_eq!(dispute_step(Some("won"), "lost"), Step::Fetch);
         assert_eq!(
             dispute_step(Some("warning_needs_response"), "needs_response"),
             Step::Apply("needs_response".into())
         );
         assert!(dispute_holds_amount("needs_response") && dispute_holds_amount("lost"));
         assert!(!dispute_holds_amount("won") && !dispute_holds_amount("warning_needs_response"));
+    }
+
+    /// API version 2026-10-28: a lost dispute is appealed and decided again. Found by the
+    /// simulator (its appeals, `infra/sim`): a lost dispute was final, so an appeal won left
+    /// the amount recorded as held.
+    #[test]
+    fn a_lost_dispute_appealed_and_won_is_won() {
+        assert_eq!(
+            dispute_step(Some("lost"), "appeal_needs_response"),
+            Step::Apply("appeal_needs_response".into())
+        );
+        assert_eq!(
+            dispute_step(Some("appeal_needs_response"), "appeal_under_review"),
+            Step::Apply("appeal_under_review".into())
+        );
+        // The appeal's decision, or the first decision's event late: read.
+        assert_eq!(
+            dispute_step(Some("appeal_under_review"), "won"),
+            Step::Fetch
+        );
+        assert_eq!(
+            dispute_step(Some("appeal_under_review"), "lost"),
+            Step::Fetch
+        );
+        assert_eq!(
+            dispute_fetched("appeal_under_review", "won"),
+            Some("won".into())
+        );
+        assert_eq!(
+            dispute_fetched("appeal_under_review", "appeal_needs_response"),
+            None
+        );
+        assert_eq!(dispute_fetched("lost", "won"), Some("won".into()));
+        assert_eq!(dispute_fetched("under_review", "needs_response"), None);
+        // Earlier events of the first round change nothing under appeal.
+        assert_eq!(
+            dispute_step(Some("appeal_under_review"), "under_review"),
+            Step::Unchanged
+        );
+        assert!(
+            dispute_holds_amount("appeal_needs_response")
+                && dispute_holds_amount("appeal_under_review")
+        );
     }
 }

@@ -71,6 +71,14 @@ struct Args {
     /// what it missed).
     #[arg(long, env = "WEBHOOK_OUTAGE_HOURS", default_value_t = 96.0)]
     webhook_outage_hours: f64,
+    /// The chance a charge is disputed.
+    #[arg(long, env = "DISPUTE_SHARE", default_value_t = 0.01)]
+    dispute_share: f64,
+    /// The days after a charge its dispute opens within, FROM,TO: 30,120 is a cardholder's
+    /// window at Stripe; a shorter one lets a month's run see disputes open, close and be
+    /// appealed (make sim's default: 1,20).
+    #[arg(long, env = "DISPUTE_DAYS", default_value = "30,120", value_parser = day_range)]
+    dispute_days: (f64, f64),
     /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
     #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
     parameters: Vec<(String, String)>,
@@ -80,6 +88,18 @@ fn parameter(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("{text:?}: a template parameter is NAME=VALUE"))
+}
+
+fn day_range(text: &str) -> Result<(f64, f64), String> {
+    let bad = || format!("{text:?}: days FROM,TO (30,120), FROM at most TO");
+    let (from, to) = text.split_once(',').ok_or_else(bad)?;
+    let (from, to): (f64, f64) = (
+        from.trim().parse().map_err(|_| bad())?,
+        to.trim().parse().map_err(|_| bad())?,
+    );
+    (0.0 <= from && from <= to)
+        .then_some((from, to))
+        .ok_or_else(bad)
 }
 
 /// The command that replays `seed` as it ran.
@@ -96,6 +116,11 @@ fn replay(args: &Args, seed: u64) -> String {
         }
     };
     put("MUTATION", args.mutation.clone());
+    put("DISPUTE_SHARE", Some(args.dispute_share.to_string()));
+    put(
+        "DISPUTE_DAYS",
+        Some(format!("{},{}", args.dispute_days.0, args.dispute_days.1)),
+    );
     put("CRASH_RATE", args.crash_rate.map(|r| r.to_string()));
     put("AWS_FAULT_RATE", args.aws_fault_rate.map(|r| r.to_string()));
     put(
@@ -193,12 +218,13 @@ fn main() -> Result<()> {
             .webhook_outage_day
             .map(|d| (d, args.webhook_outage_hours));
         opts.parameters.extend(args.parameters.iter().cloned());
+        opts.disputes = (args.dispute_share, args.dispute_days);
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), {} events ({} never delivered), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -212,6 +238,8 @@ fn main() -> Result<()> {
             report.refunds_sent,
             report.refunds_made,
             report.refunds_failed,
+            report.disputes,
+            report.disputes_appealed,
             report.events,
             report.events_undelivered,
             report.catch_up_runs,

@@ -157,7 +157,10 @@ impl payment_core::events::inbox::ProviderObjects for Client {
         answer
     }
 
-    async fn charge_intent(&self, _charge: &str) -> Result<Option<String>, ProviderError> {
-        Ok(None)
+    async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError> {
+        self.slot().await?;
+        let answer = self.provider.charge_intent(charge).await;
+        self.told(&answer);
+        answer
     }
 }

@@ -1,4 +1,4 @@
-//! The provider's events: each change of a PaymentIntent or a refund is an event in Stripe's
+//! The provider's events: each change of a PaymentIntent, a refund or a dispute is an event in Stripe's
 //! shape (`evt_...`, its type, `data.object` as the object was), handed to whoever delivers
 //! them (the world's webhook model), and the objects as they are now, for the inbox's fetches
 //! (`ProviderObjects`), read through the inbox's own parser.
@@ -122,12 +122,38 @@ impl Provider {
         }
     }
 
-    /// Disputes are not modelled yet: no dispute exists.
+    /// `GET /v1/disputes/{id}`: an open dispute as it is now.
     pub async fn dispute(&self, id: &str) -> Result<DisputeChange, ProviderError> {
         self.reachable().await?;
-        Err(ProviderError::new(
-            FailureKind::Misconfigured,
-            format!("404: no such dispute {id}"),
-        ))
+        let object = self
+            .books
+            .lock()
+            .expect("books")
+            .disputes
+            .get(id)
+            .filter(|d| d.opened())
+            .map(super::disputes::dispute_json);
+        match object.map(|o| change("charge.dispute.retrieved", o)) {
+            Some(Subject::Dispute(d)) => Ok(d),
+            _ => Err(ProviderError::new(
+                FailureKind::Misconfigured,
+                format!("404: no such dispute {id}"),
+            )),
+        }
+    }
+
+    /// `GET /v1/charges/{id}`: the PaymentIntent of a charge.
+    pub async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError> {
+        self.reachable().await?;
+        let books = self.books.lock().expect("books");
+        let intent = format!("pi_{}", charge.trim_start_matches("ch_"));
+        if books.intents.contains_key(&intent) && charge.starts_with("ch_") {
+            Ok(Some(intent))
+        } else {
+            Err(ProviderError::new(
+                FailureKind::Misconfigured,
+                format!("404: no such charge {charge}"),
+            ))
+        }
     }
 }

@@ -8,7 +8,7 @@
 //! other parameters refused, a key whose first request is still running answered `409`, a
 //! stored `500` replayed; log-normal latency; `500`s before and after the write commits; an
 //! answer lost after the commit (the client's timeout); `429` by the account's rate; the
-//! listing a lookup reads. The books ([`Books`]) are the ground truth every invariant is
+//! listing a lookup reads; disputes ([`disputes`]). The books ([`Books`]) are the ground truth every invariant is
 //! checked against.
 
 use std::collections::BTreeMap;
@@ -23,6 +23,7 @@ use sqs_once::clock::Clock;
 
 mod behaviour;
 pub mod client;
+pub mod disputes;
 pub mod events;
 pub mod listing;
 pub use behaviour::{Behaviour, Outage};
@@ -104,6 +105,10 @@ pub struct Books {
     events: Vec<events::Event>,
     /// Every event of the last 30 days, oldest first, as `GET /v1/events` lists them.
     log: std::collections::VecDeque<listing::Logged>,
+    /// Disputes by id (`dp_...`), those planned but not open yet among them.
+    pub disputes: BTreeMap<String, disputes::Dispute>,
+    /// Which charges are disputed, and when (none without one).
+    pub dispute_plan: Option<disputes::DisputePlan>,
 }
 
 /// True for an intent that moved money or will (`processing` settles by itself).
@@ -159,10 +164,12 @@ impl Books {
                 i.failure_code = Some("debit_not_authorized".into());
             } else {
                 i.status = "succeeded".into();
+                self.plan_dispute(&id, now_ms);
             }
             self.emit_intent(&id, now_ms);
         }
         self.settle_refunds(now_ms);
+        self.settle_disputes(now_ms);
     }
 }
 
@@ -443,6 +450,9 @@ impl Provider {
             settles_ms,
             failure_code: failure.map(str::to_owned),
         });
+        if status == "succeeded" {
+            books.plan_dispute(&id, now);
+        }
         books.emit_intent(&id, now);
         let answer = if error_after {
             Err(Self::error(FailureKind::ServerError, "500 after the write"))

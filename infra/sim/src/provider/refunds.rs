@@ -5,6 +5,7 @@
 //! then succeeds, or fails (one in twenty); a card's refund succeeds at once and one in fifty
 //! fails 5 to 25 days later (a closed card account), as Stripe's refunds do: a failed refund's
 //! amount is no longer refunded, and its `refund.updated` and `refund.failed` events say so.
+//! A charge a chargeback holds is not refunded (`charge_disputed`).
 
 use payment_core::provider::{FailureKind, FoundRefund, ProviderError, RefundCall, RefundResponse};
 
@@ -166,6 +167,13 @@ impl Provider {
                 message: format!(
                     "This PaymentIntent ({}) does not have a successful charge to refund.",
                     pi.id
+                ),
+            }),
+            Some(pi) if books.charged_back(&pi.id).is_some() => Ok(RefundResponse::Rejected {
+                code: "charge_disputed".into(),
+                message: format!(
+                    "The charge you're attempting to refund ({}) has been charged back.",
+                    super::disputes::charge_of(&pi.id)
                 ),
             }),
             Some(pi) => {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::World;
 use crate::dynamo::value::Value;
+use crate::fnv;
 use crate::provider::methods;
 use payment_core::provider::event::{ProviderEvent, Subject};
 
@@ -90,16 +91,6 @@ fn is_failing(w: &World, payment_id: &str) -> bool {
         .expect("sent")
         .get(payment_id)
         .is_some_and(|s| s.method == methods::BANK_DEBIT_FAILS)
-}
-
-/// FNV-1a, 64 bits.
-pub fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// How long after a charge the provider can still change it: a cardholder disputes for about
@@ -297,6 +288,9 @@ pub(super) fn check_end(w: &World) {
                                 );
                             }
                         }
+                        if let Some(r) = record {
+                            check_disputes(w, pid, r, &books, &pi);
+                        }
                     }
                 }
             } else if charged {
@@ -309,4 +303,61 @@ pub(super) fn check_end(w: &World) {
     }
     drop(books);
     w.stats.lock().expect("stats").dead_letters = dead;
+}
+
+/// A payment's record holds each dispute of its charge as the provider holds it (status and
+/// amount), no other, and as disputed what the chargebacks among them hold.
+fn check_disputes(
+    w: &World,
+    pid: &str,
+    record: &crate::dynamo::value::Item,
+    books: &crate::provider::Books,
+    pi: &str,
+) {
+    use crate::provider::disputes::holds;
+    use payment_core::events::settlement::DISPUTE_PREFIX;
+    let number = |v: Option<&Value>| match v {
+        Some(Value::N(n)) => n.parse::<i64>().unwrap_or(i64::MIN),
+        _ => 0,
+    };
+    let recorded: BTreeMap<&str, (String, i64)> = record
+        .iter()
+        .filter_map(|(k, v)| {
+            let id = k.strip_prefix(DISPUTE_PREFIX)?;
+            let Value::M(m) = v else {
+                return Some((id, (format!("{v:?}"), 0)));
+            };
+            let status = match m.get("status") {
+                Some(Value::S(s)) => s.clone(),
+                _ => String::new(),
+            };
+            Some((id, (status, number(m.get("amount")))))
+        })
+        .collect();
+    let theirs: BTreeMap<&str, (String, i64)> = books
+        .disputes
+        .values()
+        .filter(|d| d.payment_intent == pi && d.opened())
+        .map(|d| (d.id.as_str(), (d.status.clone(), d.amount)))
+        .collect();
+    if recorded != theirs {
+        w.violated(
+            "every ledger equals the provider's books",
+            format!("{pid}'s record holds the disputes {recorded:?}, the provider {theirs:?}"),
+        );
+    }
+    let held: i64 = theirs
+        .values()
+        .filter(|(s, _)| holds(s))
+        .map(|(_, a)| a)
+        .sum();
+    let disputed = number(record.get("disputed_amount"));
+    if disputed != held {
+        w.violated(
+            "every ledger equals the provider's books",
+            format!(
+                "{pid}'s record holds {disputed} as disputed, the provider's chargebacks {held}"
+            ),
+        );
+    }
 }

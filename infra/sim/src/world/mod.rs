@@ -17,8 +17,9 @@ use sqs_once::clock::{Clock, TokioClock};
 use sqs_once::SqsQueues;
 
 use crate::provider::client::Client;
-use crate::provider::{Behaviour, Provider};
-use crate::wire::{Faults, Wire};
+use crate::provider::disputes::DisputePlan;
+use crate::provider::Provider;
+use crate::wire::Wire;
 
 mod catchup;
 mod checks;
@@ -26,11 +27,13 @@ mod esm;
 mod events;
 mod function;
 mod operator;
+mod options;
 mod producer;
 mod refunds;
 mod report;
 mod sender;
 
+pub use options::Options;
 pub use report::{Report, Violation};
 
 /// An outage given as (from day, for hours): its epoch ms.
@@ -41,104 +44,6 @@ fn outage_window((from_day, hours): (f64, f64)) -> std::ops::Range<i64> {
 
 /// The simulated calendar starts here (2026-01-01T00:00:00Z): no run reads the host's clock.
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
-
-/// What one run does.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Fixes every draw of the run.
-    pub seed: u64,
-    /// Payments the producer sends.
-    pub payments: usize,
-    /// Days the payments arrive over.
-    pub arrival_days: f64,
-    /// Days the run lasts in all (the provider's late settlements and the records' lifetimes
-    /// play out after the last arrival).
-    pub days: f64,
-    /// Share of payments the producer sends twice (a retrying producer).
-    pub duplicate_share: f64,
-    /// Share of messages that are not a payment (bad JSON, a payment with a bad field).
-    pub bad_input_share: f64,
-    /// Share of payments sent again under the same id with another amount (a reused key).
-    pub reused_key_share: f64,
-    /// Share of card payments the merchant refunds (hours to ten days later).
-    pub refund_share: f64,
-    /// Chance that an invocation's process is killed at a random moment of it.
-    pub crash_rate: f64,
-    /// AWS's faults (both services).
-    pub aws: Faults,
-    /// The provider's behaviour.
-    pub provider: Behaviour,
-    /// Chance a standard queue delivers a message twice.
-    pub duplicate_delivery_rate: f64,
-    /// Template parameters given to the provisioning (`MaxReceiveCount`, ...).
-    pub parameters: BTreeMap<String, String>,
-    /// Where `template.yaml` is.
-    pub template: std::path::PathBuf,
-    /// Keep every request in the trace (else only its digest).
-    pub keep_trace: bool,
-    /// A mutation put back into the system (the simulator's teeth), by name: see
-    /// [`MUTATIONS`].
-    pub mutation: Option<String>,
-    /// The source queue's visibility timeout, when not the template's (users bring their own).
-    pub visibility_timeout: Option<i32>,
-    /// `maxReceiveCount`, when not the template's.
-    pub max_receive_count: Option<i32>,
-    /// Every queue FIFO (content-based deduplication; payments grouped by customer).
-    pub fifo: bool,
-    /// The provider down for a while: (from day, for hours).
-    pub provider_outage: Option<(f64, f64)>,
-    /// DynamoDB down from a day for some hours (every request `503`).
-    pub dynamo_outage: Option<(f64, f64)>,
-    /// SQS down from a day for some hours.
-    pub sqs_outage: Option<(f64, f64)>,
-    /// The webhook route down (every delivery fails) from a day for some hours.
-    pub webhook_outage: Option<(f64, f64)>,
-}
-
-impl Options {
-    /// A run of `payments` payments over `days` days with the template's settings and modest
-    /// faults everywhere.
-    pub fn new(seed: u64, payments: usize, days: f64) -> Self {
-        Self {
-            seed,
-            payments,
-            arrival_days: (days / 3.0).min(days),
-            days,
-            duplicate_share: 0.05,
-            bad_input_share: 0.01,
-            reused_key_share: 0.005,
-            refund_share: 0.1,
-            crash_rate: 0.02,
-            aws: Faults {
-                latency_ms: 8.0,
-                error_rate: 0.002,
-                throttle_rate: 0.002,
-                lost_answer_rate: 0.002,
-                stall_rate: 0.0005,
-                outage_from_ms: 0,
-                outage_until_ms: 0,
-            },
-            provider: Behaviour {
-                error_before_rate: 0.01,
-                error_after_rate: 0.01,
-                lost_answer_rate: 0.01,
-                ..Behaviour::default()
-            },
-            duplicate_delivery_rate: 0.01,
-            parameters: BTreeMap::new(),
-            template: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml"),
-            keep_trace: false,
-            mutation: None,
-            visibility_timeout: None,
-            max_receive_count: None,
-            fifo: false,
-            provider_outage: None,
-            dynamo_outage: None,
-            sqs_outage: None,
-            webhook_outage: None,
-        }
-    }
-}
 
 /// The mutations a run can put back, each a version of the system that was (or would be)
 /// wrong, for the simulator to show that it finds them. Those of the protocol
@@ -168,6 +73,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     (
         "catch_up_every_event_at_instance_share",
         "the scheduled catch-up lists every event, not only the undelivered, at one instance's share of the function's rate: main before the events-at-pace work",
+    ),
+    (
+        "inbox_reads_not_booked",
+        "the inbox claims a dispute's event before its first read has a slot of the pace (payment_core::events::inbox::MUTATIONS)",
     ),
 ];
 
@@ -292,7 +201,11 @@ pub fn run(opts: Options) -> Result<Report> {
     sqs_once::mutation::clear();
     if let Some(m) = opts.mutation.as_deref() {
         anyhow::ensure!(MUTATIONS.iter().any(|(n, _)| *n == m), "no mutation {m}");
-        for list in [sqs_once::mutation::ALL, payment_core::refunds::MUTATIONS] {
+        for list in [
+            sqs_once::mutation::ALL,
+            payment_core::refunds::MUTATIONS,
+            payment_core::events::inbox::MUTATIONS,
+        ] {
             if list.iter().any(|(n, _)| *n == m) {
                 sqs_once::mutation::put_back_from(list, m).map_err(anyhow::Error::msg)?;
             }
@@ -376,6 +289,11 @@ async fn run_on(opts: Options) -> Result<Report> {
         (behaviour.outage_from_ms, behaviour.outage_until_ms) = (w.start, w.end);
     }
     *provider.behaviour.lock().expect("behaviour") = behaviour;
+    provider.books.lock().expect("books").dispute_plan = Some(DisputePlan {
+        seed: opts.seed,
+        share: opts.disputes.0,
+        open_days: opts.disputes.1,
+    });
     let world = Arc::new(World {
         opts: opts.clone(),
         clock: Arc::clone(&clock),
@@ -466,6 +384,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         .filter(|r| r.status == "failed")
         .count();
     report.refunds_sent = world.refunds_sent.lock().expect("refunds").len();
+    report.disputes = books.disputes.values().filter(|d| d.opened()).count();
+    report.disputes_appealed = books.disputes.values().filter(|d| d.appealed).count();
     {
         let c = world.catch_up.lock().expect("catch-up");
         report.catch_up_runs = c.runs;

@@ -49,6 +49,10 @@ pub struct Report {
     pub refunds_made: usize,
     /// Of those, the ones that failed later (a debit's pending refund, a closed card).
     pub refunds_failed: usize,
+    /// Disputes opened (inquiries and chargebacks), and those of them appealed after a loss.
+    pub disputes: usize,
+    /// Disputes appealed after a loss.
+    pub disputes_appealed: usize,
     /// AWS requests refused by an outage.
     pub aws_outage_refusals: u64,
     /// Events the provider emitted.

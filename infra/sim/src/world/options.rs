@@ -1,0 +1,107 @@
+//! What one run does: its size, faults, outages, queues and mutation.
+
+use std::collections::BTreeMap;
+
+use crate::provider::Behaviour;
+use crate::wire::Faults;
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Fixes every draw of the run.
+    pub seed: u64,
+    /// Payments the producer sends.
+    pub payments: usize,
+    /// Days the payments arrive over.
+    pub arrival_days: f64,
+    /// Days the run lasts in all (the provider's late settlements and the records' lifetimes
+    /// play out after the last arrival).
+    pub days: f64,
+    /// Share of payments the producer sends twice (a retrying producer).
+    pub duplicate_share: f64,
+    /// Share of messages that are not a payment (bad JSON, a payment with a bad field).
+    pub bad_input_share: f64,
+    /// Share of payments sent again under the same id with another amount (a reused key).
+    pub reused_key_share: f64,
+    /// Share of card payments the merchant refunds (hours to ten days later).
+    pub refund_share: f64,
+    /// Chance that an invocation's process is killed at a random moment of it.
+    pub crash_rate: f64,
+    /// AWS's faults (both services).
+    pub aws: Faults,
+    /// The provider's behaviour.
+    pub provider: Behaviour,
+    /// Chance a standard queue delivers a message twice.
+    pub duplicate_delivery_rate: f64,
+    /// Template parameters given to the provisioning (`MaxReceiveCount`, ...).
+    pub parameters: BTreeMap<String, String>,
+    /// Where `template.yaml` is.
+    pub template: std::path::PathBuf,
+    /// Keep every request in the trace (else only its digest).
+    pub keep_trace: bool,
+    /// A mutation put back into the system (the simulator's teeth), by name: see
+    /// [`MUTATIONS`].
+    pub mutation: Option<String>,
+    /// The source queue's visibility timeout, when not the template's (users bring their own).
+    pub visibility_timeout: Option<i32>,
+    /// `maxReceiveCount`, when not the template's.
+    pub max_receive_count: Option<i32>,
+    /// Every queue FIFO (content-based deduplication; payments grouped by customer).
+    pub fifo: bool,
+    /// The provider down for a while: (from day, for hours).
+    pub provider_outage: Option<(f64, f64)>,
+    /// DynamoDB down from a day for some hours (every request `503`).
+    pub dynamo_outage: Option<(f64, f64)>,
+    /// SQS down from a day for some hours.
+    pub sqs_outage: Option<(f64, f64)>,
+    /// The webhook route down (every delivery fails) from a day for some hours.
+    pub webhook_outage: Option<(f64, f64)>,
+    /// The chance a charge is disputed, and the days after it a dispute opens within.
+    pub disputes: (f64, (f64, f64)),
+}
+
+impl Options {
+    /// A run of `payments` payments over `days` days with the template's settings and modest
+    /// faults everywhere.
+    pub fn new(seed: u64, payments: usize, days: f64) -> Self {
+        Self {
+            seed,
+            payments,
+            arrival_days: (days / 3.0).min(days),
+            days,
+            duplicate_share: 0.05,
+            bad_input_share: 0.01,
+            reused_key_share: 0.005,
+            refund_share: 0.1,
+            crash_rate: 0.02,
+            aws: Faults {
+                latency_ms: 8.0,
+                error_rate: 0.002,
+                throttle_rate: 0.002,
+                lost_answer_rate: 0.002,
+                stall_rate: 0.0005,
+                outage_from_ms: 0,
+                outage_until_ms: 0,
+            },
+            provider: Behaviour {
+                error_before_rate: 0.01,
+                error_after_rate: 0.01,
+                lost_answer_rate: 0.01,
+                ..Behaviour::default()
+            },
+            duplicate_delivery_rate: 0.01,
+            parameters: BTreeMap::new(),
+            template: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml"),
+            keep_trace: false,
+            mutation: None,
+            visibility_timeout: None,
+            max_receive_count: None,
+            fifo: false,
+            provider_outage: None,
+            dynamo_outage: None,
+            sqs_outage: None,
+            webhook_outage: None,
+            disputes: (0.01, (30.0, 120.0)),
+        }
+    }
+}
