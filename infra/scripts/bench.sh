@@ -15,8 +15,10 @@ ensure_peer_tools
 # architectures unless BENCH_ARCHS names fewer (make test's smoke run: x86_64, the package it
 # has just built; its arm64 package is a cross-check, not the product, so its size is not one to print).
 bootstraps=()
+# PACKAGE_READY=ARCH (make test, where the suite built it): that package is taken as it is,
+# not built again (its `sam build` would rewrite the folder e2e-sam deploys from beside it).
 for arch in ${BENCH_ARCHS:-arm64 x86_64}; do
-  bash "$ROOT/infra/scripts/package.sh" "$arch"
+  [ "${PACKAGE_READY:-}" = "$arch" ] || bash "$ROOT/infra/scripts/package.sh" "$arch"
   bootstraps+=(--bootstrap "$arch=$ROOT/.aws-sam/build-$arch/PaymentProcessorFunction/bootstrap")
 done
 build --profile "$profile" --bin proving

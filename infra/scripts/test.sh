@@ -51,9 +51,9 @@ arm64_cross_check() {
 # The generic crate as a crate of its own: it packages (metadata, README, licenses, no path
 # dependency); the packaged copy, unpacked outside the workspace, checks with the lockfile it
 # ships (cargo check: a library has no link step, and its dependencies' metadata is what the docs
-# build needs too, where cargo package's own verification would build them in full as well);
-# its docs build with warnings as errors; it builds with the toolchain of its stated MSRV. Then
-# payctl as the README's install resolves it.
+# build needs too, where cargo package's own verification would build them in full as well),
+# and its docs build there with warnings as errors; it builds with the toolchain of its stated
+# MSRV. Then payctl as the README's install resolves it.
 crate_checks() {
   export CARGO_TARGET_DIR="$TARGET/crate-checks"
   nice -n 19 cargo package --quiet -p sqs-once --allow-dirty --no-verify
@@ -61,10 +61,13 @@ crate_checks() {
   crate=$(ls -t "$CARGO_TARGET_DIR"/package/sqs-once-*.crate | head -1)
   unpacked=$(mktemp -d)
   tar -xzf "$crate" -C "$unpacked"
-  (cd "$unpacked"/sqs-once-* && nice -n 19 cargo check --quiet --locked)
+  # Its docs are the packaged copy's too (as docs.rs builds them), on the same dependencies as
+  # its check: one resolution of them, where `cargo doc -p sqs-once` in the workspace was a
+  # second (the workspace's profile).
+  (cd "$unpacked"/sqs-once-* && nice -n 19 cargo check --quiet --locked \
+    && RUSTDOCFLAGS="-D warnings" nice -n 19 cargo doc --quiet --locked --no-deps)
   rm -rf "$unpacked"
-  echo "sqs-once: $(basename "$crate") packaged; unpacked alone, it checks with its own lockfile"
-  RUSTDOCFLAGS="-D warnings" nice -n 19 cargo doc --quiet -p sqs-once --no-deps
+  echo "sqs-once: $(basename "$crate") packaged; unpacked alone, it checks with its own lockfile and its docs build without a warning"
   msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$ROOT/sqs-once/Cargo.toml")
   active=$(rustc --version | awk '{print $2}')
   if [[ "$active" == "$msrv" || "$active" == "$msrv".* ]]; then
@@ -177,7 +180,11 @@ phase "the README's quick start" bash "$ROOT/infra/scripts/check-quick-start.sh"
 # The deployed shape: sam deploy onto ministack with the x86_64 package built beside the tests.
 phase_wait "release package x86_64"
 grep -E "bootstraps built together|ELF for" "$(phase_log "release package x86_64")"
-phase "sam deploy onto ministack, both event shapes (e2e-sam)" bash "$ROOT/infra/scripts/e2e-sam.sh"
+# The package is built: e2e-sam and the bench smoke take it as it is (neither rebuilds it under
+# the other), each with its own ministack and simulator on ports of its own, side by side: both
+# mostly wait (deploys, visibility timeouts, the provider's latency), and one after the other
+# they were the last nine minutes of a cold run on a machine otherwise idle by then.
+export PACKAGE_READY=x86_64
 # A smoke run of the benchmark (tiny N, debug build): every measurement must still work.
 # At the provider's latency too: a small drain and open loop per contender, the retry rows with
 # a 20 s visibility timeout (the peer's retry waits it out).
@@ -185,9 +192,14 @@ phase "sam deploy onto ministack, both event shapes (e2e-sam)" bash "$ROOT/infra
 # runs, on half the backlog). The backlog stays 40: at 20, four concurrent batches of the peer
 # held a batch of nothing but copies in progress elsewhere, which Powertools fails as a whole
 # (BatchProcessingError), and the bench refuses a failed invocation.
-BENCH_ARCHS=x86_64 PROVING_PROFILE=dev phase "bench smoke" bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 \
-  --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --rate-payments 30 \
-  --out "$RUN_DIR/bench-smoke"
+bench_smoke() {
+  BENCH_ARCHS=x86_64 PROVING_PROFILE=dev bash "$ROOT/infra/scripts/bench.sh" --payments 40 --cold-start-runs 3 \
+    --latency-payments 20 --open-loop-payments 20 --retry-visibility-timeout 20 --rate-payments 30 \
+    --out "$RUN_DIR/bench-smoke"
+}
+phase_bg "bench smoke" bench_smoke
+phase "sam deploy onto ministack, both event shapes (e2e-sam)" bash "$ROOT/infra/scripts/e2e-sam.sh"
+phase_wait "bench smoke"
 phase_wait "sqs-once as a crate, payctl alone"
 grep -E "^sqs-once:|^payctl " "$(phase_log "sqs-once as a crate, payctl alone")"
 phase_wait "release package arm64 (cross-check)"
