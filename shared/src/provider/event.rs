@@ -382,35 +382,40 @@ fn dispute_rank(status: &str) -> u8 {
     }
 }
 
+/// A decision no later event changes: won, an inquiry closed, a dispute prevented. A loss may
+/// still be appealed (API version 2026-10-28).
+fn dispute_final(status: &str) -> bool {
+    matches!(status, "won" | "warning_closed" | "prevented")
+}
+
 /// What a dispute event carrying `incoming` does to a dispute stored `stored` (`None`: not
-/// recorded yet): later in the dispute's life applies, earlier changes nothing, a different
-/// state at the same place is read from the provider. A decision arriving for a dispute
-/// stored under appeal is read from the provider too: it may be the appeal's decision, or the
-/// first decision's own event arriving late, which only the provider's copy tells apart.
+/// recorded yet): before any decision, later in the dispute's life applies, earlier changes
+/// nothing, a different state at the same place is read from the provider. A final decision
+/// changes no more. Once the record holds a loss or an appeal, the event's own status no
+/// longer orders it (`lost` comes twice in a dispute appealed, and an appeal's event may arrive
+/// after the appeal's decision): any event of that stage is read from the provider
+/// ([`dispute_fetched`]); a pre-decision event changes nothing.
 pub fn dispute_step(stored: Option<&str>, incoming: &str) -> Step {
     let Some(stored) = stored else {
         return Step::Apply(incoming.to_owned());
     };
     let (s, i) = (dispute_rank(stored), dispute_rank(incoming));
-    if stored == incoming || i == 0 {
+    if stored == incoming || i == 0 || dispute_final(stored) || i < s.min(5) {
         Step::Unchanged
-    } else if s >= 6 && i == 5 {
+    } else if s >= 5 || i == s {
         Step::Fetch
-    } else if i > s {
-        Step::Apply(incoming.to_owned())
-    } else if i < s {
-        Step::Unchanged
     } else {
-        Step::Fetch
+        Step::Apply(incoming.to_owned())
     }
 }
 
 /// What the provider's copy of a dispute (`current`, read for a [`Step::Fetch`]) does to the
-/// state stored: it applies unless the stored state is past it (a copy older than the record),
-/// where a decision after an appeal is never older than the appeal.
+/// state stored: it applies, as the dispute is now, unless the stored state is final or past
+/// it (a copy older than the record), where a decision is past an appeal.
 pub fn dispute_fetched(stored: &str, current: &str) -> Option<String> {
     let (s, c) = (dispute_rank(stored), dispute_rank(current));
-    (current != stored && c != 0 && (c >= s || (s >= 6 && c == 5))).then(|| current.to_owned())
+    let newer = c >= s || (c == 5 && s >= 6);
+    (current != stored && c != 0 && !dispute_final(stored) && newer).then(|| current.to_owned())
 }
 
 /// True when a dispute in this state holds its amount: a dispute (not an inquiry) the
@@ -665,8 +670,9 @@ mod tests {
             dispute_step(Some("under_review"), "needs_response"),
             Step::Unchanged
         );
-        // Two decisions: the provider's copy says which holds.
-        assert_eq!(dispute_step(Some("won"), "lost"), Step::Fetch);
+        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
+        // A loss and a win: the provider's copy says which holds (an appeal may have won).
+        assert_eq!(dispute_step(Some("lost"), "won"), Step::Fetch);
         assert_eq!(
             dispute_step(Some("warning_needs_response"), "needs_response"),
             Step::Apply("needs_response".into())
@@ -680,13 +686,18 @@ mod tests {
     /// the amount recorded as held.
     #[test]
     fn a_lost_dispute_appealed_and_won_is_won() {
+        // Past a loss, every event is read: the provider's copy applies.
         assert_eq!(
             dispute_step(Some("lost"), "appeal_needs_response"),
-            Step::Apply("appeal_needs_response".into())
+            Step::Fetch
+        );
+        assert_eq!(
+            dispute_fetched("lost", "appeal_needs_response"),
+            Some("appeal_needs_response".into())
         );
         assert_eq!(
             dispute_step(Some("appeal_needs_response"), "appeal_under_review"),
-            Step::Apply("appeal_under_review".into())
+            Step::Fetch
         );
         // The appeal's decision, or the first decision's event late: read.
         assert_eq!(
@@ -711,6 +722,29 @@ mod tests {
         assert_eq!(
             dispute_step(Some("appeal_under_review"), "under_review"),
             Step::Unchanged
+        );
+        // An appeal's event arriving after the appeal was won (a standard queue keeps no
+        // order), or the first round's loss after it: a won dispute stays won.
+        assert_eq!(
+            dispute_step(Some("won"), "appeal_under_review"),
+            Step::Unchanged
+        );
+        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
+        assert_eq!(dispute_fetched("won", "lost"), None);
+        // Two racing events of the appeal: whichever reads first applies the provider's
+        // decision; a stale copy behind the record is not applied.
+        assert_eq!(
+            dispute_fetched("appeal_needs_response", "won"),
+            Some("won".into())
+        );
+        assert_eq!(
+            dispute_fetched("appeal_under_review", "appeal_needs_response"),
+            None
+        );
+        // Before any decision, the event's own order holds.
+        assert_eq!(
+            dispute_step(Some("under_review"), "appeal_under_review"),
+            Step::Apply("appeal_under_review".into())
         );
         assert!(
             dispute_holds_amount("appeal_needs_response")
