@@ -77,7 +77,8 @@ pub fn dispute_json(d: &Dispute) -> Json {
 }
 
 /// A chargeback that holds the charge's amount (Stripe withdrew it and has not reinstated it):
-/// refunds of it are refused.
+/// refunds of it are refused. The provider's own rule, written here apart from the inbox's
+/// `dispute_holds_amount` on purpose: the end's check compares the two.
 pub fn holds(status: &str) -> bool {
     matches!(
         status,
@@ -178,21 +179,19 @@ impl Books {
             .map(|d| d.id.clone())
             .collect();
         for id in due {
-            let Some(d) = self.disputes.get(&id) else {
-                continue;
+            // What is left of the charge, for one that opens now.
+            let left = match self.disputes.get(&id) {
+                Some(d) if !d.opened() => Some(
+                    self.intents
+                        .get(&d.payment_intent)
+                        .map_or(0, |i| i.amount - self.refunded(&i.id)),
+                ),
+                Some(_) => None,
+                None => continue,
             };
-            if !d.opened() {
-                let left = self
-                    .intents
-                    .get(&d.payment_intent)
-                    .map_or(0, |i| i.amount - self.refunded(&i.id));
-                if left <= 0 {
-                    self.disputes.remove(&id);
-                    continue;
-                }
-                if let Some(d) = self.disputes.get_mut(&id) {
-                    d.amount = left;
-                }
+            if left.is_some_and(|l| l <= 0) {
+                self.disputes.remove(&id);
+                continue;
             }
             let Some(d) = self.disputes.get_mut(&id) else {
                 continue;
@@ -200,7 +199,8 @@ impl Books {
             let Some((_, status)) = d.steps.pop_front() else {
                 continue;
             };
-            let kind = if d.status.is_empty() {
+            let kind = if let Some(left) = left {
+                d.amount = left;
                 "charge.dispute.created"
             } else if matches!(status.as_str(), "won" | "lost" | "warning_closed") {
                 "charge.dispute.closed"
