@@ -76,7 +76,7 @@ impl Settlements for Records {
         &self,
         pid: &str,
         did: &str,
-        from: Option<&str>,
+        from: Option<(&str, i64)>,
         to: &str,
         amount: i64,
         held_change: i64,
@@ -85,10 +85,12 @@ impl Settlements for Records {
     ) -> Result<bool, StoreError> {
         let mut m = self.0.lock().unwrap();
         let p = m.get_mut(pid).expect("a payment of ours");
-        if p.disputes.get(did).map(|(s, _)| s.as_str()) != from {
+        let version = p.dispute_versions.get(did).copied().unwrap_or(0);
+        if p.disputes.get(did).map(|(s, _)| (s.as_str(), version)) != from {
             return Ok(false);
         }
         p.disputes.insert(did.into(), (to.into(), amount));
+        p.dispute_versions.insert(did.into(), version + 1);
         p.disputed += held_change;
         p.events.push(note.clone());
         Ok(true)
@@ -234,6 +236,7 @@ async fn a_burst_of_disputes_at_the_pace_is_applied_whole_and_nothing_is_dead_le
                 status: Some("succeeded".into()),
                 provider_payment_id: Some(format!("pi_{i}")),
                 disputes: BTreeMap::new(),
+                dispute_versions: BTreeMap::new(),
                 disputed: 0,
                 expires_at_s: clock.now_ms() / 1000 + 86_400,
                 events: Vec::new(),

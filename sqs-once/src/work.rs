@@ -119,6 +119,25 @@ pub struct AttemptContext {
 }
 
 impl AttemptContext {
+    /// The context of an attempt made outside the runner: a [`Work`]'s own tests call its
+    /// `execute` with one, with the lease ending at `lease_end_ms` (the runner's heartbeat moves
+    /// it; nothing does here).
+    pub fn new(
+        owner: impl Into<String>,
+        first_attempt_at_ms: i64,
+        inherited_unknown: bool,
+        lease_end_ms: i64,
+        deadline_ms: i64,
+    ) -> Self {
+        Self {
+            owner: owner.into(),
+            first_attempt_at_ms,
+            inherited_unknown,
+            lease_end_ms: AtomicI64::new(lease_end_ms),
+            deadline_ms,
+        }
+    }
+
     /// Where the lease ends now, epoch ms. A call must end before it: the runner sends a call
     /// only while the lease outlasts [`Work::call_timeout`] plus the processing allowance.
     pub fn lease_end_ms(&self) -> i64 {

@@ -14,6 +14,7 @@ mod chaos;
 mod cli_help;
 mod connect;
 mod contract;
+mod dispute_race;
 mod eventbridge;
 mod events;
 mod exactly_once;

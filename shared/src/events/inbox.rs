@@ -19,7 +19,7 @@
 //! Every write keeps the records it changes for the refund window from now (never less than
 //! they were kept): the provider goes on changing a payment for months.
 //!
-//! Why ~640 lines: the payment, refund and dispute paths share one vocabulary (the outcomes,
+//! Why ~700 lines: the payment, refund and dispute paths share one vocabulary (the outcomes,
 //! the not-ours and not-yet rules, the retry on a moved state, the records' lifetime), and a
 //! reader checks each path against the others.
 //! - its object is this system's but its record is not completed yet (the answer that creates
@@ -95,7 +95,7 @@ pub trait ProviderObjects: Send + Sync {
 /// `sqs-once`'s `sim-mutations` feature they are never on.
 pub const MUTATIONS: &[(&str, &str)] = &[(
     "inbox_reads_not_booked",
-    "a dispute's event is claimed before its first read has a slot of the pace, as a payment's or a refund's is",
+    "the inbox as before its events were paced: a dispute's event is claimed before its first read has a slot of the pace, and a read the pace refused is an attempt",
 )];
 
 /// How many times a change is decided again when the state moved under it.
@@ -112,6 +112,8 @@ pub struct EventWork {
     refund_window: Duration,
     /// Time, injected (the timeline test moves it months ahead).
     clock: Arc<dyn Clock>,
+    /// What was read that never changes ([`crate::events::known`]).
+    known: crate::events::known::Known,
 }
 
 /// How long an event's inbox record is kept: as long as the provider can send the event again
@@ -169,6 +171,7 @@ impl EventWork {
             held: None,
             refund_window,
             clock: sqs_once::clock::system(),
+            known: Default::default(),
         }
     }
 
@@ -478,7 +481,16 @@ impl EventWork {
     async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
         let intent = match (&c.intent_id, &c.charge) {
             (Some(i), _) => Some(i.clone()),
-            (None, Some(ch)) => self.provider.charge_intent(ch).await?,
+            (None, Some(ch)) => match self.known.intent_of(ch) {
+                Some(i) => Some(i),
+                None => {
+                    let i = self.provider.charge_intent(ch).await?;
+                    if let Some(i) = &i {
+                        self.known.keep_intent(ch, i);
+                    }
+                    i
+                }
+            },
             (None, None) => None,
         };
         let Some(intent) = intent else {
@@ -488,12 +500,19 @@ impl EventWork {
                 format!("{} names no PaymentIntent", c.dispute_id),
             ));
         };
-        let Some(pid) = self.provider.payment_intent(&intent).await?.payment_id else {
-            return Ok(outcome(
-                labels::FOREIGN,
-                event,
-                format!("{intent} has no metadata[payment_id]"),
-            ));
+        let pid = match self.known.payment_of(&intent) {
+            Some(pid) => pid,
+            None => {
+                let Some(pid) = self.provider.payment_intent(&intent).await?.payment_id else {
+                    return Ok(outcome(
+                        labels::FOREIGN,
+                        event,
+                        format!("{intent} has no metadata[payment_id]"),
+                    ));
+                };
+                self.known.keep_payment(&intent, &pid);
+                pid
+            }
         };
         let did = &c.dispute_id;
         for _ in 0..TRIES {
@@ -513,37 +532,71 @@ impl EventWork {
                 ));
             }
             let stored = p.disputes.get(did).cloned();
-            let (to, amount) =
-                match dispute_step(stored.as_ref().map(|(s, _)| s.as_str()), &c.status) {
-                    Step::Unchanged => {
-                        return Ok(outcome(
-                            labels::UNCHANGED,
-                            event,
-                            format!(
-                                "dispute {did} stays {}",
-                                stored.map_or_else(String::new, |(s, _)| s)
-                            ),
-                        ))
-                    }
-                    Step::Apply(to) => (to, c.amount),
-                    Step::Fetch => {
-                        let now = self.provider.dispute(did).await?;
-                        let was = stored.as_ref().map_or("", |(s, _)| s.as_str());
-                        match dispute_fetched(was, &now.status) {
-                            Some(to) => (to, now.amount),
-                            None => {
-                                return Ok(outcome(
-                                    labels::UNCHANGED,
-                                    event,
-                                    format!(
-                                    "dispute {did} stays as recorded (the provider holds it {})",
+            let version = p.dispute_versions.get(did).copied().unwrap_or(0);
+            let from = stored.as_ref().map(|(s, _)| (s.as_str(), version));
+            let (to, amount) = match dispute_step(from.map(|(s, _)| s), &c.status) {
+                Step::Unchanged => {
+                    return Ok(outcome(
+                        labels::UNCHANGED,
+                        event,
+                        format!(
+                            "dispute {did} stays {}",
+                            stored.map_or_else(String::new, |(s, _)| s)
+                        ),
+                    ))
+                }
+                Step::Apply(to) => (to, c.amount),
+                Step::Fetch => {
+                    // Read after the record: the copy is at least as new as what the record
+                    // holds, and the write below names the version read.
+                    let now = self.provider.dispute(did).await?;
+                    match (
+                        dispute_fetched(from.map_or("", |(s, _)| s), &now.status),
+                        &stored,
+                    ) {
+                        (Some(to), _) => (to, now.amount),
+                        (None, Some((was, held))) => {
+                            // Unchanged, and written so: a copy another event read before this
+                            // one (older, it may be) finds the version moved and reads again,
+                            // where its write would have named a status that still held (the
+                            // same loss, before and after an appeal).
+                            let change = format!(
+                                "dispute {did} stays {was} (the provider holds it {})",
+                                now.status
+                            );
+                            if self
+                                .settlements
+                                .settle_dispute(
+                                    &pid,
+                                    did,
+                                    from,
+                                    was,
+                                    *held,
+                                    0,
+                                    self.keep_until(&[p.expires_at_s]),
+                                    &self.note(event, &change),
+                                )
+                                .await
+                                .map_err(store_error)?
+                            {
+                                return Ok(outcome(labels::UNCHANGED, event, change)
+                                    .with_text("payment_id", pid));
+                            }
+                            continue;
+                        }
+                        (None, None) => {
+                            return Ok(outcome(
+                                labels::UNCHANGED,
+                                event,
+                                format!(
+                                    "dispute {did} is not recorded (the provider holds it {})",
                                     now.status
                                 ),
-                                ))
-                            }
+                            ))
                         }
                     }
-                };
+                }
+            };
             let held_before = stored
                 .as_ref()
                 .filter(|(s, _)| dispute_holds_amount(s))
@@ -560,7 +613,7 @@ impl EventWork {
                 .settle_dispute(
                     &pid,
                     did,
-                    stored.as_ref().map(|(s, _)| s.as_str()),
+                    from,
                     &to,
                     amount,
                     held_after - held_before,
@@ -620,9 +673,9 @@ impl Work for EventWork {
         self.provider.request_timeout()
     }
 
-    /// A dispute always reads its PaymentIntent (and its charge's, or the dispute itself):
-    /// its first read's slot is booked before the claim, so that waiting for the pace is never
-    /// an attempt. Payment and refund events are mostly applied from their payload: a read
+    /// A dispute reads its PaymentIntent (and its charge's, or the dispute itself) unless this
+    /// process read them before ([`crate::events::known`]): its first read's slot is booked
+    /// before the claim, so that waiting for the pace is never an attempt. Payment and refund events are mostly applied from their payload: a read
     /// back takes its slot when it is needed (and one the pace refuses hands the event back
     /// unattempted, see [`Work::reads_only`]).
     fn paces_first_call(&self, event: &Self::Request) -> bool {
@@ -633,7 +686,7 @@ impl Work for EventWork {
     /// The inbox only reads from the provider; its writes are conditional writes of its own
     /// records, made after its reads.
     fn reads_only(&self, _event: &Self::Request) -> bool {
-        true
+        !sqs_once::mutation::on("inbox_reads_not_booked")
     }
 
     /// An event's record outlives every copy the provider may still send of it.

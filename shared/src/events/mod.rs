@@ -11,6 +11,7 @@
 pub mod catch_up;
 pub mod checkpoint;
 pub mod inbox;
+pub mod known;
 pub mod listing;
 pub mod queue;
 pub mod settlement;

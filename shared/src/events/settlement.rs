@@ -81,6 +81,9 @@ pub struct PaymentState {
     pub provider_payment_id: Option<String>,
     /// Disputes by id: (status, amount).
     pub disputes: BTreeMap<String, (String, i64)>,
+    /// Each dispute's version: how many writes it has had (0 for one written before versions
+    /// were kept). Every write of a dispute is conditioned on the version read and raises it.
+    pub dispute_versions: BTreeMap<String, i64>,
     /// `disputed_amount`.
     pub disputed: i64,
     /// The record's TTL (epoch seconds).
@@ -169,15 +172,16 @@ pub trait Settlements: Send + Sync {
         note: &EventNote,
     ) -> Result<bool, StoreError>;
 
-    /// Records the dispute at `to` (from `from`, `None` when not recorded yet), changing the
-    /// payment's disputed amount by `held_change`, keeping the record at least until
-    /// `keep_until_s`.
+    /// Records the dispute at `to` (from `from`: the status and version read, `None` when not
+    /// recorded yet), raising its version, changing the payment's disputed amount by
+    /// `held_change`, keeping the record at least until `keep_until_s`. `Ok(false)` when the
+    /// dispute's status or version is not the one read: another write came in between.
     #[allow(clippy::too_many_arguments)]
     async fn settle_dispute(
         &self,
         payment_id: &str,
         dispute_id: &str,
-        from: Option<&str>,
+        from: Option<(&str, i64)>,
         to: &str,
         amount: i64,
         held_change: i64,
@@ -234,6 +238,16 @@ pub fn disputes_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, (
             let m = v.as_m().ok()?;
             let status = m.get("status")?.as_s().ok()?.clone();
             Some((id.to_owned(), (status, get_n(m, "amount").unwrap_or(0))))
+        })
+        .collect()
+}
+
+/// The disputes' versions on a payment's record item: id → version (0 when none is written).
+pub fn dispute_versions_of(item: &HashMap<String, AttributeValue>) -> BTreeMap<String, i64> {
+    item.iter()
+        .filter_map(|(k, v)| {
+            let id = k.strip_prefix(DISPUTE_PREFIX)?;
+            Some((id.to_owned(), get_n(v.as_m().ok()?, "version").unwrap_or(0)))
         })
         .collect()
 }
@@ -321,6 +335,7 @@ impl Settlements for DynamoSettlements {
                 .as_ref()
                 .and_then(|o| o.text("provider_payment_id").map(str::to_owned)),
             disputes: disputes_of(&item),
+            dispute_versions: dispute_versions_of(&item),
             disputed: get_n(&item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
             events: events_of(&item),
@@ -509,7 +524,7 @@ impl Settlements for DynamoSettlements {
         &self,
         payment_id: &str,
         dispute_id: &str,
-        from: Option<&str>,
+        from: Option<(&str, i64)>,
         to: &str,
         amount: i64,
         held_change: i64,
@@ -517,9 +532,11 @@ impl Settlements for DynamoSettlements {
         note: &EventNote,
     ) -> Result<bool, StoreError> {
         let (one, empty) = note_values(note);
+        let version = from.map_or(0, |(_, v)| v);
         let dispute = AttributeValue::M(HashMap::from([
             ("status".to_owned(), s(to)),
             ("amount".to_owned(), n(amount)),
+            ("version".to_owned(), n(version + 1)),
         ]));
         let mut req = self
             .payment_update(payment_id)
@@ -540,10 +557,22 @@ impl Settlements for DynamoSettlements {
             None => req.condition_expression(format!(
                 "#s = :completed AND attribute_not_exists(#d) AND {KEEP}"
             )),
-            Some(f) => req
-                .condition_expression(format!("#s = :completed AND #d.#st = :from AND {KEEP}"))
+            // A dispute written before versions were kept has none: version 0.
+            Some((f, 0)) => req
+                .condition_expression(format!(
+                    "#s = :completed AND #d.#st = :from AND attribute_not_exists(#d.#v) AND {KEEP}"
+                ))
                 .expression_attribute_names("#st", "status")
+                .expression_attribute_names("#v", "version")
                 .expression_attribute_values(":from", s(f)),
+            Some((f, v)) => req
+                .condition_expression(format!(
+                    "#s = :completed AND #d.#st = :from AND #d.#v = :version AND {KEEP}"
+                ))
+                .expression_attribute_names("#st", "status")
+                .expression_attribute_names("#v", "version")
+                .expression_attribute_values(":from", s(f))
+                .expression_attribute_values(":version", n(v)),
         };
         self.update(built(req.build())?).await
     }

@@ -393,16 +393,23 @@ fn dispute_final(status: &str) -> bool {
 /// nothing, a different state at the same place is read from the provider. A final decision
 /// changes no more. Once the record holds a loss or an appeal, the event's own status no
 /// longer orders it (`lost` comes twice in a dispute appealed, and an appeal's event may arrive
-/// after the appeal's decision): any event of that stage is read from the provider
-/// ([`dispute_fetched`]); a pre-decision event changes nothing.
+/// after the appeal's decision): any event of that stage, its status the record's too, is read
+/// from the provider ([`dispute_fetched`]) after the record, and written under the version
+/// read; a pre-decision event changes nothing.
 pub fn dispute_step(stored: Option<&str>, incoming: &str) -> Step {
     let Some(stored) = stored else {
         return Step::Apply(incoming.to_owned());
     };
     let (s, i) = (dispute_rank(stored), dispute_rank(incoming));
-    if stored == incoming || i == 0 || dispute_final(stored) || i < s.min(5) {
+    if i == 0 || dispute_final(stored) || i < s.min(5) {
         Step::Unchanged
-    } else if s >= 5 || i == s {
+    } else if s >= 5 {
+        // The same status too: the loss the record holds may be the first, and this event's
+        // the second (or the other way round).
+        Step::Fetch
+    } else if stored == incoming {
+        Step::Unchanged
+    } else if i == s {
         Step::Fetch
     } else {
         Step::Apply(incoming.to_owned())
@@ -731,6 +738,17 @@ mod tests {
         );
         assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
         assert_eq!(dispute_fetched("won", "lost"), None);
+        // The second loss's event finds the first loss recorded: read, not taken as known
+        // (the record's status alone does not say which loss it is).
+        assert_eq!(dispute_step(Some("lost"), "lost"), Step::Fetch);
+        assert_eq!(
+            dispute_step(Some("appeal_under_review"), "appeal_under_review"),
+            Step::Fetch
+        );
+        assert_eq!(
+            dispute_step(Some("under_review"), "under_review"),
+            Step::Unchanged
+        );
         // Two racing events of the appeal: whichever reads first applies the provider's
         // decision; a stale copy behind the record is not applied.
         assert_eq!(

@@ -76,7 +76,7 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     ),
     (
         "inbox_reads_not_booked",
-        "the inbox claims a dispute's event before its first read has a slot of the pace (payment_core::events::inbox::MUTATIONS)",
+        "the inbox as before its events were paced: a dispute's event claimed before its first read has a slot, and a read the pace refused an attempt (payment_core::events::inbox::MUTATIONS)",
     ),
 ];
 
