@@ -534,7 +534,8 @@ impl EventWork {
             let stored = p.disputes.get(did).cloned();
             let version = p.dispute_versions.get(did).copied().unwrap_or(0);
             let from = stored.as_ref().map(|(s, _)| (s.as_str(), version));
-            let (to, amount) = match dispute_step(from.map(|(s, _)| s), &c.status) {
+            // `unchanged`: the provider's copy, read past a loss, says what the record holds.
+            let (to, amount, unchanged) = match dispute_step(from.map(|(s, _)| s), &c.status) {
                 Step::Unchanged => {
                     return Ok(outcome(
                         labels::UNCHANGED,
@@ -545,46 +546,28 @@ impl EventWork {
                         ),
                     ))
                 }
-                Step::Apply(to) => (to, c.amount),
+                Step::Apply(to) => (to, c.amount, None),
                 Step::Fetch => {
                     // Read after the record: the copy is at least as new as what the record
                     // holds, and the write below names the version read.
                     let now = self.provider.dispute(did).await?;
-                    match (
-                        dispute_fetched(from.map_or("", |(s, _)| s), &now.status),
-                        &stored,
-                    ) {
-                        (Some(to), _) => (to, now.amount),
-                        (None, Some((was, held))) => {
-                            // Unchanged, and written so: a copy another event read before this
-                            // one (older, it may be) finds the version moved and reads again,
-                            // where its write would have named a status that still held (the
-                            // same loss, before and after an appeal).
-                            let change = format!(
+                    let was = from.map_or("", |(s, _)| s);
+                    match dispute_fetched(was, &now.status) {
+                        Some(to) => (to, now.amount, None),
+                        // Unchanged, and written so all the same (the version raised, the
+                        // amount the provider's): a copy another event read before this one
+                        // finds the version moved and reads again, where its write would
+                        // have named a status that still held (the same loss, before and
+                        // after an appeal).
+                        None if stored.is_some() => (
+                            was.to_owned(),
+                            now.amount,
+                            Some(format!(
                                 "dispute {did} stays {was} (the provider holds it {})",
                                 now.status
-                            );
-                            if self
-                                .settlements
-                                .settle_dispute(
-                                    &pid,
-                                    did,
-                                    from,
-                                    was,
-                                    *held,
-                                    0,
-                                    self.keep_until(&[p.expires_at_s]),
-                                    &self.note(event, &change),
-                                )
-                                .await
-                                .map_err(store_error)?
-                            {
-                                return Ok(outcome(labels::UNCHANGED, event, change)
-                                    .with_text("payment_id", pid));
-                            }
-                            continue;
-                        }
-                        (None, None) => {
+                            )),
+                        ),
+                        None => {
                             return Ok(outcome(
                                 labels::UNCHANGED,
                                 event,
@@ -602,11 +585,13 @@ impl EventWork {
                 .filter(|(s, _)| dispute_holds_amount(s))
                 .map_or(0, |(_, a)| *a);
             let held_after = if dispute_holds_amount(&to) { amount } else { 0 };
-            let change = match &stored {
-                Some((from, _)) => {
+            let moved = stored.as_ref().is_some_and(|(_, a)| *a != amount);
+            let change = match (&stored, &unchanged) {
+                (_, Some(same)) if !moved => same.clone(),
+                (Some((from, _)), _) => {
                     format!("dispute {did} {from} -> {to} ({amount} held: {held_after})")
                 }
-                None => format!("dispute {did} {to} ({amount} held: {held_after})"),
+                (None, _) => format!("dispute {did} {to} ({amount} held: {held_after})"),
             };
             if self
                 .settlements
@@ -623,7 +608,12 @@ impl EventWork {
                 .await
                 .map_err(store_error)?
             {
-                return Ok(outcome(labels::APPLIED, event, change).with_text("payment_id", pid));
+                let label = if unchanged.is_some() && !moved {
+                    labels::UNCHANGED
+                } else {
+                    labels::APPLIED
+                };
+                return Ok(outcome(label, event, change).with_text("payment_id", pid));
             }
         }
         Err(kept_changing("payment", &pid, event))
@@ -675,9 +665,10 @@ impl Work for EventWork {
 
     /// A dispute reads its PaymentIntent (and its charge's, or the dispute itself) unless this
     /// process read them before ([`crate::events::known`]): its first read's slot is booked
-    /// before the claim, so that waiting for the pace is never an attempt. Payment and refund events are mostly applied from their payload: a read
-    /// back takes its slot when it is needed (and one the pace refuses hands the event back
-    /// unattempted, see [`Work::reads_only`]).
+    /// before the claim, so that waiting for the pace is never an attempt. Payment and refund
+    /// events are mostly applied from their payload: a read back takes its slot when it is
+    /// needed (and one the pace refuses hands the event back unattempted, see
+    /// [`Work::reads_only`]).
     fn paces_first_call(&self, event: &Self::Request) -> bool {
         matches!(event.subject(), Subject::Dispute(_))
             && !sqs_once::mutation::on("inbox_reads_not_booked")

@@ -1,5 +1,6 @@
 //! Applying what the provider finishes later, once per event, in any order: the inbox
-//! ([`inbox`], a [`sqs_once::Work`] keyed by the event id), what an event settles on the
+//! ([`inbox`], a [`sqs_once::Work`] keyed by the event id, and what it keeps of what it read:
+//! [`known`]), what an event settles on the
 //! payment's and the refund's records ([`settlement`]), the provider-events queue that the
 //! receiver and the catch-up feed ([`queue`]), and the catch-up of missed events with its place
 //! ([`catch_up`], [`checkpoint`], the list it reads: [`listing`]). The ports the provider's adapter implements for it
