@@ -50,6 +50,8 @@ pub(super) struct Source<W: Work> {
     pub queue: String,
     /// `BatchSize`.
     pub batch: usize,
+    /// `MaximumBatchingWindowInSeconds`, ms.
+    pub window_ms: i64,
     /// The function's timeout, s.
     pub timeout_s: i64,
     /// `MaximumConcurrency`.
@@ -80,13 +82,16 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
             tokio::time::sleep(Duration::from_secs(10)).await;
             continue;
         }
-        let msgs = {
+        let mut msgs = {
             let mut aws = w.wire.aws.lock().expect("aws");
             let now = w.clock.now_ms();
             aws.sqs
                 .receive(&url_of(&queue), batch, None, now)
                 .unwrap_or_default()
         };
+        if !msgs.is_empty() {
+            gather(&w, &queue, batch, s.window_ms, &mut msgs).await;
+        }
         if msgs.is_empty() {
             drop(permit);
             // Long polling: the mapping asks again as soon as a message arrives or one in
@@ -119,6 +124,38 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
             };
             invoke(&w2, &s2, instance, records, cold, &idle2).await;
         });
+    }
+}
+
+/// The batching window: the mapping goes on receiving until the batch is full or the window
+/// since its first receive has passed (or SQS fails it). What it received meanwhile is in
+/// flight: its visibility runs from its receive, not from the invocation.
+async fn gather(w: &World, queue: &str, batch: usize, window_ms: i64, msgs: &mut Vec<Message>) {
+    let until = w.clock.now_ms() + window_ms;
+    while msgs.len() < batch {
+        let now = w.clock.now_ms();
+        if now >= until {
+            break;
+        }
+        let (arrivals, next) = {
+            let aws = w.wire.aws.lock().expect("aws");
+            (
+                Arc::clone(&aws.sqs.arrivals),
+                aws.sqs.next_visible(&url_of(queue), now),
+            )
+        };
+        let wait = next.map_or(until - now, |n| (n - now).clamp(1, until - now));
+        let _ = tokio::time::timeout(Duration::from_millis(wait as u64), arrivals.notified()).await;
+        let mut aws = w.wire.aws.lock().expect("aws");
+        let now = w.clock.now_ms();
+        if aws.sqs_down(now) {
+            break;
+        }
+        let more = aws
+            .sqs
+            .receive(&url_of(queue), batch - msgs.len(), None, now)
+            .unwrap_or_default();
+        msgs.extend(more);
     }
 }
 

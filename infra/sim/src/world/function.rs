@@ -19,6 +19,8 @@ pub(super) struct Function {
     pub(super) dlq: String,
     /// `BatchSize`.
     pub(super) batch: usize,
+    /// `MaximumBatchingWindowInSeconds`, ms.
+    pub(super) window_ms: i64,
     /// Its timeout, s.
     pub(super) timeout_s: i64,
     /// `MaximumConcurrency`.
@@ -62,6 +64,7 @@ impl Function {
             queue,
             dlq,
             batch: source.map_or(10, |s| s.batch_size.max(1) as usize),
+            window_ms: source.map_or(0, |s| i64::from(s.batching_window_seconds.max(0)) * 1000),
             timeout_s: source.map_or(60, |s| s.function_timeout_seconds.max(1) as i64),
             concurrency: env
                 .get("EVENT_SOURCE_MAX_CONCURRENCY")
@@ -79,6 +82,7 @@ impl Function {
         esm::Source {
             queue: self.queue.clone(),
             batch: self.batch,
+            window_ms: self.window_ms,
             timeout_s: self.timeout_s,
             concurrency: self.concurrency,
             init,
