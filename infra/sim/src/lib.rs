@@ -9,6 +9,7 @@
 //!
 //! - [`dynamo`]: DynamoDB (tables, expressions, transactions, queries, time to live, streams).
 //! - [`sqs`]: SQS (standard and FIFO queues, visibility, redrive, retention, duplicates).
+//! - [`eventbridge`]: EventBridge's partner bus, its rule and the rule's target.
 //! - [`wire`]: the AWS SDK's transport seam, answering the official clients from the models.
 //! - [`provider`]: Stripe behind the project's provider port, and its books.
 //! - [`world`]: one run: the stack, the processes, the producers, the invariants.
@@ -17,6 +18,7 @@
 //! time), which no shipped function and not the proving ground's live runs should carry.
 
 pub mod dynamo;
+pub mod eventbridge;
 pub mod provider;
 pub mod sqs;
 pub mod wire;

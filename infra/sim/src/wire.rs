@@ -54,6 +54,8 @@ pub struct Aws {
     pub dynamo: Dynamo,
     /// SQS's queues.
     pub sqs: Sqs,
+    /// EventBridge's buses and rules.
+    pub eventbridge: crate::eventbridge::EventBridge,
     /// DynamoDB's faults.
     pub dynamo_faults: Faults,
     /// SQS's faults.
@@ -78,6 +80,7 @@ impl Aws {
         Self {
             dynamo: Dynamo::new(),
             sqs: Sqs::new(seed ^ 0x5157),
+            eventbridge: Default::default(),
             dynamo_faults: Faults::default(),
             sqs_faults: Faults::default(),
             rng: fastrand::Rng::with_seed(seed),
@@ -187,6 +190,27 @@ impl Wire {
 
     async fn answer(self, target: String, body: Json) -> Result<HttpResponse, ConnectorError> {
         let (service, operation) = target.split_once('.').unwrap_or(("", ""));
+        if service == "AWSEvents" {
+            // EventBridge's control plane, at provisioning: no latency, no faults.
+            let mut aws = self.aws.lock().expect("the account");
+            aws.requests += 1;
+            let (status, answer) = match aws.eventbridge.handle(operation, &body) {
+                Ok(j) => (200, j),
+                Err(e) => (400, e.body()),
+            };
+            let line = format!(
+                "{} {target} {body} -> {status} {answer}\n",
+                self.clock.now_ms()
+            );
+            aws.fold(line.as_bytes());
+            if aws.keep_log {
+                aws.log.push(line);
+            }
+            let mut r = respond(status, answer, None);
+            r.headers_mut()
+                .insert("content-type", "application/x-amz-json-1.1");
+            return Ok(r);
+        }
         let dynamo = service.starts_with("DynamoDB");
         let (before, after, fault) = {
             let mut aws = self.aws.lock().expect("the account");

@@ -224,7 +224,7 @@ fn main() -> Result<()> {
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -242,6 +242,7 @@ fn main() -> Result<()> {
             report.disputes_appealed,
             report.events,
             report.events_undelivered,
+            report.events_bridged,
             report.catch_up_runs,
             report.catch_up_worst_lag_s,
             report.expired_records,

@@ -1,6 +1,8 @@
 //! The provider's events reaching the system: the webhook delivers each event at least once,
 //! late and out of order (a copy now and then hours later), into the provider-events queue as
-//! the webhook route queues it; the inbox (the real `EventWork`, with the held refunds it
+//! the webhook route queues it; with `ProviderEventsDelivery` `eventbridge` (or `both`) the
+//! provider publishes each on the partner event source, and EventBridge's rule sends it on to
+//! its target, the same queue, retrying while SQS refuses; the inbox (the real `EventWork`, with the held refunds it
 //! resumes) applies them as its function's environment builds it.
 
 use std::sync::Arc;
@@ -83,12 +85,26 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
                 at.push(Duration::from_secs_f64(60.0 + w.draw() * 3.0 * 3600.0));
             }
             w.stats.lock().expect("stats").events += 1;
-            for delay in at {
+            for delay in at.into_iter().filter(|_| w.webhook) {
                 let (w2, queue2, e2) = (Arc::clone(&w), Arc::clone(&queue), e.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     delivery(&w2, &*queue2, &e2).await;
                 });
+            }
+            if let Some(source) = &w.bridge {
+                // EventBridge: within a second or so, and at least once (a copy now and then).
+                let mut at = vec![Duration::from_secs_f64(0.3 * (0.8 * w.normal()).exp())];
+                if w.draw() < 0.01 {
+                    at.push(Duration::from_secs_f64(1.0 + w.draw() * 60.0));
+                }
+                for delay in at {
+                    let (w2, e2, source) = (Arc::clone(&w), e.clone(), source.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        publish(&w2, &source, &e2).await;
+                    });
+                }
             }
         }
     }
@@ -126,5 +142,119 @@ async fn delivery(w: &World, queue: &dyn EventQueue, e: &Event) {
             return;
         }
         tokio::time::sleep(wait).await;
+    }
+}
+
+/// The provider's EventBridge destination: `e` published on the partner event source
+/// `source`, in EventBridge's envelope; each target of a rule it matches is sent it, as
+/// EventBridge sends: retried with backoff while SQS refuses it, for the target's
+/// `MaximumEventAgeInSeconds` and `MaximumRetryAttempts`, then to the target's dead-letter
+/// queue; an error that is not passing (a FIFO queue without `SqsParameters.MessageGroupId`)
+/// goes to the dead-letter queue at once.
+async fn publish(w: &World, source: &str, e: &Event) {
+    let Ok(detail) = serde_json::from_str::<serde_json::Value>(&e.body) else {
+        w.violated(
+            "the provider's events parse",
+            format!("{}: {}", e.id, e.body),
+        );
+        return;
+    };
+    let kind = detail["type"].as_str().unwrap_or_default().to_owned();
+    let published_ms = w.clock.now_ms();
+    let envelope = serde_json::json!({
+        "version": "0",
+        "id": format!("eb-{}", e.id),
+        "detail-type": kind,
+        "source": source,
+        "account": crate::sqs::ACCOUNT,
+        "time": payctl::time::utc(published_ms / 1000 * 1000).replace(".000Z", "Z"),
+        "region": "us-east-1",
+        "resources": [],
+        "detail": detail,
+    })
+    .to_string();
+    let targets = {
+        let aws = w.wire.aws.lock().expect("aws");
+        aws.eventbridge
+            .targets(source, &serde_json::from_str(&envelope).expect("json"))
+    };
+    for t in targets {
+        let queue = t.arn.rsplit(':').next().unwrap_or_default().to_owned();
+        let mut attempts = 0;
+        let delivered = loop {
+            let now = w.clock.now_ms();
+            let sent = {
+                let mut aws = w.wire.aws.lock().expect("aws");
+                if aws.sqs_down(now) {
+                    None
+                } else {
+                    Some(aws.sqs.send(
+                        &url_of(&queue),
+                        &envelope,
+                        Default::default(),
+                        t.group.clone(),
+                        None,
+                        None,
+                        now,
+                    ))
+                }
+            };
+            match sent {
+                Some(Ok(_)) => break true,
+                Some(Err(err)) => {
+                    w.note(format!("eventbridge: {} refused by {queue}: {err:?}", e.id));
+                    break false;
+                }
+                None if attempts == 0 => {
+                    w.note(format!("eventbridge: {} waits for SQS ({queue})", e.id));
+                }
+                None => {}
+            }
+            attempts += 1;
+            let wait = Duration::from_secs(1u64 << attempts.min(9));
+            let age_s = (w.clock.now_ms() - published_ms) / 1000 + wait.as_secs() as i64;
+            if attempts > t.max_attempts || age_s > t.max_age_s {
+                break false;
+            }
+            tokio::time::sleep(wait).await;
+        };
+        if delivered {
+            w.stats.lock().expect("stats").events_bridged += 1;
+            continue;
+        }
+        w.stats.lock().expect("stats").events_undelivered += 1;
+        let Some(dlq) = t.dead_letter.as_deref() else {
+            w.note(format!(
+                "eventbridge: {} dropped (no dead-letter queue)",
+                e.id
+            ));
+            continue;
+        };
+        let dlq = dlq.rsplit(':').next().unwrap_or_default();
+        let mut aws = w.wire.aws.lock().expect("aws");
+        let now = w.clock.now_ms();
+        let kept = !aws.sqs_down(now)
+            && aws
+                .sqs
+                .send(
+                    &url_of(dlq),
+                    &envelope,
+                    Default::default(),
+                    None,
+                    None,
+                    None,
+                    now,
+                )
+                .is_ok();
+        drop(aws);
+        w.note(format!(
+            "eventbridge: {} not delivered to {queue}; {}",
+            e.id,
+            if kept {
+                "in its dead-letter queue"
+            } else {
+                "lost"
+            }
+        ));
     }
 }

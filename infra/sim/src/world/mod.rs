@@ -116,6 +116,10 @@ struct World {
     refund_letters: Mutex<std::collections::BTreeSet<String>>,
     /// The scheduled catch-up's runs.
     catch_up: catchup::Shared,
+    /// How the provider's events arrive: through the webhook route ...
+    webhook: bool,
+    /// ... and through EventBridge, published by this partner event source.
+    bridge: Option<String>,
 }
 
 impl World {
@@ -224,9 +228,17 @@ async fn run_on(opts: Options) -> Result<Report> {
     let sdk = wire.sdk_config();
     let mut parameters: std::collections::HashMap<String, String> =
         opts.parameters.clone().into_iter().collect();
-    parameters
+    let delivery = parameters
         .entry("ProviderEventsDelivery".into())
-        .or_insert_with(|| "webhook".into());
+        .or_insert_with(|| "webhook".into())
+        .clone();
+    let webhook = matches!(delivery.as_str(), "webhook" | "both");
+    let bridge = matches!(delivery.as_str(), "eventbridge" | "both").then(|| {
+        parameters
+            .entry("StripeEventSourceName".into())
+            .or_insert_with(|| "aws.partner/stripe.com/ed_simulator".into())
+            .clone()
+    });
     let minutes: u64 = payctl::template::shape_of(&opts.template, &parameters)?
         .parameters
         .get("EventsCatchUpMinutes")
@@ -315,6 +327,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         rng: Mutex::new(fastrand::Rng::with_seed(opts.seed ^ 0xa5a5)),
         seen: Mutex::new(None),
         catch_up: Default::default(),
+        webhook,
+        bridge,
     });
     world.note(format!(
         "start: seed {} payments {} days {}; payments: batch {} timeout {}s concurrency {}; refunds: batch {} timeout {}s concurrency {}",

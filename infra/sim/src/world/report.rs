@@ -57,8 +57,11 @@ pub struct Report {
     pub aws_outage_refusals: u64,
     /// Events the provider emitted.
     pub events: u64,
-    /// Events whose deliveries all failed (the webhook route down past Stripe's retries).
+    /// Events whose deliveries all failed (the webhook route down past Stripe's retries), or
+    /// that EventBridge could not send to its target within its retries.
     pub events_undelivered: u64,
+    /// Events EventBridge sent to its target (`ProviderEventsDelivery` `eventbridge`, `both`).
+    pub events_bridged: u64,
     /// Scheduled catch-up invocations that succeeded, failed, and were killed.
     pub catch_up_runs: (usize, usize, usize),
     /// The catch-up's longest lag after a run, s.
