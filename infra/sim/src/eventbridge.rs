@@ -5,6 +5,9 @@
 //! rules (what Stripe's events destination publishes on the bus). Delivering to a target is
 //! the world's (`world::events`): it needs the clock and SQS.
 //!
+//! `PutTargets` refuses a FIFO target without `SqsParameters.MessageGroupId`, and a FIFO
+//! dead-letter queue, as EventBridge does.
+//!
 //! Patterns: the subset EventBridge documents as exact matching (a field's value one of a list
 //! of strings, nested objects field by field); anything else in a pattern is refused at
 //! `PutRule`, so that a template using more than this model matches fails loudly here rather
@@ -62,7 +65,7 @@ struct Rule {
 }
 
 /// The account's buses and rules.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct EventBridge {
     /// Bus name → the partner event source it is on.
     buses: BTreeMap<String, String>,
@@ -191,6 +194,30 @@ impl EventBridge {
                             .and_then(Json::as_str)
                             .map(str::to_owned),
                     };
+                    // What EventBridge refuses at `PutTargets`: a FIFO queue without the group
+                    // its messages go in, and a FIFO dead-letter queue (it takes standard ones).
+                    if target.arn.ends_with(".fifo") && target.group.is_none() {
+                        return Err(BridgeError::new(
+                            "ValidationException",
+                            format!(
+                                "Parameter(s) SqsParameters must be specified for target: {}.",
+                                target.id
+                            ),
+                        ));
+                    }
+                    if target
+                        .dead_letter
+                        .as_deref()
+                        .is_some_and(|d| d.ends_with(".fifo"))
+                    {
+                        return Err(BridgeError::new(
+                            "ValidationException",
+                            format!(
+                                "The dead-letter queue of target {} must be a standard queue.",
+                                target.id
+                            ),
+                        ));
+                    }
                     rule.targets.retain(|old| old.id != target.id);
                     rule.targets.push(target);
                 }
@@ -259,5 +286,30 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(refused.code, "InvalidEventPatternException");
+        let fifo = |target: Json| {
+            eb.clone()
+                .handle(
+                    "PutTargets",
+                    &json!({"Rule": "r", "EventBusName": "b", "Targets": [target]}),
+                )
+                .map(|_| ())
+                .map_err(|e| e.code)
+        };
+        let q = "arn:aws:sqs:us-east-1:000000000000:q.fifo";
+        assert_eq!(
+            fifo(json!({"Id": "q", "Arn": q})),
+            Err("ValidationException")
+        );
+        assert_eq!(
+            fifo(json!({"Id": "q", "Arn": q, "SqsParameters": {"MessageGroupId": "events"}})),
+            Ok(())
+        );
+        assert_eq!(
+            fifo(
+                json!({"Id": "q", "Arn": q, "SqsParameters": {"MessageGroupId": "events"},
+                "DeadLetterConfig": {"Arn": "arn:aws:sqs:us-east-1:000000000000:dlq.fifo"}})
+            ),
+            Err("ValidationException")
+        );
     }
 }

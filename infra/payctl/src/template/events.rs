@@ -5,7 +5,7 @@
 //! Stripe's to create; on a local endpoint the tests create it as Stripe would.
 
 use anyhow::{anyhow, Context, Result};
-use aws_sdk_eventbridge::types::{DeadLetterConfig, RetryPolicy, RuleState, Target};
+use aws_sdk_eventbridge::types::{DeadLetterConfig, RetryPolicy, RuleState, SqsParameters, Target};
 use serde_yaml_ng::{Mapping, Value};
 
 use super::resolve::{get, intrinsic, of_type, Resolver};
@@ -141,6 +141,12 @@ pub(super) async fn create(
                     .resolve(dlq)?
                     .ok_or_else(|| anyhow!("{rule_logical}'s dead-letter queue does not exist"))?;
                 target = target.dead_letter_config(DeadLetterConfig::builder().arn(dlq).build());
+            }
+            if let Some(group) =
+                r.string(get(t, "SqsParameters").and_then(|p| get(p, "MessageGroupId")))?
+            {
+                target =
+                    target.sqs_parameters(SqsParameters::builder().message_group_id(group).build());
             }
             if let Some(p) = get(t, "RetryPolicy") {
                 target = target.retry_policy(

@@ -64,7 +64,11 @@ impl Function {
             queue,
             dlq,
             batch: source.map_or(10, |s| s.batch_size.max(1) as usize),
-            window_ms: source.map_or(0, |s| i64::from(s.batching_window_seconds.max(0)) * 1000),
+            // Lambda takes no batching window on a FIFO queue's mapping (the simulator's FIFO
+            // runs rename the template's queues; a deployable FIFO mapping has none).
+            window_ms: source
+                .filter(|s| !s.queue_url.ends_with(".fifo"))
+                .map_or(0, |s| i64::from(s.batching_window_seconds.max(0)) * 1000),
             timeout_s: source.map_or(60, |s| s.function_timeout_seconds.max(1) as i64),
             concurrency: env
                 .get("EVENT_SOURCE_MAX_CONCURRENCY")
