@@ -171,13 +171,15 @@ async fn publish(w: &World, source: &str, e: &Event) {
         "region": "us-east-1",
         "resources": [],
         "detail": detail,
-    })
-    .to_string();
-    let targets = {
-        let aws = w.wire.aws.lock().expect("aws");
-        aws.eventbridge
-            .targets(source, &serde_json::from_str(&envelope).expect("json"))
-    };
+    });
+    let targets = w
+        .wire
+        .aws
+        .lock()
+        .expect("aws")
+        .eventbridge
+        .targets(source, &envelope);
+    let envelope = envelope.to_string();
     for t in targets {
         let queue = t.arn.rsplit(':').next().unwrap_or_default().to_owned();
         let mut attempts = 0;
