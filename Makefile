@@ -43,6 +43,7 @@ chaos:
 ## MAX_RECEIVE_COUNT=N, PARAMETERS='Name=Value ...' (the template's), DISPUTE_SHARE (0.01 of
 ## charges) and DISPUTE_DAYS (opened FROM,TO days after the charge: 1,20 here, so that a month's
 ## run sees disputes open, close and be appealed; a cardholder's window at Stripe is 30,120).
+## API_SHARE (0.5 here) is the share of payments sent through the payments API and its outbox relay.
 ## make test runs a few small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
@@ -50,6 +51,7 @@ DAYS ?= 30
 PAYMENTS ?= 10000
 DISPUTE_SHARE ?= 0.01
 DISPUTE_DAYS ?= 1,20
+API_SHARE ?= 0.5
 sim:
 	SEEDS=$(SEEDS) FIRST_SEED=$(FIRST_SEED) DAYS=$(DAYS) PAYMENTS=$(PAYMENTS) \
 	  $(if $(CRASH_RATE),CRASH_RATE=$(CRASH_RATE)) $(if $(AWS_FAULT_RATE),AWS_FAULT_RATE=$(AWS_FAULT_RATE)) \
@@ -60,7 +62,7 @@ sim:
 	  $(if $(SQS_OUTAGE_DAY),SQS_OUTAGE_DAY=$(SQS_OUTAGE_DAY)) \
 	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
-	  cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
+	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
 ## authenticating, a debit settling, a dispute won, a refund months after the charge) with the

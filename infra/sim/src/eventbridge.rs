@@ -98,7 +98,7 @@ fn supported(pattern: &Json) -> Result<(), String> {
 
 /// Whether `event` matches `pattern` (exact matching: each field of the pattern present in the
 /// event, its value one of the pattern's).
-fn matches(pattern: &Json, event: &Json) -> bool {
+pub fn matches(pattern: &Json, event: &Json) -> bool {
     pattern
         .as_object()
         .into_iter()

@@ -257,13 +257,21 @@ pub async fn api_from_env() -> Result<Arc<PaymentsApi>, InitError> {
 
 /// The payments API over the DynamoDB tables of a configuration.
 pub fn build_api(config: &ApiConfig, dynamodb: aws_sdk_dynamodb::Client) -> PaymentsApi {
+    build_api_on(config, dynamodb, sqs_once::clock::system())
+}
+
+/// [`build_api`] on another clock (the whole-system simulator's).
+pub fn build_api_on(
+    config: &ApiConfig,
+    dynamodb: aws_sdk_dynamodb::Client,
+    clock: Arc<dyn sqs_once::clock::Clock>,
+) -> PaymentsApi {
     let store = DynamoPayments::new(
         dynamodb,
         config.payments_table.clone(),
         config.idempotency_table.clone(),
     );
-    PaymentsApi::new(Arc::new(store), sqs_once::clock::system(), config.retention)
-        .with_contract(config.contract)
+    PaymentsApi::new(Arc::new(store), clock, config.retention).with_contract(config.contract)
 }
 
 /// Builds the outbox relay from the environment (`PAYMENTS_TABLE`, `PAYMENTS_QUEUE_URL`,

@@ -7,11 +7,14 @@
 //! once: a relay that crashes after sending and before its checkpoint sends again, and the
 //! processor's idempotency record absorbs the copy (same `payment_id`, same payload).
 
+use aws_lambda_events::event::dynamodb::Event as DynamoEvent;
+use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use aws_sdk_sqs::error::DisplayErrorContext as SqsError;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::Deserialize;
 
 use sqs_once::queue::{attrs, string_attr};
+use tracing::{error, info};
 
 /// Key prefix of a payment row in the payments table: `payment#<id>`.
 pub const PAYMENT_PREFIX: &str = "payment#";
@@ -193,6 +196,54 @@ impl Relay {
             .collect();
         Ok((sent, refused))
     }
+}
+
+/// The outbox-relay function's work on one stream batch of the payments table (the records its
+/// mapping's filter kept: `INSERT`s of payment rows): relays their entries in order and answers
+/// with the first record that must come again (`ReportBatchItemFailures`), the one the queue
+/// refused, or an unreadable row; the mapping retries it and what follows it, then sends the
+/// batch to its on-failure destination. Anything that is not a payment row is skipped.
+pub async fn relay_stream_batch(relay: &Relay, event: DynamoEvent) -> DynamoDbEventResponse {
+    let mut entries = Vec::new();
+    let mut sequences = Vec::new();
+    let mut unreadable = None;
+    for record in event.records {
+        let sequence = record.change.sequence_number.clone().unwrap_or_default();
+        match entry_from_image(record.change.new_image) {
+            Ok(Some(entry)) => {
+                entries.push(entry);
+                sequences.push(sequence);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // Relay what comes before it; it and what follows are retried, then sent to the
+                // mapping's on-failure destination.
+                error!(sequence, error = %e, "unreadable payment row");
+                unreadable = Some(sequence);
+                break;
+            }
+        }
+    }
+    let report = relay.relay(&entries).await;
+    info!(
+        sent = report.sent,
+        "relayed {} payment messages",
+        entries.len()
+    );
+    for e in &report.errors {
+        error!(error = %e, "relay failed");
+    }
+    let failed = report
+        .first_failed
+        .and_then(|i| sequences.get(i).cloned())
+        .or(unreadable);
+    let mut response = DynamoDbEventResponse::default();
+    if let Some(sequence) = failed {
+        let mut failure = DynamoDbBatchItemFailure::default();
+        failure.item_identifier = Some(sequence);
+        response.batch_item_failures.push(failure);
+    }
+    response
 }
 
 /// Reads the outbox entry of a payment row from a stream record's new image (`None` for any

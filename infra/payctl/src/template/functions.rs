@@ -21,6 +21,8 @@ pub(super) fn resolve(
     // type SQS, or an `AWS::Lambda::EventSourceMapping` whose source is a queue of the template.
     let globals = get(doc, "Globals").and_then(|g| get(g, "Function"));
     let mut mappings: BTreeMap<String, Value> = BTreeMap::new();
+    // Mappings whose source is a table's stream, by function: (the table's name, properties).
+    let mut stream_mappings: BTreeMap<String, (String, Value)> = BTreeMap::new();
     for (_, res) in resources {
         if get(res, "Type").and_then(|t| t.as_str()) != Some("AWS::Lambda::EventSourceMapping") {
             continue;
@@ -38,6 +40,11 @@ pub(super) fn resolve(
         if let (Some(function), Some(source)) = (function, source) {
             if stack.queue_arns.values().any(|a| *a == source) {
                 mappings.insert(function, props);
+            } else if let Some((table, _)) = source
+                .split_once(":table/")
+                .and_then(|(_, rest)| rest.split_once("/stream/"))
+            {
+                stream_mappings.insert(function, (table.to_owned(), props));
             }
         }
     }
@@ -75,6 +82,12 @@ pub(super) fn resolve(
             if !pace.is_empty() {
                 stack.deployed_pace.insert(logical.to_owned(), pace);
             }
+        }
+        if let Some((table, ep)) = logical.as_str().and_then(|l| stream_mappings.get(l)) {
+            let source = stream_source(r, table, ep, &props, globals, &stack)?;
+            stack
+                .stream_sources
+                .insert(logical.as_str().unwrap_or_default().to_owned(), source);
         }
         let sam_event = get(&props, "Events")
             .and_then(|e| e.as_mapping())
@@ -143,4 +156,63 @@ pub(super) fn resolve(
         return Ok(stack);
     }
     bail!("the template has no AWS::Serverless::Function with an SQS event or event source mapping")
+}
+
+/// A stream mapping's settings, with Lambda's defaults where the template says nothing.
+fn stream_source(
+    r: &mut Resolver<'_>,
+    table: &str,
+    ep: &Value,
+    function: &Value,
+    globals: Option<&Value>,
+    stack: &Stack,
+) -> Result<super::StreamSource> {
+    let timeout = r
+        .int(get(function, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
+        .unwrap_or(3);
+    let flag = |k: &str| get(ep, k).and_then(Value::as_bool).unwrap_or(false);
+    let mut filters = Vec::new();
+    for f in get(ep, "FilterCriteria")
+        .and_then(|c| get(c, "Filters"))
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(p) = r.string(get(f, "Pattern"))? {
+            filters.push(p);
+        }
+    }
+    let destination = r.string(
+        get(ep, "DestinationConfig")
+            .and_then(|d| get(d, "OnFailure"))
+            .and_then(|o| get(o, "Destination")),
+    )?;
+    let on_failure_queue_url = destination.and_then(|arn| {
+        stack
+            .queue_arns
+            .iter()
+            .find(|(_, a)| **a == arn)
+            .and_then(|(l, _)| stack.queues.get(l))
+            .cloned()
+    });
+    Ok(super::StreamSource {
+        table: table.to_owned(),
+        batch_size: r.int(get(ep, "BatchSize"))?.unwrap_or(100) as i32,
+        batching_window_seconds: r
+            .int(get(ep, "MaximumBatchingWindowInSeconds"))?
+            .unwrap_or(0) as i32,
+        function_timeout_seconds: timeout as i32,
+        maximum_retry_attempts: r.int(get(ep, "MaximumRetryAttempts"))?.unwrap_or(-1) as i32,
+        maximum_record_age_seconds: r.int(get(ep, "MaximumRecordAgeInSeconds"))?.unwrap_or(-1)
+            as i32,
+        bisect_on_error: flag("BisectBatchOnFunctionError"),
+        report_batch_item_failures: get(ep, "FunctionResponseTypes")
+            .and_then(|v| v.as_sequence())
+            .is_some_and(|s| {
+                s.iter()
+                    .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
+            }),
+        filters,
+        on_failure_queue_url,
+    })
 }

@@ -107,6 +107,31 @@ pub struct EventSource {
     pub report_batch_item_failures: bool,
 }
 
+/// A function's DynamoDB stream event source (the outbox relay's), as the template declares it.
+#[derive(Debug, Clone)]
+pub struct StreamSource {
+    /// The table whose stream it reads.
+    pub table: String,
+    /// `BatchSize` (default 100).
+    pub batch_size: i32,
+    /// `MaximumBatchingWindowInSeconds` (default 0).
+    pub batching_window_seconds: i32,
+    /// Function `Timeout` (default 3).
+    pub function_timeout_seconds: i32,
+    /// `MaximumRetryAttempts` (-1, the default, retries until the record expires).
+    pub maximum_retry_attempts: i32,
+    /// `MaximumRecordAgeInSeconds` (-1, the default: the stream's 24 hours).
+    pub maximum_record_age_seconds: i32,
+    /// `BisectBatchOnFunctionError`.
+    pub bisect_on_error: bool,
+    /// `FunctionResponseTypes` includes `ReportBatchItemFailures`.
+    pub report_batch_item_failures: bool,
+    /// `FilterCriteria`'s patterns, as JSON text (a record passes if one matches).
+    pub filters: Vec<String>,
+    /// The on-failure destination's queue URL, if it is a queue of the template.
+    pub on_failure_queue_url: Option<String>,
+}
+
 /// Stripe's events through EventBridge in a local stack: the bus and rule created, by name.
 #[derive(Debug, Clone)]
 pub struct EventBridgeRoute {
@@ -135,6 +160,8 @@ pub struct Stack {
     /// Every SQS-triggered function's event source by logical id (the processor's is also
     /// [`Stack::event_source`]).
     pub event_sources: BTreeMap<String, EventSource>,
+    /// Every stream-triggered function's event source by logical id.
+    pub stream_sources: BTreeMap<String, StreamSource>,
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
     /// What each function paces its provider calls to when deployed, by logical id: the
@@ -374,6 +401,7 @@ pub async fn provision(
         function_envs: BTreeMap::new(),
         deployed_pace: BTreeMap::new(),
         event_sources: BTreeMap::new(),
+        stream_sources: BTreeMap::new(),
         report: Vec::new(),
         event_bridge: None,
         event_source: EventSource {

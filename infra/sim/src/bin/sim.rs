@@ -79,6 +79,10 @@ struct Args {
     /// appealed (make sim's default: 1,20).
     #[arg(long, env = "DISPUTE_DAYS", default_value = "30,120", value_parser = day_range)]
     dispute_days: (f64, f64),
+    /// The share of payments sent through the payments API and its outbox relay, not
+    /// straight to the queue.
+    #[arg(long, env = "API_SHARE", default_value_t = 0.0)]
+    api_share: f64,
     /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
     #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
     parameters: Vec<(String, String)>,
@@ -128,6 +132,10 @@ fn replay(args: &Args, seed: u64) -> String {
         args.provider_fault_rate.map(|r| r.to_string()),
     );
     put("FIFO", args.fifo.then(|| "true".into()));
+    put(
+        "API_SHARE",
+        (args.api_share > 0.0).then(|| args.api_share.to_string()),
+    );
     put(
         "VISIBILITY_TIMEOUT",
         args.visibility_timeout.map(|v| v.to_string()),
@@ -219,12 +227,17 @@ fn main() -> Result<()> {
             .map(|d| (d, args.webhook_outage_hours));
         opts.parameters.extend(args.parameters.iter().cloned());
         opts.disputes = (args.dispute_share, args.dispute_days);
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&args.api_share),
+            "API_SHARE is a share of the payments, from 0 to 1"
+        );
+        opts.api_share = args.api_share;
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} killed, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -245,6 +258,13 @@ fn main() -> Result<()> {
             report.events_bridged,
             report.catch_up_runs,
             report.catch_up_worst_lag_s,
+            report.api_requests,
+            report.api_killed,
+            report.api_accepted,
+            report.relay_invocations,
+            report.relay_given_up,
+            report.relay_trimmed,
+            report.republished,
             report.expired_records,
             report.digest,
             report.days / took.max(1e-9),

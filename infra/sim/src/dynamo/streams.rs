@@ -96,39 +96,12 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
                 ));
             }
             let limit = body.get("Limit").and_then(Json::as_u64).unwrap_or(1000) as usize;
-            let view = t.stream_view.as_deref().unwrap_or("KEYS_ONLY");
             let records: Vec<Json> = t
                 .changes
                 .iter()
                 .filter(|c| c.sequence >= next)
                 .take(limit)
-                .map(|c| {
-                    let mut d = json!({
-                        "ApproximateCreationDateTime": c.at_s,
-                        "Keys": item_to_json(&c.keys),
-                        "SequenceNumber": format!("{:021}", c.sequence),
-                        "SizeBytes": c.new.as_ref().or(c.old.as_ref()).map_or(0, super::value::item_size),
-                        "StreamViewType": view,
-                    });
-                    if matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES") {
-                        if let Some(n) = &c.new {
-                            d["NewImage"] = item_to_json(n);
-                        }
-                    }
-                    if matches!(view, "OLD_IMAGE" | "NEW_AND_OLD_IMAGES") {
-                        if let Some(o) = &c.old {
-                            d["OldImage"] = item_to_json(o);
-                        }
-                    }
-                    let mut r = json!({
-                        "eventID": format!("{}-{}", t.name, c.sequence), "eventName": c.event, "eventVersion": "1.1",
-                        "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "dynamodb": d,
-                    });
-                    if c.by_ttl {
-                        r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
-                    }
-                    r
-                })
+                .map(|c| t.record_of(c))
                 .collect();
             let after = records
                 .last()
@@ -137,5 +110,38 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
                 .map_or(next, |s| s + 1);
             Ok(json!({ "Records": records, "NextShardIterator": format!("{name}|{after}") }))
         }
+    }
+}
+
+impl super::table::Table {
+    /// One change as its stream record (`GetRecords`' shape; Lambda's event-source mapping
+    /// passes the same record to a function).
+    pub fn record_of(&self, c: &super::table::Change) -> Json {
+        let view = self.stream_view.as_deref().unwrap_or("KEYS_ONLY");
+        let mut d = json!({
+            "ApproximateCreationDateTime": c.at_s,
+            "Keys": item_to_json(&c.keys),
+            "SequenceNumber": format!("{:021}", c.sequence),
+            "SizeBytes": c.new.as_ref().or(c.old.as_ref()).map_or(0, super::value::item_size),
+            "StreamViewType": view,
+        });
+        if matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES") {
+            if let Some(n) = &c.new {
+                d["NewImage"] = item_to_json(n);
+            }
+        }
+        if matches!(view, "OLD_IMAGE" | "NEW_AND_OLD_IMAGES") {
+            if let Some(o) = &c.old {
+                d["OldImage"] = item_to_json(o);
+            }
+        }
+        let mut r = json!({
+            "eventID": format!("{}-{}", self.name, c.sequence), "eventName": c.event, "eventVersion": "1.1",
+            "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "dynamodb": d,
+        });
+        if c.by_ttl {
+            r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
+        }
+        r
     }
 }

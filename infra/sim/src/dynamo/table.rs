@@ -93,6 +93,8 @@ pub struct Table {
     pub watch: Option<Watch>,
     /// What [`Table::watch`] found, until its reader takes it.
     pub findings: Vec<String>,
+    /// Woken at each record on the stream (Lambda's stream poller waits on it).
+    pub streamed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// A check of one write: the key, the item before and after; `Some` is a finding.
@@ -123,6 +125,7 @@ impl Table {
             next_sequence: 1,
             watch: None,
             findings: Vec::new(),
+            streamed: Default::default(),
         }
     }
 
@@ -250,6 +253,7 @@ impl Table {
             at_s,
         });
         self.next_sequence += 1;
+        self.streamed.notify_waiters();
         // DynamoDB Streams keeps a record 24 hours.
         let horizon = at_s - 24 * 3600;
         if self.changes.first().is_some_and(|c| c.at_s < horizon) {

@@ -26,12 +26,11 @@ mod checks;
 mod esm;
 mod events;
 mod function;
+mod intake;
 mod operator;
 mod options;
-mod producer;
 mod refunds;
 mod report;
-mod sender;
 
 pub use options::Options;
 pub use report::{Report, Violation};
@@ -120,6 +119,10 @@ struct World {
     webhook: bool,
     /// ... and through EventBridge, published by this partner event source.
     bridge: Option<String>,
+    /// The payments API, when payments go through it.
+    api: Option<Arc<payment_core::api::PaymentsApi>>,
+    /// The outbox relay and its stream mapping, when payments go through the API.
+    relay: Option<Arc<intake::relay::Mapping>>,
 }
 
 impl World {
@@ -262,6 +265,14 @@ async fn run_on(opts: Options) -> Result<Report> {
     let payments = function::Function::of(&stack, "PaymentProcessorFunction")?;
     let refunds = function::Function::of(&stack, "RefundProcessorFunction")?;
     let events = function::Function::of(&stack, "EventProcessorFunction")?;
+    let (api, relay) = if opts.api_share > 0.0 {
+        (
+            Some(intake::api::build(&stack, &sdk, Arc::clone(&clock))?),
+            Some(Arc::new(intake::relay::build(&stack, &sdk)?)),
+        )
+    } else {
+        (None, None)
+    };
     let config = payments.config.clone();
     let queue = payments.queue.clone();
     let dlq = payments.dlq.clone();
@@ -329,6 +340,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         catch_up: Default::default(),
         webhook,
         bridge,
+        api,
+        relay,
     });
     world.note(format!(
         "start: seed {} payments {} days {}; payments: batch {} timeout {}s concurrency {}; refunds: batch {} timeout {}s concurrency {}",
@@ -337,7 +350,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     ));
 
     let end_ms = EPOCH_MS + (opts.days * 86_400_000.0) as i64;
-    let producer = tokio::spawn(producer::produce(Arc::clone(&world)));
+    let producer = tokio::spawn(intake::producer::produce(Arc::clone(&world)));
     let housekeeping = tokio::spawn(checks::housekeep(Arc::clone(&world), end_ms));
     let seen: operator::Seen = Default::default();
     let operator = tokio::spawn(operator::answer_alarms(
@@ -364,6 +377,16 @@ async fn run_on(opts: Options) -> Result<Report> {
     let events_source = events.source(Arc::new(move || events::instance(&w)));
     let events_esm = tokio::spawn(esm::event_source(Arc::clone(&world), events_source, end_ms));
     let delivery = tokio::spawn(events::deliver(Arc::clone(&world), end_ms));
+    let relaying = world.relay.clone().map(|m| {
+        (
+            tokio::spawn(intake::relay::stream_source(
+                Arc::clone(&world),
+                Arc::clone(&m),
+                end_ms,
+            )),
+            tokio::spawn(operator::answer_relay_alarms(Arc::clone(&world), m, end_ms)),
+        )
+    });
     let catch_up = tokio::spawn(catchup::schedule(
         Arc::clone(&world),
         catch_up_every,
@@ -377,6 +400,10 @@ async fn run_on(opts: Options) -> Result<Report> {
     refund_esm.await.context("the refunds' event source")?;
     housekeeping.await.context("housekeeping")?;
     operator.await.context("the operator")?;
+    if let Some((mapping, alarms)) = relaying {
+        mapping.await.context("the relay's stream mapping")?;
+        alarms.await.context("the operator of the relay's alarms")?;
+    }
     checks::check_end(&world);
     refunds::check_end(&world);
 

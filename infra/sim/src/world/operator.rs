@@ -74,3 +74,71 @@ pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
         }
     }
 }
+
+/// Watches the relay's alarms (its iterator over a minute behind, a batch given up) until
+/// `end_ms`, and answers each after [`ANSWER_AFTER`] as the runbook says: `payctl outbox
+/// republish` (the payment rows older than a minute the processor has never seen, sent again
+/// with the relay's own code), then purges `RelayFailuresQueue`.
+pub(super) async fn answer_relay_alarms(
+    w: Arc<World>,
+    relay: Arc<super::intake::relay::Mapping>,
+    end_ms: i64,
+) {
+    let ddb = crate::wire::dynamodb_client(&w.sdk);
+    let sqs = crate::wire::sqs_client(&w.sdk);
+    let republisher = match super::intake::relay::build_for_operator(&w.sdk, &relay) {
+        Ok(r) => r,
+        Err(e) => {
+            w.violated("relay_operator", format!("{e:#}"));
+            return;
+        }
+    };
+    while w.clock.now_ms() < end_ms {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        if !std::mem::take(&mut w.stats.lock().expect("stats").relay_alarm) {
+            continue;
+        }
+        w.note(format!(
+            "alarm: the relay; the operator answers in {ANSWER_AFTER:?}"
+        ));
+        tokio::time::sleep(ANSWER_AFTER).await;
+        let before = w.clock.now_ms() - 60_000;
+        let unseen = payctl::republish::unseen(
+            &ddb,
+            &relay.source.table,
+            &w.config.idempotency_table,
+            before,
+        )
+        .await;
+        match unseen {
+            Ok(entries) => {
+                let report = payctl::republish::republish(&republisher, &entries).await;
+                w.stats.lock().expect("stats").republished += report.sent as u64;
+                w.note(format!(
+                    "operator: outbox republish: {} of {} unseen rows sent{}",
+                    report.sent,
+                    entries.len(),
+                    if report.first_failed.is_some() {
+                        "; the rest next time"
+                    } else {
+                        ""
+                    }
+                ));
+                if report.first_failed.is_some() {
+                    w.stats.lock().expect("stats").relay_alarm = true;
+                    continue;
+                }
+            }
+            Err(e) => {
+                w.note(format!("operator: outbox pending failed: {e:#}"));
+                w.stats.lock().expect("stats").relay_alarm = true;
+                continue;
+            }
+        }
+        if let Some(url) = &relay.source.on_failure_queue_url {
+            if let Err(e) = sqs.purge_queue().queue_url(url).send().await {
+                w.note(format!("operator: purging RelayFailuresQueue failed: {e}"));
+            }
+        }
+    }
+}

@@ -58,6 +58,9 @@ pub struct Options {
     pub webhook_outage: Option<(f64, f64)>,
     /// The chance a charge is disputed, and the days after it a dispute opens within.
     pub disputes: (f64, (f64, f64)),
+    /// The share of payments (and of the bad input) sent through the payments API and its
+    /// outbox relay rather than straight to the queue (0: none, and no draw for it).
+    pub api_share: f64,
 }
 
 impl Options {
@@ -102,6 +105,7 @@ impl Options {
             sqs_outage: None,
             webhook_outage: None,
             disputes: (0.01, (30.0, 120.0)),
+            api_share: 0.0,
         }
     }
 }

@@ -128,7 +128,7 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
                 body["amount"] = json!(a);
             }
             for _ in 0..copies {
-                super::sender::send(&w2, &sqs, &url, &body.to_string()).await;
+                super::intake::sender::send(&w2, &sqs, &url, &body.to_string()).await;
             }
             tokio::time::sleep(Duration::from_secs(60)).await;
         }

@@ -66,6 +66,22 @@ pub struct Report {
     pub catch_up_runs: (usize, usize, usize),
     /// The catch-up's longest lag after a run, s.
     pub catch_up_worst_lag_s: i64,
+    /// `POST /v1/payments` requests the API's clients sent (retries included).
+    pub api_requests: u64,
+    /// API invocations killed before they answered (a crash, API Gateway's timeout).
+    pub api_killed: u64,
+    /// The API's `202` answers (an idempotent replay's among them).
+    pub api_accepted: u64,
+    /// Invocations of the outbox relay.
+    pub relay_invocations: u64,
+    /// Stream records the relay's mapping gave up on (to its on-failure destination).
+    pub relay_given_up: u64,
+    /// Stream records trimmed (24 hours) before the relay's mapping read them.
+    pub relay_trimmed: u64,
+    /// A relay alarm (iterator age over a minute, a batch given up) waits for the operator.
+    pub relay_alarm: bool,
+    /// Payment rows the operator sent again (`payctl outbox republish`).
+    pub republished: u64,
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }

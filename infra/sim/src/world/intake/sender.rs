@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use super::World;
+use super::super::World;
 
 /// Sends one message as a producer does: retried until SQS takes it.
-pub(super) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
+pub(in crate::world) async fn send(w: &World, sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
     // A FIFO queue's producer groups a customer's payments (content-based deduplication).
     let group = w.queue.ends_with(".fifo").then(|| {
         serde_json::from_str::<serde_json::Value>(body)

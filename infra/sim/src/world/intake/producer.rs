@@ -1,0 +1,142 @@
+//! The producer: payments arriving at random over the arrival days, some sent twice, some
+//! under a reused id with another amount, some not payments at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::super::{Sent, World, EPOCH_MS};
+use crate::provider::methods;
+use crate::sqs::url_of;
+
+/// The producer: payments arriving at random over the arrival days, some twice, some bad.
+pub(in crate::world) async fn produce(w: Arc<World>) {
+    let sqs = crate::wire::sqs_client(&w.sdk);
+    let url = url_of(&w.queue);
+    let span_ms = (w.opts.arrival_days * 86_400_000.0) as i64;
+    let mut times: Vec<i64> = (0..w.opts.payments)
+        .map(|_| (w.draw() * span_ms as f64) as i64)
+        .collect();
+    times.sort();
+    // A later send: when, the API's key (or the queue), the body.
+    let mut later: Vec<(i64, Option<String>, String)> = Vec::new();
+    for (n, at) in times.into_iter().enumerate() {
+        let wait = (EPOCH_MS + at - w.clock.now_ms()).max(0);
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        // Through the payments API (its key the payment's id), or straight to the queue.
+        let via_api = (w.api.is_some() && w.draw() < w.opts.api_share).then(|| format!("p-{n:07}"));
+        let roll = w.draw();
+        let body = if roll < w.opts.bad_input_share {
+            *w.bad.lock().expect("bad") += 1;
+            if w.draw() < 0.5 {
+                "{\"payment_id\": \"broken".to_owned()
+            } else {
+                api_body(
+                    &via_api,
+                    json!({"payment_id": format!("p-{n:07}"), "amount": -5, "currency": "usd", "customer_id": "cus_sim", "payment_method": methods::CARD}),
+                )
+            }
+        } else {
+            let m = w.draw();
+            let method = if m < 0.85 {
+                methods::CARD
+            } else if m < 0.90 {
+                methods::DECLINED
+            } else if m < 0.93 {
+                methods::NEEDS_CUSTOMER
+            } else if m < 0.98 {
+                methods::BANK_DEBIT
+            } else {
+                methods::BANK_DEBIT_FAILS
+            };
+            let id = format!("p-{n:07}");
+            let amount = 100 + (w.draw() * 100_000.0) as i64;
+            let body = api_body(
+                &via_api,
+                json!({"payment_id": id, "amount": amount, "currency": "usd", "customer_id": format!("cus_{}", n % 997), "payment_method": method}),
+            );
+            if w.draw() < w.opts.reused_key_share {
+                let other = api_body(
+                    &via_api,
+                    json!({"payment_id": id, "amount": amount + 1, "currency": "usd", "customer_id": format!("cus_{}", n % 997), "payment_method": method}),
+                );
+                later.push((
+                    w.clock.now_ms() + (w.draw() * 3_600_000.0) as i64,
+                    via_api.clone(),
+                    other,
+                ));
+            }
+            if w.draw() < w.opts.duplicate_share {
+                later.push((
+                    w.clock.now_ms() + (w.draw() * 7_200_000.0) as i64,
+                    via_api.clone(),
+                    body.clone(),
+                ));
+            }
+            // Card charges, and bank debits (a refund asked while one settles is held).
+            if matches!(
+                method,
+                methods::CARD | methods::BANK_DEBIT | methods::BANK_DEBIT_FAILS
+            ) {
+                super::super::refunds::maybe_refund(&w, n, &id, amount);
+            }
+            w.sent.lock().expect("sent").insert(id, Sent { method });
+            body
+        };
+        submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
+        later.retain(|(at, key, b)| {
+            if *at <= w.clock.now_ms() {
+                let (w2, sqs2, url2, k2, b2) = (
+                    Arc::clone(&w),
+                    sqs.clone(),
+                    url.clone(),
+                    key.clone(),
+                    b.clone(),
+                );
+                tokio::spawn(async move { submit(&w2, &sqs2, &url2, k2.as_deref(), &b2).await });
+                false
+            } else {
+                true
+            }
+        });
+    }
+    later.sort();
+    for (at, key, body) in later {
+        let wait = (at - w.clock.now_ms()).max(0);
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        submit(&w, &sqs, &url, key.as_deref(), &body).await;
+    }
+}
+
+/// A payment as its producer writes it: the queue's message, or, for the API, the same
+/// without `payment_id` (the `Idempotency-Key` header is the id).
+fn api_body(via_api: &Option<String>, mut message: serde_json::Value) -> String {
+    if via_api.is_some() {
+        if let Some(o) = message.as_object_mut() {
+            o.remove("payment_id");
+        }
+    }
+    message.to_string()
+}
+
+/// Sends one payment: `POST /v1/payments` under `key` until the API answers it, or a message
+/// to the queue until SQS takes it.
+async fn submit(
+    w: &Arc<World>,
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &str,
+) {
+    match key {
+        Some(key) => {
+            let status = super::api::post(w, key, body).await;
+            if status == 202 {
+                w.stats.lock().expect("stats").api_accepted += 1;
+            }
+            w.note(format!("api: POST {key}: {status}"));
+        }
+        None => super::sender::send(w, sqs, url, body).await,
+    }
+}
