@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast test-localstack chaos sim timeline check-template package e2e-sam bench lint fmt build install
+.PHONY: demo test test-fast test-localstack chaos sim sim-capacity timeline check-template package e2e-sam bench lint fmt build install
 
 CHAOS_PAYMENTS ?= 5000
 CHAOS_SEED ?= 1
@@ -63,6 +63,23 @@ sim:
 	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
 	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
+
+## docs/performance.md's Capacity tier of 100 payments a second on the simulated clock, at its
+## settings (ProviderRequestsPerSecond 180, MaximumConcurrency and ReservedConcurrency 20, the events
+## route raised to 200 a second, a provider account of 180 requests a second), no injected faults,
+## ten minutes of a steady load (60,000 payments arriving at 100 a second, half through the API),
+## then a backlog of as many queued at once (straight to the queue, as after an outage). Each line
+## says what the arithmetic there claims: payments processed a second, provider requests refused,
+## invocations at once, DynamoDB write units, the catch-up's lag (about 5 minutes a run).
+## CAPACITY_PARAMETERS='Name=Value ...' changes the settings.
+CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=180 MaximumConcurrency=20 ReservedConcurrency=20 ProviderEventsRateLimit=200
+sim-capacity:
+	for load in "600 0.5" "0 0"; do set -- $$load; \
+	  PARAMETERS='$(CAPACITY_PARAMETERS)' cargo run --profile perf -q -p simulator --bin sim -- \
+	    --seeds 1 --first 1 --payments 60000 --days 0.1 --arrival-seconds $$1 --parallel-clients \
+	    --api-share $$2 --refund-share 0 --dispute-share 0 --account-rate 180 \
+	    --crash-rate 0 --aws-fault-rate 0 --provider-fault-rate 0 || exit 1; \
+	done
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
 ## authenticating, a debit settling, a dispute won, a refund months after the charge) with the

@@ -82,7 +82,7 @@ fn text<'a>(body: &'a Json, key: &str) -> Result<&'a str, BridgeError> {
 }
 
 /// Checks that `pattern` uses only exact matching: every leaf a non-empty list of strings.
-fn supported(pattern: &Json) -> Result<(), String> {
+pub fn supported(pattern: &Json) -> Result<(), String> {
     let Some(fields) = pattern.as_object().filter(|m| !m.is_empty()) else {
         return Err("a pattern is a non-empty object".into());
     };

@@ -72,6 +72,9 @@ pub struct Aws {
     pub requests: u64,
     /// Requests refused by an outage (`503`).
     pub outage_refusals: u64,
+    /// DynamoDB write units consumed, by simulated second (an item of at most 1 KB a unit,
+    /// as every item of this stack is; a transaction's items two each).
+    pub write_units: std::collections::BTreeMap<i64, u64>,
 }
 
 impl Aws {
@@ -89,6 +92,7 @@ impl Aws {
             digest: 0xcbf2_9ce4_8422_2325,
             requests: 0,
             outage_refusals: 0,
+            write_units: Default::default(),
         }
     }
 
@@ -274,9 +278,25 @@ impl Wire {
             let mut aws = self.aws.lock().expect("the account");
             aws.requests += 1;
             let out = if dynamo {
+                let units = write_units(operation, &body);
                 match aws.dynamo.handle(operation, &body, now_ms.div_euclid(1000)) {
-                    Ok(j) => (200, j, None),
-                    Err(e) => (e.status, e.body(), None),
+                    Ok(j) => {
+                        if units > 0 {
+                            *aws.write_units.entry(now_ms.div_euclid(1000)).or_default() += units;
+                        }
+                        (200, j, None)
+                    }
+                    Err(e) => {
+                        // A refused condition consumes the write's units all the same.
+                        if units > 0
+                            && e.body()["__type"]
+                                .as_str()
+                                .is_some_and(|t| t.ends_with("ConditionalCheckFailedException"))
+                        {
+                            *aws.write_units.entry(now_ms.div_euclid(1000)).or_default() += units;
+                        }
+                        (e.status, e.body(), None)
+                    }
                 }
             } else {
                 match aws.sqs.handle(operation, &body, now_ms) {
@@ -375,5 +395,24 @@ struct SimTime(Arc<dyn Clock>);
 impl aws_smithy_async::time::TimeSource for SimTime {
     fn now(&self) -> std::time::SystemTime {
         std::time::UNIX_EPOCH + Duration::from_millis(self.0.now_ms().max(0) as u64)
+    }
+}
+
+/// The write units a DynamoDB request consumes (items of at most 1 KB).
+fn write_units(operation: &str, body: &Json) -> u64 {
+    match operation {
+        "PutItem" | "UpdateItem" | "DeleteItem" => 1,
+        "TransactWriteItems" => {
+            2 * body["TransactItems"]
+                .as_array()
+                .map_or(0, |a| a.len() as u64)
+        }
+        "BatchWriteItem" => body["RequestItems"].as_object().map_or(0, |t| {
+            t.values()
+                .filter_map(|r| r.as_array())
+                .map(|r| r.len() as u64)
+                .sum()
+        }),
+        _ => 0,
     }
 }

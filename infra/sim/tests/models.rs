@@ -17,3 +17,49 @@ async fn the_models_keep_every_promise_the_conformance_probes_check() {
     assert!(results.len() >= 9, "{} checks ran", results.len());
     assert!(failed.is_empty(), "failed: {failed:#?}");
 }
+
+/// payctl's provisioning reads the outbox relay's stream mapping as the template declares it:
+/// what the simulator's model of Lambda's stream mapping runs on.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_relays_stream_mapping_is_read_from_the_template() {
+    let wire = Wire::new(7, Arc::new(TokioClock::starting_at(1_767_225_600_000)));
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
+    let stack = payctl::template::provision(
+        &wire.sdk_config(),
+        &template,
+        &payctl::template::ProvisionOptions {
+            stack_name: "models".into(),
+            parameters: Default::default(),
+            visibility_timeout: None,
+            max_receive_count: None,
+            fifo: false,
+            read_only: false,
+        },
+    )
+    .await
+    .unwrap();
+    let s = &stack.stream_sources["OutboxRelayFunction"];
+    assert_eq!(Some(&s.table), stack.tables.get("PaymentsTable"));
+    assert_eq!(
+        (
+            s.batch_size,
+            s.batching_window_seconds,
+            s.function_timeout_seconds
+        ),
+        (100, 1, 30)
+    );
+    assert_eq!(
+        (s.maximum_retry_attempts, s.maximum_record_age_seconds),
+        (20, 86_400)
+    );
+    assert!(s.bisect_on_error && s.report_batch_item_failures);
+    assert_eq!(s.filters.len(), 1);
+    let pattern: serde_json::Value = serde_json::from_str(&s.filters[0]).unwrap();
+    assert_eq!(pattern["dynamodb"]["NewImage"]["kind"]["S"][0], "payment");
+    assert_eq!(
+        s.on_failure_queue_url.as_deref(),
+        stack.queues.get("RelayFailuresQueue").map(String::as_str)
+    );
+    // Only the relay reads a stream.
+    assert_eq!(stack.stream_sources.len(), 1);
+}

@@ -290,6 +290,9 @@ pub struct Shape {
     pub counts: BTreeMap<String, usize>,
     pub parameters: HashMap<String, String>,
     pub custom_metrics: std::collections::BTreeSet<(String, String)>,
+    /// An HTTP API stage's default route throttle (requests a second, burst), where the
+    /// template gives one as numbers.
+    pub api_throttle: Option<(f64, f64)>,
 }
 
 /// The [`Shape`] of the template at `template_path`.
@@ -302,10 +305,21 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
     let resources = conditions::Conditions::new(&doc, &parameters).resources(all)?;
     let mut counts = BTreeMap::new();
     let mut custom_metrics = std::collections::BTreeSet::new();
+    let mut api_throttle = None;
     for res in resources.values() {
         let kind = get(res, "Type").and_then(Value::as_str).unwrap_or_default();
         *counts.entry(kind.to_owned()).or_default() += 1;
         let props = get(res, "Properties");
+        if kind == "AWS::ApiGatewayV2::Stage" {
+            let route = props.and_then(|p| get(p, "DefaultRouteSettings"));
+            let number = |k: &str| route.and_then(|r| get(r, k)).and_then(Value::as_f64);
+            if let (Some(rate), Some(burst)) = (
+                number("ThrottlingRateLimit"),
+                number("ThrottlingBurstLimit"),
+            ) {
+                api_throttle = Some((rate, burst));
+            }
+        }
         let text = |k: &str| props.and_then(|p| get(p, k)).and_then(Value::as_str);
         if let (true, Some(ns), Some(name)) = (
             kind == "AWS::CloudWatch::Alarm",
@@ -349,6 +363,7 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         counts,
         parameters,
         custom_metrics,
+        api_throttle,
     })
 }
 

@@ -79,6 +79,20 @@ struct Args {
     /// appealed (make sim's default: 1,20).
     #[arg(long, env = "DISPUTE_DAYS", default_value = "30,120", value_parser = day_range)]
     dispute_days: (f64, f64),
+    /// The payments arrive over this many seconds from the start (a backlog: 0, all at once),
+    /// not over the first third of the run.
+    #[arg(long, env = "ARRIVAL_SECONDS")]
+    arrival_seconds: Option<f64>,
+    /// Each payment sent by a client of its own at its arrival (for loads of hundreds a
+    /// second), not one after another by one producer.
+    #[arg(long, env = "PARALLEL_CLIENTS")]
+    parallel_clients: bool,
+    /// The share of charges the merchant refunds.
+    #[arg(long, env = "REFUND_SHARE", default_value_t = 0.1)]
+    refund_share: f64,
+    /// The provider account's limit, requests a second (Stripe's live default: 100).
+    #[arg(long, env = "PROVIDER_ACCOUNT_RATE", default_value_t = 100.0)]
+    account_rate: f64,
     /// The share of payments sent through the payments API and its outbox relay, not
     /// straight to the queue.
     #[arg(long, env = "API_SHARE", default_value_t = 0.0)]
@@ -132,6 +146,22 @@ fn replay(args: &Args, seed: u64) -> String {
         args.provider_fault_rate.map(|r| r.to_string()),
     );
     put("FIFO", args.fifo.then(|| "true".into()));
+    put(
+        "PARALLEL_CLIENTS",
+        args.parallel_clients.then(|| "true".into()),
+    );
+    put(
+        "ARRIVAL_SECONDS",
+        args.arrival_seconds.map(|v| v.to_string()),
+    );
+    put(
+        "REFUND_SHARE",
+        (args.refund_share != 0.1).then(|| args.refund_share.to_string()),
+    );
+    put(
+        "PROVIDER_ACCOUNT_RATE",
+        (args.account_rate != 100.0).then(|| args.account_rate.to_string()),
+    );
     put(
         "API_SHARE",
         (args.api_share > 0.0).then(|| args.api_share.to_string()),
@@ -232,12 +262,22 @@ fn main() -> Result<()> {
             "API_SHARE is a share of the payments, from 0 to 1"
         );
         opts.api_share = args.api_share;
+        if let Some(a) = args.arrival_seconds {
+            anyhow::ensure!(
+                a >= 0.0 && a <= args.days * 86_400.0,
+                "ARRIVAL_SECONDS is within the run"
+            );
+            opts.arrival_days = a / 86_400.0;
+        }
+        opts.refund_share = args.refund_share;
+        opts.parallel_clients = args.parallel_clients;
+        opts.provider.account_rate = args.account_rate;
         let t0 = Instant::now();
         let report = run(opts)?;
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} killed, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -259,6 +299,7 @@ fn main() -> Result<()> {
             report.catch_up_runs,
             report.catch_up_worst_lag_s,
             report.api_requests,
+            report.api_throttled,
             report.api_killed,
             report.api_accepted,
             report.relay_invocations,
@@ -266,6 +307,12 @@ fn main() -> Result<()> {
             report.relay_trimmed,
             report.republished,
             report.expired_records,
+            report.charged_per_second,
+            report.charging_span_s,
+            report.write_units_mean,
+            report.write_units_peak,
+            report.peak_concurrency,
+            report.events_throttled,
             report.digest,
             report.days / took.max(1e-9),
         );

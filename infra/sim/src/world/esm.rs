@@ -110,6 +110,13 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
             continue;
         }
         let records: Vec<SqsMessage> = msgs.iter().map(|m| record_of(m, &queue, fifo)).collect();
+        {
+            // Invocations at once: this one (its permit held) and those running.
+            let busy = s.concurrency.max(1) - running.available_permits();
+            let mut stats = w.stats.lock().expect("stats");
+            let peak = stats.peak_concurrency.entry(s.queue.clone()).or_default();
+            *peak = (*peak).max(busy);
+        }
         let instance = idle.lock().expect("idle").pop();
         let (w2, idle2, s2) = (Arc::clone(&w), Arc::clone(&idle), Arc::clone(&s));
         tokio::spawn(async move {

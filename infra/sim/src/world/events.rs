@@ -131,7 +131,10 @@ async fn delivery(w: &World, queue: &dyn EventQueue, e: &Event) {
             .opts
             .webhook_outage
             .is_some_and(|o| super::outage_window(o).contains(&now));
-        if !down && queue.enqueue(&event, &e.body).await.is_ok() {
+        if !down && !w.route_admits() {
+            // API Gateway's throttle: a `429`, which Stripe retries as any failed delivery.
+            w.stats.lock().expect("stats").events_throttled += 1;
+        } else if !down && queue.enqueue(&event, &e.body).await.is_ok() {
             w.provider.books.lock().expect("books").delivered(&e.id);
             return;
         }

@@ -61,6 +61,9 @@ pub struct Options {
     /// The share of payments (and of the bad input) sent through the payments API and its
     /// outbox relay rather than straight to the queue (0: none, and no draw for it).
     pub api_share: f64,
+    /// Each payment sent by a client of its own at its arrival (a load of hundreds a second),
+    /// not by one producer after another (the default: a send waits for the one before).
+    pub parallel_clients: bool,
 }
 
 impl Options {
@@ -106,6 +109,7 @@ impl Options {
             webhook_outage: None,
             disputes: (0.01, (30.0, 120.0)),
             api_share: 0.0,
+            parallel_clients: false,
         }
     }
 }

@@ -68,6 +68,8 @@ pub struct Report {
     pub catch_up_worst_lag_s: i64,
     /// `POST /v1/payments` requests the API's clients sent (retries included).
     pub api_requests: u64,
+    /// API requests answered `429` (the function's reserved concurrency taken).
+    pub api_throttled: u64,
     /// API invocations killed before they answered (a crash, API Gateway's timeout).
     pub api_killed: u64,
     /// The API's `202` answers (an idempotent replay's among them).
@@ -82,6 +84,21 @@ pub struct Report {
     pub relay_alarm: bool,
     /// Payment rows the operator sent again (`payctl outbox republish`).
     pub republished: u64,
+    /// The most invocations of each function at once (by its queue; the API's as `api`).
+    pub peak_concurrency: BTreeMap<String, usize>,
+    /// Webhook deliveries the events route refused `429` (its `ProviderEventsRateLimit` and
+    /// `ProviderEventsBurstLimit`), each retried by the provider later.
+    pub events_throttled: u64,
+    /// DynamoDB write units a second: the busiest second's, and the mean over
+    /// [`Report::charging_span_s`].
+    pub write_units_peak: u64,
+    /// See [`Report::write_units_peak`].
+    pub write_units_mean: f64,
+    /// Payments processed a second (each one's first request to the provider): 99 % of them
+    /// over [`Report::charging_span_s`].
+    pub charged_per_second: f64,
+    /// Seconds from the first payment's arrival until 99 % of the payments were processed.
+    pub charging_span_s: f64,
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }

@@ -42,7 +42,7 @@ pub(super) async fn post(w: &Arc<World>, key: &str, body: &str) -> u16 {
     loop {
         w.stats.lock().expect("stats").api_requests += 1;
         match invoke(w, key, body).await {
-            Some(status) if status < 500 => return status,
+            Some(status) if status < 500 && status != 429 => return status,
             answer => w.note(format!("api: POST {key} answered {answer:?}; sent again")),
         }
         tokio::time::sleep(wait).await;
@@ -60,6 +60,35 @@ async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
             .expect("the API is built when payments use it"),
     );
     let (key, body) = (key.to_owned(), body.to_owned());
+    let limit = if w.draw() < w.opts.crash_rate {
+        Duration::from_secs_f64((-(1.0 - w.draw()).ln() * 0.05).min(GATEWAY_TIMEOUT.as_secs_f64()))
+    } else {
+        GATEWAY_TIMEOUT
+    };
+    let now = w.clock.now_ms();
+    let gated = w
+        .api_gate
+        .lock()
+        .expect("gate")
+        .as_mut()
+        .is_some_and(|g| !g.admits(now));
+    if gated {
+        // The stage's route throttle: API Gateway answers 429 without invoking the function.
+        w.stats.lock().expect("stats").api_throttled += 1;
+        return Some(429);
+    }
+    let busy = w
+        .api_in_flight
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if busy > w.api_reserved {
+        // The function's reserved concurrency is taken: Lambda throttles the invocation and
+        // the client is answered 429, before anything runs.
+        w.api_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        w.stats.lock().expect("stats").api_throttled += 1;
+        return Some(429);
+    }
     let run = tokio::spawn(async move {
         let header = |name: &str| {
             name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
@@ -68,13 +97,16 @@ async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
         api.handle("POST", "/v1/payments", header, body.as_bytes())
             .await
     });
-    let limit = if w.draw() < w.opts.crash_rate {
-        Duration::from_secs_f64((-(1.0 - w.draw()).ln() * 0.05).min(GATEWAY_TIMEOUT.as_secs_f64()))
-    } else {
-        GATEWAY_TIMEOUT
-    };
     let abort = run.abort_handle();
-    match tokio::time::timeout(limit, run).await {
+    {
+        let mut stats = w.stats.lock().expect("stats");
+        let peak = stats.peak_concurrency.entry("api".into()).or_default();
+        *peak = (*peak).max(busy);
+    }
+    let answered = tokio::time::timeout(limit, run).await;
+    w.api_in_flight
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    match answered {
         Ok(Ok(answer)) => Some(answer.status),
         _ => {
             abort.abort();

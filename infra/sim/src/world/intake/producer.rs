@@ -24,6 +24,10 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
     for (n, at) in times.into_iter().enumerate() {
         let wait = (EPOCH_MS + at - w.clock.now_ms()).max(0);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        w.first_arrival_ms
+            .lock()
+            .expect("first")
+            .get_or_insert(w.clock.now_ms());
         // Through the payments API (its key the payment's id), or straight to the queue.
         let via_api = (w.api.is_some() && w.draw() < w.opts.api_share).then(|| format!("p-{n:07}"));
         let roll = w.draw();
@@ -84,7 +88,13 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
             w.sent.lock().expect("sent").insert(id, Sent { method });
             body
         };
-        submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
+        if w.opts.parallel_clients {
+            // A client of its own per payment: sent at its arrival, whatever the others wait for.
+            let (w2, sqs2, url2) = (Arc::clone(&w), sqs.clone(), url.clone());
+            tokio::spawn(async move { submit(&w2, &sqs2, &url2, via_api.as_deref(), &body).await });
+        } else {
+            submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
+        }
         later.retain(|(at, key, b)| {
             if *at <= w.clock.now_ms() {
                 let (w2, sqs2, url2, k2, b2) = (

@@ -88,7 +88,13 @@ pub(in crate::world) fn build_for_operator(
 /// The stream's records after `next` that the filter keeps, up to `limit`, and the sequence
 /// after the last record looked at (a filtered record is passed by, as Lambda drops it); the
 /// records the stream's 24 hours trimmed before they were read are counted.
-fn read(w: &World, m: &Mapping, next: &mut u64, limit: usize) -> (Vec<(u64, i64, Json)>, u64) {
+fn read(
+    w: &World,
+    m: &Mapping,
+    next: &mut u64,
+    limit: usize,
+    until: Option<u64>,
+) -> (Vec<(u64, i64, Json)>, u64) {
     let aws = w.wire.aws.lock().expect("aws");
     let Some(t) = aws.dynamo.tables.get(&m.source.table) else {
         return (Vec::new(), *next);
@@ -111,7 +117,7 @@ fn read(w: &World, m: &Mapping, next: &mut u64, limit: usize) -> (Vec<(u64, i64,
     let mut kept = Vec::new();
     let mut after = *next;
     for c in t.changes.iter().filter(|c| c.sequence >= *next) {
-        if kept.len() >= limit {
+        if kept.len() >= limit || until.is_some_and(|u| c.sequence > u) {
             break;
         }
         after = c.sequence + 1;
@@ -152,6 +158,9 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
     let mut next: u64 = 0;
     let mut size = batch;
     let mut attempts: i32 = 0;
+    // While a batch is retried: its last record (a retry is of what is left of it, not of
+    // records that came after it).
+    let mut retrying: Option<u64> = None;
     while w.clock.now_ms() < end_ms {
         let dynamo_down = {
             let aws = w.wire.aws.lock().expect("aws");
@@ -163,9 +172,10 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
             continue;
         }
         let notified = streamed.notified();
-        let (mut records, mut after) = read(&w, &m, &mut next, size);
+        let (mut records, mut after) = read(&w, &m, &mut next, size, retrying);
         if records.is_empty() {
             next = after;
+            retrying = None;
             let left = (end_ms - w.clock.now_ms()).max(1) as u64;
             let _ = tokio::time::timeout(Duration::from_millis(left), notified).await;
             continue;
@@ -173,7 +183,12 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
         if attempts == 0 && records.len() < size && !window.is_zero() {
             // The batching window: gather for it, then take what is there.
             tokio::time::sleep(window).await;
-            (records, after) = read(&w, &m, &mut next, size);
+            (records, after) = read(&w, &m, &mut next, size, retrying);
+            if records.is_empty() {
+                // Trimmed meanwhile (a mapping a day behind).
+                next = after;
+                continue;
+            }
         }
         let oldest_s = records.first().map_or(0, |r| r.1);
         let age_s = w.clock.now_ms() / 1000 - oldest_s;
@@ -190,22 +205,31 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
             next = after;
             attempts = 0;
             size = batch;
+            retrying = None;
             continue;
         }
         let sequences: Vec<u64> = records.iter().map(|r| r.0).collect();
+        let last = sequences[sequences.len() - 1];
         match invoke(&w, &m, records).await {
             Some(None) => {
                 next = after;
                 attempts = 0;
                 size = batch;
+                if retrying.is_some_and(|r| after > r) {
+                    retrying = None;
+                }
             }
-            Some(Some(failed)) => {
+            Some(Some(failed)) if sequences.contains(&failed) => {
                 // ReportBatchItemFailures: what came before the failed record is done.
                 next = failed;
                 attempts += 1;
+                retrying = Some(retrying.unwrap_or(last).max(last));
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            None => {
+            // A function error, or a failure naming no record of the batch (Lambda takes that
+            // as the whole batch failing).
+            _ => {
+                retrying = Some(retrying.unwrap_or(last).max(last));
                 if m.source.bisect_on_error && sequences.len() > 1 {
                     size = sequences.len().div_ceil(2);
                     attempts = 0;
@@ -297,11 +321,18 @@ async fn invoke(
     let abort = run.abort_handle();
     match tokio::time::timeout(limit, run).await {
         Ok(Ok(response)) => {
+            // Lambda goes on from the lowest sequence reported; one that is not a sequence
+            // number fails the batch (`u64::MAX`, in no batch).
             let failed = response
                 .batch_item_failures
-                .first()
-                .and_then(|f| f.item_identifier.as_deref())
-                .and_then(|s| s.parse::<u64>().ok());
+                .iter()
+                .map(|f| {
+                    f.item_identifier
+                        .as_deref()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(u64::MAX)
+                })
+                .min();
             w.note(format!("relay: invocation of {n}: failed from {failed:?}"));
             Some(failed)
         }
