@@ -26,6 +26,7 @@ mod checks;
 mod esm;
 mod events;
 mod function;
+mod gateway;
 mod intake;
 mod operator;
 mod options;
@@ -79,38 +80,6 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     ),
 ];
 
-/// API Gateway's throttle: a token bucket its rate refills, its burst bounds.
-struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    at_ms: i64,
-}
-
-impl Bucket {
-    fn new((rate, burst): (f64, f64)) -> Self {
-        Self {
-            rate,
-            burst: burst.max(1.0),
-            tokens: burst.max(1.0),
-            at_ms: EPOCH_MS,
-        }
-    }
-
-    /// Whether a request at `now_ms` passes (else API Gateway answers it `429`).
-    fn admits(&mut self, now_ms: i64) -> bool {
-        self.tokens = (self.tokens + (now_ms - self.at_ms).max(0) as f64 / 1000.0 * self.rate)
-            .min(self.burst);
-        self.at_ms = self.at_ms.max(now_ms);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// What the producer sent for one payment id.
 #[derive(Debug, Clone)]
 struct Sent {
@@ -162,9 +131,9 @@ struct World {
     /// The API function's reserved concurrency (`ApiReservedConcurrency`).
     api_reserved: usize,
     /// The events route's throttle.
-    route: Mutex<Bucket>,
+    route: Mutex<gateway::Bucket>,
     /// The payments API's routes' throttle (the stage's default route settings), if any.
-    api_gate: Mutex<Option<Bucket>>,
+    api_gate: Mutex<Option<gateway::Bucket>>,
 }
 
 impl World {
@@ -403,8 +372,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         api_in_flight: Default::default(),
         api_reserved,
         first_arrival_ms: Mutex::new(None),
-        route: Mutex::new(Bucket::new(route_limits)),
-        api_gate: Mutex::new(shape.api_throttle.map(Bucket::new)),
+        route: Mutex::new(gateway::Bucket::new(route_limits)),
+        api_gate: Mutex::new(shape.api_throttle.map(gateway::Bucket::new)),
     });
     world.note(format!(
         "start: seed {} payments {} days {}; payments: batch {} timeout {}s concurrency {}; refunds: batch {} timeout {}s concurrency {}",
@@ -495,33 +464,12 @@ async fn run_on(opts: Options) -> Result<Report> {
         report.catch_up_runs = c.runs;
         report.catch_up_worst_lag_s = c.worst_lag_s;
     }
-    {
-        // Payments processed (each one's first intent at the provider) a second: 99 % of them
-        // over the time from the first payment's arrival until 99 % were (a straggler, retried
-        // minutes later, says nothing of the rate).
-        let mut firsts: BTreeMap<&str, i64> = BTreeMap::new();
-        for i in books.intents.values() {
-            let t = firsts.entry(i.payment_id.as_str()).or_insert(i.created_ms);
-            *t = (*t).min(i.created_ms);
-        }
-        let mut times: Vec<i64> = firsts.into_values().collect();
-        times.sort_unstable();
-        let first = *world.first_arrival_ms.lock().expect("first");
-        if let (Some(from), false) = (first, times.is_empty()) {
-            let n99 = (times.len() * 99).div_ceil(100).max(1);
-            let p99 = times[n99 - 1];
-            let span_s = ((p99 - from) as f64 / 1000.0).max(1.0);
-            report.charging_span_s = span_s;
-            report.charged_per_second = n99 as f64 / span_s;
-            let units: u64 = aws
-                .write_units
-                .range(from / 1000..=p99 / 1000)
-                .map(|(_, u)| *u)
-                .sum();
-            report.write_units_mean = units as f64 / span_s;
-        }
-        report.write_units_peak = aws.write_units.values().copied().max().unwrap_or(0);
-    }
+    report::capacity(
+        &mut report,
+        &books,
+        &aws.write_units,
+        *world.first_arrival_ms.lock().expect("first"),
+    );
     report.charged = books
         .intents
         .values()

@@ -102,3 +102,36 @@ pub struct Report {
     /// The last lines of the trace (or all of it with `keep_trace`).
     pub trace: Vec<String>,
 }
+
+/// The capacity figures of a run: payments processed a second (99 % of them, from the first
+/// arrival), the DynamoDB write units a second over that span and at the busiest second.
+pub(super) fn capacity(
+    report: &mut Report,
+    books: &crate::provider::Books,
+    write_units: &BTreeMap<i64, u64>,
+    first: Option<i64>,
+) {
+    // Payments processed (each one's first intent at the provider) a second: 99 % of them
+    // over the time from the first payment's arrival until 99 % were (a straggler, retried
+    // minutes later, says nothing of the rate).
+    let mut firsts: BTreeMap<&str, i64> = BTreeMap::new();
+    for i in books.intents.values() {
+        let t = firsts.entry(i.payment_id.as_str()).or_insert(i.created_ms);
+        *t = (*t).min(i.created_ms);
+    }
+    let mut times: Vec<i64> = firsts.into_values().collect();
+    times.sort_unstable();
+    if let (Some(from), false) = (first, times.is_empty()) {
+        let n99 = (times.len() * 99).div_ceil(100).max(1);
+        let p99 = times[n99 - 1];
+        let span_s = ((p99 - from) as f64 / 1000.0).max(1.0);
+        report.charging_span_s = span_s;
+        report.charged_per_second = n99 as f64 / span_s;
+        let units: u64 = write_units
+            .range(from / 1000..=p99 / 1000)
+            .map(|(_, u)| *u)
+            .sum();
+        report.write_units_mean = units as f64 / span_s;
+    }
+    report.write_units_peak = write_units.values().copied().max().unwrap_or(0);
+}
