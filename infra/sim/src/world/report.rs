@@ -131,7 +131,8 @@ pub(super) fn capacity(
             .range(from / 1000..=p99 / 1000)
             .map(|(_, u)| *u)
             .sum();
-        report.write_units_mean = units as f64 / span_s;
+        // Whole seconds summed, whole seconds divided by.
+        report.write_units_mean = units as f64 / (p99 / 1000 - from / 1000 + 1) as f64;
     }
     report.write_units_peak = write_units.values().copied().max().unwrap_or(0);
 }

@@ -62,7 +62,14 @@ pub(in crate::world) fn build(
     let filters = source
         .filters
         .iter()
-        .map(|p| serde_json::from_str(p).context("a filter pattern that is not JSON"))
+        .map(|p| {
+            let pattern: Json =
+                serde_json::from_str(p).context("a filter pattern that is not JSON")?;
+            // The model matches exact values only: a pattern beyond them would drop every record.
+            crate::eventbridge::supported(&pattern)
+                .map_err(|e| anyhow::anyhow!("the relay's filter {p}: {e}"))?;
+            Ok(pattern)
+        })
         .collect::<Result<Vec<Json>>>()?;
     Ok(Mapping {
         source,
@@ -180,7 +187,7 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
             let _ = tokio::time::timeout(Duration::from_millis(left), notified).await;
             continue;
         }
-        if attempts == 0 && records.len() < size && !window.is_zero() {
+        if retrying.is_none() && records.len() < size && !window.is_zero() {
             // The batching window: gather for it, then take what is there.
             tokio::time::sleep(window).await;
             (records, after) = read(&w, &m, &mut next, size, retrying);
@@ -205,7 +212,9 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
             next = after;
             attempts = 0;
             size = batch;
-            retrying = None;
+            if retrying.is_some_and(|r| after > r) {
+                retrying = None;
+            }
             continue;
         }
         let sequences: Vec<u64> = records.iter().map(|r| r.0).collect();
