@@ -111,9 +111,7 @@ pub(super) fn resolve(
             .and_then(|(l, _)| stack.queues.get(l))
             .cloned()
             .ok_or_else(|| anyhow!("the SQS event's queue is not in the template"))?;
-        let timeout = r
-            .int(get(&props, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
-            .unwrap_or(3);
+        let timeout = timeout_of(r, &props, globals)?;
         let source = EventSource {
             queue_url,
             queue_arn,
@@ -122,12 +120,7 @@ pub(super) fn resolve(
                 .int(get(&ep, "MaximumBatchingWindowInSeconds"))?
                 .unwrap_or(0) as i32,
             function_timeout_seconds: timeout as i32,
-            report_batch_item_failures: get(&ep, "FunctionResponseTypes")
-                .and_then(|v| v.as_sequence())
-                .is_some_and(|s| {
-                    s.iter()
-                        .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
-                }),
+            report_batch_item_failures: reports_item_failures(&ep),
         };
         // The function must know the visibility it heartbeats with: follow a local override.
         if let (Some(vt), Some(logical)) = (opts.visibility_timeout, logical.as_str()) {
@@ -167,9 +160,7 @@ fn stream_source(
     globals: Option<&Value>,
     stack: &Stack,
 ) -> Result<super::StreamSource> {
-    let timeout = r
-        .int(get(function, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
-        .unwrap_or(3);
+    let timeout = timeout_of(r, function, globals)?;
     let flag = |k: &str| get(ep, k).and_then(Value::as_bool).unwrap_or(false);
     let mut filters = Vec::new();
     for f in get(ep, "FilterCriteria")
@@ -206,13 +197,26 @@ fn stream_source(
         maximum_record_age_seconds: r.int(get(ep, "MaximumRecordAgeInSeconds"))?.unwrap_or(-1)
             as i32,
         bisect_on_error: flag("BisectBatchOnFunctionError"),
-        report_batch_item_failures: get(ep, "FunctionResponseTypes")
-            .and_then(|v| v.as_sequence())
-            .is_some_and(|s| {
-                s.iter()
-                    .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
-            }),
+        report_batch_item_failures: reports_item_failures(ep),
         filters,
         on_failure_queue_url,
     })
+}
+
+/// A function's `Timeout` (its own, else the Globals', else Lambda's 3 s).
+fn timeout_of(r: &Resolver<'_>, function: &Value, globals: Option<&Value>) -> Result<i64> {
+    Ok(
+        r.int(get(function, "Timeout").or_else(|| globals.and_then(|g| get(g, "Timeout"))))?
+            .unwrap_or(3),
+    )
+}
+
+/// A mapping's `FunctionResponseTypes` includes `ReportBatchItemFailures`.
+fn reports_item_failures(mapping: &Value) -> bool {
+    get(mapping, "FunctionResponseTypes")
+        .and_then(|v| v.as_sequence())
+        .is_some_and(|s| {
+            s.iter()
+                .any(|t| t.as_str() == Some("ReportBatchItemFailures"))
+        })
 }
