@@ -326,16 +326,38 @@ phases_begin() { # starts a table of this run's own unless one is already being 
   fi
   export PHASES_FILE
 }
+# The machine's cores, busy and idle, in clock ticks since boot (/proc/stat's first line: user,
+# nice, system, irq and softirq are busy; idle and iowait are not): a phase's row says how busy
+# the machine was while it ran, so that the table shows whether the run waits on the cores.
+machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $5 + $6; exit }' /proc/stat 2>/dev/null || echo "0 0"; }
+busy_since() { # "busy idle" at the start: the machine's busy share since then, in per cent
+  local now
+  now=$(machine_ticks)
+  awk -v a="$1" -v b="$now" 'BEGIN { split(a, x, " "); split(b, y, " "); busy = y[1] - x[1]; idle = y[2] - x[2]
+    if (busy + idle > 0) printf "%d%%", 100 * busy / (busy + idle); else printf "-" }'
+}
+# The CPU time of what a subshell ran and waited for (bash's times, its children's user + system),
+# in whole seconds, into the variable named: a phase beside the foreground runs in a subshell, so
+# its row says what it cost the cores. (times in this shell, into a file: in a pipe or a command
+# substitution it would be a fork's, which has no children.)
+children_cpu_into() { # variable
+  local file
+  file=$(mktemp)
+  times >"$file"
+  printf -v "$1" '%s' "$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, m, "m"); sub("s", "", m[2]); s += m[1] * 60 + m[2] } printf "%d", s }' "$file")"
+  rm -f "$file"
+}
 phase_started() { # name [start, epoch seconds]
   [ -z "$PHASES_FILE" ] || printf '%s\t%s\n' "$1" "${2:-$(date +%s)}" >"$PHASES_FILE.current"
 }
 phase() { # name command...: runs the command in the foreground (errexit applies inside it)
-  local name=$1 started=$SECONDS
+  local name=$1 started=$SECONDS ticks
   shift
+  ticks=$(machine_ticks)
   phase_started "$name"
   "$@"
   [ -z "$PHASES_FILE" ] || {
-    printf '%s\t%d\tforeground\n' "$name" "$((SECONDS - started))" >>"$PHASES_FILE"
+    printf '%s\t%d\tforeground\t-\t%s\n' "$name" "$((SECONDS - started))" "$(busy_since "$ticks")" >>"$PHASES_FILE"
     rm -f "$PHASES_FILE.current"
   }
 }
@@ -354,15 +376,19 @@ phase_bg() { # name command...
   log=$(phase_log "$name")
   (
     started=$SECONDS
+    ticks=$(machine_ticks)
     "$@"
-    [ -z "$PHASES_FILE" ] || printf '%s\t%d\tbeside the foreground\n' "$name" "$((SECONDS - started))" >>"$PHASES_FILE"
+    children_cpu_into cpu
+    [ -z "$PHASES_FILE" ] || printf '%s\t%d\tbeside the foreground\t%s\t%s\n' "$name" "$((SECONDS - started))" \
+      "$cpu" "$(busy_since "$ticks")" >>"$PHASES_FILE"
   ) >"$log" 2>&1 &
   PHASE_PIDS[$name]=$!
   PHASE_STARTS[$name]=$(date +%s)
   log "$name: started beside the run (its output: $log)"
 }
 phase_wait() { # name
-  local name=$1 pid=${PHASE_PIDS[$1]} started=$SECONDS status=0
+  local name=$1 pid=${PHASE_PIDS[$1]} started=$SECONDS status=0 ticks
+  ticks=$(machine_ticks)
   phase_started "waiting for $name"
   wait "$pid" || status=$?
   # (quoted whole: a name with a quote in it must not leave the key behind)
@@ -375,7 +401,7 @@ phase_wait() { # name
   fi
   [ -z "$PHASES_FILE" ] || rm -f "$PHASES_FILE.current"
   if [ $((SECONDS - started)) -gt 0 ] && [ -n "$PHASES_FILE" ]; then
-    printf '%s\t%d\tforeground\n' "waiting for $name" "$((SECONDS - started))" >>"$PHASES_FILE"
+    printf '%s\t%d\tforeground\t-\t%s\n' "waiting for $name" "$((SECONDS - started))" "$(busy_since "$ticks")" >>"$PHASES_FILE"
   fi
 }
 # Stops the phases still running beside (an early failure must not leave a build running).
@@ -401,11 +427,13 @@ phase_table() { # [title]: the table of every phase so far; one that failed or w
     rm -f "$PHASES_FILE.current"
   fi
   echo
-  echo "${1:-Where the time went} (wall time; phases beside the foreground overlap it):"
+  echo "${1:-Where the time went} (wall time; phases beside the foreground overlap it; CPU: what a phase"
+  echo "beside cost the cores, in minutes of one core; busy: the share of the machine's cores busy while it ran):"
   echo
   awk -F '\t' '
     function t(s) { return sprintf("%d:%02d", int(s / 60), s % 60) }
-    { printf "| %-62s | %7s | %s\n", $1, t($2), $3; if ($3 != "beside the foreground") sum += $2 }
+    { cpu = ($4 == "" || $4 == "-") ? "" : t($4); busy = ($5 == "") ? "" : $5
+      printf "| %-62s | %7s | %-21s | %7s | %5s |\n", $1, t($2), $3, cpu, busy; if ($3 != "beside the foreground") sum += $2 }
     END { printf "| %-62s | %7s |\n", "foreground in all", t(sum) }' "$PHASES_FILE"
   echo
 }
