@@ -287,11 +287,16 @@ impl Wire {
                         (200, j, None)
                     }
                     Err(e) => {
-                        // A refused condition consumes the write's units all the same.
+                        // A refused condition consumes the write's units all the same. A
+                        // cancelled transaction is counted as if it had written: DynamoDB's
+                        // documents say what a refused single write consumes, not what a
+                        // cancelled transaction's prepare does, and this count sizes tables
+                        // (an upper bound is the safe side).
                         if units > 0
-                            && e.body()["__type"]
-                                .as_str()
-                                .is_some_and(|t| t.ends_with("ConditionalCheckFailedException"))
+                            && e.body()["__type"].as_str().is_some_and(|t| {
+                                t.ends_with("ConditionalCheckFailedException")
+                                    || t.ends_with("TransactionCanceledException")
+                            })
                         {
                             *aws.write_units.entry(now_ms.div_euclid(1000)).or_default() += units;
                         }

@@ -62,4 +62,13 @@ async fn the_relays_stream_mapping_is_read_from_the_template() {
     );
     // Only the relay reads a stream.
     assert_eq!(stack.stream_sources.len(), 1);
+    // The payments API's clients meet its function's timeout (10 s) before the integration's
+    // (12 s): the simulator's API reads both, where it had API Gateway's 30 s.
+    assert_eq!(stack.function_timeouts["PaymentsApiFunction"], 10);
+    let shape = payctl::template::shape_of(&template, &Default::default()).unwrap();
+    assert_eq!(shape.integration_timeouts_ms["PaymentsApiFunction"], 12_000);
+    assert_eq!(
+        shape.integration_timeouts_ms["ProviderEventsFunction"],
+        12_000
+    );
 }

@@ -79,6 +79,9 @@ pub(super) fn resolve(
             .collect();
         if let Some(logical) = logical.as_str() {
             stack.function_envs.insert(logical.to_owned(), env.clone());
+            stack
+                .function_timeouts
+                .insert(logical.to_owned(), timeout_of(r, &props, globals)?);
             if !pace.is_empty() {
                 stack.deployed_pace.insert(logical.to_owned(), pace);
             }

@@ -164,6 +164,9 @@ pub struct Stack {
     pub stream_sources: BTreeMap<String, StreamSource>,
     /// Every function's environment by logical id (the API's and the relay's too), resolved.
     pub function_envs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Every function's `Timeout` in seconds (its own, else the Globals', else Lambda's 3), by
+    /// logical id.
+    pub function_timeouts: BTreeMap<String, i64>,
     /// What each function paces its provider calls to when deployed, by logical id: the
     /// template's `payment_core::edges::config::PACE_VARS`, resolved. They are left out of
     /// [`Stack::function_envs`] (a local process stands for every instance at once); the
@@ -293,6 +296,9 @@ pub struct Shape {
     /// An HTTP API stage's default route throttle (requests a second, burst), where the
     /// template gives one as numbers.
     pub api_throttle: Option<(f64, f64)>,
+    /// Each HTTP API Lambda integration's `TimeoutInMillis` (API Gateway's 30,000 where it
+    /// gives none), by the logical id of the function it invokes (`!Ref F` or `!Ref F.Alias`).
+    pub integration_timeouts_ms: BTreeMap<String, i64>,
 }
 
 /// The [`Shape`] of the template at `template_path`.
@@ -306,6 +312,7 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
     let mut counts = BTreeMap::new();
     let mut custom_metrics = std::collections::BTreeSet::new();
     let mut api_throttle = None;
+    let mut integration_timeouts_ms = BTreeMap::new();
     for res in resources.values() {
         let kind = get(res, "Type").and_then(Value::as_str).unwrap_or_default();
         *counts.entry(kind.to_owned()).or_default() += 1;
@@ -318,6 +325,23 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
                 number("ThrottlingBurstLimit"),
             ) {
                 api_throttle = Some((rate, burst));
+            }
+        }
+        if kind == "AWS::ApiGatewayV2::Integration" {
+            let function = props
+                .and_then(|p| get(p, "IntegrationUri"))
+                .and_then(resolve::intrinsic)
+                .filter(|(f, _)| f == "Ref")
+                .and_then(|(_, arg)| {
+                    arg.as_str()
+                        .map(|f| f.trim_end_matches(".Alias").to_owned())
+                });
+            if let Some(function) = function {
+                let ms = props
+                    .and_then(|p| get(p, "TimeoutInMillis"))
+                    .and_then(Value::as_i64)
+                    .unwrap_or(30_000);
+                integration_timeouts_ms.insert(function, ms);
             }
         }
         let text = |k: &str| props.and_then(|p| get(p, k)).and_then(Value::as_str);
@@ -364,6 +388,7 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         parameters,
         custom_metrics,
         api_throttle,
+        integration_timeouts_ms,
     })
 }
 
@@ -414,6 +439,7 @@ pub async fn provision(
         tables: BTreeMap::new(),
         function_env: BTreeMap::new(),
         function_envs: BTreeMap::new(),
+        function_timeouts: BTreeMap::new(),
         deployed_pace: BTreeMap::new(),
         event_sources: BTreeMap::new(),
         stream_sources: BTreeMap::new(),

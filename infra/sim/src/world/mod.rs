@@ -121,7 +121,7 @@ struct World {
     /// ... and through EventBridge, published by this partner event source.
     bridge: Option<String>,
     /// The payments API, when payments go through it.
-    api: Option<Arc<payment_core::api::PaymentsApi>>,
+    api: Option<intake::api::ApiFunction>,
     /// The outbox relay and its stream mapping, when payments go through the API.
     relay: Option<Arc<intake::relay::Mapping>>,
     /// When the first payment arrived (epoch ms).
@@ -294,7 +294,12 @@ async fn run_on(opts: Options) -> Result<Report> {
     let events = function::Function::of(&stack, "EventProcessorFunction")?;
     let (api, relay) = if opts.api_share > 0.0 {
         (
-            Some(intake::api::build(&stack, &sdk, Arc::clone(&clock))?),
+            Some(intake::api::build(
+                &stack,
+                &shape,
+                &sdk,
+                Arc::clone(&clock),
+            )?),
             Some(Arc::new(intake::relay::build(&stack, &sdk)?)),
         )
     } else {

@@ -68,17 +68,22 @@ pub struct Report {
     pub catch_up_worst_lag_s: i64,
     /// `POST /v1/payments` requests the API's clients sent (retries included).
     pub api_requests: u64,
-    /// API requests answered `429` (the function's reserved concurrency taken).
+    /// API requests answered `429` (the stage's throttle, or the function's reserved
+    /// concurrency taken).
     pub api_throttled: u64,
-    /// API invocations killed before they answered (a crash, API Gateway's timeout).
+    /// API invocations ended before they answered (a crash, the function's timeout).
     pub api_killed: u64,
+    /// API requests API Gateway answered `504`: the invocation outlived the integration's
+    /// timeout (and ran on).
+    pub api_gateway_timeouts: u64,
     /// The API's `202` answers (an idempotent replay's among them).
     pub api_accepted: u64,
     /// Invocations of the outbox relay.
     pub relay_invocations: u64,
     /// Stream records the relay's mapping gave up on (to its on-failure destination).
     pub relay_given_up: u64,
-    /// Stream records trimmed (24 hours) before the relay's mapping read them.
+    /// Stream records trimmed (24 hours) before the relay's mapping read them: any change of
+    /// the table, the filter's or not (the mapping's iterator falls behind on all alike).
     pub relay_trimmed: u64,
     /// A relay alarm (iterator age over a minute, a batch given up) waits for the operator.
     pub relay_alarm: bool,

@@ -1,8 +1,10 @@
 //! The payments API as its clients reach it: `POST /v1/payments` under an `Idempotency-Key`,
 //! answered by the API's own code (`PaymentsApi`, built as its function's environment says, on
-//! the run's DynamoDB client and clock); an invocation killed by a crash or API Gateway's
-//! 30 s integration timeout answers nothing, and the client sends the same request again, with
-//! the same key, until it has an answer that is not a `5xx`.
+//! the run's DynamoDB client and clock). An invocation killed by a crash or by its function's
+//! `Timeout` answers the client nothing it can use (API Gateway's `5xx`), and so does one that
+//! outlives the integration's `TimeoutInMillis` (a `504`), which goes on running to its own
+//! timeout meanwhile; the client sends the same request again, with the same key, until it has
+//! an answer that is not a `5xx` or a `429`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,26 +15,47 @@ use payment_core::edges::config::ApiConfig;
 
 use super::super::World;
 
-/// API Gateway's integration timeout: an answer later than this is a `504` to the client.
-const GATEWAY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The payments API function of the provisioned stack, and the timeouts its clients meet.
+pub(in crate::world) struct ApiFunction {
+    /// The API's own code, as its function's init builds it.
+    api: Arc<PaymentsApi>,
+    /// The function's `Timeout`: Lambda ends an invocation there.
+    timeout: Duration,
+    /// The integration's `TimeoutInMillis`: API Gateway answers `504` there.
+    integration_timeout: Duration,
+}
 
 /// The payments API function of the provisioned stack.
 pub(in crate::world) fn build(
     stack: &payctl::template::Stack,
+    shape: &payctl::template::Shape,
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
-) -> Result<Arc<PaymentsApi>> {
+) -> Result<ApiFunction> {
+    const NAME: &str = "PaymentsApiFunction";
     let env = stack
         .function_envs
-        .get("PaymentsApiFunction")
+        .get(NAME)
         .context("the template has no PaymentsApiFunction")?;
     let config = ApiConfig::from_lookup(|k| env.get(k).cloned())
         .context("PaymentsApiFunction's configuration")?;
-    Ok(Arc::new(payment_core::edges::bootstrap::build_api_on(
-        &config,
-        crate::wire::dynamodb_client(sdk),
-        clock,
-    )))
+    let timeout = *stack
+        .function_timeouts
+        .get(NAME)
+        .context("the template gives PaymentsApiFunction no timeout")?;
+    let integration_ms = *shape
+        .integration_timeouts_ms
+        .get(NAME)
+        .context("the template has no HTTP API integration of PaymentsApiFunction")?;
+    Ok(ApiFunction {
+        api: Arc::new(payment_core::edges::bootstrap::build_api_on(
+            &config,
+            crate::wire::dynamodb_client(sdk),
+            clock,
+        )),
+        timeout: Duration::from_secs(timeout.max(1) as u64),
+        integration_timeout: Duration::from_millis(integration_ms.max(1) as u64),
+    })
 }
 
 /// One client's `POST /v1/payments` of `body` under `key`, sent again (same key, same body)
@@ -50,20 +73,21 @@ pub(super) async fn post(w: &Arc<World>, key: &str, body: &str) -> u16 {
     }
 }
 
-/// One invocation of the API function: its answer's status, or `None` when the invocation was
-/// killed (a crash, drawn as the processors' are) or outlived API Gateway's timeout. What it
-/// sent to DynamoDB before it died lands all the same.
+/// One invocation of the API function: its answer's status, or `None` when the client had no
+/// answer from it: the invocation was killed (a crash, drawn as the processors' are, or its
+/// function's timeout) or outlived the integration's timeout (it then runs on, to its own
+/// timeout, holding its concurrency). What it sent to DynamoDB before it ended lands all the same.
 async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
-    let api = Arc::clone(
-        w.api
-            .as_ref()
-            .expect("the API is built when payments use it"),
-    );
+    let function = w
+        .api
+        .as_ref()
+        .expect("the API is built when payments use it");
+    let api = Arc::clone(&function.api);
     let (key, body) = (key.to_owned(), body.to_owned());
-    let limit = if w.draw() < w.opts.crash_rate {
-        Duration::from_secs_f64((-(1.0 - w.draw()).ln() * 0.05).min(GATEWAY_TIMEOUT.as_secs_f64()))
+    let lives = if w.draw() < w.opts.crash_rate {
+        Duration::from_secs_f64((-(1.0 - w.draw()).ln() * 0.05).min(function.timeout.as_secs_f64()))
     } else {
-        GATEWAY_TIMEOUT
+        function.timeout
     };
     let now = w.clock.now_ms();
     let gated = w
@@ -89,28 +113,40 @@ async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
         w.stats.lock().expect("stats").api_throttled += 1;
         return Some(429);
     }
-    let run = tokio::spawn(async move {
-        let header = |name: &str| {
-            name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
-                .then(|| key.clone())
-        };
-        api.handle("POST", "/v1/payments", header, body.as_bytes())
-            .await
-    });
-    let abort = run.abort_handle();
     {
         let mut stats = w.stats.lock().expect("stats");
         let peak = stats.peak_concurrency.entry("api".into()).or_default();
         *peak = (*peak).max(busy);
     }
-    let answered = tokio::time::timeout(limit, run).await;
-    w.api_in_flight
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    match answered {
-        Ok(Ok(answer)) => Some(answer.status),
-        _ => {
-            abort.abort();
-            w.stats.lock().expect("stats").api_killed += 1;
+    // The invocation, to its answer or its end (Lambda's), releasing its concurrency then.
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+    let world = Arc::clone(w);
+    tokio::spawn(async move {
+        let handled = tokio::time::timeout(lives, async move {
+            let header = |name: &str| {
+                name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
+                    .then(|| key.clone())
+            };
+            api.handle("POST", "/v1/payments", header, body.as_bytes())
+                .await
+        })
+        .await;
+        world
+            .api_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        match handled {
+            Ok(answer) => {
+                let _ = answer_tx.send(answer.status);
+            }
+            Err(_) => world.stats.lock().expect("stats").api_killed += 1,
+        }
+    });
+    // API Gateway waits for the integration's timeout at most.
+    match tokio::time::timeout(function.integration_timeout, answer_rx).await {
+        Ok(Ok(status)) => Some(status),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            w.stats.lock().expect("stats").api_gateway_timeouts += 1;
             None
         }
     }

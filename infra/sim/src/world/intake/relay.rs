@@ -108,12 +108,8 @@ fn read(
     };
     let mut lost = 0;
     if let Some(first) = t.changes.first() {
-        // (0: the mapping's start, TRIM_HORIZON, which loses nothing.)
         if first.sequence > *next {
             lost = first.sequence - *next;
-            if *next == 0 {
-                lost = 0;
-            }
             *next = first.sequence;
         }
     }
@@ -161,8 +157,9 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
     };
     let batch = m.source.batch_size.max(1) as usize;
     let window = Duration::from_secs(m.source.batching_window_seconds.max(0) as u64);
-    // TRIM_HORIZON: the stream's oldest record.
-    let mut next: u64 = 0;
+    // TRIM_HORIZON from the stack's start: the table's first change (sequence 1), so that
+    // records trimmed before the first read are counted lost too.
+    let mut next: u64 = 1;
     let mut size = batch;
     let mut attempts: i32 = 0;
     // While a batch is retried: its last record (a retry is of what is left of it, not of
@@ -330,18 +327,7 @@ async fn invoke(
     let abort = run.abort_handle();
     match tokio::time::timeout(limit, run).await {
         Ok(Ok(response)) => {
-            // Lambda goes on from the lowest sequence reported; one that is not a sequence
-            // number fails the batch (`u64::MAX`, in no batch).
-            let failed = response
-                .batch_item_failures
-                .iter()
-                .map(|f| {
-                    f.item_identifier
-                        .as_deref()
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .unwrap_or(u64::MAX)
-                })
-                .min();
+            let failed = checkpoint(&response);
             w.note(format!("relay: invocation of {n}: failed from {failed:?}"));
             Some(failed)
         }
@@ -350,6 +336,60 @@ async fn invoke(
             w.stats.lock().expect("stats").killed += 1;
             w.note(format!("relay: invocation of {n} killed after {limit:?}"));
             None
+        }
+    }
+}
+
+/// Where the mapping goes on from after a batch's answer: `None` when the batch is done, else
+/// the lowest sequence reported; a null, empty or unreadable identifier among them fails the
+/// whole batch, whatever else was reported (`u64::MAX`, in no batch): Lambda's documented rule
+/// for `ReportBatchItemFailures` on a stream.
+fn checkpoint(response: &aws_lambda_events::event::streams::DynamoDbEventResponse) -> Option<u64> {
+    let ids: Option<Vec<u64>> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| {
+            f.item_identifier
+                .as_deref()
+                .and_then(|s| s.parse::<u64>().ok())
+        })
+        .collect();
+    match ids {
+        Some(ids) => ids.into_iter().min(),
+        None => Some(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint;
+    use aws_lambda_events::event::streams::DynamoDbEventResponse;
+
+    fn answer(ids: &[Option<&str>]) -> DynamoDbEventResponse {
+        serde_json::from_value(serde_json::json!({
+            "batchItemFailures": ids.iter().map(|id| serde_json::json!({"itemIdentifier": id})).collect::<Vec<_>>()
+        }))
+        .expect("a stream response")
+    }
+
+    #[test]
+    fn a_batch_goes_on_from_its_lowest_reported_record() {
+        assert_eq!(checkpoint(&answer(&[])), None);
+        assert_eq!(
+            checkpoint(&answer(&[Some("00000000000000000007"), Some("5")])),
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_identifier_fails_the_whole_batch_even_beside_a_valid_one() {
+        for bad in [None, Some(""), Some("not-a-sequence")] {
+            assert_eq!(
+                checkpoint(&answer(&[Some("5"), bad])),
+                Some(u64::MAX),
+                "{bad:?}"
+            );
+            assert_eq!(checkpoint(&answer(&[bad])), Some(u64::MAX), "{bad:?}");
         }
     }
 }
