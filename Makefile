@@ -64,20 +64,32 @@ sim:
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
 	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
-## docs/performance.md's Capacity tier of 100 payments a second on the simulated clock, at its
-## settings (ProviderRequestsPerSecond 180, MaximumConcurrency and ReservedConcurrency 20, the events
-## route raised to 200 a second, a provider account of 180 requests a second), no injected faults,
-## ten minutes of a steady load (60,000 payments arriving at 100 a second, half through the API),
+## docs/performance.md's Capacity tiers on the simulated clock, at their settings, no injected
+## faults: ten minutes of a steady load (TIER payments a second for 600 s, half through the API),
 ## then a backlog of as many queued at once (straight to the queue, as after an outage). Each line
 ## says what the arithmetic there claims: payments processed a second, provider requests refused,
-## invocations at once, DynamoDB write units, the catch-up's lag (about 5 minutes a run).
-## CAPACITY_PARAMETERS='Name=Value ...' changes the settings.
-CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=180 MaximumConcurrency=20 ReservedConcurrency=20 ProviderEventsRateLimit=200
+## invocations at once, DynamoDB write units, the catch-up's lag.
+## TIER=100 (the default, about 10 minutes of this machine): ProviderRequestsPerSecond 180,
+##   MaximumConcurrency and ReservedConcurrency 20, the events route raised to 200 a second, a
+##   provider account of 180 requests a second.
+## TIER=1000 (the 100 tier's settings times ten; about 4 ms of one core a payment, so about
+##   1.5 hours here): 1,800, 200 and 200, the route at 2,000, an account of 1,800.
+## TIER=10000 (one of the column's two stacks, each taking half the payments: 5,000 a second,
+##   the middle column's settings times five, an account's half of 18,000; about 7 hours here a load).
+## CAPACITY_PARAMETERS='Name=Value ...' and CAPACITY_ACCOUNT_RATE change the settings.
+TIER ?= 100
+CAPACITY_RATE = $(if $(filter 10000,$(TIER)),5000,$(TIER))
+CAPACITY_SCALE = $(if $(filter 100,$(TIER)),1,$(if $(filter 1000,$(TIER)),10,$(if $(filter 10000,$(TIER)),50,$(error TIER is 100, 1000 or 10000))))
+CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=$(shell echo $$((180 * $(CAPACITY_SCALE)))) \
+  MaximumConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE) > 1000 ? 1000 : 20 * $(CAPACITY_SCALE)))) \
+  ReservedConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE) > 1000 ? 1000 : 20 * $(CAPACITY_SCALE)))) \
+  ProviderEventsRateLimit=$(shell echo $$((200 * $(CAPACITY_SCALE))))
+CAPACITY_ACCOUNT_RATE ?= $(shell echo $$((180 * $(CAPACITY_SCALE))))
 sim-capacity:
 	for load in "600 0.5" "0 0"; do set -- $$load; \
 	  PARAMETERS='$(CAPACITY_PARAMETERS)' cargo run --profile perf -q -p simulator --bin sim -- \
-	    --seeds 1 --first 1 --payments 60000 --days 0.1 --arrival-seconds $$1 --parallel-clients \
-	    --api-share $$2 --refund-share 0 --dispute-share 0 --account-rate 180 \
+	    --seeds 1 --first 1 --payments $$(($(CAPACITY_RATE) * 600)) --days 0.1 --arrival-seconds $$1 --parallel-clients \
+	    --api-share $$2 --refund-share 0 --dispute-share 0 --account-rate $(CAPACITY_ACCOUNT_RATE) \
 	    --crash-rate 0 --aws-fault-rate 0 --provider-fault-rate 0 || exit 1; \
 	done
 
