@@ -70,10 +70,12 @@ sim:
 ## says what the arithmetic there claims: payments processed a second, provider requests refused,
 ## invocations at once, DynamoDB write units, the catch-up's lag.
 ## TIER=100 (the default, about 10 minutes of this machine): ProviderRequestsPerSecond 180,
-##   MaximumConcurrency and ReservedConcurrency 20, the events route raised to 200 a second, a
-##   provider account of 180 requests a second.
+##   MaximumConcurrency and ReservedConcurrency 20, the events route raised to 200 a second, the
+##   payments API's throttle and ApiReservedConcurrency at their defaults (100 a second, burst
+##   200; 20), a provider account of 180 requests a second.
 ## TIER=1000 (the 100 tier's settings times ten; about 4 ms of one core a payment, so about
-##   1.5 hours here): 1,800, 200 and 200, the route at 2,000, an account of 1,800.
+##   1.5 hours here): 1,800, 200 and 200, the route at 2,000, the API at 1,000 (burst 2,000)
+##   with 200 reserved, an account of 1,800.
 ## TIER=10000 (one of the column's two stacks, each taking half the payments: 5,000 a second,
 ##   the middle column's settings times five, an account's half of 18,000; about 7 hours here a load).
 ## CAPACITY_PARAMETERS='Name=Value ...' and CAPACITY_ACCOUNT_RATE change the settings.
@@ -83,7 +85,9 @@ CAPACITY_SCALE = $(if $(filter 100,$(TIER)),1,$(if $(filter 1000,$(TIER)),10,$(i
 CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=$(shell echo $$((180 * $(CAPACITY_SCALE)))) \
   MaximumConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE) > 1000 ? 1000 : 20 * $(CAPACITY_SCALE)))) \
   ReservedConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE) > 1000 ? 1000 : 20 * $(CAPACITY_SCALE)))) \
-  ProviderEventsRateLimit=$(shell echo $$((200 * $(CAPACITY_SCALE))))
+  ProviderEventsRateLimit=$(shell echo $$((200 * $(CAPACITY_SCALE)))) \
+  PaymentsApiRateLimit=$(shell echo $$((100 * $(CAPACITY_SCALE)))) PaymentsApiBurstLimit=$(shell echo $$((200 * $(CAPACITY_SCALE)))) \
+  ApiReservedConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE))))
 CAPACITY_ACCOUNT_RATE ?= $(shell echo $$((180 * $(CAPACITY_SCALE))))
 sim-capacity:
 	for load in "600 0.5" "0 0"; do set -- $$load; \

@@ -71,4 +71,14 @@ async fn the_relays_stream_mapping_is_read_from_the_template() {
         shape.integration_timeouts_ms["ProviderEventsFunction"],
         12_000
     );
+    // The payments API's throttle is the template's parameters' (a Capacity tier raises them).
+    assert_eq!(shape.api_throttle, Some((100.0, 200.0)));
+    let raised = payctl::template::shape_of(
+        &template,
+        &[("PaymentsApiRateLimit".to_owned(), "1000".to_owned())]
+            .into_iter()
+            .collect(),
+    )
+    .unwrap();
+    assert_eq!(raised.api_throttle, Some((1000.0, 200.0)));
 }

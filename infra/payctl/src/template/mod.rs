@@ -294,7 +294,7 @@ pub struct Shape {
     pub parameters: HashMap<String, String>,
     pub custom_metrics: std::collections::BTreeSet<(String, String)>,
     /// An HTTP API stage's default route throttle (requests a second, burst), where the
-    /// template gives one as numbers.
+    /// template gives one as numbers or parameters.
     pub api_throttle: Option<(f64, f64)>,
     /// Each HTTP API Lambda integration's `TimeoutInMillis` (API Gateway's 30,000 where it
     /// gives none), by the logical id of the function it invokes (`!Ref F` or `!Ref F.Alias`).
@@ -319,7 +319,16 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         let props = get(res, "Properties");
         if kind == "AWS::ApiGatewayV2::Stage" {
             let route = props.and_then(|p| get(p, "DefaultRouteSettings"));
-            let number = |k: &str| route.and_then(|r| get(r, k)).and_then(Value::as_f64);
+            // A number, or a `Ref` to a parameter (its value, given or the default).
+            let number = |k: &str| {
+                let v = route.and_then(|r| get(r, k))?;
+                v.as_f64().or_else(|| {
+                    resolve::intrinsic(v)
+                        .filter(|(f, _)| f == "Ref")
+                        .and_then(|(_, name)| name.as_str().and_then(|n| parameters.get(n)))
+                        .and_then(|p| p.parse().ok())
+                })
+            };
             if let (Some(rate), Some(burst)) = (
                 number("ThrottlingRateLimit"),
                 number("ThrottlingBurstLimit"),
