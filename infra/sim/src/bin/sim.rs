@@ -269,6 +269,14 @@ fn main() -> Result<()> {
             );
             opts.arrival_days = a / 86_400.0;
         }
+        // The mappings stop at DAYS; the producers send duplicates and reused ids up to two
+        // hours after a payment's arrival, which would land in a queue nothing reads.
+        anyhow::ensure!(
+            args.days * 86_400.0 >= opts.arrival_days * 86_400.0 + 7_200.0,
+            "DAYS must outlast the last arrival by two hours (the producers' late duplicates): {} days with arrivals over {:.0} s",
+            args.days,
+            opts.arrival_days * 86_400.0
+        );
         opts.refund_share = args.refund_share;
         opts.parallel_clients = args.parallel_clients;
         opts.provider.account_rate = args.account_rate;
