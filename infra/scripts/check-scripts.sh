@@ -21,8 +21,8 @@ out=$( (CARGO_TARGET_DIR="$work/elsewhere" && source "$here/lib.sh" && echo "BIN
   || fail "check_conformance failed with CARGO_TARGET_DIR=$work/elsewhere: $out"
 grep -q "^BIN=$work/elsewhere/debug$" <<<"$out" || fail "CARGO_TARGET_DIR is not honoured: $out"
 
-# 3. The default path (ministack) installs nothing into the project's virtualenv: moto is for
-#    LOCAL_AWS=moto alone.
+# 3. The default path (ministack) installs nothing into the project's virtualenv but uv (which
+#    makes the tools' virtualenvs): moto is for LOCAL_AWS=moto alone.
 (unset LOCAL_AWS && source "$here/lib.sh" && VENV="$work/venv" && ensure_venv >/dev/null 2>&1 \
   && ! "$VENV/bin/python" -c 'import moto' 2>/dev/null) || fail "the default path installed moto"
 echo "check-scripts: CARGO_TARGET_DIR honoured, a missing binary named, nothing installed that the path does not use"

@@ -319,20 +319,9 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         let props = get(res, "Properties");
         if kind == "AWS::ApiGatewayV2::Stage" {
             let route = props.and_then(|p| get(p, "DefaultRouteSettings"));
-            // A number, or a `Ref` to a parameter (its value, given or the default).
-            let number = |k: &str| {
-                let v = route.and_then(|r| get(r, k))?;
-                v.as_f64().or_else(|| {
-                    resolve::intrinsic(v)
-                        .filter(|(f, _)| f == "Ref")
-                        .and_then(|(_, name)| name.as_str().and_then(|n| parameters.get(n)))
-                        .and_then(|p| p.parse().ok())
-                })
-            };
-            if let (Some(rate), Some(burst)) = (
-                number("ThrottlingRateLimit"),
-                number("ThrottlingBurstLimit"),
-            ) {
+            let rate = number_in(route, "ThrottlingRateLimit", &parameters)?;
+            let burst = number_in(route, "ThrottlingBurstLimit", &parameters)?;
+            if let (Some(rate), Some(burst)) = (rate, burst) {
                 api_throttle = Some((rate, burst));
             }
         }
@@ -346,11 +335,8 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
                         .map(|f| f.trim_end_matches(".Alias").to_owned())
                 });
             if let Some(function) = function {
-                let ms = props
-                    .and_then(|p| get(p, "TimeoutInMillis"))
-                    .and_then(Value::as_i64)
-                    .unwrap_or(30_000);
-                integration_timeouts_ms.insert(function, ms);
+                let ms = number_in(props, "TimeoutInMillis", &parameters)?.unwrap_or(30_000.0);
+                integration_timeouts_ms.insert(function, ms as i64);
             }
         }
         let text = |k: &str| props.and_then(|p| get(p, k)).and_then(Value::as_str);
@@ -399,6 +385,28 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
         api_throttle,
         integration_timeouts_ms,
     })
+}
+
+/// `key` of `map` as a number: a literal, or a `Ref` to a parameter (its value, given or the
+/// default); `None` where the key is absent, an error where it is neither (CloudFormation would
+/// refuse the template, and a silent `None` would model no limit at all).
+fn number_in(
+    map: Option<&Value>,
+    key: &str,
+    parameters: &HashMap<String, String>,
+) -> Result<Option<f64>> {
+    let Some(v) = map.and_then(|m| get(m, key)) else {
+        return Ok(None);
+    };
+    v.as_f64()
+        .or_else(|| {
+            resolve::intrinsic(v)
+                .filter(|(f, _)| f == "Ref")
+                .and_then(|(_, name)| name.as_str().and_then(|n| parameters.get(n)))
+                .and_then(|p| p.parse().ok())
+        })
+        .map(Some)
+        .with_context(|| format!("{key} is neither a number nor a parameter with a numeric value"))
 }
 
 fn text_of(v: &Value) -> Option<String> {
@@ -481,3 +489,6 @@ pub async fn provision(
     events::create(&eventbridge, opts.read_only, &mut r, &mut stack, resources).await?;
     functions::resolve(&doc, &opts, &mut r, stack, resources)
 }
+
+#[cfg(test)]
+mod tests;

@@ -118,10 +118,12 @@ async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
         let peak = stats.peak_concurrency.entry("api".into()).or_default();
         *peak = (*peak).max(busy);
     }
-    // The invocation, to its answer or its end (Lambda's), releasing its concurrency then.
-    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
-    let world = Arc::clone(w);
+    // The invocation, to its answer or its end (Lambda's), releasing its concurrency then,
+    // however it ends (a panic in the API's code too: the slot is a guard's).
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<Option<u16>>();
+    let slot = InFlight(Arc::clone(w));
     tokio::spawn(async move {
+        let slot = slot;
         let handled = tokio::time::timeout(lives, async move {
             let header = |name: &str| {
                 name.eq_ignore_ascii_case(IDEMPOTENCY_KEY)
@@ -131,23 +133,40 @@ async fn invoke(w: &Arc<World>, key: &str, body: &str) -> Option<u16> {
                 .await
         })
         .await;
-        world
-            .api_in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        match handled {
-            Ok(answer) => {
-                let _ = answer_tx.send(answer.status);
+        let answer = match handled {
+            Ok(answer) => Some(answer.status),
+            Err(_) => {
+                slot.0.stats.lock().expect("stats").api_killed += 1;
+                None
             }
-            Err(_) => world.stats.lock().expect("stats").api_killed += 1,
-        }
+        };
+        drop(slot);
+        let _ = answer_tx.send(answer);
     });
     // API Gateway waits for the integration's timeout at most.
     match tokio::time::timeout(function.integration_timeout, answer_rx).await {
-        Ok(Ok(status)) => Some(status),
-        Ok(Err(_)) => None,
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => {
+            // The invocation ended without an answer or a timeout: the API's code panicked
+            // (a function error: API Gateway answers 5xx).
+            w.stats.lock().expect("stats").api_killed += 1;
+            w.note("api: the invocation failed (a panic in the API's code)".into());
+            None
+        }
         Err(_) => {
             w.stats.lock().expect("stats").api_gateway_timeouts += 1;
             None
         }
+    }
+}
+
+/// An API invocation's hold on the function's concurrency, given back when it is dropped.
+struct InFlight(Arc<World>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0
+            .api_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
