@@ -73,8 +73,8 @@ sim:
 ##   MaximumConcurrency and ReservedConcurrency 20, the events route raised to 200 a second, the
 ##   payments API's throttle and ApiReservedConcurrency at their defaults (100 a second, burst
 ##   200; 20), a provider account of 180 requests a second.
-## TIER=1000 (the 100 tier's settings times ten; about 4 ms of one core a payment, so about
-##   1.5 hours here): 1,800, 200 and 200, the route at 2,000, the API at 1,000 (burst 2,000)
+## TIER=1000 (the 100 tier's settings times ten; its steady load ran over 70 minutes of one
+##   core here without finishing): 1,800, 200 and 200, the route at 2,000, the API at 1,000 (burst 2,000)
 ##   with 200 reserved, an account of 1,800.
 ## TIER=10000 (one of the column's two stacks, each taking half the payments: 5,000 a second,
 ##   the middle column's settings times five, an account's half of 18,000; about 7 hours here a load).
