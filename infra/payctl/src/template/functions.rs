@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, bail, Result};
 use serde_yaml_ng::{Mapping, Value};
 
-use super::resolve::{get, intrinsic, Resolver};
+use super::resolve::{get, referenced_function, Resolver};
 use super::{EventSource, ProvisionOptions, Stack, PROCESSOR};
 
 /// Reads every function's environment and event source into the stack.
@@ -28,14 +28,7 @@ pub(super) fn resolve(
             continue;
         }
         let props = get(res, "Properties").cloned().unwrap_or(Value::Null);
-        let function = get(&props, "FunctionName")
-            .and_then(intrinsic)
-            .filter(|(f, _)| f == "Ref")
-            // `!Ref F.Alias`: SAM's AutoPublishAlias of F, which the mapping invokes.
-            .and_then(|(_, arg)| {
-                arg.as_str()
-                    .map(|f| f.trim_end_matches(".Alias").to_owned())
-            });
+        let function = referenced_function(get(&props, "FunctionName"));
         let source = r.string(get(&props, "EventSourceArn"))?;
         if let (Some(function), Some(source)) = (function, source) {
             if stack.queue_arns.values().any(|a| *a == source) {

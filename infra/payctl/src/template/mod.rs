@@ -326,15 +326,8 @@ pub fn shape_of(template_path: &Path, given: &HashMap<String, String>) -> Result
             }
         }
         if kind == "AWS::ApiGatewayV2::Integration" {
-            let function = props
-                .and_then(|p| get(p, "IntegrationUri"))
-                .and_then(resolve::intrinsic)
-                .filter(|(f, _)| f == "Ref")
-                .and_then(|(_, arg)| {
-                    arg.as_str()
-                        .map(|f| f.trim_end_matches(".Alias").to_owned())
-                });
-            if let Some(function) = function {
+            let uri = props.and_then(|p| get(p, "IntegrationUri"));
+            if let Some(function) = resolve::referenced_function(uri) {
                 let ms = number_in(props, "TimeoutInMillis", &parameters)?.unwrap_or(30_000.0);
                 integration_timeouts_ms.insert(function, ms as i64);
             }

@@ -10,6 +10,17 @@ pub(super) fn tag_name(tag: &serde_yaml_ng::value::Tag) -> String {
     tag.to_string().trim_start_matches('!').to_owned()
 }
 
+/// The function a `!Ref F` or `!Ref F.Alias` names (SAM's AutoPublishAlias of F), by its
+/// logical id: an event-source mapping's `FunctionName`, an integration's `IntegrationUri`.
+pub(super) fn referenced_function(v: Option<&Value>) -> Option<String> {
+    v.and_then(intrinsic)
+        .filter(|(f, _)| f == "Ref")
+        .and_then(|(_, arg)| {
+            arg.as_str()
+                .map(|f| f.trim_end_matches(".Alias").to_owned())
+        })
+}
+
 /// Splits an intrinsic function (short tag or long `Fn::X` / `Ref` map) into name and argument.
 pub(super) fn intrinsic(v: &Value) -> Option<(String, &Value)> {
     match v {
