@@ -25,8 +25,8 @@ STACK = {"Ref": "AWS::StackName"}
 
 
 def stack_var(root):
-    """The variable the code reads the stack's name from (`STACK_VAR` of shared/src/telemetry.rs)."""
-    text = (pathlib.Path(root) / "shared/src/telemetry.rs").read_text()
+    """The variable the code reads the stack's name from (`STACK_VAR` of shared/src/telemetry/mod.rs)."""
+    text = (pathlib.Path(root) / "shared/src/telemetry/mod.rs").read_text()
     found = re.search(r'pub const STACK_VAR: &str = "([A-Z_]+)";', text)
     return found.group(1) if found else None
 

@@ -11,7 +11,7 @@
 //!
 //! - [`domain`]: the payment request, its currencies and Stripe's published limits (pure).
 //! - [`provider`]: the provider port (charge, find, refund) and its events' rules; no wire.
-//! - [`telemetry`]: JSON logs and EMF metrics (a file, not a folder; a floor that logs says so).
+//! - [`telemetry`]: JSON logs, EMF metrics and traces (a floor that logs says so).
 //! - [`payments`]: the charge as a `Work`, where its records live, the outbox relay.
 //! - [`refunds`]: the refund as a `Work` and the refund ledger on the payment's record.
 //! - [`events`]: the inbox, settlements, the provider-events queue and the catch-up.
@@ -20,7 +20,7 @@
 //! - [`edges`]: the functions' configuration and wiring (the top floor).
 //!
 //! `infra/layout/check_layout.py` holds the tree to it: each room's root file (a folder's
-//! `mod.rs`, `telemetry.rs`) names the rooms it may use, and no two rooms use each other,
+//! `mod.rs`) names the rooms it may use, and no two rooms use each other,
 //! directly or around a loop. Unit tests aside: a test may build its fixture from a floor above.
 
 pub mod api;

@@ -203,6 +203,7 @@ async fn a_lookup_lists_the_customer_s_intents_since_the_first_attempt() {
         // An earlier attempt's answer was lost: the record is marked unknown, and the provider
         // now replays a 500 for the key, so only the lookup can tell.
         store.insert(sqs_once::record::IdempotencyRecord {
+            traceparent: None,
             key: "p1".into(),
             status: sqs_once::record::RecordStatus::Failed,
             payload_hash: PaymentRequest::parse(&body("p1")).unwrap().payload_hash(),
@@ -337,12 +338,17 @@ impl std::io::Write for Captured {
 async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
     let captured = Captured::default();
     let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_current_span(true)
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || sink.clone())
-        .finish();
+    // The functions' own log layer, beside a trace layer: its spans of claims and provider
+    // requests must not take the message's place on a line (at TRACE, the HTTP client's own
+    // lines inside a provider request are logged too).
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::registry()
+        .with(payment_core::telemetry::json_log_layer(
+            move || sink.clone(),
+            tracing_subscriber::filter::LevelFilter::TRACE,
+            false,
+        ))
+        .with(tracing_opentelemetry::layer());
     let _guard = tracing::subscriber::set_default(subscriber);
     // The real Stripe client, with a key, against an address where nothing listens.
     let provider = Arc::new(

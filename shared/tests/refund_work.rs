@@ -645,6 +645,7 @@ async fn a_refund_found_failed_by_the_lookup_gives_its_reservation_back() {
         .unwrap();
     let now = now_ms();
     w.store.insert(sqs_once::record::IdempotencyRecord {
+        traceparent: None,
         key: "r1".into(),
         status: RecordStatus::InProgress,
         payload_hash: payment_core::refunds::work::RefundRequest::parse(&refund(

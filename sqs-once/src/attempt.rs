@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::call::{Attempt, CallFailure};
 use crate::queue::DeadLetter;
@@ -20,6 +20,7 @@ use crate::record::{
 use crate::redelivery::Redelivery;
 use crate::runner::{first_sent_at_ms, ms, BatchRunner, Disposition};
 use crate::settings::CLOCK_SKEW_MS;
+use crate::trace::Outcome;
 use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
 /// Where the message stands after the claim.
@@ -94,6 +95,7 @@ impl<W: Work> BatchRunner<W> {
         };
         let key = self.work.key(&request);
         tracing::Span::current().record("key", key.as_str());
+        crate::trace::set_attribute(&tracing::Span::current(), "idempotency.key", key.as_str());
         let now = self.clock.now_ms();
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
@@ -181,7 +183,12 @@ impl<W: Work> BatchRunner<W> {
                     .work
                     .retention_after(&outcome)
                     .map(|d| (self.clock.now_ms() + ms(d.max(self.settings.record_ttl))) / 1000);
-                match self.store.complete(key, owner, &outcome, keep_until).await {
+                match self
+                    .store
+                    .complete(key, owner, &outcome, keep_until)
+                    .instrument(crate::trace::otel_span!("complete"))
+                    .await
+                {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         return Step::Again(
@@ -325,6 +332,7 @@ impl<W: Work> BatchRunner<W> {
         let mut hash = self.work.fingerprint(request);
         let owner = crate::token::new();
         let mut claim = ClaimRequest {
+            traceparent: crate::trace::current_traceparent(),
             key: key.to_owned(),
             payload_hash: hash.clone(),
             owner: owner.clone(),
@@ -344,11 +352,24 @@ impl<W: Work> BatchRunner<W> {
         };
         let existing = loop {
             let started = tokio::time::Instant::now();
-            let claimed = self.store.claim(&claim).await;
+            let claimed = self
+                .store
+                .claim(&claim)
+                .instrument(crate::trace::otel_span!("claim"))
+                .await;
             self.claim_times.record(started.elapsed());
             let existing = match claimed {
                 Ok(ClaimResult::Claimed { previous }) => {
                     let unknown = inherits_unknown_outcome(previous.as_ref());
+                    crate::trace::outcome(match previous {
+                        Some(_) => Outcome::TakenOver,
+                        None => Outcome::Claimed,
+                    });
+                    crate::trace::set_attribute(
+                        &tracing::Span::current(),
+                        "idempotency.unknown_outcome",
+                        unknown,
+                    );
                     if let Some(p) = &previous {
                         info!(
                             previous_status = p.status.as_str(),
@@ -383,7 +404,16 @@ impl<W: Work> BatchRunner<W> {
             }
             break existing;
         };
-        match decide_conflict(&existing, &hash, &owner, now) {
+        let decision = decide_conflict(&existing, &hash, &owner, now);
+        crate::trace::outcome(match &decision {
+            ConflictDecision::OwnClaim => Outcome::OwnClaimRecovered,
+            ConflictDecision::Duplicate(_) => Outcome::Duplicate,
+            ConflictDecision::KeyReused => Outcome::KeyReused,
+            ConflictDecision::Busy { .. } => Outcome::InProgressElsewhere,
+            ConflictDecision::NotYet { .. } => Outcome::NotYet,
+            ConflictDecision::Retry => Outcome::ClaimRaced,
+        });
+        match decision {
             ConflictDecision::OwnClaim => {
                 // Our first write was applied and its answer lost; what it replaced is unknown,
                 // so an earlier attempt may have executed: until now, calls of an expired lease
@@ -465,7 +495,13 @@ impl<W: Work> BatchRunner<W> {
             message_group_id: msg.attributes.get("MessageGroupId").cloned(),
             extra_attributes,
         };
-        if let Err(e) = self.queues.dead_letter(&letter).await {
+        crate::trace::set_attribute(&tracing::Span::current(), "error.type", code);
+        let sent = self
+            .queues
+            .dead_letter(&letter)
+            .instrument(crate::trace::otel_span!("dead_letter", error_code = code))
+            .await;
+        if let Err(e) = sent {
             // Nothing is lost: the message stays on the source queue and comes back.
             let reason = format!("dead-lettering failed: {e}");
             let budget = self.budget_of(msg).await;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tracing::{error, info, warn};
+use tracing::{error, info, warn, Instrument};
 
 use crate::record::{Outcome, StoreError};
 use crate::runner::{ms, visibility_extension, BatchRunner};
@@ -81,8 +81,12 @@ impl<W: Work> BatchRunner<W> {
             }
             if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
                 let secs = visibility.as_secs() as i32;
-                if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
-                    warn!(error = %e, "could not extend the message's visibility");
+                match self.queues.change_visibility(arn, rh, secs).await {
+                    Ok(()) => crate::trace::event(
+                        "visibility extended",
+                        &[("messaging.aws_sqs.visibility_timeout_s", i64::from(secs))],
+                    ),
+                    Err(e) => warn!(error = %e, "could not extend the message's visibility"),
                 }
             }
         }
@@ -202,9 +206,17 @@ impl<W: Work> BatchRunner<W> {
             // A paced request waits for its slot only while the call can still end in time.
             let latest_start =
                 call_started + Duration::from_millis((bound - sent - window).max(0) as u64);
-            let (answer, requests) =
-                crate::pace::within(latest_start, self.work.execute(request, &attempt.context))
-                    .await;
+            // The work's spans (its downstream requests) are children of this attempt's.
+            let span = crate::trace::otel_span!("execute", attempt = n + 1);
+            let (answer, requests) = crate::pace::within(
+                latest_start,
+                crate::trace::in_attempt(
+                    n as i64 + 1,
+                    self.work.execute(request, &attempt.context),
+                ),
+            )
+            .instrument(span.clone())
+            .await;
             let reads_refused = requests.refused.is_some() && self.work.reads_only(request);
             if answer.is_err() && (requests.none_sent() || reads_refused) {
                 // Nothing reached the downstream (or only reads did): the pace had no slot
@@ -303,9 +315,11 @@ impl<W: Work> BatchRunner<W> {
         // Its requests wait for a slot only while the lease outlasts a call.
         let left = context.lease_end_ms() - self.clock.now_ms() - self.call_window_ms();
         let latest = tokio::time::Instant::now() + Duration::from_millis(left.max(0) as u64);
-        let (answer, requests) =
-            crate::pace::within(latest, self.work.lookup(request, context)).await;
-        match answer {
+        let span = crate::trace::otel_span!("lookup");
+        let (answer, requests) = crate::pace::within(latest, self.work.lookup(request, context))
+            .instrument(span.clone())
+            .await;
+        let found = match answer {
             Err(_) if requests.none_sent() => Lookup::NotSent(
                 self.clock.now_ms()
                     + requests
@@ -329,11 +343,21 @@ impl<W: Work> BatchRunner<W> {
                         look_again_in_s = (proof_at - self.clock.now_ms()) / 1000,
                         "lookup found nothing, but a recent call may not be visible to it yet"
                     );
-                    return Lookup::TooSoon(proof_at);
+                    Lookup::TooSoon(proof_at)
+                } else {
+                    Lookup::Nothing
                 }
-                Lookup::Nothing
             }
-        }
+        };
+        let label = match &found {
+            Lookup::Found(_) => "found",
+            Lookup::Nothing => "nothing",
+            Lookup::TooSoon(_) => "too_soon",
+            Lookup::NotSent(_) => "not_sent",
+            Lookup::Failed(_) => "failed",
+        };
+        crate::trace::set_attribute(&span, "idempotency.lookup", label);
+        found
     }
 }
 

@@ -451,6 +451,7 @@ impl DynamoStore {
             last_error: get_s(item, "last_error"),
             completed_at_ms: get_n(item, "completed_at"),
             not_before_ms: get_n(item, "not_before"),
+            traceparent: get_s(item, "traceparent"),
         })
     }
 }
@@ -458,16 +459,24 @@ impl DynamoStore {
 #[async_trait]
 impl IdempotencyStore for DynamoStore {
     async fn claim(&self, r: &ClaimRequest) -> Result<ClaimResult, StoreError> {
-        let result = self
+        // The first traced claim's traceparent stays: the payment's trace is where it began.
+        let (traced, tp) = match &r.traceparent {
+            Some(tp) => (
+                ", traceparent = if_not_exists(traceparent, :tp)",
+                Some(s(tp)),
+            ),
+            None => ("", None),
+        };
+        let mut claim = self
             .client
             .update_item()
             .table_name(&self.table)
             .key(&self.layout.attribute, self.record_key(&r.key))
-            .update_expression(
+            .update_expression(format!(
                 "SET #s = :in_progress, payload_hash = :h, lease_owner = :me, \
                  lease_expires_at = :lease, expires_at = if_not_exists(expires_at, :ttl), \
-                 first_attempt_at = if_not_exists(first_attempt_at, :now) ADD attempts :one",
-            )
+                 first_attempt_at = if_not_exists(first_attempt_at, :now){traced} ADD attempts :one"
+            ))
             .condition_expression(
                 "attribute_not_exists(#pk) OR (payload_hash = :h AND \
                  ((#s = :in_progress AND lease_expires_at < :now) OR \
@@ -484,9 +493,11 @@ impl IdempotencyStore for DynamoStore {
             .expression_attribute_values(":now", n(r.now_ms))
             .expression_attribute_values(":one", n(1))
             .return_values(ReturnValue::AllOld)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(tp) = tp {
+            claim = claim.expression_attribute_values(":tp", tp);
+        }
+        let result = claim.send().await;
         match result {
             Ok(out) => {
                 let previous = match out.attributes() {

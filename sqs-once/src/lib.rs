@@ -12,9 +12,10 @@
 //!   allowance (`claim_times`), [`lambda`] (the handler).
 //! - Adapters: [`dynamo`] (the record store on DynamoDB), [`queue`] (SQS), [`memory`] (an
 //!   in-memory store with the same conditions, for tests), [`clock`].
-//! - Edges: [`metrics`] (CloudWatch EMF), [`pace`] (the downstream's request rate).
+//! - Edges: [`metrics`] (CloudWatch EMF), [`pace`] (the downstream's request rate),
+//!   [`trace`] (trace context on messages, the spans' attributes).
 //!
-//! Why flat (17 files): the crate is one capability, a message's effect once, and each file is
+//! Why flat (18 files): the crate is one capability, a message's effect once, and each file is
 //! one of its public modules, the path its users import (`sqs_once::pace::Pace`); the floors
 //! above are kept by the layout check's module rule (no circle) instead of by folders.
 //!
@@ -44,6 +45,7 @@ pub mod redelivery;
 pub mod runner;
 pub mod settings;
 pub mod token;
+pub mod trace;
 pub mod work;
 
 pub use dynamo::{DynamoStore, KeyLayout};

@@ -94,6 +94,7 @@ impl IdempotencyStore for InMemoryStore {
                 }
             }
             let base = previous.clone().unwrap_or(IdempotencyRecord {
+                traceparent: None,
                 key: key.clone(),
                 status: RecordStatus::InProgress,
                 payload_hash: req.payload_hash.clone(),
@@ -115,6 +116,7 @@ impl IdempotencyStore for InMemoryStore {
                     lease_owner: Some(req.owner.clone()),
                     lease_expires_at_ms: req.lease_expires_at_ms,
                     attempts: base.attempts + 1,
+                    traceparent: base.traceparent.clone().or_else(|| req.traceparent.clone()),
                     ..base
                 },
             );

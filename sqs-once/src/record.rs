@@ -148,6 +148,10 @@ pub struct IdempotencyRecord {
     /// send + the call timeout + the downstream's processing allowance). Kept across claims,
     /// so a later attempt knows when a lookup can prove that no effect exists.
     pub not_before_ms: Option<i64>,
+    /// The W3C `traceparent` of the first claim's message span (`traceparent`, kept across
+    /// claims): what the payment's later work (its refunds, the provider's events) links to,
+    /// and how an operator finds its trace. `None` when no claim was traced.
+    pub traceparent: Option<String>,
 }
 
 impl IdempotencyRecord {
@@ -178,6 +182,8 @@ pub struct ClaimRequest {
     pub lease_expires_at_ms: i64,
     /// TTL for a new record, epoch s (an existing record keeps its own).
     pub expires_at_s: i64,
+    /// The claiming message span's W3C `traceparent`, kept by a record that has none yet.
+    pub traceparent: Option<String>,
 }
 
 /// What the conditional claim write found.
@@ -373,6 +379,7 @@ mod tests {
 
     fn record(status: RecordStatus, hash: &str, lease: i64) -> IdempotencyRecord {
         IdempotencyRecord {
+            traceparent: None,
             key: "k_1".into(),
             status,
             payload_hash: hash.into(),

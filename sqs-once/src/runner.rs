@@ -154,6 +154,7 @@ impl<W: Work> BatchRunner<W> {
         records: Vec<SqsMessage>,
         deadline_ms: i64,
     ) -> (SqsBatchResponse, BatchSummary) {
+        let batch = crate::trace::batch_span(&records);
         // Groups keep FIFO order; a standard queue's messages are each their own group.
         let mut groups: Vec<Vec<Arc<SqsMessage>>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
@@ -179,44 +180,48 @@ impl<W: Work> BatchRunner<W> {
             );
         let mut tasks = Vec::with_capacity(groups.len());
         for group in groups {
+            let batch = batch.clone();
             let msgs: Vec<Arc<SqsMessage>> = group.clone();
             let this = Arc::clone(self);
             let permits = Arc::clone(&permits);
-            let task = tokio::spawn(async move {
-                let mut out = Vec::with_capacity(group.len());
-                let mut blocked = false;
-                // Once one message of the group went to its end as a fresh copy, every later
-                // one goes after it, whatever its receive count: handed back in place, a
-                // follower received fewer times would come before the copy (m1, m3, m2').
-                let mut moved_to_end = false;
-                // The message that blocks the group only waited for the downstream's pace (its
-                // next slot, epoch ms): its followers wait with it, as it does, without a cap
-                // on their copies (waiting is bounded by the record retention, not receives).
-                let mut waiting: Option<i64> = None;
-                for msg in group {
-                    if blocked {
-                        let reason = "an earlier message of its FIFO group failed".to_owned();
-                        let when = waiting.map_or(Redelivery::NotAttempted, Redelivery::Paced);
-                        let d = if moved_to_end {
-                            this.requeue_behind(&msg, reason, waiting.is_some()).await
-                        } else {
-                            this.give_back(&msg, reason, when).await
-                        };
+            let task = tokio::spawn(
+                async move {
+                    let mut out = Vec::with_capacity(group.len());
+                    let mut blocked = false;
+                    // Once one message of the group went to its end as a fresh copy, every later
+                    // one goes after it, whatever its receive count: handed back in place, a
+                    // follower received fewer times would come before the copy (m1, m3, m2').
+                    let mut moved_to_end = false;
+                    // The message that blocks the group only waited for the downstream's pace (its
+                    // next slot, epoch ms): its followers wait with it, as it does, without a cap
+                    // on their copies (waiting is bounded by the record retention, not receives).
+                    let mut waiting: Option<i64> = None;
+                    for msg in group {
+                        if blocked {
+                            let reason = "an earlier message of its FIFO group failed".to_owned();
+                            let when = waiting.map_or(Redelivery::NotAttempted, Redelivery::Paced);
+                            let d = if moved_to_end {
+                                this.requeue_behind(&msg, reason, waiting.is_some()).await
+                            } else {
+                                this.give_back(&msg, reason, when).await
+                            };
+                            moved_to_end |= matches!(d, Disposition::Requeued(_));
+                            out.push((d, Vec::new()));
+                            continue;
+                        }
+                        let (d, latencies, paced) =
+                            this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
+                        // A requeued message goes to the end of its group: what follows it waits too,
+                        // and goes there after it.
+                        blocked = matches!(d, Disposition::Retry { .. } | Disposition::Requeued(_));
                         moved_to_end |= matches!(d, Disposition::Requeued(_));
-                        out.push((d, Vec::new()));
-                        continue;
+                        waiting = paced.filter(|_| blocked);
+                        out.push((d, latencies));
                     }
-                    let (d, latencies, paced) =
-                        this.run_isolated(&msg, deadline_ms, cutoff, &permits).await;
-                    // A requeued message goes to the end of its group: what follows it waits too,
-                    // and goes there after it.
-                    blocked = matches!(d, Disposition::Retry { .. } | Disposition::Requeued(_));
-                    moved_to_end |= matches!(d, Disposition::Requeued(_));
-                    waiting = paced.filter(|_| blocked);
-                    out.push((d, latencies));
+                    out
                 }
-                out
-            });
+                .instrument(batch),
+            );
             tasks.push((msgs, task));
         }
         let mut response = SqsBatchResponse::default();
@@ -303,15 +308,9 @@ impl<W: Work> BatchRunner<W> {
                 None,
             );
         }
-        let message_id = msg.message_id.clone().unwrap_or_default();
-        // The span carries the message's identity on every line logged inside it. At the
-        // highest level, so it is enabled whatever RUST_LOG lets through: a warning logged
-        // with RUST_LOG=warn still names its message_id and idempotency key.
-        let span = tracing::error_span!(
-            "message",
-            message_id = %message_id,
-            key = tracing::field::Empty
-        );
+        // The span carries the message's identity on every line logged inside it, and continues
+        // its producer's trace.
+        let span = crate::trace::message_span(msg, &tracing::Span::current());
         let this = Arc::clone(self);
         let task_msg = Arc::clone(msg);
         let mut task = tokio::spawn(
@@ -496,6 +495,11 @@ impl<W: Work> BatchRunner<W> {
         let now = self.clock.now_ms();
         let delay = delay_for(when, budget, &self.backoff_policy(), now);
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
+        crate::trace::set_attribute(
+            &tracing::Span::current(),
+            "messaging.aws_sqs.redelivery_delay_s",
+            delay.as_secs() as i64,
+        );
         if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
             // Whole seconds, rounded up: a message never comes back earlier than decided.
             let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;

@@ -222,6 +222,7 @@ async fn the_unknown_outcome_mark_is_sticky_in_the_store() {
     let now = now_ms();
     store.insert(record("p1", RecordStatus::Failed, true, now - 10));
     let claim = ClaimRequest {
+        traceparent: None,
         key: req.id.clone(),
         payload_hash: req.fingerprint(),
         owner: "me".into(),

@@ -149,6 +149,7 @@ async fn a_zombie_whose_lease_was_taken_over_cannot_complete() {
     let w = world(fast(), Duration::from_secs(1));
     let req = Job::parse(&body("p1", 100)).unwrap();
     let claim = |owner: &str, now: i64| ClaimRequest {
+        traceparent: None,
         key: req.id.clone(),
         payload_hash: req.fingerprint(),
         owner: owner.to_owned(),

@@ -50,6 +50,7 @@ async fn a_contract_change_forwards_and_back_with_messages_in_flight_charges_eac
     let now = now_ms();
     t.store
         .claim(&sqs_once::record::ClaimRequest {
+            traceparent: None,
             key: req.payment_id.as_str().to_owned(),
             payload_hash: req.payload_hash(),
             owner: "crashed-processor".into(),

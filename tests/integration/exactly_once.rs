@@ -23,6 +23,7 @@ async fn fencing_and_the_sticky_mark_hold_on_the_real_table() {
     let req = PaymentRequest::parse(&payment(&pid, 100, "pm_card_visa")).unwrap();
     let now = now_ms();
     let claim = |owner: &str, now: i64| ClaimRequest {
+        traceparent: None,
         key: req.payment_id.as_str().to_owned(),
         payload_hash: req.payload_hash(),
         owner: owner.into(),

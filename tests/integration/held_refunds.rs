@@ -446,6 +446,7 @@ async fn taken_up(t: &TestStack, rid: &str, lease_end_ms: i64) -> String {
     let owner = format!("other-attempt-{}", uuid::Uuid::new_v4());
     let claimed = store
         .claim(&sqs_once::record::ClaimRequest {
+            traceparent: None,
             key: rid.to_owned(),
             payload_hash: record.payload_hash,
             owner: owner.clone(),

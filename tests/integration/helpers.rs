@@ -374,6 +374,7 @@ impl TestStack {
         let now = now_ms();
         self.store
             .claim(&sqs_once::record::ClaimRequest {
+                traceparent: None,
                 key: req.payment_id.as_str().to_owned(),
                 payload_hash: req.payload_hash(),
                 owner: owner.into(),

@@ -198,6 +198,7 @@ async fn a_zombie_refund_attempt_can_neither_reserve_nor_release() {
     let rid = format!("{pid}-r1");
     let now = sqs_once::runner::now_ms();
     let claim = |owner: &str, lease_ms: i64| ClaimRequest {
+        traceparent: None,
         key: rid.clone(),
         payload_hash: "refund/v1:h".into(),
         owner: owner.to_owned(),

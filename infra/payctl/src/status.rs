@@ -194,6 +194,7 @@ mod tests {
 
     fn record(status: RecordStatus) -> IdempotencyRecord {
         IdempotencyRecord {
+            traceparent: None,
             key: "p1".into(),
             status,
             payload_hash: "h".into(),

@@ -399,6 +399,7 @@ mod tests {
             (
                 rid.to_owned(),
                 IdempotencyRecord {
+                    traceparent: None,
                     key: rid.into(),
                     status: RecordStatus::Completed,
                     payload_hash: String::new(),

@@ -975,6 +975,7 @@ mod tests {
 
     fn record(status: RecordStatus, hash: &str, outcome: Option<Outcome>) -> IdempotencyRecord {
         IdempotencyRecord {
+            traceparent: None,
             key: "p".into(),
             status,
             payload_hash: hash.into(),
@@ -1011,6 +1012,7 @@ mod tests {
             tables.records.lock().unwrap().insert(
                 "q".into(),
                 IdempotencyRecord {
+                    traceparent: None,
                     key: "q".into(),
                     ..r
                 },

@@ -22,6 +22,7 @@ use reqwest::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sqs_once::pace::Pace;
+use tracing::Instrument;
 
 use crate::domain::PaymentRequest;
 use crate::provider::{
@@ -232,22 +233,75 @@ impl StripeClient {
     /// One request to `{base}{path}` with the key and `Stripe-Version`, `shape` adding the
     /// rest: the answer's status, headers and body, or a [`ProviderError`] when no answer came
     /// (classified for its ambiguity). Paced, and its answer counted and told to the pace.
+    ///
+    /// Its span (`POST /v1/payment_intents`, kind client) says the method, the route, the
+    /// `Idempotency-Key`, the runner's attempt, the paced wait, the status and Stripe's
+    /// `Request-Id`: never the body, the key or a query's values.
     async fn send(
         &self,
         method: reqwest::Method,
         path: &str,
+        idempotency_key: Option<&str>,
         shape: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.slot().await?;
-        let url = format!("{}{path}", self.base_url);
-        let request = self
-            .http
-            .request(method, &url)
-            .bearer_auth(self.api_key.expose_secret())
-            .header("Stripe-Version", &self.api_version);
-        let answer = answer_of(shape(request).send().await, &url).await;
-        self.observed(&answer);
-        answer
+        let route = route_of(path);
+        let span = tracing::info_span!(
+            target: "otel",
+            "provider request",
+            otel.name = format!("{method} {route}"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = method.as_str(),
+            url.template = route.as_str(),
+            server.address = host_of(&self.base_url),
+            idempotency.key = idempotency_key,
+            sqs_once.attempt = sqs_once::trace::attempt(),
+            pace.wait_ms = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            stripe.request_id = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        async {
+            let waiting = std::time::Instant::now();
+            let slot = self.slot().await;
+            if self.pace.is_some() {
+                span.record("pace.wait_ms", waiting.elapsed().as_millis() as i64);
+            }
+            if let Err(e) = slot {
+                span.record("error.type", "not_sent");
+                return Err(e);
+            }
+            let url = format!("{}{path}", self.base_url);
+            let mut request = self
+                .http
+                .request(method, &url)
+                .bearer_auth(self.api_key.expose_secret())
+                .header("Stripe-Version", &self.api_version);
+            if let Some(key) = idempotency_key {
+                request = request.header("Idempotency-Key", key);
+            }
+            let answer = answer_of(shape(request).send().await, &url).await;
+            match &answer {
+                Ok((status, headers, _)) => {
+                    span.record("http.response.status_code", status.as_u16());
+                    if let Some(id) = headers.get("request-id").and_then(|v| v.to_str().ok()) {
+                        span.record("stripe.request_id", id);
+                    }
+                    if status.is_client_error() || status.is_server_error() {
+                        span.record("error.type", status.as_str());
+                        span.record("otel.status_code", "ERROR");
+                    }
+                }
+                Err(e) => {
+                    span.record("error.type", format!("{:?}", e.kind).to_lowercase());
+                    span.record("otel.status_code", "ERROR");
+                }
+            }
+            self.observed(&answer);
+            answer
+        }
+        .instrument(span.clone())
+        .await
     }
 
     /// `POST {path}` with a form body and an `Idempotency-Key`.
@@ -257,8 +311,8 @@ impl StripeClient {
         idempotency_key: &str,
         form: &[(String, String)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.send(reqwest::Method::POST, path, |r| {
-            r.header("Idempotency-Key", idempotency_key).form(form)
+        self.send(reqwest::Method::POST, path, Some(idempotency_key), |r| {
+            r.form(form)
         })
         .await
     }
@@ -269,7 +323,7 @@ impl StripeClient {
         path: &str,
         query: &[(&str, &str)],
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.send(reqwest::Method::GET, path, |r| r.query(query))
+        self.send(reqwest::Method::GET, path, None, |r| r.query(query))
             .await
     }
 
@@ -278,7 +332,7 @@ impl StripeClient {
         &self,
         path: &str,
     ) -> Result<(StatusCode, HeaderMap, String), ProviderError> {
-        self.send(reqwest::Method::DELETE, path, |r| r).await
+        self.send(reqwest::Method::DELETE, path, None, |r| r).await
     }
 
     /// The `Stripe-Version` this client sends.
@@ -347,6 +401,33 @@ impl StripeClient {
         ));
         form
     }
+}
+
+/// A request path as its span names it: an object's id (`pi_3Mt...`, `re_1Q...`) becomes `{id}`,
+/// so that every request to one endpoint has one name.
+fn route_of(path: &str) -> String {
+    let path = path.split('?').next().unwrap_or_default();
+    path.split('/')
+        .map(|segment| match segment.split_once('_') {
+            Some((prefix, rest))
+                if !prefix.is_empty()
+                    && prefix.bytes().all(|b| b.is_ascii_lowercase())
+                    && rest
+                        .bytes()
+                        .any(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) =>
+            {
+                "{id}"
+            }
+            _ => segment,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The host a base URL names (`api.stripe.com`).
+fn host_of(base_url: &str) -> &str {
+    let rest = base_url.split_once("://").map_or(base_url, |(_, r)| r);
+    rest.split(['/', ':']).next().unwrap_or(rest)
 }
 
 /// The status, headers and body of a sent request, or a [`ProviderError`] classified by how

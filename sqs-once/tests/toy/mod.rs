@@ -488,6 +488,7 @@ pub async fn deliver(w: &World, m: SqsMessage) -> (Vec<String>, sqs_once::BatchS
 
 pub fn record(pid: &str, status: RecordStatus, unknown: bool, now: i64) -> IdempotencyRecord {
     IdempotencyRecord {
+        traceparent: None,
         key: pid.into(),
         status,
         payload_hash: Job::parse(&body(pid, 100)).unwrap().fingerprint(),

@@ -113,6 +113,7 @@ pub(super) async fn atomic_conditional_update(
             tasks.push(tokio::spawn(async move {
                 let now = sqs_once::runner::now_ms();
                 let claim = ClaimRequest {
+                    traceparent: None,
                     key: format!("race-{k}"),
                     payload_hash: "h".into(),
                     owner: format!("w{w}"),

@@ -47,6 +47,7 @@ impl BareCalls {
         let claim = self
             .store
             .claim(&ClaimRequest {
+                traceparent: None,
                 key: req.payment_id.as_str().to_owned(),
                 payload_hash: req.payload_hash(),
                 owner: "bare".into(),
@@ -256,6 +257,7 @@ pub(super) async fn calls_per_payment(
     );
     store
         .claim(&ClaimRequest {
+            traceparent: None,
             key: req.payment_id.as_str().to_owned(),
             payload_hash: req.payload_hash(),
             owner: "elsewhere".into(),

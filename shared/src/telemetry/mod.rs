@@ -1,6 +1,9 @@
-//! Structured JSON logs and CloudWatch Embedded Metric Format (EMF) metrics.
+//! Structured JSON logs, CloudWatch Embedded Metric Format (EMF) metrics, and [`traces`]
+//! (OpenTelemetry).
 //!
 //! May use: nothing else (the floors above log through it).
+
+pub mod traces;
 
 /// Installs the JSON log subscriber (level from `RUST_LOG`: `error`, `warn`, `info`, `debug`,
 /// `trace` or `off`; default `info`). Each line carries the current span's fields, so every
@@ -142,6 +145,9 @@ pub fn init_timed() {
 }
 
 fn init_with(timed: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let level = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| {
@@ -150,30 +156,78 @@ fn init_with(timed: bool) {
                 .ok()
         })
         .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    // Spans at INFO and above are exported whatever RUST_LOG lets into the log.
+    let traces = traces::layer(&service_name())
+        .map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO));
     // A person at a terminal reads one short line an event; anything else (Lambda, a file, a
     // pipe) gets one JSON object a line.
-    if timed && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let _ = tracing_subscriber::fmt()
+    let log = if timed && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        tracing_subscriber::fmt::layer()
             .compact()
-            .with_max_level(level)
             .with_target(false)
             .with_writer(std::io::stderr)
-            .try_init();
-        return;
-    }
-    let builder = tracing_subscriber::fmt()
+            .with_filter(logged(level))
+            .boxed()
+    } else {
+        json_log_layer(std::io::stderr, level, timed).boxed()
+    };
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(traces)
+        .try_init();
+}
+
+/// The JSON log layer: one object a line, with the current span's fields (a message's
+/// `message_id` and `key`), no target; a timestamp when `timed` (CloudWatch stamps a Lambda's
+/// lines itself). The spans that exist for the trace alone
+/// ([`sqs_once::trace::SPAN_TARGET`]) are left out, so a line logged inside a claim or a
+/// provider call still names its message.
+pub fn json_log_layer<S, W>(
+    writer: W,
+    level: tracing_subscriber::filter::LevelFilter,
+    timed: bool,
+) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer;
+    let json = tracing_subscriber::fmt::layer()
         .json()
-        .with_max_level(level)
         .with_current_span(true)
         .with_span_list(false)
         .with_target(false)
-        .with_writer(std::io::stderr);
-    // CloudWatch stamps each line of a Lambda's output; a local process stamps its own.
-    let _ = if timed {
-        builder.try_init()
+        .with_writer(writer);
+    if timed {
+        json.with_filter(logged(level)).boxed()
     } else {
-        builder.without_time().try_init()
-    };
+        json.without_time().with_filter(logged(level)).boxed()
+    }
+}
+
+/// What a log layer lets through: `level` and above, no span that exists for the trace alone.
+fn logged<S>(
+    level: tracing_subscriber::filter::LevelFilter,
+) -> impl tracing_subscriber::layer::Filter<S> {
+    use tracing_subscriber::filter::FilterExt;
+    level.and(tracing_subscriber::filter::filter_fn(|m| {
+        !(m.is_span() && m.target() == sqs_once::trace::SPAN_TARGET)
+    }))
+}
+
+/// The service a process's spans name when `OTEL_SERVICE_NAME` is unset: the Lambda function's
+/// name, else the program's.
+fn service_name() -> String {
+    std::env::var("AWS_LAMBDA_FUNCTION_NAME")
+        .ok()
+        .or_else(|| {
+            std::env::args_os().next().and_then(|p| {
+                std::path::Path::new(&p)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+        })
+        .unwrap_or_else(|| "exactly-once-payments".to_owned())
 }
 
 #[cfg(test)]
