@@ -107,9 +107,9 @@ mod otel {
         tracestate: Option<&str>,
     ) -> Option<opentelemetry::Context> {
         let mut carrier = HashMap::new();
-        carrier.insert(super::TRACEPARENT.to_owned(), traceparent.to_owned());
+        carrier.insert(crate::trace::TRACEPARENT.to_owned(), traceparent.to_owned());
         if let Some(s) = tracestate {
-            carrier.insert(super::TRACESTATE.to_owned(), s.to_owned());
+            carrier.insert(crate::trace::TRACESTATE.to_owned(), s.to_owned());
         }
         let cx = TraceContextPropagator::new().extract(&carrier);
         cx.span().span_context().is_valid().then_some(cx)
@@ -143,11 +143,11 @@ mod otel {
         span.add_link(cx.span().span_context().clone());
     }
 
-    pub(super) fn set(span: &tracing::Span, key: &'static str, value: super::Value) {
+    pub(super) fn set(span: &tracing::Span, key: &'static str, value: crate::trace::Value) {
         match value {
-            super::Value::Str(s) => span.set_attribute(key, s),
-            super::Value::Int(i) => span.set_attribute(key, i),
-            super::Value::Bool(b) => span.set_attribute(key, b),
+            crate::trace::Value::Str(s) => span.set_attribute(key, s),
+            crate::trace::Value::Int(i) => span.set_attribute(key, i),
+            crate::trace::Value::Bool(b) => span.set_attribute(key, b),
         }
     }
 }
@@ -254,7 +254,7 @@ tokio::task_local! {
 }
 
 /// Which of the runner's call attempts for this delivery the current request belongs to
-/// (1 for the first), inside [`crate::Work::execute`]; `None` elsewhere (a lookup).
+/// (1 for the first), inside `Work::execute`; `None` elsewhere (a lookup).
 pub fn attempt() -> Option<i64> {
     ATTEMPT.try_with(|n| *n).ok()
 }
