@@ -232,6 +232,7 @@ async fn a_burst_of_disputes_at_the_pace_is_applied_whole_and_nothing_is_dead_le
         records.0.lock().unwrap().insert(
             format!("p{i}"),
             PaymentState {
+                traceparent: None,
                 record_status: RecordStatus::Completed,
                 status: Some("succeeded".into()),
                 provider_payment_id: Some(format!("pi_{i}")),

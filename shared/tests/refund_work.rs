@@ -165,6 +165,7 @@ fn charged_in(
     w.ledger.insert(
         pid,
         RefundablePayment {
+            traceparent: None,
             status,
             outcome: Some(PaymentOutcome {
                 status: outcome.into(),

@@ -486,10 +486,17 @@ impl<W: Work> BatchRunner<W> {
         request: Option<&W::Request>,
         redaction: Option<Redaction>,
     ) -> Disposition {
-        let (body, extra_attributes) = match redaction {
+        let (body, mut extra_attributes) = match redaction {
             Some(r) => (r.body, vec![(r.attribute, "true".to_owned())]),
             None => (body.to_owned(), Vec::new()),
         };
+        // The dead letter keeps its trace: a redrive continues it.
+        if let Some((parent, state)) = crate::trace::producer(msg) {
+            extra_attributes.push((crate::trace::TRACEPARENT.to_owned(), parent.to_owned()));
+            if let Some(state) = state {
+                extra_attributes.push((crate::trace::TRACESTATE.to_owned(), state.to_owned()));
+            }
+        }
         let letter = DeadLetter {
             body,
             error_code: code.to_owned(),

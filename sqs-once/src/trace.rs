@@ -264,6 +264,43 @@ pub(crate) async fn in_attempt<F: std::future::Future>(n: i64, work: F) -> F::Ou
     ATTEMPT.scope(n, work).await
 }
 
+/// A producer's side: a `create <queue>` span (kind producer) for one message about to be sent,
+/// continuing `parent` (a `traceparent` kept by a row, say) or else the current span's trace
+/// (a new one when there is none), and the message attributes that carry its context
+/// (`traceparent`, `tracestate`): send them with the message, as the payments API's outbox
+/// relay and `payctl send` do. `key` is the message's idempotency key, for the span. Empty
+/// when no trace layer records the span.
+pub fn create_attributes(
+    queue: &str,
+    parent: Option<&str>,
+    key: Option<&str>,
+) -> Vec<(String, String)> {
+    let span = otel_span!(
+        "create",
+        otel.name = format!("create {queue}"),
+        otel.kind = "producer",
+    );
+    if let Some(parent) = parent {
+        continue_trace(&span, parent, None);
+    }
+    set_attribute(&span, "messaging.system", "aws_sqs");
+    set_attribute(&span, "messaging.operation.type", "create");
+    set_attribute(&span, "messaging.operation.name", "create");
+    set_attribute(&span, "messaging.destination.name", queue);
+    if let Some(key) = key {
+        set_attribute(&span, "idempotency.key", key);
+    }
+    let _entered = span.enter();
+    current_attributes()
+}
+
+/// [`link`]s the current span to `traceparent`'s span, when there is one.
+pub fn link_current(traceparent: Option<&str>) {
+    if let Some(tp) = traceparent {
+        link(&tracing::Span::current(), tp);
+    }
+}
+
 /// The message's producer context (`traceparent`, `tracestate`), when it carries one.
 pub(crate) fn producer(msg: &SqsMessage) -> Option<(&str, Option<&str>)> {
     attribute(msg, TRACEPARENT).map(|p| (p, attribute(msg, TRACESTATE)))

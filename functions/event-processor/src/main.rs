@@ -11,7 +11,7 @@ use std::time::Duration;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use payment_core::events::catch_up::{Budget, ScheduledCatchUp};
 use payment_core::events::inbox::EventProcessor;
-use payment_core::telemetry;
+use payment_core::telemetry::{self, traces};
 use serde_json::Value;
 
 #[global_allocator]
@@ -69,8 +69,13 @@ async fn main() -> Result<(), Error> {
     telemetry::init();
     let (processor, catch_up) = payment_core::edges::bootstrap::event_processor_from_env().await?;
     let catch_up = Arc::new(catch_up);
-    lambda_runtime::run(service_fn(|event| {
-        handle(Arc::clone(&processor), Arc::clone(&catch_up), event)
+    lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
+        // The invocation's spans leave before the answer does (Lambda freezes the process after).
+        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
+        traces::flushed(
+            deadline,
+            handle(Arc::clone(&processor), Arc::clone(&catch_up), event),
+        )
     }))
     .await
 }

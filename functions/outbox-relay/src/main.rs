@@ -9,7 +9,7 @@ use aws_lambda_events::event::dynamodb::Event;
 use aws_lambda_events::event::streams::DynamoDbEventResponse;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use payment_core::payments::outbox::{relay_stream_batch, Relay};
-use payment_core::telemetry;
+use payment_core::telemetry::{self, traces};
 
 async fn handle(
     relay: Arc<Relay>,
@@ -23,5 +23,10 @@ async fn handle(
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let relay = payment_core::edges::bootstrap::relay_from_env().await?;
-    lambda_runtime::run(service_fn(|event| handle(Arc::clone(&relay), event))).await
+    lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
+        // The messages' spans leave before the answer does (Lambda freezes the process after).
+        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
+        traces::flushed(deadline, handle(Arc::clone(&relay), event))
+    }))
+    .await
 }

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use lambda_http::{service_fn, Body, Error, Request, Response};
+use lambda_http::{service_fn, Body, Error, Request, RequestExt, Response};
 use payment_core::api::PaymentsApi;
-use payment_core::telemetry;
+use payment_core::telemetry::{self, traces};
 
 async fn handle(api: Arc<PaymentsApi>, request: Request) -> Result<Response<Body>, Error> {
     let (parts, body) = request.into_parts();
@@ -39,5 +39,12 @@ async fn handle(api: Arc<PaymentsApi>, request: Request) -> Result<Response<Body
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let api = payment_core::edges::bootstrap::api_from_env().await?;
-    lambda_http::run(service_fn(|request| handle(Arc::clone(&api), request))).await
+    lambda_http::run(service_fn(|request: Request| {
+        // The request's spans leave before the answer does (Lambda freezes the process after).
+        let deadline = request
+            .lambda_context_ref()
+            .map_or(i64::MAX, |c| i64::try_from(c.deadline).unwrap_or(i64::MAX));
+        traces::flushed(deadline, handle(Arc::clone(&api), request))
+    }))
+    .await
 }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use lambda_http::{service_fn, Body, Error, Request, Response};
+use lambda_http::{service_fn, Body, Error, Request, RequestExt, Response};
 use payment_core::stripe::receiver::EventReceiver;
-use payment_core::telemetry;
+use payment_core::telemetry::{self, traces};
 
 async fn handle(receiver: Arc<EventReceiver>, request: Request) -> Result<Response<Body>, Error> {
     let (parts, body) = request.into_parts();
@@ -34,5 +34,12 @@ async fn handle(receiver: Arc<EventReceiver>, request: Request) -> Result<Respon
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let receiver = payment_core::edges::bootstrap::receiver_from_env().await?;
-    lambda_http::run(service_fn(|request| handle(Arc::clone(&receiver), request))).await
+    lambda_http::run(service_fn(|request: Request| {
+        // The request's spans leave before the answer does (Lambda freezes the process after).
+        let deadline = request
+            .lambda_context_ref()
+            .map_or(i64::MAX, |c| i64::try_from(c.deadline).unwrap_or(i64::MAX));
+        traces::flushed(deadline, handle(Arc::clone(&receiver), request))
+    }))
+    .await
 }

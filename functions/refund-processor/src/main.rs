@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use lambda_runtime::{service_fn, Error};
-use payment_core::telemetry;
+use aws_lambda_events::event::sqs::SqsEvent;
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use payment_core::telemetry::{self, traces};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -15,9 +16,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let processor = payment_core::edges::bootstrap::refund_processor_from_env().await?;
-    lambda_runtime::run(service_fn(|event| {
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let processor = Arc::clone(&processor);
-        async move { processor.handle_event(event).await }
+        // The batch's spans leave before the answer does (Lambda freezes the process after).
+        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
+        async move { traces::flushed(deadline, processor.handle_event(event)).await }
     }))
     .await
 }

@@ -6,6 +6,9 @@
 //! moves (forced) and the endpoint has it; otherwise it moves messages one by one: send to the source queue, and delete from the DLQ only after the send
 //! succeeded, so nothing is lost. A message may be moved twice if a run dies between the two
 //! steps; that is safe, because the processor charges a payment once however often it arrives.
+//!
+//! Why ~510 lines: listing, showing and both ways of redriving read a dead letter the same
+//! way (its code, first send, group and trace), and keep to one file with that reading.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -459,12 +462,22 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                 .send_message()
                 .queue_url(&opts.queue_url)
                 .message_body(&i.body);
-            if let Some(t) = first_sent(&m) {
+            // Its first send's time, and the payment's trace, which goes on with it.
+            let traced = [sqs_once::trace::TRACEPARENT, sqs_once::trace::TRACESTATE];
+            let copied = first_sent(&m)
+                .map(|t| (attrs::FIRST_SENT_AT, t.to_string()))
+                .into_iter()
+                .chain(
+                    traced
+                        .into_iter()
+                        .filter_map(|n| attr(&m, n).map(|v| (n, v))),
+                );
+            for (name, value) in copied {
                 send = send.message_attributes(
-                    attrs::FIRST_SENT_AT,
+                    name,
                     MessageAttributeValue::builder()
                         .data_type("String")
-                        .string_value(t.to_string())
+                        .string_value(value)
                         .build()?,
                 );
             }

@@ -35,6 +35,7 @@ fn entry_of(record: &Record) -> Option<OutboxEntry> {
         message: text("message")?,
         created_at,
         customer_id: text("customer_id")?,
+        traceparent: text("traceparent"),
     })
 }
 

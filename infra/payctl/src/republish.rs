@@ -46,6 +46,7 @@ async fn rows_before(
                     message,
                     created_at,
                     customer_id,
+                    traceparent: text("traceparent"),
                 });
             }
         }

@@ -101,9 +101,31 @@ pub async fn send_all_observed(
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
-                    let entry = SendMessageBatchRequestEntry::builder()
+                    let mut entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(b);
+                    // When this process exports traces, each message starts its payment's
+                    // trace (a `create` span); the processor continues it.
+                    let traced = payment_core::telemetry::traces::on().then(|| {
+                        let key = serde_json::from_str::<serde_json::Value>(b)
+                            .ok()
+                            .and_then(|v| {
+                                ["refund_id", "payment_id"]
+                                    .iter()
+                                    .find_map(|k| v[*k].as_str().map(str::to_owned))
+                            });
+                        let queue = queue_url.rsplit('/').next().unwrap_or_default();
+                        sqs_once::trace::create_attributes(queue, None, key.as_deref())
+                    });
+                    for (name, value) in traced.unwrap_or_default() {
+                        entry = entry.message_attributes(
+                            name,
+                            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                                .data_type("String")
+                                .string_value(value)
+                                .build()?,
+                        );
+                    }
                     let entry = if fifo {
                         let (group, dedup) = fifo_ids(b);
                         entry

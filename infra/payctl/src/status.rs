@@ -33,6 +33,7 @@ pub fn to_json(
             "outcome": r.outcome,
             "payload_hash": r.payload_hash,
             "expires_at": time(Some(r.expires_at_s * 1000)),
+            "trace_id": trace_id(r),
         })
     });
     let mark = mark.map(|m| {
@@ -44,6 +45,13 @@ pub fn to_json(
         })
     });
     json!({"payment_id": id, "record": record, "dead_letter": mark})
+}
+
+/// The payment's trace id, from the record's `traceparent` (none when no claim was traced).
+pub fn trace_id(r: &IdempotencyRecord) -> Option<&str> {
+    r.traceparent
+        .as_deref()
+        .and_then(sqs_once::trace::trace_id_of)
 }
 
 /// The record for people: a headline and the fields of its state.
@@ -78,6 +86,7 @@ pub fn describe(
                 r.attempts,
                 if r.attempts == 1 { "" } else { "s" }
             ));
+
             out.push(format!("  first attempt    {}", utc(r.first_attempt_at_ms)));
             if let Some(t) = r.completed_at_ms {
                 out.push(format!("  completed        {}", utc(t)));
@@ -114,6 +123,9 @@ pub fn describe(
                 out.push(format!("  no claim before  {}", utc(t)));
             }
             out.push(format!("  record expires   {}", utc(r.expires_at_s * 1000)));
+            if let Some(t) = trace_id(r) {
+                out.push(format!("  trace id         {t}"));
+            }
         }
     }
     if let Some(m) = mark {
@@ -223,8 +235,13 @@ mod tests {
 
     #[test]
     fn a_completed_record_reads_in_utc_without_its_old_lease() {
-        let r = record(RecordStatus::Completed);
+        let mut r = record(RecordStatus::Completed);
+        r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
         let text = describe("p1", Some(&r), None).join("\n");
+        assert!(
+            text.contains("trace id         4bf92f3577b34da6a3ce929d0e0e4736"),
+            "{text}"
+        );
         assert!(
             text.contains("COMPLETED (succeeded 1999 usd, provider pi_1), 2 attempts"),
             "{text}"
@@ -243,6 +260,7 @@ mod tests {
             "2026-12-01T04:40:30.000Z"
         );
         assert!(j["record"]["lease_owner"].is_null());
+        assert_eq!(j["record"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         let h = history(Some(&r), None);
         assert_eq!(h.first().map(|e| e.1.as_str()), Some("first claimed"));
         assert_eq!(h.last().map(|e| e.1.as_str()), Some("completed: succeeded"));

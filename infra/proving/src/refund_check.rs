@@ -350,6 +350,7 @@ mod tests {
 
     fn charged(refunds: &[(&str, i64)]) -> RefundablePayment {
         RefundablePayment {
+            traceparent: None,
             status: RecordStatus::Completed,
             outcome: Some(PaymentOutcome {
                 status: "succeeded".into(),

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::api::view::AfterCharge;
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
@@ -215,7 +215,62 @@ impl PaymentsApi {
     ) -> ApiResponse {
         let path = path.trim_end_matches('/');
         let segments: Vec<&str> = path.split('/').skip(1).collect();
-        match (method, segments.as_slice()) {
+        // The request's span (kind server) continues the caller's trace when it sends a
+        // `traceparent`; the payment's message and every later span of it follow from here.
+        let route = match segments.as_slice() {
+            ["v1", "payments"] => "/v1/payments",
+            ["v1", "payments", _] => "/v1/payments/{id}",
+            _ => "unknown",
+        };
+        let span = tracing::info_span!(
+            target: "otel",
+            "request",
+            otel.name = format!("{method} {route}"),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = method,
+            http.route = route,
+            http.response.status_code = tracing::field::Empty,
+            idempotency.outcome = tracing::field::Empty,
+        );
+        if let Some(parent) = header("traceparent") {
+            sqs_once::trace::continue_trace(&span, &parent, header("tracestate").as_deref());
+        }
+        let answer = self
+            .route(method, path, &segments, header, body)
+            .instrument(span.clone())
+            .await;
+        span.record("http.response.status_code", answer.status);
+        if answer.status >= 500 {
+            span.record("otel.status_code", "ERROR");
+        }
+        if method == "POST" && route == "/v1/payments" {
+            let replayed = answer
+                .headers
+                .iter()
+                .any(|(h, _)| *h == "idempotent-replayed");
+            let outcome = match answer.status {
+                _ if replayed => Some("replayed"),
+                202 => Some("created"),
+                400 if answer.body.contains("\"idempotency_key_in_use\"") => Some("key_reused"),
+                _ => None,
+            };
+            if let Some(outcome) = outcome {
+                span.record("idempotency.outcome", outcome);
+            }
+        }
+        answer
+    }
+
+    async fn route(
+        &self,
+        method: &str,
+        path: &str,
+        segments: &[&str],
+        header: impl Fn(&str) -> Option<String>,
+        body: &[u8],
+    ) -> ApiResponse {
+        match (method, segments) {
             ("POST", ["v1", "payments"]) => self.create(header(IDEMPOTENCY_KEY), body).await,
             ("GET", ["v1", "payments", id]) => {
                 let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
@@ -324,11 +379,13 @@ impl PaymentsApi {
             response_body: object.to_string(),
             expires_at_s: (now + ms(row_lifetime(self.retention))) / 1000,
         };
+        sqs_once::trace::set_attribute(&tracing::Span::current(), "idempotency.key", key.as_str());
         let entry = OutboxEntry {
             payment_id: key.clone(),
             message: request.to_message_body(),
             created_at: now,
             customer_id: request.customer_id.clone(),
+            traceparent: sqs_once::trace::current_traceparent(),
         };
         // A charged payment's record outlives its row (the record lives the refund window from
         // its last change, the row `row_lifetime` from its write): once the row is gone, the

@@ -211,6 +211,17 @@ impl EventWork {
 
     /// Until when a write keeps the records it changes, read with TTLs `read_s`: the refund
     /// window from now, never less than any was.
+    /// The payment's record as the events see it; the event's span links to the payment's
+    /// trace.
+    async fn payment_record(
+        &self,
+        pid: &str,
+    ) -> Result<Option<crate::events::settlement::PaymentState>, CallError> {
+        let p = self.settlements.payment(pid).await.map_err(store_error)?;
+        sqs_once::trace::link_current(p.as_ref().and_then(|p| p.traceparent.as_deref()));
+        Ok(p)
+    }
+
     fn keep_until(&self, read_s: &[i64]) -> i64 {
         let window = self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64;
         read_s.iter().copied().fold(window, i64::max)
@@ -234,7 +245,7 @@ impl EventWork {
             ));
         };
         for _ in 0..TRIES {
-            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+            let Some(p) = self.payment_record(&pid).await? else {
                 return Ok(no_record(event, "payment", &pid));
             };
             if p.record_status != RecordStatus::Completed {
@@ -374,7 +385,7 @@ impl EventWork {
             };
             // The refund's payment may be past its lifetime: then nothing holds its money any
             // more, and only the refund's own record moves.
-            let p = self.settlements.payment(&pid).await.map_err(store_error)?;
+            let p = self.payment_record(&pid).await?;
             let release = p
                 .as_ref()
                 .filter(|_| refund_returns_nothing(&to))
@@ -419,7 +430,7 @@ impl EventWork {
         let Some(pid) = c.payment_id.clone() else {
             return Ok(Some(no_record(event, "refund", rid)));
         };
-        let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+        let Some(p) = self.payment_record(&pid).await? else {
             return Ok(Some(no_record(event, "refund", rid)));
         };
         if p.provider_payment_id.is_none() || p.provider_payment_id != c.intent_id {
@@ -516,7 +527,7 @@ impl EventWork {
         };
         let did = &c.dispute_id;
         for _ in 0..TRIES {
-            let Some(p) = self.settlements.payment(&pid).await.map_err(store_error)? else {
+            let Some(p) = self.payment_record(&pid).await? else {
                 return Ok(no_record(event, "payment", &pid));
             };
             if p.record_status != RecordStatus::Completed {

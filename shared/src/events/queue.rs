@@ -218,14 +218,23 @@ impl EventQueue for SqsEventQueue {
                 .map_err(|e| e.to_string())
         };
         let (group, dedup) = fifo_ids(&self.url, event);
-        self.client
+        let mut send = self
+            .client
             .send_message()
             .queue_url(&self.url)
             .set_message_group_id(group)
             .set_message_deduplication_id(dedup)
             .message_body(sqs_text(body))
-            .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute(&event.kind)?)
-            .send()
+            .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute(&event.kind)?);
+        // The event's message continues the trace of the delivery that brought it.
+        for (name, value) in sqs_once::trace::create_attributes(
+            self.url.rsplit('/').next().unwrap_or_default(),
+            None,
+            Some(&event.id),
+        ) {
+            send = send.message_attributes(name, attribute(&value)?);
+        }
+        send.send()
             .await
             .map(|_| ())
             .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())

@@ -88,6 +88,8 @@ pub struct PaymentState {
     pub disputed: i64,
     /// The record's TTL (epoch seconds).
     pub expires_at_s: i64,
+    /// The payment's trace (the record's `traceparent`): an event's span links to it.
+    pub traceparent: Option<String>,
     /// The events applied, in the order applied.
     pub events: Vec<EventNote>,
     /// The refunds' reservations held: refund id → amount.
@@ -338,6 +340,7 @@ impl Settlements for DynamoSettlements {
             dispute_versions: dispute_versions_of(&item),
             disputed: get_n(&item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
+            traceparent: record.traceparent.clone(),
             events: events_of(&item),
             refunds: crate::refunds::ledger::reservations_of(&item),
             released: crate::refunds::ledger::released_of(&item),

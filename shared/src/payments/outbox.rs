@@ -35,13 +35,18 @@ pub struct OutboxEntry {
     pub created_at: i64,
     /// The payment's customer: the default FIFO message group.
     pub customer_id: String,
+    /// The W3C `traceparent` of the request that accepted the payment (`None` when it was not
+    /// traced): the relay's message continues that trace.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 impl OutboxEntry {
-    /// The row's outbox attributes (`message`, `created_at`), beside its payment fields.
-    pub fn attributes(&self) -> [(String, aws_sdk_dynamodb::types::AttributeValue); 2] {
+    /// The row's outbox attributes (`message`, `created_at`, and `traceparent` when traced),
+    /// beside its payment fields.
+    pub fn attributes(&self) -> Vec<(String, aws_sdk_dynamodb::types::AttributeValue)> {
         use aws_sdk_dynamodb::types::AttributeValue;
-        [
+        let mut out = vec![
             (
                 "message".to_owned(),
                 AttributeValue::S(self.message.clone()),
@@ -50,7 +55,11 @@ impl OutboxEntry {
                 "created_at".to_owned(),
                 AttributeValue::N(self.created_at.to_string()),
             ),
-        ]
+        ];
+        if let Some(tp) = &self.traceparent {
+            out.push(("traceparent".to_owned(), AttributeValue::S(tp.clone())));
+        }
+        out
     }
 }
 
@@ -156,6 +165,14 @@ impl Relay {
                     attrs::FIRST_SENT_AT,
                     string_attr(&entry.created_at.to_string()).map_err(|e| e.0)?,
                 );
+            // The message continues the trace of the request that accepted the payment.
+            for (name, value) in sqs_once::trace::create_attributes(
+                self.queue_url.rsplit('/').next().unwrap_or_default(),
+                entry.traceparent.as_deref(),
+                Some(&entry.payment_id),
+            ) {
+                e = e.message_attributes(name, string_attr(&value).map_err(|e| e.0)?);
+            }
             if self.fifo() {
                 e = e
                     .message_group_id(sqs_once::queue::fifo_id(self.group_by.group_of(entry)))
@@ -289,6 +306,7 @@ mod tests {
             message: r#"{"payment_id":"order-1"}"#.into(),
             created_at: 1_700_000_000_123,
             customer_id: "cus_1".into(),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let payment = StoredPayment {
             id: "order-1".into(),

@@ -157,6 +157,8 @@ pub struct RefundablePayment {
     pub disputed: i64,
     /// The record's TTL (`expires_at`, epoch seconds) as read: a write keeps at least this.
     pub expires_at_s: i64,
+    /// The payment's trace (the record's `traceparent`): a refund's span links to it.
+    pub traceparent: Option<String>,
     /// Refunds held until the payment settles: refund id → the refund's message.
     pub held: BTreeMap<String, String>,
     /// The record carries the `held` map (a first hold creates it).
@@ -430,6 +432,7 @@ impl RefundLedger for DynamoRefundLedger {
             refunds,
             disputed: get_n(item, "disputed_amount").unwrap_or(0),
             expires_at_s: record.expires_at_s,
+            traceparent: record.traceparent.clone(),
             held: held_of(item),
             has_held: item.contains_key(HELD),
         }))

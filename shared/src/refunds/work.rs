@@ -158,7 +158,10 @@ impl RefundWork {
     /// Where the refund's payment stands.
     async fn charged(&self, r: &RefundRequest) -> Result<Payment, CallError> {
         let pid = &r.payment_id;
-        let Some(p) = self.ledger.payment(pid).await.map_err(store_error)? else {
+        let p = self.ledger.payment(pid).await.map_err(store_error)?;
+        // The refund's span links to the payment's trace.
+        sqs_once::trace::link_current(p.as_ref().and_then(|p| p.traceparent.as_deref()));
+        let Some(p) = p else {
             // Accepted by the API and on its way: wait (boundedly: the retry horizon).
             if self.ledger.accepted(pid).await.map_err(store_error)? {
                 return Err(not_yet(pid, "is accepted but has no record yet"));

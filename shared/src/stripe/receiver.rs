@@ -289,6 +289,37 @@ impl EventReceiver {
         signature: Option<&str>,
         body: &[u8],
     ) -> Answer {
+        // The delivery's span (kind server); the event's message continues its trace, and the
+        // event's work links it to the payment's.
+        let span = tracing::info_span!(
+            target: "otel",
+            "delivery",
+            otel.name = format!("{method} {EVENTS_PATH}"),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = method,
+            http.route = EVENTS_PATH,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let answer = tracing::Instrument::instrument(
+            self.receive(method, path, signature, body),
+            span.clone(),
+        )
+        .await;
+        span.record("http.response.status_code", answer.status);
+        if answer.status >= 500 {
+            span.record("otel.status_code", "ERROR");
+        }
+        answer
+    }
+
+    async fn receive(
+        &self,
+        method: &str,
+        path: &str,
+        signature: Option<&str>,
+        body: &[u8],
+    ) -> Answer {
         if path.trim_end_matches('/') != EVENTS_PATH {
             return refused(404, "not_found", format!("no route {path}"));
         }

@@ -139,6 +139,34 @@ pub fn flush() {
     }
 }
 
+/// Runs one invocation's `work`, then [`flush`]es its spans, waiting for the collector at most
+/// until a second before `deadline_ms` (the invocation's deadline, epoch ms): a slow collector
+/// costs the invocation's trace, never its answer (a late answer would send the whole batch
+/// back).
+pub async fn flushed<T>(deadline_ms: i64, work: impl std::future::Future<Output = T>) -> T {
+    let out = work.await;
+    let Some(provider) = PROVIDER.get() else {
+        return out;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let left = deadline_ms.saturating_sub(now).saturating_sub(1_000);
+    let provider = provider.clone();
+    let flush = tokio::task::spawn_blocking(move || provider.force_flush());
+    match tokio::time::timeout(std::time::Duration::from_millis(left.max(0) as u64), flush).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => {
+            tracing::warn!(error = %e, "traces: the flush failed; this invocation's spans may be lost")
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "traces: the flush did not finish"),
+        Err(_) => tracing::warn!(
+            "traces: the collector did not take this invocation's spans before its deadline; answering without them"
+        ),
+    }
+    out
+}
+
 /// Whether this process exports traces.
 pub fn on() -> bool {
     PROVIDER.get().is_some()
