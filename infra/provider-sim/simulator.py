@@ -136,6 +136,7 @@ import re
 import socket
 import sys
 import threading
+import string
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
@@ -144,6 +145,8 @@ import endpoints
 import events
 
 LOCK = threading.Lock()
+# A Request-Id's characters after its req_ prefix.
+REQUEST_ID_CHARS = string.ascii_letters + string.digits
 # The account's rate limits (POST /_sim/rate_limit): token buckets of one second's requests, one
 # for the account and one per endpoint.
 RATE = {"per_second": 0.0, "endpoint_per_second": 0.0, "buckets": {}, "allowed": 0, "refused": 0,
@@ -697,6 +700,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        # Stripe names every request, answered or refused, in its Request-Id header
+        # (docs.stripe.com/api/request_ids): the id its support and the dashboard's logs know.
+        self.send_header("Request-Id", "req_" + "".join(random.choices(REQUEST_ID_CHARS, k=14)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()

@@ -86,6 +86,26 @@ class Simulator(unittest.TestCase):
             status, _ = self.call("POST", "/v1/payment_intents", dict(OLD_FORM, **fix), "fix-" + str(len(fix)))
             self.assertEqual(status, 200, fix)
 
+    def test_every_answer_names_its_request_in_request_id_as_stripe_s_do(self):
+        # docs.stripe.com/api/request_ids: each request, answered or refused, has its Request-Id.
+        seen = set()
+        for path, data in (("/v1/payment_intents", urlencode(dict(OLD_FORM, off_session="true")).encode()),
+                           ("/v1/payment_intents", b"amount=1"),
+                           ("/v1/refunds", None)):
+            req = urllib.request.Request(self.base + path, data=data, method="POST" if data else "GET")
+            req.add_header("Authorization", "Bearer sk_test_local")
+            req.add_header("Stripe-Version", CURRENT)
+            if data:
+                req.add_header("Idempotency-Key", f"rid-{len(seen)}-{len(data)}")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    rid = r.headers["Request-Id"]
+            except urllib.error.HTTPError as e:
+                rid = e.headers["Request-Id"]
+            self.assertRegex(rid or "", r"^req_[A-Za-z0-9]{14}$", path)
+            seen.add(rid)
+        self.assertEqual(len(seen), 3, "one id a request")
+
     def test_an_older_api_version_keeps_the_old_default(self):
         status, body = self.call("POST", "/v1/payment_intents", dict(OLD_FORM), "v2022", version="2022-11-15")
         self.assertEqual((status, body["status"]), (200, "succeeded"))

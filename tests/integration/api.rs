@@ -23,7 +23,7 @@ use crate::proxy::AnswerDroppingProxy;
 const BODY: &str =
     r#"{"amount":2500,"currency":"usd","customer_id":"cus_api","payment_method":"pm_card_visa"}"#;
 
-fn api_config(t: &TestStack) -> ApiConfig {
+pub(crate) fn api_config(t: &TestStack) -> ApiConfig {
     ApiConfig::from_lookup(|k| {
         t.stack
             .var_of("PaymentsApiFunction", k)
@@ -50,7 +50,7 @@ async fn serve(t: &TestStack, ddb: aws_sdk_dynamodb::Client) -> LocalHttp {
         .expect("serving the API")
 }
 
-async fn relay(t: &TestStack) -> StreamMapping {
+pub(crate) async fn relay(t: &TestStack) -> StreamMapping {
     let sdk = payment_core::edges::bootstrap::sdk_config().await;
     let relay = payment_core::edges::bootstrap::build_relay(&relay_config(t), &sdk);
     payctl::relay::start(&sdk, t.stack.payments_table().unwrap(), Arc::new(relay))
@@ -92,7 +92,7 @@ async fn relay_and_drain(t: &TestStack, n: u64) -> lambda_local::esm::EsmStats {
 }
 
 /// Waits until the relay has put `n` messages on the queue.
-async fn relayed(mapping: &StreamMapping, n: u64) {
+pub(crate) async fn relayed(mapping: &StreamMapping, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while mapping
         .stats

@@ -36,6 +36,7 @@ mod preflight;
 mod proxy;
 mod refunds;
 mod timeline;
+mod traces;
 mod webhook_signature;
 
 use std::time::Duration;

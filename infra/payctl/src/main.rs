@@ -137,8 +137,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Run(_) | Command::Api(_) | Command::Relay(_)
     ) {
         payment_core::telemetry::init_timed();
+    } else if matches!(cli.command, Command::Send(_) | Command::SendRefund(_)) {
+        // A message sent starts its trace when the OTEL_* variables name a collector.
+        payment_core::telemetry::init_traces();
     }
-    match cli.command {
+    let done = match cli.command {
         Command::Provision(args) => commands::stack::provision(args, &sdk).await,
         Command::Env(args) => commands::stack::env(args, &sdk).await,
         Command::Connect(args) => commands::stack::connect(args, &sdk).await,
@@ -159,5 +162,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Api(args) => commands::api::api(args, &sdk).await,
         Command::Conformance => commands::checks::conformance(&sdk).await,
         Command::Smoke(args) => commands::checks::smoke(args).await,
-    }
+    };
+    // The last spans leave before the process does.
+    payment_core::telemetry::traces::shutdown();
+    done
 }

@@ -15,13 +15,14 @@
 //!   outcomes, [`check`] and [`refund_check`] verify a run from the outside (the provider's
 //!   ledger through [`sim`], the table, the dead-letter queues); [`events_check`] settles a
 //!   scenario through the provider's events;
+//! - [`otlp`]: the local OTLP receiver the runs and the tests export their traces to;
 //! - [`partner`]: Stripe's side of its EventBridge destination, for local runs;
 //! - [`webhook`]: the public events route under forged requests (its costs in the benchmark,
 //!   a flood in `make test` and `make chaos`).
 //!
 //! Nothing here ships to users, and the operator's `payctl` never depends on it.
 //!
-//! Why flat (16 files with `main.rs`): each file is one load or one outside check that the
+//! Why flat (17 files with `main.rs`): each file is one load or one outside check that the
 //! runs above combine, named as the list names them; the multi-file runs (`chaos`, `compare`,
 //! `bench`) have folders.
 
@@ -36,6 +37,7 @@ pub mod e2e;
 pub mod events_check;
 pub mod functions;
 pub mod load;
+pub mod otlp;
 pub mod partner;
 pub mod prices;
 pub mod refund_check;

@@ -144,6 +144,16 @@ pub fn init_timed() {
     init_with(true);
 }
 
+/// Only the trace exporter, when the `OTEL_*` variables turn it on, and no log: for a command
+/// whose output is its own (`payctl send`).
+pub fn init_traces() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    if let Some(layer) = traces::layer(&service_name()) {
+        let _ = tracing_subscriber::registry().with(layer).try_init();
+    }
+}
+
 fn init_with(timed: bool) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -157,8 +167,7 @@ fn init_with(timed: bool) {
         })
         .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
     // Spans at INFO and above are exported whatever RUST_LOG lets into the log.
-    let traces = traces::layer(&service_name())
-        .map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO));
+    let traces = traces::layer(&service_name());
     // A person at a terminal reads one short line an event; anything else (Lambda, a file, a
     // pipe) gets one JSON object a line.
     let log = if timed && std::io::IsTerminal::is_terminal(&std::io::stderr()) {

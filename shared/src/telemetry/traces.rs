@@ -116,16 +116,28 @@ where
         .with_batch_exporter(exporter)
         .with_resource(resource)
         .build();
-    let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "exactly-once-payments");
+    let layer = layer_for(&provider);
     let _ = PROVIDER.set(provider);
-    Some(
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false),
-    )
+    Some(layer)
+}
+
+/// The layer that turns this process's spans at INFO and above into `provider`'s spans (no
+/// source locations, threads or targets: what a span means is in its name and attributes).
+/// [`crate::telemetry::init`] installs it with the provider the `OTEL_*` variables configure;
+/// a test can give its own.
+pub fn layer_for<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    let tracer = opentelemetry::trace::TracerProvider::tracer(provider, "exactly-once-payments");
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
 }
 
 /// Sends the spans that ended and are still pending, and waits for the collector's answer
@@ -165,6 +177,16 @@ pub async fn flushed<T>(deadline_ms: i64, work: impl std::future::Future<Output 
         ),
     }
     out
+}
+
+/// Sends what is pending and stops exporting: a local process's last call before it exits
+/// (`payctl run`), so that its last spans are not lost with it.
+pub fn shutdown() {
+    if let Some(provider) = PROVIDER.get() {
+        if let Err(e) = provider.shutdown() {
+            eprintln!("traces: the last spans could not be sent: {e}");
+        }
+    }
 }
 
 /// Whether this process exports traces.

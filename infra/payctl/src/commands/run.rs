@@ -203,6 +203,7 @@ pub async fn run(args: RunArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         }
     }
     if let Some(status) = stopped_by {
+        payment_core::telemetry::traces::shutdown();
         std::process::exit(status);
     }
     if summary.all_failed() {
