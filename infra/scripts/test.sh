@@ -155,6 +155,12 @@ small_demo() {
   grep -qE "^payments charged once: +[0-9]+ \([0-9.]+ [a-z]{3}( \+ [0-9.]+ [a-z]{3})+\)$" "$RUN_DIR/demo.log" \
     || { echo "the demo's charged total is not per currency" >&2; return 1; }
   grep -q "^RESULT: OK" "$RUN_DIR/demo.log" || { echo "the demo's counts do not add up" >&2; return 1; }
+  # Its traces: a local OTLP receiver took them, and one payment's reads from the API's request
+  # to the charge's answer (docs/operate.md, "Traces").
+  grep -E "^traces: +[1-9][0-9]* spans in [1-9][0-9]* traces" "$RUN_DIR/demo.log" \
+    || { echo "the demo exported no traces" >&2; return 1; }
+  sed -n '/^one payment.s trace/,/^[^ o]/p' "$RUN_DIR/demo.log" | grep -q "POST /v1/payment_intents (client, demo): .*http.response.status_code=200" \
+    || { echo "the demo's payment trace has no charge under it" >&2; return 1; }
 }
 phase "the small demo (40 payments)" small_demo
 # The contract test: every request the processors sent in the run above, checked against the

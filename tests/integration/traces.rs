@@ -80,6 +80,13 @@ async fn one_payment_is_one_trace_from_the_api_through_a_crash_to_a_late_refund_
     let _traced = tracing::subscriber::set_default(
         tracing_subscriber::registry().with(payment_core::telemetry::traces::layer_for(&provider)),
     );
+    // The other tests of this binary run beside on threads of their own without a subscriber:
+    // a span's callsite first met there while this thread's subscriber was being registered
+    // may keep the interest computed without it (tracing's cache). Computed again before each
+    // in-process step, so that this thread records every span, as a function's process, whose
+    // subscriber is set before any span, does.
+    let recorded = tracing::callsite::rebuild_interest_cache;
+    recorded();
     let t = TestStack::new("traces").await;
     let pid = t.pid("p1");
     let customer = "cus_traced_person_1";
@@ -99,6 +106,7 @@ async fn one_payment_is_one_trace_from_the_api_through_a_crash_to_a_late_refund_
         ("idempotency-key", pid.clone()),
         ("traceparent", traceparent),
     ]);
+    recorded();
     let answer = api
         .handle(
             "POST",
@@ -143,9 +151,11 @@ async fn one_payment_is_one_trace_from_the_api_through_a_crash_to_a_late_refund_
 
     // A refund, whose failure the provider reports later by an event.
     let rid = t.pid("r1");
+    recorded();
     let stats = refund(&t, &[refund_body(&rid, &pid, Some(1000))]).await;
     assert_eq!(stats.summary.done("refunded"), 1);
     let e = events(&t).await;
+    recorded();
     let listed = e
         .listed(std::slice::from_ref(&rid), |l| {
             kinds(l).contains(&"refund.failed")
@@ -297,7 +307,12 @@ async fn one_payment_is_one_trace_from_the_api_through_a_crash_to_a_late_refund_
         linking
             .iter()
             .any(|s| in_trace_of(s, &format!("process {refund_queue}"))),
-        "the refund links the payment: {linking:#?}"
+        "the refund links the payment: {linking:#?}\nthe in-process spans: {:#?}",
+        spans
+            .iter()
+            .filter(|s| s.service == "in-process")
+            .map(|s| (&s.trace_id, &s.name, &s.links))
+            .collect::<Vec<_>>()
     );
     let event_links: Vec<&&ReceivedSpan> = linking
         .iter()

@@ -2,6 +2,9 @@
 //! (`make demo`), the chaos checker (`make chaos`), the benchmark (`make bench`) and the check
 //! of a deployed stack (`make e2e-sam`). None of it ships to users: the operator's tool is
 //! `payctl`.
+//!
+//! Why ~500 lines: one section a command, each its options and the few lines that hand them to
+//! the library.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -122,6 +125,10 @@ pub struct DemoArgs {
     /// Send raw messages straight into the queue instead of through the payments API.
     #[arg(long)]
     pub direct: bool,
+    /// Where the run's traces go: a local OTLP receiver writes every span there, one JSON
+    /// object a line (OpenTelemetry; docs/operate.md, "Traces").
+    #[arg(long, default_value = ".local/run/traces.jsonl")]
+    pub traces: PathBuf,
 }
 
 /// Runs `proving demo`.
@@ -133,7 +140,10 @@ pub async fn demo(args: DemoArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         pollers,
         fault_rate,
         direct,
+        traces,
     } = args;
+    // The run's spans go to a receiver of its own, as a function's go to a collector.
+    let receiver = proving::otlp::export_this_process(&traces, "demo").await?;
     let verdict = demo::run(
         sdk,
         &demo::DemoOptions {
@@ -146,6 +156,11 @@ pub async fn demo(args: DemoArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
         },
     )
     .await?;
+    let flushed = tokio::task::spawn_blocking(payment_core::telemetry::traces::shutdown);
+    flushed.await?;
+    for line in proving::otlp::summary(&receiver.spans(), &traces) {
+        println!("{line}");
+    }
     if !verdict.violations.is_empty() {
         std::process::exit(1);
     }
@@ -356,6 +371,7 @@ pub async fn bench(args: BenchArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
             rate_payments,
             only_rate,
             rate_accounts,
+            traces_endpoint: None,
             peer: peer_bootstrap.zip(peer_python).map(|(bootstrap, python)| {
                 proving::compare::PeerOptions {
                     bootstrap,

@@ -244,3 +244,98 @@ async fn receive(
     // An empty ExportTraceServiceResponse: everything accepted.
     Ok(reply(StatusCode::OK, Bytes::new()))
 }
+
+/// The spans of `trace` as an indented tree, each line a span's name, kind and what it says
+/// (`idempotency.outcome`, the status code, Stripe's `Request-Id`), children under parents in
+/// start order; a span whose parent was not received is a root.
+pub fn tree(spans: &[ReceivedSpan], trace: &str) -> Vec<String> {
+    let mut of_trace: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.trace_id == trace).collect();
+    of_trace.sort_by_key(|s| s.start_ns);
+    let known: std::collections::HashSet<&str> =
+        of_trace.iter().map(|s| s.span_id.as_str()).collect();
+    let mut out = Vec::new();
+    fn walk(
+        all: &[&ReceivedSpan],
+        parent: Option<&str>,
+        known: &std::collections::HashSet<&str>,
+        depth: usize,
+        out: &mut Vec<String>,
+    ) {
+        for s in all.iter().filter(|s| match parent {
+            Some(p) => s.parent_span_id == p,
+            None => !known.contains(s.parent_span_id.as_str()),
+        }) {
+            let said: Vec<String> = [
+                "idempotency.outcome",
+                "http.response.status_code",
+                "stripe.request_id",
+                "error.type",
+            ]
+            .iter()
+            .filter_map(|k| s.attr(k).map(|v| format!("{k}={v}")))
+            .collect();
+            out.push(format!(
+                "{}{} ({}, {}){}",
+                "  ".repeat(depth + 1),
+                s.name,
+                s.kind,
+                s.service,
+                if said.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", said.join(" "))
+                }
+            ));
+            if depth < 12 {
+                walk(all, Some(&s.span_id), known, depth + 1, out);
+            }
+        }
+    }
+    walk(&of_trace, None, &known, 0, &mut out);
+    out
+}
+
+/// What a run's traces were, for its report: how many spans in how many traces went to `file`,
+/// and one charged payment's trace as a [`tree`], one the API accepted when there is one (what
+/// `payctl status`'s trace id finds).
+pub fn summary(spans: &[ReceivedSpan], file: &std::path::Path) -> Vec<String> {
+    let traces: std::collections::HashSet<&str> =
+        spans.iter().map(|s| s.trace_id.as_str()).collect();
+    let mut out = vec![format!(
+        "traces:                   {} spans in {} traces, written to {}",
+        spans.len(),
+        traces.len(),
+        file.display()
+    )];
+    let charged = |trace: &str| {
+        spans.iter().any(|c| {
+            c.trace_id == trace
+                && c.name == "POST /v1/payment_intents"
+                && c.attr("http.response.status_code").as_deref() == Some("200")
+        })
+    };
+    let shown = spans
+        .iter()
+        .find(|s| s.name == "POST /v1/payments" && charged(&s.trace_id))
+        .or_else(|| spans.iter().find(|s| charged(&s.trace_id)));
+    if let Some(s) = shown {
+        out.push(format!("one payment's trace ({}):", s.trace_id));
+        out.extend(tree(spans, &s.trace_id));
+    }
+    out
+}
+
+/// Starts a receiver writing every span to `file` (emptied first) and makes this process's
+/// spans go there as `service`, through the layer a function installs (before any other thread
+/// reads the environment: call it first).
+pub async fn export_this_process(file: &std::path::Path, service: &str) -> Result<OtlpReceiver> {
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(file);
+    let receiver = OtlpReceiver::start("127.0.0.1:0", Some(file)).await?;
+    std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+    std::env::set_var("OTEL_SERVICE_NAME", service);
+    payment_core::telemetry::init_traces();
+    Ok(receiver)
+}

@@ -122,6 +122,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     );
     let this_cold = cold_start(opts.host_bootstrap()?, &cold_env, opts.cold_start_runs).await?;
     let cold = BTreeMap::from([(HOST_ARCH, this_cold)]);
+    let traces = traced(sdk, opts, &one, &cold_env, this_cold).await?;
     let rss = [&one, &many]
         .iter()
         .filter_map(|t| t["peak_rss_kib"].as_i64())
@@ -168,6 +169,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
         "peak_rss_kib": rss,
         "api": api,
         "webhook": webhook,
+        "traces": traces,
     });
     let mut ratios = Vec::new();
     if let Some(peer) = &opts.peer {
@@ -257,4 +259,71 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     std::fs::write(opts.out_dir.join("results.md"), &md)?;
     println!("{md}");
     Ok(slim)
+}
+
+/// The cost of traces: the one-batch drain and the cold start again with the function exporting
+/// every span to a local OTLP receiver (traces on, every payment sampled, flushed before each
+/// invocation answers), beside `off` (the runs above, traces off). The bootstrap is the same
+/// binary either way: what exporting adds to its size is compiled in.
+async fn traced(
+    sdk: &aws_config::SdkConfig,
+    opts: &BenchOptions,
+    off: &serde_json::Value,
+    cold_env: &BTreeMap<String, String>,
+    cold_off: f64,
+) -> Result<serde_json::Value> {
+    let receiver = crate::otlp::OtlpReceiver::start("127.0.0.1:0", None).await?;
+    let on_opts = BenchOptions {
+        traces_endpoint: Some(receiver.endpoint()),
+        ..opts.clone()
+    };
+    let first = throughput(
+        sdk,
+        &on_opts,
+        Contender::This,
+        1,
+        "traced",
+        false,
+        opts.payments,
+    )
+    .await?;
+    let spans = receiver.spans().len();
+    let second = throughput(
+        sdk,
+        &on_opts,
+        Contender::This,
+        1,
+        "traced",
+        false,
+        opts.payments,
+    )
+    .await?;
+    let on = best_of(first, second);
+    let mut cold_env = cold_env.clone();
+    cold_env.insert(
+        "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+        receiver.endpoint(),
+    );
+    let cold_on = cold_start(opts.host_bootstrap()?, &cold_env, opts.cold_start_runs).await?;
+    let per_payment = |run: &serde_json::Value, key: &str| {
+        run[key].as_f64().unwrap_or(0.0) / run["payments"].as_f64().unwrap_or(1.0).max(1.0)
+    };
+    Ok(json!({
+        "payments": opts.payments,
+        "spans_per_payment": spans as f64 / opts.payments.max(1) as f64,
+        "cpu_ms_per_payment": {
+            "off": off["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
+            "on": on["cpu_ms_per_1000_payments"].as_f64().unwrap_or(0.0) / 1000.0,
+        },
+        "billed_ms_per_payment": {
+            "off": per_payment(off, "billed_ms"),
+            "on": per_payment(&on, "billed_ms"),
+        },
+        "payments_per_second": {
+            "off": off["payments_per_second"],
+            "on": on["payments_per_second"],
+        },
+        "peak_rss_kib": {"off": off["peak_rss_kib"], "on": on["peak_rss_kib"]},
+        "cold_start_ms_median": {"off": cold_off, "on": cold_on},
+    }))
 }

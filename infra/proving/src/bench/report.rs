@@ -181,6 +181,7 @@ pub(super) fn markdown(r: &serde_json::Value, opts: &BenchOptions) -> String {
             b.as_f64().unwrap_or(0.0) / 1048576.0
         ));
     }
+    s.push_str(&traces_markdown(&r["traces"]));
     s.push_str(&super::retries::markdown(&r["retries"]));
     if r.get("comparison").is_some() {
         s.push_str(&compare::markdown(r));
@@ -274,6 +275,44 @@ pub(super) fn rate_markdown(r: &serde_json::Value) -> String {
     s.push_str(&format!(
         "| rate goals (this project) | drain ≤ {GOAL_DRAIN_OVER_FLOOR}× the floor (a capacity tier's account: its payments a second sustained, the charges' 10th to 90th percentile), ≤ {:.0} % refused, ≤ {GOAL_PER_PAYMENT} provider requests per charge and claims per payment, 0 dead letters, 0 of the merchant's requests refused |\n",
         100.0 * GOAL_REFUSED_SHARE
+    ));
+    s
+}
+
+/// The traces rows: each figure with the function exporting nothing (off) and exporting every
+/// payment's spans to a local OTLP receiver (on).
+pub(super) fn traces_markdown(t: &serde_json::Value) -> String {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let row = |what: &str, key: &str, unit: &str, digits: usize| {
+        let (off, on) = (f(&t[key]["off"]), f(&t[key]["on"]));
+        format!(
+            "| traces off / on: {what} | {off:.digits$}{unit} / {on:.digits$}{unit} ({:+.0} %) |\n",
+            (on / off - 1.0) * 100.0
+        )
+    };
+    let mut s = format!(
+        "| traces off / on (OTLP/HTTP to a local receiver, every payment sampled, flushed before each invocation answers): {} payments drained by one process, {:.1} spans a payment | |\n",
+        t["payments"],
+        f(&t["spans_per_payment"])
+    );
+    s.push_str(&row("CPU per payment", "cpu_ms_per_payment", " ms", 3));
+    s.push_str(&row(
+        "billed duration per payment",
+        "billed_ms_per_payment",
+        " ms",
+        2,
+    ));
+    s.push_str(&row("payments/s", "payments_per_second", "", 1));
+    s.push_str(&row(
+        "cold start to first Runtime API request",
+        "cold_start_ms_median",
+        " ms",
+        1,
+    ));
+    s.push_str(&format!(
+        "| traces off / on: function peak RSS | {:.1} / {:.1} MiB |\n",
+        f(&t["peak_rss_kib"]["off"]) / 1024.0,
+        f(&t["peak_rss_kib"]["on"]) / 1024.0
     ));
     s
 }

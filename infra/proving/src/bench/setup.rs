@@ -140,6 +140,9 @@ pub struct BenchOptions {
     pub only_rate: bool,
     /// The provider-rate rows' accounts by name (empty: all).
     pub rate_accounts: Vec<String>,
+    /// Where this contender's function exports its traces (`None`: traces off, as the
+    /// template's default).
+    pub traces_endpoint: Option<String>,
 }
 
 /// This machine's architecture, as Lambda names it: the only bootstrap that runs here.
@@ -167,7 +170,10 @@ impl BenchOptions {
         who: Contender,
         stack: &Stack,
     ) -> Result<(PathBuf, BTreeMap<String, String>)> {
-        let (_, env) = function_environment(stack, &bench_overrides())?;
+        let (_, mut env) = function_environment(stack, &bench_overrides())?;
+        if let Some(endpoint) = &self.traces_endpoint {
+            env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint.clone());
+        }
         match who {
             Contender::This => Ok((self.host_bootstrap()?.to_path_buf(), env)),
             Contender::Peer => {
