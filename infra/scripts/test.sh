@@ -252,6 +252,10 @@ bench_results() {
     "^\| rate, the peer, sandbox: 25/s in all" "^\| rate, this project, live: 100/s in all, 25/s an endpoint" \
     "^\| rate, the peer, live: " "^\| rate, this project, raised: 300/s in all, 200/s an endpoint; .* over 20 instances" \
     "^\| rate, the peer, raised: " "^\| rate goals \(this project\) \| drain ≤ 1.1× the floor"
+  # ... the traces rows: export off and on, every figure measured;
+  results_have "the traces rows" "^\| traces off / on \(OTLP/HTTP to a local receiver.*: 40 payments drained by one process, [1-9][0-9.]* spans a payment" \
+    "^\| traces off / on: CPU per payment \| [0-9.]+ ms / [0-9.]+ ms" "^\| traces off / on: billed duration per payment \| [0-9.]+ ms / [0-9.]+ ms" \
+    "^\| traces off / on: cold start to first Runtime API request \| [0-9.]+ ms / [0-9.]+ ms"
   # ... and the events route's rows: the worst forged request beside a genuine delivery.
   results_have "the events route's rows" "^\| events route, genuine delivery .* \| p50 [0-9.]+ ms, max [0-9.]+ ms; the verifier alone p50 [0-9]+ µs; 2 MACs per request \|$" \
     "^\| events route, forged: full header within the caps .* 2 MACs per request \|$" \
