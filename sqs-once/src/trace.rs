@@ -311,13 +311,22 @@ pub(crate) fn producer(msg: &SqsMessage) -> Option<(&str, Option<&str>)> {
 pub(crate) fn message_span(msg: &SqsMessage, batch: &tracing::Span) -> tracing::Span {
     let queue = queue_name(msg);
     // At the highest level, so it is enabled whatever RUST_LOG lets through: a warning logged
-    // with RUST_LOG=warn still names its message_id and idempotency key.
+    // with RUST_LOG=warn still names its message_id and idempotency key. The trace's name and
+    // kind are fields too (tracing-opentelemetry reads them there), so a log line inside a
+    // message carries them: only with the feature.
+    #[cfg(feature = "opentelemetry")]
     let span = tracing::error_span!(
         "message",
         message_id = msg.message_id.as_deref().unwrap_or_default(),
         key = tracing::field::Empty,
         otel.name = format!("process {queue}"),
         otel.kind = "consumer",
+    );
+    #[cfg(not(feature = "opentelemetry"))]
+    let span = tracing::error_span!(
+        "message",
+        message_id = msg.message_id.as_deref().unwrap_or_default(),
+        key = tracing::field::Empty,
     );
     if let Some((parent, state)) = producer(msg) {
         continue_trace(&span, parent, state);

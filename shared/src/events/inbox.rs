@@ -209,8 +209,6 @@ impl EventWork {
         self
     }
 
-    /// Until when a write keeps the records it changes, read with TTLs `read_s`: the refund
-    /// window from now, never less than any was.
     /// The payment's record as the events see it; the event's span links to the payment's
     /// trace.
     async fn payment_record(
@@ -222,6 +220,8 @@ impl EventWork {
         Ok(p)
     }
 
+    /// Until when a write keeps the records it changes, read with TTLs `read_s`: the refund
+    /// window from now, never less than any was.
     fn keep_until(&self, read_s: &[i64]) -> i64 {
         let window = self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64;
         read_s.iter().copied().fold(window, i64::max)

@@ -34,6 +34,25 @@ pub fn message_bytes(kind: &str, body: &str) -> usize {
     body.len() + EVENT_TYPE_ATTRIBUTE.len() + "String".len() + kind.len()
 }
 
+/// The trace attributes an event's message carries (its delivery's trace), when the message
+/// still fits with them: an event the route took at the limit goes without its trace rather
+/// than be refused by the queue.
+pub fn trace_attributes_within(
+    kind: &str,
+    body: &str,
+    attributes: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    let extra: usize = attributes
+        .iter()
+        .map(|(name, value)| name.len() + "String".len() + value.len())
+        .sum();
+    if message_bytes(kind, body) + extra <= MAX_MESSAGE_BYTES {
+        attributes
+    } else {
+        Vec::new()
+    }
+}
+
 /// The event's text as SQS takes it: U+FFFE and U+FFFF (valid in a JSON string, refused by
 /// SQS) written as JSON escapes; every other character SQS takes as it is (JSON writes the
 /// control characters it refuses escaped already).
@@ -227,11 +246,12 @@ impl EventQueue for SqsEventQueue {
             .message_body(sqs_text(body))
             .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute(&event.kind)?);
         // The event's message continues the trace of the delivery that brought it.
-        for (name, value) in sqs_once::trace::create_attributes(
+        let traced = sqs_once::trace::create_attributes(
             self.url.rsplit('/').next().unwrap_or_default(),
             None,
             Some(&event.id),
-        ) {
+        );
+        for (name, value) in trace_attributes_within(&event.kind, body, traced) {
             send = send.message_attributes(name, attribute(&value)?);
         }
         send.send()
@@ -332,6 +352,25 @@ mod tests {
             created: 1,
             object: serde_json::Value::Null,
         }
+    }
+
+    #[test]
+    fn an_event_at_the_limit_goes_without_its_trace_rather_than_be_refused() {
+        let trace = || {
+            vec![(
+                "traceparent".to_owned(),
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+            )]
+        };
+        let kind = "charge.refund.updated";
+        let room = MAX_MESSAGE_BYTES - message_bytes(kind, "");
+        // 72 bytes of trace: kept while they fit, dropped past that.
+        let fits = "x".repeat(room - 72);
+        assert_eq!(trace_attributes_within(kind, &fits, trace()), trace());
+        let over = "x".repeat(room - 71);
+        assert!(trace_attributes_within(kind, &over, trace()).is_empty());
+        // The route takes either (its size check counts the type attribute alone).
+        assert!(message_bytes(kind, &over) <= MAX_MESSAGE_BYTES);
     }
 
     #[test]

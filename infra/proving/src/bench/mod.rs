@@ -122,7 +122,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     );
     let this_cold = cold_start(opts.host_bootstrap()?, &cold_env, opts.cold_start_runs).await?;
     let cold = BTreeMap::from([(HOST_ARCH, this_cold)]);
-    let traces = traced(sdk, opts, &one, &cold_env, this_cold).await?;
+    let traces = traced(sdk, opts, &cold_env, this_cold).await?;
     let rss = [&one, &many]
         .iter()
         .filter_map(|t| t["peak_rss_kib"].as_i64())
@@ -261,14 +261,14 @@ pub async fn run(sdk: &aws_config::SdkConfig, opts: &BenchOptions) -> Result<ser
     Ok(slim)
 }
 
-/// The cost of traces: the one-batch drain and the cold start again with the function exporting
-/// every span to a local OTLP receiver (traces on, every payment sampled, flushed before each
-/// invocation answers), beside `off` (the runs above, traces off). The bootstrap is the same
-/// binary either way: what exporting adds to its size is compiled in.
+/// The cost of traces: the one-batch drain, traces off and on in turn (twice each, the better
+/// of each kept), the function exporting every span to a local OTLP receiver when on (every
+/// payment sampled, flushed before each invocation answers); and the cold start with the
+/// exporter configured, beside `cold_off`. The bootstrap is the same binary either way: what
+/// exporting adds to its size is compiled in.
 async fn traced(
     sdk: &aws_config::SdkConfig,
     opts: &BenchOptions,
-    off: &serde_json::Value,
     cold_env: &BTreeMap<String, String>,
     cold_off: f64,
 ) -> Result<serde_json::Value> {
@@ -277,28 +277,16 @@ async fn traced(
         traces_endpoint: Some(receiver.endpoint()),
         ..opts.clone()
     };
-    let first = throughput(
-        sdk,
-        &on_opts,
-        Contender::This,
-        1,
-        "traced",
-        false,
-        opts.payments,
-    )
-    .await?;
-    let spans = receiver.spans().len();
-    let second = throughput(
-        sdk,
-        &on_opts,
-        Contender::This,
-        1,
-        "traced",
-        false,
-        opts.payments,
-    )
-    .await?;
-    let on = best_of(first, second);
+    let drain = |opts, tag| throughput(sdk, opts, Contender::This, 1, tag, false, opts.payments);
+    let (mut offs, mut ons, mut spans) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..2 {
+        offs.push(drain(opts, "untraced").await?);
+        let before = receiver.spans().len();
+        ons.push(drain(&on_opts, "traced").await?);
+        spans = receiver.spans().len() - before;
+    }
+    let off = &best_of(offs.remove(0), offs.remove(0));
+    let on = best_of(ons.remove(0), ons.remove(0));
     let mut cold_env = cold_env.clone();
     cold_env.insert(
         "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
