@@ -99,7 +99,7 @@ impl<W: Work> BatchRunner<W> {
         };
         let key = self.work.key(&request);
         tracing::Span::current().record("key", key.as_str());
-        crate::trace::set_attribute(&tracing::Span::current(), "idempotency.key", key.as_str());
+        crate::trace::on_message("idempotency.key", key.as_str());
         let now = self.clock.now_ms();
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
@@ -369,11 +369,7 @@ impl<W: Work> BatchRunner<W> {
                         Some(_) => Outcome::TakenOver,
                         None => Outcome::Claimed,
                     });
-                    crate::trace::set_attribute(
-                        &tracing::Span::current(),
-                        "idempotency.unknown_outcome",
-                        unknown,
-                    );
+                    crate::trace::on_message("idempotency.unknown_outcome", unknown);
                     if let Some(p) = &previous {
                         info!(
                             previous_status = p.status.as_str(),
@@ -506,7 +502,6 @@ impl<W: Work> BatchRunner<W> {
             message_group_id: msg.attributes.get("MessageGroupId").cloned(),
             extra_attributes,
         };
-        crate::trace::set_attribute(&tracing::Span::current(), "error.type", code);
         let sent = self
             .queues
             .dead_letter(&letter)
@@ -520,6 +515,7 @@ impl<W: Work> BatchRunner<W> {
             return Disposition::Retry { reason, back_at_ms };
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
+        crate::trace::on_message("error.type", code);
         if let Some(request) = request {
             let now = self.clock.now_ms();
             let mark = DeadLetterMark {

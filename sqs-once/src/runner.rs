@@ -495,20 +495,26 @@ impl<W: Work> BatchRunner<W> {
         let now = self.clock.now_ms();
         let delay = delay_for(when, budget, &self.backoff_policy(), now);
         warn!(reason = %reason, delay_s = delay.as_secs(), "message will be redelivered");
-        crate::trace::set_attribute(
-            &tracing::Span::current(),
-            "messaging.aws_sqs.redelivery_delay_s",
-            delay.as_secs() as i64,
-        );
+
         if let (Some(arn), Some(rh)) = (&msg.event_source_arn, &msg.receipt_handle) {
             // Whole seconds, rounded up: a message never comes back earlier than decided.
             let secs = delay.as_millis().div_ceil(1000).min(43_200) as i32;
             if let Err(e) = self.queues.change_visibility(arn, rh, secs).await {
                 warn!(error = %e, "could not set the redelivery delay; the queue's visibility timeout applies");
+                crate::trace::on_message(
+                    "messaging.aws_sqs.redelivery_delay_s",
+                    self.settings.visibility_timeout.as_secs() as i64,
+                );
                 return now + ms(self.settings.visibility_timeout);
             }
+            // The delay in effect: whole seconds, rounded up, within SQS's 12 hours.
+            crate::trace::on_message("messaging.aws_sqs.redelivery_delay_s", i64::from(secs));
             return now + i64::from(secs) * 1000;
         }
+        crate::trace::on_message(
+            "messaging.aws_sqs.redelivery_delay_s",
+            delay.as_millis().div_ceil(1000) as i64,
+        );
         now + ms(delay)
     }
 

@@ -328,8 +328,14 @@ pub(crate) fn message_span(msg: &SqsMessage, batch: &tracing::Span) -> tracing::
         message_id = msg.message_id.as_deref().unwrap_or_default(),
         key = tracing::field::Empty,
     );
-    if let Some((parent, state)) = producer(msg) {
-        continue_trace(&span, parent, state);
+    // The producer's trace; a message that carries none starts its own (not the batch's, which
+    // it shares with up to nine unrelated messages): the record keeps one trace a payment.
+    match producer(msg) {
+        Some((parent, state)) => continue_trace(&span, parent, state),
+        None => {
+            #[cfg(feature = "opentelemetry")]
+            otel::set_parent(&span, opentelemetry::Context::new());
+        }
     }
     #[cfg(feature = "opentelemetry")]
     {
@@ -400,11 +406,17 @@ pub(crate) fn event(name: &'static str, attributes: &[(&'static str, i64)]) {
 
 /// Records the claim's outcome on the message's span (the current one).
 pub(crate) fn outcome(outcome: Outcome) {
-    set_attribute(
-        &tracing::Span::current(),
-        "idempotency.outcome",
-        outcome.as_str(),
-    );
+    on_message("idempotency.outcome", outcome.as_str());
+}
+
+/// Sets an attribute on the current span when it is a message's: a message handed back or
+/// dead-lettered before its own span began (no permit, the deadline, a FIFO follower) records
+/// nothing, rather than on the batch's span, where each would overwrite the last.
+pub(crate) fn on_message(key: &'static str, value: impl Into<Value>) {
+    let span = tracing::Span::current();
+    if span.metadata().is_some_and(|m| m.name() == "message") {
+        set_attribute(&span, key, value);
+    }
 }
 
 #[cfg(test)]

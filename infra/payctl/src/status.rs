@@ -124,7 +124,21 @@ pub fn describe(
             }
             out.push(format!("  record expires   {}", utc(r.expires_at_s * 1000)));
             if let Some(t) = trace_id(r) {
-                out.push(format!("  trace id         {t}"));
+                // The traceparent's flags: a trace TracesSampleRatio left out has no spans.
+                let sampled = r
+                    .traceparent
+                    .as_deref()
+                    .and_then(|tp| tp.rsplit('-').next())
+                    .and_then(|flags| u8::from_str_radix(flags, 16).ok())
+                    .is_some_and(|flags| flags & 1 == 1);
+                out.push(format!(
+                    "  trace id         {t}{}",
+                    if sampled {
+                        ""
+                    } else {
+                        " (not sampled: no spans were recorded)"
+                    }
+                ));
             }
         }
     }
@@ -261,6 +275,10 @@ mod tests {
         );
         assert!(j["record"]["lease_owner"].is_null());
         assert_eq!(j["record"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00".into());
+        assert!(describe("p1", Some(&r), None)
+            .join("\n")
+            .contains("4bf92f3577b34da6a3ce929d0e0e4736 (not sampled"));
         let h = history(Some(&r), None);
         assert_eq!(h.first().map(|e| e.1.as_str()), Some("first claimed"));
         assert_eq!(h.last().map(|e| e.1.as_str()), Some("completed: succeeded"));

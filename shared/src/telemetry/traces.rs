@@ -121,8 +121,11 @@ where
     Some(layer)
 }
 
-/// The layer that turns this process's spans at INFO and above into `provider`'s spans (no
-/// source locations, threads or targets: what a span means is in its name and attributes).
+/// The layer that turns this process's own spans at INFO and above into `provider`'s spans
+/// (no source locations, threads or targets: what a span means is in its name and attributes).
+/// Its own: those of `sqs-once` and this crate, not a dependency's (the Lambda runtime's span
+/// around each invocation would be every batch's parent and end only after the flush, so it
+/// would leave with the next invocation's spans, or never).
 /// [`crate::telemetry::init`] installs it with the provider the `OTEL_*` variables configure;
 /// a test can give its own.
 pub fn layer_for<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
@@ -137,7 +140,19 @@ where
         .with_threads(false)
         .with_target(false)
         .with_tracked_inactivity(false)
-        .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            *m.level() <= tracing::Level::INFO && ours(m.target())
+        }))
+}
+
+/// Whether a span or event of this target is the system's own.
+fn ours(target: &str) -> bool {
+    target == sqs_once::trace::SPAN_TARGET
+        || ["sqs_once", "payment_core"].iter().any(|c| {
+            target
+                .strip_prefix(c)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+        })
 }
 
 /// Sends the spans that ended and are still pending, and waits for the collector's answer
@@ -244,6 +259,26 @@ mod tests {
             ])),
             Ok(true)
         );
+    }
+
+    #[test]
+    fn only_the_system_s_own_spans_are_exported() {
+        for own in [
+            "otel",
+            "sqs_once",
+            "sqs_once::trace",
+            "payment_core::stripe::client",
+        ] {
+            assert!(super::ours(own), "{own}");
+        }
+        for other in [
+            "lambda_runtime::layers::trace",
+            "lambda_http",
+            "aws_config",
+            "sqs_oncer",
+        ] {
+            assert!(!super::ours(other), "{other}");
+        }
     }
 
     #[test]
