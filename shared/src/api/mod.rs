@@ -4,7 +4,7 @@
 //! read it, with its refunds, disputes and events ([`view`], also `payctl status`'s).
 //!
 //! May use: domain, payments, refunds, events (the view reads what the refund ledger and the
-//! settlements wrote on the payment's record).
+//! settlements wrote on the payment's record), telemetry (the request's span).
 
 mod service;
 pub mod table;

@@ -29,6 +29,7 @@ use crate::api::view::AfterCharge;
 use crate::domain::{PaymentId, PaymentRequest, MAX_BODY_BYTES};
 use crate::payments::charge::{rejection_code, PaymentOutcome};
 use crate::payments::outbox::OutboxEntry;
+use crate::telemetry::traces;
 use sqs_once::clock::Clock;
 use sqs_once::record::{DeadLetterMark, IdempotencyRecord, RecordStatus};
 
@@ -222,17 +223,7 @@ impl PaymentsApi {
             ["v1", "payments", _] => "/v1/payments/{id}",
             _ => "unknown",
         };
-        let span = tracing::info_span!(
-            target: "otel",
-            "request",
-            otel.name = format!("{method} {route}"),
-            otel.kind = "server",
-            otel.status_code = tracing::field::Empty,
-            http.request.method = method,
-            http.route = route,
-            http.response.status_code = tracing::field::Empty,
-            idempotency.outcome = tracing::field::Empty,
-        );
+        let span = traces::request_span(method, route);
         if let Some(parent) = header("traceparent") {
             sqs_once::trace::continue_trace(&span, &parent, header("tracestate").as_deref());
         }
@@ -240,10 +231,7 @@ impl PaymentsApi {
             .route(method, path, &segments, header, body)
             .instrument(span.clone())
             .await;
-        span.record("http.response.status_code", answer.status);
-        if answer.status >= 500 {
-            span.record("otel.status_code", "ERROR");
-        }
+        traces::answered(&span, answer.status);
         if method == "POST" && route == "/v1/payments" {
             let replayed = answer
                 .headers

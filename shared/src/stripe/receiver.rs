@@ -291,25 +291,13 @@ impl EventReceiver {
     ) -> Answer {
         // The delivery's span (kind server); the event's message continues its trace, and the
         // event's work links it to the payment's.
-        let span = tracing::info_span!(
-            target: "otel",
-            "delivery",
-            otel.name = format!("{method} {EVENTS_PATH}"),
-            otel.kind = "server",
-            otel.status_code = tracing::field::Empty,
-            http.request.method = method,
-            http.route = EVENTS_PATH,
-            http.response.status_code = tracing::field::Empty,
-        );
+        let span = crate::telemetry::traces::request_span(method, EVENTS_PATH);
         let answer = tracing::Instrument::instrument(
             self.receive(method, path, signature, body),
             span.clone(),
         )
         .await;
-        span.record("http.response.status_code", answer.status);
-        if answer.status >= 500 {
-            span.record("otel.status_code", "ERROR");
-        }
+        crate::telemetry::traces::answered(&span, answer.status);
         answer
     }
 

@@ -204,6 +204,30 @@ pub fn shutdown() {
     }
 }
 
+/// The span of one HTTP request this system serves (kind server), `METHOD ROUTE`; record its
+/// answer with [`answered`]. Its `idempotency.outcome` is for the route to record.
+pub fn request_span(method: &str, route: &str) -> tracing::Span {
+    tracing::info_span!(
+        target: "otel",
+        "request",
+        otel.name = format!("{method} {route}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        http.route = route,
+        http.response.status_code = tracing::field::Empty,
+        idempotency.outcome = tracing::field::Empty,
+    )
+}
+
+/// Records a request's answer on its span: the status, and an error from 500 up.
+pub fn answered(span: &tracing::Span, status: u16) {
+    span.record("http.response.status_code", status);
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
 /// Whether this process exports traces.
 pub fn on() -> bool {
     PROVIDER.get().is_some()
