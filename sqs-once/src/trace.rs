@@ -268,13 +268,14 @@ pub(crate) async fn in_attempt<F: std::future::Future>(n: i64, work: F) -> F::Ou
 /// continuing `parent` (a `traceparent` kept by a row, say) or else the current span's trace
 /// (a new one when there is none), and the message attributes that carry its context
 /// (`traceparent`, `tracestate`): send them with the message, as the payments API's outbox
-/// relay and `payctl send` do. `key` is the message's idempotency key, for the span. Empty
-/// when no trace layer records the span.
+/// relay and `payctl send` do. `queue` is the queue's URL (or its name); `key` is the
+/// message's idempotency key, for the span. Empty when no trace layer records the span.
 pub fn create_attributes(
     queue: &str,
     parent: Option<&str>,
     key: Option<&str>,
 ) -> Vec<(String, String)> {
+    let queue = queue.rsplit('/').next().unwrap_or(queue);
     let span = otel_span!(
         "create",
         otel.name = format!("create {queue}"),

@@ -71,9 +71,8 @@ async fn main() -> Result<(), Error> {
     let catch_up = Arc::new(catch_up);
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         // The invocation's spans leave before the answer does (Lambda freezes the process after).
-        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
         traces::flushed(
-            deadline,
+            event.context.deadline,
             handle(Arc::clone(&processor), Arc::clone(&catch_up), event),
         )
     }))

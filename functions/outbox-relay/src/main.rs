@@ -25,8 +25,7 @@ async fn main() -> Result<(), Error> {
     let relay = payment_core::edges::bootstrap::relay_from_env().await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
         // The messages' spans leave before the answer does (Lambda freezes the process after).
-        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
-        traces::flushed(deadline, handle(Arc::clone(&relay), event))
+        traces::flushed(event.context.deadline, handle(Arc::clone(&relay), event))
     }))
     .await
 }

@@ -22,8 +22,7 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let processor = Arc::clone(&processor);
         // The batch's spans leave before the answer does (Lambda freezes the process after).
-        let deadline = i64::try_from(event.context.deadline).unwrap_or(i64::MAX);
-        async move { traces::flushed(deadline, processor.handle_event(event)).await }
+        async move { traces::flushed(event.context.deadline, processor.handle_event(event)).await }
     }))
     .await
 }

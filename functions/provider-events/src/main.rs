@@ -38,7 +38,7 @@ async fn main() -> Result<(), Error> {
         // The request's spans leave before the answer does (Lambda freezes the process after).
         let deadline = request
             .lambda_context_ref()
-            .map_or(i64::MAX, |c| i64::try_from(c.deadline).unwrap_or(i64::MAX));
+            .map_or(u64::MAX, |c| c.deadline);
         traces::flushed(deadline, handle(Arc::clone(&receiver), request))
     }))
     .await

@@ -114,8 +114,7 @@ pub async fn send_all_observed(
                                     .iter()
                                     .find_map(|k| v[*k].as_str().map(str::to_owned))
                             });
-                        let queue = queue_url.rsplit('/').next().unwrap_or_default();
-                        sqs_once::trace::create_attributes(queue, None, key.as_deref())
+                        sqs_once::trace::create_attributes(queue_url, None, key.as_deref())
                     });
                     for (name, value) in traced.unwrap_or_default() {
                         entry = entry.message_attributes(

@@ -246,11 +246,7 @@ impl EventQueue for SqsEventQueue {
             .message_body(sqs_text(body))
             .message_attributes(EVENT_TYPE_ATTRIBUTE, attribute(&event.kind)?);
         // The event's message continues the trace of the delivery that brought it.
-        let traced = sqs_once::trace::create_attributes(
-            self.url.rsplit('/').next().unwrap_or_default(),
-            None,
-            Some(&event.id),
-        );
+        let traced = sqs_once::trace::create_attributes(&self.url, None, Some(&event.id));
         for (name, value) in trace_attributes_within(&event.kind, body, traced) {
             send = send.message_attributes(name, attribute(&value)?);
         }

@@ -167,7 +167,7 @@ impl Relay {
                 );
             // The message continues the trace of the request that accepted the payment.
             for (name, value) in sqs_once::trace::create_attributes(
-                self.queue_url.rsplit('/').next().unwrap_or_default(),
+                &self.queue_url,
                 entry.traceparent.as_deref(),
                 Some(&entry.payment_id),
             ) {

@@ -167,18 +167,19 @@ pub fn flush() {
 }
 
 /// Runs one invocation's `work`, then [`flush`]es its spans, waiting for the collector at most
-/// until a second before `deadline_ms` (the invocation's deadline, epoch ms): a slow collector
+/// until a second before `deadline_ms` (the invocation's deadline, epoch ms, as the Lambda
+/// context gives it): a slow collector
 /// costs the invocation's trace, never its answer (a late answer would send the whole batch
 /// back).
-pub async fn flushed<T>(deadline_ms: i64, work: impl std::future::Future<Output = T>) -> T {
+pub async fn flushed<T>(deadline_ms: u64, work: impl std::future::Future<Output = T>) -> T {
     let out = work.await;
     let Some(provider) = PROVIDER.get() else {
         return out;
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let left = deadline_ms.saturating_sub(now).saturating_sub(1_000);
+    let deadline_ms = i64::try_from(deadline_ms).unwrap_or(i64::MAX);
+    let left = deadline_ms
+        .saturating_sub(sqs_once::runner::now_ms())
+        .saturating_sub(1_000);
     let provider = provider.clone();
     let flush = tokio::task::spawn_blocking(move || provider.force_flush());
     match tokio::time::timeout(std::time::Duration::from_millis(left.max(0) as u64), flush).await {
