@@ -44,6 +44,8 @@ chaos:
 ## charges) and DISPUTE_DAYS (opened FROM,TO days after the charge: 1,20 here, so that a month's
 ## run sees disputes open, close and be appealed; a cardholder's window at Stripe is 30,120).
 ## API_SHARE (0.5 here) is the share of payments sent through the payments API and its outbox relay.
+## SHOPPER_TEXT_SHARE (0.05) is the share carrying shoppers' text (any Unicode; a fifth of its pieces
+## what no door may take: U+FFFE/U+FFFF, a control character, a card number).
 ## make test runs a few small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
@@ -62,6 +64,7 @@ sim:
 	  $(if $(SQS_OUTAGE_DAY),SQS_OUTAGE_DAY=$(SQS_OUTAGE_DAY)) \
 	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
+	  $(if $(SHOPPER_TEXT_SHARE),SHOPPER_TEXT_SHARE=$(SHOPPER_TEXT_SHARE)) \
 	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## docs/performance.md's Capacity tiers on the simulated clock, at their settings, no injected

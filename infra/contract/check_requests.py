@@ -30,6 +30,7 @@ Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe/client.
 
 import argparse
 import json
+import os
 import re
 import sys
 import types
@@ -84,12 +85,25 @@ OPTIONS = set(RequestOptions.__annotations__)
 # Stripe's limits (docs.stripe.com/currencies, docs.stripe.com/api/metadata, read 2026-12-01),
 # kept here apart from the project's own table; --rust-limits compares the two, so a drift in
 # either shows.
-MINIMUMS = {"aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50, "czk": 1500, "dkk": 250,
-            "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50, "jpy": 50, "mxn": 1000, "myr": 200,
-            "nok": 300, "nzd": 50, "pln": 200, "ron": 200, "sek": 300, "sgd": 50, "thb": 1000, "usd": 50}
-ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
-                "xaf", "xof", "xpf"}
-THREE_DECIMAL = {"bhd", "jod", "kwd", "omr", "tnd"}
+# Stripe's amount rules per currency: the project's one stored list (shared/data/
+# stripe-currencies.json, from docs.stripe.com/currencies), which the processors' tables are
+# held equal to.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                       "stripe-currencies.json")) as _f:
+    CURRENCIES = json.load(_f)
+MINIMUMS = CURRENCIES["minimums"]
+ZERO_DECIMAL = set(CURRENCIES["zero_decimal"])
+THREE_DECIMAL = set(CURRENCIES["three_decimal"])
+# Charged in whole units, given with two decimals that are always 00 (Stripe's special cases).
+WHOLE_UNITS = set(CURRENCIES["whole_units"])
+
+
+def maximum(currency):
+    return CURRENCIES["maximums"].get(currency, CURRENCIES["maximum"])
+
+
+def least(currency):
+    return MINIMUMS.get(currency, 100 if currency in WHOLE_UNITS else 10 if currency in THREE_DECIMAL else 1)
 
 REQUIREMENTS = {
     "payment_intent.create": lambda s: s["endpoint"]["payment_intent.create"] > 0,
@@ -270,11 +284,12 @@ def project_rules(name, r, form, tree, out, stats):
         except ValueError:
             amount = None
         if amount is not None:
-            least = MINIMUMS.get(cur, 10 if cur in THREE_DECIMAL else 1)
-            if amount < least:
-                out.append(f"amount {amount} {cur} is below Stripe's minimum {display(least, cur)}")
-            if amount > 99_999_999:
-                out.append(f"amount {amount} is over Stripe's eight digits")
+            if amount < least(cur):
+                out.append(f"amount {amount} {cur} is below Stripe's minimum {display(least(cur), cur)}")
+            if amount > maximum(cur):
+                out.append(f"amount {amount} {cur} is over Stripe's maximum {maximum(cur)}")
+            if cur in WHOLE_UNITS and amount % 100:
+                out.append(f"amount {amount} of {cur} is not whole units (a multiple of 100)")
             if cur in THREE_DECIMAL and amount % 10:
                 out.append(f"amount {amount} of three-decimal {cur} does not end in 0")
         if cur in ZERO_DECIMAL:

@@ -130,6 +130,7 @@ as a JSON line: the contract test checks them against Stripe's own parameter def
 import argparse
 import hashlib
 import json
+import os
 import math
 import random
 import re
@@ -233,13 +234,25 @@ RETURN_URL_MESSAGE = (
     "redirect to succeed. If you do not want to accept redirect-based payment methods, set "
     "`automatic_payment_methods[enabled]` to `true` and `automatic_payment_methods[allow_redirects]` "
     "to `never` when creating Setup Intents and Payment Intents.")
-# Stripe's minimum charge per settlement currency, minor units (docs.stripe.com/currencies).
-MINIMUMS = {"aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50, "czk": 1500, "dkk": 250,
-            "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50, "jpy": 50, "mxn": 1000, "myr": 200,
-            "nok": 300, "nzd": 50, "pln": 200, "ron": 200, "sek": 300, "sgd": 50, "thb": 1000, "usd": 50}
-ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
-                "xaf", "xof", "xpf"}
-THREE_DECIMAL = {"bhd", "jod", "kwd", "omr", "tnd"}
+# Stripe's amount rules per currency: the project's one stored list (shared/data/
+# stripe-currencies.json, from docs.stripe.com/currencies), which the processors' tables are
+# held equal to.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                       "stripe-currencies.json")) as _f:
+    CURRENCIES = json.load(_f)
+MINIMUMS = CURRENCIES["minimums"]
+ZERO_DECIMAL = set(CURRENCIES["zero_decimal"])
+THREE_DECIMAL = set(CURRENCIES["three_decimal"])
+# Charged in whole units, given with two decimals that are always 00 (Stripe's special cases).
+WHOLE_UNITS = set(CURRENCIES["whole_units"])
+
+
+def maximum(currency):
+    return CURRENCIES["maximums"].get(currency, CURRENCIES["maximum"])
+
+
+def least(currency):
+    return MINIMUMS.get(currency, 100 if currency in WHOLE_UNITS else 10 if currency in THREE_DECIMAL else 1)
 # Stripe's test payment methods that decline: (code, decline_code).
 DECLINES = {
     "pm_card_chargeDeclined": ("card_declined", "generic_decline"),
@@ -310,6 +323,13 @@ def invalid(message, param=None, code="parameter_invalid"):
     return 400, json.dumps({"error": err})
 
 
+def whole_units_refused(currency):
+    """Stripe's answer to a fraction of a whole-units currency (ISK, UGX), charge or refund."""
+    return invalid(f"Invalid amount. Currency {currency.upper()} has become effectively zero-decimal and charged amounts "
+                   f"must be evenly divisible by 100. See https://stripe.com/docs/currencies#special-cases for more "
+                   f"information.", "amount", "invalid_charge_amount_no_decimal_compatible")
+
+
 def check_payment_intent(form, version):
     """What a current account refuses in a PaymentIntent creation: (status, body) or None."""
     currency = (form.get("currency") or "").lower()
@@ -317,11 +337,12 @@ def check_payment_intent(form, version):
         amount = int(form.get("amount", ""))
     except ValueError:
         return invalid("Invalid integer: " + form.get("amount", ""), "amount", "parameter_invalid_integer")
-    least = MINIMUMS.get(currency, 10 if currency in THREE_DECIMAL else 1)
-    if amount < least:
-        return invalid(f"Amount must be at least {display(least, currency)}", "amount", "amount_too_small")
-    if amount > 99_999_999:
-        return invalid(f"Amount must be no more than {display(99_999_999, currency)}", "amount", "amount_too_large")
+    if amount < least(currency):
+        return invalid(f"Amount must be at least {display(least(currency), currency)}", "amount", "amount_too_small")
+    if amount > maximum(currency):
+        return invalid(f"Amount must be no more than {display(maximum(currency), currency)}", "amount", "amount_too_large")
+    if currency in WHOLE_UNITS and amount % 100:
+        return whole_units_refused(currency)
     if currency in THREE_DECIMAL and amount % 10:
         return invalid(f"Invalid amount: amounts in {currency.upper()} must be divisible by 10", "amount", "invalid_amount")
     refused = check_metadata(form)
@@ -568,6 +589,8 @@ def execute_refund(form, refund_key, version):
     if left <= 0:
         return 400, error_body("invalid_request_error", f"Charge for {intent_id} has already been refunded.", code="charge_already_refunded")
     amount = int(form.get("amount") or left)
+    if intent["currency"] in WHOLE_UNITS and amount % 100:
+        return whole_units_refused(intent["currency"]) + (False,)
     if intent["currency"] in THREE_DECIMAL and amount % 10:
         return invalid(f"Invalid amount: amounts in {intent['currency'].upper()} must be divisible by 10",
                        "amount", "invalid_amount") + (False,)

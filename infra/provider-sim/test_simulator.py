@@ -124,6 +124,24 @@ class Simulator(unittest.TestCase):
         self.assertEqual(self.pay("kwd", amount="1005", currency="kwd")[0], 400)
         status, body = self.pay("max", amount="100000000")
         self.assertEqual((status, body["error"]["code"]), (400, "amount_too_large"))
+        self.assertEqual(self.pay("max-idr", amount="100000000", currency="idr")[0], 200, "IDR's twelve digits")
+
+    def test_whole_units_currencies_refuse_a_fraction_as_stripe_does(self):
+        # Stripe's special cases (ISK since 2023-04-14, UGX): two decimals that are always 00.
+        # The simulator took ISK 40.10 before; Stripe refuses it, charge and refund alike.
+        for currency in ("isk", "ugx"):
+            status, body = self.pay(f"frac-{currency}", amount="4010", currency=currency)
+            self.assertEqual((status, body["error"]["code"]), (400, "invalid_charge_amount_no_decimal_compatible"))
+            status, body = self.pay(f"whole-{currency}", amount="4000", currency=currency)
+            self.assertEqual(status, 200, currency)
+            status, refund = self.call("POST", "/v1/refunds", {"payment_intent": body["id"], "amount": "150"},
+                                       f"refund:frac-{currency}")
+            self.assertEqual((status, refund["error"]["code"]), (400, "invalid_charge_amount_no_decimal_compatible"))
+            status, _ = self.call("POST", "/v1/refunds", {"payment_intent": body["id"], "amount": "100"},
+                                  f"refund:whole-{currency}")
+            self.assertEqual(status, 200, currency)
+        # HUF's and TWD's special cases are payouts': a charge takes two decimals.
+        self.assertEqual(self.pay("huf", amount="17501", currency="huf")[0], 200)
 
     def test_metadata_limits_and_an_empty_value_unsets_its_key(self):
         many = {f"metadata[k{i}]": "v" for i in range(50)}

@@ -482,6 +482,12 @@ impl<W: Work> BatchRunner<W> {
         request: Option<&W::Request>,
         redaction: Option<Redaction>,
     ) -> Disposition {
+        // What is logged and kept as the reason goes through the work's redaction first: a
+        // reason may quote what the sender wrote.
+        let why = &self
+            .work
+            .redact(why)
+            .map_or_else(|| why.to_owned(), |r| r.body);
         let (body, mut extra_attributes) = match redaction {
             Some(r) => (r.body, vec![(r.attribute, "true".to_owned())]),
             None => (body.to_owned(), Vec::new()),

@@ -1,7 +1,9 @@
-//! No raw card data at rest or in logs: a payment whose body carries a card number is refused
-//! by the API without echoing it, and dead-lettered by the processor with the number masked
-//! (first six and last four digits) and flagged; the number is in no table item, no DLQ body
-//! and no log line of either process.
+//! No raw card data at rest or in logs: a payment whose body carries a card number in any
+//! field (its description, a metadata key or value, its customer, its payment method, its
+//! currency, a field's name) is refused by the API without echoing it, and dead-lettered by
+//! the processor with the number masked (first six and last four digits) and flagged, its
+//! reason quoting none of it; the number is in no table item, no DLQ body or attribute and no
+//! log line of either process.
 
 use std::process::Stdio;
 
@@ -24,6 +26,13 @@ async fn a_card_number_is_kept_nowhere() {
         payment(&pid, 100, PAN).replace(&format!("Order for {pid}"), &format!("card {PAN_DIGITS}"));
     assert!(body.contains(PAN) && body.contains(PAN_DIGITS));
     t.send(&body).await;
+    // The number in each other field of a raw message: each refused, none kept.
+    let fields = every_field_holding_the_number();
+    for (n, (_, value)) in fields.iter().enumerate() {
+        let mut message = value.clone();
+        message["payment_id"] = t.pid(&format!("f{n}")).into();
+        t.send(&message.to_string()).await;
+    }
 
     // The processor as its own process, logging at debug level.
     let payctl = bin("payctl");
@@ -73,9 +82,37 @@ async fn a_card_number_is_kept_nowhere() {
         .send()
         .await
         .expect("receiving the dead letter");
-    let letters = received.messages();
-    assert_eq!(letters.len(), 1);
-    let letter = &letters[0];
+    let mut letters = received.messages().to_vec();
+    while letters.len() < 1 + fields.len() {
+        let more = t
+            .sqs
+            .receive_message()
+            .queue_url(&t.config.dead_letter_queue_url)
+            .message_attribute_names("All")
+            .max_number_of_messages(10)
+            .wait_time_seconds(2)
+            .send()
+            .await
+            .expect("receiving the dead letters");
+        if more.messages().is_empty() {
+            break;
+        }
+        letters.extend(more.messages().iter().cloned());
+    }
+    assert_eq!(letters.len(), 1 + fields.len(), "a dead letter each");
+    for l in &letters {
+        let text = format!("{:?} {:?}", l.body(), l.message_attributes());
+        assert!(!leaks(&text), "a dead letter holds the card number: {text}");
+        let code = l
+            .message_attributes()
+            .and_then(|m| m.get("error_code"))
+            .and_then(|v| v.string_value());
+        assert_eq!(code, Some("invalid_payment"), "{text}");
+    }
+    let letter = letters
+        .iter()
+        .find(|l| l.body().is_some_and(|b| b.contains(&format!("\"{pid}\""))))
+        .expect("the first payment's dead letter");
     let dead_body = letter.body().unwrap_or_default();
     assert!(
         !leaks(dead_body),
@@ -137,6 +174,18 @@ async fn a_card_number_is_kept_nowhere() {
     let answer = client.create(&t.pid("api"), &api_body).await.unwrap();
     assert_eq!(answer.status, 400);
     assert!(!leaks(&answer.body), "{}", answer.body);
+    for (n, (field, value)) in fields.iter().enumerate() {
+        let answer = client
+            .create(&t.pid(&format!("api{n}")), &value.to_string())
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 400, "{field}: {}", answer.body);
+        assert!(!leaks(&answer.body), "{field}: {}", answer.body);
+    }
+    // A path holding it is not echoed either.
+    let answer = client.get(PAN_DIGITS).await.unwrap();
+    assert_eq!(answer.status, 404);
+    assert!(!leaks(&answer.body), "{}", answer.body);
     api.start_kill().expect("stopping the API");
     let out = api.wait_with_output().await.expect("the API's output");
     let api_logs = format!(
@@ -158,4 +207,29 @@ async fn a_card_number_is_kept_nowhere() {
         let text = format!("{:?}", items.items());
         assert!(!leaks(&text), "{table} holds the card number");
     }
+}
+
+/// A payment body (without its `payment_id`) holding the card number in one field each.
+fn every_field_holding_the_number() -> Vec<(&'static str, serde_json::Value)> {
+    let base = || {
+        serde_json::json!({
+            "amount": 100, "currency": "usd", "customer_id": "cus_card",
+            "payment_method": "pm_card_visa",
+        })
+    };
+    let with = |field: &'static str, value: serde_json::Value| {
+        let mut b = base();
+        b[field] = value;
+        (field, b)
+    };
+    vec![
+        with("description", format!("my card {PAN} exp 12/30").into()),
+        with("metadata", serde_json::json!({ "note": PAN_DIGITS })),
+        with("metadata", serde_json::json!({ PAN_DIGITS: "v" })),
+        with("metadata", serde_json::json!({ PAN_DIGITS: "" })),
+        with("customer_id", PAN_DIGITS.into()),
+        with("payment_method", PAN.into()),
+        with("currency", PAN_DIGITS.into()),
+        with(PAN_DIGITS, 1.into()),
+    ]
 }

@@ -276,7 +276,11 @@ impl PaymentsApi {
                 "invalid_request_error",
                 "resource_missing",
                 None,
-                &format!("Unrecognized request URL ({method} {path})."),
+                // The path is the caller's text: a card number in it is masked.
+                &format!(
+                    "Unrecognized request URL ({method} {}).",
+                    crate::domain::mask_card_numbers(path).unwrap_or_else(|| path.to_owned())
+                ),
             ),
         }
     }
@@ -481,7 +485,14 @@ impl PaymentsApi {
             )
         };
         if PaymentId::parse(id).is_err() {
-            return missing();
+            // Not an id this API could have made: not shown (it may be any text, a card number).
+            return error(
+                404,
+                "invalid_request_error",
+                "resource_missing",
+                Some("id"),
+                "No such payment: the id is not one this API makes (1 to 255 of A-Z a-z 0-9 _ - : .).",
+            );
         }
         let payment = match self.store.payment(id).await {
             Ok(p) => p,

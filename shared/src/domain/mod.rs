@@ -8,5 +8,6 @@ pub mod contract;
 pub mod currency;
 pub mod limits;
 mod request;
+pub mod text;
 
 pub use request::*;

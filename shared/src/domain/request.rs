@@ -5,8 +5,8 @@
 //! contract: a bad body is turned into an [`InputError`] with the `error_code` that the
 //! dead-letter message carries, and it is never charged.
 //!
-//! Why one file of ~640 lines: the payment contract (every field's rule and its error) and
-//! the card-number masking that guards it are read together; ~180 lines are their tests.
+//! Why one file of ~880 lines: the payment contract (every field's rule and its error) and
+//! the text rule that guards it are read together; ~420 lines are their tests.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::domain::currency::is_known_currency;
+use crate::domain::text;
+pub use crate::domain::text::{looks_like_card_number, mask_card_numbers};
 
 /// Largest body the processor accepts; larger bodies are `invalid_payment` (SQS allows 256 KiB,
 /// a valid payment with maximal metadata is well under this).
@@ -98,7 +100,7 @@ pub fn check_id(field: &str, value: &str) -> Result<(), InputError> {
             format!("{field} may contain only A-Z a-z 0-9 _ - : ."),
         ));
     }
-    Ok(())
+    text::check(field, value, text::Kind::Id).map_err(|m| invalid(field, m))
 }
 
 /// The idempotency key end to end: 1 to 255 characters of `A-Z a-z 0-9 _ - : .`.
@@ -222,9 +224,10 @@ impl PaymentRequest {
         }
         check_shape(object)?;
         let raw: RawPayment =
-            serde_json::from_value(value).map_err(|e| InputError::InvalidPayment {
+            // Every field's type was checked above; serde's own message may quote a value.
+            serde_json::from_value(value).map_err(|_| InputError::InvalidPayment {
                 field: None,
-                message: e.to_string(),
+                message: "the body does not match the payment contract".to_owned(),
             })?;
         Self::validate(raw)
     }
@@ -281,23 +284,22 @@ impl PaymentRequest {
         if !is_known_currency(&currency) {
             return Err(invalid(
                 "currency",
-                format!(
-                    "currency {:?} is not a known ISO 4217 code",
-                    truncate(&raw.currency, 16)
-                ),
+                "currency is not a known ISO 4217 code (three letters: usd, eur, jpy, ...)",
             ));
         }
         check_amount(raw.amount, &currency).map_err(|m| invalid("amount", m))?;
         check_len("customer_id", &raw.customer_id, 1, MAX_ID_LEN)?;
         check_len("payment_method", &raw.payment_method, 1, MAX_ID_LEN)?;
-        if looks_like_card_number(&raw.payment_method) {
-            return Err(invalid(
-                "payment_method",
-                "payment_method looks like a card number; send a payment method id, never raw card data",
-            ));
+        for (field, value) in [
+            ("customer_id", &raw.customer_id),
+            ("payment_method", &raw.payment_method),
+        ] {
+            text::check(field, value, text::Kind::Id).map_err(|m| invalid(field, m))?;
         }
         if let Some(d) = &raw.description {
             check_len("description", d, 0, MAX_DESCRIPTION_LEN)?;
+            text::check("description", d, text::Kind::Free)
+                .map_err(|m| invalid("description", m))?;
         }
         let metadata = raw.metadata.unwrap_or_default();
         if metadata.len() > MAX_METADATA_KEYS {
@@ -310,16 +312,24 @@ impl PaymentRequest {
             ));
         }
         for (k, v) in &metadata {
+            // A key is the sender's text: named only when it is a plain name.
+            let value_of = match text::shown_name(k) {
+                Some(name) => format!("metadata value of {name}"),
+                None => "a metadata value".to_owned(),
+            };
             check_len_of("metadata", "metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
-            check_len_of("metadata", "metadata value", v, 1, MAX_METADATA_VALUE_LEN).map_err(
-                |e| match v.is_empty() {
+            text::check("a metadata key", k, text::Kind::Line)
+                .map_err(|m| invalid("metadata", m))?;
+            check_len_of("metadata", &value_of, v, 1, MAX_METADATA_VALUE_LEN).map_err(|e| {
+                match v.is_empty() {
                     true => invalid(
                         "metadata",
-                        format!("metadata value of {k:?} is empty: Stripe would unset the key instead of storing it; leave the key out"),
+                        format!("{value_of} is empty: Stripe would unset the key instead of storing it; leave the key out"),
                     ),
                     false => e,
-                },
-            )?;
+                }
+            })?;
+            text::check(&value_of, v, text::Kind::Free).map_err(|m| invalid("metadata", m))?;
             if k.contains(['[', ']']) {
                 return Err(invalid(
                     "metadata",
@@ -445,6 +455,8 @@ const FIELDS: [(&str, Shape); 9] = [
 fn check_statement_suffix(suffix: &str) -> Result<(), InputError> {
     // The prefix is 2 to 10 characters, and "* " joins them: 18 at most, whatever the prefix.
     check_len("statement_descriptor_suffix", suffix, 1, 18)?;
+    text::check("statement_descriptor_suffix", suffix, text::Kind::Line)
+        .map_err(|m| invalid("statement_descriptor_suffix", m))?;
     let printable = suffix.chars().all(|c| c.is_ascii_graphic() || c == ' ');
     let forbidden = suffix.contains(['<', '>', '\\', '\'', '"', '*']);
     if !printable || forbidden || !suffix.chars().any(|c| c.is_ascii_alphabetic()) {
@@ -464,8 +476,15 @@ fn check_shape(object: &serde_json::Map<String, serde_json::Value>) -> Result<()
         .keys()
         .find(|k| !FIELDS.iter().any(|(name, _)| name == k))
     {
-        let shown = truncate(unknown, 40);
-        return Err(invalid(&shown, format!("unknown field `{shown}`")));
+        // The name is the sender's text: shown only when it is a plain name.
+        return Err(match text::shown_name(unknown) {
+            Some(name) => invalid(name, format!("unknown field `{name}`")),
+            None => InputError::InvalidPayment {
+                field: None,
+                message: "a field of an unknown name (not shown: it is not a plain name)"
+                    .to_owned(),
+            },
+        });
     }
     for (name, shape) in FIELDS {
         let value = object.get(name);
@@ -493,92 +512,6 @@ fn check_shape(object: &serde_json::Map<String, serde_json::Value>) -> Result<()
         }
     }
     Ok(())
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
-}
-
-/// Masks every card number in `text`: each run of 13 to 19 digits (spaces and dashes between
-/// them allowed) that passes the Luhn check keeps its first six and last four digits, and the
-/// digits between become `*` (separators stay). `None` when there is none. Dead letters of
-/// rejected bodies go through this, so no primary account number is kept at rest.
-pub fn mask_card_numbers(text: &str) -> Option<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
-    let mut masked = false;
-    let mut i = 0;
-    while i < chars.len() {
-        if !chars[i].is_ascii_digit() {
-            out.push(chars[i]);
-            i += 1;
-            continue;
-        }
-        // The longest run of digits, spaces and dashes from here that ends on a digit.
-        let mut end = i;
-        let mut j = i;
-        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
-            if chars[j].is_ascii_digit() {
-                end = j + 1;
-            }
-            j += 1;
-        }
-        let run: String = chars[i..end].iter().collect();
-        if looks_like_card_number(&run) {
-            let digits = run.chars().filter(char::is_ascii_digit).count();
-            let mut seen = 0;
-            for c in run.chars() {
-                if c.is_ascii_digit() {
-                    seen += 1;
-                    out.push(if seen <= 6 || seen > digits - 4 {
-                        c
-                    } else {
-                        '*'
-                    });
-                } else {
-                    out.push(c);
-                }
-            }
-            masked = true;
-        } else {
-            out.push_str(&run);
-        }
-        i = end;
-    }
-    masked.then_some(out)
-}
-
-/// True when the value is 13 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
-/// such a value is a primary account number and must never reach the provider or a log.
-pub fn looks_like_card_number(value: &str) -> bool {
-    if !value
-        .chars()
-        .all(|c| c.is_ascii_digit() || c == ' ' || c == '-')
-    {
-        return false;
-    }
-    let digits: Vec<u32> = value.chars().filter_map(|c| c.to_digit(10)).collect();
-    if !(13..=19).contains(&digits.len()) {
-        return false;
-    }
-    let sum: u32 = digits
-        .iter()
-        .rev()
-        .enumerate()
-        .map(|(i, &d)| {
-            if i % 2 == 1 {
-                let x = d * 2;
-                if x > 9 {
-                    x - 9
-                } else {
-                    x
-                }
-            } else {
-                d
-            }
-        })
-        .sum();
-    sum.is_multiple_of(10)
 }
 
 #[cfg(test)]
@@ -752,24 +685,101 @@ mod tests {
     }
 
     #[test]
-    fn card_numbers_are_masked_to_their_first_six_and_last_four_digits() {
-        let body = r#"{"payment_method":"4242 4242 4242 4242","description":"also 4000056655665556, order 1234567890123"}"#;
-        let masked = mask_card_numbers(body).expect("two card numbers");
-        assert_eq!(
-            masked,
-            r#"{"payment_method":"4242 42** **** 4242","description":"also 400005******5556, order 1234567890123"}"#
-        );
-        assert!(!masked.contains("4242 4242 4242 4242"));
-        assert_eq!(mask_card_numbers(r#"{"amount":1999,"id":"pay_1"}"#), None);
-        assert_eq!(mask_card_numbers("4242424242424241"), None, "fails Luhn");
+    fn text_sqs_or_stripe_refuses_or_a_card_number_in_any_field_is_refused_naming_the_field_only() {
+        const CARD: &str = "4242 4242 4242 4242";
+        let cases: [(serde_json::Value, &str); 14] = [
+            (
+                serde_json::json!({"description": "pasted \u{FFFF}"}),
+                "description",
+            ),
+            (
+                serde_json::json!({"description": "odd \u{FFFE}"}),
+                "description",
+            ),
+            (
+                serde_json::json!({"description": "bell \u{7}"}),
+                "description",
+            ),
+            (
+                serde_json::json!({"description": format!("card {CARD}")}),
+                "description",
+            ),
+            (
+                serde_json::json!({"metadata": {"note": "\u{FFFF}"}}),
+                "metadata",
+            ),
+            (serde_json::json!({"metadata": {"note": CARD}}), "metadata"),
+            (serde_json::json!({"metadata": {CARD: "v"}}), "metadata"),
+            (serde_json::json!({"metadata": {"a\nb": "v"}}), "metadata"),
+            (
+                serde_json::json!({"customer_id": "cus \u{FFFF}"}),
+                "customer_id",
+            ),
+            (
+                serde_json::json!({"customer_id": "4242424242424242"}),
+                "customer_id",
+            ),
+            (
+                serde_json::json!({"payment_method": "pm_\u{FFFE}"}),
+                "payment_method",
+            ),
+            (
+                serde_json::json!({"payment_method": "4000-0566-5566-5556"}),
+                "payment_method",
+            ),
+            (
+                serde_json::json!({"payment_id": "4242424242424242"}),
+                "payment_id",
+            ),
+            (
+                serde_json::json!({"contract_version": 2, "statement_descriptor_suffix": "123456789015"}),
+                "statement_descriptor_suffix",
+            ),
+        ];
+        for (case, field) in cases {
+            let b = body(case.clone());
+            let e = PaymentRequest::parse(&b).unwrap_err();
+            assert_eq!(
+                (e.code(), e.field()),
+                ("invalid_payment", Some(field)),
+                "{case}"
+            );
+            let said = e.to_string();
+            for secret in ["4242", "5556", "9015", "\u{FFFF}", "\u{FFFE}"] {
+                assert!(!said.contains(secret), "{case}: {said}");
+            }
+        }
+        // What shoppers type is taken: any script, emoji, line breaks, digits that fail Luhn.
+        let ok = PaymentRequest::parse(&body(serde_json::json!({
+            "description": "Bestellung für Müller 🎁\n注文 4242 4242 4242 4241",
+            "metadata": {"Order note": "مرحبا\tworld"}
+        })))
+        .unwrap();
+        assert_eq!(PaymentRequest::parse(&ok.to_message_body()).unwrap(), ok);
     }
 
     #[test]
-    fn digits_that_fail_luhn_are_not_card_numbers() {
-        assert!(looks_like_card_number("4242424242424242"));
-        assert!(!looks_like_card_number("4242424242424241"));
-        assert!(!looks_like_card_number("123456789012"));
-        assert!(!looks_like_card_number("pm_card_visa"));
+    fn no_reason_quotes_what_the_sender_wrote() {
+        const CARD: &str = "4242424242424242";
+        for case in [
+            serde_json::json!({"currency": CARD}),
+            serde_json::json!({ CARD: 1 }),
+            serde_json::json!({"metadata": {CARD: ""}}),
+            serde_json::json!({"metadata": {"x".repeat(41) + CARD: "v"}}),
+        ] {
+            let e = PaymentRequest::parse(&body(case.clone())).unwrap_err();
+            assert!(!e.to_string().contains("4242"), "{case}: {e}");
+            assert!(
+                !e.field().unwrap_or_default().contains("4242"),
+                "{case}: {e:?}"
+            );
+        }
+        // A plain name is still named, for the sender's sake.
+        let e = PaymentRequest::parse(&body(serde_json::json!({"ammount": 1}))).unwrap_err();
+        assert_eq!(e.field(), Some("ammount"));
+        let e = PaymentRequest::parse(&body(serde_json::json!({"metadata": {"note": ""}})))
+            .unwrap_err();
+        assert!(e.to_string().contains("metadata value of note"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqs_once::Rejection;
 
-use crate::domain::{check_id, MAX_AMOUNT, MAX_BODY_BYTES};
+use crate::domain::limits::LARGEST_AMOUNT;
+use crate::domain::{check_id, MAX_BODY_BYTES};
 
 /// Reasons Stripe accepts for a refund.
 pub const REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
@@ -29,6 +30,48 @@ pub struct RefundRequest {
     pub contract_version: Option<u64>,
 }
 
+/// Names the field of a missing, unknown or wrongly typed value, never quoting a value (a
+/// refused value may be a card number); an unknown field's name only when it is a plain name.
+fn check_refund_shape(value: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    let Some(object) = value.as_object() else {
+        return Err("the body must be a JSON object".to_owned());
+    };
+    const FIELDS: [&str; 5] = [
+        "refund_id",
+        "payment_id",
+        "amount",
+        "reason",
+        "contract_version",
+    ];
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(match crate::domain::text::shown_name(unknown) {
+            Some(name) => format!("unknown field `{name}`"),
+            None => "a field of an unknown name (not shown: it is not a plain name)".to_owned(),
+        });
+    }
+    for field in FIELDS {
+        let ok = match (field, object.get(field)) {
+            ("refund_id" | "payment_id", Some(Value::String(_))) => true,
+            ("refund_id" | "payment_id", None) => return Err(format!("missing field `{field}`")),
+            (_, None | Some(Value::Null)) => true,
+            ("amount", Some(Value::Number(n))) => n.is_i64(),
+            ("reason", Some(Value::String(_))) => true,
+            ("contract_version", Some(Value::Number(n))) => n.is_u64(),
+            _ => false,
+        };
+        if !ok {
+            let expected = match field {
+                "amount" => "an integer (minor units)",
+                "contract_version" => "a positive integer",
+                _ => "a string",
+            };
+            return Err(format!("{field} must be {expected}"));
+        }
+    }
+    Ok(())
+}
+
 impl RefundRequest {
     /// Parses and validates a body: `invalid_json`, or `invalid_refund` naming the field.
     pub fn parse(body: &str) -> Result<Self, Rejection> {
@@ -48,21 +91,25 @@ impl RefundRequest {
             crate::domain::contract::read(version)
                 .map_err(|m| Rejection::new(crate::domain::contract::UNSUPPORTED, m))?;
         }
-        let r: RefundRequest = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        check_refund_shape(&value).map_err(invalid)?;
+        // Every field's type was checked: serde's own message may quote a value.
+        let r: RefundRequest = serde_json::from_value(value)
+            .map_err(|_| invalid("the body does not match the refund contract".to_owned()))?;
         for (field, id) in [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)] {
             check_id(field, id).map_err(|e| invalid(e.to_string()))?;
         }
         if let Some(a) = r.amount {
-            if !(1..=MAX_AMOUNT).contains(&a) {
+            // The payment's currency sets the rest: its step here, its charge's size after.
+            if !(1..=LARGEST_AMOUNT).contains(&a) {
                 return Err(invalid(format!(
-                    "amount must be 1 to {MAX_AMOUNT} minor units, got {a}"
+                    "amount must be 1 to {LARGEST_AMOUNT} minor units, got {a}"
                 )));
             }
         }
         if let Some(reason) = &r.reason {
             if !REASONS.contains(&reason.as_str()) {
                 return Err(invalid(format!(
-                    "reason must be one of {}, got {reason:?}",
+                    "reason must be one of {}",
                     REASONS.join(", ")
                 )));
             }
@@ -96,5 +143,40 @@ impl RefundRequest {
         };
         stored == self.fingerprint()
             || stored == hex::encode(Sha256::digest(unversioned.to_message_body().as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refund_is_refused_naming_its_field_and_never_quoting_what_was_sent() {
+        const CARD: &str = "4242424242424242";
+        for body in [
+            format!(r#"{{"refund_id":"{CARD}","payment_id":"p1"}}"#),
+            format!(r#"{{"refund_id":"r1","payment_id":"p1","reason":"{CARD}"}}"#),
+            format!(r#"{{"refund_id":"r1","payment_id":"p1","amount":"{CARD}"}}"#),
+            format!(r#"{{"refund_id":"r1","payment_id":"p1","{CARD}":1}}"#),
+            format!(r#"{{"refund_id":"r1","payment_id":{CARD}}}"#),
+        ] {
+            let e = RefundRequest::parse(&body).unwrap_err();
+            assert_eq!(e.code, "invalid_refund", "{body}");
+            assert!(!e.message.contains("4242"), "{body}: {}", e.message);
+        }
+        let e =
+            RefundRequest::parse(r#"{"refund_id":"r1","payment_id":"p1","amout":5}"#).unwrap_err();
+        assert!(e.message.contains("unknown field `amout`"), "{}", e.message);
+        let e = RefundRequest::parse(r#"{"refund_id":"r1","amount":5}"#).unwrap_err();
+        assert!(
+            e.message.contains("missing field `payment_id`"),
+            "{}",
+            e.message
+        );
+        let ok = RefundRequest::parse(
+            r#"{"refund_id":"r1","payment_id":"p1","amount":5,"reason":"duplicate"}"#,
+        )
+        .unwrap();
+        assert_eq!(RefundRequest::parse(&ok.to_message_body()).unwrap(), ok);
     }
 }

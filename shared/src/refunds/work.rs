@@ -549,6 +549,15 @@ impl Work for RefundWork {
         Some(self.refund_window)
     }
 
+    /// A refund that can never be processed keeps no card number at rest (14 days in the DLQ),
+    /// nor does a reason that quotes its body.
+    fn redact(&self, body: &str) -> Option<sqs_once::Redaction> {
+        crate::domain::mask_card_numbers(body).map(|body| sqs_once::Redaction {
+            body,
+            attribute: crate::payments::charge::CARD_DATA_MASKED.to_owned(),
+        })
+    }
+
     fn settle_hint(&self, key: &str) -> String {
         format!("find refund {key} at the provider (GET /v1/refunds?payment_intent=..., metadata[refund_id]) and settle its record refund#{key} by hand")
     }

@@ -90,6 +90,10 @@ struct Args {
     /// The share of charges the merchant refunds.
     #[arg(long, env = "REFUND_SHARE", default_value_t = 0.1)]
     refund_share: f64,
+    /// The share of payments carrying shoppers' text (any Unicode; a fifth of it what no
+    /// door may take: U+FFFE/U+FFFF, a control character, a card number).
+    #[arg(long, env = "SHOPPER_TEXT_SHARE", default_value_t = 0.05)]
+    shopper_text_share: f64,
     /// The provider account's limit, requests a second (Stripe's live default: 100).
     #[arg(long, env = "PROVIDER_ACCOUNT_RATE", default_value_t = 100.0)]
     account_rate: f64,
@@ -157,6 +161,10 @@ fn replay(args: &Args, seed: u64) -> String {
     put(
         "REFUND_SHARE",
         (args.refund_share != 0.1).then(|| args.refund_share.to_string()),
+    );
+    put(
+        "SHOPPER_TEXT_SHARE",
+        (args.shopper_text_share != 0.05).then(|| args.shopper_text_share.to_string()),
     );
     put(
         "PROVIDER_ACCOUNT_RATE",
@@ -262,6 +270,11 @@ fn main() -> Result<()> {
             "API_SHARE is a share of the payments, from 0 to 1"
         );
         opts.api_share = args.api_share;
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&args.shopper_text_share),
+            "SHOPPER_TEXT_SHARE is a share of the payments, from 0 to 1"
+        );
+        opts.shopper_text_share = args.shopper_text_share;
         if let Some(a) = args.arrival_seconds {
             anyhow::ensure!(
                 a >= 0.0 && a <= args.days * 86_400.0,

@@ -175,6 +175,25 @@ impl Sqs {
                 "The message body must be between 1 byte and 256 KiB.",
             ));
         }
+        // SQS takes only XML's characters, in a body and in a String attribute's value:
+        // #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF.
+        let refused = std::iter::once(body)
+            .chain(
+                attributes
+                    .values()
+                    .filter_map(|v| v["StringValue"].as_str()),
+            )
+            .flat_map(str::chars)
+            .find(|c| !sqs_takes(*c));
+        if let Some(c) = refused {
+            return Err(SqsError::new(
+                "InvalidMessageContents",
+                format!(
+                    "Invalid binary character '#x{:X}' was found in the message body, the set of allowed characters is available at https://www.w3.org/TR/REC-xml/#charsets",
+                    c as u32
+                ),
+            ));
+        }
         for (name, v) in [
             ("MessageGroupId", &group),
             ("MessageDeduplicationId", &dedup),
@@ -414,4 +433,9 @@ impl Sqs {
         m.visible_ms = now_ms + seconds * 1000;
         Ok(())
     }
+}
+
+/// Whether SQS takes a character in a message (XML 1.0's `Char`).
+pub fn sqs_takes(c: char) -> bool {
+    matches!(c as u32, 0x9 | 0xA | 0xD | 0x20..=0xD7FF | 0xE000..=0xFFFD | 0x10000..=0x10FFFF)
 }

@@ -301,6 +301,25 @@ pub(super) fn check_end(w: &World) {
             }
         }
     }
+    // Text no door may take (a card number, a character SQS refuses) is never charged, and a
+    // payment sent with it straight to the queue is dead-lettered, not left in the queue.
+    for (pid, why) in w.refused_text.lock().expect("refused").iter() {
+        if !books.intents_of(pid).is_empty() {
+            w.violated(
+                "text no door may take is never sent to the provider",
+                format!("{pid} with {why} in its text reached the provider"),
+            );
+        }
+        if records
+            .get(pid)
+            .is_some_and(|r| matches!(r.get("status"), Some(Value::S(s)) if s == "COMPLETED"))
+        {
+            w.violated(
+                "text no door may take is never sent to the provider",
+                format!("{pid} with {why} in its text has a completed record"),
+            );
+        }
+    }
     drop(books);
     w.stats.lock().expect("stats").dead_letters = dead;
 }

@@ -100,6 +100,8 @@ struct World {
     sent: Mutex<BTreeMap<String, Sent>>,
     /// Bodies sent that are not valid payments.
     bad: Mutex<usize>,
+    /// Payments whose shopper text no door may take, by id, with why.
+    refused_text: Mutex<BTreeMap<String, &'static str>>,
     violations: Mutex<Vec<Violation>>,
     trace: Mutex<std::collections::VecDeque<String>>,
     stats: Mutex<Report>,
@@ -364,6 +366,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         refund_letters: Mutex::new(std::collections::BTreeSet::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
+        refused_text: Mutex::new(BTreeMap::new()),
         violations: Mutex::new(Vec::new()),
         trace: Mutex::new(Default::default()),
         stats: Mutex::new(Report::default()),

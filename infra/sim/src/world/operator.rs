@@ -20,9 +20,12 @@ pub(super) type Seen = Arc<Mutex<BTreeSet<String>>>;
 /// [`ANSWER_AFTER`], then again at each later letter.
 pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
     let sqs = crate::wire::sqs_client(&w.sdk);
+    // The events' dead letters too (operate.md's events runbook: redrive what has no code:
+    // a message SQS moved after a crash on its last receive).
     let pairs = [
         (w.dlq.clone(), w.queue.clone()),
         (w.refunds.dlq.clone(), w.refunds.queue.clone()),
+        (w.events.dlq.clone(), w.events.queue.clone()),
     ];
     while w.clock.now_ms() < end_ms {
         tokio::time::sleep(Duration::from_secs(600)).await;
@@ -47,8 +50,20 @@ pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
             match payctl::dlq::list(&sqs, &dlq, 10_000).await {
                 Ok(letters) => {
                     let mut s = seen.lock().expect("seen");
+                    let events = dlq == url_of(&w.events.dlq);
                     for l in &letters {
-                        s.insert(l.message_id.clone());
+                        if s.insert(l.message_id.clone()) && events {
+                            let code = l
+                                .error_code
+                                .clone()
+                                .unwrap_or_else(|| "max_receives".into());
+                            *w.stats
+                                .lock()
+                                .expect("stats")
+                                .event_dead_letters
+                                .entry(code)
+                                .or_default() += 1;
+                        }
                     }
                     w.note(format!(
                         "operator: read {} dead letters of {dlq}",

@@ -21,6 +21,10 @@ pub struct Options {
     pub duplicate_share: f64,
     /// Share of messages that are not a payment (bad JSON, a payment with a bad field).
     pub bad_input_share: f64,
+    /// Share of payments carrying what shoppers type and paste in their description and a
+    /// metadata value (any Unicode; one piece in five is what no door may take: U+FFFE or
+    /// U+FFFF, a control character, a card number).
+    pub shopper_text_share: f64,
     /// Share of payments sent again under the same id with another amount (a reused key).
     pub reused_key_share: f64,
     /// Share of card payments the merchant refunds (hours to ten days later).
@@ -77,6 +81,7 @@ impl Options {
             days,
             duplicate_share: 0.05,
             bad_input_share: 0.01,
+            shopper_text_share: 0.05,
             reused_key_share: 0.005,
             refund_share: 0.1,
             crash_rate: 0.02,

@@ -29,6 +29,9 @@ pub struct Report {
     pub charged: usize,
     /// Dead letters, by code.
     pub dead_letters: BTreeMap<String, usize>,
+    /// Provider events the operator found dead-lettered (each counted once), by code
+    /// (`max_receives`: moved by SQS, without one).
+    pub event_dead_letters: BTreeMap<String, usize>,
     /// Invocations of the processor, cold starts among them, and those killed.
     pub invocations: u64,
     /// Cold starts.

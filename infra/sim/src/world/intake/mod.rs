@@ -6,3 +6,4 @@ pub(super) mod api;
 pub(super) mod producer;
 pub(super) mod relay;
 pub(super) mod sender;
+pub(super) mod shopper;

@@ -56,15 +56,31 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
             };
             let id = format!("p-{n:07}");
             let amount = 100 + (w.draw() * 100_000.0) as i64;
-            let body = api_body(
-                &via_api,
-                json!({"payment_id": id, "amount": amount, "currency": "usd", "customer_id": format!("cus_{}", n % 997), "payment_method": method}),
-            );
+            let mut message = json!({"payment_id": id, "amount": amount, "currency": "usd", "customer_id": format!("cus_{}", n % 997), "payment_method": method});
+            // What the shopper typed or pasted, in the description and a metadata value.
+            if w.opts.shopper_text_share > 0.0 && w.draw() < w.opts.shopper_text_share {
+                let (description, why) = super::shopper::text(w.as_ref());
+                let (note, why_note) = super::shopper::text(w.as_ref());
+                message["description"] = description.into();
+                message["metadata"] = json!({ "note": note });
+                if let Some(why) = why.or(why_note) {
+                    // No door may take it: refused at the API (400) or dead-lettered from the
+                    // queue, never charged, never a 202 left pending.
+                    *w.bad.lock().expect("bad") += 1;
+                    w.refused_text
+                        .lock()
+                        .expect("refused")
+                        .insert(id.clone(), why);
+                    let body = api_body(&via_api, message);
+                    submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
+                    continue;
+                }
+            }
+            let body = api_body(&via_api, message.clone());
             if w.draw() < w.opts.reused_key_share {
-                let other = api_body(
-                    &via_api,
-                    json!({"payment_id": id, "amount": amount + 1, "currency": "usd", "customer_id": format!("cus_{}", n % 997), "payment_method": method}),
-                );
+                let mut reused = message;
+                reused["amount"] = (amount + 1).into();
+                let other = api_body(&via_api, reused);
                 later.push((
                     w.clock.now_ms() + (w.draw() * 3_600_000.0) as i64,
                     via_api.clone(),
@@ -119,13 +135,14 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
     }
 }
 
-/// A payment as its producer writes it: the queue's message, or, for the API, the same
-/// without `payment_id` (the `Idempotency-Key` header is the id).
+/// A payment as its producer writes it: the queue's message (its JSON as SQS takes it), or,
+/// for the API, the same without `payment_id` (the `Idempotency-Key` header is the id).
 fn api_body(via_api: &Option<String>, mut message: serde_json::Value) -> String {
-    if via_api.is_some() {
-        if let Some(o) = message.as_object_mut() {
-            o.remove("payment_id");
-        }
+    if via_api.is_none() {
+        return super::shopper::sqs_json(&message);
+    }
+    if let Some(o) = message.as_object_mut() {
+        o.remove("payment_id");
     }
     message.to_string()
 }
@@ -144,6 +161,15 @@ async fn submit(
             let status = super::api::post(w, key, body).await;
             if status == 202 {
                 w.stats.lock().expect("stats").api_accepted += 1;
+            }
+            let refused = w.refused_text.lock().expect("refused").get(key).copied();
+            if let Some(why) = refused.filter(|_| status != 400) {
+                // A 202 here is a payment that can never be relayed, charged or refused again:
+                // the caller holds an acceptance and GET says pending for the row's life.
+                w.violated(
+                    "text no door may take is refused at the API (400)",
+                    format!("{key} with {why} in its text answered {status}"),
+                );
             }
             w.note(format!("api: POST {key}: {status}"));
         }

@@ -1,0 +1,266 @@
+//! One rule for the text of a payment or a refund, at every door (the payments API, a raw queue
+//! message, `payctl send`): what SQS, DynamoDB and Stripe all take, and no card number.
+//!
+//! - SQS takes only XML's characters (`#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
+//!   #x10000-#x10FFFF`): a JSON text may hold U+FFFE and U+FFFF raw, and a payment holding one
+//!   would be answered `202` and then never relayed. They are refused here.
+//! - Control characters (C0, DEL, C1) are refused, but for the tab and the line breaks of free
+//!   text (a description, a metadata value), which Stripe's dashboard shows as such.
+//! - A provider id (`customer_id`, `payment_method`) is printable ASCII without spaces, as every
+//!   Stripe id is.
+//! - A card number (12 to 19 digits passing the Luhn check, spaces or dashes between them) in
+//!   any field is refused: it would be kept in the row for its 43 days, in the backups, in the
+//!   queue and in a dead letter, and sent to Stripe in the clear.
+//!
+//! Lengths are counted in Unicode characters, as Stripe counts them (its limits are stated in
+//! characters; a code point is one). A message never holds the value it refuses: a refused
+//! value may be the card number it must not keep. A field's name is shown only when it is
+//! one a person chose for a field ([`shown_name`]).
+
+/// What kind of text a field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A provider's id: printable ASCII, no spaces.
+    Id,
+    /// One line: no control character at all (a metadata key).
+    Line,
+    /// Free text: tabs and line breaks allowed (a description, a metadata value).
+    Free,
+}
+
+/// Whether SQS takes `c` in a message body (XML 1.0's `Char`).
+pub fn sqs_takes(c: char) -> bool {
+    matches!(c as u32, 0x9 | 0xA | 0xD | 0x20..=0xD7FF | 0xE000..=0xFFFD | 0x10000..=0x10FFFF)
+}
+
+/// Checks `value` of the field `what` (as a person reads it: `description`, `a metadata
+/// value`) against the rule of its kind: the reason, never holding the value, or `Ok`.
+pub fn check(what: &str, value: &str, kind: Kind) -> Result<(), String> {
+    for c in value.chars() {
+        let allowed = match kind {
+            Kind::Id => c.is_ascii_graphic(),
+            Kind::Line => sqs_takes(c) && !c.is_control(),
+            Kind::Free => sqs_takes(c) && (!c.is_control() || matches!(c, '\t' | '\n' | '\r')),
+        };
+        if !allowed {
+            return Err(match kind {
+                Kind::Id => format!("{what} must be printable ASCII without spaces, as the provider's ids are; it holds U+{:04X}", c as u32),
+                Kind::Line if c.is_control() => format!(
+                    "{what} holds the control character U+{:04X}",
+                    c as u32
+                ),
+                Kind::Free if c.is_control() => format!(
+                    "{what} holds the control character U+{:04X} (only tabs and line breaks are taken)",
+                    c as u32
+                ),
+                _ => format!(
+                    "{what} holds U+{:04X}, a character the queue cannot carry (SQS takes XML's characters only)",
+                    c as u32
+                ),
+            });
+        }
+    }
+    if holds_card_number(value) {
+        return Err(format!(
+            "{what} holds a card number: send a payment method id, never card data, in any field"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `text` holds a card number anywhere in it (a run of 12 to 19 digits, spaces or
+/// dashes between them, passing the Luhn check).
+pub fn holds_card_number(text: &str) -> bool {
+    mask_card_numbers(text).is_some()
+}
+
+/// A field's name as a reason may show it: itself when it is a name a person chose (1 to 40 of
+/// `A-Z a-z 0-9 _ -`, beginning with a letter, and no card number), else `None`. An unknown
+/// field's name or a metadata key is the sender's text: it may be anything, a card number too.
+pub fn shown_name(name: &str) -> Option<&str> {
+    let mut chars = name.chars();
+    let named = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name.len() <= 40
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        && !holds_card_number(name);
+    named.then_some(name)
+}
+
+/// Masks every card number in `text`: each run of 12 to 19 digits (spaces and dashes between
+/// them allowed) that passes the Luhn check keeps its first six and last four digits, and the
+/// digits between become `*` (separators stay). `None` when there is none. Dead letters of
+/// rejected bodies go through this, so no primary account number is kept at rest.
+pub fn mask_card_numbers(text: &str) -> Option<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut masked = false;
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        // The longest run of digits, spaces and dashes from here that ends on a digit.
+        let mut end = i;
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
+            if chars[j].is_ascii_digit() {
+                end = j + 1;
+            }
+            j += 1;
+        }
+        let run: String = chars[i..end].iter().collect();
+        if looks_like_card_number(&run) {
+            let digits = run.chars().filter(char::is_ascii_digit).count();
+            let mut seen = 0;
+            for c in run.chars() {
+                if c.is_ascii_digit() {
+                    seen += 1;
+                    out.push(if seen <= 6 || seen > digits - 4 {
+                        c
+                    } else {
+                        '*'
+                    });
+                } else {
+                    out.push(c);
+                }
+            }
+            masked = true;
+        } else {
+            out.push_str(&run);
+        }
+        i = end;
+    }
+    masked.then_some(out)
+}
+
+/// True when the value is 12 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
+/// such a value is a primary account number and must never reach the provider or a log.
+pub fn looks_like_card_number(value: &str) -> bool {
+    if !value
+        .chars()
+        .all(|c| c.is_ascii_digit() || c == ' ' || c == '-')
+    {
+        return false;
+    }
+    let digits: Vec<u32> = value.chars().filter_map(|c| c.to_digit(10)).collect();
+    if !(12..=19).contains(&digits.len()) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            if i % 2 == 1 {
+                let x = d * 2;
+                if x > 9 {
+                    x - 9
+                } else {
+                    x
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn card_numbers_are_masked_to_their_first_six_and_last_four_digits() {
+        let body = r#"{"payment_method":"4242 4242 4242 4242","description":"also 4000056655665556, order 1234567890123"}"#;
+        let masked = mask_card_numbers(body).expect("two card numbers");
+        assert_eq!(
+            masked,
+            r#"{"payment_method":"4242 42** **** 4242","description":"also 400005******5556, order 1234567890123"}"#
+        );
+        assert!(!masked.contains("4242 4242 4242 4242"));
+        assert_eq!(mask_card_numbers(r#"{"amount":1999,"id":"pay_1"}"#), None);
+        assert_eq!(mask_card_numbers("4242424242424241"), None, "fails Luhn");
+    }
+
+    #[test]
+    fn digits_that_fail_luhn_are_not_card_numbers() {
+        assert!(looks_like_card_number("4242424242424242"));
+        assert!(!looks_like_card_number("4242424242424241"));
+        assert!(!looks_like_card_number("123456789012"));
+        assert!(!looks_like_card_number("pm_card_visa"));
+    }
+
+    #[test]
+    fn what_sqs_refuses_is_refused_and_what_shoppers_type_is_taken() {
+        for good in [
+            "Bestellung für Müller",
+            "注文番号 1234567890",
+            "🎁 gift ❤️",
+            "line one\nline two\r\n\ttabbed",
+            "e\u{301}te\u{301}",
+            "مرحبا",
+            "zero\u{200D}width",
+            "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 \u{10FFFD}",
+            "order 4242 4242 4242 4241",
+        ] {
+            assert_eq!(check("description", good, Kind::Free), Ok(()), "{good:?}");
+        }
+        for (bad, says) in [
+            (
+                "pasted \u{FFFF}",
+                "U+FFFF, a character the queue cannot carry",
+            ),
+            ("odd \u{FFFE}", "U+FFFE"),
+            ("bell \u{7}", "control character U+0007"),
+            ("nul \u{0}", "U+0000"),
+            ("c1 \u{85}", "U+0085"),
+            ("del \u{7F}", "U+007F"),
+        ] {
+            let e = check("description", bad, Kind::Free).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(e.starts_with("description "), "{e}");
+        }
+        assert!(check("a metadata key", "two\nlines", Kind::Line).is_err());
+        assert!(check("a metadata key", "Order note", Kind::Line).is_ok());
+        assert!(check("customer_id", "cus_42", Kind::Id).is_ok());
+        assert!(check("customer_id", "cus 42", Kind::Id).is_err());
+        assert!(check("customer_id", "cüs_42", Kind::Id).is_err());
+    }
+
+    #[test]
+    fn a_card_number_anywhere_is_refused_and_never_shown() {
+        for text in [
+            "4242424242424242",
+            "my card 4242 4242 4242 4242 exp 12/30",
+            "4000-0566-5566-5556",
+            // Twelve digits (a Maestro number's length) pass Luhn here.
+            "card 123456789015",
+        ] {
+            let e = check("a metadata value", text, Kind::Free).unwrap_err();
+            assert!(e.contains("card number"), "{text}: {e}");
+            assert!(
+                !e.contains("4242") && !e.contains("5556") && !e.contains("9015"),
+                "{e}"
+            );
+        }
+        assert!(check("customer_id", "4242424242424242", Kind::Id).is_err());
+        assert!(
+            check("description", "ref 123456789012", Kind::Free).is_ok(),
+            "fails Luhn"
+        );
+    }
+
+    #[test]
+    fn only_names_a_person_chose_are_shown() {
+        assert_eq!(shown_name("ammount"), Some("ammount"));
+        assert_eq!(shown_name("order_id"), Some("order_id"));
+        assert_eq!(shown_name("4242424242424242"), None);
+        assert_eq!(shown_name("x4242424242424242"), None);
+        assert_eq!(shown_name("note with spaces"), None);
+        assert_eq!(shown_name(&"k".repeat(41)), None);
+        assert_eq!(shown_name(""), None);
+    }
+}
