@@ -34,6 +34,51 @@ pub struct DeadLetter {
     pub extra_attributes: Vec<(String, String)>,
 }
 
+/// SQS's largest message, body and attributes counted (a queue's `MaximumMessageSize` may be
+/// less, or, since 2025, up to 1 MiB: [`SqsQueues`] reads its dead-letter queue's own).
+pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
+
+impl DeadLetter {
+    /// The bytes SQS counts of the letter: its body, and each attribute's name, data type
+    /// (`String`) and value.
+    pub fn size(&self) -> usize {
+        let attribute = |name: &str, value: &str| name.len() + "String".len() + value.len();
+        let first_sent = self
+            .first_sent_at_ms
+            .map_or(0, |t| attribute(attrs::FIRST_SENT_AT, &t.to_string()));
+        self.body.len().max(1)
+            + attribute(attrs::ERROR_CODE, &self.error_code)
+            + attribute(attrs::ERROR_MESSAGE, &self.error_message)
+            + attribute(attrs::SOURCE_MESSAGE_ID, &self.source_message_id)
+            + first_sent
+            + self
+                .extra_attributes
+                .iter()
+                .map(|(n, v)| attribute(n, v))
+                .sum::<usize>()
+    }
+
+    /// The letter within `max` bytes: as it is when it fits; else its reason and ids kept and
+    /// its body cut (at a character's boundary) to what fits, with the attribute
+    /// [`attrs::BODY_TRIMMED`] giving the whole body's size in bytes. The original body came
+    /// within its queue's limit; the letter's attributes are what can take it over.
+    pub fn fitted(mut self, max: usize) -> Self {
+        if self.size() <= max {
+            return self;
+        }
+        let whole = self.body.len();
+        self.extra_attributes
+            .push((attrs::BODY_TRIMMED.to_owned(), whole.to_string()));
+        let over = self.size().saturating_sub(max);
+        let mut keep = whole.saturating_sub(over);
+        while !self.body.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        self.body.truncate(keep);
+        self
+    }
+}
+
 /// Errors of the queue port: all retryable (the message stays on the source queue).
 #[derive(Debug, thiserror::Error)]
 #[error("queue operation failed: {0}")]
@@ -122,6 +167,9 @@ pub mod attrs {
     pub const FIRST_SENT_AT: &str = "first_sent_at";
     /// How often a message was requeued without an attempt ([`super::Requeue`]).
     pub const REQUEUED: &str = "requeued";
+    /// On a dead letter whose body was cut to fit the queue ([`super::DeadLetter::fitted`]):
+    /// the whole body's size in bytes. Such a letter is read, never redriven.
+    pub const BODY_TRIMMED: &str = "body_trimmed";
 }
 
 /// SQS through the official SDK.
@@ -136,6 +184,8 @@ pub struct SqsQueues {
     /// eventSourceARN -> `maxReceiveCount` and retention, read once per queue (only when a
     /// message must come back, so the hot path makes no call for it).
     limits: Mutex<HashMap<String, QueueLimits>>,
+    /// The dead-letter queue's `MaximumMessageSize`, read at its first letter.
+    dlq_max_bytes: Mutex<Option<usize>>,
 }
 
 /// A FIFO queue's `MessageGroupId` or `MessageDeduplicationId` for `text`: `text` itself when
@@ -180,6 +230,38 @@ impl SqsQueues {
             dlq_url: dlq_url.into(),
             urls: Mutex::new(HashMap::new()),
             limits: Mutex::new(HashMap::new()),
+            dlq_max_bytes: Mutex::new(None),
+        }
+    }
+
+    /// The dead-letter queue's `MaximumMessageSize`, read once; SQS's 256 KiB when it cannot be
+    /// read (a letter is then cut to fit any queue but a smaller one).
+    async fn dlq_max_bytes(&self) -> usize {
+        if let Some(n) = self.dlq_max_bytes.lock().ok().and_then(|m| *m) {
+            return n;
+        }
+        let read = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.dlq_url)
+            .attribute_names(QueueAttributeName::MaximumMessageSize)
+            .send()
+            .await
+            .ok()
+            .and_then(|out| {
+                out.attributes()?
+                    .get(&QueueAttributeName::MaximumMessageSize)?
+                    .parse::<usize>()
+                    .ok()
+            });
+        match read {
+            Some(n) => {
+                if let Ok(mut m) = self.dlq_max_bytes.lock() {
+                    *m = Some(n);
+                }
+                n
+            }
+            None => SQS_MAX_MESSAGE_BYTES,
         }
     }
 
@@ -215,6 +297,13 @@ impl SqsQueues {
 impl QueueOps for SqsQueues {
     async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
         let message: String = l.error_message.chars().take(1_000).collect();
+        // A letter always fits its queue: past its size, SQS would refuse it, and the message
+        // would cycle until SQS moved it unexplained.
+        let l = &DeadLetter {
+            error_message: message.clone(),
+            ..l.clone()
+        }
+        .fitted(self.dlq_max_bytes().await);
         let mut req = self
             .client
             .send_message()
@@ -386,6 +475,57 @@ pub fn parse_max_receive_count(policy: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn letter(body: String) -> DeadLetter {
+        DeadLetter {
+            body,
+            error_code: "invalid_payment".into(),
+            error_message: "description must be 0 to 1000 characters, got 250000".into(),
+            source_message_id: "m-1".into(),
+            first_sent_at_ms: Some(1_700_000_000_000),
+            message_group_id: None,
+            extra_attributes: vec![("card_data_masked".into(), "true".into())],
+        }
+    }
+
+    #[test]
+    fn a_dead_letter_always_fits_its_queue_keeping_its_reason_and_ids() {
+        // A body at the queue's limit: its letter's attributes would take it over.
+        let body = format!("{{\"d\":\"{}é\"}}", "x".repeat(SQS_MAX_MESSAGE_BYTES - 12));
+        let whole = body.len();
+        let l = letter(body).fitted(SQS_MAX_MESSAGE_BYTES);
+        assert!(l.size() <= SQS_MAX_MESSAGE_BYTES, "{} bytes", l.size());
+        assert_eq!(l.error_code, "invalid_payment");
+        assert_eq!(l.source_message_id, "m-1");
+        assert_eq!(l.first_sent_at_ms, Some(1_700_000_000_000));
+        let trimmed = l
+            .extra_attributes
+            .iter()
+            .find(|(n, _)| n == attrs::BODY_TRIMMED)
+            .map(|(_, v)| v.clone());
+        assert_eq!(trimmed, Some(whole.to_string()));
+        assert!(l
+            .extra_attributes
+            .iter()
+            .any(|(n, _)| n == "card_data_masked"));
+        // A letter that fits is kept whole, unmarked; a smaller queue's limit is kept too.
+        let small = letter("{}".into());
+        assert_eq!(small.clone().fitted(SQS_MAX_MESSAGE_BYTES).body, "{}");
+        assert_eq!(
+            small
+                .clone()
+                .fitted(SQS_MAX_MESSAGE_BYTES)
+                .extra_attributes
+                .len(),
+            1
+        );
+        let l = letter("é".repeat(2_000)).fitted(1_024);
+        assert!(
+            l.size() <= 1_024 && l.body.chars().all(|c| c == 'é'),
+            "{}",
+            l.size()
+        );
+    }
 
     #[test]
     fn a_fifo_id_is_the_text_when_sqs_takes_it_else_its_stable_hash() {

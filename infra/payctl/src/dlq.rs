@@ -443,7 +443,10 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                 .error_code
                 .clone()
                 .unwrap_or_else(|| "max_receives".to_owned());
-            let held_back = !opts.force && never_redriven(&code).is_some();
+            // A letter whose body was cut to fit is read, never redriven (not even forced):
+            // it is no longer the message it was.
+            let trimmed = attr(&m, attrs::BODY_TRIMMED).is_some();
+            let held_back = trimmed || (!opts.force && never_redriven(&code).is_some());
             let wanted = opts.error_code.as_ref().is_none_or(|c| *c == code)
                 && opts.max.is_none_or(|mx| (moved as usize) < mx)
                 && !held_back;

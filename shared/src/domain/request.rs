@@ -732,7 +732,7 @@ mod tests {
                 "payment_id",
             ),
             (
-                serde_json::json!({"contract_version": 2, "statement_descriptor_suffix": "123456789015"}),
+                serde_json::json!({"contract_version": 2, "statement_descriptor_suffix": "501800000009"}),
                 "statement_descriptor_suffix",
             ),
         ];
@@ -745,7 +745,7 @@ mod tests {
                 "{case}"
             );
             let said = e.to_string();
-            for secret in ["4242", "5556", "9015", "\u{FFFF}", "\u{FFFE}"] {
+            for secret in ["4242", "5556", "0009", "\u{FFFF}", "\u{FFFE}"] {
                 assert!(!said.contains(secret), "{case}: {said}");
             }
         }

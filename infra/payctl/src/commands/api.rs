@@ -9,9 +9,16 @@ pub enum ApiCommand {
     /// /v1/provider-events (the provider's signed events, queued to PROVIDER_EVENTS_QUEUE_URL)
     /// when WEBHOOK_SECRET or WEBHOOK_SECRET_ARN is set.
     Serve {
-        /// Address to listen on.
+        /// Address to listen on. A loopback address only (the API has no authentication of its
+        /// own and acts with your credentials) unless --behind-authenticating-proxy.
         #[arg(long, default_value = "127.0.0.1:8080")]
         address: String,
+        /// Serve a non-loopback address and requests of any Host: only behind something that
+        /// authenticates every request (without it, requests whose Host is not localhost,
+        /// 127.x.x.x or [::1] are refused, which stops a web page from reaching the API by DNS
+        /// rebinding).
+        #[arg(long)]
+        behind_authenticating_proxy: bool,
         /// The payments table (the stack's PaymentsTableName output).
         #[arg(long, env = "PAYMENTS_TABLE")]
         table: String,
@@ -164,8 +171,12 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
                 address,
                 table,
                 idempotency_table,
+                behind_authenticating_proxy,
             },
     } = args;
+    if !behind_authenticating_proxy && !payctl::api::is_loopback_address(&address) {
+        bail!("payctl api serve: {address} is not a loopback address; the API has no authentication of its own and acts with your AWS credentials: listen on 127.0.0.1, or put it behind something that authenticates every request and pass --behind-authenticating-proxy");
+    }
     let config = payment_core::edges::config::ApiConfig::from_lookup(|k| match k {
         "PAYMENTS_TABLE" => Some(table.clone()),
         "IDEMPOTENCY_TABLE" => Some(idempotency_table.clone()),
@@ -194,7 +205,13 @@ pub async fn api(args: ApiArgs, sdk: &aws_config::SdkConfig) -> Result<()> {
     payctl::aws::announce(sdk, &format!("serving the payments API over {table}")).await;
     let has_events = events.is_some();
     let mut signals = payctl::stop::Signals::listen()?;
-    let server = payctl::api::serve(std::sync::Arc::new(api), events, &address).await?;
+    let server = payctl::api::serve_exposed(
+        std::sync::Arc::new(api),
+        events,
+        &address,
+        behind_authenticating_proxy,
+    )
+    .await?;
     payctl::say!("payments API on {} (PAYMENTS_API_URL)", server.url());
     if has_events {
         payctl::say!(

@@ -169,7 +169,16 @@ impl Sqs {
         delay_s: Option<i64>,
         now_ms: i64,
     ) -> Result<String, SqsError> {
-        if body.is_empty() || body.len() > 262_144 {
+        // SQS counts the attributes too: each one's name, data type and value.
+        let attributes_size: usize = attributes
+            .iter()
+            .map(|(name, v)| {
+                name.len()
+                    + v["DataType"].as_str().map_or(0, str::len)
+                    + v["StringValue"].as_str().map_or(0, str::len)
+            })
+            .sum();
+        if body.is_empty() || body.len() + attributes_size > 262_144 {
             return Err(SqsError::new(
                 "InvalidParameterValue",
                 "The message body must be between 1 byte and 256 KiB.",
