@@ -36,6 +36,11 @@ fn entry_of(record: &Record) -> Option<OutboxEntry> {
         created_at,
         customer_id: text("customer_id")?,
         traceparent: text("traceparent"),
+        request_hash: text("request_hash"),
+        expires_at_s: match image.get("expires_at") {
+            Some(AttributeValue::N(n)) => n.parse().ok(),
+            _ => None,
+        },
     })
 }
 

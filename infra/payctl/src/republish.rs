@@ -47,6 +47,11 @@ async fn rows_before(
                     created_at,
                     customer_id,
                     traceparent: text("traceparent"),
+                    request_hash: text("request_hash"),
+                    expires_at_s: item
+                        .get("expires_at")
+                        .and_then(|v| v.as_n().ok())
+                        .and_then(|n| n.parse().ok()),
                 });
             }
         }

@@ -1,4 +1,7 @@
 //! The fixed seeds `make test` runs, and the run's determinism: a seed is one run, byte for byte.
+//!
+//! Why one file of ~520 lines: each test is one whole-system run with its options and what it
+//! must (or, with a mutation put back, must not) keep; they are read side by side.
 
 use simulator::world::{run, Options};
 
@@ -490,4 +493,31 @@ fn events_through_eventbridge_with_sqs_down_past_its_retries_lose_nothing() {
         r.violations,
         r.trace.join("\n")
     );
+}
+
+#[test]
+fn a_row_the_queue_refuses_is_set_aside_and_reads_failed_never_pending() {
+    // Main before issue 63 took any text at the API: a payment holding U+FFFF was answered
+    // 202, the relay's send was refused, and nothing ever said so. Rows written before the
+    // fix can still hold such text: the relay sets them aside with a mark that GET reads.
+    let mut opts = through_the_api(Options::new(4, 200, 4.0));
+    opts.shopper_text_share = 0.5;
+    opts.mutation = Some("intake_takes_any_text".into());
+    let r = run(opts).unwrap();
+    assert!(
+        r.relay_set_aside > 0,
+        "no row was refused: {:#?}",
+        r.violations
+    );
+    let expected = [
+        // What the mutation itself lets through.
+        "text no door may take is refused at the API (400)",
+        "text no door may take is never sent to the provider",
+    ];
+    let other: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| !expected.contains(&v.invariant))
+        .collect();
+    assert!(other.is_empty(), "{other:#?}\n{}", r.trace.join("\n"));
 }

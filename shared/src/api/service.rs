@@ -378,6 +378,8 @@ impl PaymentsApi {
             created_at: now,
             customer_id: request.customer_id.clone(),
             traceparent: sqs_once::trace::current_traceparent(),
+            request_hash: Some(payment.request_hash.clone()),
+            expires_at_s: Some(payment.expires_at_s),
         };
         // A charged payment's record outlives its row (the record lives the refund window from
         // its last change, the row `row_lifetime` from its write): once the row is gone, the
@@ -687,8 +689,12 @@ fn status_from(record: Option<&IdempotencyRecord>, mark: Option<&DeadLetterMark>
             }
         }
         (Some(r), _) if r.status == RecordStatus::InProgress => view("processing"),
-        // The processor refused this request: its key names another one. Never charged.
-        (_, Some(m)) if m.error_code == sqs_once::record::KEY_REUSED => {
+        // The processor refused this request (its key names another one), or the relay set it
+        // aside (the queue refused its message for its content). Never charged.
+        (_, Some(m))
+            if m.error_code == sqs_once::record::KEY_REUSED
+                || m.error_code == crate::payments::outbox::MESSAGE_REFUSED =>
+        {
             with_error("failed", m.error_code.clone(), m.error_message.clone())
         }
         (_, Some(m)) => with_error(
@@ -710,6 +716,38 @@ mod tests {
     use super::*;
     use sqs_once::clock::SystemClock;
     use sqs_once::Outcome;
+
+    #[test]
+    fn a_payment_the_relay_set_aside_reads_failed_with_its_reason() {
+        let row = StoredPayment {
+            id: "p1".into(),
+            amount: 100,
+            currency: "usd".into(),
+            customer_id: "cus_1".into(),
+            created: 1,
+            request_hash: "payment/v1:aa".into(),
+            response_status: 202,
+            response_body: "{}".into(),
+            expires_at_s: 1,
+        };
+        let mark = DeadLetterMark {
+            key: "p1".into(),
+            payload_hash: "payment/v1:aa".into(),
+            error_code: crate::payments::outbox::MESSAGE_REFUSED.into(),
+            error_message: "the payments queue refused the payment's message".into(),
+            at_ms: 1,
+            expires_at_s: 1,
+        };
+        let v = status_of(&row, None, Some(&mark));
+        assert_eq!(v.status, "failed");
+        assert_eq!(v.error_code.as_deref(), Some("message_refused"));
+        // Another request's mark under the key says nothing of this row.
+        let other = DeadLetterMark {
+            payload_hash: "payment/v1:bb".into(),
+            ..mark
+        };
+        assert_eq!(status_of(&row, None, Some(&other)).status, "pending");
+    }
 
     /// Payment rows in a map; `outbox` holds each row's outbox fields, written with it.
     #[derive(Default)]

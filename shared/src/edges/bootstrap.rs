@@ -284,11 +284,21 @@ pub async fn relay_from_env() -> Result<Arc<Relay>, InitError> {
 
 /// The outbox relay of a configuration.
 pub fn build_relay(config: &RelayConfig, sdk: &aws_config::SdkConfig) -> Relay {
-    Relay::new(
+    let relay = Relay::new(
         aws_sdk_sqs::Client::new(sdk),
         config.queue_url.clone(),
         config.group_by,
-    )
+    );
+    match &config.idempotency_table {
+        Some(table) => relay.with_marks(
+            Arc::new(crate::payments::payment_store(
+                aws_sdk_dynamodb::Client::new(sdk),
+                table,
+            )),
+            sqs_once::clock::system(),
+        ),
+        None => relay,
+    }
 }
 
 /// Builds the events inbox with the DynamoDB, SQS and Stripe adapters: the processor's

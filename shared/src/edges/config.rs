@@ -481,6 +481,9 @@ pub struct RelayConfig {
     pub queue_url: String,
     /// `FIFO_GROUP_BY` (`customer`, the default, or `payment`): a FIFO queue's message groups.
     pub group_by: crate::payments::outbox::GroupBy,
+    /// `IDEMPOTENCY_TABLE`: where a payment whose message the queue refuses is marked set
+    /// aside (`message_refused`); without it such a row is retried as any other failure.
+    pub idempotency_table: Option<String>,
 }
 
 impl RelayConfig {
@@ -489,6 +492,7 @@ impl RelayConfig {
         let group = get("FIFO_GROUP_BY").unwrap_or_default();
         Ok(Self {
             queue_url: required_var(&get, "PAYMENTS_QUEUE_URL")?,
+            idempotency_table: get("IDEMPOTENCY_TABLE").filter(|t| !t.trim().is_empty()),
             group_by: crate::payments::outbox::GroupBy::parse(&group).ok_or_else(|| {
                 err(
                     "FIFO_GROUP_BY",

@@ -6,6 +6,14 @@
 //! to the payments queue with `SendMessageBatch` and writes nothing back. It delivers at least
 //! once: a relay that crashes after sending and before its checkpoint sends again, and the
 //! processor's idempotency record absorbs the copy (same `payment_id`, same payload).
+//!
+//! A row whose message SQS refuses for its content (`InvalidMessageContents`: a character
+//! outside XML's, which the API refuses since issue 63, but a row written before may hold) can
+//! never be sent: retried, it would hold back its shard and then be given up, its caller
+//! holding a `202` and `GET` saying `pending` for the row's life. The relay sets it aside at
+//! once instead: a dead-letter mark of the payment ([`MESSAGE_REFUSED`], the row's digest),
+//! which `GET` and `payctl status` read as `failed` with the reason and `payctl outbox
+//! republish` passes by. Nothing was sent, so nothing can be charged.
 
 use aws_lambda_events::event::dynamodb::Event as DynamoEvent;
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
@@ -22,9 +30,14 @@ pub const PAYMENT_PREFIX: &str = "payment#";
 pub const PAYMENT_KIND: &str = "payment";
 /// SQS takes at most ten messages per `SendMessageBatch`.
 const SQS_BATCH: usize = 10;
+/// The dead-letter mark's code of a payment whose message the queue refused for its content
+/// (never sent, never charged): `GET` reads it as `failed`.
+pub const MESSAGE_REFUSED: &str = "message_refused";
+/// SQS's code for a message body (or attribute) holding a character it does not take.
+const INVALID_CONTENTS: &str = "InvalidMessageContents";
 
 /// One payment's message, as its row carries it (the row's outbox fields).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct OutboxEntry {
     /// The payment (and idempotency key) the message is for: the row's `id`.
     #[serde(rename = "id")]
@@ -39,6 +52,13 @@ pub struct OutboxEntry {
     /// traced): the relay's message continues that trace.
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// The row's digest of the request (`request_hash`): a mark the relay writes is this
+    /// request's, so `GET` of this row reads it.
+    #[serde(default)]
+    pub request_hash: Option<String>,
+    /// The row's TTL, epoch s (`expires_at`): a mark the relay writes lives as long.
+    #[serde(default, rename = "expires_at")]
+    pub expires_at_s: Option<i64>,
 }
 
 impl OutboxEntry {
@@ -101,14 +121,32 @@ pub struct RelayReport {
     pub first_failed: Option<usize>,
     /// Why entries failed, for the log.
     pub errors: Vec<String>,
+    /// Payments set aside: the queue refused their message for its content ([`MESSAGE_REFUSED`]).
+    pub set_aside: usize,
 }
 
 /// Sends the messages of new payment rows to the payments queue.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Relay {
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     group_by: GroupBy,
+    /// Where a payment whose message the queue refuses is marked set aside (the idempotency
+    /// table); without it such a row is retried as any other failure.
+    marks: Option<(
+        std::sync::Arc<dyn sqs_once::IdempotencyStore>,
+        std::sync::Arc<dyn sqs_once::clock::Clock>,
+    )>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("queue_url", &self.queue_url)
+            .field("group_by", &self.group_by)
+            .field("marks", &self.marks.is_some())
+            .finish()
+    }
 }
 
 impl Relay {
@@ -118,7 +156,48 @@ impl Relay {
             sqs,
             queue_url: queue_url.into(),
             group_by,
+            marks: None,
         }
+    }
+
+    /// The relay, setting aside a payment whose message the queue refuses for its content by
+    /// a dead-letter mark in `marks` (the processor's idempotency table), timed by `clock`.
+    pub fn with_marks(
+        mut self,
+        marks: std::sync::Arc<dyn sqs_once::IdempotencyStore>,
+        clock: std::sync::Arc<dyn sqs_once::clock::Clock>,
+    ) -> Self {
+        self.marks = Some((marks, clock));
+        self
+    }
+
+    /// Marks the payment of `entry` set aside: its message can never be sent as it is. `Ok`
+    /// once the mark is written (or one of another code already stands, which wins).
+    async fn set_aside(&self, entry: &OutboxEntry, why: &str) -> Result<(), String> {
+        let Some((marks, clock)) = &self.marks else {
+            return Err("no idempotency table to mark it in (IDEMPOTENCY_TABLE)".to_owned());
+        };
+        let Some(hash) = &entry.request_hash else {
+            return Err("the row has no request_hash to mark it by".to_owned());
+        };
+        let now = clock.now_ms();
+        let mark = sqs_once::record::DeadLetterMark {
+            key: entry.payment_id.clone(),
+            payload_hash: hash.clone(),
+            error_code: MESSAGE_REFUSED.to_owned(),
+            error_message: format!(
+                "the payments queue refused the payment's message ({why}): it holds a character the queue cannot carry; it was never sent and never charged: send the payment again, under a new key, without it"
+            ),
+            at_ms: now,
+            // As long as the row it answers for (43 days past its creation when not known).
+            expires_at_s: entry
+                .expires_at_s
+                .unwrap_or(entry.created_at / 1000 + 43 * 86_400),
+        };
+        marks
+            .mark_dead_lettered(&mark)
+            .await
+            .map_err(|e| format!("could not mark it set aside: {e}"))
     }
 
     fn fifo(&self) -> bool {
@@ -135,7 +214,24 @@ impl Relay {
             match self.send_chunk(chunk).await {
                 Ok((sent, refused)) => {
                     report.sent += sent;
-                    if let Some((i, why)) = refused.into_iter().min_by_key(|(i, _)| *i) {
+                    let mut failed: Option<(usize, String)> = None;
+                    for (i, code, why) in refused {
+                        // What the queue refuses for its content is set aside, not retried.
+                        if code == INVALID_CONTENTS {
+                            match self.set_aside(&chunk[i], &code).await {
+                                Ok(()) => {
+                                    tracing::error!(payment_id = %chunk[i].payment_id, error_code = MESSAGE_REFUSED, reason = %why, "payment set aside: the queue refused its message");
+                                    report.set_aside += 1;
+                                    continue;
+                                }
+                                Err(e) => report.errors.push(format!("{why}; {e}")),
+                            }
+                        }
+                        if failed.as_ref().is_none_or(|(f, _)| i < *f) {
+                            failed = Some((i, why));
+                        }
+                    }
+                    if let Some((i, why)) = failed {
                         report.first_failed = Some(base + i);
                         report.errors.push(why);
                         return report;
@@ -151,11 +247,12 @@ impl Relay {
         report
     }
 
-    /// One `SendMessageBatch`: how many were sent, and the indices refused with why.
+    /// One `SendMessageBatch`: how many were sent, and the indices refused with SQS's code
+    /// and why.
     async fn send_chunk(
         &self,
         chunk: &[OutboxEntry],
-    ) -> Result<(usize, Vec<(usize, String)>), String> {
+    ) -> Result<(usize, Vec<(usize, String, String)>), String> {
         let mut request = self.sqs.send_message_batch().queue_url(&self.queue_url);
         for (i, entry) in chunk.iter().enumerate() {
             let mut e = SendMessageBatchRequestEntry::builder()
@@ -201,6 +298,7 @@ impl Relay {
                 index(f.id()).map(|i| {
                     (
                         i,
+                        f.code().to_owned(),
                         format!(
                             "payment {}: {} {}",
                             chunk[i].payment_id,
@@ -307,6 +405,8 @@ mod tests {
             created_at: 1_700_000_000_123,
             customer_id: "cus_1".into(),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            request_hash: Some("h".into()),
+            expires_at_s: Some(1),
         };
         let payment = StoredPayment {
             id: "order-1".into(),

@@ -231,7 +231,7 @@ pub(super) async fn conditional_put_one_winner(
         message: format!("{{\"payment_id\":\"{id}\"}}"),
         created_at: 1,
         customer_id: "cus_conformance".into(),
-        traceparent: None,
+        ..Default::default()
     };
     let mut tasks = tokio::task::JoinSet::new();
     for k in 0..PUT_KEYS {

@@ -213,6 +213,17 @@ pub(super) fn check_end(w: &World) {
             _ => None,
         })
         .collect();
+    // The dead-letter marks, by payment: their code.
+    let marks: BTreeMap<String, String> = t
+        .items
+        .values()
+        .filter_map(|i| match (i.get("pk"), i.get("error_code")) {
+            (Some(Value::S(pk)), Some(Value::S(code))) => pk
+                .strip_prefix("dead_letter#")
+                .map(|p| (p.to_owned(), code.clone())),
+            _ => None,
+        })
+        .collect();
     drop(aws);
     for code in dead.keys() {
         if !payctl::dead_letter_codes::KNOWN_CODES.contains(&code.as_str()) {
@@ -301,9 +312,26 @@ pub(super) fn check_end(w: &World) {
             }
         }
     }
+    // A payment answered 202 whose message the queue cannot carry is set aside by the relay
+    // (its mark reads `failed` at GET), never left pending for the row's life.
+    let refused = w.refused.lock().expect("refused").clone();
+    for pid in &refused.accepted {
+        if records.contains_key(pid) {
+            continue;
+        }
+        match marks.get(pid) {
+            Some(code) if code == payment_core::payments::outbox::MESSAGE_REFUSED => {
+                w.stats.lock().expect("stats").relay_set_aside += 1;
+            }
+            _ => w.violated(
+                "a 202 is never followed by silence",
+                format!("{pid} was accepted, never relayed, and nothing says so"),
+            ),
+        }
+    }
     // Text no door may take (a card number, a character SQS refuses) is never charged, and a
     // payment sent with it straight to the queue is dead-lettered, not left in the queue.
-    for (pid, why) in w.refused_text.lock().expect("refused").iter() {
+    for (pid, why) in &refused.text {
         if !books.intents_of(pid).is_empty() {
             w.violated(
                 "text no door may take is never sent to the provider",

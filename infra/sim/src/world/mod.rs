@@ -75,6 +75,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "the scheduled catch-up lists every event, not only the undelivered, at one instance's share of the function's rate: main before the events-at-pace work",
     ),
     (
+        "intake_takes_any_text",
+        "the doors check text for its length only: a payment holding U+FFFF is answered 202 and its row reaches the relay (payment_core::domain::text::MUTATIONS)",
+    ),
+    (
         "inbox_reads_not_booked",
         "the inbox as before its events were paced: a dispute's event claimed before its first read has a slot, and a read the pace refused an attempt (payment_core::events::inbox::MUTATIONS)",
     ),
@@ -100,8 +104,8 @@ struct World {
     sent: Mutex<BTreeMap<String, Sent>>,
     /// Bodies sent that are not valid payments.
     bad: Mutex<usize>,
-    /// Payments whose shopper text no door may take, by id, with why.
-    refused_text: Mutex<BTreeMap<String, &'static str>>,
+    /// Payments whose shoppers' text no door may take, and those the API accepted all the same.
+    refused: Mutex<intake::shopper::Refused>,
     violations: Mutex<Vec<Violation>>,
     trace: Mutex<std::collections::VecDeque<String>>,
     stats: Mutex<Report>,
@@ -232,6 +236,7 @@ pub fn run(opts: Options) -> Result<Report> {
             sqs_once::mutation::ALL,
             payment_core::refunds::MUTATIONS,
             payment_core::events::inbox::MUTATIONS,
+            payment_core::domain::text::MUTATIONS,
         ] {
             if list.iter().any(|(n, _)| *n == m) {
                 sqs_once::mutation::put_back_from(list, m).map_err(anyhow::Error::msg)?;
@@ -302,7 +307,7 @@ async fn run_on(opts: Options) -> Result<Report> {
                 &sdk,
                 Arc::clone(&clock),
             )?),
-            Some(Arc::new(intake::relay::build(&stack, &sdk)?)),
+            Some(Arc::new(intake::relay::build(&stack, &sdk, &clock)?)),
         )
     } else {
         (None, None)
@@ -366,7 +371,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         refund_letters: Mutex::new(std::collections::BTreeSet::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
-        refused_text: Mutex::new(BTreeMap::new()),
+        refused: Mutex::default(),
         violations: Mutex::new(Vec::new()),
         trace: Mutex::new(Default::default()),
         stats: Mutex::new(Report::default()),

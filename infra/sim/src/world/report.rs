@@ -29,6 +29,8 @@ pub struct Report {
     pub charged: usize,
     /// Dead letters, by code.
     pub dead_letters: BTreeMap<String, usize>,
+    /// Payments the API accepted whose message the queue refused, set aside by the relay.
+    pub relay_set_aside: usize,
     /// Provider events the operator found dead-lettered (each counted once), by code
     /// (`max_receives`: moved by SQS, without one).
     pub event_dead_letters: BTreeMap<String, usize>,

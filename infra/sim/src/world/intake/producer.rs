@@ -67,9 +67,10 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
                     // No door may take it: refused at the API (400) or dead-lettered from the
                     // queue, never charged, never a 202 left pending.
                     *w.bad.lock().expect("bad") += 1;
-                    w.refused_text
+                    w.refused
                         .lock()
                         .expect("refused")
+                        .text
                         .insert(id.clone(), why);
                     let body = api_body(&via_api, message);
                     submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
@@ -162,7 +163,14 @@ async fn submit(
             if status == 202 {
                 w.stats.lock().expect("stats").api_accepted += 1;
             }
-            let refused = w.refused_text.lock().expect("refused").get(key).copied();
+            let refused = w.refused.lock().expect("refused").text.get(key).copied();
+            if refused.is_some() && status == 202 {
+                w.refused
+                    .lock()
+                    .expect("refused")
+                    .accepted
+                    .insert(key.to_owned());
+            }
             if let Some(why) = refused.filter(|_| status != 400) {
                 // A 202 here is a payment that can never be relayed, charged or refused again:
                 // the caller holds an acceptance and GET says pending for the row's life.

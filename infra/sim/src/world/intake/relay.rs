@@ -41,6 +41,7 @@ pub(in crate::world) struct Mapping {
 pub(in crate::world) fn build(
     stack: &payctl::template::Stack,
     sdk: &aws_config::SdkConfig,
+    clock: &Arc<dyn sqs_once::clock::Clock>,
 ) -> Result<Mapping> {
     let source = stack
         .stream_sources
@@ -53,12 +54,21 @@ pub(in crate::world) fn build(
         .context("the template has no OutboxRelayFunction")?;
     let config = payment_core::edges::config::RelayConfig::from_lookup(|k| env.get(k).cloned())
         .context("OutboxRelayFunction's configuration")?;
-    // `build_relay`'s relay, on a client with its own retry quota (as each process has).
-    let relay = Relay::new(
+    // `build_relay`'s relay, on clients with their own retry quota (as each process has).
+    let mut relay = Relay::new(
         crate::wire::sqs_client(sdk),
         config.queue_url.clone(),
         config.group_by,
     );
+    if let Some(table) = &config.idempotency_table {
+        relay = relay.with_marks(
+            Arc::new(payment_core::payment_store(
+                crate::wire::dynamodb_client(sdk),
+                table,
+            )),
+            Arc::clone(clock),
+        );
+    }
     let filters = source
         .filters
         .iter()

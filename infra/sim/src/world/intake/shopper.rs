@@ -4,7 +4,18 @@
 //! a card number pasted into a note. The simulator knows which it put in (it judges by its own
 //! list, not by the processor's rules), so it can hold the doors to their answer.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::super::World;
+
+/// The payments whose shoppers' text no door may take.
+#[derive(Debug, Clone, Default)]
+pub(in crate::world) struct Refused {
+    /// By payment id, with why.
+    pub(in crate::world) text: BTreeMap<String, &'static str>,
+    /// Those of them the API answered 202 all the same.
+    pub(in crate::world) accepted: BTreeSet<String>,
+}
 
 /// A piece of shopper text, and why a door must refuse it (`None`: it must be taken).
 const PIECES: &[(&str, Option<&str>)] = &[
