@@ -2,6 +2,9 @@
 //! with their codes), what a refused body keeps at rest, and what the logs never say. The
 //! protocol itself (leases, fencing, unknown outcomes, redelivery) is tested once, generically,
 //! in `sqs-once/tests/protocol.rs`.
+//!
+//! Why one file of ~530 lines: each test is one of the payment work's answers (a charge, a
+//! decline, a refusal, a body refused now or before) with the provider stub it needs.
 
 mod common;
 
@@ -433,4 +436,97 @@ async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
             "kept {kept:.3} days, want {kept_days}"
         );
     }
+}
+
+/// A provider that charges every payment and counts the charges it was asked for.
+#[derive(Default)]
+struct Counting(Mutex<usize>);
+
+#[async_trait]
+impl PaymentProvider for Counting {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    async fn create_payment(&self, _: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
+        *self.0.lock().unwrap() += 1;
+        Ok(ProviderResponse::Charged {
+            provider_payment_id: "pi_before".into(),
+            status: "succeeded".into(),
+            replayed: false,
+        })
+    }
+    async fn find_payments(&self, _: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A body an earlier release accepted and this one refuses: a control character in its
+/// description and a card number in a metadata value.
+fn refused_now(pid: &str) -> String {
+    format!(
+        r#"{{"payment_id":"{pid}","amount":1999,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa","description":"bell \u0007","metadata":{{"note":"4242 4242 4242 4242"}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn a_body_refused_now_is_never_charged_anew_but_an_earlier_release_s_unknown_call_is_finished(
+) {
+    let provider = Arc::new(Counting::default());
+    let (p, store, queues) = processor(provider.clone());
+    // A message never claimed: refused on its first attempt, with a record GET reads as failed
+    // and a dead letter without the card number; the provider is never asked.
+    let (_, s) = p
+        .handle_batch(vec![msg("m1", &refused_now("p-new"))], now_ms() + 60_000)
+        .await;
+    assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1));
+    assert_eq!(*provider.0.lock().unwrap(), 0, "never sent");
+    let record = store.get("p-new").await.unwrap().expect("a record");
+    let outcome = PaymentOutcome::from_outcome(record.outcome.as_ref().unwrap());
+    assert!(outcome.is_rejected(), "{outcome:?}");
+    {
+        let dead = queues.0.lock().unwrap();
+        assert!(
+            !dead[0].body.contains("4242 4242 4242 4242"),
+            "{}",
+            dead[0].body
+        );
+        assert!(
+            !dead[0].error_message.contains("4242"),
+            "{}",
+            dead[0].error_message
+        );
+    }
+    // A message an earlier release claimed and whose call it never saw answered (its process
+    // died in the call): finished with the same key and parameters, never refused and left.
+    let before = PaymentRequest::parse_as_before(&refused_now("p-old")).unwrap();
+    assert!(before.refused_now.is_some());
+    let now = now_ms();
+    let claimed = store
+        .claim(&sqs_once::record::ClaimRequest {
+            key: "p-old".into(),
+            payload_hash: before.payload_hash(),
+            owner: "an-earlier-release".into(),
+            now_ms: now - 60_000,
+            lease_expires_at_ms: now - 30_000,
+            expires_at_s: now / 1000 + 86_400,
+            traceparent: None,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        claimed,
+        sqs_once::record::ClaimResult::Claimed { .. }
+    ));
+    let (_, s) = p
+        .handle_batch(vec![msg("m2", &refused_now("p-old"))], now_ms() + 60_000)
+        .await;
+    assert!(s.dead_lettered.is_empty(), "{s:?}");
+    assert_eq!(
+        *provider.0.lock().unwrap(),
+        1,
+        "the earlier call's key, once"
+    );
+    let record = store.get("p-old").await.unwrap().expect("a record");
+    let outcome = PaymentOutcome::from_outcome(record.outcome.as_ref().unwrap());
+    assert_eq!(outcome.status, "succeeded");
 }

@@ -612,6 +612,46 @@ async fn a_three_decimal_refund_off_stripe_s_grid_is_refused_before_any_reservat
     assert_eq!(p.refunded, 0);
 }
 
+#[tokio::test]
+async fn a_refund_reserved_before_the_currency_rule_goes_on_and_a_new_one_is_refused() {
+    // UGX is charged in whole units since issue 63: a refund of 2.50 UGX reserved by an earlier
+    // release (held while its payment settled) must be made or refused by the provider, never
+    // refused here with its 250 reserved for good.
+    let w = world();
+    charged_in(
+        &w,
+        "p1",
+        RecordStatus::Completed,
+        "succeeded",
+        10_000,
+        "ugx",
+    );
+    let mut p = w.ledger.payment("p1").await.unwrap().unwrap();
+    p.refunds.insert("r-before".into(), 250);
+    p.refunded = 250;
+    p.has_refunds = true;
+    w.ledger.insert("p1", p);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![
+                msg("m1", &refund("r-before", "p1", Some(250))),
+                msg("m2", &refund("r-new", "p1", Some(250))),
+            ],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.dead_lettered.get("invalid_refund"), Some(&1), "{s:?}");
+    assert!(w.queues.dead()[0].error_message.contains("multiple of 100"));
+    assert_eq!(
+        w.provider.calls.lock().unwrap().len(),
+        1,
+        "the reserved one, made"
+    );
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(p.refunded, 250);
+}
+
 #[test]
 fn refund_messages_are_validated_naming_the_field() {
     use payment_core::refunds::work::RefundRequest;

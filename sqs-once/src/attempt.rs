@@ -488,6 +488,11 @@ impl<W: Work> BatchRunner<W> {
             .work
             .redact(why)
             .map_or_else(|| why.to_owned(), |r| r.body);
+        // A request the work refuses for what it holds is masked as a body it cannot parse is
+        // ([`Work::redact_refused`]); any other letter keeps its body, so that a redrive is
+        // the same request.
+        let redaction =
+            redaction.or_else(|| request.and_then(|r| self.work.redact_refused(r, body)));
         let (body, mut extra_attributes) = match redaction {
             Some(r) => (r.body, vec![(r.attribute, "true".to_owned())]),
             None => (body.to_owned(), Vec::new()),

@@ -265,6 +265,14 @@ pub trait Work: Send + Sync + 'static {
         None
     }
 
+    /// A redacted copy of the body of a request that parsed but is dead-lettered for what it
+    /// holds (a letter never redriven), as [`Work::redact`] does for one that did not parse.
+    /// The default keeps it as it is: a dead-lettered request's redrive must be the same body.
+    fn redact_refused(&self, request: &Self::Request, body: &str) -> Option<Redaction> {
+        let _ = (request, body);
+        None
+    }
+
     /// What an operator should do about an outcome that no lookup can settle, appended to
     /// the `outcome_unknown` dead letter's reason.
     fn settle_hint(&self, key: &str) -> String {

@@ -347,9 +347,25 @@ impl PaymentsApi {
         if self.contract >= 2 || ahead {
             value[crate::domain::contract::FIELD] = json!(self.contract.max(2));
         }
-        let request = match PaymentRequest::from_value(value) {
+        let request = match PaymentRequest::from_value(value.clone()) {
             Ok(r) => r,
-            Err(e) => return invalid("parameter_invalid", e.field(), &e.to_string()),
+            Err(e) => {
+                // Refused by a rule earlier releases did not have: answered only as the retry
+                // of a payment one of them accepted under this key (its stored answer), never
+                // accepted anew.
+                let before = match PaymentRequest::from_value_as_before(value) {
+                    Ok(b) => match self.store.payment(&key).await {
+                        Ok(Some(row)) if b.has_payload_hash(&row.request_hash) => Some(b),
+                        Ok(_) => None,
+                        Err(u) => return unavailable(&u, true),
+                    },
+                    Err(_) => None,
+                };
+                match before {
+                    Some(b) => b,
+                    None => return invalid("parameter_invalid", e.field(), &e.to_string()),
+                }
+            }
         };
         let now = self.clock.now_ms();
         let created = now / 1000;
@@ -483,7 +499,11 @@ impl PaymentsApi {
                 "invalid_request_error",
                 "resource_missing",
                 Some("id"),
-                &format!("No such payment: '{id}'."),
+                // The id is the caller's text: a card number in it is masked.
+                &format!(
+                    "No such payment: '{}'.",
+                    crate::domain::mask_card_numbers(id).unwrap_or_else(|| id.to_owned())
+                ),
             )
         };
         if PaymentId::parse(id).is_err() {
@@ -1390,5 +1410,46 @@ mod tests {
         let r = json_of(&get(&api, "k").await);
         assert_eq!(r["status"], "failed");
         assert_eq!(r["error_code"], "idempotency_key_reused");
+    }
+
+    #[tokio::test]
+    async fn a_retry_of_a_payment_accepted_before_the_text_rule_is_answered_not_refused() {
+        // An earlier release accepted this body (a control character in its description) and
+        // stored its row; a caller's retry after the upgrade must get that answer back, not a
+        // 400 that reads as "never happened" (a new key would then charge twice).
+        let (api, tables) = api();
+        let body = r#"{"amount":1999,"currency":"usd","customer_id":"cus_1","payment_method":"pm_card_visa","description":"bell \u0007"}"#;
+        let refused = post(&api, Some("old"), body).await;
+        assert_eq!(refused.status, 400, "a new payment holding it is refused");
+        assert!(tables.payments.lock().unwrap().is_empty());
+        let mut value: Value = serde_json::from_str(body).unwrap();
+        value["payment_id"] = "old".into();
+        let before = PaymentRequest::from_value_as_before(value).unwrap();
+        assert!(before.refused_now.is_some());
+        let entry = OutboxEntry {
+            payment_id: "old".into(),
+            message: before.to_message_body(),
+            created_at: 1,
+            customer_id: "cus_1".into(),
+            ..OutboxEntry::default()
+        };
+        let row = StoredPayment {
+            id: "old".into(),
+            amount: 1999,
+            currency: "usd".into(),
+            customer_id: "cus_1".into(),
+            created: 1,
+            request_hash: before.payload_hash(),
+            response_status: 202,
+            response_body: r#"{"id":"old","status":"pending"}"#.into(),
+            expires_at_s: i64::MAX / 1000,
+        };
+        tables.create(&row, &entry).await.unwrap();
+        let retry = post(&api, Some("old"), body).await;
+        assert_eq!(retry.status, 202, "{}", retry.body);
+        assert_eq!(json_of(&retry)["id"], "old");
+        // Other parameters under that key are still refused as such.
+        let other = body.replace("1999", "2000");
+        assert_eq!(post(&api, Some("old"), &other).await.status, 400);
     }
 }

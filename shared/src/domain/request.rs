@@ -100,7 +100,7 @@ pub fn check_id(field: &str, value: &str) -> Result<(), InputError> {
             format!("{field} may contain only A-Z a-z 0-9 _ - : ."),
         ));
     }
-    text::check(field, value, text::Kind::Id).map_err(|m| invalid(field, m))
+    Ok(())
 }
 
 /// The idempotency key end to end: 1 to 255 characters of `A-Z a-z 0-9 _ - : .`.
@@ -168,6 +168,13 @@ pub struct PaymentRequest {
     /// `payment/v1`, which no version changes.
     #[serde(skip)]
     pub contract_version: u64,
+    /// Why this release's intake rules (the text rule, the currency rules) refuse a request an
+    /// earlier release accepted (`None`: they take it). Such a request is read (as
+    /// [`PaymentRequest::parse_as_before`]) so that a payment accepted before is answered, looked
+    /// up and finished, never charged anew: its first attempt refuses it
+    /// (`invalid_payment`). Not part of the request's digest.
+    #[serde(skip)]
+    pub refused_now: Option<String>,
 }
 
 /// The wire shape, before validation. Unknown fields are an error so a typo is never ignored.
@@ -192,6 +199,38 @@ struct RawPayment {
 impl PaymentRequest {
     /// Parses and validates a message body against the message contract.
     pub fn parse(body: &str) -> Result<Self, InputError> {
+        Self::parse_with(body, true)
+    }
+
+    /// Reads a body this release refuses by the rules earlier releases did not have (the text
+    /// rule, the currency rules) as those releases did, with why it is refused now in
+    /// [`PaymentRequest::refused_now`]; a body this release takes reads as [`Self::parse`]
+    /// reads it. Only for a payment that may have been accepted before: its retry is answered,
+    /// its record finished; never to accept a new one.
+    pub fn parse_as_before(body: &str) -> Result<Self, InputError> {
+        match Self::parse(body) {
+            Ok(r) => Ok(r),
+            Err(now) => {
+                let mut before = Self::parse_with(body, false).map_err(|_| now.clone())?;
+                before.refused_now = Some(now.to_string());
+                Ok(before)
+            }
+        }
+    }
+
+    /// [`Self::parse_as_before`] of a parsed JSON value (the API's body and key).
+    pub fn from_value_as_before(value: serde_json::Value) -> Result<Self, InputError> {
+        match Self::from_value(value.clone()) {
+            Ok(r) => Ok(r),
+            Err(now) => {
+                let mut before = Self::from_value_with(value, false).map_err(|_| now.clone())?;
+                before.refused_now = Some(now.to_string());
+                Ok(before)
+            }
+        }
+    }
+
+    fn parse_with(body: &str, strict: bool) -> Result<Self, InputError> {
         if body.len() > MAX_BODY_BYTES {
             return Err(InputError::InvalidPayment {
                 field: None,
@@ -203,12 +242,16 @@ impl PaymentRequest {
         }
         let value: serde_json::Value =
             serde_json::from_str(body).map_err(|e| InputError::InvalidJson(e.to_string()))?;
-        Self::from_value(value)
+        Self::from_value_with(value, strict)
     }
 
     /// Validates a parsed JSON value against the message contract (the API builds the value
     /// from its body and the `Idempotency-Key`).
     pub fn from_value(value: serde_json::Value) -> Result<Self, InputError> {
+        Self::from_value_with(value, true)
+    }
+
+    fn from_value_with(value: serde_json::Value, strict: bool) -> Result<Self, InputError> {
         let Some(object) = value.as_object() else {
             return Err(InputError::InvalidJson(
                 "body must be a JSON object".to_owned(),
@@ -229,7 +272,7 @@ impl PaymentRequest {
                 field: None,
                 message: "the body does not match the payment contract".to_owned(),
             })?;
-        Self::validate(raw)
+        Self::validate(raw, strict)
     }
 
     /// The message body of the contract (what a producer sends to the queue), canonical: the
@@ -267,10 +310,20 @@ impl PaymentRequest {
         serde_json::Value::Object(body).to_string()
     }
 
-    fn validate(raw: RawPayment) -> Result<Self, InputError> {
+    /// `strict`: this release's rules; else only those of the releases before the text rule and
+    /// the currency rules (a payment they accepted is read, never refused for them).
+    fn validate(raw: RawPayment, strict: bool) -> Result<Self, InputError> {
+        let text_rule = |what: &str, field: &str, value: &str, kind: text::Kind| {
+            if strict {
+                text::check(what, value, kind).map_err(|m| invalid(field, m))
+            } else {
+                Ok(())
+            }
+        };
         // A version present was read before the shape (`from_value`).
         let contract_version = raw.contract_version.unwrap_or(1);
         let payment_id = PaymentId::parse(&raw.payment_id)?;
+        text_rule("payment_id", "payment_id", &raw.payment_id, text::Kind::Id)?;
         if let Some(suffix) = &raw.statement_descriptor_suffix {
             if contract_version < 2 {
                 return Err(invalid(
@@ -278,7 +331,7 @@ impl PaymentRequest {
                     "statement_descriptor_suffix is contract 2: send it with contract_version 2",
                 ));
             }
-            check_statement_suffix(suffix)?;
+            check_statement_suffix(suffix, strict)?;
         }
         let currency = raw.currency.to_ascii_lowercase();
         if !is_known_currency(&currency) {
@@ -287,19 +340,22 @@ impl PaymentRequest {
                 "currency is not a known ISO 4217 code (three letters: usd, eur, jpy, ...)",
             ));
         }
-        check_amount(raw.amount, &currency).map_err(|m| invalid("amount", m))?;
+        if strict {
+            check_amount(raw.amount, &currency).map_err(|m| invalid("amount", m))?;
+        } else if !(1..=crate::domain::limits::LARGEST_AMOUNT).contains(&raw.amount) {
+            return Err(invalid("amount", "amount out of range"));
+        }
         check_len("customer_id", &raw.customer_id, 1, MAX_ID_LEN)?;
         check_len("payment_method", &raw.payment_method, 1, MAX_ID_LEN)?;
         for (field, value) in [
             ("customer_id", &raw.customer_id),
             ("payment_method", &raw.payment_method),
         ] {
-            text::check(field, value, text::Kind::Id).map_err(|m| invalid(field, m))?;
+            text_rule(field, field, value, text::Kind::Id)?;
         }
         if let Some(d) = &raw.description {
             check_len("description", d, 0, MAX_DESCRIPTION_LEN)?;
-            text::check("description", d, text::Kind::Free)
-                .map_err(|m| invalid("description", m))?;
+            text_rule("description", "description", d, text::Kind::Free)?;
         }
         let metadata = raw.metadata.unwrap_or_default();
         if metadata.len() > MAX_METADATA_KEYS {
@@ -318,8 +374,7 @@ impl PaymentRequest {
                 None => "a metadata value".to_owned(),
             };
             check_len_of("metadata", "metadata key", k, 1, MAX_METADATA_KEY_LEN)?;
-            text::check("a metadata key", k, text::Kind::Line)
-                .map_err(|m| invalid("metadata", m))?;
+            text_rule("a metadata key", "metadata", k, text::Kind::Line)?;
             check_len_of("metadata", &value_of, v, 1, MAX_METADATA_VALUE_LEN).map_err(|e| {
                 match v.is_empty() {
                     true => invalid(
@@ -329,7 +384,7 @@ impl PaymentRequest {
                     false => e,
                 }
             })?;
-            text::check(&value_of, v, text::Kind::Free).map_err(|m| invalid("metadata", m))?;
+            text_rule(&value_of, "metadata", v, text::Kind::Free)?;
             if k.contains(['[', ']']) {
                 return Err(invalid(
                     "metadata",
@@ -355,6 +410,7 @@ impl PaymentRequest {
             metadata,
             statement_descriptor_suffix: raw.statement_descriptor_suffix,
             contract_version,
+            refused_now: None,
         })
     }
 
@@ -452,11 +508,13 @@ const FIELDS: [(&str, Shape); 9] = [
 /// characters), `*` and a space, 22 characters at most: so 18 at most here, and 20 less the
 /// prefix's length at Stripe (a longer one is Stripe's to refuse: `provider_rejected`, never
 /// charged).
-fn check_statement_suffix(suffix: &str) -> Result<(), InputError> {
+fn check_statement_suffix(suffix: &str, strict: bool) -> Result<(), InputError> {
     // The prefix is 2 to 10 characters, and "* " joins them: 18 at most, whatever the prefix.
     check_len("statement_descriptor_suffix", suffix, 1, 18)?;
-    text::check("statement_descriptor_suffix", suffix, text::Kind::Line)
-        .map_err(|m| invalid("statement_descriptor_suffix", m))?;
+    if strict {
+        text::check("statement_descriptor_suffix", suffix, text::Kind::Line)
+            .map_err(|m| invalid("statement_descriptor_suffix", m))?;
+    }
     let printable = suffix.chars().all(|c| c.is_ascii_graphic() || c == ' ');
     let forbidden = suffix.contains(['<', '>', '\\', '\'', '"', '*']);
     if !printable || forbidden || !suffix.chars().any(|c| c.is_ascii_alphabetic()) {

@@ -120,28 +120,81 @@ pub fn mask_card_numbers(text: &str) -> Option<String> {
             j += 1;
         }
         let run: String = chars[i..end].iter().collect();
-        if looks_like_card_number(&run) {
-            let digits = run.chars().filter(char::is_ascii_digit).count();
-            let mut seen = 0;
-            for c in run.chars() {
-                if c.is_ascii_digit() {
-                    seen += 1;
-                    out.push(if seen <= 6 || seen > digits - 4 {
-                        c
+        match card_within(&run) {
+            Some((from, to)) => {
+                // The card's digits: its first six and last four kept.
+                let card: String = run[from..to].chars().collect();
+                let digits = card.chars().filter(char::is_ascii_digit).count();
+                out.push_str(&run[..from]);
+                let mut seen = 0;
+                for c in card.chars() {
+                    if c.is_ascii_digit() {
+                        seen += 1;
+                        out.push(if seen <= 6 || seen > digits - 4 {
+                            c
+                        } else {
+                            '*'
+                        });
                     } else {
-                        '*'
-                    });
-                } else {
-                    out.push(c);
+                        out.push(c);
+                    }
                 }
+                // What follows the card in the run (an expiry date, another number) is read
+                // again from there.
+                let rest: String = run[to..].to_owned();
+                match mask_card_numbers(&rest) {
+                    Some(m) => out.push_str(&m),
+                    None => out.push_str(&rest),
+                }
+                masked = true;
             }
-            masked = true;
-        } else {
-            out.push_str(&run);
+            None => out.push_str(&run),
         }
         i = end;
     }
     masked.then_some(out)
+}
+
+/// Where a card number is in a run of digits, spaces and dashes (byte offsets): the whole run,
+/// or, in a run longer than any card (a card followed by its expiry date:
+/// `4242 4242 4242 4242 12 30`), the longest span of whole groups from its start that is one.
+fn card_within(run: &str) -> Option<(usize, usize)> {
+    if looks_like_card_number(run) {
+        return Some((0, run.len()));
+    }
+    // The groups of digits, by byte offsets (the run is ASCII).
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let bytes = run.as_bytes();
+    let mut k = 0;
+    while k < bytes.len() {
+        if bytes[k].is_ascii_digit() {
+            let from = k;
+            while k < bytes.len() && bytes[k].is_ascii_digit() {
+                k += 1;
+            }
+            groups.push((from, k));
+        } else {
+            k += 1;
+        }
+    }
+    // A run longer than a card: the longest span of whole groups from its start that is one.
+    let total: usize = groups.iter().map(|(a, b)| b - a).sum();
+    if total <= 19 {
+        return None;
+    }
+    let mut digits = 0;
+    let mut ends = Vec::new();
+    for (from, to) in &groups {
+        digits += to - from;
+        if digits > 19 {
+            break;
+        }
+        ends.push((*to, digits));
+    }
+    ends.into_iter()
+        .rev()
+        .find(|(to, digits)| *digits >= 12 && looks_like_card_number(&run[..*to]))
+        .map(|(to, _)| (0, to))
 }
 
 /// True when the value is 12 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
@@ -150,16 +203,19 @@ pub fn looks_like_card_number(value: &str) -> bool {
     looks_like_card_number_digits(value)
 }
 
-/// Whether the digits begin as a payment card's do: 3 (American Express, Diners, JCB), 4
-/// (Visa), 5 (Mastercard, Maestro), 6 (Discover, UnionPay, Maestro), or 2200-2204 (Mir) and
-/// 2221-2720 (Mastercard). Ids built from a timestamp (`order-1796624069-003`: 13 digits, one
-/// in ten passing Luhn) begin with 1 and are not taken for one.
+/// Whether the digits could be a payment card's: any but those that begin with 0, with 2
+/// outside 2200-2204 (Mir) and 2221-2720 (Mastercard), or with 1 in fewer than 15 digits
+/// (UATP's airline cards are 15). Ids and notes built from a timestamp
+/// (`order-1796624069-003`, a millisecond time: 13 digits beginning with 1, one in ten passing
+/// Luhn) are not taken for a card; every card network's numbers are (Visa, Mastercard,
+/// Maestro, American Express, Diners, JCB, Discover, UnionPay, RuPay, Troy, Mir and the rest).
 fn card_network_prefix(digits: &[u32]) -> bool {
     let four = digits.iter().take(4).fold(0, |n, d| n * 10 + d);
     match digits.first() {
-        Some(3..=6) => true,
+        Some(0) | None => false,
+        Some(1) => digits.len() >= 15,
         Some(2) => (2200..=2204).contains(&four) || (2221..=2720).contains(&four),
-        _ => false,
+        Some(_) => true,
     }
 }
 
@@ -286,6 +342,19 @@ mod tests {
             assert!(check("payment_id", id, Kind::Id).is_ok(), "{id}");
         }
         assert!(check("payment_id", "pay-501800000009", Kind::Id).is_err());
+        // Every network's numbers, and a card followed by its expiry date in one run.
+        for card in [
+            "9792 0200 0000 0001",
+            "1000 0000 0000 009",
+            "4242 4242 4242 4242 12 30",
+            "card 4242-4242-4242-4242-1230 ok",
+        ] {
+            assert!(holds_card_number(card), "{card}");
+        }
+        assert_eq!(
+            mask_card_numbers("card 4242 4242 4242 4242 12 30 thanks").as_deref(),
+            Some("card 4242 42** **** 4242 12 30 thanks")
+        );
     }
 
     #[test]

@@ -178,8 +178,12 @@ impl PaymentWork {
 impl Work for PaymentWork {
     type Request = PaymentRequest;
 
+    /// A body this release refuses by a rule earlier releases did not have is read as they
+    /// read it ([`PaymentRequest::parse_as_before`]): it may be a payment one of them claimed,
+    /// whose record must be finished (looked up, never charged anew); its first attempt refuses
+    /// it ([`PaymentWork::execute`]), with a record and a mark that `GET` reads as `failed`.
     fn parse(&self, body: &str) -> Result<PaymentRequest, Rejection> {
-        PaymentRequest::parse(body).map_err(|e| Rejection::new(e.code(), e.to_string()))
+        PaymentRequest::parse_as_before(body).map_err(|e| Rejection::new(e.code(), e.to_string()))
     }
 
     fn key(&self, request: &PaymentRequest) -> String {
@@ -202,8 +206,16 @@ impl Work for PaymentWork {
     async fn execute(
         &self,
         request: &PaymentRequest,
-        _attempt: &AttemptContext,
+        attempt: &AttemptContext,
     ) -> Result<Outcome, CallError> {
+        if let Some(why) = &request.refused_now {
+            // Nothing was sent for it before (no earlier call may have taken effect): refused,
+            // never charged. Else an earlier release's call may have landed: finished as any
+            // other, with the same key and parameters (the provider answers what it did).
+            if !attempt.inherited_unknown {
+                return Ok(refused_at_intake(request, why).to_outcome());
+            }
+        }
         let response = self.provider.create_payment(request).await?;
         Ok(outcome_of(request, &response).0.to_outcome())
     }
@@ -275,6 +287,13 @@ impl Work for PaymentWork {
             body,
             attribute: CARD_DATA_MASKED.to_owned(),
         })
+    }
+
+    /// A payment this release's rules refuse (`invalid_payment`, never redriven) keeps no card
+    /// number at rest either.
+    fn redact_refused(&self, request: &PaymentRequest, body: &str) -> Option<Redaction> {
+        request.refused_now.as_ref()?;
+        self.redact(body)
     }
 
     fn settle_hint(&self, key: &str) -> String {
@@ -390,6 +409,23 @@ fn outcome_for(
 }
 
 const IDEMPOTENCY_ERROR: &str = "idempotency_error";
+/// The reason's prefix of a payment this release's intake rules refuse
+/// ([`PaymentRequest::refused_now`]): dead-lettered `invalid_payment`, never sent.
+const REFUSED_AT_INTAKE: &str = "invalid_payment";
+
+/// The outcome of a payment this release's intake rules refuse: `rejected`, never sent.
+fn refused_at_intake(request: &PaymentRequest, why: &str) -> PaymentOutcome {
+    PaymentOutcome {
+        status: "rejected".to_owned(),
+        provider_payment_id: None,
+        decline_code: None,
+        amount: request.money.amount,
+        currency: request.money.currency.clone(),
+        reason: Some(format!(
+            "{REFUSED_AT_INTAKE}: {why}; never sent to the provider"
+        )),
+    }
+}
 
 /// The DLQ code and reason of a `rejected` outcome.
 pub fn rejection_code(o: &PaymentOutcome) -> (&'static str, String) {
@@ -397,7 +433,12 @@ pub fn rejection_code(o: &PaymentOutcome) -> (&'static str, String) {
         .reason
         .clone()
         .unwrap_or_else(|| "rejected by the provider".into());
-    if reason.starts_with(IDEMPOTENCY_ERROR) {
+    if let Some(why) = reason
+        .strip_prefix(REFUSED_AT_INTAKE)
+        .and_then(|r| r.strip_prefix(": "))
+    {
+        ("invalid_payment", why.to_owned())
+    } else if reason.starts_with(IDEMPOTENCY_ERROR) {
         (
             "idempotency_key_reused",
             format!("the provider holds this payment_id for other parameters: {reason}"),

@@ -154,7 +154,6 @@ mod tests {
     fn a_refund_is_refused_naming_its_field_and_never_quoting_what_was_sent() {
         const CARD: &str = "4242424242424242";
         for body in [
-            format!(r#"{{"refund_id":"{CARD}","payment_id":"p1"}}"#),
             format!(r#"{{"refund_id":"r1","payment_id":"p1","reason":"{CARD}"}}"#),
             format!(r#"{{"refund_id":"r1","payment_id":"p1","amount":"{CARD}"}}"#),
             format!(r#"{{"refund_id":"r1","payment_id":"p1","{CARD}":1}}"#),
@@ -173,6 +172,12 @@ mod tests {
             "{}",
             e.message
         );
+        // Ids are keys, held to their characters only: a refund or payment accepted before the
+        // card rule (an id made of digits) stays reachable, its retries answered.
+        assert!(RefundRequest::parse(
+            r#"{"refund_id":"r-4242424242424242","payment_id":"order-42-1796624060"}"#
+        )
+        .is_ok());
         let ok = RefundRequest::parse(
             r#"{"refund_id":"r1","payment_id":"p1","amount":5,"reason":"duplicate"}"#,
         )

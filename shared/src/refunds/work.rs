@@ -308,7 +308,9 @@ impl RefundWork {
                     amount,
                 } => (payment, Some(waits_for), amount, currency, None),
             };
-            if let Some(a) = r.amount {
+            // A refund reserved already (held, or by a release before the currency's rule) goes
+            // on: refused now, its reservation would never be given back.
+            if let (Some(a), false) = (r.amount, p.refunds.contains_key(&r.refund_id)) {
                 if let Err(why) = crate::domain::limits::check_refund_amount(a, &currency) {
                     return Ok(Err(rejected("invalid_refund", why)));
                 }

@@ -338,13 +338,18 @@ pub(super) fn check_end(w: &World) {
                 format!("{pid} with {why} in its text reached the provider"),
             );
         }
-        if records
-            .get(pid)
-            .is_some_and(|r| matches!(r.get("status"), Some(Value::S(s)) if s == "COMPLETED"))
-        {
+        // Its record, if it has one, holds the refusal (`rejected`), never a charge.
+        let outcome = records.get(pid).and_then(|r| match r.get("outcome") {
+            Some(Value::M(m)) => match m.get("status") {
+                Some(Value::S(s)) => Some(s.clone()),
+                _ => None,
+            },
+            _ => None,
+        });
+        if outcome.as_deref().is_some_and(|s| s != "rejected") {
             w.violated(
                 "text no door may take is never sent to the provider",
-                format!("{pid} with {why} in its text has a completed record"),
+                format!("{pid} with {why} in its text has a record of {outcome:?}"),
             );
         }
     }
