@@ -438,25 +438,34 @@ async fn a_charged_payment_s_record_lives_as_long_as_refunds_are_accepted() {
     }
 }
 
-/// A provider that charges every payment and counts the charges it was asked for.
+/// A provider that charges every payment, counting the charges it was asked for, and whose
+/// lookups find what it holds.
 #[derive(Default)]
-struct Counting(Mutex<usize>);
+struct Holding {
+    charges: Mutex<usize>,
+    holds: Vec<FoundPayment>,
+}
 
 #[async_trait]
-impl PaymentProvider for Counting {
+impl PaymentProvider for Holding {
     fn request_timeout(&self) -> Duration {
         Duration::from_secs(1)
     }
     async fn create_payment(&self, _: &PaymentRequest) -> Result<ProviderResponse, ProviderError> {
-        *self.0.lock().unwrap() += 1;
+        *self.charges.lock().unwrap() += 1;
         Ok(ProviderResponse::Charged {
-            provider_payment_id: "pi_before".into(),
+            provider_payment_id: "pi_now".into(),
             status: "succeeded".into(),
             replayed: false,
         })
     }
-    async fn find_payments(&self, _: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
-        Ok(Vec::new())
+    async fn find_payments(&self, q: &PaymentQuery) -> Result<Vec<FoundPayment>, ProviderError> {
+        Ok(self
+            .holds
+            .iter()
+            .filter(|f| f.payment_id.as_deref() == Some(q.payment_id.as_str()))
+            .cloned()
+            .collect())
     }
 }
 
@@ -468,21 +477,54 @@ fn refused_now(pid: &str) -> String {
     )
 }
 
+/// The record an attempt leaves when it dies after its claim (its lease now over).
+async fn claimed_and_died(store: &InMemoryStore, pid: &str) {
+    let before = PaymentRequest::parse_as_before(&refused_now(pid)).unwrap();
+    assert!(before.refused_now.is_some());
+    let now = now_ms();
+    let claimed = store
+        .claim(&sqs_once::record::ClaimRequest {
+            key: pid.into(),
+            payload_hash: before.payload_hash(),
+            owner: "a-process-that-died".into(),
+            now_ms: now - 60_000,
+            lease_expires_at_ms: now - 30_000,
+            expires_at_s: now / 1000 + 86_400,
+            traceparent: None,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        claimed,
+        sqs_once::record::ClaimResult::Claimed { .. }
+    ));
+}
+
+fn status_of(record: Option<sqs_once::record::IdempotencyRecord>) -> String {
+    PaymentOutcome::from_outcome(record.expect("a record").outcome.as_ref().unwrap()).status
+}
+
 #[tokio::test]
-async fn a_body_refused_now_is_never_charged_anew_but_an_earlier_release_s_unknown_call_is_finished(
-) {
-    let provider = Arc::new(Counting::default());
+async fn a_body_refused_now_is_never_sent_and_what_an_earlier_release_charged_is_found() {
+    let provider = Arc::new(Holding {
+        holds: vec![FoundPayment {
+            provider_payment_id: "pi_before".into(),
+            status: "succeeded".into(),
+            payment_id: Some("p-charged-before".into()),
+            amount: Some(1999),
+            currency: Some("usd".into()),
+            failure_code: None,
+        }],
+        ..Holding::default()
+    });
     let (p, store, queues) = processor(provider.clone());
-    // A message never claimed: refused on its first attempt, with a record GET reads as failed
-    // and a dead letter without the card number; the provider is never asked.
+    // Never claimed: refused on its first attempt, with a record GET reads as failed and a
+    // dead letter without the card number.
     let (_, s) = p
         .handle_batch(vec![msg("m1", &refused_now("p-new"))], now_ms() + 60_000)
         .await;
     assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1));
-    assert_eq!(*provider.0.lock().unwrap(), 0, "never sent");
-    let record = store.get("p-new").await.unwrap().expect("a record");
-    let outcome = PaymentOutcome::from_outcome(record.outcome.as_ref().unwrap());
-    assert!(outcome.is_rejected(), "{outcome:?}");
+    assert_eq!(status_of(store.get("p-new").await.unwrap()), "rejected");
     {
         let dead = queues.0.lock().unwrap();
         assert!(
@@ -496,37 +538,30 @@ async fn a_body_refused_now_is_never_charged_anew_but_an_earlier_release_s_unkno
             dead[0].error_message
         );
     }
-    // A message an earlier release claimed and whose call it never saw answered (its process
-    // died in the call): finished with the same key and parameters, never refused and left.
-    let before = PaymentRequest::parse_as_before(&refused_now("p-old")).unwrap();
-    assert!(before.refused_now.is_some());
-    let now = now_ms();
-    let claimed = store
-        .claim(&sqs_once::record::ClaimRequest {
-            key: "p-old".into(),
-            payload_hash: before.payload_hash(),
-            owner: "an-earlier-release".into(),
-            now_ms: now - 60_000,
-            lease_expires_at_ms: now - 30_000,
-            expires_at_s: now / 1000 + 86_400,
-            traceparent: None,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(
-        claimed,
-        sqs_once::record::ClaimResult::Claimed { .. }
-    ));
+    // Claimed by an earlier release that charged it and died before completing: finished
+    // from what the provider holds, never refused and left.
+    claimed_and_died(&store, "p-charged-before").await;
+    // Claimed by a process (this release's, or an earlier one's before its call) that died
+    // before sending anything: refused, never sent now.
+    claimed_and_died(&store, "p-cut-off").await;
     let (_, s) = p
-        .handle_batch(vec![msg("m2", &refused_now("p-old"))], now_ms() + 60_000)
+        .handle_batch(
+            vec![
+                msg("m2", &refused_now("p-charged-before")),
+                msg("m3", &refused_now("p-cut-off")),
+            ],
+            now_ms() + 60_000,
+        )
         .await;
-    assert!(s.dead_lettered.is_empty(), "{s:?}");
+    assert_eq!(s.dead_lettered.get("invalid_payment"), Some(&1), "{s:?}");
     assert_eq!(
-        *provider.0.lock().unwrap(),
-        1,
-        "the earlier call's key, once"
+        status_of(store.get("p-charged-before").await.unwrap()),
+        "succeeded"
     );
-    let record = store.get("p-old").await.unwrap().expect("a record");
-    let outcome = PaymentOutcome::from_outcome(record.outcome.as_ref().unwrap());
-    assert_eq!(outcome.status, "succeeded");
+    assert_eq!(status_of(store.get("p-cut-off").await.unwrap()), "rejected");
+    assert_eq!(
+        *provider.charges.lock().unwrap(),
+        0,
+        "a refused body is never sent"
+    );
 }

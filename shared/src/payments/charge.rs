@@ -209,12 +209,17 @@ impl Work for PaymentWork {
         attempt: &AttemptContext,
     ) -> Result<Outcome, CallError> {
         if let Some(why) = &request.refused_now {
-            // Nothing was sent for it before (no earlier call may have taken effect): refused,
-            // never charged. Else an earlier release's call may have landed: finished as any
-            // other, with the same key and parameters (the provider answers what it did).
-            if !attempt.inherited_unknown {
-                return Ok(refused_at_intake(request, why).to_outcome());
+            // Never sent by this release. An earlier attempt's call may have taken effect
+            // (an earlier release's, which sent it; or this release's own attempt, cut off
+            // after its claim, which sent nothing): what the provider holds for it is its
+            // outcome, and nothing held is nothing charged. The takeover came after any such
+            // call could land, so the customer's listing holds it.
+            if attempt.inherited_unknown {
+                if let Some(found) = self.lookup(request, attempt).await? {
+                    return Ok(found);
+                }
             }
+            return Ok(refused_at_intake(request, why).to_outcome());
         }
         let response = self.provider.create_payment(request).await?;
         Ok(outcome_of(request, &response).0.to_outcome())
