@@ -30,7 +30,6 @@ Usage: check_requests.py RECORDED.jsonl [--rust-source shared/src/stripe/client.
 
 import argparse
 import json
-import os
 import re
 import sys
 import types
@@ -82,28 +81,9 @@ ENDPOINTS = [
 ]
 OPTIONS = set(RequestOptions.__annotations__)
 
-# Stripe's limits (docs.stripe.com/currencies, docs.stripe.com/api/metadata, read 2026-12-01),
-# kept here apart from the project's own table; --rust-limits compares the two, so a drift in
-# either shows.
-# Stripe's amount rules per currency: the project's one stored list (shared/data/
-# stripe-currencies.json, from docs.stripe.com/currencies), which the processors' tables are
-# held equal to.
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                       "stripe-currencies.json")) as _f:
-    CURRENCIES = json.load(_f)
-MINIMUMS = CURRENCIES["minimums"]
-ZERO_DECIMAL = set(CURRENCIES["zero_decimal"])
-THREE_DECIMAL = set(CURRENCIES["three_decimal"])
-# Charged in whole units, given with two decimals that are always 00 (Stripe's special cases).
-WHOLE_UNITS = set(CURRENCIES["whole_units"])
-
-
-def maximum(currency):
-    return CURRENCIES["maximums"].get(currency, CURRENCIES["maximum"])
-
-
-def least(currency):
-    return MINIMUMS.get(currency, 100 if currency in WHOLE_UNITS else 10 if currency in THREE_DECIMAL else 1)
+# Stripe's amount rules per currency: the project's one stored list (stripe_currencies reads it);
+# --rust-limits holds the processors' own table (limits.rs) to it.
+from stripe_currencies import MINIMUMS, THREE_DECIMAL, WHOLE_UNITS, ZERO_DECIMAL, display, least, maximum
 
 REQUIREMENTS = {
     "payment_intent.create": lambda s: s["endpoint"]["payment_intent.create"] > 0,
@@ -237,13 +217,6 @@ def check_object(tree, cls, where, out):
     for k in getattr(cls, "__required_keys__", ()):
         if k in hints and k not in tree:
             out.append(f"{where}{'.' if where else ''}{k}: required by {cls.__name__}, missing")
-
-
-def display(amount, currency):
-    if currency in ZERO_DECIMAL:
-        return f"{amount} {currency}"
-    d = 3 if currency in THREE_DECIMAL else 2
-    return f"{amount / 10 ** d:.{d}f} {currency}"
 
 
 def project_rules(name, r, form, tree, out, stats):

@@ -234,25 +234,9 @@ RETURN_URL_MESSAGE = (
     "redirect to succeed. If you do not want to accept redirect-based payment methods, set "
     "`automatic_payment_methods[enabled]` to `true` and `automatic_payment_methods[allow_redirects]` "
     "to `never` when creating Setup Intents and Payment Intents.")
-# Stripe's amount rules per currency: the project's one stored list (shared/data/
-# stripe-currencies.json, from docs.stripe.com/currencies), which the processors' tables are
-# held equal to.
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                       "stripe-currencies.json")) as _f:
-    CURRENCIES = json.load(_f)
-MINIMUMS = CURRENCIES["minimums"]
-ZERO_DECIMAL = set(CURRENCIES["zero_decimal"])
-THREE_DECIMAL = set(CURRENCIES["three_decimal"])
-# Charged in whole units, given with two decimals that are always 00 (Stripe's special cases).
-WHOLE_UNITS = set(CURRENCIES["whole_units"])
-
-
-def maximum(currency):
-    return CURRENCIES["maximums"].get(currency, CURRENCIES["maximum"])
-
-
-def least(currency):
-    return MINIMUMS.get(currency, 100 if currency in WHOLE_UNITS else 10 if currency in THREE_DECIMAL else 1)
+# Stripe's amount rules per currency, one stored list shared with the contract check.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+from stripe_currencies import MINIMUMS, THREE_DECIMAL, WHOLE_UNITS, ZERO_DECIMAL, display, least, maximum  # noqa: E402
 # Stripe's test payment methods that decline: (code, decline_code).
 DECLINES = {
     "pm_card_chargeDeclined": ("card_declined", "generic_decline"),
@@ -307,13 +291,6 @@ def version_of(headers):
 
 def at_least(version, since):
     return version[:10] >= since
-
-
-def display(amount, currency):
-    if currency in ZERO_DECIMAL:
-        return f"{amount} {currency}"
-    d = 3 if currency in THREE_DECIMAL else 2
-    return f"{amount / 10 ** d:.{d}f} {currency}"
 
 
 def invalid(message, param=None, code="parameter_invalid"):

@@ -347,25 +347,19 @@ impl PaymentsApi {
         if self.contract >= 2 || ahead {
             value[crate::domain::contract::FIELD] = json!(self.contract.max(2));
         }
-        let request = match PaymentRequest::from_value(value.clone()) {
-            Ok(r) => r,
-            Err(e) => {
+        let request = match PaymentRequest::from_value_as_before(value) {
+            Ok(r) => match &r.refused_now {
+                None => r,
                 // Refused by a rule earlier releases did not have: answered only as the retry
                 // of a payment one of them accepted under this key (its stored answer), never
                 // accepted anew.
-                let before = match PaymentRequest::from_value_as_before(value) {
-                    Ok(b) => match self.store.payment(&key).await {
-                        Ok(Some(row)) if b.has_payload_hash(&row.request_hash) => Some(b),
-                        Ok(_) => None,
-                        Err(u) => return unavailable(&u, true),
-                    },
-                    Err(_) => None,
-                };
-                match before {
-                    Some(b) => b,
-                    None => return invalid("parameter_invalid", e.field(), &e.to_string()),
-                }
-            }
+                Some(e) => match self.store.payment(&key).await {
+                    Ok(Some(row)) if r.has_payload_hash(&row.request_hash) => r,
+                    Ok(_) => return invalid("parameter_invalid", e.field(), &e.to_string()),
+                    Err(u) => return unavailable(&u, true),
+                },
+            },
+            Err(e) => return invalid("parameter_invalid", e.field(), &e.to_string()),
         };
         let now = self.clock.now_ms();
         let created = now / 1000;

@@ -174,7 +174,7 @@ pub struct PaymentRequest {
     /// up and finished, never charged anew: its first attempt refuses it
     /// (`invalid_payment`). Not part of the request's digest.
     #[serde(skip)]
-    pub refused_now: Option<String>,
+    pub refused_now: Option<InputError>,
 }
 
 /// The wire shape, before validation. Unknown fields are an error so a typo is never ignored.
@@ -199,7 +199,7 @@ struct RawPayment {
 impl PaymentRequest {
     /// Parses and validates a message body against the message contract.
     pub fn parse(body: &str) -> Result<Self, InputError> {
-        Self::parse_with(body, true)
+        Self::from_value(Self::json_of(body)?)
     }
 
     /// Reads a body this release refuses by the rules earlier releases did not have (the text
@@ -208,14 +208,7 @@ impl PaymentRequest {
     /// reads it. Only for a payment that may have been accepted before: its retry is answered,
     /// its record finished; never to accept a new one.
     pub fn parse_as_before(body: &str) -> Result<Self, InputError> {
-        match Self::parse(body) {
-            Ok(r) => Ok(r),
-            Err(now) => {
-                let mut before = Self::parse_with(body, false).map_err(|_| now.clone())?;
-                before.refused_now = Some(now.to_string());
-                Ok(before)
-            }
-        }
+        Self::from_value_as_before(Self::json_of(body)?)
     }
 
     /// [`Self::parse_as_before`] of a parsed JSON value (the API's body and key).
@@ -224,13 +217,14 @@ impl PaymentRequest {
             Ok(r) => Ok(r),
             Err(now) => {
                 let mut before = Self::from_value_with(value, false).map_err(|_| now.clone())?;
-                before.refused_now = Some(now.to_string());
+                before.refused_now = Some(now);
                 Ok(before)
             }
         }
     }
 
-    fn parse_with(body: &str, strict: bool) -> Result<Self, InputError> {
+    /// A body's JSON, within the size a message may have.
+    fn json_of(body: &str) -> Result<serde_json::Value, InputError> {
         if body.len() > MAX_BODY_BYTES {
             return Err(InputError::InvalidPayment {
                 field: None,
@@ -240,9 +234,7 @@ impl PaymentRequest {
                 ),
             });
         }
-        let value: serde_json::Value =
-            serde_json::from_str(body).map_err(|e| InputError::InvalidJson(e.to_string()))?;
-        Self::from_value_with(value, strict)
+        serde_json::from_str(body).map_err(|e| InputError::InvalidJson(e.to_string()))
     }
 
     /// Validates a parsed JSON value against the message contract (the API builds the value

@@ -219,7 +219,7 @@ impl Work for PaymentWork {
                     return Ok(found);
                 }
             }
-            return Ok(refused_at_intake(request, why).to_outcome());
+            return Ok(refused_at_intake(request, &why.to_string()).to_outcome());
         }
         let response = self.provider.create_payment(request).await?;
         Ok(outcome_of(request, &response).0.to_outcome())
@@ -288,10 +288,7 @@ impl Work for PaymentWork {
 
     /// A body that can never be processed keeps no card number at rest (14 days in the DLQ).
     fn redact(&self, body: &str) -> Option<Redaction> {
-        mask_card_numbers(body).map(|body| Redaction {
-            body,
-            attribute: CARD_DATA_MASKED.to_owned(),
-        })
+        card_data_masked(body)
     }
 
     /// A payment this release's rules refuse (`invalid_payment`, never redriven) keeps no card
@@ -309,6 +306,15 @@ impl Work for PaymentWork {
 /// The dead-letter attribute that says card numbers in the body were masked (first six, last
 /// four digits kept).
 pub const CARD_DATA_MASKED: &str = "card_data_masked";
+
+/// `body` with its card numbers masked and flagged [`CARD_DATA_MASKED`], when it holds any:
+/// the redaction of every work whose refused bodies may hold one.
+pub fn card_data_masked(body: &str) -> Option<Redaction> {
+    mask_card_numbers(body).map(|body| Redaction {
+        body,
+        attribute: CARD_DATA_MASKED.to_owned(),
+    })
+}
 
 /// The EMF metric names of the payment processor (namespace `PaymentProcessor`).
 pub fn metric_names() -> sqs_once::metrics::MetricNames {

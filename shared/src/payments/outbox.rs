@@ -172,7 +172,8 @@ impl Relay {
     }
 
     /// Marks the payment of `entry` set aside: its message can never be sent as it is. `Ok`
-    /// once the mark is written (or one of another code already stands, which wins).
+    /// once the mark is written (over any mark of the key's, as the processor's marks are; a
+    /// `GET` reads only the mark of its row's digest).
     async fn set_aside(&self, entry: &OutboxEntry, why: &str) -> Result<(), String> {
         let Some((marks, clock)) = &self.marks else {
             return Err("no idempotency table to mark it in (IDEMPOTENCY_TABLE)".to_owned());

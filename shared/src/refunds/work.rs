@@ -554,10 +554,7 @@ impl Work for RefundWork {
     /// A refund that can never be processed keeps no card number at rest (14 days in the DLQ),
     /// nor does a reason that quotes its body.
     fn redact(&self, body: &str) -> Option<sqs_once::Redaction> {
-        crate::domain::mask_card_numbers(body).map(|body| sqs_once::Redaction {
-            body,
-            attribute: crate::payments::charge::CARD_DATA_MASKED.to_owned(),
-        })
+        crate::payments::charge::card_data_masked(body)
     }
 
     fn settle_hint(&self, key: &str) -> String {
