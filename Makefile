@@ -46,6 +46,8 @@ chaos:
 ## API_SHARE (0.5 here) is the share of payments sent through the payments API and its outbox relay.
 ## SHOPPER_TEXT_SHARE (0.05) is the share carrying shoppers' text (any Unicode; a fifth of its pieces
 ## what no door may take: U+FFFE/U+FFFF, a control character, a card number).
+## FORGED_EVENT_SHARE (0.02) is the share of the provider's events an insider forges onto the
+## events queue (a final state the provider never reached, under a new id).
 ## make test runs a few small seeds.
 SEEDS ?= 20
 FIRST_SEED ?= 1
@@ -65,6 +67,7 @@ sim:
 	  $(if $(WEBHOOK_OUTAGE_DAY),WEBHOOK_OUTAGE_DAY=$(WEBHOOK_OUTAGE_DAY)) \
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
 	  $(if $(SHOPPER_TEXT_SHARE),SHOPPER_TEXT_SHARE=$(SHOPPER_TEXT_SHARE)) \
+	  $(if $(FORGED_EVENT_SHARE),FORGED_EVENT_SHARE=$(FORGED_EVENT_SHARE)) \
 	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## docs/performance.md's Capacity tiers on the simulated clock, at their settings, no injected

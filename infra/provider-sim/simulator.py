@@ -105,6 +105,7 @@ Control API (not Stripe's):
   POST   /_sim/settle            {"seconds": S}: how long the provider takes to finish on its own
   POST   /_sim/latency           {"p50_ms": M, "p99_ms": N}: every /v1 answer after a seeded
                                  log-normal time (--latency; 0: at once)
+  POST   /_sim/disputes/open {"payment_intent": PI}: the cardholder disputes a charge made before
   POST   /_sim/disputes/DP/close {"won": true|false}: the network's decision
   POST   /_sim/rate_limit        {"per_second": R, "endpoint_per_second": E}: the account's limits,
                                  as Stripe's: at most R /v1 requests a second in all and E to
@@ -949,6 +950,17 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 CONFIG["settle_s"] = float(body.get("seconds", CONFIG["settle_s"]))
             return self.reply(200, json.dumps({"seconds": CONFIG["settle_s"]}))
+        if path == "/_sim/disputes/open":
+            # The cardholder disputes a charge made before ({"payment_intent": ID}).
+            body = json.loads(self.body() or "{}")
+            with LOCK:
+                intent = find_intent(str(body.get("payment_intent", "")))
+                if intent is None or intent.get("status") != "succeeded":
+                    return self.reply(404, error_body("invalid_request_error", "No such charged payment_intent",
+                                                      code="resource_missing"))
+                open_dispute(intent)
+                dispute = STATE["disputes"]["dp_" + intent["id"][3:]]
+            return self.reply(200, json.dumps(dispute))
         if path.startswith("/_sim/disputes/") and path.endswith("/close"):
             body = json.loads(self.body() or "{}")
             with LOCK:

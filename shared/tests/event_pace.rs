@@ -145,8 +145,17 @@ impl ProviderObjects for Provider {
     async fn refund(&self, _: &str) -> Result<RefundChange, ProviderError> {
         unreachable!("only disputes here")
     }
-    async fn dispute(&self, _: &str) -> Result<DisputeChange, ProviderError> {
-        unreachable!("the disputes' payloads decide")
+    /// The dispute as the provider holds it: what the inbox applies, whatever the event said.
+    async fn dispute(&self, id: &str) -> Result<DisputeChange, ProviderError> {
+        self.read().await?;
+        let i = id.trim_start_matches("dp_");
+        Ok(DisputeChange {
+            dispute_id: id.into(),
+            intent_id: Some(format!("pi_{i}")),
+            charge: Some(format!("ch_{i}")),
+            status: "needs_response".into(),
+            amount: 500,
+        })
     }
     async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError> {
         self.read().await?;
@@ -204,7 +213,8 @@ struct Queued {
 }
 
 fn dispute_event(i: usize, created: i64) -> String {
-    // Half the disputes name their PaymentIntent (one read), half only their charge (two).
+    // Half the disputes name their PaymentIntent (two reads: the intent's payment, then the
+    // dispute), half only their charge (three).
     let object = if i.is_multiple_of(2) {
         serde_json::json!({"id": format!("dp_{i}"), "object": "dispute",
             "status": "needs_response", "amount": 500, "payment_intent": format!("pi_{i}"),
@@ -241,6 +251,7 @@ async fn a_burst_of_disputes_at_the_pace_is_applied_whole_and_nothing_is_dead_le
                 disputed: 0,
                 expires_at_s: clock.now_ms() / 1000 + 86_400,
                 events: Vec::new(),
+                events_unlisted: 0,
                 refunds: BTreeMap::new(),
                 released: BTreeMap::new(),
                 held: BTreeMap::new(),
@@ -378,7 +389,7 @@ async fn a_burst_of_disputes_at_the_pace_is_applied_whole_and_nothing_is_dead_le
         );
         assert_eq!(p.disputed, 500, "held once: p{i}");
     }
-    // At 0.4 requests a second, 60 reads take 150 s, and the 429 stops the pace a minute.
+    // At 0.4 requests a second, 100 reads take 250 s, and the 429 stops the pace a minute.
     let took = (clock.now_ms() - now) / 1000;
-    assert!(took >= 150, "{took} s: faster than the pace allows");
+    assert!(took >= 250, "{took} s: faster than the pace allows");
 }

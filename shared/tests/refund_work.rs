@@ -182,6 +182,8 @@ fn charged_in(
             expires_at_s: 0,
             held: BTreeMap::new(),
             has_held: false,
+            refunds_made: 0,
+            counts_refunds: false,
         },
     );
 }
@@ -255,6 +257,65 @@ async fn without_an_amount_the_rest_is_refunded_once_and_a_duplicate_calls_nothi
     assert_eq!(s.duplicates, 1);
     assert_eq!(s.dead_lettered.get("refund_exceeds_charge"), Some(&1));
     assert_eq!(w.provider.calls.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_payment_takes_as_many_refunds_as_its_record_keeps_and_no_more() {
+    use payment_core::refunds::ledger::{MAX_HELD_REFUNDS, MAX_REFUNDS_PER_PAYMENT};
+    let w = world();
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 1_000_000);
+    let made = MAX_REFUNDS_PER_PAYMENT as usize;
+    let batch: Vec<_> = (0..made + 5)
+        .map(|i| msg(&format!("m{i}"), &refund(&format!("r{i}"), "p1", Some(1))))
+        .collect();
+    let (_, s) = w.processor.handle_batch(batch, now_ms() + 600_000).await;
+    assert_eq!(s.done("refunded"), made as u32, "{s:?}");
+    assert_eq!(
+        s.dead_lettered.get("refund_limit_reached"),
+        Some(&5),
+        "{s:?}"
+    );
+    assert_eq!(w.provider.calls.lock().unwrap().len(), made);
+    let p = w.ledger.payment("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (p.refunds.len(), p.refunds_made),
+        (made, MAX_REFUNDS_PER_PAYMENT)
+    );
+    let dead = w.queues.0.lock().unwrap().clone();
+    assert!(
+        dead[0].error_message.contains("by hand"),
+        "{}",
+        dead[0].error_message
+    );
+
+    // While a payment settles, it holds a few refunds' messages, and refuses the next.
+    charged(&w, "debit", RecordStatus::Completed, "processing", 500);
+    let batch: Vec<_> = (0..MAX_HELD_REFUNDS + 2)
+        .map(|i| {
+            msg(
+                &format!("h{i}"),
+                &refund(&format!("held{i}"), "debit", Some(10)),
+            )
+        })
+        .collect();
+    let (_, s) = w.processor.handle_batch(batch, now_ms() + 600_000).await;
+    assert_eq!(s.done("held"), MAX_HELD_REFUNDS as u32, "{s:?}");
+    assert_eq!(
+        s.dead_lettered.get("refund_limit_reached"),
+        Some(&2),
+        "{s:?}"
+    );
+    let debit = w.ledger.payment("debit").await.unwrap().unwrap();
+    assert_eq!(debit.held.len(), MAX_HELD_REFUNDS);
+    let dead = w.queues.0.lock().unwrap().clone();
+    assert!(
+        dead.last()
+            .unwrap()
+            .error_message
+            .contains("once the payment has settled"),
+        "{}",
+        dead.last().unwrap().error_message
+    );
 }
 
 #[tokio::test]

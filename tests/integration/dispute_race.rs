@@ -24,6 +24,8 @@ const AMOUNT: i64 = 700;
 /// taken) until the test lets it go.
 struct Provider {
     payment_id: String,
+    /// The disputed PaymentIntent, which the dispute names as Stripe's does.
+    intent: String,
     status: Mutex<String>,
     reads: Mutex<u32>,
     read_taken: Notify,
@@ -59,8 +61,8 @@ impl ProviderObjects for Provider {
         }
         Ok(DisputeChange {
             dispute_id: id.into(),
-            intent_id: None,
-            charge: None,
+            intent_id: Some(self.intent.clone()),
+            charge: Some("ch_race".into()),
             status,
             amount: AMOUNT,
         })
@@ -114,6 +116,7 @@ async fn an_appeal_read_before_the_second_loss_is_not_written_after_it() {
         event_id: "evt_first_loss".into(),
         kind: "charge.dispute.closed".into(),
         change: change.into(),
+        listed: true,
     };
     // The first loss, recorded as its event records it.
     assert!(settlements
@@ -132,6 +135,7 @@ async fn an_appeal_read_before_the_second_loss_is_not_written_after_it() {
 
     let provider = Arc::new(Provider {
         payment_id: pid.clone(),
+        intent: intent.clone(),
         status: Mutex::new("appeal_under_review".into()),
         reads: Mutex::new(0),
         read_taken: Notify::new(),

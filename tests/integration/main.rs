@@ -8,6 +8,7 @@
 //! filter (`cargo test --test integration events::`) and the docs cite tests by it.
 
 mod api;
+mod bounded_record;
 mod card_data;
 mod catch_up;
 mod chaos;
@@ -35,6 +36,7 @@ mod pace;
 mod preflight;
 mod proxy;
 mod refunds;
+mod settled_by_the_provider;
 mod timeline;
 mod traces;
 mod webhook_signature;

@@ -2,7 +2,7 @@
 //! and those never redriven without `--force` (their messages can only be dead-lettered again).
 
 /// Every `error_code` a dead letter can carry (`max_receives`: SQS moved it, without one).
-pub const KNOWN_CODES: [&str; 15] = [
+pub const KNOWN_CODES: [&str; 16] = [
     "invalid_json",
     "contract_unsupported",
     "invalid_event",
@@ -11,6 +11,7 @@ pub const KNOWN_CODES: [&str; 15] = [
     "payment_unknown",
     "payment_not_refundable",
     "refund_exceeds_charge",
+    "refund_limit_reached",
     "refund_failed",
     "idempotency_key_reused",
     "provider_rejected",
@@ -22,12 +23,13 @@ pub const KNOWN_CODES: [&str; 15] = [
 
 /// Codes a redrive skips unless forced, and why: their messages can only be dead-lettered
 /// again (or, for a reused key, never belong to the payment their id names).
-pub const NEVER_REDRIVEN: [(&str, &str); 11] = [
+pub const NEVER_REDRIVEN: [(&str, &str); 12] = [
     ("invalid_event", "the body is not a provider event and can never be applied"),
     ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
     ("payment_unknown", "the refund's record holds that its payment was known nowhere when it came; once the payment is charged, send the refund under a new refund_id"),
     ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
     ("refund_exceeds_charge", "the refund's record holds that nothing was left to refund; send a new refund_id for a smaller amount"),
+    ("refund_limit_reached", "the refund's record holds that its payment took no more refunds (200 made, or 4 held while it settles); send a new refund_id once the payment has settled, or refund the rest by hand"),
     ("refund_failed", "the provider created the refund as failed; the refund's record holds it, a redrive is dead-lettered again"),
     ("invalid_json", "the body can never be processed; the producer sends a corrected payment"),
     ("invalid_payment", "the body can never be processed (card numbers in it are masked); the producer sends a corrected payment"),

@@ -62,7 +62,13 @@ pub fn describe(after: &AfterCharge) -> Vec<String> {
     for d in &after.disputes {
         out.push(format!("    {}  {}  {}", d.dispute_id, d.amount, d.status));
     }
-    if !after.events.is_empty() {
+    if after.events_not_listed > 0 {
+        out.push(format!(
+            "  provider events  {} applied (payctl history lists the first {}; the record counts the rest)",
+            after.events.len() as i64 + after.events_not_listed,
+            after.events.len()
+        ));
+    } else if !after.events.is_empty() {
         out.push(format!(
             "  provider events  {} applied (payctl history lists them)",
             after.events.len()
@@ -140,6 +146,9 @@ pub fn to_json(after: &AfterCharge) -> Value {
     if !after.events.is_empty() {
         v["events"] = json!(after.events);
     }
+    if after.events_not_listed > 0 {
+        v["events_not_listed"] = json!(after.events_not_listed);
+    }
     v
 }
 
@@ -174,6 +183,7 @@ mod tests {
                 amount: 700,
             }],
             events: Vec::new(),
+            events_not_listed: 0,
         };
         let text = describe(&refunds).join("\n");
         assert!(
@@ -198,5 +208,14 @@ mod tests {
         assert_eq!(doc["refunds"][0]["provider_refund_id"], "re_1");
         assert_eq!(doc["disputes"][0]["status"], "needs_response");
         assert!(doc.get("events").is_none(), "no events, no field");
+        assert!(
+            doc.get("events_not_listed").is_none(),
+            "all listed, no field"
+        );
+        let more = to_json(&AfterCharge {
+            events_not_listed: 7,
+            ..refunds
+        });
+        assert_eq!(more["events_not_listed"], 7);
     }
 }

@@ -367,6 +367,8 @@ mod tests {
             expires_at_s: 0,
             held: Default::default(),
             has_held: false,
+            refunds_made: refunds.len() as i64,
+            counts_refunds: false,
         }
     }
 

@@ -204,14 +204,21 @@ impl SimClient {
 
     /// Posts a JSON body to a control route.
     async fn control(&self, path: &str, body: &Value) -> Result<()> {
-        self.http
+        self.control_answer(path, body).await.map(|_: Value| ())
+    }
+
+    async fn control_answer(&self, path: &str, body: &Value) -> Result<Value> {
+        Ok(self
+            .http
             .post(format!("{}{path}", self.base))
             .json(body)
             .send()
             .await
             .context("contacting the provider simulator")?
-            .error_for_status()?;
-        Ok(())
+            .error_for_status()?
+            .json()
+            .await
+            .unwrap_or(Value::Null))
     }
 
     /// Every `/v1` answer after a seeded log-normal time with these quantiles (0, 0: at once).
@@ -238,6 +245,21 @@ impl SimClient {
     /// refused by reason (`global-rate`, `endpoint-rate`).
     pub async fn rate_counts(&self) -> Result<RateCounts> {
         self.read("/_sim/rate_limit").await
+    }
+
+    /// The cardholder disputes the charge of `payment_intent` (charged before): the dispute's
+    /// id.
+    pub async fn open_dispute(&self, payment_intent: &str) -> Result<String> {
+        let out: Value = self
+            .control_answer(
+                "/_sim/disputes/open",
+                &serde_json::json!({ "payment_intent": payment_intent }),
+            )
+            .await?;
+        out["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow::anyhow!("the simulator opened no dispute: {out}"))
     }
 
     /// Closes a dispute as the card network decided it (`won` or lost).

@@ -450,11 +450,13 @@ fn disputes_are_applied_at_one_request_a_second() {
     // event that needs more than one read was never applied (3,600 invocations for 100
     // payments; 10,169 AWS requests with the batching window modelled, 975 now). What never changes (a
     // charge's PaymentIntent, an intent's payment) is kept by the process now
-    // (`payment_core::events::known`), so each invocation goes one read further.
+    // (`payment_core::events::known`), so each invocation goes one read further. Disputes open
+    // from half a day after their charge (1 to 5 days before the insider's forgeries moved the
+    // run's draws and left 2 in its two days).
     let mut opts = Options::new(81, 100, 2.0);
     opts.parameters
         .insert("ProviderRequestsPerSecond".into(), "1".into());
-    opts.disputes = (0.3, (1.0, 5.0));
+    opts.disputes = (0.3, (0.5, 3.0));
     let r = run(opts).unwrap();
     assert!(r.disputes >= 3, "only {} disputes", r.disputes);
     assert!(
@@ -523,4 +525,54 @@ fn a_row_the_queue_refuses_is_set_aside_and_reads_failed_never_pending() {
         .filter(|v| !expected.contains(&v.invariant))
         .collect();
     assert!(other.is_empty(), "{other:#?}\n{}", r.trace.join("\n"));
+}
+
+#[test]
+fn an_insider_s_forged_events_settle_nothing() {
+    // One who may send to the events queue (no signature is asked there) copies the provider's
+    // events under new ids with their objects at a final state they never reached: a
+    // PaymentIntent `canceled`, a refund `failed`, a dispute `won`. Main before the inbox read
+    // what it applies took the payload for the provider's word: a bank debit still
+    // `processing` was recorded canceled (and its `succeeded` then ignored), a refund's amount
+    // given back, a chargeback released. As it is, each forgery makes the inbox read the
+    // object, and the records stay the provider's books.
+    let forged = || {
+        let mut opts = Options::new(6, 200, 14.0);
+        opts.forged_event_share = 0.3;
+        opts.refund_share = 0.3;
+        opts.disputes = (0.2, (0.2, 2.0));
+        opts
+    };
+    let kept = run(forged()).unwrap();
+    assert!(
+        kept.events_forged > 60 && kept.disputes > 5 && kept.refunds_made > 5,
+        "{} events forged, {} disputes, {} refunds",
+        kept.events_forged,
+        kept.disputes,
+        kept.refunds_made
+    );
+    assert!(
+        kept.violations.is_empty(),
+        "{:#?}\n{}",
+        kept.violations,
+        kept.trace.join("\n")
+    );
+    let mut old = forged();
+    old.mutation = Some("inbox_applies_payload".into());
+    let r = run(old).unwrap();
+    // Each forgery shows: a payment canceled, a refund's amount given back, a chargeback's.
+    for (what, shows) in [
+        ("payment", "record says Some(\"canceled\")"),
+        ("refund", "refunded, the provider"),
+        ("dispute", "as disputed, the provider's chargebacks"),
+    ] {
+        assert!(
+            r.violations.iter().any(|v| {
+                v.invariant == "every ledger equals the provider's books"
+                    && v.detail.contains(shows)
+            }),
+            "no forged {what} event was seen applied: {:#?}",
+            r.violations
+        );
+    }
 }

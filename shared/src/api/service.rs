@@ -580,7 +580,8 @@ fn queue_payment(
 /// What happened after the charge, on the payment's object: `refunded_amount` and `refunds`
 /// (each one's id, amount, state and provider id) when it has refunds, `disputed_amount` and
 /// `disputes` when it has disputes, and `events` (the provider's events applied, oldest
-/// first) when any was.
+/// first) when any was, with `events_not_listed` (those past the first 100, counted) when
+/// there are more.
 fn add_after_charge(object: &mut Value, after: Option<AfterCharge>) {
     let Some(a) = after else {
         return;
@@ -595,6 +596,9 @@ fn add_after_charge(object: &mut Value, after: Option<AfterCharge>) {
     }
     if !a.events.is_empty() {
         object["events"] = json!(a.events);
+    }
+    if a.events_not_listed > 0 {
+        object["events_not_listed"] = json!(a.events_not_listed);
     }
 }
 

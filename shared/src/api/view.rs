@@ -76,8 +76,12 @@ pub struct AfterCharge {
     pub disputed_amount: i64,
     /// Each dispute, by id.
     pub disputes: Vec<DisputeView>,
-    /// The provider's events applied, oldest first.
+    /// The provider's events applied, oldest first: the first
+    /// [`crate::events::settlement::MAX_EVENT_NOTES`] the record lists.
     pub events: Vec<EventView>,
+    /// The events applied past those listed (counted only, so that the record stays within
+    /// DynamoDB's item size).
+    pub events_not_listed: i64,
 }
 
 /// Where a refund stands, from its record and dead-letter mark.
@@ -158,5 +162,7 @@ pub async fn after_charge_of(
             })
             .collect(),
         events: events.into_iter().map(EventView::from).collect(),
+        events_not_listed: sqs_once::dynamo::get_n(item, crate::events::settlement::UNLISTED)
+            .unwrap_or(0),
     }))
 }

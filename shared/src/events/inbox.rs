@@ -7,6 +7,13 @@
 //! again finds the state moved and changes nothing. The rules are in
 //! [`crate::provider::event`].
 //!
+//! No state is taken from an event's payload: an event that may change what is stored has its
+//! object read from the provider by id, at the pinned API version, and the object read must be
+//! the one the record names (its PaymentIntent, its refund, a dispute of its charge). Whoever
+//! can send to the events queue can make the inbox read, never make it write what the provider
+//! does not hold; and the version an event was rendered in (the account's default on its day)
+//! changes nothing.
+//!
 //! What an event finds:
 //! - its object was not created by this system: neither its metadata nor the PaymentIntent
 //!   recorded on the payment's record match (no `metadata[payment_id]` / `metadata[refund_id]`,
@@ -37,9 +44,9 @@ use sqs_once::clock::Clock;
 
 use crate::events::settlement::{EventNote, Settlements};
 use crate::provider::event::{
-    dispute_fetched, dispute_holds_amount, dispute_step, payment_current, payment_step,
-    refund_current, refund_returns_nothing, refund_step, DisputeChange, PaymentChange,
-    ProviderEvent, RefundChange, Step, Subject,
+    dispute_decided, dispute_fetched, dispute_holds_amount, dispute_may_move, payment_current,
+    payment_may_move, refund_current, refund_may_move, refund_returns_nothing, DisputeChange,
+    PaymentChange, ProviderEvent, RefundChange, Step, Subject,
 };
 use crate::provider::ProviderError;
 
@@ -74,7 +81,7 @@ pub fn metric_names() -> sqs_once::metrics::MetricNames {
     }
 }
 
-/// The provider's objects as they are now, for events whose payload cannot decide.
+/// The provider's objects as they are now, read at the pinned API version: what the inbox applies.
 #[async_trait]
 pub trait ProviderObjects: Send + Sync {
     /// The longest a call may take.
@@ -93,10 +100,16 @@ pub trait ProviderObjects: Send + Sync {
 /// Mutations of the inbox that the whole-system simulator puts back
 /// (`sqs_once::mutation::put_back_from`) to show that it finds them; in a build without
 /// `sqs-once`'s `sim-mutations` feature they are never on.
-pub const MUTATIONS: &[(&str, &str)] = &[(
-    "inbox_reads_not_booked",
-    "the inbox as before its events were paced: a dispute's event is claimed before its first read has a slot of the pace, and a read the pace refused is an attempt",
-)];
+pub const MUTATIONS: &[(&str, &str)] = &[
+    (
+        "inbox_reads_not_booked",
+        "the inbox as before its events were paced: a dispute's event is claimed before its first read has a slot of the pace, and a read the pace refused is an attempt",
+    ),
+    (
+        "inbox_applies_payload",
+        "the inbox as before it read what it applies: the event's payload is taken for the provider's copy of its object, so whoever can send to the events queue settles payments, refunds and disputes",
+    ),
+];
 
 /// How many times a change is decided again when the state moved under it.
 const TRIES: usize = 4;
@@ -227,12 +240,14 @@ impl EventWork {
         read_s.iter().copied().fold(window, i64::max)
     }
 
-    fn note(&self, event: &ProviderEvent, change: &str) -> EventNote {
+    /// The event's note, on a payment's record that listed `listed` notes when read.
+    fn note(&self, event: &ProviderEvent, change: &str, listed: usize) -> EventNote {
         EventNote {
             created: event.created,
             event_id: event.id.clone(),
             kind: event.kind.clone(),
             change: change.to_owned(),
+            listed: listed < crate::events::settlement::MAX_EVENT_NOTES,
         }
     }
 
@@ -265,32 +280,33 @@ impl EventWork {
                 ));
             }
             let holds = !p.held.is_empty();
-            let (to, decline) = match payment_step(&stored, &c.status) {
+            if !payment_may_move(&stored) {
+                self.resume_held(&pid, holds, &stored).await?;
+                return Ok(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("payment {pid} stays {stored}"),
+                ));
+            }
+            // The PaymentIntent the record names, as the provider holds it now: the payload
+            // only said which one to read.
+            let now = if payload_taken() {
+                c.clone()
+            } else {
+                self.provider.payment_intent(&c.intent_id).await?
+            };
+            let (to, decline) = match payment_current(&stored, &now.status) {
+                Step::Apply(to) => (to, now.decline_code),
                 Step::Unchanged => {
                     self.resume_held(&pid, holds, &stored).await?;
                     return Ok(outcome(
                         labels::UNCHANGED,
                         event,
-                        format!("payment {pid} stays {stored}"),
+                        format!(
+                            "payment {pid} stays {stored} (the provider holds it {})",
+                            now.status
+                        ),
                     ));
-                }
-                Step::Apply(to) => (to, c.decline_code.clone()),
-                Step::Fetch => {
-                    let now = self.provider.payment_intent(&c.intent_id).await?;
-                    match payment_current(&stored, &now.status) {
-                        Step::Apply(to) => (to, now.decline_code),
-                        _ => {
-                            self.resume_held(&pid, holds, &stored).await?;
-                            return Ok(outcome(
-                                labels::UNCHANGED,
-                                event,
-                                format!(
-                                    "payment {pid} stays {stored} (the provider holds it {})",
-                                    now.status
-                                ),
-                            ));
-                        }
-                    }
                 }
             };
             let change = format!("payment {stored} -> {to}");
@@ -304,7 +320,7 @@ impl EventWork {
                     &to,
                     decline.as_deref(),
                     keep,
-                    &self.note(event, &change),
+                    &self.note(event, &change, p.events.len()),
                 )
                 .await
                 .map_err(store_error)?
@@ -357,30 +373,30 @@ impl EventWork {
                     ),
                 ));
             }
-            let to = match refund_step(&stored, &c.status) {
+            if !refund_may_move(&stored) {
+                return Ok(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("refund {rid} stays {stored}"),
+                ));
+            }
+            // The refund the record names, as the provider holds it now.
+            let now = if payload_taken() {
+                c.clone()
+            } else {
+                self.provider.refund(&c.provider_refund_id).await?
+            };
+            let to = match refund_current(&stored, &now.status) {
+                Step::Apply(to) => to,
                 Step::Unchanged => {
                     return Ok(outcome(
                         labels::UNCHANGED,
                         event,
-                        format!("refund {rid} stays {stored}"),
+                        format!(
+                            "refund {rid} stays {stored} (the provider holds it {})",
+                            now.status
+                        ),
                     ))
-                }
-                Step::Apply(to) => to,
-                Step::Fetch => {
-                    let now = self.provider.refund(&c.provider_refund_id).await?;
-                    match refund_current(&stored, &now.status) {
-                        Step::Apply(to) => to,
-                        _ => {
-                            return Ok(outcome(
-                                labels::UNCHANGED,
-                                event,
-                                format!(
-                                    "refund {rid} stays {stored} (the provider holds it {})",
-                                    now.status
-                                ),
-                            ))
-                        }
-                    }
                 }
             };
             // The refund's payment may be past its lifetime: then nothing holds its money any
@@ -404,7 +420,7 @@ impl EventWork {
                     &to,
                     release,
                     keep,
-                    &self.note(event, &change),
+                    &self.note(event, &change, p.as_ref().map_or(0, |p| p.events.len())),
                 )
                 .await
                 .map_err(store_error)?
@@ -443,40 +459,61 @@ impl EventWork {
                 ),
             )));
         }
-        let held = p.refunds.get(rid).copied();
-        let amount = match (held, refund_returns_nothing(&c.status)) {
-            (Some(amount), true) => amount,
-            (Some(_), false) => {
-                return Ok(Some(outcome(
-                    labels::UNCHANGED,
-                    event,
-                    format!(
-                        "refund {rid} stays reserved on payment {pid} ({})",
-                        c.status
-                    ),
-                )))
-            }
-            (None, _) => {
-                let was = if p.released.contains_key(rid) {
-                    "given back before"
-                } else {
-                    "never reserved on it"
-                };
-                return Ok(Some(outcome(
-                    labels::UNCHANGED,
-                    event,
-                    format!("refund {rid} of payment {pid} is {was}"),
-                )));
-            }
+        let Some(held) = p.refunds.get(rid).copied() else {
+            let was = if p.released.contains_key(rid) {
+                "given back before"
+            } else {
+                "never reserved on it"
+            };
+            return Ok(Some(outcome(
+                labels::UNCHANGED,
+                event,
+                format!("refund {rid} of payment {pid} is {was}"),
+            )));
         };
+        // A reservation is given back only for a refund the provider holds failed or canceled,
+        // read by its id: the one this payment's PaymentIntent was refunded by, under this
+        // refund id.
+        let now = if payload_taken() {
+            c.clone()
+        } else {
+            self.provider.refund(&c.provider_refund_id).await?
+        };
+        if now.refund_id.as_deref() != Some(rid) || now.intent_id != p.provider_payment_id {
+            return Ok(Some(outcome(
+                labels::FOREIGN,
+                event,
+                format!(
+                    "{} is not refund {rid} of payment {pid}'s PaymentIntent",
+                    c.provider_refund_id
+                ),
+            )));
+        }
+        if !refund_returns_nothing(&now.status) {
+            return Ok(Some(outcome(
+                labels::UNCHANGED,
+                event,
+                format!(
+                    "refund {rid} stays reserved on payment {pid} (the provider holds it {})",
+                    now.status
+                ),
+            )));
+        }
+        let amount = held;
         let change = format!(
             "refund {rid} -> {} (its record past its lifetime), {amount} given back",
-            c.status
+            now.status
         );
         let keep = self.keep_until(&[p.expires_at_s]);
         if self
             .settlements
-            .settle_refund_on_payment(&pid, rid, amount, keep, &self.note(event, &change))
+            .settle_refund_on_payment(
+                &pid,
+                rid,
+                amount,
+                keep,
+                &self.note(event, &change, p.events.len()),
+            )
             .await
             .map_err(store_error)?
         {
@@ -489,8 +526,10 @@ impl EventWork {
         Ok(None)
     }
 
-    async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
-        let intent = match (&c.intent_id, &c.charge) {
+    /// The PaymentIntent a dispute names, or that of the charge it names (read from the
+    /// provider unless this process read it before).
+    async fn dispute_intent(&self, c: &DisputeChange) -> Result<Option<String>, CallError> {
+        Ok(match (&c.intent_id, &c.charge) {
             (Some(i), _) => Some(i.clone()),
             (None, Some(ch)) => match self.known.intent_of(ch) {
                 Some(i) => Some(i),
@@ -503,7 +542,11 @@ impl EventWork {
                 }
             },
             (None, None) => None,
-        };
+        })
+    }
+
+    async fn dispute(&self, event: &ProviderEvent, c: DisputeChange) -> Result<Outcome, CallError> {
+        let intent = self.dispute_intent(&c).await?;
         let Some(intent) = intent else {
             return Ok(outcome(
                 labels::FOREIGN,
@@ -545,50 +588,62 @@ impl EventWork {
             let stored = p.disputes.get(did).cloned();
             let version = p.dispute_versions.get(did).copied().unwrap_or(0);
             let from = stored.as_ref().map(|(s, _)| (s.as_str(), version));
+            let was = from.map_or("", |(s, _)| s);
+            if !dispute_may_move(from.map(|(s, _)| s)) {
+                return Ok(outcome(
+                    labels::UNCHANGED,
+                    event,
+                    format!("dispute {did} stays {was}"),
+                ));
+            }
+            // Read after the record: the copy is at least as new as what the record holds,
+            // and the write below names the version read.
+            let now = if payload_taken() {
+                c.clone()
+            } else {
+                self.provider.dispute(did).await?
+            };
+            // The dispute read is of this payment's charge, or the event named another's.
+            if self.dispute_intent(&now).await?.as_deref() != Some(intent.as_str()) {
+                return Ok(outcome(
+                    labels::FOREIGN,
+                    event,
+                    format!(
+                        "{did} is not a dispute of {intent}, which payment {pid} is recorded with"
+                    ),
+                ));
+            }
             // `unchanged`: the provider's copy, read past a loss, says what the record holds.
-            let (to, amount, unchanged) = match dispute_step(from.map(|(s, _)| s), &c.status) {
-                Step::Unchanged => {
+            let (to, amount, unchanged) = match dispute_fetched(was, &now.status) {
+                Some(to) => (to, now.amount, None),
+                // Unchanged, and written so all the same (the version raised, the amount the
+                // provider's): a copy another event read before this one finds the version
+                // moved and reads again, where its write would have named a status that still
+                // held (the same loss, before and after an appeal).
+                None if stored.is_some() && dispute_decided(was) => (
+                    was.to_owned(),
+                    now.amount,
+                    Some(format!(
+                        "dispute {did} stays {was} (the provider holds it {})",
+                        now.status
+                    )),
+                ),
+                None => {
                     return Ok(outcome(
                         labels::UNCHANGED,
                         event,
-                        format!(
-                            "dispute {did} stays {}",
-                            stored.map_or_else(String::new, |(s, _)| s)
-                        ),
-                    ))
-                }
-                Step::Apply(to) => (to, c.amount, None),
-                Step::Fetch => {
-                    // Read after the record: the copy is at least as new as what the record
-                    // holds, and the write below names the version read.
-                    let now = self.provider.dispute(did).await?;
-                    let was = from.map_or("", |(s, _)| s);
-                    match dispute_fetched(was, &now.status) {
-                        Some(to) => (to, now.amount, None),
-                        // Unchanged, and written so all the same (the version raised, the
-                        // amount the provider's): a copy another event read before this one
-                        // finds the version moved and reads again, where its write would
-                        // have named a status that still held (the same loss, before and
-                        // after an appeal).
-                        None if stored.is_some() => (
-                            was.to_owned(),
-                            now.amount,
-                            Some(format!(
+                        if stored.is_some() {
+                            format!(
                                 "dispute {did} stays {was} (the provider holds it {})",
                                 now.status
-                            )),
-                        ),
-                        None => {
-                            return Ok(outcome(
-                                labels::UNCHANGED,
-                                event,
-                                format!(
-                                    "dispute {did} is not recorded (the provider holds it {})",
-                                    now.status
-                                ),
-                            ))
-                        }
-                    }
+                            )
+                        } else {
+                            format!(
+                                "dispute {did} is not recorded (the provider holds it {})",
+                                now.status
+                            )
+                        },
+                    ))
                 }
             };
             let held_before = stored
@@ -614,7 +669,7 @@ impl EventWork {
                     amount,
                     held_after - held_before,
                     self.keep_until(&[p.expires_at_s]),
-                    &self.note(event, &change),
+                    &self.note(event, &change, p.events.len()),
                 )
                 .await
                 .map_err(store_error)?
@@ -629,6 +684,12 @@ impl EventWork {
         }
         Err(kept_changing("payment", &pid, event))
     }
+}
+
+/// Whether the payload is taken for the provider's copy (the mutation `inbox_applies_payload`,
+/// which the simulator's forger finds).
+fn payload_taken() -> bool {
+    sqs_once::mutation::on("inbox_applies_payload")
 }
 
 #[async_trait]
@@ -676,9 +737,10 @@ impl Work for EventWork {
 
     /// A dispute reads its PaymentIntent (and its charge's, or the dispute itself) unless this
     /// process read them before ([`crate::events::known`]): its first read's slot is booked
-    /// before the claim, so that waiting for the pace is never an attempt. Payment and refund
-    /// events are mostly applied from their payload: a read back takes its slot when it is
-    /// needed (and one the pace refuses hands the event back unattempted, see
+    /// before the claim, so that waiting for the pace is never an attempt. A payment or refund
+    /// event reads its object only when the state stored is not final (a card payment's
+    /// `succeeded` finds it recorded `succeeded`: no read), so its read takes its slot when it
+    /// is needed (and one the pace refuses hands the event back unattempted, see
     /// [`Work::reads_only`]).
     fn paces_first_call(&self, event: &Self::Request) -> bool {
         matches!(event.subject(), Subject::Dispute(_))

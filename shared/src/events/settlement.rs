@@ -48,13 +48,36 @@ pub struct EventNote {
     pub kind: String,
     /// What it changed, in words (`payment processing -> succeeded`).
     pub change: String,
+    /// Whether the payment's record lists it: it listed fewer than [`MAX_EVENT_NOTES`] when
+    /// read. Past that, an event applied is only counted (`events_unlisted`), so a payment
+    /// with hundreds of refunds and their events stays within DynamoDB's item size. Not
+    /// stored.
+    pub listed: bool,
+}
+
+/// The most event notes a payment's record lists (the first ones; later ones are counted). A
+/// note is under 1 KB (an event id of at most 255 bytes, a type cut at 100, a change cut at
+/// 600), so the list stays under 100 KB: each write that lists one is conditional on the list
+/// being shorter.
+pub const MAX_EVENT_NOTES: usize = 100;
+
+/// A string cut at `max` bytes, on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 impl EventNote {
     fn encode(&self) -> String {
         format!(
             "{}|{}|{}|{}",
-            self.created, self.event_id, self.kind, self.change
+            self.created,
+            cut(&self.event_id, 255),
+            cut(&self.kind, 100).replace('|', "/"),
+            cut(&self.change, 600)
         )
     }
 
@@ -66,6 +89,7 @@ impl EventNote {
             event_id: parts.next()?.to_owned(),
             kind: parts.next()?.to_owned(),
             change: parts.next()?.to_owned(),
+            listed: true,
         })
     }
 }
@@ -90,8 +114,10 @@ pub struct PaymentState {
     pub expires_at_s: i64,
     /// The payment's trace (the record's `traceparent`): an event's span links to it.
     pub traceparent: Option<String>,
-    /// The events applied, in the order applied.
+    /// The events applied, in the order applied (the first [`MAX_EVENT_NOTES`]).
     pub events: Vec<EventNote>,
+    /// The events applied past those listed (`events_unlisted`).
+    pub events_unlisted: i64,
     /// The refunds' reservations held: refund id → amount.
     pub refunds: BTreeMap<String, i64>,
     /// The amounts given back by refunds that moved no money: refund id → amount.
@@ -210,6 +236,59 @@ const KEEP: &str = "(attribute_not_exists(expires_at) OR expires_at <= :keep)";
 /// The `SET` part of every settling write that lists the event applied on the payment's record.
 const APPEND: &str = "events = list_append(if_not_exists(events, :empty), :note)";
 
+/// The payment record's count of the events applied and not listed.
+pub const UNLISTED: &str = "events_unlisted";
+
+/// The `SET` part that counts an event applied and not listed.
+const COUNT: &str = "events_unlisted = if_not_exists(events_unlisted, :zero_notes) + :one_note";
+
+/// A payment's record write that lists its note, made conditional on the list holding fewer
+/// than [`MAX_EVENT_NOTES`]: writes that read the list short of it and raced each other do not
+/// all pass it (the one refused reads again, and counts its note).
+fn capped(
+    req: aws_sdk_dynamodb::types::builders::UpdateBuilder,
+) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+    if !req
+        .get_update_expression()
+        .as_deref()
+        .is_some_and(|u| u.contains(APPEND))
+    {
+        return req;
+    }
+    let cap = "(attribute_not_exists(events) OR size(events) < :max_notes)";
+    let condition = match req.get_condition_expression() {
+        Some(c) => format!("({c}) AND {cap}"),
+        None => cap.to_owned(),
+    };
+    req.condition_expression(condition)
+        .expression_attribute_values(":max_notes", n(MAX_EVENT_NOTES as i64))
+}
+
+/// The event's note on a payment's record write: listed (`events`) while the record listed
+/// fewer than [`MAX_EVENT_NOTES`] when read, else counted (`events_unlisted`). The clause for
+/// the write's `SET`, and the write with its values.
+fn noted(
+    req: aws_sdk_dynamodb::types::builders::UpdateBuilder,
+    note: &EventNote,
+) -> (
+    aws_sdk_dynamodb::types::builders::UpdateBuilder,
+    &'static str,
+) {
+    if note.listed {
+        (
+            req.expression_attribute_values(":note", AttributeValue::L(vec![s(&note.encode())]))
+                .expression_attribute_values(":empty", AttributeValue::L(vec![])),
+            APPEND,
+        )
+    } else {
+        (
+            req.expression_attribute_values(":zero_notes", n(0))
+                .expression_attribute_values(":one_note", n(1)),
+            COUNT,
+        )
+    }
+}
+
 fn unavailable<E: std::error::Error + 'static, R: std::fmt::Debug>(
     e: SdkError<E, R>,
 ) -> StoreError {
@@ -315,13 +394,6 @@ impl DynamoSettlements {
     }
 }
 
-fn note_values(note: &EventNote) -> (AttributeValue, AttributeValue) {
-    (
-        AttributeValue::L(vec![s(&note.encode())]),
-        AttributeValue::L(vec![]),
-    )
-}
-
 #[async_trait]
 impl Settlements for DynamoSettlements {
     async fn payment(&self, payment_id: &str) -> Result<Option<PaymentState>, StoreError> {
@@ -342,6 +414,7 @@ impl Settlements for DynamoSettlements {
             expires_at_s: record.expires_at_s,
             traceparent: record.traceparent.clone(),
             events: events_of(&item),
+            events_unlisted: get_n(&item, UNLISTED).unwrap_or(0),
             refunds: crate::refunds::ledger::reservations_of(&item),
             released: crate::refunds::ledger::released_of(&item),
             held: crate::refunds::ledger::held_of(&item),
@@ -391,10 +464,9 @@ impl Settlements for DynamoSettlements {
         keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
-        let (one, empty) = note_values(note);
-        let mut set = vec!["outcome.#st = :to", APPEND, "expires_at = :keep"];
-        let mut req = self
-            .payment_update(payment_id)
+        let (req, listed) = noted(self.payment_update(payment_id), note);
+        let mut set = vec!["outcome.#st = :to", listed, "expires_at = :keep"];
+        let mut req = req
             .condition_expression(format!(
                 "#s = :completed AND outcome.#st = :from AND {KEEP}"
             ))
@@ -403,17 +475,13 @@ impl Settlements for DynamoSettlements {
             .expression_attribute_names("#st", "status")
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
             .expression_attribute_values(":from", s(from))
-            .expression_attribute_values(":to", s(to))
-            .expression_attribute_values(":note", one)
-            .expression_attribute_values(":empty", empty);
+            .expression_attribute_values(":to", s(to));
         if let Some(code) = decline_code {
             set.push("outcome.decline_code = :code");
             req = req.expression_attribute_values(":code", s(code));
         }
-        let update = built(
-            req.update_expression(format!("SET {}", set.join(", ")))
-                .build(),
-        )?;
+        let update =
+            built(capped(req.update_expression(format!("SET {}", set.join(", ")))).build())?;
         self.update(update).await
     }
 
@@ -449,22 +517,18 @@ impl Settlements for DynamoSettlements {
         let Some(payment_id) = payment_id else {
             return self.update(refund).await;
         };
-        let (one, empty) = note_values(note);
-        let mut payment = self
-            .payment_update(payment_id)
-            .expression_attribute_values(":note", one)
-            .expression_attribute_values(":empty", empty)
-            .expression_attribute_values(":keep", n(keep_until_s));
+        let (payment, listed) = noted(self.payment_update(payment_id), note);
+        let mut payment = payment.expression_attribute_values(":keep", n(keep_until_s));
         payment = match release {
             Some(amount) => crate::refunds::ledger::release_write(
                 payment,
                 refund_id,
                 amount,
                 keep_until_s,
-                APPEND,
+                listed,
             ),
             None => payment
-                .update_expression(format!("SET {APPEND}, expires_at = :keep"))
+                .update_expression(format!("SET {listed}, expires_at = :keep"))
                 .condition_expression(format!("attribute_exists(#pk) AND {KEEP}"))
                 .expression_attribute_names("#pk", self.payments.layout().attribute.clone()),
         };
@@ -474,7 +538,7 @@ impl Settlements for DynamoSettlements {
             .transact_items(TransactWriteItem::builder().update(refund).build())
             .transact_items(
                 TransactWriteItem::builder()
-                    .update(built(payment.build())?)
+                    .update(built(capped(payment).build())?)
                     .build(),
             )
             .send()
@@ -510,17 +574,10 @@ impl Settlements for DynamoSettlements {
         keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
-        let (one, empty) = note_values(note);
-        let update = crate::refunds::ledger::release_write(
-            self.payment_update(payment_id),
-            refund_id,
-            amount,
-            keep_until_s,
-            APPEND,
-        )
-        .expression_attribute_values(":note", one)
-        .expression_attribute_values(":empty", empty);
-        self.update(built(update.build())?).await
+        let (payment, listed) = noted(self.payment_update(payment_id), note);
+        let update =
+            crate::refunds::ledger::release_write(payment, refund_id, amount, keep_until_s, listed);
+        self.update(built(capped(update).build())?).await
     }
 
     async fn settle_dispute(
@@ -534,28 +591,25 @@ impl Settlements for DynamoSettlements {
         keep_until_s: i64,
         note: &EventNote,
     ) -> Result<bool, StoreError> {
-        let (one, empty) = note_values(note);
         let version = from.map_or(0, |(_, v)| v);
         let dispute = AttributeValue::M(HashMap::from([
             ("status".to_owned(), s(to)),
             ("amount".to_owned(), n(amount)),
             ("version".to_owned(), n(version + 1)),
         ]));
-        let mut req = self
-            .payment_update(payment_id)
-            .update_expression(
+        let (req, listed) = noted(self.payment_update(payment_id), note);
+        let mut req = req
+            .update_expression(format!(
                 "SET #d = :dispute, disputed_amount = if_not_exists(disputed_amount, :zero) + :held, \
-                 events = list_append(if_not_exists(events, :empty), :note), expires_at = :keep",
-            )
+                 {listed}, expires_at = :keep"
+            ))
             .expression_attribute_values(":keep", n(keep_until_s))
             .expression_attribute_names("#s", "status")
             .expression_attribute_names("#d", format!("{DISPUTE_PREFIX}{dispute_id}"))
             .expression_attribute_values(":completed", s(RecordStatus::Completed.as_str()))
             .expression_attribute_values(":dispute", dispute)
             .expression_attribute_values(":zero", n(0))
-            .expression_attribute_values(":held", n(held_change))
-            .expression_attribute_values(":note", one)
-            .expression_attribute_values(":empty", empty);
+            .expression_attribute_values(":held", n(held_change));
         req = match from {
             None => req.condition_expression(format!(
                 "#s = :completed AND attribute_not_exists(#d) AND {KEEP}"
@@ -577,6 +631,6 @@ impl Settlements for DynamoSettlements {
                 .expression_attribute_values(":from", s(f))
                 .expression_attribute_values(":version", n(v)),
         };
-        self.update(built(req.build())?).await
+        self.update(built(capped(req).build())?).await
     }
 }

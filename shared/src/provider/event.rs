@@ -3,10 +3,14 @@
 //! carries, so that every duplicate, every late event and every order of delivery ends in the
 //! same state.
 //!
-//! A state only moves forward. Where the payload cannot decide (an event that is neither the
-//! state stored nor a step forward from it: an older event after a newer state, or a state that
-//! can move again), the rule says [`Step::Fetch`]: the object is read from the provider and its
-//! current state applied.
+//! An event only says which object to look at. Its payload is whatever reached the queue: a
+//! snapshot rendered in the API version of the event's day (the account's default then, which
+//! the catch-up's listing keeps), an older copy delivered late, or a body an insider forged.
+//! So no state is ever taken from it: an event that may change the state stored (`*_may_move`)
+//! has its object read from the provider by id, at the pinned API version, and the state read
+//! is applied, only forward (`*_current`, [`dispute_fetched`]). Nothing is read only when the
+//! stored state is final; not even "nothing changed" is taken from a payload (a body under a
+//! genuine event's id with a stale state would make the genuine event a duplicate).
 //!
 //! Why ~500 lines: the three rule tables and the events' reading are one vocabulary, and half
 //! the file is their unit tests.
@@ -281,15 +285,13 @@ fn decline_code(object: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// What an event does to a state stored.
+/// What the provider's copy of an object does to the state stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Move the stored state to this one.
     Apply(String),
-    /// Nothing: the event is the state stored, or older than it.
+    /// Nothing: the copy is the state stored, or the stored state is final.
     Unchanged,
-    /// The payload cannot decide: read the object's current state and apply that.
-    Fetch,
 }
 
 /// A payment's statuses that the provider settles later: a debit still `processing`, an
@@ -309,21 +311,13 @@ fn payment_final(s: &str) -> bool {
     )
 }
 
-/// What a payment event carrying `incoming` does to a payment stored `stored`: a settling
-/// payment moves to `succeeded` or `canceled` from the payload (neither is ever left); a final
-/// state never changes; anything else is read from the provider. A decline is read too: a
-/// PaymentIntent declined once may be confirmed again and go `processing`, so a
-/// `payment_failed` delivered after that would move a settling payment back to `declined`.
-pub fn payment_step(stored: &str, incoming: &str) -> Step {
-    if stored == incoming || payment_final(stored) {
-        Step::Unchanged
-    } else if payment_settling(stored) && matches!(incoming, "succeeded" | "canceled") {
-        Step::Apply(incoming.to_owned())
-    } else {
-        // Between two pending states, or from a decline (a PaymentIntent may be confirmed
-        // again): the event's order cannot be told from its payload.
-        Step::Fetch
-    }
+/// Whether an event about a payment stored `stored` may change it: then the PaymentIntent is
+/// read from the provider by its id, at the pinned API version, and its state now applied
+/// ([`payment_current`]). Only a final state stored says no: the payload says nothing either
+/// way (a body under a genuine event's id with a stale state would otherwise make the genuine
+/// event a duplicate that read nothing).
+pub fn payment_may_move(stored: &str) -> bool {
+    !payment_final(stored)
 }
 
 /// What the provider's current state of a payment does to a payment stored `stored`.
@@ -335,21 +329,11 @@ pub fn payment_current(stored: &str, current: &str) -> Step {
     }
 }
 
-/// What a refund event carrying `incoming` does to a refund stored `stored`: `pending` (or
-/// `requires_action`) → `succeeded` | `failed` | `canceled`; `failed` and `canceled` never
-/// change; a `failed` after `succeeded` (Stripe can fail a refund it reported succeeded) is
-/// read from the provider, as is anything else the payload cannot order.
-pub fn refund_step(stored: &str, incoming: &str) -> Step {
-    let pending = |s: &str| matches!(s, "pending" | "requires_action");
-    if stored == incoming || matches!(stored, "failed" | "canceled" | "rejected") {
-        Step::Unchanged
-    } else if pending(stored) && matches!(incoming, "succeeded" | "failed" | "canceled") {
-        Step::Apply(incoming.to_owned())
-    } else if stored == "succeeded" && pending(incoming) {
-        Step::Unchanged
-    } else {
-        Step::Fetch
-    }
+/// Whether an event about a refund stored `stored` may change it: then the refund is read
+/// from the provider ([`refund_current`]). `failed` and `canceled` never change; a refund
+/// `succeeded` may still fail (Stripe can fail a refund it reported succeeded), so it is read.
+pub fn refund_may_move(stored: &str) -> bool {
+    !matches!(stored, "failed" | "canceled" | "rejected")
 }
 
 /// What the provider's current state of a refund does to a refund stored `stored`.
@@ -388,35 +372,23 @@ fn dispute_final(status: &str) -> bool {
     matches!(status, "won" | "warning_closed" | "prevented")
 }
 
-/// What a dispute event carrying `incoming` does to a dispute stored `stored` (`None`: not
-/// recorded yet): before any decision, later in the dispute's life applies, earlier changes
-/// nothing, a different state at the same place is read from the provider. A final decision
-/// changes no more. Once the record holds a loss or an appeal, the event's own status no
-/// longer orders it (`lost` comes twice in a dispute appealed, and an appeal's event may arrive
-/// after the appeal's decision): any event of that stage, its status the record's too, is read
-/// from the provider ([`dispute_fetched`]) after the record, and written under the version
-/// read; a pre-decision event changes nothing.
-pub fn dispute_step(stored: Option<&str>, incoming: &str) -> Step {
-    let Some(stored) = stored else {
-        return Step::Apply(incoming.to_owned());
-    };
-    let (s, i) = (dispute_rank(stored), dispute_rank(incoming));
-    if i == 0 || dispute_final(stored) || i < s.min(5) {
-        Step::Unchanged
-    } else if s >= 5 {
-        // The same status too: the loss the record holds may be the first, and this event's
-        // the second (or the other way round).
-        Step::Fetch
-    } else if stored == incoming {
-        Step::Unchanged
-    } else if i == s {
-        Step::Fetch
-    } else {
-        Step::Apply(incoming.to_owned())
-    }
+/// Whether an event about a dispute stored `stored` (`None`: not recorded yet) may change it:
+/// then the dispute is read from the provider ([`dispute_fetched`]), after the record, and
+/// written under the version read. Only a final decision (won, an inquiry closed, a dispute
+/// prevented) says no; a loss may still be appealed.
+pub fn dispute_may_move(stored: Option<&str>) -> bool {
+    stored.is_none_or(|s| !dispute_final(s))
 }
 
-/// What the provider's copy of a dispute (`current`, read for a [`Step::Fetch`]) does to the
+/// True once a dispute was decided (a loss or an appeal of it among them): past that the
+/// record's status alone does not say which stage it is at (`lost` comes twice in a dispute
+/// appealed), so a copy read that changes nothing is written all the same, raising the
+/// dispute's version (a copy another event read before it then reads again).
+pub fn dispute_decided(stored: &str) -> bool {
+    dispute_rank(stored) >= 5
+}
+
+/// What the provider's copy of a dispute (`current`, read when [`dispute_may_move`]) does to the
 /// state stored: it applies, as the dispute is now, unless the stored state is final or past
 /// it (a copy older than the record), where a decision is past an appeal.
 pub fn dispute_fetched(stored: &str, current: &str) -> Option<String> {
@@ -500,10 +472,7 @@ mod tests {
             "{:?}",
             auth.subject()
         );
-        assert_eq!(
-            payment_step("requires_action", "requires_action"),
-            Step::Unchanged
-        );
+        assert!(payment_may_move("requires_action"));
         // Read back, a PaymentIntent waiting for its confirmation is a waiting state (it was
         // refused as unreadable, and its event retried until dead-lettered).
         let waiting = event(
@@ -520,10 +489,7 @@ mod tests {
             payment_current("processing", "requires_confirmation"),
             Step::Apply("requires_confirmation".into())
         );
-        assert_eq!(
-            payment_step("requires_confirmation", "succeeded"),
-            Step::Apply("succeeded".into())
-        );
+        assert!(payment_may_move("requires_confirmation"));
         // A creation's snapshot says nothing settled.
         let created = event(
             "payment_intent.created",
@@ -606,84 +572,75 @@ mod tests {
     }
 
     #[test]
-    fn a_payment_only_moves_forward() {
-        assert_eq!(
-            payment_step("processing", "succeeded"),
-            Step::Apply("succeeded".into())
-        );
-        // A decline may be older than the state stored (the customer confirmed again after
-        // it): the provider says where the payment is now.
-        assert_eq!(payment_step("processing", "declined"), Step::Fetch);
-        assert_eq!(payment_step("requires_action", "declined"), Step::Fetch);
+    fn a_payment_only_moves_forward_as_the_provider_holds_it() {
+        // Whatever the payload says (a forged `canceled`, a stale `processing` under a genuine
+        // event's id), a payment not final is read, and the provider's state is what applies.
+        for stored in [
+            "processing",
+            "requires_action",
+            "requires_confirmation",
+            "declined",
+        ] {
+            assert!(payment_may_move(stored), "{stored}");
+        }
+        for stored in ["succeeded", "canceled", "requires_capture", "rejected"] {
+            assert!(!payment_may_move(stored), "{stored}");
+        }
         assert_eq!(
             payment_current("processing", "declined"),
             Step::Apply("declined".into())
         );
         assert_eq!(payment_current("processing", "processing"), Step::Unchanged);
         assert_eq!(
-            payment_step("requires_action", "canceled"),
-            Step::Apply("canceled".into())
-        );
-        // A late `processing` after `succeeded` changes nothing.
-        assert_eq!(payment_step("succeeded", "processing"), Step::Unchanged);
-        assert_eq!(payment_step("succeeded", "declined"), Step::Unchanged);
-        assert_eq!(payment_step("canceled", "succeeded"), Step::Unchanged);
-        assert_eq!(payment_step("processing", "processing"), Step::Unchanged);
-        // Between pending states, or after a decline: the provider says where it is now.
-        assert_eq!(payment_step("requires_action", "processing"), Step::Fetch);
-        assert_eq!(payment_step("declined", "succeeded"), Step::Fetch);
-        assert_eq!(
             payment_current("declined", "succeeded"),
             Step::Apply("succeeded".into())
         );
         assert_eq!(payment_current("declined", "declined"), Step::Unchanged);
         assert_eq!(payment_current("succeeded", "declined"), Step::Unchanged);
+        assert_eq!(payment_current("canceled", "succeeded"), Step::Unchanged);
     }
 
     #[test]
-    fn a_refund_only_moves_forward() {
-        assert_eq!(
-            refund_step("pending", "failed"),
-            Step::Apply("failed".into())
-        );
-        assert_eq!(
-            refund_step("pending", "succeeded"),
-            Step::Apply("succeeded".into())
-        );
-        assert_eq!(refund_step("failed", "succeeded"), Step::Unchanged);
-        assert_eq!(refund_step("canceled", "pending"), Step::Unchanged);
-        assert_eq!(refund_step("succeeded", "pending"), Step::Unchanged);
-        assert_eq!(refund_step("succeeded", "failed"), Step::Fetch);
+    fn a_refund_only_moves_forward_as_the_provider_holds_it() {
+        for stored in ["pending", "requires_action", "succeeded"] {
+            assert!(refund_may_move(stored), "{stored}");
+        }
+        for stored in ["failed", "canceled", "rejected"] {
+            assert!(!refund_may_move(stored), "{stored}");
+        }
         assert_eq!(
             refund_current("succeeded", "failed"),
             Step::Apply("failed".into())
         );
+        assert_eq!(refund_current("succeeded", "succeeded"), Step::Unchanged);
+        assert_eq!(refund_current("failed", "succeeded"), Step::Unchanged);
         assert!(refund_returns_nothing("failed") && refund_returns_nothing("canceled"));
         assert!(!refund_returns_nothing("succeeded"));
     }
 
     #[test]
     fn a_dispute_only_moves_forward_and_holds_its_amount_until_won() {
+        assert!(dispute_may_move(None));
+        for stored in [
+            "warning_needs_response",
+            "needs_response",
+            "under_review",
+            "lost",
+        ] {
+            assert!(dispute_may_move(Some(stored)), "{stored}");
+        }
+        for stored in ["won", "warning_closed", "prevented"] {
+            assert!(!dispute_may_move(Some(stored)), "{stored}");
+        }
+        // Read, a copy older than the record changes nothing; a newer one applies.
         assert_eq!(
-            dispute_step(None, "needs_response"),
-            Step::Apply("needs_response".into())
+            dispute_fetched("", "needs_response"),
+            Some("needs_response".into())
         );
-        assert_eq!(
-            dispute_step(Some("needs_response"), "lost"),
-            Step::Apply("lost".into())
-        );
-        assert_eq!(dispute_step(Some("won"), "needs_response"), Step::Unchanged);
-        assert_eq!(
-            dispute_step(Some("under_review"), "needs_response"),
-            Step::Unchanged
-        );
-        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
-        // A loss and a win: the provider's copy says which holds (an appeal may have won).
-        assert_eq!(dispute_step(Some("lost"), "won"), Step::Fetch);
-        assert_eq!(
-            dispute_step(Some("warning_needs_response"), "needs_response"),
-            Step::Apply("needs_response".into())
-        );
+        assert_eq!(dispute_fetched("under_review", "lost"), Some("lost".into()));
+        assert_eq!(dispute_fetched("under_review", "needs_response"), None);
+        assert_eq!(dispute_fetched("needs_response", "needs_response"), None);
+        assert!(!dispute_decided("under_review") && dispute_decided("lost"));
         assert!(dispute_holds_amount("needs_response") && dispute_holds_amount("lost"));
         assert!(!dispute_holds_amount("won") && !dispute_holds_amount("warning_needs_response"));
     }
@@ -694,27 +651,14 @@ mod tests {
     #[test]
     fn a_lost_dispute_appealed_and_won_is_won() {
         // Past a loss, every event is read: the provider's copy applies.
-        assert_eq!(
-            dispute_step(Some("lost"), "appeal_needs_response"),
-            Step::Fetch
-        );
+        assert!(dispute_may_move(Some("lost")));
         assert_eq!(
             dispute_fetched("lost", "appeal_needs_response"),
             Some("appeal_needs_response".into())
         );
-        assert_eq!(
-            dispute_step(Some("appeal_needs_response"), "appeal_under_review"),
-            Step::Fetch
-        );
+        assert!(dispute_may_move(Some("appeal_needs_response")));
         // The appeal's decision, or the first decision's event late: read.
-        assert_eq!(
-            dispute_step(Some("appeal_under_review"), "won"),
-            Step::Fetch
-        );
-        assert_eq!(
-            dispute_step(Some("appeal_under_review"), "lost"),
-            Step::Fetch
-        );
+        assert!(dispute_may_move(Some("appeal_under_review")));
         assert_eq!(
             dispute_fetched("appeal_under_review", "won"),
             Some("won".into())
@@ -725,30 +669,17 @@ mod tests {
         );
         assert_eq!(dispute_fetched("lost", "won"), Some("won".into()));
         assert_eq!(dispute_fetched("under_review", "needs_response"), None);
-        // Earlier events of the first round change nothing under appeal.
-        assert_eq!(
-            dispute_step(Some("appeal_under_review"), "under_review"),
-            Step::Unchanged
-        );
+        // Earlier events of the first round change nothing under appeal: the copy read is
+        // the appeal's, or past it.
+        assert_eq!(dispute_fetched("appeal_under_review", "under_review"), None);
         // An appeal's event arriving after the appeal was won (a standard queue keeps no
-        // order), or the first round's loss after it: a won dispute stays won.
-        assert_eq!(
-            dispute_step(Some("won"), "appeal_under_review"),
-            Step::Unchanged
-        );
-        assert_eq!(dispute_step(Some("won"), "lost"), Step::Unchanged);
+        // order), or the first round's loss after it: a won dispute stays won, unread.
+        assert!(!dispute_may_move(Some("won")));
         assert_eq!(dispute_fetched("won", "lost"), None);
         // The second loss's event finds the first loss recorded: read, not taken as known
-        // (the record's status alone does not say which loss it is).
-        assert_eq!(dispute_step(Some("lost"), "lost"), Step::Fetch);
-        assert_eq!(
-            dispute_step(Some("appeal_under_review"), "appeal_under_review"),
-            Step::Fetch
-        );
-        assert_eq!(
-            dispute_step(Some("under_review"), "under_review"),
-            Step::Unchanged
-        );
+        // (the record's status alone does not say which loss it is), and written all the same.
+        assert!(dispute_may_move(Some("lost")) && dispute_decided("lost"));
+        assert!(dispute_decided("appeal_under_review") && !dispute_decided("under_review"));
         // Two racing events of the appeal: whichever reads first applies the provider's
         // decision; a stale copy behind the record is not applied.
         assert_eq!(
@@ -759,10 +690,11 @@ mod tests {
             dispute_fetched("appeal_under_review", "appeal_needs_response"),
             None
         );
-        // Before any decision, the event's own order holds.
+        // Before any decision, the copy read orders it.
+        assert!(dispute_may_move(Some("under_review")));
         assert_eq!(
-            dispute_step(Some("under_review"), "appeal_under_review"),
-            Step::Apply("appeal_under_review".into())
+            dispute_fetched("under_review", "appeal_under_review"),
+            Some("appeal_under_review".into())
         );
         assert!(
             dispute_holds_amount("appeal_needs_response")

@@ -55,6 +55,23 @@ pub const HELD_PARTITION: &str = "refund_held";
 /// The payment record's map of its held refunds: refund id → the refund's message.
 pub const HELD: &str = "held_refunds";
 
+/// The most refunds one payment takes (`refund_limit_reached` past it). Each refund leaves
+/// its reservation (`refunds.<id>`, or `released:<id>` once given back) on the payment's
+/// record, and a DynamoDB item holds 400 KB: with ids of up to 255 bytes that is at most
+/// ~110 KB here, beside at most [`MAX_HELD_REFUNDS`] held messages (~30 KB each: a refund's
+/// fields and Stripe's 50 metadata keys), the first
+/// [`crate::events::settlement::MAX_EVENT_NOTES`] event notes (under 1 KB each) and the
+/// payment's own outcome and disputes (a few KB): under 350 KB in the worst case. Stripe sets
+/// no number; other processors do (150 partial captures and refunds at Checkout.com).
+pub const MAX_REFUNDS_PER_PAYMENT: i64 = 200;
+
+/// The most refunds one payment holds at once while it settles (`refund_limit_reached` past
+/// it): each held refund keeps its whole message on the payment's record until it is resumed.
+pub const MAX_HELD_REFUNDS: usize = 4;
+
+/// The payment record's count of the refunds ever reserved on it.
+pub const REFUND_COUNT: &str = "refund_count";
+
 /// The condition and the removal that take `held_refunds.#rid` off a payment's record whose
 /// map had `held_count` entries when read: the last one also takes the record out of the
 /// [`HELD_PARTITION`]. The count is pinned, so a write that raced this one reads again.
@@ -163,6 +180,12 @@ pub struct RefundablePayment {
     pub held: BTreeMap<String, String>,
     /// The record carries the `held` map (a first hold creates it).
     pub has_held: bool,
+    /// Refunds ever reserved on the payment (`refund_count`; for a record written before it
+    /// was kept, its reservations and releases counted): each leaves an entry on the record,
+    /// so past [`MAX_REFUNDS_PER_PAYMENT`] a refund is refused.
+    pub refunds_made: i64,
+    /// The record carries `refund_count`.
+    pub counts_refunds: bool,
 }
 
 impl RefundablePayment {
@@ -424,6 +447,7 @@ impl RefundLedger for DynamoRefundLedger {
         };
         let record = self.records.record_from_item(item)?;
         let refunds = reservations_of(item);
+        let refunds_len = refunds.len();
         Ok(Some(RefundablePayment {
             status: record.status,
             outcome: record.outcome.as_ref().map(PaymentOutcome::from_outcome),
@@ -435,6 +459,9 @@ impl RefundLedger for DynamoRefundLedger {
             traceparent: record.traceparent.clone(),
             held: held_of(item),
             has_held: item.contains_key(HELD),
+            refunds_made: get_n(item, REFUND_COUNT)
+                .unwrap_or_else(|| (refunds_len + released_of(item).len()) as i64),
+            counts_refunds: item.contains_key(REFUND_COUNT),
         }))
     }
 
@@ -541,6 +568,20 @@ impl RefundLedger for DynamoRefundLedger {
                 )
             }
         };
+        // The count of refunds made, pinned to the one read: two refunds that read the same
+        // count cannot both write it, so the count (and what the record holds) stays exact.
+        // (DynamoDB refuses a value no expression uses: `:made` only where it is compared.)
+        let counted = if seen.counts_refunds {
+            req = req.expression_attribute_values(":made", n(seen.refunds_made));
+            "#made = :made"
+        } else {
+            "attribute_not_exists(#made)"
+        };
+        req = req
+            .expression_attribute_names("#made", REFUND_COUNT)
+            .expression_attribute_values(":made_next", n(seen.refunds_made + 1));
+        let held_condition = format!("{held_condition} AND {counted}");
+        let held_set = format!("{held_set}, #made = :made_next");
         req = if seen.has_refunds {
             req.update_expression(format!(
                 "SET refunds.#rid = :amount, refunded_amount = :total, expires_at = :keep{held_set}"
@@ -713,6 +754,8 @@ impl RefundLedger for InMemoryRefundLedger {
                 && p.held.contains_key(refund_id);
             if !fits
                 || entry_taken
+                || p.refunds_made != seen.refunds_made
+                || p.counts_refunds != seen.counts_refunds
                 || p.held.len() != seen.held.len()
                 || p.refunds.contains_key(refund_id)
                 || p.refunded != seen.refunded
@@ -724,6 +767,8 @@ impl RefundLedger for InMemoryRefundLedger {
             p.refunds.insert(refund_id.to_owned(), amount);
             p.refunded = total;
             p.has_refunds = true;
+            p.refunds_made += 1;
+            p.counts_refunds = true;
             if let Some(body) = hold {
                 p.held.insert(refund_id.to_owned(), body.to_owned());
                 p.has_held = true;

@@ -18,8 +18,10 @@
 //! its message again ([`crate::refunds::held`]); this work then runs once more and makes the
 //! refund (the payment succeeded) or gives its amount back and completes it [`CANCELED`] (the
 //! payment failed). A payment that ended without a charge (declined, canceled, rejected) is
-//! `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, both
-//! dead-lettered and never redriven (their records are complete).
+//! `payment_not_refundable`, a refund beyond what is left `refund_exceeds_charge`, a refund
+//! past what one payment's record keeps (its 200th, or a fifth held at once while the payment
+//! settles) `refund_limit_reached`, each dead-lettered and never redriven (their records are
+//! complete).
 //!
 //! Why ~530 lines: the refund's decision on its payment (charged, settling, failed), its
 //! reservation or hold, and its call are one path, read with the `Work` that runs it.
@@ -36,7 +38,9 @@ use sqs_once::clock::Clock;
 use sqs_once::{AttemptContext, CallError, Outcome, Rejection, Verdict, Work};
 
 use crate::provider::{RefundCall, RefundProvider, RefundResponse};
-use crate::refunds::ledger::{RefundLedger, RefundablePayment, Reservation};
+use crate::refunds::ledger::{
+    RefundLedger, RefundablePayment, Reservation, MAX_HELD_REFUNDS, MAX_REFUNDS_PER_PAYMENT,
+};
 pub use crate::refunds::request::{RefundRequest, REASONS};
 
 /// The batch runner over refunds: the refund-processor Lambda's whole handler.
@@ -264,6 +268,28 @@ impl RefundWork {
                     r.amount.map_or("the rest".to_owned(), |a| a.to_string()),
                     r.payment_id,
                     p.refunded
+                ),
+            ))));
+        }
+        // What one payment's record keeps is bounded (DynamoDB's 400 KB an item): the count
+        // read is pinned by the reservation's write, so no two refunds pass it together.
+        if p.refunds_made >= MAX_REFUNDS_PER_PAYMENT {
+            return Ok(Some(Err(rejected(
+                "refund_limit_reached",
+                format!(
+                    "payment {} has had {} refunds, the most one payment takes ({MAX_REFUNDS_PER_PAYMENT}); refund what is left of it by hand",
+                    r.payment_id, p.refunds_made
+                ),
+            ))));
+        }
+        if hold.is_some() && !p.held.contains_key(&r.refund_id) && p.held.len() >= MAX_HELD_REFUNDS
+        {
+            return Ok(Some(Err(rejected(
+                "refund_limit_reached",
+                format!(
+                    "payment {} holds {} refunds waiting for it to settle, the most it holds ({MAX_HELD_REFUNDS}); send this refund under a new refund_id once the payment has settled",
+                    r.payment_id,
+                    p.held.len()
                 ),
             ))));
         }

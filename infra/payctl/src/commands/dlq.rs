@@ -47,7 +47,7 @@ pub enum DlqCommand {
         /// Move the codes that are never redriven too (payments: invalid_json, invalid_payment,
         /// idempotency_key_reused, provider_rejected, request_expired; refunds: invalid_json,
         /// invalid_refund, payment_unknown, payment_not_refundable, refund_exceeds_charge,
-        /// refund_failed).
+        /// refund_limit_reached, refund_failed).
         #[arg(long)]
         force: bool,
     },

@@ -171,7 +171,7 @@ pub async fn status(args: StatusArgs, sdk: &aws_config::SdkConfig) -> Result<()>
         doc["refunded_amount"] = after.refunded_amount.into();
         doc["refunds"] = serde_json::to_value(&after.refunds)?;
         let rest = payctl::refunds::to_json(&after);
-        for field in ["disputed_amount", "disputes", "events"] {
+        for field in ["disputed_amount", "disputes", "events", "events_not_listed"] {
             if let Some(v) = rest.get(field) {
                 doc[field] = v.clone();
             }
@@ -233,9 +233,24 @@ pub async fn history(args: HistoryArgs, sdk: &aws_config::SdkConfig) -> Result<(
             ));
         }
         events.sort_by_key(|(at, _)| *at);
+        if after.events_not_listed > 0 {
+            // The record lists its first provider events and counts the rest (its size).
+            events.push((
+                i64::MAX,
+                format!(
+                    "and {} provider events applied after these, counted, not listed (the record lists the first {})",
+                    after.events_not_listed,
+                    payment_core::events::settlement::MAX_EVENT_NOTES
+                ),
+            ));
+        }
     }
     for (at, what) in events {
-        println!("{}  {what}", payctl::time::utc(at));
+        if at == i64::MAX {
+            println!("{what}");
+        } else {
+            println!("{}  {what}", payctl::time::utc(at));
+        }
     }
     Ok(())
 }

@@ -94,6 +94,10 @@ struct Args {
     /// door may take: U+FFFE/U+FFFF, a control character, a card number).
     #[arg(long, env = "SHOPPER_TEXT_SHARE", default_value_t = 0.05)]
     shopper_text_share: f64,
+    /// The share of the provider's events an insider forges onto the events queue (a final
+    /// state the provider never reached, under a new id).
+    #[arg(long, env = "FORGED_EVENT_SHARE", default_value_t = 0.02)]
+    forged_event_share: f64,
     /// The provider account's limit, requests a second (Stripe's live default: 100).
     #[arg(long, env = "PROVIDER_ACCOUNT_RATE", default_value_t = 100.0)]
     account_rate: f64,
@@ -165,6 +169,10 @@ fn replay(args: &Args, seed: u64) -> String {
     put(
         "SHOPPER_TEXT_SHARE",
         (args.shopper_text_share != 0.05).then(|| args.shopper_text_share.to_string()),
+    );
+    put(
+        "FORGED_EVENT_SHARE",
+        (args.forged_event_share != 0.02).then(|| args.forged_event_share.to_string()),
     );
     put(
         "PROVIDER_ACCOUNT_RATE",
@@ -275,6 +283,11 @@ fn main() -> Result<()> {
             "SHOPPER_TEXT_SHARE is a share of the payments, from 0 to 1"
         );
         opts.shopper_text_share = args.shopper_text_share;
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&args.forged_event_share),
+            "FORGED_EVENT_SHARE is a share of the events, from 0 to 1"
+        );
+        opts.forged_event_share = args.forged_event_share;
         if let Some(a) = args.arrival_seconds {
             anyhow::ensure!(
                 a >= 0.0 && a <= args.days * 86_400.0,
@@ -299,7 +312,7 @@ fn main() -> Result<()> {
         let took = t0.elapsed().as_secs_f64();
         sim_days += report.days;
         println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, {} events forged, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
             report.days,
             report.payments,
             report.charged,
@@ -336,6 +349,7 @@ fn main() -> Result<()> {
             report.write_units_peak,
             report.peak_concurrency,
             report.events_throttled,
+            report.events_forged,
             report.digest,
             report.days / took.max(1e-9),
         );

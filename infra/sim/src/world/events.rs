@@ -85,6 +85,16 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
                 at.push(Duration::from_secs_f64(60.0 + w.draw() * 3.0 * 3600.0));
             }
             w.stats.lock().expect("stats").events += 1;
+            // Drawn from the event's id, not the run's draws: the forger changes no other draw.
+            let (forged, later) = id_draws(w.opts.seed, &e.id);
+            if forged < w.opts.forged_event_share {
+                let delay = Duration::from_secs_f64(1.0 + later * 600.0);
+                let (w2, queue2, e2) = (Arc::clone(&w), Arc::clone(&queue), e.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    forge(&w2, &*queue2, &e2).await;
+                });
+            }
             for delay in at.into_iter().filter(|_| w.webhook) {
                 let (w2, queue2, e2) = (Arc::clone(&w), Arc::clone(&queue), e.clone());
                 tokio::spawn(async move {
@@ -108,6 +118,54 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
             }
         }
     }
+}
+
+/// Two draws in [0, 1) fixed by the seed and an event's id (FNV-1a, then a splitmix step).
+fn id_draws(seed: u64, id: &str) -> (f64, f64) {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for b in id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let next = |x: u64| {
+        let z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (a, b) = (next(h), next(h ^ 0x5555_5555_5555_5555));
+    let unit = |x: u64| (x >> 11) as f64 / (1u64 << 53) as f64;
+    (unit(a), unit(b))
+}
+
+/// An insider's forgery of `e`: under a new id, its object at a final state (a PaymentIntent
+/// `canceled`, a refund `failed`, a dispute `won`), sent straight to the events queue, where
+/// no signature is asked for. Applied as it says, it would cancel a payment the provider
+/// charged, give back a refund's amount for another, or release a chargeback's: each shows as a
+/// ledger that is not the provider's books.
+async fn forge(w: &World, queue: &dyn EventQueue, e: &Event) {
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&e.body) else {
+        return;
+    };
+    let (kind, status) = match v["data"]["object"]["object"].as_str() {
+        Some("payment_intent") => ("payment_intent.canceled", "canceled"),
+        Some("refund") => ("refund.failed", "failed"),
+        Some("dispute") => ("charge.dispute.closed", "won"),
+        _ => return,
+    };
+    let n = {
+        let mut stats = w.stats.lock().expect("stats");
+        stats.events_forged += 1;
+        stats.events_forged
+    };
+    v["id"] = format!("evt_forged{n:08}").into();
+    v["type"] = kind.into();
+    v["data"]["object"]["status"] = status.into();
+    let body = v.to_string();
+    let Ok(event) = ProviderEvent::parse(&body) else {
+        return;
+    };
+    // Refused by SQS (an outage) it is simply lost: the insider tries once.
+    let _ = queue.enqueue(&event, &body).await;
 }
 
 /// Stripe's retries of a failed delivery (after the first attempt), until three days after the

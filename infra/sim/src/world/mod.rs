@@ -6,6 +6,9 @@
 //!
 //! Everything runs on one thread, on tokio's paused clock: time moves only when every task
 //! waits, so a month passes as fast as the work in it, and the seed fixes every draw.
+//!
+//! Why ~500 lines: the world's parts (its options, its mutations, the stack it provisions and
+//! the tasks it runs) are wired in one place, where a reader sees what a run is made of.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -77,6 +80,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     (
         "intake_takes_any_text",
         "the doors check text for its length only: a payment holding U+FFFF is answered 202 and its row reaches the relay (payment_core::domain::text::MUTATIONS)",
+    ),
+    (
+        "inbox_applies_payload",
+        "the inbox takes an event's payload for the provider's copy of its object: an insider's forged event settles payments, refunds and disputes (payment_core::events::inbox::MUTATIONS)",
     ),
     (
         "inbox_reads_not_booked",

@@ -25,6 +25,11 @@ pub struct Options {
     /// metadata value (any Unicode; one piece in five is what no door may take: U+FFFE or
     /// U+FFFF, a control character, a card number).
     pub shopper_text_share: f64,
+    /// Share of the provider's events an insider forges (one who may send to the events
+    /// queue): a copy of the event under a new id, sent straight to the queue with the object
+    /// at a final state it may never reach (a PaymentIntent `canceled`, a refund `failed`, a
+    /// dispute `won`).
+    pub forged_event_share: f64,
     /// Share of payments sent again under the same id with another amount (a reused key).
     pub reused_key_share: f64,
     /// Share of card payments the merchant refunds (hours to ten days later).
@@ -82,6 +87,7 @@ impl Options {
             duplicate_share: 0.05,
             bad_input_share: 0.01,
             shopper_text_share: 0.05,
+            forged_event_share: 0.02,
             reused_key_share: 0.005,
             refund_share: 0.1,
             crash_rate: 0.02,

@@ -99,6 +99,8 @@ pub struct Report {
     /// Webhook deliveries the events route refused `429` (its `ProviderEventsRateLimit` and
     /// `ProviderEventsBurstLimit`), each retried by the provider later.
     pub events_throttled: u64,
+    /// Events an insider forged onto the events queue ([`crate::world::Options::forged_event_share`]).
+    pub events_forged: u64,
     /// DynamoDB write units a second: the busiest second's, and the mean over
     /// [`Report::charging_span_s`].
     pub write_units_peak: u64,
