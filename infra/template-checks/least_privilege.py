@@ -12,7 +12,12 @@ Fails on:
   (`aws:SourceAccount`, `aws:SourceArn` or a `kms:EncryptionContext:` key): no confused deputy;
 - a dead-letter queue (a queue some RedrivePolicy names) without a `byQueue` RedriveAllowPolicy;
 - an event source mapping whose function's role cannot poll its source (SQS: receive, delete,
-  attributes; a DynamoDB stream: describe, records, iterator, list), on that source itself.
+  attributes; a DynamoDB stream: describe, records, iterator, list), on that source itself;
+- a queue whose policy does not refuse sqs:SendMessage to every principal but those it names
+  (a Deny on `*` unless `aws:PrincipalArn` is one named, or `aws:SourceArn` the rule's), or
+  that refuses a role of the stack its inline policy lets send there (the function could not);
+- a key policy statement that lets one principal both administer the key and use it
+  (`kms:*`, or an administrative action beside an encrypting one).
 
 `--self-test` runs the check on small templates that break each rule, and on one that breaks
 none, so that a check that can no longer fail fails here.
@@ -75,9 +80,64 @@ def only_codedeploy_assumes(role):
     return principals == ["codedeploy.amazonaws.com"] and not other
 
 
+KMS_USE = {"kms:encrypt", "kms:decrypt", "kms:reencrypt*", "kms:reencryptfrom", "kms:reencryptto",
+           "kms:generatedatakey", "kms:generatedatakey*", "kms:generatedatakeywithoutplaintext"}
+
+
+def getatts(value):
+    """The logical ids a value's Fn::GetAtt name, however nested (Fn::If, Fn::Join, Fn::Split)."""
+    if isinstance(value, dict):
+        if "Fn::GetAtt" in value:
+            return {as_list(value["Fn::GetAtt"])[0].split(".")[0]}
+        return set().union(*(getatts(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(getatts(v) for v in value)) if value else set()
+    return set()
+
+
+def queue_of(resource):
+    ids = getatts(resource)
+    return next(iter(ids)) if len(ids) == 1 else None
+
+
+def send_guards(resources):
+    """Queue logical id → the principals (logical ids) its policy's send Deny lets through, and
+    whether that Deny lets a rule (aws:SourceArn) through."""
+    guards = {}
+    for res in resources.values():
+        if res.get("Type") != "AWS::SQS::QueuePolicy":
+            continue
+        for st in statements(res.get("Properties", {}).get("PolicyDocument")):
+            if not isinstance(st, dict) or st.get("Effect") != "Deny" or st.get("Principal") != "*":
+                continue
+            if "sqs:SendMessage" not in as_list(st.get("Action")):
+                continue
+            condition = st.get("Condition") or {}
+            named = (condition.get("ArnNotLike") or {}).get("aws:PrincipalArn")
+            rule = (condition.get("ArnNotEquals") or {}).get("aws:SourceArn")
+            if named is None and rule is None:
+                continue
+            for queue in filter(None, (queue_of(r) for r in as_list(st.get("Resource")))):
+                guards[queue] = (getatts(named) if named is not None else set(), rule is not None)
+    return guards
+
+
 def check(template):
     problems = []
     resources = template.get("Resources", {})
+    guards = send_guards(resources)
+    for name, res in resources.items():
+        if res.get("Type") == "AWS::SQS::Queue" and name not in guards:
+            problems.append(f"{name}: its policy does not refuse sqs:SendMessage to principals it does not name")
+    for name, res in resources.items():
+        if res.get("Type") != "AWS::IAM::Role":
+            continue
+        for st in role_statements(res):
+            if st.get("Effect") != "Allow" or "sqs:SendMessage" not in as_list(st.get("Action")):
+                continue
+            for queue in filter(None, (queue_of(r) for r in as_list(st.get("Resource")))):
+                if queue in guards and name not in guards[queue][0]:
+                    problems.append(f"{queue}: its policy refuses {name}, which the stack lets send there")
     for name, res in resources.items():
         kind, props = res.get("Type"), res.get("Properties", {})
         if kind == "AWS::IAM::Role":
@@ -101,6 +161,15 @@ def check(template):
                 problems.append(f"{name}: {', '.join(guarded)} on a wildcard resource ({st.get('Sid', 'no Sid')})")
         if kind == "AWS::KMS::Key":
             for st in statements(props.get("KeyPolicy")):
+                if not isinstance(st, dict) or st.get("Effect") != "Allow":
+                    continue
+                actions = {a.lower() for a in as_list(st.get("Action")) if isinstance(a, str)}
+                administers = {a for a in actions if a.split(":")[-1].startswith(
+                    ("create", "put", "update", "delete", "disable", "enable", "schedule", "cancel",
+                     "revoke", "tag", "untag", "rotate"))} - {"kms:creategrant"}
+                if "kms:*" in actions or (administers and actions & KMS_USE):
+                    problems.append(f"{name}: one key policy statement both administers and uses the key "
+                                    f"({st.get('Sid', 'no Sid')})")
                 principal = st.get("Principal")
                 if not (isinstance(principal, dict) and "Service" in principal) or st.get("Effect") != "Allow":
                     continue
@@ -161,7 +230,18 @@ def good_template():
             "ManagedPolicyArns": ["arn:aws:iam::aws:policy/service-role/AWSCodeDeployRoleForLambda"]}},
         "Key": {"Type": "AWS::KMS::Key", "Properties": {"KeyPolicy": {"Statement": [
             {"Effect": "Allow", "Principal": {"Service": "cloudwatch.amazonaws.com"}, "Action": "kms:Decrypt",
-             "Resource": "*", "Condition": {"StringEquals": {"aws:SourceAccount": "1"}}}]}}},
+             "Resource": "*", "Condition": {"StringEquals": {"aws:SourceAccount": "1"}}},
+            {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::1:root"},
+             "Action": ["kms:Describe*", "kms:Put*", "kms:ScheduleKeyDeletion"], "Resource": "*"}]}}},
+        "Policies": {"Type": "AWS::SQS::QueuePolicy", "Properties": {"PolicyDocument": {"Statement": [
+            {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": {"Fn::GetAtt": ["Q", "Arn"]},
+             "Condition": {"ArnNotLike": {"aws:PrincipalArn": {"Fn::Split": [",", {"Fn::Join": [",", [
+                 {"Fn::GetAtt": ["FnRole", "Arn"]},
+                 {"Fn::If": ["HasProducers", {"Fn::Join": [",", {"Ref": "Producers"}]},
+                             {"Fn::GetAtt": ["FnRole", "Arn"]}]}]]}]}}}},
+            {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage",
+             "Resource": {"Fn::GetAtt": ["Dlq", "Arn"]},
+             "Condition": {"ArnNotEquals": {"aws:SourceArn": "arn:aws:events:r:1:rule/b/r"}}}]}}},
     }}
 
 
@@ -182,6 +262,15 @@ def self_test():
             "lambda.amazonaws.com"),
         "a mapping its role cannot poll": lambda t: t["Resources"]["FnRole"]["Properties"]["Policies"][0][
             "PolicyDocument"]["Statement"][0]["Action"].remove("sqs:ReceiveMessage"),
+        "a queue anyone of the account may send to": lambda t: t["Resources"]["Policies"]["Properties"][
+            "PolicyDocument"]["Statement"].pop(1),
+        "a role the stack lets send that the queue refuses": lambda t: t["Resources"]["FnRole"]["Properties"][
+            "Policies"][0]["PolicyDocument"]["Statement"].append(
+            {"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": {"Fn::GetAtt": ["Dlq", "Arn"]}}),
+        "a key its administrators may use": lambda t: t["Resources"]["Key"]["Properties"]["KeyPolicy"][
+            "Statement"][1]["Action"].append("kms:Decrypt"),
+        "the account's kms:*": lambda t: t["Resources"]["Key"]["Properties"]["KeyPolicy"]["Statement"][1].update(
+            Action="kms:*"),
     }
     for what, breaking in breaks.items():
         t = copy.deepcopy(good_template())
@@ -202,8 +291,11 @@ def main():
     if problems:
         sys.exit(1)
     roles = sum(1 for r in template.get("Resources", {}).values() if r.get("Type") == "AWS::IAM::Role")
+    queues = sum(1 for r in template.get("Resources", {}).values() if r.get("Type") == "AWS::SQS::Queue")
     print(f"least privilege: {roles} roles, no managed policy beyond logs and tracing, no SQS, DynamoDB "
-          "or KMS action on a wildcard resource, every service grant conditioned, every DLQ byQueue")
+          f"or KMS action on a wildcard resource, every service grant conditioned, every DLQ byQueue, "
+          f"each of {queues} queues refusing sends but from those it names (every role the stack lets "
+          "send among them), the key's administrators apart from its users")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """One shape of a (SAM-transformed) template: the template as CloudFormation would deploy it
 for some parameter values, so that the offline checks read each shape the template can take.
 
-- the Conditions are evaluated (Fn::Equals, Fn::Not, Fn::And, Fn::Or, Condition, Ref of a
+- the Conditions are evaluated (Fn::Equals, Fn::Not, Fn::And, Fn::Or, Fn::Join, Condition, Ref of a
   parameter: its given value, else its default);
 - a resource or an output whose Condition is false is left out;
 - every Fn::If is replaced by the branch its condition picks, and AWS::NoValue removes the
@@ -68,6 +68,12 @@ def evaluate(expr, values, conditions, template):
             return any(evaluate(x, values, conditions, template) for x in arg)
         if fn == "Condition":
             return condition(arg, values, conditions, template)
+        if fn == "Fn::Join":
+            # Of a list, or of a CommaDelimitedList parameter (its value as given: "a,b").
+            sep, items = arg
+            if isinstance(items, dict):
+                items = str(evaluate(items, values, conditions, template)).split(",")
+            return sep.join(str(evaluate(x, values, conditions, template)) for x in items)
         if fn == "Ref":
             if arg not in values:
                 raise Refused(f"the condition needs the parameter {arg}, which has no value")

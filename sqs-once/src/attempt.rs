@@ -27,6 +27,18 @@ use crate::settings::CLOCK_SKEW_MS;
 use crate::trace::Outcome;
 use crate::work::{AttemptContext, Redaction, Verdict, Work};
 
+/// The outcome field (and dead letter attribute) naming who sent the message: its `SenderId`,
+/// as SQS recorded it (the IAM user or role session, never the message's own word).
+pub const SENDER_ID: &str = "sender_id";
+
+/// The message's `SenderId` system attribute.
+fn sender_of(msg: &SqsMessage) -> Option<&str> {
+    msg.attributes
+        .get("SenderId")
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
 /// Where the message stands after the claim.
 enum Claimed {
     /// We hold the lease.
@@ -187,6 +199,13 @@ impl<W: Work> BatchRunner<W> {
                     .work
                     .retention_after(&outcome)
                     .map(|d| (self.clock.now_ms() + ms(d.max(self.settings.record_ttl))) / 1000);
+                // The record says who sent the message it completed (PCI DSS 10.2: who did it).
+                let outcome = match sender_of(msg) {
+                    Some(sender) if outcome.text(SENDER_ID).is_none() => {
+                        outcome.with_text(SENDER_ID, sender)
+                    }
+                    _ => outcome,
+                };
                 match self
                     .store
                     .complete(key, owner, &outcome, keep_until)
@@ -497,6 +516,11 @@ impl<W: Work> BatchRunner<W> {
             Some(r) => (r.body, vec![(r.attribute, "true".to_owned())]),
             None => (body.to_owned(), Vec::new()),
         };
+        // Who sent it (the message's `SenderId`, as SQS recorded it): the letter's own sender is
+        // this function.
+        if let Some(sender) = sender_of(msg) {
+            extra_attributes.push((SENDER_ID.to_owned(), sender.to_owned()));
+        }
         // The dead letter keeps its trace: a redrive continues it.
         if let Some((parent, state)) = crate::trace::producer(msg) {
             extra_attributes.push((crate::trace::TRACEPARENT.to_owned(), parent.to_owned()));

@@ -48,6 +48,7 @@ pub mod token;
 pub mod trace;
 pub mod work;
 
+pub use attempt::SENDER_ID;
 pub use dynamo::{DynamoStore, KeyLayout};
 pub use fingerprint::Fingerprint;
 pub use queue::{QueueOps, SqsQueues};

@@ -530,3 +530,33 @@ async fn a_failed_attempt_cannot_touch_a_record_it_does_not_own() {
         "the completed record is untouched"
     );
 }
+
+#[tokio::test]
+async fn the_record_and_the_dead_letter_say_who_sent_the_message() {
+    // SQS's own `SenderId` (the IAM principal that sent it, never the body's word): kept on
+    // the completed record and on a dead letter, whose own sender is the function.
+    let w = world(fast(), Duration::from_secs(1));
+    let sent_by = |m: SqsMessage| {
+        let mut m = m;
+        m.attributes
+            .insert("SenderId".into(), "AROAEXAMPLE:order-service".into());
+        m
+    };
+    let batch = vec![
+        sent_by(msg("m1", &body("p1", 100), None)),
+        sent_by(msg("m2", "not json", None)),
+    ];
+    let (response, _) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert!(response.batch_item_failures.is_empty());
+    let r = w.store.get("p1").await.unwrap().unwrap();
+    assert_eq!(
+        r.outcome.unwrap().text(sqs_once::SENDER_ID),
+        Some("AROAEXAMPLE:order-service")
+    );
+    let dead = w.queues.dead.lock().unwrap().clone();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].extra_attributes.contains(&(
+        "sender_id".to_owned(),
+        "AROAEXAMPLE:order-service".to_owned()
+    )));
+}

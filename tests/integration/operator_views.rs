@@ -4,7 +4,7 @@ use crate::helpers::{payment, TestStack};
 
 /// A payment sent to the queue itself (not through the API) exists for the API too: `GET`
 /// answers from the processor's record, marked as come by the queue, with its amount and
-/// currency once charged; a payment known nowhere is still `404`.
+/// currency once charged and who sent it; a payment known nowhere is still `404`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payment_sent_to_the_queue_exists_for_the_api() {
     let t = TestStack::new("raw-get").await;
@@ -19,6 +19,11 @@ async fn a_payment_sent_to_the_queue_exists_for_the_api() {
     assert_eq!(got["source"], "queue", "{got}");
     assert_eq!(got["amount"], 1234, "{got}");
     assert_eq!(got["currency"], "usd", "{got}");
+    // Who sent it: SQS's `SenderId` of the message its record completed.
+    assert!(
+        got["sent_by"].as_str().is_some_and(|s| !s.is_empty()),
+        "{got}"
+    );
     assert_eq!(client.get(&t.pid("never")).await.unwrap().status, 404);
 }
 

@@ -54,6 +54,9 @@ pub struct StoredPayment {
     pub response_body: String,
     /// DynamoDB TTL, epoch s.
     pub expires_at_s: i64,
+    /// Who created it: the IAM principal API Gateway authenticated (`requestContext.authorizer.iam.userArn`),
+    /// when the request came through it.
+    pub created_by: Option<String>,
 }
 
 /// What [`PaymentsStore::create`] found.
@@ -214,6 +217,20 @@ impl PaymentsApi {
         header: impl Fn(&str) -> Option<String>,
         body: &[u8],
     ) -> ApiResponse {
+        self.handle_as(None, method, path, header, body).await
+    }
+
+    /// [`PaymentsApi::handle`] for a request whose IAM principal API Gateway authenticated
+    /// (`caller`, never read from the request's own headers): a payment it creates keeps it as
+    /// `created_by`, and `GET` shows it.
+    pub async fn handle_as(
+        &self,
+        caller: Option<&str>,
+        method: &str,
+        path: &str,
+        header: impl Fn(&str) -> Option<String>,
+        body: &[u8],
+    ) -> ApiResponse {
         let path = path.trim_end_matches('/');
         let segments: Vec<&str> = path.split('/').skip(1).collect();
         // The request's span (kind server) continues the caller's trace when it sends a
@@ -228,7 +245,7 @@ impl PaymentsApi {
             sqs_once::trace::continue_trace(&span, &parent, header("tracestate").as_deref());
         }
         let answer = self
-            .route(method, path, &segments, header, body)
+            .route(caller, method, path, &segments, header, body)
             .instrument(span.clone())
             .await;
         traces::answered(&span, answer.status);
@@ -252,6 +269,7 @@ impl PaymentsApi {
 
     async fn route(
         &self,
+        caller: Option<&str>,
         method: &str,
         path: &str,
         segments: &[&str],
@@ -259,7 +277,9 @@ impl PaymentsApi {
         body: &[u8],
     ) -> ApiResponse {
         match (method, segments) {
-            ("POST", ["v1", "payments"]) => self.create(header(IDEMPOTENCY_KEY), body).await,
+            ("POST", ["v1", "payments"]) => {
+                self.create_as(caller, header(IDEMPOTENCY_KEY), body).await
+            }
             ("GET", ["v1", "payments", id]) => {
                 let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
                 self.retrieve(&id).await
@@ -287,6 +307,16 @@ impl PaymentsApi {
 
     /// `POST /v1/payments`.
     pub async fn create(&self, key: Option<String>, body: &[u8]) -> ApiResponse {
+        self.create_as(None, key, body).await
+    }
+
+    /// `POST /v1/payments` by `caller` (the IAM principal API Gateway authenticated).
+    pub async fn create_as(
+        &self,
+        caller: Option<&str>,
+        key: Option<String>,
+        body: &[u8],
+    ) -> ApiResponse {
         if body.len() > MAX_REQUEST_BYTES {
             return error(
                 413,
@@ -380,6 +410,7 @@ impl PaymentsApi {
             response_status: 202,
             response_body: object.to_string(),
             expires_at_s: (now + ms(row_lifetime(self.retention))) / 1000,
+            created_by: caller.map(str::to_owned),
         };
         sqs_once::trace::set_attribute(&tracing::Span::current(), "idempotency.key", key.as_str());
         let entry = OutboxEntry {
@@ -542,6 +573,9 @@ impl PaymentsApi {
         );
         add_view(&mut object, view);
         add_after_charge(&mut object, after);
+        if let Some(by) = &payment.created_by {
+            object["created_by"] = json!(by);
+        }
         ApiResponse::json(200, &object)
     }
 }
@@ -549,7 +583,8 @@ impl PaymentsApi {
 /// A payment that came through the queue, not the API: its status from the processor's
 /// record and dead-letter mark as [`status_of`] reads them, its amount and currency from the
 /// outcome when the provider answered (else `null`), `created` from its first claim (or its
-/// dead-lettering), and `"source": "queue"`.
+/// dead-lettering), `"source": "queue"`, and `sent_by` (the message's `SenderId`) when its
+/// record says.
 fn queue_payment(
     id: &str,
     record: Option<&IdempotencyRecord>,
@@ -573,6 +608,13 @@ fn queue_payment(
         "created": created_ms / 1000,
         "source": "queue",
     });
+    // Who sent the message its record completed (SQS's `SenderId`), when it says.
+    if let Some(by) = record
+        .and_then(|r| r.outcome.as_ref())
+        .and_then(|o| o.text(sqs_once::SENDER_ID))
+    {
+        object["sent_by"] = json!(by);
+    }
     add_view(&mut object, view);
     object
 }
@@ -747,6 +789,7 @@ mod tests {
             response_status: 202,
             response_body: "{}".into(),
             expires_at_s: 1,
+            created_by: None,
         };
         let mark = DeadLetterMark {
             key: "p1".into(),
@@ -887,6 +930,34 @@ mod tests {
         let message = PaymentRequest::parse(&outbox["order-1234"].message).unwrap();
         assert_eq!(message.payment_id.as_str(), "order-1234");
         assert_eq!(message.metadata["order"], "1234");
+    }
+
+    #[tokio::test]
+    async fn the_payment_keeps_who_created_it_and_get_says_so_never_from_a_header() {
+        let (api, tables) = api();
+        let by = "arn:aws:sts::111122223333:assumed-role/order-service/i-0abc";
+        let headers = |h: &str| match h {
+            IDEMPOTENCY_KEY => Some("order-by".to_owned()),
+            // A caller cannot name itself: this header is nobody's word.
+            "x-created-by" => Some("arn:aws:iam::111122223333:role/someone-else".to_owned()),
+            _ => None,
+        };
+        let created = api
+            .handle_as(Some(by), "POST", "/v1/payments", headers, BODY.as_bytes())
+            .await;
+        assert_eq!(created.status, 202, "{}", created.body);
+        assert_eq!(
+            tables.payments.lock().unwrap()["order-by"]
+                .created_by
+                .as_deref(),
+            Some(by)
+        );
+        assert_eq!(json_of(&get(&api, "order-by").await)["created_by"], by);
+        // Without an authenticated principal (payctl api serve), nothing is claimed.
+        assert_eq!(post(&api, Some("order-anon"), BODY).await.status, 202);
+        assert!(json_of(&get(&api, "order-anon").await)
+            .get("created_by")
+            .is_none());
     }
 
     #[tokio::test]
@@ -1441,6 +1512,7 @@ mod tests {
             response_status: 202,
             response_body: r#"{"id":"old","status":"pending"}"#.into(),
             expires_at_s: i64::MAX / 1000,
+            created_by: None,
         };
         tables.create(&row, &entry).await.unwrap();
         let retry = post(&api, Some("old"), body).await;

@@ -31,7 +31,7 @@ pub struct DynamoPayments {
 
 /// The payment row's item.
 pub fn payment_to_item(p: &StoredPayment) -> Item {
-    HashMap::from([
+    let mut item = HashMap::from([
         ("pk".to_owned(), s(&format!("{PAYMENT_PREFIX}{}", p.id))),
         ("kind".to_owned(), s(PAYMENT_KIND)),
         ("id".to_owned(), s(&p.id)),
@@ -46,7 +46,11 @@ pub fn payment_to_item(p: &StoredPayment) -> Item {
         ),
         ("response_body".to_owned(), s(&p.response_body)),
         ("expires_at".to_owned(), n(p.expires_at_s)),
-    ])
+    ]);
+    if let Some(by) = &p.created_by {
+        item.insert("created_by".to_owned(), s(by));
+    }
+    item
 }
 
 /// Reads a payment row.
@@ -66,6 +70,7 @@ pub fn payment_from_item(item: &Item) -> Result<StoredPayment, Unavailable> {
             .map_err(|_| Unavailable("payment row with a bad response_status".into()))?,
         response_body: field("response_body")?,
         expires_at_s: get_n(item, "expires_at").unwrap_or(0),
+        created_by: get_s(item, "created_by"),
     })
 }
 

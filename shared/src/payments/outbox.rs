@@ -419,6 +419,7 @@ mod tests {
             response_status: 202,
             response_body: "{}".into(),
             expires_at_s: 1,
+            created_by: None,
         };
         let mut row = payment_to_item(&payment);
         row.extend(entry.attributes());

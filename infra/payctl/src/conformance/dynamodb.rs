@@ -225,6 +225,7 @@ pub(super) async fn conditional_put_one_winner(
         response_status: 202,
         response_body: format!("{{\"id\":\"{id}\"}}"),
         expires_at_s: 0,
+        created_by: None,
     };
     let entry = |id: &str| OutboxEntry {
         payment_id: id.to_owned(),

@@ -106,6 +106,19 @@ impl<'a> Conditions<'a> {
                     anyhow!("the condition needs the parameter {name}, which has no value")
                 });
             }
+            if f == "Fn::Join" {
+                // Of a list, or of a CommaDelimitedList parameter (its value as given: "a,b").
+                let a = arg.as_sequence().cloned().unwrap_or_default();
+                let (Some(sep), Some(items)) = (a.first().and_then(|s| s.as_str()), a.get(1))
+                else {
+                    bail!("Fn::Join needs a separator and a list");
+                };
+                let parts: Vec<String> = match items.as_sequence() {
+                    Some(list) => list.iter().map(|x| self.value(x)).collect::<Result<_>>()?,
+                    None => self.value(items)?.split(',').map(str::to_owned).collect(),
+                };
+                return Ok(parts.join(sep));
+            }
             bail!("{f} in a condition's value is not supported locally");
         }
         Ok(match v {
@@ -156,6 +169,17 @@ mod tests {
         assert_eq!(names("a"), ["NotB", "Always"]);
         let none = HashMap::new();
         assert!(Conditions::new(&doc, &none).holds("IsB").is_err());
+        // A CommaDelimitedList joined: empty or not.
+        let listed: Value = serde_yaml_ng::from_str(
+            "Conditions:\n  Has: !Not [!Equals [!Join ['', !Ref Roles], '']]\n",
+        )
+        .unwrap();
+        let has = |roles: &str| {
+            let params = HashMap::from([("Roles".to_owned(), roles.to_owned())]);
+            Conditions::new(&listed, &params).holds("Has").unwrap()
+        };
+        assert!(!has(""));
+        assert!(has("arn:aws:iam::1:role/a,arn:aws:iam::1:role/b"));
         assert!(Conditions::new(&doc, &none).holds("Missing").is_err());
     }
 }
