@@ -110,6 +110,33 @@ impl<W: Work> BatchRunner<W> {
             }
         };
         let key = self.work.key(&request);
+        // A key this release refuses (a card number) is never claimed, logged or marked: only
+        // an earlier release's record under it is taken up.
+        if let Some(refusal) = self.work.refused_unless_recorded(&request) {
+            match self.store.get(&key).await {
+                Ok(None) => {
+                    let redaction = self.work.redact_refused(&request, &body);
+                    return Step::Done(
+                        self.dead_letter(
+                            msg,
+                            &body,
+                            &refusal.code,
+                            &refusal.message,
+                            None,
+                            redaction,
+                        )
+                        .await,
+                    );
+                }
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    return Step::Again(
+                        format!("reading the record of a refused key: {e}"),
+                        Redelivery::Backoff,
+                    )
+                }
+            }
+        }
         tracing::Span::current().record("key", key.as_str());
         crate::trace::on_message("idempotency.key", key.as_str());
         let now = self.clock.now_ms();

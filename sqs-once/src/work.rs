@@ -265,6 +265,17 @@ pub trait Work: Send + Sync + 'static {
         None
     }
 
+    /// A request this release refuses for its key itself (it holds what must never rest, in a
+    /// table's key, a log or a span: a card number), unless an earlier release left a record
+    /// under that key, which is then taken up as before. The runner reads the record first
+    /// and, without one, dead-letters the request with this rejection (its body through
+    /// [`Work::redact_refused`]) before claiming, logging or marking the key. The default
+    /// refuses nothing.
+    fn refused_unless_recorded(&self, request: &Self::Request) -> Option<crate::Rejection> {
+        let _ = request;
+        None
+    }
+
     /// A redacted copy of the body of a request that parsed but is dead-lettered for what it
     /// holds (a letter never redriven), as [`Work::redact`] does for one that did not parse.
     /// The default keeps it as it is: a dead-lettered request's redrive must be the same body.

@@ -3,7 +3,9 @@
 //! currency, a field's name) is refused by the API without echoing it, and dead-lettered by
 //! the processor with the number masked (first six and last four digits) and flagged, its
 //! reason quoting none of it; the number is in no table item, no DLQ body or attribute and no
-//! log line of either process.
+//! log line of either process. An id that is a card number (a payment's, a refund's) is
+//! refused before any record is keyed by it; a refund or a provider event carrying one leaves
+//! it in no log line, dead letter, table item, exported span or `payctl` output either.
 
 use std::process::Stdio;
 
@@ -33,6 +35,11 @@ async fn a_card_number_is_kept_nowhere() {
         message["payment_id"] = t.pid(&format!("f{n}")).into();
         t.send(&message.to_string()).await;
     }
+    // And as the payment's id: refused before any record is keyed by it.
+    let mut keyed = fields[0].1.clone();
+    keyed["payment_id"] = PAN_DIGITS.into();
+    keyed["description"] = "an id that is a card number".into();
+    t.send(&keyed.to_string()).await;
 
     // The processor as its own process, logging at debug level.
     let payctl = bin("payctl");
@@ -83,7 +90,7 @@ async fn a_card_number_is_kept_nowhere() {
         .await
         .expect("receiving the dead letter");
     let mut letters = received.messages().to_vec();
-    while letters.len() < 1 + fields.len() {
+    while letters.len() < 2 + fields.len() {
         let more = t
             .sqs
             .receive_message()
@@ -99,7 +106,7 @@ async fn a_card_number_is_kept_nowhere() {
         }
         letters.extend(more.messages().iter().cloned());
     }
-    assert_eq!(letters.len(), 1 + fields.len(), "a dead letter each");
+    assert_eq!(letters.len(), 2 + fields.len(), "a dead letter each");
     for l in &letters {
         let text = format!("{:?} {:?}", l.body(), l.message_attributes());
         assert!(!leaks(&text), "a dead letter holds the card number: {text}");
@@ -232,4 +239,196 @@ fn every_field_holding_the_number() -> Vec<(&'static str, serde_json::Value)> {
         with("currency", PAN_DIGITS.into()),
         with(PAN_DIGITS, 1.into()),
     ]
+}
+
+/// `payctl run --work <work>` over `queue` as the stack's function would run, logging at debug
+/// level and exporting its spans to `receiver`: its logs.
+async fn run_as(
+    t: &TestStack,
+    function: &str,
+    work: &str,
+    queue: &str,
+    dlq: &str,
+    receiver: &proving::otlp::OtlpReceiver,
+) -> String {
+    let run = tokio::process::Command::new(bin("payctl"))
+        .args(["run", "--work", work, "--queue-url", queue])
+        .args([
+            "--dead-letter-queue-url",
+            dlq,
+            "--until-empty",
+            "--max-seconds",
+            "60",
+        ])
+        .envs(&t.stack.function_envs[function])
+        .envs(fast_settings())
+        .env("RUST_LOG", "debug")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("running payctl run");
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(run.status.success(), "{logs}");
+    logs
+}
+
+/// Every message of a queue, bodies and attributes, as text (received and deleted).
+async fn drained(t: &TestStack, queue: &str) -> (usize, String) {
+    let letters = proving::check::drain_dlq(&t.sqs, queue).await.unwrap();
+    (
+        letters.len(),
+        letters
+            .iter()
+            .map(|l| format!("{} {} {}", l.error_code, l.source_message_id, l.body))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_number_in_a_refund_or_a_provider_event_is_kept_nowhere() {
+    use payctl::template::{EVENT_PROCESSOR, REFUND_PROCESSOR};
+    let t = TestStack::new("card-after").await;
+    let e = crate::events::events(&t).await;
+    let receiver = proving::otlp::OtlpReceiver::start("127.0.0.1:0", None)
+        .await
+        .expect("the OTLP receiver");
+    let pid = t.pid("p");
+    t.send(&payment(&pid, 2000, "pm_card_visa")).await;
+    t.drain(1).await;
+    let intent = t.ledger(&pid).await.charges[&pid][0].id.clone();
+
+    // Refunds holding the number in each field: its id, its payment's id, its reason, its
+    // amount, a field's name.
+    let refund_of = |fields: serde_json::Value| {
+        let mut r = serde_json::json!({"refund_id": t.pid("r"), "payment_id": pid});
+        for (k, v) in fields.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r.to_string()
+    };
+    let refunds = [
+        refund_of(serde_json::json!({"refund_id": format!("r-{PAN_DIGITS}")})),
+        refund_of(serde_json::json!({"payment_id": PAN_DIGITS})),
+        refund_of(serde_json::json!({"refund_id": t.pid("r2"), "reason": format!("card {PAN}")})),
+        refund_of(serde_json::json!({"refund_id": t.pid("r3"), "amount": PAN_DIGITS})),
+        refund_of(serde_json::json!({"refund_id": t.pid("r4"), PAN_DIGITS: 1})),
+    ];
+    let refunds_queue = &t.stack.event_sources[REFUND_PROCESSOR].queue_url;
+    let refunds_dlq = t
+        .stack
+        .var_of(REFUND_PROCESSOR, "DEAD_LETTER_QUEUE_URL")
+        .unwrap()
+        .to_owned();
+    proving::load::send_all(&t.sqs, refunds_queue, &refunds)
+        .await
+        .unwrap();
+    let mut logs = run_as(
+        &t,
+        REFUND_PROCESSOR,
+        "refunds",
+        refunds_queue,
+        &refunds_dlq,
+        &receiver,
+    )
+    .await;
+    let (n, letters) = drained(&t, &refunds_dlq).await;
+    assert_eq!(n, refunds.len(), "each refused: {letters}");
+    assert!(
+        !leaks(&letters),
+        "a refund's dead letter holds the number: {letters}"
+    );
+
+    // Provider events about our payment holding it in their metadata, description and a
+    // refund id, signed and delivered: each applied or set aside, none keeping it.
+    let event = |id: &str, kind: &str, object: serde_json::Value| {
+        serde_json::json!({"id": id, "object": "event", "type": kind, "created": 1,
+                           "api_version": payment_core::stripe::DEFAULT_API_VERSION,
+                           "data": {"object": object}})
+        .to_string()
+    };
+    let bodies = [
+        event(
+            &format!("evt_card1_{}", t.name),
+            "payment_intent.succeeded",
+            serde_json::json!({"id": intent, "object": "payment_intent", "status": "succeeded",
+                               "description": format!("card {PAN}"),
+                               "metadata": {"payment_id": pid, "note": PAN_DIGITS}}),
+        ),
+        event(
+            &format!("evt_card2_{}", t.name),
+            "refund.failed",
+            serde_json::json!({"id": "re_card", "object": "refund", "status": "failed",
+                               "payment_intent": intent, "amount": 100,
+                               "metadata": {"refund_id": format!("r-{PAN_DIGITS}"), "payment_id": pid}}),
+        ),
+        event(
+            &format!("evt_card3_{}", t.name),
+            "payment_intent.succeeded",
+            serde_json::json!({"id": "pi_other", "object": "payment_intent", "status": "succeeded",
+                               "metadata": {"payment_id": PAN_DIGITS}}),
+        ),
+    ];
+    let listed: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            (
+                payment_core::provider::event::ProviderEvent::parse(b).unwrap(),
+                b.clone(),
+            )
+        })
+        .collect();
+    e.deliver_all(&listed, 1).await;
+    let events_queue = &t.stack.event_sources[EVENT_PROCESSOR].queue_url;
+    logs += &run_as(
+        &t,
+        EVENT_PROCESSOR,
+        "events",
+        events_queue,
+        &e.dlq_url,
+        &receiver,
+    )
+    .await;
+    let (_, letters) = drained(&t, &e.dlq_url).await;
+    assert!(
+        !leaks(&letters),
+        "an event's dead letter holds the number: {letters}"
+    );
+    assert!(!leaks(&logs), "a log line holds the card number");
+
+    // Nor any span exported, any table item, or payctl's word on the payment.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let spans = format!("{:?}", receiver.spans());
+    assert!(spans.len() > 100, "spans were exported: {spans}");
+    assert!(!leaks(&spans), "a span holds the card number");
+    let sdk = payment_core::edges::bootstrap::sdk_config().await;
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    let items = ddb
+        .scan()
+        .table_name(&t.config.idempotency_table)
+        .send()
+        .await
+        .expect("scanning");
+    let text = format!("{:?}", items.items());
+    assert!(text.contains(&pid), "the table was read");
+    assert!(!leaks(&text), "the idempotency table holds the card number");
+    for args in [vec!["status", pid.as_str()], vec!["history", pid.as_str()]] {
+        let out = std::process::Command::new(bin("payctl"))
+            .args(&args)
+            .args(["--table", &t.config.idempotency_table])
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!leaks(&said), "payctl {args:?}: {said}");
+    }
 }

@@ -219,6 +219,24 @@ fn card_network_prefix(digits: &[u32]) -> bool {
     }
 }
 
+/// Whether the digits are grouped as a card is written: in one run, in groups of four (the
+/// last of one to four: `4242 4242 4242 4242`, `6011-0009-9013-9424-123`), or as American
+/// Express and Diners print theirs (4-6-5, 4-6-4). Digits grouped otherwise are an id's or a
+/// note's (`env-89116809-000002`, `inv 20261207 000123`), not a card a shopper pasted.
+fn card_grouping(value: &str) -> bool {
+    let groups: Vec<usize> = value
+        .split([' ', '-'])
+        .filter(|g| !g.is_empty())
+        .map(str::len)
+        .collect();
+    match groups.as_slice() {
+        [_] => true,
+        [4, 6, 5] | [4, 6, 4] => true,
+        [init @ .., last] => init.iter().all(|g| *g == 4) && (1..=4).contains(last),
+        [] => false,
+    }
+}
+
 fn looks_like_card_number_digits(value: &str) -> bool {
     if !value
         .chars()
@@ -227,7 +245,8 @@ fn looks_like_card_number_digits(value: &str) -> bool {
         return false;
     }
     let digits: Vec<u32> = value.chars().filter_map(|c| c.to_digit(10)).collect();
-    if !(12..=19).contains(&digits.len()) || !card_network_prefix(&digits) {
+    if !(12..=19).contains(&digits.len()) || !card_network_prefix(&digits) || !card_grouping(value)
+    {
         return false;
     }
     let sum: u32 = digits
@@ -273,6 +292,34 @@ mod tests {
         assert!(!looks_like_card_number("4242424242424241"));
         assert!(!looks_like_card_number("123456789012"));
         assert!(!looks_like_card_number("pm_card_visa"));
+    }
+
+    #[test]
+    fn digits_grouped_as_no_card_is_written_are_an_id_not_a_card() {
+        // Found by operator_safety's generated ids: a name of eight digits and a sequence,
+        // `89116809-000002`, joined into fourteen digits that passed Luhn.
+        let luhn_ok = |d: &str| looks_like_card_number(d);
+        let mut found = None;
+        for n in 0..100_000u32 {
+            let id = format!("5{:07}-{:06}", n, n % 97);
+            if luhn_ok(&id.replace('-', "")) {
+                found = Some(id);
+                break;
+            }
+        }
+        let id = found.expect("an id whose digits pass Luhn");
+        assert!(!holds_card_number(&format!("env-{id}")), "{id}");
+        // As cards are written, they are cards.
+        for card in [
+            "4242 4242 4242 4242",
+            "4242-4242-4242-4242",
+            "4242424242424242",
+            "3782 822463 10005",
+            "3056 930902 5904",
+            "6011 0009 9013 9424",
+        ] {
+            assert!(holds_card_number(card), "{card}");
+        }
     }
 
     #[test]

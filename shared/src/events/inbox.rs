@@ -164,11 +164,15 @@ fn no_record(event: &ProviderEvent, what: &str, id: &str) -> Outcome {
     )
 }
 
+/// An event's outcome. Its type and what it says it changed may quote the payload (an id of
+/// its metadata, whatever a sender wrote there): a card number in them is masked before the
+/// record keeps them or a log line shows them.
 fn outcome(label: &str, event: &ProviderEvent, change: impl Into<String>) -> Outcome {
+    let masked = |text: String| crate::domain::mask_card_numbers(&text).unwrap_or(text);
     Outcome::new(label)
-        .with_text("type", &event.kind)
+        .with_text("type", masked(event.kind.clone()))
         .with_number("created", event.created)
-        .with_text("change", change)
+        .with_text("change", masked(change.into()))
 }
 
 impl EventWork {

@@ -6,8 +6,9 @@
 //! ([`catch_up`], [`checkpoint`], the list it reads: [`listing`]). The ports the provider's adapter implements for it
 //! ([`inbox::ProviderObjects`], [`listing::EventLister`]) are declared here, by their user.
 //!
-//! May use: provider, payments, refunds (a settled refund gives its amount back
-//! through the refund ledger), telemetry (the catch-up's metric line).
+//! May use: domain (a card number an event's payload quotes is masked), provider, payments,
+//! refunds (a settled refund gives its amount back through the refund ledger), telemetry (the
+//! catch-up's metric line).
 
 pub mod catch_up;
 pub mod checkpoint;

@@ -291,6 +291,18 @@ impl Work for PaymentWork {
         card_data_masked(body)
     }
 
+    /// A payment id that holds a card number is never a key of this release's: refused
+    /// (`invalid_payment`, masked) unless an earlier release left its record.
+    fn refused_unless_recorded(&self, request: &PaymentRequest) -> Option<sqs_once::Rejection> {
+        crate::domain::text::holds_card_number(request.payment_id.as_str()).then(|| {
+            sqs_once::Rejection::new(
+                REFUSED_AT_INTAKE,
+                "payment_id holds what looks like a card number (its digits pass the card check); \
+                 send the payment under an id that is not one",
+            )
+        })
+    }
+
     /// A payment this release's rules refuse (`invalid_payment`, never redriven) keeps no card
     /// number at rest either.
     fn redact_refused(&self, request: &PaymentRequest, body: &str) -> Option<Redaction> {

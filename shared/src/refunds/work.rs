@@ -583,6 +583,27 @@ impl Work for RefundWork {
         crate::payments::charge::card_data_masked(body)
     }
 
+    /// A refund id, or the id of the payment it refunds, that holds a card number is never a
+    /// key of this release's: refused (`invalid_refund`, masked) unless an earlier release
+    /// left the refund's record.
+    fn refused_unless_recorded(&self, r: &RefundRequest) -> Option<Rejection> {
+        [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)]
+            .into_iter()
+            .find(|(_, id)| crate::domain::text::holds_card_number(id))
+            .map(|(field, _)| {
+                Rejection::new(
+                    "invalid_refund",
+                    format!("{field} holds what looks like a card number (its digits pass the card check)"),
+                )
+            })
+    }
+
+    /// A refund refused for a card number in its ids keeps none at rest.
+    fn redact_refused(&self, r: &RefundRequest, body: &str) -> Option<sqs_once::Redaction> {
+        self.refused_unless_recorded(r)?;
+        self.redact(body)
+    }
+
     fn settle_hint(&self, key: &str) -> String {
         format!("find refund {key} at the provider (GET /v1/refunds?payment_intent=..., metadata[refund_id]) and settle its record refund#{key} by hand")
     }
