@@ -111,8 +111,9 @@ impl<W: Work> BatchRunner<W> {
         };
         let key = self.work.key(&request);
         // A key this release refuses (a card number) is never claimed, logged or marked: only
-        // an earlier release's record under it is taken up.
-        if let Some(refusal) = self.work.refused_unless_recorded(&request) {
+        // an earlier release's record under it is taken up, and then logged masked.
+        let refused_key = self.work.refused_unless_recorded(&request);
+        if let Some(refusal) = &refused_key {
             match self.store.get(&key).await {
                 Ok(None) => {
                     let redaction = self.work.redact_refused(&request, &body);
@@ -137,8 +138,15 @@ impl<W: Work> BatchRunner<W> {
                 }
             }
         }
-        tracing::Span::current().record("key", key.as_str());
-        crate::trace::on_message("idempotency.key", key.as_str());
+        let shown = match refused_key {
+            Some(_) => self
+                .work
+                .redact(&key)
+                .map_or_else(|| key.clone(), |r| r.body),
+            None => key.clone(),
+        };
+        tracing::Span::current().record("key", shown.as_str());
+        crate::trace::on_message("idempotency.key", shown.as_str());
         let now = self.clock.now_ms();
         if let Some(sent) = first_sent_at_ms(msg) {
             if now - sent > ms(self.settings.record_ttl) - CLOCK_SKEW_MS {
@@ -192,6 +200,13 @@ impl<W: Work> BatchRunner<W> {
         .await
     }
 
+    /// Who sent the message, as kept: its `SenderId` through the work's redaction (a role
+    /// session's name is the caller's choice of text). The sender of this delivery: a copy the
+    /// runner requeued, or a redrive, names who sent that.
+    fn sender_shown(&self, msg: &SqsMessage) -> Option<String> {
+        sender_of(msg).map(|s| self.work.redact(s).map_or_else(|| s.to_owned(), |r| r.body))
+    }
+
     /// Claims the record, runs the calls with the heartbeat, and records what they ended in.
     #[allow(clippy::too_many_arguments)]
     async fn claim_and_run(
@@ -227,7 +242,7 @@ impl<W: Work> BatchRunner<W> {
                     .retention_after(&outcome)
                     .map(|d| (self.clock.now_ms() + ms(d.max(self.settings.record_ttl))) / 1000);
                 // The record says who sent the message it completed (PCI DSS 10.2: who did it).
-                let outcome = match sender_of(msg) {
+                let outcome = match self.sender_shown(msg) {
                     Some(sender) if outcome.text(SENDER_ID).is_none() => {
                         outcome.with_text(SENDER_ID, sender)
                     }
@@ -545,8 +560,8 @@ impl<W: Work> BatchRunner<W> {
         };
         // Who sent it (the message's `SenderId`, as SQS recorded it): the letter's own sender is
         // this function.
-        if let Some(sender) = sender_of(msg) {
-            extra_attributes.push((SENDER_ID.to_owned(), sender.to_owned()));
+        if let Some(sender) = self.sender_shown(msg) {
+            extra_attributes.push((SENDER_ID.to_owned(), sender));
         }
         // The dead letter keeps its trace: a redrive continues it.
         if let Some((parent, state)) = crate::trace::producer(msg) {
@@ -561,7 +576,11 @@ impl<W: Work> BatchRunner<W> {
             error_message: why.to_owned(),
             source_message_id: msg.message_id.clone().unwrap_or_default(),
             first_sent_at_ms: first_sent_at_ms(msg),
-            message_group_id: msg.attributes.get("MessageGroupId").cloned(),
+            // Through the work's redaction too: a producer may group by an id it chose.
+            message_group_id: msg
+                .attributes
+                .get("MessageGroupId")
+                .map(|g| self.work.redact(g).map_or_else(|| g.clone(), |r| r.body)),
             extra_attributes,
         };
         let sent = self
@@ -578,7 +597,8 @@ impl<W: Work> BatchRunner<W> {
         }
         warn!(error_code = code, reason = why, "message dead-lettered");
         crate::trace::on_message("error.type", code);
-        if let Some(request) = request {
+        // No mark is keyed by what this release refuses as a key (a card number).
+        if let Some(request) = request.filter(|r| self.work.refused_unless_recorded(r).is_none()) {
             let now = self.clock.now_ms();
             let mark = DeadLetterMark {
                 key: self.work.key(request),

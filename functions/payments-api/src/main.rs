@@ -16,10 +16,13 @@ use payment_core::telemetry::{self, traces};
 fn context_of(request: &Request) -> (Option<String>, Option<String>) {
     match request.request_context_ref() {
         Some(RequestContext::ApiGatewayV2(ctx)) => (
+            // A role session's name is the caller's choice of text: a card number in it is
+            // masked before the row, the answer or a log line keeps it.
             ctx.authorizer
                 .as_ref()
                 .and_then(|a| a.iam.as_ref())
-                .and_then(|i| i.user_arn.clone()),
+                .and_then(|i| i.user_arn.clone())
+                .map(|arn| payment_core::domain::mask_card_numbers(&arn).unwrap_or(arn)),
             ctx.request_id.clone(),
         ),
         _ => (None, None),

@@ -410,7 +410,8 @@ impl PaymentsApi {
             response_status: 202,
             response_body: object.to_string(),
             expires_at_s: (now + ms(row_lifetime(self.retention))) / 1000,
-            created_by: caller.map(str::to_owned),
+            // A role session's name is the caller's text: a card number in it is masked.
+            created_by: caller.map(|c| crate::domain::mask_card_numbers(c).unwrap_or(c.to_owned())),
         };
         sqs_once::trace::set_attribute(&tracing::Span::current(), "idempotency.key", key.as_str());
         let entry = OutboxEntry {

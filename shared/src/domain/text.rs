@@ -69,7 +69,11 @@ pub fn check(what: &str, value: &str, kind: Kind) -> Result<(), String> {
             });
         }
     }
-    if holds_card_number(value) {
+    let card = match kind {
+        Kind::Id => id_holds_card_number(value),
+        Kind::Line | Kind::Free => holds_card_number(value),
+    };
+    if card {
         return Err(format!(
             "{what} holds a card number: send a payment method id, never card data, in any field"
         ));
@@ -120,7 +124,7 @@ pub fn mask_card_numbers(text: &str) -> Option<String> {
             j += 1;
         }
         let run: String = chars[i..end].iter().collect();
-        match card_within(&run) {
+        match card_within(&run, false) {
             Some((from, to)) => {
                 // The card's digits: its first six and last four kept.
                 let card: String = run[from..to].chars().collect();
@@ -156,10 +160,13 @@ pub fn mask_card_numbers(text: &str) -> Option<String> {
 }
 
 /// Where a card number is in a run of digits, spaces and dashes (byte offsets): the whole run,
-/// or, in a run longer than any card (a card followed by its expiry date:
-/// `4242 4242 4242 4242 12 30`), the longest span of whole groups from its start that is one.
-fn card_within(run: &str) -> Option<(usize, usize)> {
-    if looks_like_card_number(run) {
+/// or the longest span of whole groups in it that is one (a card followed by its expiry date
+/// or its code, `4242 4242 4242 4242 12 30`, or after another number, `qty 2 4242...`).
+/// `as_written`: only digits grouped as cards are written ([`card_grouping`]), the rule for
+/// ids, whose digits are grouped otherwise (`env-89116809-000002`).
+fn card_within(run: &str, as_written: bool) -> Option<(usize, usize)> {
+    let card = |v: &str| looks_like_card_number(v) && (!as_written || card_grouping(v));
+    if card(run) {
         return Some((0, run.len()));
     }
     // The groups of digits, by byte offsets (the run is ASCII).
@@ -177,24 +184,57 @@ fn card_within(run: &str) -> Option<(usize, usize)> {
             k += 1;
         }
     }
-    // A run longer than a card: the longest span of whole groups from its start that is one.
-    let total: usize = groups.iter().map(|(a, b)| b - a).sum();
-    if total <= 19 {
-        return None;
-    }
-    let mut digits = 0;
-    let mut ends = Vec::new();
-    for (from, to) in &groups {
-        digits += to - from;
-        if digits > 19 {
+    // A card with a short number or two beside it (an expiry, a code, a quantity): the
+    // longest span of whole groups, of 13 to 19 digits, that leaves at most two groups of at
+    // most four digits on either side. (Twelve-digit spans are left alone: a longer number
+    // that is no card, `4242 4242 4242 4241`, often has one that passes Luhn.)
+    let short = |gs: &[(usize, usize)]| gs.len() <= 2 && gs.iter().all(|(f, t)| t - f <= 4);
+    let mut best: Option<(usize, usize, usize)> = None;
+    for first in 0..groups.len() {
+        if !short(&groups[..first]) {
             break;
         }
-        ends.push((*to, digits));
+        for last in (first..groups.len()).rev() {
+            if !short(&groups[last + 1..]) {
+                break;
+            }
+            let digits: usize = groups[first..=last].iter().map(|(f, t)| t - f).sum();
+            let (from, to) = (groups[first].0, groups[last].1);
+            if (13..=19).contains(&digits)
+                && best.is_none_or(|(_, _, d)| digits > d)
+                && card(&run[from..to])
+            {
+                best = Some((from, to, digits));
+            }
+        }
     }
-    ends.into_iter()
-        .rev()
-        .find(|(to, digits)| *digits >= 12 && looks_like_card_number(&run[..*to]))
-        .map(|(to, _)| (0, to))
+    best.map(|(from, to, _)| (from, to))
+}
+
+/// Whether an id holds a card number as cards are written (see [`card_grouping`]).
+pub fn id_holds_card_number(id: &str) -> bool {
+    let chars: Vec<char> = id.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let mut end = i;
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
+            if chars[j].is_ascii_digit() {
+                end = j + 1;
+            }
+            j += 1;
+        }
+        let run: String = chars[i..end].iter().collect();
+        if card_within(&run, true).is_some() {
+            return true;
+        }
+        i = end.max(i + 1);
+    }
+    false
 }
 
 /// True when the value is 12 to 19 digits (spaces and dashes allowed) that pass the Luhn check:
@@ -221,8 +261,9 @@ fn card_network_prefix(digits: &[u32]) -> bool {
 
 /// Whether the digits are grouped as a card is written: in one run, in groups of four (the
 /// last of one to four: `4242 4242 4242 4242`, `6011-0009-9013-9424-123`), or as American
-/// Express and Diners print theirs (4-6-5, 4-6-4). Digits grouped otherwise are an id's or a
-/// note's (`env-89116809-000002`, `inv 20261207 000123`), not a card a shopper pasted.
+/// Express and Diners print theirs (4-6-5, 4-6-4). The rule for ids, whose digits grouped
+/// otherwise are the id's own (`env-89116809-000002`); free text keeps the wider rule (a
+/// shopper may paste `4242 424242424242`), and masking masks more rather than less.
 fn card_grouping(value: &str) -> bool {
     let groups: Vec<usize> = value
         .split([' ', '-'])
@@ -245,8 +286,7 @@ fn looks_like_card_number_digits(value: &str) -> bool {
         return false;
     }
     let digits: Vec<u32> = value.chars().filter_map(|c| c.to_digit(10)).collect();
-    if !(12..=19).contains(&digits.len()) || !card_network_prefix(&digits) || !card_grouping(value)
-    {
+    if !(12..=19).contains(&digits.len()) || !card_network_prefix(&digits) {
         return false;
     }
     let sum: u32 = digits
@@ -308,8 +348,32 @@ mod tests {
             }
         }
         let id = found.expect("an id whose digits pass Luhn");
-        assert!(!holds_card_number(&format!("env-{id}")), "{id}");
-        // As cards are written, they are cards.
+        assert!(!id_holds_card_number(&format!("env-{id}")), "{id}");
+        assert!(check("payment_id", &format!("env-{id}"), Kind::Id).is_ok());
+        // In free text the wider rule holds: pasted any way, a card is one.
+        for pasted in [
+            "4242 424242424242",
+            "42424242 42424242",
+            "378282 246310005",
+            "4242 4242 4242 4242 12/30",
+            "4242424242424242 12/30",
+            "5555 5555 5555 4444 09/27",
+            "4242 4242 4242 4242 123",
+            "3782 822463 10005 12/30",
+            "qty 2 4242424242424242",
+        ] {
+            assert!(holds_card_number(pasted), "{pasted}");
+            assert!(
+                check("description", pasted, Kind::Free).is_err(),
+                "{pasted}"
+            );
+            let masked = mask_card_numbers(pasted).unwrap();
+            assert!(
+                !masked.contains("4242 4242 4242 4242") && !masked.contains("424242424242"),
+                "{masked}"
+            );
+        }
+        // As cards are written, they are cards, in ids too.
         for card in [
             "4242 4242 4242 4242",
             "4242-4242-4242-4242",
@@ -319,6 +383,7 @@ mod tests {
             "6011 0009 9013 9424",
         ] {
             assert!(holds_card_number(card), "{card}");
+            assert!(id_holds_card_number(card), "{card}");
         }
     }
 

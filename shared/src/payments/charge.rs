@@ -294,7 +294,7 @@ impl Work for PaymentWork {
     /// A payment id that holds a card number is never a key of this release's: refused
     /// (`invalid_payment`, masked) unless an earlier release left its record.
     fn refused_unless_recorded(&self, request: &PaymentRequest) -> Option<sqs_once::Rejection> {
-        crate::domain::text::holds_card_number(request.payment_id.as_str()).then(|| {
+        crate::domain::text::id_holds_card_number(request.payment_id.as_str()).then(|| {
             sqs_once::Rejection::new(
                 REFUSED_AT_INTAKE,
                 "payment_id holds what looks like a card number (its digits pass the card check); \

@@ -589,7 +589,7 @@ impl Work for RefundWork {
     fn refused_unless_recorded(&self, r: &RefundRequest) -> Option<Rejection> {
         [("refund_id", &r.refund_id), ("payment_id", &r.payment_id)]
             .into_iter()
-            .find(|(_, id)| crate::domain::text::holds_card_number(id))
+            .find(|(_, id)| crate::domain::text::id_holds_card_number(id))
             .map(|(field, _)| {
                 Rejection::new(
                     "invalid_refund",
