@@ -62,15 +62,32 @@ def sign(body, secrets, t=None):
     return ",".join(parts)
 
 
+# Stripe's changelog, 2019-02-11: PaymentIntent statuses renamed (`requires_source` is now
+# `requires_payment_method`, `requires_source_action` now `requires_action`), and
+# `next_source_action` is now `next_action`. An event keeps the version it was made in.
+_BEFORE_2019_02_11 = {"requires_payment_method": "requires_source", "requires_action": "requires_source_action"}
+
+
+def rendered(obj, version):
+    """A snapshot of `obj` as API version `version` shows it."""
+    snapshot = copy.deepcopy(obj)
+    if version and version[:10] < "2019-02-11" and snapshot.get("object") == "payment_intent":
+        snapshot["status"] = _BEFORE_2019_02_11.get(snapshot.get("status"), snapshot.get("status"))
+        if "next_action" in snapshot:
+            snapshot["next_source_action"] = snapshot.pop("next_action")
+    return snapshot
+
+
 def emit(kind, obj, version, idempotency_key=None):
-    """Records an event of `kind` about `obj` (a snapshot is taken) and queues its delivery."""
+    """Records an event of `kind` about `obj` (a snapshot, rendered in the account's version
+    `version`, as Stripe keeps an event in the version of its day) and queues its delivery."""
     created = int(time.time())
     event = {
         "id": "evt_" + hashlib.sha256(f"{kind}:{obj.get('id')}:{time.time_ns()}:{_RNG.random()}".encode()).hexdigest()[:24],
         "object": "event",
         "api_version": version,
         "created": created,
-        "data": {"object": copy.deepcopy(obj)},
+        "data": {"object": rendered(obj, version)},
         "livemode": False,
         "pending_webhooks": 1 if _sends(kind) else 0,
         "request": {"id": None, "idempotency_key": idempotency_key},

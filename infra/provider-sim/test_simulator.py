@@ -683,3 +683,23 @@ class EndpointStatusTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)
+
+
+class RenderedInItsVersionTest(unittest.TestCase):
+    """An event keeps the API version of its day (the account's default then): before
+    2019-02-11 a PaymentIntent's statuses had other names (Stripe's changelog)."""
+
+    def test_an_event_of_an_older_version_names_the_older_statuses(self):
+        sys.path.insert(0, HERE)
+        import events
+        intent = {"id": "pi_1", "object": "payment_intent", "status": "requires_payment_method",
+                  "next_action": None}
+        old = events.rendered(intent, "2019-01-14")
+        self.assertEqual((old["status"], "next_action" in old, "next_source_action" in old),
+                         ("requires_source", False, True))
+        self.assertEqual(events.rendered(dict(intent, status="requires_action"), "2018-11-08")["status"],
+                         "requires_source_action")
+        self.assertEqual(events.rendered(intent, CURRENT), intent)
+        self.assertEqual(intent["status"], "requires_payment_method", "the object itself is unchanged")
+        refund = {"id": "re_1", "object": "refund", "status": "pending"}
+        self.assertEqual(events.rendered(refund, "2019-01-14"), refund)

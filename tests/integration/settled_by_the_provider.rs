@@ -2,7 +2,8 @@
 //! provider simulator: a body an insider puts on the events queue (where no signature is asked)
 //! makes the inbox read the object it names, never write what the provider does not hold; and
 //! events rendered in another API version than the pinned one (the account's default on their
-//! day, which the catch-up's listing keeps) apply as the provider holds their objects now.
+//! day, which the catch-up's listing keeps: the provider simulator renders them so) apply as
+//! the provider holds their objects now.
 
 use payment_core::events::inbox::ProviderObjects;
 use payment_core::events::queue::EventQueue;
@@ -228,5 +229,78 @@ async fn events_rendered_in_an_older_or_newer_version_apply_as_the_provider_hold
         d.disputes.values().next().map(|(s, _)| s.as_str()),
         Some("needs_response")
     );
+    assert_eq!(e.dead_letters(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catch_up_applies_the_events_of_an_account_whose_default_version_is_older_or_newer() {
+    let t = TestStack::new("ev-account-version").await;
+    let e = events(&t).await;
+    // Events made while the account's default was older than 2019-02-11 name a declined
+    // PaymentIntent `requires_source` and one waiting for its customer `requires_source_action`;
+    // the listing keeps them so. Those made under a newer default are listed in it.
+    let mut ids = Vec::new();
+    for (version, tag) in [("2019-01-14", "old"), ("2027-09-30.future", "new")] {
+        t.sim.set_account_version(version).await.unwrap();
+        let (ok, closed, auth) = (
+            t.pid(&format!("{tag}-ok")),
+            t.pid(&format!("{tag}-closed")),
+            t.pid(&format!("{tag}-auth")),
+        );
+        t.send(&payment(&ok, 1500, "pm_usBankAccount_success"))
+            .await;
+        t.send(&payment(&closed, 1500, "pm_usBankAccount_accountClosed"))
+            .await;
+        t.send(&payment(&auth, 1500, "pm_card_authenticationRequired"))
+            .await;
+        t.drain(1).await;
+        let these = [ok.clone(), closed.clone(), auth.clone()];
+        let listed = e
+            .listed(&these, |l| {
+                let k = kinds(l);
+                k.contains(&"payment_intent.succeeded")
+                    && k.iter()
+                        .filter(|k| **k == "payment_intent.payment_failed")
+                        .count()
+                        == 2
+            })
+            .await;
+        t.sim
+            .set_account_version(payment_core::stripe::DEFAULT_API_VERSION)
+            .await
+            .unwrap();
+        if tag == "old" {
+            assert!(
+                listed
+                    .iter()
+                    .any(|(_, b)| b.contains("\"requires_source\"")),
+                "the older version's words are listed"
+            );
+        }
+        ids.push((ok, closed, auth));
+    }
+    let until = sqs_once::runner::now_ms() / 1000 + 1;
+    payment_core::events::catch_up::catch_up(&e.provider, &e.queue, e.since_s, until)
+        .await
+        .unwrap();
+    e.drain(&t).await;
+    for (ok, closed, auth) in &ids {
+        assert_eq!(
+            e.payment(ok).await.status.as_deref(),
+            Some("succeeded"),
+            "{ok}"
+        );
+        let r = t.record(closed).await.unwrap().outcome.unwrap();
+        assert_eq!(
+            (r.status.as_str(), r.text("decline_code")),
+            ("declined", Some("account_closed")),
+            "{closed}"
+        );
+        assert_eq!(
+            e.payment(auth).await.status.as_deref(),
+            Some("requires_action"),
+            "{auth}"
+        );
+    }
     assert_eq!(e.dead_letters(&t).await, 0);
 }

@@ -247,6 +247,15 @@ impl SimClient {
         self.read("/_sim/rate_limit").await
     }
 
+    /// The account's default API version, which the events made from now on are rendered in.
+    pub async fn set_account_version(&self, version: &str) -> Result<()> {
+        self.control(
+            "/_sim/account",
+            &serde_json::json!({ "api_version": version }),
+        )
+        .await
+    }
+
     /// The cardholder disputes the charge of `payment_intent` (charged before): the dispute's
     /// id.
     pub async fn open_dispute(&self, payment_intent: &str) -> Result<String> {
