@@ -200,6 +200,8 @@ async fn an_interrupted_generate_says_how_many_went_and_how_to_go_on() {
         .spawn()
         .unwrap();
     // A wait for the first messages, not a speed check: the whole suite shares the emulator.
+    // (It failed when payctl refused its own generated bodies: a description quoting an id
+    // whose digits, joined by a dash, passed the card check.)
     let mut child = child;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while t.depth().await < 50 {

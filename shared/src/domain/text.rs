@@ -165,7 +165,11 @@ pub fn mask_card_numbers(text: &str) -> Option<String> {
 /// `as_written`: only digits grouped as cards are written ([`card_grouping`]), the rule for
 /// ids, whose digits are grouped otherwise (`env-89116809-000002`).
 fn card_within(run: &str, as_written: bool) -> Option<(usize, usize)> {
-    let card = |v: &str| looks_like_card_number(v) && (!as_written || card_grouping(v));
+    // Dashes are an id's separators as much as a card's: digits joined by a dash must be
+    // grouped as a card is written; joined by spaces (a shopper's paste) any grouping is one.
+    let card = |v: &str| {
+        looks_like_card_number(v) && (!(as_written || v.contains('-')) || card_grouping(v))
+    };
     if card(run) {
         return Some((0, run.len()));
     }
@@ -262,8 +266,9 @@ fn card_network_prefix(digits: &[u32]) -> bool {
 /// Whether the digits are grouped as a card is written: in one run, in groups of four (the
 /// last of one to four: `4242 4242 4242 4242`, `6011-0009-9013-9424-123`), or as American
 /// Express and Diners print theirs (4-6-5, 4-6-4). The rule for ids, whose digits grouped
-/// otherwise are the id's own (`env-89116809-000002`); free text keeps the wider rule (a
-/// shopper may paste `4242 424242424242`), and masking masks more rather than less.
+/// otherwise are the id's own (`env-89116809-000002`), and for digits joined by dashes
+/// anywhere (an id quoted in a description); digits joined by spaces in free text keep the
+/// wider rule (a shopper may paste `4242 424242424242`).
 fn card_grouping(value: &str) -> bool {
     let groups: Vec<usize> = value
         .split([' ', '-'])
@@ -349,6 +354,9 @@ mod tests {
         }
         let id = found.expect("an id whose digits pass Luhn");
         assert!(!id_holds_card_number(&format!("env-{id}")), "{id}");
+        // Nor in a description quoting it (payctl send's generated payments: "Order for ...").
+        assert!(!holds_card_number(&format!("Order for env-{id}")), "{id}");
+        assert!(check("description", &format!("Order for env-{id}"), Kind::Free).is_ok());
         assert!(check("payment_id", &format!("env-{id}"), Kind::Id).is_ok());
         // In free text the wider rule holds: pasted any way, a card is one.
         for pasted in [
