@@ -99,6 +99,20 @@ pub fn shown_name(name: &str) -> Option<&str> {
     named.then_some(name)
 }
 
+/// Where the longest run of digits, spaces and dashes from `i` (a digit) that ends on a digit
+/// ends: the text a card number may be in.
+fn run_end(chars: &[char], i: usize) -> usize {
+    let mut end = i;
+    for (j, c) in chars.iter().enumerate().skip(i) {
+        if c.is_ascii_digit() {
+            end = j + 1;
+        } else if !matches!(c, ' ' | '-') {
+            break;
+        }
+    }
+    end
+}
+
 /// Masks every card number in `text`: each run of 12 to 19 digits (spaces and dashes between
 /// them allowed) that passes the Luhn check keeps its first six and last four digits, and the
 /// digits between become `*` (separators stay). `None` when there is none. Dead letters of
@@ -114,15 +128,7 @@ pub fn mask_card_numbers(text: &str) -> Option<String> {
             i += 1;
             continue;
         }
-        // The longest run of digits, spaces and dashes from here that ends on a digit.
-        let mut end = i;
-        let mut j = i;
-        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
-            if chars[j].is_ascii_digit() {
-                end = j + 1;
-            }
-            j += 1;
-        }
+        let end = run_end(&chars, i);
         let run: String = chars[i..end].iter().collect();
         match card_within(&run, false) {
             Some((from, to)) => {
@@ -224,19 +230,12 @@ pub fn id_holds_card_number(id: &str) -> bool {
             i += 1;
             continue;
         }
-        let mut end = i;
-        let mut j = i;
-        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == ' ' || chars[j] == '-') {
-            if chars[j].is_ascii_digit() {
-                end = j + 1;
-            }
-            j += 1;
-        }
+        let end = run_end(&chars, i);
         let run: String = chars[i..end].iter().collect();
         if card_within(&run, true).is_some() {
             return true;
         }
-        i = end.max(i + 1);
+        i = end;
     }
     false
 }
