@@ -363,6 +363,37 @@ impl HttpClient for Wire {
     }
 }
 
+/// The SDK's work a simulated request does not need, left out of every client of the run: the
+/// SigV4 signature (the models do not check one; the SDK's `noAuth` scheme is preferred) and the
+/// user-agent header (its interceptor, disabled for each operation by this one). What the
+/// project's code meets is unchanged: the same serializers, deserializers, retries and errors.
+#[derive(Debug)]
+struct Unsigned;
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for Unsigned {
+    fn name(&self) -> &'static str {
+        "simulator: unsigned, no user agent"
+    }
+
+    fn read_before_execution(
+        &self,
+        _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        cfg.interceptor_state().store_put(
+            aws_smithy_runtime_api::client::interceptors::disable_interceptor::<
+                aws_runtime::user_agent::UserAgentInterceptor,
+            >("the simulator reads no user agent"),
+        );
+        Ok(())
+    }
+}
+
+/// The SDK's `noAuth` scheme, preferred over SigV4.
+fn no_auth() -> aws_smithy_runtime_api::client::auth::AuthSchemeId {
+    aws_smithy_runtime_api::client::auth::AuthSchemeId::new("noAuth")
+}
+
 /// A DynamoDB client with a retry quota of its own, as each Lambda process has. The SDK keeps a
 /// partition's default retry token bucket in a process-wide map: built with `Client::new`, every
 /// simulated instance, and every run in the same process (the tests run several at once), would
@@ -371,6 +402,9 @@ impl HttpClient for Wire {
 pub fn dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
     use aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
     let config = aws_sdk_dynamodb::config::Builder::from(sdk)
+        .allow_no_auth()
+        .auth_scheme_preference([no_auth()])
+        .interceptor(Unsigned)
         .retry_partition(
             RetryPartition::custom("simulated-process")
                 .token_bucket(TokenBucket::default())
@@ -384,6 +418,9 @@ pub fn dynamodb_client(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client 
 pub fn sqs_client(sdk: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
     use aws_sdk_sqs::config::retry::{RetryPartition, TokenBucket};
     let config = aws_sdk_sqs::config::Builder::from(sdk)
+        .allow_no_auth()
+        .auth_scheme_preference([no_auth()])
+        .interceptor(Unsigned)
         .retry_partition(
             RetryPartition::custom("simulated-process")
                 .token_bucket(TokenBucket::default())

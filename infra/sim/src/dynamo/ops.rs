@@ -323,7 +323,8 @@ fn batch_get(db: &Dynamo, body: &Json) -> Result<Json, ApiError> {
 /// `Query` (with its key condition) or `Scan` (without): items in key order, filtered, paged.
 fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
     let table = db.table(text(body, "TableName")?)?;
-    let schema = match body.get("IndexName").and_then(Json::as_str) {
+    let index = body.get("IndexName").and_then(Json::as_str);
+    let schema = match index {
         Some(i) => {
             if body.get("ConsistentRead") == Some(&Json::Bool(true)) {
                 return Err(ApiError::validation(
@@ -360,9 +361,16 @@ fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
         None => None,
     };
     names.check_all_used().map_err(invalid)?;
-    let mut rows: Vec<(&String, &Item)> = table
-        .items
-        .iter()
+    // A query reads the partition its key condition names; a scan (or a key condition without
+    // the partition key's equality, which DynamoDB would refuse) reads every item.
+    let candidates: Box<dyn Iterator<Item = (&String, &Item)>> = match key_cond
+        .as_ref()
+        .and_then(|c| c.equality_on(&schema.hash.0))
+    {
+        Some(v) => Box::new(table.partition(index, v)),
+        None => Box::new(table.items.iter()),
+    };
+    let mut rows: Vec<(&String, &Item)> = candidates
         .filter(|(_, item)| {
             Table::key_text_of(schema, item).ok().flatten().is_some()
                 && key_cond.as_ref().is_none_or(|c| expr::holds(c, item))

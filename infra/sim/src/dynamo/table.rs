@@ -95,6 +95,9 @@ pub struct Table {
     pub findings: Vec<String>,
     /// Woken at each record on the stream (Lambda's stream poller waits on it).
     pub streamed: std::sync::Arc<tokio::sync::Notify>,
+    /// The keys of the items under each partition key value, for the table (`None`) and for
+    /// each index (by name): a query reads its partition, not the whole table.
+    partitions: BTreeMap<Option<String>, BTreeMap<String, std::collections::BTreeSet<String>>>,
 }
 
 /// A check of one write: the key, the item before and after; `Some` is a finding.
@@ -126,7 +129,70 @@ impl Table {
             watch: None,
             findings: Vec::new(),
             streamed: Default::default(),
+            partitions: BTreeMap::new(),
         }
+    }
+
+    /// The schemas an item is filed under: the table's (`None`) and each index's.
+    fn schemas(&self) -> impl Iterator<Item = (Option<&str>, &KeySchema)> {
+        std::iter::once((None, &self.keys)).chain(
+            self.indexes
+                .iter()
+                .map(|i| (Some(i.name.as_str()), &i.keys)),
+        )
+    }
+
+    /// The partition an item falls in under `schema` (`None` when the index skips it).
+    fn partition_of(schema: &KeySchema, item: &Item) -> Option<String> {
+        Self::key_text_of(schema, item).ok().flatten()?;
+        Self::part(item.get(&schema.hash.0)?, &schema.hash.1, &schema.hash.0).ok()
+    }
+
+    /// Files (`add`) or unfiles an item's key under each schema's partition.
+    fn file(&mut self, key: &str, item: &Item, add: bool) {
+        let filed: Vec<(Option<String>, String)> = self
+            .schemas()
+            .filter_map(|(index, schema)| {
+                Some((index.map(str::to_owned), Self::partition_of(schema, item)?))
+            })
+            .collect();
+        for (index, part) in filed {
+            let parts = self.partitions.entry(index).or_default();
+            if add {
+                parts.entry(part).or_default().insert(key.to_owned());
+            } else if let Some(keys) = parts.get_mut(&part) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    parts.remove(&part);
+                }
+            }
+        }
+    }
+
+    /// The items of one partition of the table (`index` `None`) or of an index, in key order:
+    /// those whose partition key is `value`.
+    pub fn partition<'a>(
+        &'a self,
+        index: Option<&str>,
+        value: &Value,
+    ) -> impl Iterator<Item = (&'a String, &'a Item)> + 'a {
+        let schema = match index {
+            None => Some(&self.keys),
+            Some(name) => self
+                .indexes
+                .iter()
+                .find(|i| i.name == name)
+                .map(|i| &i.keys),
+        };
+        let part = schema.and_then(|s| Self::part(value, &s.hash.1, &s.hash.0).ok());
+        let keys = part.and_then(|p| {
+            self.partitions
+                .get(&index.map(str::to_owned))
+                .and_then(|parts| parts.get(&p))
+        });
+        keys.into_iter()
+            .flatten()
+            .filter_map(|k| self.items.get_key_value(k))
     }
 
     fn part(v: &Value, ty: &str, name: &str) -> Result<String, Refused> {
@@ -222,6 +288,12 @@ impl Table {
             Some(item) => self.items.insert(key.to_owned(), item.clone()),
             None => self.items.remove(key),
         };
+        if let Some(item) = &before {
+            self.file(key, item, false);
+        }
+        if let Some(item) = &after {
+            self.file(key, item, true);
+        }
         if let Some(at) = before.as_ref().and_then(|i| self.expiry_of(i)) {
             self.by_expiry.remove(&(at, key.to_owned()));
         }

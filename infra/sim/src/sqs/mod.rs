@@ -10,7 +10,7 @@
 //! blocking while a message is in flight, and its five-minute deduplication. Receipt handles
 //! are per receive: only the latest deletes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Map, Value as Json};
 
@@ -148,8 +148,9 @@ impl Sqs {
                 name: name.to_owned(),
                 policy: Queue::read_redrive(&attributes),
                 attributes,
-                messages: Vec::new(),
+                store: Default::default(),
                 dedup_seen: BTreeMap::new(),
+                dedup_order: Default::default(),
                 tags: BTreeMap::new(),
             },
         );
@@ -232,10 +233,19 @@ impl Sqs {
                 (None, Some("true")) => format!("content:{body}"),
                 _ => return Err(SqsError::new("InvalidParameterValue", "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly")),
             };
-            q.dedup_seen.retain(|_, at| *at + 300_000 > now_ms);
+            while let Some((at, seen)) = q.dedup_order.front() {
+                if at + 300_000 > now_ms {
+                    break;
+                }
+                if q.dedup_seen.get(seen) == Some(at) {
+                    q.dedup_seen.remove(seen);
+                }
+                q.dedup_order.pop_front();
+            }
             if q.dedup_seen.contains_key(&d) {
                 return Ok(id);
             }
+            q.dedup_order.push_back((now_ms, d.clone()));
             q.dedup_seen.insert(d, now_ms);
         } else if group.is_some() && dedup.is_some() {
             return Err(SqsError::new(
@@ -244,19 +254,22 @@ impl Sqs {
             ));
         }
         let delay = delay_s.unwrap_or_else(|| q.attr_i64("DelaySeconds", 0));
-        q.messages.push(Message {
-            id: id.clone(),
-            body: body.to_owned(),
-            attributes,
-            group,
-            dedup,
-            sequence,
-            sent_ms: now_ms,
-            visible_ms: now_ms + delay * 1000,
-            receives: 0,
-            first_receive_ms: None,
-            handle: None,
-        });
+        q.store.push(
+            Message {
+                id: id.clone(),
+                body: body.to_owned(),
+                attributes,
+                group,
+                dedup,
+                sequence,
+                sent_ms: now_ms,
+                visible_ms: now_ms + delay * 1000,
+                receives: 0,
+                first_receive_ms: None,
+                handle: None,
+            },
+            now_ms,
+        );
         // Every mapping waiting wakes (one thread: none can miss it between its receive and
         // its wait, as nothing else runs there).
         self.arrivals.notify_waiters();
@@ -269,11 +282,8 @@ impl Sqs {
     pub fn next_visible(&self, url: &str, now_ms: i64) -> Option<i64> {
         self.queues
             .get(name_of_url(url))?
-            .messages
-            .iter()
-            .map(|m| m.visible_ms)
-            .filter(|&v| v > now_ms)
-            .min()
+            .store
+            .next_visible(now_ms)
     }
 
     /// Drops what is past its queue's retention.
@@ -281,12 +291,11 @@ impl Sqs {
         let mut gone = Vec::new();
         for q in self.queues.values_mut() {
             let keep = q.retention_s() * 1000;
-            let (old, kept): (Vec<Message>, Vec<Message>) = q
-                .messages
-                .drain(..)
-                .partition(|m| m.sent_ms + keep <= now_ms);
-            q.messages = kept;
-            gone.extend(old.into_iter().map(|m| (q.name.clone(), m)));
+            for slot in q.store.sent_by(now_ms - keep) {
+                if let Some(m) = q.store.remove(slot) {
+                    gone.push((q.name.clone(), m));
+                }
+            }
         }
         gone
     }
@@ -304,22 +313,22 @@ impl Sqs {
         let max = max.clamp(1, 10);
         let dup_rate = self.duplicate_rate;
         let name = name_of_url(url).to_owned();
-        let q = self.queues.get(&name).ok_or_else(|| {
+        let q = self.queues.get_mut(&name).ok_or_else(|| {
             SqsError::new("QueueDoesNotExist", "The specified queue does not exist.")
         })?;
+        q.store.reveal(now_ms);
         let redrive = q.redrive();
         let visibility = visibility_s.unwrap_or_else(|| q.visibility_s());
         let fifo = q.fifo();
-        let mut picked: Vec<usize> = Vec::new();
+        let mut picked: Vec<u64> = Vec::new();
         if fifo {
             let mut blocked: Vec<&str> = q
-                .messages
-                .iter()
+                .messages()
                 .filter(|m| m.visible_ms > now_ms && m.receives > 0)
                 .filter_map(|m| m.group.as_deref())
                 .collect();
             blocked.sort();
-            for (i, m) in q.messages.iter().enumerate() {
+            for (slot, m) in &q.store.messages {
                 let g = m.group.as_deref().unwrap_or("");
                 if blocked.binary_search(&g).is_ok() {
                     continue;
@@ -331,21 +340,28 @@ impl Sqs {
                     continue;
                 }
                 if picked.len() < max {
-                    picked.push(i);
+                    picked.push(*slot);
                 }
             }
         } else {
-            let mut visible: Vec<usize> = (0..q.messages.len())
-                .filter(|&i| q.messages[i].visible_ms <= now_ms)
-                .collect();
-            // `max` of them at random (the first steps of a Fisher-Yates shuffle).
-            for i in 0..max.min(visible.len()) {
-                let j = self.rng.usize(i..visible.len());
-                visible.swap(i, j);
+            // `max` of the visible ones at random (the first steps of a Fisher-Yates shuffle
+            // over them in slot order; only the positions it swaps are kept).
+            let n = q.store.visible_count();
+            let mut swapped: HashMap<usize, usize> = HashMap::new();
+            let k = max.min(n);
+            for i in 0..k {
+                let j = self.rng.usize(i..n);
+                let (at_i, at_j) = (
+                    *swapped.get(&i).unwrap_or(&i),
+                    *swapped.get(&j).unwrap_or(&j),
+                );
+                swapped.insert(i, at_j);
+                swapped.insert(j, at_i);
             }
-            visible.truncate(max);
-            visible.sort();
-            picked = visible;
+            picked = (0..k)
+                .map(|i| q.store.visible_at(*swapped.get(&i).unwrap_or(&i)))
+                .collect();
+            picked.sort_unstable();
         }
         let mut out = Vec::new();
         let mut to_dlq = Vec::new();
@@ -355,35 +371,42 @@ impl Sqs {
             handles.push(self.id("rh"));
         }
         let q = self.queues.get_mut(&name).expect("found");
-        for (n, &i) in picked.iter().enumerate() {
-            let m = &mut q.messages[i];
+        for (n, &slot) in picked.iter().enumerate() {
             if let Some((_, max_receives)) = &redrive {
-                if m.receives >= *max_receives {
-                    to_dlq.push(i);
+                if q.store.messages[&slot].receives >= *max_receives {
+                    to_dlq.push(slot);
                     continue;
                 }
             }
-            m.receives += 1;
-            m.first_receive_ms.get_or_insert(now_ms);
-            m.visible_ms = now_ms + visibility * 1000;
-            m.handle = Some(handles[n].clone());
-            out.push(m.clone());
+            let m = q
+                .store
+                .update(slot, now_ms, |m| {
+                    m.receives += 1;
+                    m.first_receive_ms.get_or_insert(now_ms);
+                    m.visible_ms = now_ms + visibility * 1000;
+                    m.handle = Some(handles[n].clone());
+                    m.clone()
+                })
+                .expect("picked");
             if !fifo && dup_rate > 0.0 && self.rng.f64() < dup_rate {
                 let mut twin = m.clone();
                 twin.visible_ms = now_ms;
                 twin.handle = None;
                 twins.push(twin);
             }
+            out.push(m);
         }
-        let mut moved = Vec::new();
-        for i in to_dlq.into_iter().rev() {
-            moved.push(q.messages.remove(i));
+        let moved: Vec<Message> = to_dlq
+            .into_iter()
+            .filter_map(|slot| q.store.remove(slot))
+            .collect();
+        for twin in twins {
+            q.store.push(twin, now_ms);
         }
-        q.messages.extend(twins);
         if let Some((dlq, _)) = redrive {
             let dlq_fifo = dlq.ends_with(".fifo");
             if let Some(d) = self.queues.get_mut(&dlq) {
-                for mut m in moved.into_iter().rev() {
+                for mut m in moved {
                     m.visible_ms = now_ms;
                     m.receives = 0;
                     m.handle = None;
@@ -391,7 +414,7 @@ impl Sqs {
                     if dlq_fifo {
                         m.sent_ms = now_ms;
                     }
-                    d.messages.push(m);
+                    d.store.push(m, now_ms);
                 }
             }
         }
@@ -407,7 +430,9 @@ impl Sqs {
                 format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
             ));
         }
-        q.messages.retain(|m| m.handle.as_deref() != Some(handle));
+        if let Some(slot) = q.store.slot_of(handle) {
+            q.store.remove(slot);
+        }
         Ok(())
     }
 
@@ -423,23 +448,20 @@ impl Sqs {
             return Err(SqsError::new("InvalidParameterValue", format!("Value {seconds} for parameter VisibilityTimeout is invalid. Reason: Must be between 0 and 43200.")));
         }
         let q = self.queue_mut(url)?;
-        let m = q
-            .messages
-            .iter_mut()
-            .find(|m| m.handle.as_deref() == Some(handle))
-            .ok_or_else(|| {
-                SqsError::new(
-                    "ReceiptHandleIsInvalid",
-                    format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
-                )
-            })?;
-        if m.visible_ms <= now_ms {
+        let slot = q.store.slot_of(handle).ok_or_else(|| {
+            SqsError::new(
+                "ReceiptHandleIsInvalid",
+                format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
+            )
+        })?;
+        if q.store.messages[&slot].visible_ms <= now_ms {
             return Err(SqsError::new(
                 "MessageNotInflight",
                 "The message referred to isn't in flight.",
             ));
         }
-        m.visible_ms = now_ms + seconds * 1000;
+        q.store
+            .update(slot, now_ms, |m| m.visible_ms = now_ms + seconds * 1000);
         Ok(())
     }
 }

@@ -85,13 +85,10 @@ impl Sqs {
                     .or_insert_with(|| "345600".into());
                 all.entry("DelaySeconds".into())
                     .or_insert_with(|| "0".into());
-                let visible = q.messages.iter().filter(|m| m.visible_ms <= now).count();
-                let in_flight = q
-                    .messages
-                    .iter()
-                    .filter(|m| m.visible_ms > now && m.receives > 0)
-                    .count();
-                let delayed = q.messages.len() - visible - in_flight;
+                q.store.reveal(now);
+                let visible = q.store.visible_count();
+                let in_flight = q.store.in_flight(now);
+                let delayed = q.len() - visible - in_flight;
                 all.insert("ApproximateNumberOfMessages".into(), visible.to_string());
                 all.insert(
                     "ApproximateNumberOfMessagesNotVisible".into(),
@@ -292,7 +289,7 @@ impl Sqs {
                 Ok(json!({"Successful": ok, "Failed": failed}))
             }
             "PurgeQueue" => {
-                self.queue_mut(text(body, "QueueUrl")?)?.messages.clear();
+                self.queue_mut(text(body, "QueueUrl")?)?.store.clear();
                 Ok(json!({}))
             }
             other => Err(SqsError::new(

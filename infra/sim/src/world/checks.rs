@@ -189,7 +189,7 @@ pub(super) fn check_end(w: &World) {
     let mut dead: BTreeMap<String, usize> = BTreeMap::new();
     let mut dead_ids: BTreeSet<String> = BTreeSet::new();
     if let Some(q) = aws.sqs.queues.get(&w.dlq) {
-        for m in &q.messages {
+        for m in q.messages() {
             let code = m
                 .string_attribute("error_code")
                 .unwrap_or("max_receives")
@@ -202,7 +202,7 @@ pub(super) fn check_end(w: &World) {
             *dead.entry(code).or_default() += 1;
         }
     }
-    let in_queue = aws.sqs.queues.get(&w.queue).map_or(0, |q| q.messages.len());
+    let in_queue = aws.sqs.queues.get(&w.queue).map_or(0, |q| q.len());
     let records: BTreeMap<String, crate::dynamo::value::Item> = t
         .items
         .values()

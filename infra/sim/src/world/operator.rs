@@ -35,7 +35,7 @@ pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
             pairs
                 .iter()
                 .filter_map(|(dlq, _)| aws.sqs.queues.get(dlq))
-                .map(|q| q.messages.iter().filter(|m| !seen.contains(&m.id)).count())
+                .map(|q| q.messages().filter(|m| !seen.contains(&m.id)).count())
                 .sum()
         };
         if waiting == 0 {

@@ -146,8 +146,7 @@ pub(super) fn check_dead_letters(w: &World) {
             return;
         };
         let judged = w.refund_letters.lock().expect("letters");
-        q.messages
-            .iter()
+        q.messages()
             .filter(|m| !judged.contains(&m.id))
             .map(|m| {
                 let code = m.string_attribute("error_code").map(str::to_owned);
@@ -214,8 +213,7 @@ pub(super) fn check_end(w: &World) {
         .queues
         .get(&w.refunds.dlq)
         .map(|q| {
-            q.messages
-                .iter()
+            q.messages()
                 .filter_map(|m| serde_json::from_str::<serde_json::Value>(&m.body).ok())
                 .filter_map(|v| v["refund_id"].as_str().map(str::to_owned))
                 .collect()

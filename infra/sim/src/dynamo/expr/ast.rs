@@ -142,3 +142,22 @@ pub struct Update {
     pub(super) add: Vec<(Path, Value)>,
     pub(super) delete: Vec<(Path, Value)>,
 }
+
+impl Cond {
+    /// The value `attr` must equal for the condition to hold, when it says so plainly
+    /// (`attr = :v`, alone or under `AND`): a key condition's partition key.
+    pub fn equality_on(&self, attr: &str) -> Option<&Value> {
+        match self {
+            Cond::And(a, b) => a.equality_on(attr).or_else(|| b.equality_on(attr)),
+            Cond::Cmp(Operand2(a), "=", Operand2(b)) => match (a, b) {
+                (Operand::Path(p), Operand::Value(v)) | (Operand::Value(v), Operand::Path(p))
+                    if matches!(p.as_slice(), [Step::Key(k)] if k == attr) =>
+                {
+                    Some(v)
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
