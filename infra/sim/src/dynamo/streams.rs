@@ -45,7 +45,7 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
                 .get(table_of_stream(arn))
                 .filter(|t| t.stream_view.is_some())
                 .ok_or_else(not_found)?;
-            let first = t.changes.first().map_or(1, |c| c.sequence);
+            let first = t.first_sequence().unwrap_or(1);
             Ok(json!({ "StreamDescription": {
                 "StreamArn": arn, "StreamLabel": "1970-01-01T00:00:00.000", "StreamStatus": "ENABLED",
                 "StreamViewType": t.stream_view, "TableName": t.name, "KeySchema": t.keys.to_json(),
@@ -68,7 +68,7 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
                     .map_err(|_| ApiError::validation("SequenceNumber is not valid"))
             };
             let next = match text(body, "ShardIteratorType")? {
-                "TRIM_HORIZON" => t.changes.first().map_or(t.next_sequence(), |c| c.sequence),
+                "TRIM_HORIZON" => t.first_sequence().unwrap_or(t.next_sequence()),
                 "LATEST" => t.next_sequence(),
                 "AT_SEQUENCE_NUMBER" => seq(body)?,
                 "AFTER_SEQUENCE_NUMBER" => seq(body)? + 1,
@@ -89,7 +89,7 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
                 .parse()
                 .map_err(|_| ApiError::validation("Invalid ShardIterator"))?;
             let t = db.tables.get(name).ok_or_else(not_found)?;
-            if t.changes.first().is_some_and(|c| c.sequence > next) {
+            if t.first_sequence().is_some_and(|first| first > next) {
                 return Err(ApiError::new(
                     "TrimmedDataAccessException",
                     "the records asked for are past the stream's 24 hours",
@@ -97,9 +97,7 @@ pub(super) fn streams(db: &Dynamo, operation: &str, body: &Json) -> Result<Json,
             }
             let limit = body.get("Limit").and_then(Json::as_u64).unwrap_or(1000) as usize;
             let records: Vec<Json> = t
-                .changes
-                .iter()
-                .filter(|c| c.sequence >= next)
+                .changes_from(next)
                 .take(limit)
                 .map(|c| t.record_of(c))
                 .collect();
@@ -122,7 +120,7 @@ impl super::table::Table {
             "ApproximateCreationDateTime": c.at_s,
             "Keys": item_to_json(&c.keys),
             "SequenceNumber": format!("{:021}", c.sequence),
-            "SizeBytes": c.new.as_ref().or(c.old.as_ref()).map_or(0, super::value::item_size),
+            "SizeBytes": c.size_bytes,
             "StreamViewType": view,
         });
         if matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES") {

@@ -55,10 +55,12 @@ pub struct Change {
     pub event: &'static str,
     /// The item's key.
     pub keys: Item,
-    /// The item before (absent for an insert).
+    /// The item before (absent for an insert, and unless the view keeps old images).
     pub old: Option<Item>,
-    /// The item after (absent for a remove).
+    /// The item after (absent for a remove, and unless the view keeps new images).
     pub new: Option<Item>,
+    /// The record's `SizeBytes`: the item's size after (before, for a remove).
+    pub size_bytes: usize,
     /// True for a deletion by time to live (the stream's `userIdentity` says so).
     pub by_ttl: bool,
     /// Simulated epoch seconds of the change.
@@ -84,8 +86,9 @@ pub struct Table {
     pub stream_view: Option<String>,
     /// Items by their key's canonical text.
     pub items: BTreeMap<String, Item>,
-    /// The stream's records not yet trimmed (24 h, as DynamoDB Streams keeps them).
-    pub changes: Vec<Change>,
+    /// The stream's records not yet trimmed (24 h, as DynamoDB Streams keeps them), their
+    /// sequence numbers consecutive: [`Table::changes_from`] reads from a position.
+    changes: std::collections::VecDeque<Change>,
     /// The next stream sequence number.
     next_sequence: u64,
     /// A check of every write (its key, the item before and after), installed by whoever
@@ -124,7 +127,7 @@ impl Table {
             by_expiry: std::collections::BTreeSet::new(),
             stream_view,
             items: BTreeMap::new(),
-            changes: Vec::new(),
+            changes: Default::default(),
             next_sequence: 1,
             watch: None,
             findings: Vec::new(),
@@ -268,6 +271,19 @@ impl Table {
         Ok(key)
     }
 
+    /// The sequence number of the oldest change the stream still keeps.
+    pub fn first_sequence(&self) -> Option<u64> {
+        self.changes.front().map(|c| c.sequence)
+    }
+
+    /// The stream's changes from sequence number `next` on, oldest first.
+    pub fn changes_from(&self, next: u64) -> impl Iterator<Item = &Change> {
+        let skip = self
+            .first_sequence()
+            .map_or(0, |first| next.saturating_sub(first) as usize);
+        self.changes.range(skip.min(self.changes.len())..)
+    }
+
     /// The sequence number the next change will get.
     pub fn next_sequence(&self) -> u64 {
         self.next_sequence
@@ -314,22 +330,29 @@ impl Table {
             (Some(_), Some(_)) => "MODIFY",
             _ => "REMOVE",
         };
-        let keys = self.key_of(after.as_ref().or(before.as_ref()).expect("one side"));
-        self.changes.push(Change {
+        let changed = after.as_ref().or(before.as_ref()).expect("one side");
+        let keys = self.key_of(changed);
+        let size_bytes = super::value::item_size(changed);
+        // Only the images the view carries are kept.
+        let view = self.stream_view.as_deref().unwrap_or("KEYS_ONLY");
+        let old = before.filter(|_| matches!(view, "OLD_IMAGE" | "NEW_AND_OLD_IMAGES"));
+        let new = after.filter(|_| matches!(view, "NEW_IMAGE" | "NEW_AND_OLD_IMAGES"));
+        self.changes.push_back(Change {
             sequence: self.next_sequence,
             event,
             keys,
-            old: before,
-            new: after,
+            old,
+            new,
+            size_bytes,
             by_ttl,
             at_s,
         });
         self.next_sequence += 1;
         self.streamed.notify_waiters();
-        // DynamoDB Streams keeps a record 24 hours.
+        // DynamoDB Streams keeps a record 24 hours (changes are in time order).
         let horizon = at_s - 24 * 3600;
-        if self.changes.first().is_some_and(|c| c.at_s < horizon) {
-            self.changes.retain(|c| c.at_s >= horizon);
+        while self.changes.front().is_some_and(|c| c.at_s < horizon) {
+            self.changes.pop_front();
         }
     }
 

@@ -11,7 +11,7 @@
 //! (`payment_intent: null`, as in Stripe's own example), so the inbox reads the charge for it.
 //! While a chargeback holds the charge's amount, a refund of it is refused `charge_disputed`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use serde_json::{json, Value as Json};
 
@@ -152,6 +152,9 @@ impl Books {
         let (amount, currency) = (i.amount, i.currency.clone());
         self.next_id += 1;
         let id = format!("dp_sim{:08}", self.next_id);
+        for (at, _) in &steps {
+            self.due.insert((*at, super::DUE_DISPUTE, id.clone()));
+        }
         self.disputes.insert(
             id.clone(),
             Dispute {
@@ -171,12 +174,14 @@ impl Books {
 
     /// Disputes whose next change has come take it, each change an event. A dispute opens
     /// only on a charge not refunded whole, for what is left of it.
-    pub(super) fn settle_disputes(&mut self, now_ms: i64) {
-        let due: Vec<String> = self
-            .disputes
-            .values()
-            .filter(|d| d.steps.front().is_some_and(|(at, _)| *at <= now_ms))
-            .map(|d| d.id.clone())
+    pub(super) fn settle_disputes(&mut self, now_ms: i64, come: BTreeSet<String>) {
+        let due: Vec<String> = come
+            .into_iter()
+            .filter(|id| {
+                self.disputes
+                    .get(id)
+                    .is_some_and(|d| d.steps.front().is_some_and(|(at, _)| *at <= now_ms))
+            })
             .collect();
         for id in due {
             // What is left of the charge, for one that opens now.
@@ -209,6 +214,13 @@ impl Books {
             };
             d.appealed |= status.starts_with("appeal_");
             d.status = status;
+            // Its next step comes at its own time (a step due now as well waits for the next
+            // settlement, one step each).
+            if let Some((at, _)) = d.steps.front() {
+                self.due
+                    .insert(((*at).max(now_ms + 1), super::DUE_DISPUTE, id.clone()));
+            }
+            let d = &self.disputes[&id];
             let object = dispute_json(d);
             self.emit(kind, object, now_ms);
         }

@@ -11,7 +11,7 @@
 //! listing a lookup reads; disputes ([`disputes`]). The books ([`Books`]) are the ground truth every invariant is
 //! checked against.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -81,8 +81,10 @@ struct Kept {
 pub struct Books {
     /// Intents by id.
     pub intents: BTreeMap<String, Intent>,
-    /// Idempotency keys.
+    /// Idempotency keys ...
     keys: BTreeMap<String, Kept>,
+    /// ... and when each was kept, oldest first (forgotten 24 hours on).
+    key_order: VecDeque<(i64, String)>,
     /// Requests answered.
     pub requests: u64,
     /// Requests refused `429`.
@@ -97,8 +99,17 @@ pub struct Books {
     pub double_charges: Vec<String>,
     /// Refunds by id (`re_...`).
     pub refunds: BTreeMap<String, refunds::Refund>,
-    /// Refund requests' keys (`refund:<refund_id>`): parameters, answer, when.
+    /// Refund requests' keys (`refund:<refund_id>`): parameters, answer, when ...
     refund_keys: BTreeMap<String, refunds::KeptRefund>,
+    /// ... and when each was kept, oldest first.
+    refund_key_order: VecDeque<(i64, String)>,
+    /// Refund ids (`re_...`) by PaymentIntent, and by the merchant's refund id.
+    refunds_by_intent: BTreeMap<String, Vec<String>>,
+    refunds_by_call: BTreeMap<String, Vec<String>>,
+    /// What changes by itself later: (when, what, id), what being [`DUE_INTENT`],
+    /// [`DUE_REFUND`] or [`DUE_DISPUTE`]. Each entry is checked against the object when its
+    /// time comes, so that one made stale by another change does nothing.
+    due: BTreeSet<(i64, u8, String)>,
     /// Every moment a refund went beyond its charge, or a refund id was refunded twice.
     pub refund_breaches: Vec<String>,
     /// Events not handed to the delivery yet.
@@ -109,6 +120,32 @@ pub struct Books {
     pub disputes: BTreeMap<String, disputes::Dispute>,
     /// Which charges are disputed, and when (none without one).
     pub dispute_plan: Option<disputes::DisputePlan>,
+}
+
+/// A debit that settles.
+const DUE_INTENT: u8 = 0;
+/// A refund whose status changes.
+const DUE_REFUND: u8 = 1;
+/// A dispute's next step.
+const DUE_DISPUTE: u8 = 2;
+
+/// Forgets the keys kept 24 hours or more before `now_ms` (Stripe's window), oldest first.
+fn forget_keys<V>(
+    keys: &mut BTreeMap<String, V>,
+    order: &mut VecDeque<(i64, String)>,
+    at_of: impl Fn(&V) -> i64,
+    now_ms: i64,
+) {
+    while let Some((at, key)) = order.front() {
+        if at + 24 * 3_600_000 > now_ms {
+            break;
+        }
+        // A key kept again later (a provider that ignores keys) stays for its later time.
+        if keys.get(key).is_some_and(|v| at_of(v) == *at) {
+            keys.remove(key);
+        }
+        order.pop_front();
+    }
 }
 
 /// True for an intent that moved money or will (`processing` settles by itself).
@@ -131,6 +168,9 @@ impl Books {
         let pid = intent.payment_id.clone();
         let id = intent.id.clone();
         let is_live = live(&intent.status);
+        if let Some(at) = intent.settles_ms {
+            self.due.insert((at, DUE_INTENT, id.clone()));
+        }
         self.intents.insert(id.clone(), intent);
         let ids = self.by_payment.entry(pid.clone()).or_default();
         ids.push(id);
@@ -149,11 +189,24 @@ impl Books {
     /// Moves every debit whose day has come to `succeeded` (or, when `fails` says so, to
     /// `requires_payment_method`), and every refund whose day has come to what it becomes.
     pub fn settle(&mut self, now_ms: i64, fails: impl Fn(&Intent) -> bool) {
-        let due: Vec<String> = self
-            .intents
-            .values()
-            .filter(|i| i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms))
-            .map(|i| i.id.clone())
+        let later = self
+            .due
+            .split_off(&(now_ms.saturating_add(1), 0, String::new()));
+        let come = std::mem::replace(&mut self.due, later);
+        let of = |what: u8| -> BTreeSet<String> {
+            come.iter()
+                .filter(|(_, w, _)| *w == what)
+                .map(|(_, _, id)| id.clone())
+                .collect()
+        };
+        let (intents, refunds, disputes) = (of(DUE_INTENT), of(DUE_REFUND), of(DUE_DISPUTE));
+        let due: Vec<String> = intents
+            .into_iter()
+            .filter(|id| {
+                self.intents.get(id).is_some_and(|i| {
+                    i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms)
+                })
+            })
             .collect();
         for id in due {
             let Some(i) = self.intents.get_mut(&id) else {
@@ -168,8 +221,8 @@ impl Books {
             }
             self.emit_intent(&id, now_ms);
         }
-        self.settle_refunds(now_ms);
-        self.settle_disputes(now_ms);
+        self.settle_refunds(now_ms, refunds);
+        self.settle_disputes(now_ms, disputes);
     }
 }
 
@@ -370,7 +423,10 @@ impl Provider {
         let params = params_of(r);
         let error_after = self.draw() < b.error_after_rate;
         let mut books = self.books.lock().expect("books");
-        books.keys.retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
+        let Books {
+            keys, key_order, ..
+        } = &mut *books;
+        forget_keys(keys, key_order, |k| k.at_ms, now);
         if let Some(k) = books.keys.get(&key).filter(|_| !b.ignores_keys) {
             if k.params != params {
                 return Ok(ProviderResponse::KeyReused {
@@ -459,6 +515,7 @@ impl Provider {
         } else {
             Ok(answer)
         };
+        books.key_order.push_back((now, key.clone()));
         books.keys.insert(
             key,
             Kept {

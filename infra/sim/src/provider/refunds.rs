@@ -9,6 +9,8 @@
 
 use payment_core::provider::{FailureKind, FoundRefund, ProviderError, RefundCall, RefundResponse};
 
+use std::collections::BTreeSet;
+
 use serde_json::{json, Value as Json};
 
 use super::{Books, Outage, Provider};
@@ -40,12 +42,14 @@ impl Books {
     }
 
     /// Refunds whose time has come change their status, each change an event.
-    pub(super) fn settle_refunds(&mut self, now_ms: i64) {
-        let due: Vec<String> = self
-            .refunds
-            .values()
-            .filter(|r| r.changes.as_ref().is_some_and(|(at, _)| *at <= now_ms))
-            .map(|r| r.id.clone())
+    pub(super) fn settle_refunds(&mut self, now_ms: i64, come: BTreeSet<String>) {
+        let due: Vec<String> = come
+            .into_iter()
+            .filter(|id| {
+                self.refunds
+                    .get(id)
+                    .is_some_and(|r| r.changes.as_ref().is_some_and(|(at, _)| *at <= now_ms))
+            })
             .collect();
         for id in due {
             let Some(r) = self.refunds.get_mut(&id) else {
@@ -76,13 +80,41 @@ pub(super) struct KeptRefund {
 impl Books {
     /// What is refunded of a PaymentIntent (refunds that did not fail).
     pub fn refunded(&self, payment_intent: &str) -> i64 {
-        self.refunds
-            .values()
+        self.refunds_of(payment_intent)
             .filter(|r| {
                 r.payment_intent == payment_intent && r.status != "failed" && r.status != "canceled"
             })
             .map(|r| r.amount)
             .sum()
+    }
+
+    /// The refunds of a PaymentIntent, in id order.
+    pub(super) fn refunds_of<'a>(
+        &'a self,
+        payment_intent: &str,
+    ) -> impl Iterator<Item = &'a Refund> + 'a {
+        self.refunds_by_intent
+            .get(payment_intent)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.refunds.get(id))
+    }
+
+    /// Books a refund: by id, by PaymentIntent, by the merchant's refund id, and when it
+    /// changes by itself.
+    fn add_refund(&mut self, r: Refund) {
+        if let Some((at, _)) = &r.changes {
+            self.due.insert((*at, super::DUE_REFUND, r.id.clone()));
+        }
+        for (index, by) in [
+            (&mut self.refunds_by_intent, &r.payment_intent),
+            (&mut self.refunds_by_call, &r.refund_id),
+        ] {
+            let ids = index.entry(by.clone()).or_default();
+            // Ids are made in increasing order: the list stays sorted, as the map's is.
+            ids.push(r.id.clone());
+        }
+        self.refunds.insert(r.id.clone(), r);
     }
 }
 
@@ -145,9 +177,12 @@ impl Provider {
         let key = format!("refund:{}", call.refund_id);
         let params = format!("{}|{}|{}", call.payment_intent, call.amount, call.refund_id);
         let mut books = self.books.lock().expect("books");
-        books
-            .refund_keys
-            .retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
+        let Books {
+            refund_keys,
+            refund_key_order,
+            ..
+        } = &mut *books;
+        super::forget_keys(refund_keys, refund_key_order, |k| k.at_ms, now);
         if let Some(k) = books.refund_keys.get(&key) {
             if k.params != params {
                 return Ok(RefundResponse::KeyReused {
@@ -192,9 +227,12 @@ impl Provider {
                     books.next_id += 1;
                     let id = format!("re_sim{:08}", books.next_id);
                     if books
-                        .refunds
-                        .values()
-                        .any(|r| r.refund_id == call.refund_id && r.status != "failed")
+                        .refunds_by_call
+                        .get(&call.refund_id)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|id| books.refunds.get(id))
+                        .any(|r| r.status != "failed")
                     {
                         books.refund_breaches.push(format!(
                             "refund {} made twice at the provider",
@@ -213,17 +251,14 @@ impl Provider {
                     } else {
                         ("succeeded", None)
                     };
-                    books.refunds.insert(
-                        id.clone(),
-                        Refund {
-                            id: id.clone(),
-                            refund_id: call.refund_id.clone(),
-                            payment_intent: pi.id.clone(),
-                            amount: call.amount,
-                            status: status.into(),
-                            changes,
-                        },
-                    );
+                    books.add_refund(Refund {
+                        id: id.clone(),
+                        refund_id: call.refund_id.clone(),
+                        payment_intent: pi.id.clone(),
+                        amount: call.amount,
+                        status: status.into(),
+                        changes,
+                    });
                     let object = refund_json(&books.refunds[&id], &pi.payment_id);
                     books.emit("refund.created", object, now);
                     Ok(RefundResponse::Refunded {
@@ -233,6 +268,7 @@ impl Provider {
                 }
             }
         };
+        books.refund_key_order.push_back((now, key.clone()));
         books.refund_keys.insert(
             key,
             KeptRefund {
@@ -252,9 +288,7 @@ impl Provider {
         self.reachable().await?;
         let books = self.books.lock().expect("books");
         Ok(books
-            .refunds
-            .values()
-            .filter(|r| r.payment_intent == payment_intent)
+            .refunds_of(payment_intent)
             .map(|r| FoundRefund {
                 provider_refund_id: r.id.clone(),
                 status: r.status.clone(),

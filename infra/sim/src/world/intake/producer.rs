@@ -1,6 +1,8 @@
 //! The producer: payments arriving at random over the arrival days, some sent twice, some
 //! under a reused id with another amount, some not payments at all.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +21,10 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
         .map(|_| (w.draw() * span_ms as f64) as i64)
         .collect();
     times.sort();
-    // A later send: when, the API's key (or the queue), the body.
-    let mut later: Vec<(i64, Option<String>, String)> = Vec::new();
+    // A later send: when, the order it was planned in, the API's key (or the queue), the body;
+    // the earliest first.
+    let mut later: BinaryHeap<Reverse<Later>> = BinaryHeap::new();
+    let mut planned: u64 = 0;
     for (n, at) in times.into_iter().enumerate() {
         let wait = (EPOCH_MS + at - w.clock.now_ms()).max(0);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
@@ -82,18 +86,22 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
                 let mut reused = message;
                 reused["amount"] = (amount + 1).into();
                 let other = api_body(&via_api, reused);
-                later.push((
+                planned += 1;
+                later.push(Reverse((
                     w.clock.now_ms() + (w.draw() * 3_600_000.0) as i64,
+                    planned,
                     via_api.clone(),
                     other,
-                ));
+                )));
             }
             if w.draw() < w.opts.duplicate_share {
-                later.push((
+                planned += 1;
+                later.push(Reverse((
                     w.clock.now_ms() + (w.draw() * 7_200_000.0) as i64,
+                    planned,
                     via_api.clone(),
                     body.clone(),
-                ));
+                )));
             }
             // Card charges, and bank debits (a refund asked while one settles is held).
             if matches!(
@@ -112,22 +120,24 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
         } else {
             submit(&w, &sqs, &url, via_api.as_deref(), &body).await;
         }
-        later.retain(|(at, key, b)| {
-            if *at <= w.clock.now_ms() {
-                let (w2, sqs2, url2, k2, b2) = (
-                    Arc::clone(&w),
-                    sqs.clone(),
-                    url.clone(),
-                    key.clone(),
-                    b.clone(),
-                );
-                tokio::spawn(async move { submit(&w2, &sqs2, &url2, k2.as_deref(), &b2).await });
-                false
-            } else {
-                true
-            }
-        });
+        // Those due go now, in the order they were planned.
+        let mut due: Vec<Later> = Vec::new();
+        while later
+            .peek()
+            .is_some_and(|Reverse(l)| l.0 <= w.clock.now_ms())
+        {
+            due.extend(later.pop().map(|Reverse(l)| l));
+        }
+        due.sort_by_key(|l| l.1);
+        for (_, _, key, b) in due {
+            let (w2, sqs2, url2) = (Arc::clone(&w), sqs.clone(), url.clone());
+            tokio::spawn(async move { submit(&w2, &sqs2, &url2, key.as_deref(), &b).await });
+        }
     }
+    let mut later: Vec<(i64, Option<String>, String)> = later
+        .into_iter()
+        .map(|Reverse((at, _, key, body))| (at, key, body))
+        .collect();
     later.sort();
     for (at, key, body) in later {
         let wait = (at - w.clock.now_ms()).max(0);
@@ -135,6 +145,9 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
         submit(&w, &sqs, &url, key.as_deref(), &body).await;
     }
 }
+
+/// A later send: when, the order it was planned in, the API's key (or the queue), the body.
+type Later = (i64, u64, Option<String>, String);
 
 /// A payment as its producer writes it: the queue's message (its JSON as SQS takes it), or,
 /// for the API, the same without `payment_id` (the `Idempotency-Key` header is the id).

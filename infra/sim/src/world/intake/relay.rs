@@ -117,10 +117,10 @@ fn read(
         return (Vec::new(), *next);
     };
     let mut lost = 0;
-    if let Some(first) = t.changes.first() {
-        if first.sequence > *next {
-            lost = first.sequence - *next;
-            *next = first.sequence;
+    if let Some(first) = t.first_sequence() {
+        if first > *next {
+            lost = first - *next;
+            *next = first;
         }
     }
     let arn = format!(
@@ -129,7 +129,7 @@ fn read(
     );
     let mut kept = Vec::new();
     let mut after = *next;
-    for c in t.changes.iter().filter(|c| c.sequence >= *next) {
+    for c in t.changes_from(*next) {
         if kept.len() >= limit || until.is_some_and(|u| c.sequence > u) {
             break;
         }
