@@ -224,162 +224,211 @@ fn replay(args: &Args, seed: u64) -> String {
     format!("make sim {} TRACE=sim-{seed}.trace", vars.join(" "))
 }
 
+/// The options of one seed.
+fn options(args: &Args, seed: u64) -> Result<Options> {
+    let mut opts = Options::new(seed, args.payments, args.days);
+    if let Some(r) = args.crash_rate {
+        opts.crash_rate = r;
+    }
+    if let Some(r) = args.aws_fault_rate {
+        opts.aws.error_rate = r;
+        opts.aws.throttle_rate = r;
+        opts.aws.lost_answer_rate = r;
+        opts.aws.stall_rate = r / 4.0;
+    }
+    if let Some(r) = args.provider_fault_rate {
+        opts.provider.error_before_rate = r;
+        opts.provider.error_after_rate = r;
+        opts.provider.lost_answer_rate = r;
+    }
+    opts.keep_trace = args.trace.is_some();
+    if let Some(m) = &args.mutation {
+        if !simulator::world::MUTATIONS.iter().any(|(n, _)| n == m) {
+            anyhow::bail!(
+                "no mutation {m}: the mutations are {:?}",
+                simulator::world::MUTATIONS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+            );
+        }
+        opts.mutation = Some(m.clone());
+    }
+    opts.fifo = args.fifo;
+    opts.visibility_timeout = args.visibility_timeout;
+    opts.max_receive_count = args.max_receive_count;
+    opts.provider_outage = args
+        .provider_outage_day
+        .map(|d| (d, args.provider_outage_hours));
+    opts.dynamo_outage = args
+        .dynamodb_outage_day
+        .map(|d| (d, args.dynamodb_outage_hours));
+    opts.sqs_outage = args.sqs_outage_day.map(|d| (d, args.sqs_outage_hours));
+    opts.webhook_outage = args
+        .webhook_outage_day
+        .map(|d| (d, args.webhook_outage_hours));
+    opts.parameters.extend(args.parameters.iter().cloned());
+    opts.disputes = (args.dispute_share, args.dispute_days);
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.api_share),
+        "API_SHARE is a share of the payments, from 0 to 1"
+    );
+    opts.api_share = args.api_share;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.shopper_text_share),
+        "SHOPPER_TEXT_SHARE is a share of the payments, from 0 to 1"
+    );
+    opts.shopper_text_share = args.shopper_text_share;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.forged_event_share),
+        "FORGED_EVENT_SHARE is a share of the events, from 0 to 1"
+    );
+    opts.forged_event_share = args.forged_event_share;
+    if let Some(a) = args.arrival_seconds {
+        anyhow::ensure!(
+            a >= 0.0 && a <= args.days * 86_400.0,
+            "ARRIVAL_SECONDS is within the run"
+        );
+        opts.arrival_days = a / 86_400.0;
+    }
+    // The mappings stop at DAYS; the producers send duplicates and reused ids up to two
+    // hours after a payment's arrival, which would land in a queue nothing reads: a run
+    // outlasts its last arrival by those two hours and ten minutes to process them.
+    anyhow::ensure!(
+        args.days * 86_400.0 >= opts.arrival_days * 86_400.0 + 7_800.0,
+        "DAYS must outlast the last arrival by two hours and ten minutes (the producers' late duplicates, then their processing): {} days with arrivals over {:.0} s",
+        args.days,
+        opts.arrival_days * 86_400.0
+    );
+    opts.refund_share = args.refund_share;
+    opts.parallel_clients = args.parallel_clients;
+    opts.provider.account_rate = args.account_rate;
+    Ok(opts)
+}
+
+/// The threads seeds run on: one each, as many as the machine's cores (`SIM_THREADS` says
+/// otherwise).
+fn threads() -> usize {
+    std::env::var("SIM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
-    let mut failed = Vec::new();
-    let started = Instant::now();
-    let mut sim_days = 0.0;
-    for seed in args.first..args.first + args.seeds {
-        let mut opts = Options::new(seed, args.payments, args.days);
-        if let Some(r) = args.crash_rate {
-            opts.crash_rate = r;
-        }
-        if let Some(r) = args.aws_fault_rate {
-            opts.aws.error_rate = r;
-            opts.aws.throttle_rate = r;
-            opts.aws.lost_answer_rate = r;
-            opts.aws.stall_rate = r / 4.0;
-        }
-        if let Some(r) = args.provider_fault_rate {
-            opts.provider.error_before_rate = r;
-            opts.provider.error_after_rate = r;
-            opts.provider.lost_answer_rate = r;
-        }
-        opts.keep_trace = args.trace.is_some();
-        if let Some(m) = &args.mutation {
-            if !simulator::world::MUTATIONS.iter().any(|(n, _)| n == m) {
-                anyhow::bail!(
-                    "no mutation {m}: the mutations are {:?}",
-                    simulator::world::MUTATIONS
-                        .iter()
-                        .map(|(n, _)| *n)
-                        .collect::<Vec<_>>()
-                );
-            }
-            opts.mutation = Some(m.clone());
-        }
-        opts.fifo = args.fifo;
-        opts.visibility_timeout = args.visibility_timeout;
-        opts.max_receive_count = args.max_receive_count;
-        opts.provider_outage = args
-            .provider_outage_day
-            .map(|d| (d, args.provider_outage_hours));
-        opts.dynamo_outage = args
-            .dynamodb_outage_day
-            .map(|d| (d, args.dynamodb_outage_hours));
-        opts.sqs_outage = args.sqs_outage_day.map(|d| (d, args.sqs_outage_hours));
-        opts.webhook_outage = args
-            .webhook_outage_day
-            .map(|d| (d, args.webhook_outage_hours));
-        opts.parameters.extend(args.parameters.iter().cloned());
-        opts.disputes = (args.dispute_share, args.dispute_days);
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&args.api_share),
-            "API_SHARE is a share of the payments, from 0 to 1"
-        );
-        opts.api_share = args.api_share;
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&args.shopper_text_share),
-            "SHOPPER_TEXT_SHARE is a share of the payments, from 0 to 1"
-        );
-        opts.shopper_text_share = args.shopper_text_share;
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&args.forged_event_share),
-            "FORGED_EVENT_SHARE is a share of the events, from 0 to 1"
-        );
-        opts.forged_event_share = args.forged_event_share;
-        if let Some(a) = args.arrival_seconds {
-            anyhow::ensure!(
-                a >= 0.0 && a <= args.days * 86_400.0,
-                "ARRIVAL_SECONDS is within the run"
-            );
-            opts.arrival_days = a / 86_400.0;
-        }
-        // The mappings stop at DAYS; the producers send duplicates and reused ids up to two
-        // hours after a payment's arrival, which would land in a queue nothing reads: a run
-        // outlasts its last arrival by those two hours and ten minutes to process them.
-        anyhow::ensure!(
-            args.days * 86_400.0 >= opts.arrival_days * 86_400.0 + 7_800.0,
-            "DAYS must outlast the last arrival by two hours and ten minutes (the producers' late duplicates, then their processing): {} days with arrivals over {:.0} s",
-            args.days,
-            opts.arrival_days * 86_400.0
-        );
-        opts.refund_share = args.refund_share;
-        opts.parallel_clients = args.parallel_clients;
-        opts.provider.account_rate = args.account_rate;
-        let t0 = Instant::now();
-        let report = run(opts)?;
-        let took = t0.elapsed().as_secs_f64();
-        sim_days += report.days;
-        println!(
-            "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, {} events forged, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
-            report.days,
-            report.payments,
-            report.charged,
-            report.dead_letters,
-            report.invocations,
-            report.cold_starts,
-            report.killed,
-            report.aws_requests,
-            report.provider_requests,
-            report.provider_refused,
-            report.refunds_sent,
-            report.refunds_made,
-            report.refunds_failed,
-            report.disputes,
-            report.disputes_appealed,
-            report.events,
-            report.events_undelivered,
-            report.events_bridged,
-            report.catch_up_runs,
-            report.catch_up_worst_lag_s,
-            report.api_requests,
-            report.api_throttled,
-            report.api_killed,
-            report.api_gateway_timeouts,
-            report.api_accepted,
-            report.relay_invocations,
-            report.relay_given_up,
-            report.relay_trimmed,
-            report.republished,
-            report.expired_records,
-            report.charged_per_second,
-            report.charging_span_s,
-            report.write_units_mean,
-            report.write_units_peak,
-            report.peak_concurrency,
-            report.events_throttled,
-            report.events_forged,
-            report.digest,
-            report.days / took.max(1e-9),
-        );
-        if let Some(path) = &args.trace {
-            std::fs::write(path, report.trace.join("\n"))?;
-        }
-        if !report.violations.is_empty() {
-            for v in &report.violations {
-                println!(
-                    "  VIOLATED {} at {:.3} days: {}",
-                    v.invariant,
-                    v.at_ms as f64 / 86_400_000.0,
-                    v.detail
-                );
-            }
-            println!("  last events:");
-            for line in report.trace.iter().rev().take(20).rev() {
-                println!("    {line}");
-            }
-            println!("  replay: {}", replay(&args, seed));
-            failed.push(seed);
-        }
+    let seeds: Vec<u64> = (args.first..args.first + args.seeds).collect();
+    let mut all = Vec::new();
+    for &seed in &seeds {
+        all.push((seed, options(&args, seed)?));
     }
+    let threads = threads().min(seeds.len()).max(1);
+    let started = Instant::now();
+    // Seeds are taken in order by whichever thread is free; each runs on its own thread's
+    // runtime, as alone. Their lines are printed in seed order.
+    let queue = std::sync::Mutex::new(all.into_iter());
+    let (done, results) = std::sync::mpsc::channel();
+    let mut failed = Vec::new();
+    let (mut sim_days, mut core_s, mut payments) = (0.0, 0.0, 0usize);
+    std::thread::scope(|scope| -> Result<()> {
+        for _ in 0..threads {
+            let (queue, done) = (&queue, done.clone());
+            scope.spawn(move || loop {
+                let Some((seed, opts)) = queue.lock().expect("seeds").next() else {
+                    break;
+                };
+                let t0 = Instant::now();
+                let report = run(opts);
+                let _ = done.send((seed, report, t0.elapsed().as_secs_f64()));
+            });
+        }
+        drop(done);
+        let mut waiting = std::collections::BTreeMap::new();
+        let mut next = args.first;
+        for (seed, report, took) in results {
+            waiting.insert(seed, (report?, took));
+            while let Some((report, took)) = waiting.remove(&next) {
+                let seed = next;
+                next += 1;
+                sim_days += report.days;
+                core_s += took;
+                payments += report.payments;
+                println!(
+                    "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, {} events forged, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+                    report.days,
+                    report.payments,
+                    report.charged,
+                    report.dead_letters,
+                    report.invocations,
+                    report.cold_starts,
+                    report.killed,
+                    report.aws_requests,
+                    report.provider_requests,
+                    report.provider_refused,
+                    report.refunds_sent,
+                    report.refunds_made,
+                    report.refunds_failed,
+                    report.disputes,
+                    report.disputes_appealed,
+                    report.events,
+                    report.events_undelivered,
+                    report.events_bridged,
+                    report.catch_up_runs,
+                    report.catch_up_worst_lag_s,
+                    report.api_requests,
+                    report.api_throttled,
+                    report.api_killed,
+                    report.api_gateway_timeouts,
+                    report.api_accepted,
+                    report.relay_invocations,
+                    report.relay_given_up,
+                    report.relay_trimmed,
+                    report.republished,
+                    report.expired_records,
+                    report.charged_per_second,
+                    report.charging_span_s,
+                    report.write_units_mean,
+                    report.write_units_peak,
+                    report.peak_concurrency,
+                    report.events_throttled,
+                    report.events_forged,
+                    report.digest,
+                    report.days / took.max(1e-9),
+                );
+                if let Some(path) = &args.trace {
+                    std::fs::write(path, report.trace.join("\n"))?;
+                }
+                if !report.violations.is_empty() {
+                    for v in &report.violations {
+                        println!(
+                            "  VIOLATED {} at {:.3} days: {}",
+                            v.invariant,
+                            v.at_ms as f64 / 86_400_000.0,
+                            v.detail
+                        );
+                    }
+                    println!("  last events:");
+                    for line in report.trace.iter().rev().take(20).rev() {
+                        println!("    {line}");
+                    }
+                    println!("  replay: {}", replay(&args, seed));
+                    failed.push(seed);
+                }
+            }
+        }
+        Ok(())
+    })?;
     let wall = started.elapsed().as_secs_f64();
     println!(
-        "{} seeds, {} failed {:?}; {sim_days:.0} simulated days in {wall:.1} s ({:.1} days/s)",
+        "{} seeds, {} failed {:?}; {sim_days:.0} simulated days in {wall:.1} s on {threads} threads ({:.1} days/s): {:.2} seeds per core-minute, {:.0} payments simulated per core-second, {:.0} simulated seconds per real second",
         args.seeds,
         failed.len(),
         failed,
-        sim_days / wall.max(1e-9)
+        sim_days / wall.max(1e-9),
+        args.seeds as f64 / (core_s / 60.0).max(1e-9),
+        payments as f64 / core_s.max(1e-9),
+        sim_days * 86_400.0 / wall.max(1e-9),
     );
     if !failed.is_empty() {
         std::process::exit(1);
