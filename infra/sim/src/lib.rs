@@ -13,10 +13,12 @@
 //! - [`wire`]: the AWS SDK's transport seam, answering the official clients from the models.
 //! - [`provider`]: Stripe behind the project's provider port, and its books.
 //! - [`world`]: one run: the stack, the processes, the producers, the invariants.
+//! - [`cost`]: what the models visit per request (the scaling test reads it).
 //!
 //! Why its own crate: it links the SDK's transport internals and tokio's `test-util` (paused
 //! time), which no shipped function and not the proving ground's live runs should carry.
 
+pub mod cost;
 pub mod dynamo;
 pub mod eventbridge;
 pub mod provider;

@@ -355,7 +355,7 @@ fn main() -> Result<()> {
                 core_s += took;
                 payments += report.payments;
                 println!(
-                    "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, {} events forged, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
+                    "seed {seed}: {:.1} days, {} payments, {} charged, dead letters {:?}, {} invocations ({} cold, {} killed), {} AWS requests, provider {} ({} refused), refunds {} sent {} made ({} failed later), disputes {} ({} appealed), {} events ({} never delivered, {} through EventBridge), catch-up runs {:?} (ok, failed, killed) lag at most {} s, API {} requests ({} throttled, {} killed, {} timed out at the gateway, {} answered 202), relay {} invocations ({} records given up, {} trimmed), {} republished, {} records expired; {:.1} payments processed a second (99 % in {:.0} s), DynamoDB write units a second {:.0} (peak {}), most invocations at once {:?}, {} webhook deliveries throttled, {} events forged, the models visited {:.2} elements a request, digest {:016x}; {took:.1} s ({:.1} simulated days/s)",
                     report.days,
                     report.payments,
                     report.charged,
@@ -393,6 +393,8 @@ fn main() -> Result<()> {
                     report.peak_concurrency,
                     report.events_throttled,
                     report.events_forged,
+                    report.model_visits as f64
+                        / (report.aws_requests + report.provider_requests).max(1) as f64,
                     report.digest,
                     report.days / took.max(1e-9),
                 );

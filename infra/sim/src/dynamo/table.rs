@@ -281,7 +281,9 @@ impl Table {
         let skip = self
             .first_sequence()
             .map_or(0, |first| next.saturating_sub(first) as usize);
-        self.changes.range(skip.min(self.changes.len())..)
+        self.changes
+            .range(skip.min(self.changes.len())..)
+            .inspect(|_| crate::cost::visit(1))
     }
 
     /// The sequence number the next change will get.

@@ -140,6 +140,7 @@ fn forget_keys<V>(
         if at + 24 * 3_600_000 > now_ms {
             break;
         }
+        crate::cost::visit(1);
         // A key kept again later (a provider that ignores keys) stays for its later time.
         if keys.get(key).is_some_and(|v| at_of(v) == *at) {
             keys.remove(key);
@@ -193,6 +194,7 @@ impl Books {
             .due
             .split_off(&(now_ms.saturating_add(1), 0, String::new()));
         let come = std::mem::replace(&mut self.due, later);
+        crate::cost::visit(come.len());
         let of = |what: u8| -> BTreeSet<String> {
             come.iter()
                 .filter(|(_, w, _)| *w == what)
@@ -426,6 +428,10 @@ impl Provider {
         let Books {
             keys, key_order, ..
         } = &mut *books;
+        if crate::cost::on("provider_walks_keys") {
+            crate::cost::visit(keys.len());
+            keys.retain(|_, k| k.at_ms + 24 * 3_600_000 > now);
+        }
         forget_keys(keys, key_order, |k| k.at_ms, now);
         if let Some(k) = books.keys.get(&key).filter(|_| !b.ignores_keys) {
             if k.params != params {

@@ -98,6 +98,7 @@ impl Books {
             .into_iter()
             .flatten()
             .filter_map(|id| self.refunds.get(id))
+            .inspect(|_| crate::cost::visit(1))
     }
 
     /// Books a refund: by id, by PaymentIntent, by the merchant's refund id, and when it

@@ -329,6 +329,7 @@ impl Sqs {
                 .collect();
             blocked.sort();
             for (slot, m) in &q.store.messages {
+                crate::cost::visit(1);
                 let g = m.group.as_deref().unwrap_or("");
                 if blocked.binary_search(&g).is_ok() {
                     continue;
@@ -347,6 +348,7 @@ impl Sqs {
             // `max` of the visible ones at random (the first steps of a Fisher-Yates shuffle
             // over them in slot order; only the positions it swaps are kept).
             let n = q.store.visible_count();
+            crate::cost::visit(max.min(n));
             let mut swapped: HashMap<usize, usize> = HashMap::new();
             let k = max.min(n);
             for i in 0..k {

@@ -54,6 +54,14 @@ pub const EPOCH_MS: i64 = 1_767_225_600_000;
 /// `sim-mutations` feature (the simulator's tests; `make sim MUTATION=...`).
 pub const MUTATIONS: &[(&str, &str)] = &[
     (
+        "query_reads_the_table",
+        "a DynamoDB query in the model reads every item of its table, not its partition: the run's cost grows with its square (crate::cost::MUTATIONS, the scaling test's teeth)",
+    ),
+    (
+        "provider_walks_keys",
+        "the provider model walks every idempotency key of the last 24 hours on each charge (crate::cost::MUTATIONS)",
+    ),
+    (
         "charged_records_21_days",
         "a charged payment's record kept the record retention (21 days), not the refund window: main before the lifetimes work",
     ),
@@ -237,6 +245,8 @@ pub fn run(opts: Options) -> Result<Report> {
     fastrand::seed(opts.seed);
     sqs_once::token::seed_this_thread(opts.seed.rotate_left(17));
     sqs_once::mutation::clear();
+    crate::cost::put_back(opts.mutation.as_deref());
+    crate::cost::take();
     if let Some(m) = opts.mutation.as_deref() {
         anyhow::ensure!(MUTATIONS.iter().any(|(n, _)| *n == m), "no mutation {m}");
         for list in [
@@ -462,6 +472,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     let mut report = world.stats.lock().expect("stats").clone();
     let aws = wire.aws.lock().expect("aws");
     report.digest = aws.digest;
+    report.model_visits = crate::cost::take();
     report.aws_requests = aws.requests;
     report.aws_outage_refusals = aws.outage_refusals;
     report.violations = world.violations.lock().expect("v").clone();

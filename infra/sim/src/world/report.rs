@@ -19,6 +19,8 @@ pub struct Report {
     /// The digest of every request, answer and provider write, in order: the same seed and
     /// commit give the same digest.
     pub digest: u64,
+    /// The elements the models visited ([`crate::cost`]).
+    pub model_visits: u64,
     /// What did not hold.
     pub violations: Vec<Violation>,
     /// Simulated days run.
