@@ -139,9 +139,14 @@ pub struct Wire {
 }
 
 fn respond(status: u16, body: Json, query_error: Option<&str>) -> HttpResponse {
+    respond_text(status, body.to_string(), query_error)
+}
+
+/// An answer whose body is already written.
+fn respond_text(status: u16, body: String, query_error: Option<&str>) -> HttpResponse {
     let mut r = HttpResponse::new(
         status.try_into().expect("a valid status"),
-        SdkBody::from(body.to_string()),
+        SdkBody::from(body),
     );
     r.headers_mut()
         .insert("content-type", "application/x-amz-json-1.0");
@@ -309,16 +314,22 @@ impl Wire {
                     Err(e) => (400, e.body(), Some(format!("{};Sender", e.query_code()))),
                 }
             };
+            // The answer is written once, for the digest and the wire. The request is folded
+            // as parsed (its keys sorted), not as sent: the SDK writes a map's entries in its
+            // HashMap's order, which differs from one process to the next.
+            let (status, answer, query_error) = out;
+            let answer = answer.to_string();
+            let request = &body;
             if aws.keep_log {
-                let line = format!("{now_ms} {target} {} -> {} {}\n", body, out.0, out.1);
+                let line = format!("{now_ms} {target} {request} -> {status} {answer}\n");
                 aws.fold(line.as_bytes());
                 aws.log.push(line);
             } else {
                 // The same bytes, folded as they are written (no line to keep).
                 use std::fmt::Write;
-                let _ = writeln!(aws, "{now_ms} {target} {} -> {} {}", body, out.0, out.1);
+                let _ = writeln!(aws, "{now_ms} {target} {request} -> {status} {answer}");
             }
-            out
+            (status, answer, query_error)
         };
         tokio::time::sleep(after).await;
         if fault == Some(0) {
@@ -326,7 +337,7 @@ impl Wire {
                 "the simulator lost the answer".into(),
             ));
         }
-        Ok(respond(status, answer, query_error.as_deref()))
+        Ok(respond_text(status, answer, query_error.as_deref()))
     }
 }
 
