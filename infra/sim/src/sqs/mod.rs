@@ -69,8 +69,6 @@ pub struct Sqs {
     /// Chance that a standard queue delivers a message twice.
     pub duplicate_rate: f64,
     next_id: u64,
-    /// Woken at each send: a long poll returns as soon as a message arrives.
-    pub arrivals: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// The account id of the model's ARNs and URLs.
@@ -107,7 +105,6 @@ impl Sqs {
             rng: fastrand::Rng::with_seed(seed),
             duplicate_rate: 0.0,
             next_id: 1,
-            arrivals: Default::default(),
         }
     }
 
@@ -151,6 +148,7 @@ impl Sqs {
                 store: Default::default(),
                 dedup_seen: BTreeMap::new(),
                 dedup_order: Default::default(),
+                arrivals: Default::default(),
                 tags: BTreeMap::new(),
             },
         );
@@ -270,10 +268,18 @@ impl Sqs {
             },
             now_ms,
         );
-        // Every mapping waiting wakes (one thread: none can miss it between its receive and
-        // its wait, as nothing else runs there).
-        self.arrivals.notify_waiters();
+        // Every mapping waiting on this queue wakes (one thread: none can miss it between its
+        // receive and its wait, as nothing else runs there).
+        q.arrivals.notify_waiters();
         Ok(id)
+    }
+
+    /// What a long poll of the queue at `url` waits on: woken at each send to it.
+    pub fn arrivals(&self, url: &str) -> std::sync::Arc<tokio::sync::Notify> {
+        self.queues
+            .get(name_of_url(url))
+            .map(|q| std::sync::Arc::clone(&q.arrivals))
+            .unwrap_or_default()
     }
 
     /// When the next message of a queue that is not visible now becomes visible (one in

@@ -50,6 +50,8 @@ pub struct Queue {
     pub(super) dedup_order: std::collections::VecDeque<(i64, String)>,
     /// Its tags.
     pub tags: BTreeMap<String, String>,
+    /// Woken at each send: a long poll of this queue returns as soon as a message arrives.
+    pub(super) arrivals: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Message {

@@ -99,7 +99,7 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
             let (arrivals, next) = {
                 let aws = w.wire.aws.lock().expect("aws");
                 (
-                    std::sync::Arc::clone(&aws.sqs.arrivals),
+                    aws.sqs.arrivals(&url_of(&queue)),
                     aws.sqs.next_visible(&url_of(&queue), w.clock.now_ms()),
                 )
             };
@@ -147,7 +147,7 @@ async fn gather(w: &World, queue: &str, batch: usize, window_ms: i64, msgs: &mut
         let (arrivals, next) = {
             let aws = w.wire.aws.lock().expect("aws");
             (
-                Arc::clone(&aws.sqs.arrivals),
+                aws.sqs.arrivals(&url_of(queue)),
                 aws.sqs.next_visible(&url_of(queue), now),
             )
         };
