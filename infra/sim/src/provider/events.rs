@@ -17,8 +17,8 @@ use super::{Books, Intent, Provider};
 pub struct Event {
     /// `evt_...`.
     pub id: String,
-    /// Its body (Stripe's event JSON).
-    pub body: String,
+    /// Its body (Stripe's event JSON), shared with the list's copy.
+    pub body: std::sync::Arc<str>,
 }
 
 /// A PaymentIntent's JSON as the API writes it (the fields the inbox reads).
@@ -48,8 +48,10 @@ impl Books {
     pub(super) fn emit(&mut self, kind: &str, object: Json, now_ms: i64) {
         self.next_id += 1;
         let id = format!("evt_sim{:08}", self.next_id);
-        let body = event_json(&id, kind, now_ms / 1000, object).to_string();
-        self.logged(&id, kind, now_ms / 1000, &body);
+        let body: std::sync::Arc<str> = event_json(&id, kind, now_ms / 1000, object)
+            .to_string()
+            .into();
+        self.logged(&id, kind, now_ms / 1000, std::sync::Arc::clone(&body));
         self.events.push(Event { id, body });
     }
 

@@ -25,15 +25,21 @@ pub struct Logged {
     pub created_s: i64,
     /// Its type.
     pub kind: String,
-    /// Its JSON.
-    pub body: String,
+    /// Its JSON (one copy, shared with the delivery's).
+    pub body: std::sync::Arc<str>,
     /// No delivery of it was answered `2xx` yet (`delivery_success=false` lists it).
     pub pending: bool,
 }
 
 impl Books {
     /// Keeps an event in the list (and drops those past the retention).
-    pub(super) fn logged(&mut self, id: &str, kind: &str, created_s: i64, body: &str) {
+    pub(super) fn logged(
+        &mut self,
+        id: &str,
+        kind: &str,
+        created_s: i64,
+        body: std::sync::Arc<str>,
+    ) {
         while self
             .log
             .front()
@@ -45,7 +51,7 @@ impl Books {
             id: id.to_owned(),
             created_s,
             kind: kind.to_owned(),
-            body: body.to_owned(),
+            body,
             pending: true,
         });
     }
@@ -85,7 +91,7 @@ fn page(events: Vec<&Logged>, has_more: bool) -> Result<EventPage, ProviderError
         .into_iter()
         .map(|e| {
             ProviderEvent::parse(&e.body)
-                .map(|p| (p, e.body.clone()))
+                .map(|p| (p, e.body.to_string()))
                 .map_err(|r| {
                     ProviderError::new(
                         FailureKind::Network,
