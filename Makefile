@@ -100,7 +100,7 @@ sim-capacity:
 	  PARAMETERS='$(CAPACITY_PARAMETERS)' cargo run --profile perf -q -p simulator --bin sim -- \
 	    --seeds 1 --first 1 --payments $$(($(CAPACITY_RATE) * 600)) --days 0.1 --arrival-seconds $$1 --parallel-clients \
 	    --api-share $$2 --refund-share 0 --dispute-share 0 --account-rate $(CAPACITY_ACCOUNT_RATE) \
-	    --crash-rate 0 --aws-fault-rate 0 --provider-fault-rate 0 || exit 1; \
+	    --crash-rate 0 --aws-fault-rate 0 --provider-fault-rate 0 --claims $(TIER) || exit 1; \
 	done
 
 ## The provider's timeline compressed: a year of late events (refunds failing weeks later, a customer
