@@ -8,13 +8,14 @@
 //! nested `SET` under a missing map) is refused here with DynamoDB's `ValidationException`.
 
 mod ast;
+mod cache;
 mod eval;
 mod lex;
 mod parse;
 
 pub use ast::{Cond, Invalid, Names, Path, Step, Update};
+pub use cache::{condition, projection, update};
 pub use eval::{apply, get, holds, project, top_level_written};
-pub use parse::{condition, projection, update};
 
 #[cfg(test)]
 mod tests {
@@ -127,6 +128,50 @@ mod tests {
         let u = update("SET a = a - :amount", &mut used).unwrap();
         let strings: Item = [("a".to_string(), s("x"))].into_iter().collect();
         assert!(apply(&u, &strings).is_err());
+    }
+
+    #[test]
+    fn an_expression_parsed_once_binds_each_request_s_own_names_and_values() {
+        let text = "SET refunds.#rid = :amount, #a = :note";
+        let item: Item = [("refunds".to_string(), Value::M(BTreeMap::new()))]
+            .into_iter()
+            .collect();
+        for (rid, amount) in [("re_1", 300), ("re_2", 500)] {
+            let nm = names(&[("#rid", rid), ("#a", "note")]);
+            let vals = values(&[(":amount", n(amount)), (":note", s(rid))]);
+            let mut used = Names::new(&nm, &vals);
+            let after = apply(&update(text, &mut used).unwrap(), &item).unwrap();
+            used.check_all_used().unwrap();
+            assert_eq!(
+                get(
+                    &after,
+                    &vec![Step::Key("refunds".into()), Step::Key(rid.into())]
+                ),
+                Some(&n(amount))
+            );
+            assert_eq!(after["note"], s(rid));
+        }
+        // Overlapping once the names are bound: refused as DynamoDB refuses it.
+        let nm = names(&[("#rid", "x"), ("#a", "refunds")]);
+        let vals = values(&[(":amount", n(1)), (":note", s("y"))]);
+        let e = update(text, &mut Names::new(&nm, &vals)).unwrap_err();
+        assert!(e.0.contains("overlap"), "{e:?}");
+        // A value not defined by this request is refused, though an earlier one defined it.
+        let nm = names(&[("#rid", "x"), ("#a", "note")]);
+        let vals = values(&[(":amount", n(1))]);
+        let e = update(text, &mut Names::new(&nm, &vals)).unwrap_err();
+        assert!(e.0.contains(":note"), "{e:?}");
+        // A condition's values are the request's.
+        let c = |v: i64| {
+            let vals = values(&[(":v", n(v))]);
+            let nm = BTreeMap::new();
+            holds(
+                &condition("x = :v", &mut Names::new(&nm, &vals)).unwrap(),
+                &[("x".to_string(), n(2))].into_iter().collect(),
+            )
+        };
+        assert!(c(2));
+        assert!(!c(3));
     }
 
     #[test]

@@ -323,24 +323,30 @@ impl<'n, 'a> Parser<'n, 'a> {
                 }
             }
         }
-        let mut paths: Vec<&Path> = u.set.iter().map(|(p, _)| p).collect();
-        paths.extend(u.remove.iter());
-        paths.extend(u.add.iter().map(|(p, _)| p));
-        paths.extend(u.delete.iter().map(|(p, _)| p));
-        for (i, a) in paths.iter().enumerate() {
-            for b in &paths[i + 1..] {
-                let n = a.len().min(b.len());
-                if a[..n] == b[..n] {
-                    return invalid(format!(
-                        "Invalid UpdateExpression: Two document paths overlap with each other; must remove or rewrite one of these paths; path one: [{}], path two: [{}]",
-                        show(a),
-                        show(b)
-                    ));
-                }
-            }
-        }
+        overlap(&u)?;
         Ok(u)
     }
+}
+
+/// DynamoDB refuses an update two of whose paths overlap.
+pub(super) fn overlap(u: &Update) -> Result<(), Invalid> {
+    let mut paths: Vec<&Path> = u.set.iter().map(|(p, _)| p).collect();
+    paths.extend(u.remove.iter());
+    paths.extend(u.add.iter().map(|(p, _)| p));
+    paths.extend(u.delete.iter().map(|(p, _)| p));
+    for (i, a) in paths.iter().enumerate() {
+        for b in &paths[i + 1..] {
+            let n = a.len().min(b.len());
+            if a[..n] == b[..n] {
+                return invalid(format!(
+                    "Invalid UpdateExpression: Two document paths overlap with each other; must remove or rewrite one of these paths; path one: [{}], path two: [{}]",
+                    show(a),
+                    show(b)
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn show(p: &Path) -> String {
