@@ -48,7 +48,10 @@ chaos:
 ## what no door may take: U+FFFE/U+FFFF, a control character, a card number).
 ## FORGED_EVENT_SHARE (0.02) is the share of the provider's events an insider forges onto the
 ## events queue (a final state the provider never reached, under a new id).
-## make test runs a few small seeds.
+## Seeds run one per thread on every core (SIM_THREADS=N sets how many); the last line says seeds
+## per core-minute, payments simulated per core-second and simulated seconds per real second.
+## make test runs a few small seeds, and the scaling test (what the models visit per request at N
+## and 4N payments).
 SEEDS ?= 20
 FIRST_SEED ?= 1
 DAYS ?= 30
@@ -87,6 +90,7 @@ sim:
 ## CAPACITY_PARAMETERS='Name=Value ...' and CAPACITY_ACCOUNT_RATE change the settings.
 TIER ?= 100
 CAPACITY_RATE = $(if $(filter 10000,$(TIER)),5000,$(TIER))
+CAPACITY_SECONDS = $(if $(filter 10000,$(TIER)),60,600)
 CAPACITY_SCALE = $(if $(filter 100,$(TIER)),1,$(if $(filter 1000,$(TIER)),10,$(if $(filter 10000,$(TIER)),50,$(error TIER is 100, 1000 or 10000))))
 CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=$(shell echo $$((180 * $(CAPACITY_SCALE)))) \
   MaximumConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE) > 1000 ? 1000 : 20 * $(CAPACITY_SCALE)))) \
@@ -96,9 +100,9 @@ CAPACITY_PARAMETERS ?= ProviderRequestsPerSecond=$(shell echo $$((180 * $(CAPACI
   ApiReservedConcurrency=$(shell echo $$((20 * $(CAPACITY_SCALE))))
 CAPACITY_ACCOUNT_RATE ?= $(shell echo $$((180 * $(CAPACITY_SCALE))))
 sim-capacity:
-	for load in "600 0.5" "0 0"; do set -- $$load; \
+	for load in "$(CAPACITY_SECONDS) 0.5" "0 0"; do set -- $$load; \
 	  PARAMETERS='$(CAPACITY_PARAMETERS)' cargo run --profile perf -q -p simulator --bin sim -- \
-	    --seeds 1 --first 1 --payments $$(($(CAPACITY_RATE) * 600)) --days 0.1 --arrival-seconds $$1 --parallel-clients \
+	    --seeds 1 --first 1 --payments $$(($(CAPACITY_RATE) * $(CAPACITY_SECONDS))) --days 0.1 --arrival-seconds $$1 --parallel-clients \
 	    --api-share $$2 --refund-share 0 --dispute-share 0 --account-rate $(CAPACITY_ACCOUNT_RATE) \
 	    --crash-rate 0 --aws-fault-rate 0 --provider-fault-rate 0 --claims $(TIER) || exit 1; \
 	done

@@ -231,76 +231,6 @@ fn replay(args: &Args, seed: u64) -> String {
     format!("make sim {} TRACE=sim-{seed}.trace", vars.join(" "))
 }
 
-/// What docs/performance.md's Capacity table claims for a tier, beside what a run measured: one
-/// line a figure, `holds` or `DOES NOT HOLD`. The claims are the table's, per stack (the 10,000
-/// tier is two stacks of 5,000 a second, each the 1,000 column's settings times five).
-fn claims(tier: &str, args: &Args, report: &simulator::world::Report) -> Vec<String> {
-    let (rate, concurrency, api_concurrency, write_units) = match tier {
-        "100" => (100.0, 20, 20, 500.0),
-        "1000" => (1_000.0, 200, 200, 5_000.0),
-        _ => (5_000.0, 1_000, 1_000, 25_000.0),
-    };
-    let parameter = |name: &str| {
-        args.parameters
-            .iter()
-            .find(|(k, _)| k == name)
-            .and_then(|(_, v)| v.parse::<i64>().ok())
-    };
-    let catch_up_s = parameter("EventsCatchUpMinutes").unwrap_or(60) * 60;
-    let verdict = |ok: bool| if ok { "holds" } else { "DOES NOT HOLD" };
-    // The queue's own figure when the run was a backlog; the steady load's arrival rate else.
-    let arrival = args
-        .arrival_seconds
-        .filter(|&a| a > 0.0)
-        .map(|a| report.payments as f64 / a);
-    let wanted = arrival.map_or(rate * 0.95, |a| a.min(rate) * 0.95);
-    let busiest = |queue: &str| {
-        report
-            .peak_concurrency
-            .iter()
-            .filter(|(k, _)| k.contains(queue))
-            .map(|(_, v)| *v)
-            .max()
-            .unwrap_or(0)
-    };
-    let processors = ["PaymentsQueue", "RefundsQueue", "ProviderEventsQueue"]
-        .iter()
-        .map(|q| busiest(q))
-        .max()
-        .unwrap_or(0);
-    let api = busiest("api");
-    vec![
-        format!(
-            "  payments processed a second: claimed {rate:.0} (at least {wanted:.0}, 95 % of {}), measured {:.1}: {}",
-            if arrival.is_some() { "what arrived" } else { "the tier" },
-            report.charged_per_second,
-            verdict(report.charged_per_second >= wanted)
-        ),
-        format!(
-            "  provider requests refused: claimed 0, measured {} of {}: {}",
-            report.provider_refused,
-            report.provider_requests,
-            verdict(report.provider_refused == 0)
-        ),
-        format!(
-            "  invocations at once: claimed at most {concurrency} a processor and {api_concurrency} for the API, measured {processors} and {api} ({:?}): {}",
-            report.peak_concurrency,
-            verdict(processors <= concurrency && api <= api_concurrency)
-        ),
-        format!(
-            "  DynamoDB write units a second: claimed {write_units:.0} (4 to 5 a payment), measured {:.0} (peak {}): {}",
-            report.write_units_mean,
-            report.write_units_peak,
-            verdict(report.write_units_mean <= write_units * 1.05)
-        ),
-        format!(
-            "  the catch-up's lag: claimed within EventsCatchUpMinutes ({catch_up_s} s, its alarm), measured {} s: {}",
-            report.catch_up_worst_lag_s,
-            verdict(report.catch_up_worst_lag_s <= catch_up_s)
-        ),
-    ]
-}
-
 /// The options of one seed.
 fn options(args: &Args, seed: u64) -> Result<Options> {
     let mut opts = Options::new(seed, args.payments, args.days);
@@ -479,7 +409,12 @@ fn main() -> Result<()> {
                     println!(
                         "  docs/performance.md's Capacity, the {tier} payments a second tier:"
                     );
-                    for line in claims(tier, &args, &report) {
+                    for line in simulator::world::claims(
+                        tier,
+                        &args.parameters,
+                        args.arrival_seconds,
+                        &report,
+                    ) {
                         println!("{line}");
                     }
                 }

@@ -153,7 +153,8 @@ impl Books {
         self.next_id += 1;
         let id = format!("dp_sim{:08}", self.next_id);
         for (at, _) in &steps {
-            self.due.insert((*at, super::DUE_DISPUTE, id.clone()));
+            self.due
+                .insert((*at, super::settle::DUE_DISPUTE, id.clone()));
         }
         self.disputes.insert(
             id.clone(),
@@ -217,8 +218,11 @@ impl Books {
             // Its next step comes at its own time (a step due now as well waits for the next
             // settlement, one step each).
             if let Some((at, _)) = d.steps.front() {
-                self.due
-                    .insert(((*at).max(now_ms + 1), super::DUE_DISPUTE, id.clone()));
+                self.due.insert((
+                    (*at).max(now_ms + 1),
+                    super::settle::DUE_DISPUTE,
+                    id.clone(),
+                ));
             }
             let d = &self.disputes[&id];
             let object = dispute_json(d);

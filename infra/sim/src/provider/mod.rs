@@ -28,6 +28,7 @@ pub mod events;
 pub mod listing;
 pub use behaviour::{Behaviour, Outage};
 pub mod refunds;
+mod settle;
 
 /// The payment methods the simulated customers pay with, as the test mode names them.
 pub mod methods {
@@ -106,8 +107,8 @@ pub struct Books {
     /// Refund ids (`re_...`) by PaymentIntent, and by the merchant's refund id.
     refunds_by_intent: BTreeMap<String, Vec<String>>,
     refunds_by_call: BTreeMap<String, Vec<String>>,
-    /// What changes by itself later: (when, what, id), what being [`DUE_INTENT`],
-    /// [`DUE_REFUND`] or [`DUE_DISPUTE`]. Each entry is checked against the object when its
+    /// What changes by itself later: (when, what, id), what being a debit, a refund or a
+    /// dispute (`settle`). Each entry is checked against the object when its
     /// time comes, so that one made stale by another change does nothing.
     due: BTreeSet<(i64, u8, String)>,
     /// Every moment a refund went beyond its charge, or a refund id was refunded twice.
@@ -121,13 +122,6 @@ pub struct Books {
     /// Which charges are disputed, and when (none without one).
     pub dispute_plan: Option<disputes::DisputePlan>,
 }
-
-/// A debit that settles.
-const DUE_INTENT: u8 = 0;
-/// A refund whose status changes.
-const DUE_REFUND: u8 = 1;
-/// A dispute's next step.
-const DUE_DISPUTE: u8 = 2;
 
 /// Forgets the keys kept 24 hours or more before `now_ms` (Stripe's window), oldest first.
 fn forget_keys<V>(
@@ -170,7 +164,7 @@ impl Books {
         let id = intent.id.clone();
         let is_live = live(&intent.status);
         if let Some(at) = intent.settles_ms {
-            self.due.insert((at, DUE_INTENT, id.clone()));
+            self.due.insert((at, settle::DUE_INTENT, id.clone()));
         }
         self.intents.insert(id.clone(), intent);
         let ids = self.by_payment.entry(pid.clone()).or_default();
@@ -185,60 +179,6 @@ impl Books {
                     .push(format!("{pid} holds {n} live charges: {ids:?}"));
             }
         }
-    }
-
-    /// Takes out of [`Books::due`] what has come by `now_ms`.
-    fn come(&mut self, now_ms: i64) -> BTreeSet<(i64, u8, String)> {
-        let later = self
-            .due
-            .split_off(&(now_ms.saturating_add(1), 0, String::new()));
-        let come = std::mem::replace(&mut self.due, later);
-        crate::cost::visit(come.len());
-        come
-    }
-
-    /// The ids of one kind among what has come, in id order.
-    fn of(come: &BTreeSet<(i64, u8, String)>, what: u8) -> BTreeSet<String> {
-        come.iter()
-            .filter(|(_, w, _)| *w == what)
-            .map(|(_, _, id)| id.clone())
-            .collect()
-    }
-
-    /// Moves every debit whose day has come to `succeeded` (or, when `fails` says so, to
-    /// `requires_payment_method`), and every refund whose day has come to what it becomes.
-    pub fn settle(&mut self, now_ms: i64, fails: impl Fn(&Intent) -> bool) {
-        let come = self.come(now_ms);
-        let (intents, refunds, mut disputes) = (
-            Self::of(&come, DUE_INTENT),
-            Self::of(&come, DUE_REFUND),
-            Self::of(&come, DUE_DISPUTE),
-        );
-        let due: Vec<String> = intents
-            .into_iter()
-            .filter(|id| {
-                self.intents.get(id).is_some_and(|i| {
-                    i.status == "processing" && i.settles_ms.is_some_and(|s| s <= now_ms)
-                })
-            })
-            .collect();
-        for id in due {
-            let Some(i) = self.intents.get_mut(&id) else {
-                continue;
-            };
-            if fails(i) {
-                i.status = "requires_payment_method".into();
-                i.failure_code = Some("debit_not_authorized".into());
-            } else {
-                i.status = "succeeded".into();
-                self.plan_dispute(&id, now_ms);
-            }
-            self.emit_intent(&id, now_ms);
-        }
-        // A dispute planned for a debit settled just now may open now too.
-        disputes.extend(Self::of(&self.come(now_ms), DUE_DISPUTE));
-        self.settle_refunds(now_ms, refunds);
-        self.settle_disputes(now_ms, disputes);
     }
 }
 
@@ -546,42 +486,5 @@ impl Provider {
             },
         );
         answer
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_debit_settled_now_opens_the_dispute_planned_for_now_in_the_same_settlement() {
-        let mut books = Books {
-            dispute_plan: Some(disputes::DisputePlan {
-                seed: 1,
-                share: 1.0,
-                open_days: (0.0, 0.0),
-            }),
-            ..Books::default()
-        };
-        books.add(Intent {
-            id: "pi_1".into(),
-            payment_id: "p-1".into(),
-            amount: 1_000,
-            currency: "usd".into(),
-            customer: "cus_1".into(),
-            status: "processing".into(),
-            created_ms: 0,
-            settles_ms: Some(500),
-            failure_code: None,
-        });
-        books.settle(1_000, |_| false);
-        assert_eq!(books.intents["pi_1"].status, "succeeded");
-        let opened: Vec<&str> = books
-            .disputes
-            .values()
-            .filter(|d| d.opened())
-            .map(|d| d.payment_intent.as_str())
-            .collect();
-        assert_eq!(opened, ["pi_1"], "{:?}", books.disputes);
     }
 }

@@ -105,7 +105,8 @@ impl Books {
     /// changes by itself.
     fn add_refund(&mut self, r: Refund) {
         if let Some((at, _)) = &r.changes {
-            self.due.insert((*at, super::DUE_REFUND, r.id.clone()));
+            self.due
+                .insert((*at, super::settle::DUE_REFUND, r.id.clone()));
         }
         for (index, by) in [
             (&mut self.refunds_by_intent, &r.payment_intent),

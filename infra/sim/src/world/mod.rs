@@ -37,7 +37,7 @@ mod refunds;
 mod report;
 
 pub use options::Options;
-pub use report::{Report, Violation};
+pub use report::{claims, Report, Violation};
 
 /// An outage given as (from day, for hours): its epoch ms.
 fn outage_window((from_day, hours): (f64, f64)) -> std::ops::Range<i64> {
