@@ -98,9 +98,9 @@ pub struct Table {
     pub findings: Vec<String>,
     /// Woken at each record on the stream (Lambda's stream poller waits on it).
     pub streamed: std::sync::Arc<tokio::sync::Notify>,
-    /// The keys of the items under each partition key value, for the table (`None`) and for
-    /// each index (by name): a query reads its partition, not the whole table.
-    partitions: BTreeMap<Option<String>, BTreeMap<String, std::collections::BTreeSet<String>>>,
+    /// The keys of the items under each partition key value, for the table (first) and for
+    /// each index (in `indexes`' order): a query reads its partition, not the whole table.
+    partitions: Vec<BTreeMap<String, std::collections::BTreeSet<String>>>,
 }
 
 /// A check of one write: the key, the item before and after; `Some` is a finding.
@@ -118,6 +118,7 @@ impl Table {
         indexes: Vec<Index>,
         stream_view: Option<String>,
     ) -> Self {
+        let indexes_len = indexes.len();
         Self {
             name,
             keys,
@@ -132,17 +133,8 @@ impl Table {
             watch: None,
             findings: Vec::new(),
             streamed: Default::default(),
-            partitions: BTreeMap::new(),
+            partitions: vec![BTreeMap::new(); 1 + indexes_len],
         }
-    }
-
-    /// The schemas an item is filed under: the table's (`None`) and each index's.
-    fn schemas(&self) -> impl Iterator<Item = (Option<&str>, &KeySchema)> {
-        std::iter::once((None, &self.keys)).chain(
-            self.indexes
-                .iter()
-                .map(|i| (Some(i.name.as_str()), &i.keys)),
-        )
     }
 
     /// The partition an item falls in under `schema` (`None` when the index skips it).
@@ -153,14 +145,11 @@ impl Table {
 
     /// Files (`add`) or unfiles an item's key under each schema's partition.
     fn file(&mut self, key: &str, item: &Item, add: bool) {
-        let filed: Vec<(Option<String>, String)> = self
-            .schemas()
-            .filter_map(|(index, schema)| {
-                Some((index.map(str::to_owned), Self::partition_of(schema, item)?))
-            })
-            .collect();
-        for (index, part) in filed {
-            let parts = self.partitions.entry(index).or_default();
+        let schemas = std::iter::once(&self.keys).chain(self.indexes.iter().map(|i| &i.keys));
+        for (parts, schema) in self.partitions.iter_mut().zip(schemas) {
+            let Some(part) = Self::partition_of(schema, item) else {
+                continue;
+            };
             if add {
                 parts.entry(part).or_default().insert(key.to_owned());
             } else if let Some(keys) = parts.get_mut(&part) {
@@ -179,19 +168,17 @@ impl Table {
         index: Option<&str>,
         value: &Value,
     ) -> impl Iterator<Item = (&'a String, &'a Item)> + 'a {
-        let schema = match index {
-            None => Some(&self.keys),
+        let at = match index {
+            None => Some((0, &self.keys)),
             Some(name) => self
                 .indexes
                 .iter()
-                .find(|i| i.name == name)
-                .map(|i| &i.keys),
+                .position(|i| i.name == name)
+                .map(|n| (n + 1, &self.indexes[n].keys)),
         };
-        let part = schema.and_then(|s| Self::part(value, &s.hash.1, &s.hash.0).ok());
-        let keys = part.and_then(|p| {
-            self.partitions
-                .get(&index.map(str::to_owned))
-                .and_then(|parts| parts.get(&p))
+        let keys = at.and_then(|(n, schema)| {
+            let part = Self::part(value, &schema.hash.1, &schema.hash.0).ok()?;
+            self.partitions[n].get(&part)
         });
         keys.into_iter()
             .flatten()
