@@ -48,6 +48,10 @@ chaos:
 ## what no door may take: U+FFFE/U+FFFF, a control character, a card number).
 ## FORGED_EVENT_SHARE (0.02) is the share of the provider's events an insider forges onto the
 ## events queue (a final state the provider never reached, under a new id).
+## SWEEP (true here) makes each seed draw its own configuration from its seed where none is given
+## (infra/sim/src/world/sweep.rs: the refund window, refunds sent again when their record
+## expires, the crash rate, the provider's faults); its line says what it drew, and its replay
+## command draws the same. SWEEP=false runs every seed as configured.
 ## Seeds run one per thread on every core (SIM_THREADS=N sets how many); the last line says seeds
 ## per core-minute, payments simulated per core-second and simulated seconds per real second.
 ## make test runs a few small seeds, and the scaling test (what the models visit per request at N
@@ -59,6 +63,7 @@ PAYMENTS ?= 10000
 DISPUTE_SHARE ?= 0.01
 DISPUTE_DAYS ?= 1,20
 API_SHARE ?= 0.5
+SWEEP ?= true
 sim:
 	SEEDS=$(SEEDS) FIRST_SEED=$(FIRST_SEED) DAYS=$(DAYS) PAYMENTS=$(PAYMENTS) \
 	  $(if $(CRASH_RATE),CRASH_RATE=$(CRASH_RATE)) $(if $(AWS_FAULT_RATE),AWS_FAULT_RATE=$(AWS_FAULT_RATE)) \
@@ -71,6 +76,7 @@ sim:
 	  $(if $(PARAMETERS),PARAMETERS='$(PARAMETERS)') DISPUTE_SHARE=$(DISPUTE_SHARE) DISPUTE_DAYS=$(DISPUTE_DAYS) \
 	  $(if $(SHOPPER_TEXT_SHARE),SHOPPER_TEXT_SHARE=$(SHOPPER_TEXT_SHARE)) \
 	  $(if $(FORGED_EVENT_SHARE),FORGED_EVENT_SHARE=$(FORGED_EVENT_SHARE)) \
+	  $(if $(filter true,$(SWEEP)),SWEEP=true) \
 	  API_SHARE=$(API_SHARE) cargo run --profile perf -q -p simulator --bin sim $(if $(MUTATION),--features mutations)
 
 ## docs/performance.md's Capacity tiers on the simulated clock, at their settings, no injected

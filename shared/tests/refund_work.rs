@@ -19,6 +19,7 @@ use payment_core::provider::{
 use payment_core::refunds::ledger::{InMemoryRefundLedger, RefundLedger, RefundablePayment};
 use payment_core::refunds::work::{RefundProcessor, RefundWork};
 use payment_core::PaymentOutcome;
+use sqs_once::clock::Clock;
 use sqs_once::memory::InMemoryStore;
 use sqs_once::record::RecordStatus;
 use sqs_once::runner::now_ms;
@@ -34,6 +35,8 @@ struct Provider {
     found: Mutex<Vec<FoundRefund>>,
     /// The PaymentIntent's status now (none: the answer names none).
     now: Mutex<Option<String>>,
+    /// The lookup's answers are lost (the client times out) while set.
+    find_times_out: Mutex<bool>,
 }
 
 #[async_trait]
@@ -62,6 +65,12 @@ impl RefundProvider for Provider {
         Ok(self.now.lock().unwrap().clone())
     }
     async fn find_refunds(&self, _: &str) -> Result<Vec<FoundRefund>, ProviderError> {
+        if *self.find_times_out.lock().unwrap() {
+            return Err(ProviderError::new(
+                payment_core::provider::FailureKind::Timeout,
+                "the lookup's answer was lost",
+            ));
+        }
         Ok(self.found.lock().unwrap().clone())
     }
 }
@@ -835,4 +844,86 @@ async fn a_refund_reserved_before_its_record_was_lost_is_looked_up_not_made_twic
     assert_eq!(r1.text("provider_refund_id"), Some("re_1"));
     let p = w.ledger.payment("p1").await.unwrap().unwrap();
     assert_eq!(p.refunded, 80);
+}
+
+/// The same refund sent again after its record expired, and its first attempt cut off in the
+/// lookup (its answer lost: the record is marked unknown). The attempt that takes over inherits
+/// the unknown mark, and its record is new: the runner's key horizon, counted from this
+/// record's first attempt, says the provider still remembers the key, so only the refund's own
+/// lookup of a reservation older than the claim stands between it and a blind call under a key
+/// the provider forgot long ago. Found by `make sim FIRST_SEED=3 SEEDS=1 SWEEP=true
+/// DISPUTE_DAYS=1,20 API_SHARE=0.5` (issue 65): the second call was refused
+/// (`charge_already_refunded`) and the amount of the refund made was given back.
+#[tokio::test]
+async fn a_refund_sent_again_after_its_record_expired_is_looked_up_even_by_an_attempt_that_took_over(
+) {
+    let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
+    let ledger = Arc::new(InMemoryRefundLedger::default());
+    let provider = Arc::new(Provider::default());
+    let work = RefundWork::new(
+        provider.clone(),
+        ledger.clone(),
+        Duration::from_secs(86_400),
+    )
+    .with_refund_window(Duration::from_secs(365 * 86_400))
+    .with_clock(clock.clone());
+    let settings = Settings {
+        lease: Duration::from_secs(10),
+        call_retry_delay: Duration::from_millis(1),
+        processing_allowance: Duration::ZERO,
+        ..Settings::default()
+    };
+    let store = Arc::new(InMemoryStore::new());
+    let processor = RefundProcessor::new(
+        Arc::new(work),
+        store.clone(),
+        Arc::new(Queues::default()),
+        settings,
+    )
+    .with_clock(clock.clone());
+    let w = World {
+        ledger,
+        provider,
+        queues: Arc::new(Queues::default()),
+        processor: Arc::new(processor),
+        store: store.clone(),
+    };
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let seen = w.ledger.payment("p1").await.unwrap().unwrap();
+    w.ledger
+        .reserve("p1", "r1", 40, &seen, "a year ago", 0, None)
+        .await
+        .unwrap();
+    w.provider.found.lock().unwrap().push(FoundRefund {
+        provider_refund_id: "re_1".into(),
+        status: "succeeded".into(),
+        amount: 40,
+        refund_id: Some("r1".into()),
+    });
+    *w.provider.find_times_out.lock().unwrap() = true;
+    let body = refund("r1", "p1", Some(40));
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1, "{s:?}");
+    let record = w.store.get("r1").await.unwrap().unwrap();
+    assert!(record.unknown_outcome, "{record:?}");
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+    // The lookup answers again; the message comes back after the attempt's calls could land.
+    *w.provider.find_times_out.lock().unwrap() = false;
+    clock.advance(Duration::from_secs(60));
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert!(
+        w.provider.calls.lock().unwrap().is_empty(),
+        "r1 is made already: no second refund is asked for"
+    );
+    let r1 = w.store.get("r1").await.unwrap().unwrap().outcome.unwrap();
+    assert_eq!(r1.text("provider_refund_id"), Some("re_1"));
+    assert_eq!(w.ledger.payment("p1").await.unwrap().unwrap().refunded, 40);
 }

@@ -14,10 +14,16 @@ pub mod work;
 /// Mutations of the refunds that the whole-system simulator puts back
 /// (`sqs_once::mutation::put_back_from`) to show that it finds them; in a build without
 /// `sqs-once`'s `sim-mutations` feature they are never on.
-pub const MUTATIONS: &[(&str, &str)] = &[(
-    "early_refund_not_held",
-    "a refund of a payment still settling at the provider is handed back until its retry horizon and then dead-lettered retries_exhausted, as before held refunds",
-)];
+pub const MUTATIONS: &[(&str, &str)] = &[
+    (
+        "early_refund_not_held",
+        "a refund of a payment still settling at the provider is handed back until its retry horizon and then dead-lettered retries_exhausted, as before held refunds",
+    ),
+    (
+        "inherited_unknown_skips_refund_lookup",
+        "an attempt that inherits an unknown outcome skips the lookup of a reservation older than its claim, leaving it to the runner, whose key horizon starts at the record's first attempt (issue 65: a refund made twice after its record expired)",
+    ),
+];
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at
 /// `refund_dead_letter#<id>` (the same table as [`crate::payments::payment_keys`]'s; the

@@ -435,13 +435,18 @@ impl Work for RefundWork {
             Err(done) => return Ok(done),
         };
         let amount = reserved.amount;
-        if reserved.earlier && !attempt.inherited_unknown {
+        if reserved.earlier
+            && !(attempt.inherited_unknown
+                && sqs_once::mutation::on("inherited_unknown_skips_refund_lookup"))
+        {
             // The amount was reserved before this attempt's claim: by a hold now resumed, by
             // an attempt that stopped before its call, or by one whose call was made and
             // whose record is gone since (its TTL ran while the payment's ledger lived on).
             // The key may be forgotten by the provider after a day: a blind call could refund
-            // twice. The charge's refunds say which (one list call; an unknown outcome
-            // inherited is looked up by the runner instead).
+            // twice. The charge's refunds say which (one list call). An unknown outcome
+            // inherited changes nothing here: the runner's own lookup counts the key's
+            // horizon from this record's first attempt, which may be a new record's, a day
+            // ahead, while the reservation is a year old (issue 65).
             if let Some(found) = self.lookup(r, attempt).await? {
                 return Ok(found);
             }

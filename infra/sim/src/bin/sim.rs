@@ -112,6 +112,14 @@ struct Args {
     /// (100, 1000 or 10000 payments a second) beside what the run measured.
     #[arg(long, env = "CLAIMS", value_parser = ["100", "1000", "10000"])]
     claims: Option<String>,
+    /// Each seed draws its own configuration from its seed where none is set here
+    /// (`simulator::world::sweep`): the refund window, late refunds, the crash rate, the
+    /// provider's faults.
+    #[arg(long, env = "SWEEP")]
+    sweep: bool,
+    /// The share of refunds the merchant sends once more when their record expires.
+    #[arg(long, env = "LATE_REFUND_SHARE")]
+    late_refund_share: Option<f64>,
     /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
     #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
     parameters: Vec<(String, String)>,
@@ -149,6 +157,11 @@ fn replay(args: &Args, seed: u64) -> String {
         }
     };
     put("MUTATION", args.mutation.clone());
+    put("SWEEP", args.sweep.then(|| "true".into()));
+    put(
+        "LATE_REFUND_SHARE",
+        args.late_refund_share.map(|r| r.to_string()),
+    );
     put("DISPUTE_SHARE", Some(args.dispute_share.to_string()));
     put(
         "DISPUTE_DAYS",
@@ -310,6 +323,13 @@ fn options(args: &Args, seed: u64) -> Result<Options> {
     opts.refund_share = args.refund_share;
     opts.parallel_clients = args.parallel_clients;
     opts.provider.account_rate = args.account_rate;
+    if let Some(r) = args.late_refund_share {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&r),
+            "LATE_REFUND_SHARE is a share of the refunds, from 0 to 1"
+        );
+        opts.late_refund_share = r;
+    }
     Ok(opts)
 }
 
@@ -327,8 +347,19 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let seeds: Vec<u64> = (args.first..args.first + args.seeds).collect();
     let mut all = Vec::new();
+    let mut drawn = std::collections::BTreeMap::new();
     for &seed in &seeds {
-        all.push((seed, options(&args, seed)?));
+        let mut opts = options(&args, seed)?;
+        if args.sweep {
+            let explicit = simulator::world::sweep::Explicit {
+                parameters: args.parameters.iter().cloned().collect(),
+                late_refunds: args.late_refund_share.is_some(),
+                crash_rate: args.crash_rate.is_some(),
+                provider_faults: args.provider_fault_rate.is_some(),
+            };
+            drawn.insert(seed, simulator::world::sweep::draw(&mut opts, &explicit));
+        }
+        all.push((seed, opts));
     }
     let threads = threads().min(seeds.len()).max(1);
     let started = Instant::now();
@@ -405,6 +436,9 @@ fn main() -> Result<()> {
                     report.digest,
                     report.days / took.max(1e-9),
                 );
+                if let Some(d) = drawn.get(&seed).filter(|d| !d.is_empty()) {
+                    println!("  drawn: {d}");
+                }
                 if let Some(tier) = &args.claims {
                     println!(
                         "  docs/performance.md's Capacity, the {tier} payments a second tier:"

@@ -23,6 +23,10 @@ pub struct Behaviour {
     /// A provider that ignores `Idempotency-Key` (no real one does): the simulator's own
     /// check that its double-charge invariant fires.
     pub ignores_keys: bool,
+    /// How much of its own time a refund's later change takes (1: days to weeks, as Stripe's
+    /// bank refunds do). A sweep that shortens the refund window shortens this with it, so the
+    /// provider's timeline still fits in the records' lifetimes and a seed reaches past them.
+    pub timeline: f64,
 }
 
 /// A phase of an outage.
@@ -59,6 +63,7 @@ impl Default for Behaviour {
             outage_from_ms: 0,
             outage_until_ms: 0,
             ignores_keys: false,
+            timeline: 1.0,
         }
     }
 }

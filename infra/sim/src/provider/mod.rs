@@ -326,6 +326,17 @@ impl Provider {
             e.rate_limit = Some(RateLimit::Account);
             return Err(e);
         }
+        // A read fails as a write does: a 500, or its answer lost (the client times out).
+        if self.draw() < b.error_before_rate {
+            return Err(Self::error(FailureKind::ServerError, "500 on a read"));
+        }
+        if self.draw() < b.lost_answer_rate {
+            tokio::time::sleep(self.timeout.saturating_sub(self.latency(b.latency_ms))).await;
+            return Err(Self::error(
+                FailureKind::Timeout,
+                "the read's answer was lost",
+            ));
+        }
         Ok(())
     }
 

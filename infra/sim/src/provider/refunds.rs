@@ -176,6 +176,7 @@ impl Provider {
         let now = self.clock.now_ms();
         // Drawn before the books are taken: whether it fails, and after how long.
         let (fails, after) = (self.draw(), self.draw());
+        let timeline = self.behaviour.lock().expect("behaviour").timeline;
         let key = format!("refund:{}", call.refund_id);
         let params = format!("{}|{}|{}", call.payment_intent, call.amount, call.refund_id);
         let mut books = self.books.lock().expect("books");
@@ -241,14 +242,14 @@ impl Provider {
                             call.refund_id
                         ));
                     }
-                    const DAY: f64 = 86_400_000.0;
+                    let day = 86_400_000.0 * timeline;
                     let (status, changes) = if pi.settles_ms.is_some() {
                         // A bank debit's refund: pending for days, then succeeded or failed.
                         let then = if fails < 0.05 { "failed" } else { "succeeded" };
-                        let at = now + ((3.0 + 7.0 * after) * DAY) as i64;
+                        let at = now + ((3.0 + 7.0 * after) * day) as i64;
                         ("pending", Some((at, then.to_owned())))
                     } else if fails < 0.02 {
-                        let at = now + ((5.0 + 20.0 * after) * DAY) as i64;
+                        let at = now + ((5.0 + 20.0 * after) * day) as i64;
                         ("succeeded", Some((at, "failed".to_owned())))
                     } else {
                         ("succeeded", None)

@@ -69,6 +69,53 @@ impl Books {
     }
 }
 
+impl Books {
+    /// What the provider will still change by itself for a payment (`metadata[payment_id]`):
+    /// a debit to settle, a refund's later status, a dispute's next step (one planned and not
+    /// open yet among them). `None` when nothing is to come, so its record may go.
+    pub fn pending_for_payment(&self, payment_id: &str) -> Option<String> {
+        for i in self.intents_of(payment_id) {
+            if i.status == "processing" {
+                return Some(format!("{} is processing", i.id));
+            }
+            if let Some(r) = self.refunds_of(&i.id).find(|r| r.changes.is_some()) {
+                return Some(format!(
+                    "its refund {} is {} and changes later",
+                    r.id, r.status
+                ));
+            }
+            if let Some(d) = self
+                .disputes
+                .values()
+                .find(|d| d.payment_intent == i.id && !d.steps.is_empty())
+            {
+                return Some(format!(
+                    "its dispute {} is {} with steps to come",
+                    d.id,
+                    if d.status.is_empty() {
+                        "planned"
+                    } else {
+                        &d.status
+                    }
+                ));
+            }
+        }
+        None
+    }
+
+    /// What the provider will still change by itself for a refund (`metadata[refund_id]`): a
+    /// status it moves to later (`pending` to `succeeded` or `failed`, `succeeded` to `failed`).
+    pub fn pending_for_refund(&self, refund_id: &str) -> Option<String> {
+        self.refunds_by_call
+            .get(refund_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.refunds.get(id))
+            .find(|r| r.changes.is_some())
+            .map(|r| format!("{} is {} and changes later", r.id, r.status))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

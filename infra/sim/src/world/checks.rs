@@ -93,42 +93,82 @@ fn is_failing(w: &World, payment_id: &str) -> bool {
         .is_some_and(|s| s.method == methods::BANK_DEBIT_FAILS)
 }
 
-/// How long after a charge the provider can still change it: a cardholder disputes for about
-/// 120 days (Stripe's "How disputes work"); refunds come later still, within the merchant's
-/// refund window, which the record's lifetime follows.
+/// How long after a charge a cardholder disputes it: about 120 days (Stripe's "How disputes
+/// work"), or the run's own dispute window when it is shorter (a sweep that shortens the refund
+/// window shortens the provider's timeline with it). Refunds come later still, within the
+/// merchant's refund window, which the record's lifetime follows.
 pub(super) const DISPUTE_WINDOW_MS: i64 = 120 * 86_400_000;
 
-/// A record deleted by time to live while the provider may still change its payment is lost
-/// history: a late settlement, refund or dispute would find nothing. Still changeable: a debit
-/// `processing`, and any PaymentIntent within the dispute window of its creation (a decline or
-/// a customer's authentication can still be confirmed on-session, a charge disputed).
-fn check_expiry(w: &World, item: &crate::dynamo::value::Item) {
+/// A record deleted by time to live while the provider may still change what it records is
+/// lost history: a late settlement, refund or dispute would find nothing. Still changeable: a
+/// payment whose debit is `processing`, whose refund or dispute has a step to come at the
+/// provider, or whose PaymentIntent is within the dispute window of its creation (a decline or
+/// a customer's authentication can still be confirmed on-session, a charge disputed); a
+/// refund whose status changes later. A refund's record that goes completed is an end of that
+/// refund (its record is how the end-of-run check knows it ended).
+fn check_expiry(w: &Arc<World>, item: &crate::dynamo::value::Item) {
     let Some(Value::S(pk)) = item.get("pk") else {
-        return;
-    };
-    let Some(pid) = pk.strip_prefix("payment#") else {
         return;
     };
     let now = w.clock.now_ms();
     let books = w.provider.books.lock().expect("books");
-    for i in books.intents_of(pid) {
-        let open = if i.status == "processing" {
-            Some("is processing".to_owned())
-        } else if now < i.created_ms + DISPUTE_WINDOW_MS {
-            Some(format!(
-                "is {} and {} days old, within the dispute window",
-                i.status,
-                (now - i.created_ms) / 86_400_000
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = open {
+    if let Some(refund_id) = pk.strip_prefix("refund#") {
+        if let Some(why) = books.pending_for_refund(refund_id) {
             w.violated(
                 "no record deleted while the provider can still change it",
-                format!("{pk} expired while {} {why}", i.id),
+                format!("{pk} expired while {why}"),
             );
         }
+        drop(books);
+        if item.get("status") == Some(&Value::S("COMPLETED".into())) {
+            w.refunds_ended
+                .lock()
+                .expect("ended")
+                .insert(refund_id.to_owned());
+        }
+        super::refunds::send_again(w, refund_id);
+        return;
+    }
+    let Some(pid) = pk.strip_prefix("payment#") else {
+        return;
+    };
+    let window = DISPUTE_WINDOW_MS.min((w.opts.disputes.1 .1 * 86_400_000.0) as i64);
+    let open = books.pending_for_payment(pid).or_else(|| {
+        books
+            .intents_of(pid)
+            .into_iter()
+            .find(|i| now < i.created_ms + window)
+            .map(|i| {
+                format!(
+                    "{} is {} and {} days old, within the dispute window",
+                    i.id,
+                    i.status,
+                    (now - i.created_ms) / 86_400_000
+                )
+            })
+    });
+    if let Some(why) = open {
+        w.violated(
+            "no record deleted while the provider can still change it",
+            format!("{pk} expired while {why}"),
+        );
+    }
+    // Quiet for its whole lifetime: its ledger is what the provider refunded (the end-of-run
+    // check cannot see a record gone by then).
+    let ledger = match item.get("refunded_amount") {
+        Some(Value::N(n)) => n.parse::<i64>().unwrap_or(-1),
+        _ => 0,
+    };
+    let refunded: i64 = books
+        .intents_of(pid)
+        .iter()
+        .map(|i| books.refunded(&i.id))
+        .sum();
+    if ledger != refunded {
+        w.violated(
+            "every ledger equals the provider's books",
+            format!("{pk} expired saying {ledger} refunded, the provider {refunded}"),
+        );
     }
 }
 

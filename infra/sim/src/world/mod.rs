@@ -35,6 +35,7 @@ mod operator;
 mod options;
 mod refunds;
 mod report;
+pub mod sweep;
 
 pub use options::Options;
 pub use report::{claims, Report, Violation};
@@ -76,6 +77,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
     (
         "early_refund_not_held",
         "a refund of a settling payment is handed back until its retry horizon, then dead-lettered: main before held refunds (payment_core::refunds::MUTATIONS)",
+    ),
+    (
+        "inherited_unknown_skips_refund_lookup",
+        "a refund sent again after its record expired is called blind by an attempt that inherits an unknown outcome: made twice, or its amount given back (payment_core::refunds::MUTATIONS; issue 65, found by SWEEP=true seed 3)",
     ),
     (
         "catch_up_off",
@@ -135,6 +140,10 @@ struct World {
     refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
     /// The refunds' dead letters already judged, by message id.
     refund_letters: Mutex<std::collections::BTreeSet<String>>,
+    /// Refunds whose record expired completed (an end, though the record is gone).
+    refunds_ended: Mutex<std::collections::BTreeSet<String>>,
+    /// Refunds the merchant sends once more when their record expires: body by refund id.
+    refunds_late: Mutex<BTreeMap<String, String>>,
     /// The scheduled catch-up's runs.
     catch_up: catchup::Shared,
     /// How the provider's events arrive: through the webhook route ...
@@ -386,6 +395,8 @@ async fn run_on(opts: Options) -> Result<Report> {
         events: events.clone(),
         refunds_sent: Mutex::new(BTreeMap::new()),
         refund_letters: Mutex::new(std::collections::BTreeSet::new()),
+        refunds_ended: Mutex::new(std::collections::BTreeSet::new()),
+        refunds_late: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),
         bad: Mutex::new(0),
         refused: Mutex::default(),

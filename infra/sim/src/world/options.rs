@@ -34,6 +34,9 @@ pub struct Options {
     pub reused_key_share: f64,
     /// Share of card payments the merchant refunds (hours to ten days later).
     pub refund_share: f64,
+    /// Share of refunds the merchant sends once more, late: when the refund's record expires,
+    /// as a merchant's own retry after it lost track would (0: none, and no draw for it).
+    pub late_refund_share: f64,
     /// Chance that an invocation's process is killed at a random moment of it.
     pub crash_rate: f64,
     /// AWS's faults (both services).
@@ -90,6 +93,7 @@ impl Options {
             forged_event_share: 0.02,
             reused_key_share: 0.005,
             refund_share: 0.1,
+            late_refund_share: 0.0,
             crash_rate: 0.02,
             aws: Faults {
                 latency_ms: 8.0,

@@ -1,7 +1,8 @@
 //! Refunds: the refund processor as its function's environment builds it (the real
 //! `RefundWork`, its DynamoDB ledger on the payment's record, the provider's refunds), and a
-//! merchant refunding some charged payments days later: in full, in two parts that add up to
-//! the charge, twice under one refund id, and once more than is left.
+//! merchant refunding some charged payments days later: in full, a third of it, in two parts
+//! that add up to the charge (a minute or days apart), twice under one refund id, and once more than is left; and some
+//! sent once more when their record expires (a sweep's `late_refund_share`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,8 +75,11 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
         return;
     }
     let kind = w.draw();
-    let plan: Vec<(String, Option<i64>, u32)> = if kind < 0.5 {
+    let plan: Vec<(String, Option<i64>, u32)> = if kind < 0.4 {
         vec![(format!("r-{n:07}-a"), None, 1)]
+    } else if kind < 0.5 {
+        // A third of the charge: a refund made twice would have room to be.
+        vec![(format!("r-{n:07}-a"), Some((amount / 3).max(1)), 1)]
     } else if kind < 0.75 {
         let half = amount / 2;
         vec![
@@ -92,6 +96,8 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
             (format!("r-{n:07}-b"), Some(1), 1),
         ]
     };
+    // Sent once more when the first refund's record expires ([`send_again`]).
+    let late = w.opts.late_refund_share > 0.0 && w.draw() < w.opts.late_refund_share;
     let (w2, pid) = (Arc::clone(w), payment_id.to_owned());
     tokio::spawn(async move {
         tokio::time::sleep(after).await;
@@ -115,6 +121,7 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
         }
         let sqs = crate::wire::sqs_client(&w2.sdk);
         let url = url_of(&w2.refunds.queue);
+        let mut resent = false;
         for (refund_id, amount, copies) in plan {
             w2.refunds_sent.lock().expect("refunds").insert(
                 refund_id.clone(),
@@ -130,8 +137,62 @@ pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i
             for _ in 0..copies {
                 super::intake::sender::send(&w2, &sqs, &url, &body.to_string()).await;
             }
-            tokio::time::sleep(Duration::from_secs(60)).await;
+            if late && !resent {
+                resent = true;
+                w2.refunds_late
+                    .lock()
+                    .expect("late")
+                    .insert(refund_id.clone(), body.to_string());
+            }
+            // The next part a minute later; in half the two-part plans, one to four days later
+            // (the payment's record, extended by it, outlives the first part's).
+            let next = if (0.625..0.75).contains(&kind) {
+                86_400.0 * (1.0 + 3.0 * (kind - 0.625) / 0.125)
+            } else {
+                60.0
+            };
+            tokio::time::sleep(Duration::from_secs_f64(next)).await;
         }
+    });
+}
+
+/// A refund the merchant sends once more: now that its record expired (the moment a second
+/// copy finds no record of the first, while its payment's record, and the amount reserved on
+/// it, may live on), unless the run's quiet end is near.
+pub(super) fn send_again(w: &Arc<World>, refund_id: &str) {
+    let Some(body) = w.refunds_late.lock().expect("late").remove(refund_id) else {
+        return;
+    };
+    let quiet_from = super::EPOCH_MS + ((w.opts.days - 2.0) * 86_400_000.0) as i64;
+    if w.clock.now_ms() + 86_400_000 >= quiet_from {
+        return;
+    }
+    // Whether the payment's record lives on with the refund's amount reserved on it.
+    let reserved = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
+        .is_some_and(|pid| {
+            let aws = w.wire.aws.lock().expect("aws");
+            aws.dynamo
+                .tables
+                .get(&w.refunds.config.idempotency_table)
+                .and_then(|t| t.items.get(&format!("S:payment#{pid}")))
+                .and_then(|i| i.get("refunds"))
+                .is_some_and(|r| matches!(r, Value::M(m) if m.contains_key(refund_id)))
+        });
+    w.note(format!(
+        "merchant: refund {refund_id} sent again, its record expired{}",
+        if reserved {
+            " (its payment's record holds its reservation)"
+        } else {
+            ""
+        }
+    ));
+    let w2 = Arc::clone(w);
+    tokio::spawn(async move {
+        let sqs = crate::wire::sqs_client(&w2.sdk);
+        let url = url_of(&w2.refunds.queue);
+        super::intake::sender::send(&w2, &sqs, &url, &body).await;
     });
 }
 
@@ -233,7 +294,8 @@ pub(super) fn check_end(w: &World) {
         // Dead-lettered: in the DLQ, or its mark kept (the letter may have passed its retention
         // after the operator read it).
         let marked = get(format!("refund_dead_letter#{refund_id}")).is_some();
-        if !completed && !dead.contains(refund_id) && !marked {
+        let expired = w.refunds_ended.lock().expect("ended").contains(refund_id);
+        if !completed && !dead.contains(refund_id) && !marked && !expired {
             w.violated(
                 "every refund ends",
                 format!(
