@@ -332,10 +332,7 @@ impl Provider {
         }
         if self.draw() < b.lost_answer_rate {
             tokio::time::sleep(self.timeout.saturating_sub(self.latency(b.latency_ms))).await;
-            return Err(Self::error(
-                FailureKind::Timeout,
-                "the read's answer was lost",
-            ));
+            return Err(Self::error(FailureKind::Timeout, "a read's answer lost"));
         }
         Ok(())
     }
