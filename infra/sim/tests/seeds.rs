@@ -259,16 +259,26 @@ fn dynamodb_and_sqs_down_for_hours_lose_and_double_nothing() {
     // back off, the mapping can neither receive nor delete, the relay's sends are refused until
     // its mapping gives three rows up and the operator republishes them on its alarm): what
     // could not be done is done after, once each.
-    let mut opts = through_the_api(Options::new(61, 200, 4.0));
-    opts.dynamo_outage = Some((0.5, 6.0));
-    opts.sqs_outage = Some((1.0, 4.0));
-    let r = run(opts).unwrap();
-    assert!(
-        r.relay_given_up > 0 && r.republished > 0,
-        "the relay gave up {} rows, the operator republished {}",
-        r.relay_given_up,
-        r.republished
-    );
+    // Not one tuned seed: the first of a few where the relay gives rows up (every run keeps
+    // every invariant).
+    let mut found = None;
+    for seed in 61..69 {
+        let mut opts = through_the_api(Options::new(seed, 200, 4.0));
+        opts.dynamo_outage = Some((0.5, 6.0));
+        opts.sqs_outage = Some((1.0, 4.0));
+        let r = run(opts).unwrap();
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:#?}\n{}",
+            r.violations,
+            r.trace.join("\n")
+        );
+        if r.relay_given_up > 0 && r.republished > 0 {
+            found = Some(r);
+            break;
+        }
+    }
+    let r = found.expect("in eight seeds the relay never gave a row up to be republished");
     assert!(
         r.aws_outage_refusals > 300,
         "only {} requests met the outages",
