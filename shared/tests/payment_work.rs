@@ -373,6 +373,16 @@ async fn every_log_line_of_a_message_names_it_and_never_the_api_key() {
     assert!(!lines.is_empty(), "the failed calls were logged");
     for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        // The TLS verifier loads the system's CA roots once a process, lazily, at DEBUG: in
+        // whichever test of this binary comes first, and in production once per cold start
+        // (below the functions' INFO). It is the process's line, not a message's.
+        if v["fields"]["log.target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("rustls_platform_verifier"))
+            && v["level"] == "DEBUG"
+        {
+            continue;
+        }
         assert_eq!(v["span"]["message_id"], "m-log", "{line}");
         assert_eq!(v["span"]["key"], "p-log", "{line}");
     }
