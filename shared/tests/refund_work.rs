@@ -128,6 +128,11 @@ struct World {
 }
 
 fn world() -> World {
+    world_on(sqs_once::clock::system())
+}
+
+/// The world with the work and the runner on `clock`.
+fn world_on(clock: Arc<dyn Clock>) -> World {
     let ledger = Arc::new(InMemoryRefundLedger::default());
     let provider = Arc::new(Provider::default());
     let queues = Arc::new(Queues::default());
@@ -136,7 +141,8 @@ fn world() -> World {
         Arc::new(Yielding(ledger.clone())),
         Duration::from_secs(86_400),
     )
-    .with_refund_window(Duration::from_secs(365 * 86_400));
+    .with_refund_window(Duration::from_secs(365 * 86_400))
+    .with_clock(clock.clone());
     let settings = Settings {
         lease: Duration::from_secs(10),
         call_retry_delay: Duration::from_millis(1),
@@ -144,12 +150,10 @@ fn world() -> World {
         ..Settings::default()
     };
     let store = Arc::new(InMemoryStore::new());
-    let processor = Arc::new(RefundProcessor::new(
-        Arc::new(work),
-        store.clone(),
-        queues.clone(),
-        settings,
-    ));
+    let processor = Arc::new(
+        RefundProcessor::new(Arc::new(work), store.clone(), queues.clone(), settings)
+            .with_clock(clock),
+    );
     World {
         ledger,
         provider,
@@ -858,36 +862,7 @@ async fn a_refund_reserved_before_its_record_was_lost_is_looked_up_not_made_twic
 async fn a_refund_sent_again_after_its_record_expired_is_looked_up_even_by_an_attempt_that_took_over(
 ) {
     let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
-    let ledger = Arc::new(InMemoryRefundLedger::default());
-    let provider = Arc::new(Provider::default());
-    let work = RefundWork::new(
-        provider.clone(),
-        ledger.clone(),
-        Duration::from_secs(86_400),
-    )
-    .with_refund_window(Duration::from_secs(365 * 86_400))
-    .with_clock(clock.clone());
-    let settings = Settings {
-        lease: Duration::from_secs(10),
-        call_retry_delay: Duration::from_millis(1),
-        processing_allowance: Duration::ZERO,
-        ..Settings::default()
-    };
-    let store = Arc::new(InMemoryStore::new());
-    let processor = RefundProcessor::new(
-        Arc::new(work),
-        store.clone(),
-        Arc::new(Queues::default()),
-        settings,
-    )
-    .with_clock(clock.clone());
-    let w = World {
-        ledger,
-        provider,
-        queues: Arc::new(Queues::default()),
-        processor: Arc::new(processor),
-        store: store.clone(),
-    };
+    let w = world_on(clock.clone());
     charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
     let seen = w.ledger.payment("p1").await.unwrap().unwrap();
     w.ledger
