@@ -168,18 +168,21 @@ pub(super) fn send_again(w: &Arc<World>, refund_id: &str) {
         return;
     }
     // Whether the payment's record lives on with the refund's amount reserved on it.
-    let reserved = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["payment_id"].as_str().map(str::to_owned))
-        .is_some_and(|pid| {
-            let aws = w.wire.aws.lock().expect("aws");
-            aws.dynamo
-                .tables
-                .get(&w.refunds.config.idempotency_table)
-                .and_then(|t| t.items.get(&format!("S:payment#{pid}")))
-                .and_then(|i| i.get("refunds"))
-                .is_some_and(|r| matches!(r, Value::M(m) if m.contains_key(refund_id)))
-        });
+    let pid = w
+        .refunds_sent
+        .lock()
+        .expect("refunds")
+        .get(refund_id)
+        .map(|r| r.payment_id.clone());
+    let reserved = pid.is_some_and(|pid| {
+        let aws = w.wire.aws.lock().expect("aws");
+        aws.dynamo
+            .tables
+            .get(&w.refunds.config.idempotency_table)
+            .and_then(|t| t.items.get(&format!("S:payment#{pid}")))
+            .and_then(|i| i.get("refunds"))
+            .is_some_and(|r| matches!(r, Value::M(m) if m.contains_key(refund_id)))
+    });
     w.note(format!(
         "merchant: refund {refund_id} sent again, its record expired{}",
         if reserved {
