@@ -352,7 +352,6 @@ fn main() -> Result<()> {
         let mut opts = options(&args, seed)?;
         if args.sweep {
             let explicit = simulator::world::sweep::Explicit {
-                parameters: args.parameters.iter().cloned().collect(),
                 late_refunds: args.late_refund_share.is_some(),
                 crash_rate: args.crash_rate.is_some(),
                 provider_faults: args.provider_fault_rate.is_some(),

@@ -13,12 +13,11 @@
 //! - the rate at which invocations are killed (1 to 6 in 100), and the provider's faults (a 500
 //!   before or after its write, an answer lost: each 0.5 to 4 in 100).
 
-use std::collections::BTreeMap;
-
 use super::Options;
 
-/// What a seed drew, applied to `opts`; `explicit` says which dimensions were set by hand.
-/// The return is one line for the seed's report.
+/// What a seed drew, applied to `opts`; `explicit` says which dimensions were set by hand
+/// (template parameters set by hand are those `opts` holds already). The return is one line
+/// for the seed's report.
 pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     let mut rng = fastrand::Rng::with_seed(opts.seed ^ 0x5eed_5eed_5eed_5eed);
     let mut drawn = Vec::new();
@@ -26,17 +25,17 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     // others' draws as they were.
     let (short, window_days) = (rng.f64() < 0.5, rng.u32(20..=22));
     let (late, crash, provider) = (rng.f64(), rng.f64(), rng.f64());
-    if !explicit.parameters.contains_key("RefundWindowDays") && short {
+    if !opts.parameters.contains_key("RefundWindowDays") && short {
         let w = f64::from(window_days);
         opts.parameters
             .insert("RefundWindowDays".into(), window_days.to_string());
         // Records live at least this long whatever the window (the queues' retention, 4 and
         // 14 days, bounds it from below): its least, so that records expire within the run.
-        if !explicit.parameters.contains_key("IdempotencyTtlDays") {
+        if !opts.parameters.contains_key("IdempotencyTtlDays") {
             opts.parameters
                 .insert("IdempotencyTtlDays".into(), "19".into());
         }
-        if !explicit.parameters.contains_key("HeldRefundHorizonDays") {
+        if !opts.parameters.contains_key("HeldRefundHorizonDays") {
             opts.parameters.insert(
                 "HeldRefundHorizonDays".into(),
                 (window_days - 1).to_string(),
@@ -74,8 +73,6 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
 /// The dimensions set by hand, which the sweep leaves as they are.
 #[derive(Debug, Default)]
 pub struct Explicit {
-    /// `PARAMETERS`, by name.
-    pub parameters: BTreeMap<String, String>,
     /// `LATE_REFUND_SHARE` given.
     pub late_refunds: bool,
     /// `CRASH_RATE` given.
