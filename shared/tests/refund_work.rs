@@ -88,8 +88,8 @@ impl RefundLedger for Yielding {
         tokio::task::yield_now().await;
         self.0.payment(pid).await
     }
-    async fn accepted(&self, pid: &str) -> Result<bool, sqs_once::record::StoreError> {
-        self.0.accepted(pid).await
+    async fn accepted_at(&self, pid: &str) -> Result<Option<i64>, sqs_once::record::StoreError> {
+        self.0.accepted_at(pid).await
     }
     async fn reserve(
         &self,
@@ -336,7 +336,7 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
     let w = world();
     charged(&w, "declined", RecordStatus::Completed, "declined", 100);
     charged(&w, "charging", RecordStatus::InProgress, "succeeded", 100);
-    w.ledger.accept("accepted");
+    w.ledger.accept("accepted", now_ms() / 1000);
     let batch = vec![
         msg("m1", &refund("r1", "declined", None)),
         msg("m2", &refund("r2", "charging", None)),
@@ -367,6 +367,42 @@ async fn only_a_charged_payment_is_refunded_and_one_still_charging_comes_back() 
         unknown.error_message.contains("new refund_id"),
         "{}",
         unknown.error_message
+    );
+    assert!(w.provider.calls.lock().unwrap().is_empty());
+}
+
+/// A payment the API accepted longer ago than its message may wait for a first claim (the
+/// record retention, 21 days by default, and a day for its send) and that has no record has
+/// had its record expire: the refund window passed. Its refund is refused at once, saying so,
+/// not waited for until its retries are spent (a page for waiting, and a redrive that waits
+/// again); one accepted a day less long ago is still waited for (issue 65).
+#[tokio::test]
+async fn a_refund_of_a_payment_whose_record_expired_is_refused_at_once_not_waited_for() {
+    let w = world();
+    let day = 86_400;
+    w.ledger.accept("expired", now_ms() / 1000 - 23 * day);
+    w.ledger.accept("slow", now_ms() / 1000 - 21 * day);
+    let batch = vec![
+        msg("m1", &refund("r1", "expired", None)),
+        msg("m2", &refund("r2", "slow", None)),
+    ];
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    let back: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(
+        back,
+        vec!["m2"],
+        "only the one still on its way is waited for"
+    );
+    assert_eq!(s.dead_lettered.get("payment_unknown"), Some(&1), "{s:?}");
+    let dead = w.queues.0.lock().unwrap().clone();
+    assert!(
+        dead[0].error_message.contains("its record expired"),
+        "{}",
+        dead[0].error_message
     );
     assert!(w.provider.calls.lock().unwrap().is_empty());
 }
@@ -850,6 +886,20 @@ async fn a_refund_reserved_before_its_record_was_lost_is_looked_up_not_made_twic
     assert_eq!(p.refunded, 80);
 }
 
+/// A world on a clock of the test's own, where payment p1 (100, charged) holds 40 reserved for
+/// r1 by an attempt whose record is long gone (its refund window ran out).
+async fn reserved_a_year_ago() -> (Arc<sqs_once::clock::ShiftedClock>, World) {
+    let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
+    let w = world_on(clock.clone());
+    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
+    let seen = w.ledger.payment("p1").await.unwrap().unwrap();
+    w.ledger
+        .reserve("p1", "r1", 40, &seen, "a year ago", 0, None)
+        .await
+        .unwrap();
+    (clock, w)
+}
+
 /// The same refund sent again after its record expired, and its first attempt cut off in the
 /// lookup (its answer lost: the record is marked unknown). The attempt that takes over inherits
 /// the unknown mark, and its record is new: the runner's key horizon, counted from this
@@ -861,14 +911,7 @@ async fn a_refund_reserved_before_its_record_was_lost_is_looked_up_not_made_twic
 #[tokio::test]
 async fn a_refund_sent_again_after_its_record_expired_is_looked_up_even_by_an_attempt_that_took_over(
 ) {
-    let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
-    let w = world_on(clock.clone());
-    charged(&w, "p1", RecordStatus::Completed, "succeeded", 100);
-    let seen = w.ledger.payment("p1").await.unwrap().unwrap();
-    w.ledger
-        .reserve("p1", "r1", 40, &seen, "a year ago", 0, None)
-        .await
-        .unwrap();
+    let (clock, w) = reserved_a_year_ago().await;
     w.provider.found.lock().unwrap().push(FoundRefund {
         provider_refund_id: "re_1".into(),
         status: "succeeded".into(),
@@ -901,4 +944,37 @@ async fn a_refund_sent_again_after_its_record_expired_is_looked_up_even_by_an_at
     let r1 = w.store.get("r1").await.unwrap().unwrap().outcome.unwrap();
     assert_eq!(r1.text("provider_refund_id"), Some("re_1"));
     assert_eq!(w.ledger.payment("p1").await.unwrap().unwrap().refunded, 40);
+}
+
+/// A refund whose outcome is unknown (its attempt's lookup timed out), sent again once its
+/// payment's record has expired (the API's row still there, older than a record can be
+/// claimed): whether the earlier attempt refunded cannot be looked up, so the refund is
+/// neither refused `payment_unknown` (which would record "nothing refunded" over a refund that
+/// may be made) nor sent: it stays unknown for an operator (issue 65's review).
+#[tokio::test]
+async fn an_unknown_refund_of_a_payment_whose_record_expired_stays_unknown() {
+    let (clock, w) = reserved_a_year_ago().await;
+    *w.provider.find_times_out.lock().unwrap() = true;
+    let body = refund("r1", "p1", Some(40));
+    let (response, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1);
+    assert!(w.store.get("r1").await.unwrap().unwrap().unknown_outcome);
+    // The payment's record expires; its row is older than a record can still be claimed.
+    w.ledger.expire("p1");
+    w.ledger.accept("p1", clock.now_ms() / 1000 - 23 * 86_400);
+    *w.provider.find_times_out.lock().unwrap() = false;
+    clock.advance(Duration::from_secs(60));
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1, "handed back: {s:?}");
+    assert_eq!(s.dead_lettered.get("payment_unknown"), None, "{s:?}");
+    let record = w.store.get("r1").await.unwrap().unwrap();
+    assert_ne!(record.status, RecordStatus::Completed, "{record:?}");
+    assert!(record.unknown_outcome, "still unknown: {record:?}");
+    assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
 }

@@ -16,6 +16,10 @@ pub const ALL: &[(&str, &str)] = &[
         "completion_unfenced",
         "a completion is written whoever holds the lease (the model's FENCED=0): an attempt whose lease ended completes over the record's next attempt, or over its completion",
     ),
+    (
+        "a_read_before_a_refused_write_spends_the_attempt",
+        "a call that read and then had its write refused by the pace counts as an attempt (a work that reads before it writes spends its receive budget waiting for the pace)",
+    ),
 ];
 
 #[cfg(feature = "sim-mutations")]

@@ -83,13 +83,22 @@ pub struct Pace {
     state: Mutex<State>,
 }
 
+/// What [`within`] keeps of one call's requests (see `LATEST`).
+type Latest = (
+    Instant,
+    std::cell::Cell<Option<Instant>>,
+    std::cell::Cell<Option<NoSlot>>,
+    std::cell::Cell<bool>,
+);
+
 tokio::task_local! {
     /// The slot the runner booked for the running message's first request, and whether a
     /// request took it.
     static BOOKED: std::cell::Cell<Option<Instant>>;
     /// The latest start the call loop allows for the requests of the call being made now, when
-    /// the last of them started (after its slot's wait), and the last refusal (no slot in time).
-    static LATEST: (Instant, std::cell::Cell<Option<Instant>>, std::cell::Cell<Option<NoSlot>>);
+    /// the last of them started (after its slot's wait), the last refusal (no slot in time),
+    /// and whether a request that may change something downstream (not a read) started.
+    static LATEST: Latest;
 }
 
 impl Pace {
@@ -166,10 +175,22 @@ impl Pace {
         }
     }
 
-    /// Waits for a slot for one request: the one the runner booked for this message's first
-    /// request, else a new one no later than the latest start the call loop set (or `wait`
-    /// from now, outside it).
+    /// Waits for a slot for one request that may change something downstream (a write, or a
+    /// request whose effect the caller does not know): the one the runner booked for this
+    /// message's first request, else a new one no later than the latest start the call loop
+    /// set (or `wait` from now, outside it).
     pub async fn acquire(&self, wait: Duration) -> Result<(), NoSlot> {
+        self.acquire_for(wait, true).await
+    }
+
+    /// [`Pace::acquire`] for a request that only reads: a call whose requests were all reads
+    /// when the pace refused one did nothing downstream ([`Requests::only_read`]), so the
+    /// call loop hands its message back as never attempted.
+    pub async fn acquire_read(&self, wait: Duration) -> Result<(), NoSlot> {
+        self.acquire_for(wait, false).await
+    }
+
+    async fn acquire_for(&self, wait: Duration, writes: bool) -> Result<(), NoSlot> {
         let booked = BOOKED.try_with(|b| b.take()).ok().flatten();
         let slot = match booked {
             Some(slot) => slot,
@@ -183,7 +204,12 @@ impl Pace {
             }
         };
         tokio::time::sleep_until(slot).await;
-        let _ = LATEST.try_with(|l| l.1.set(Some(Instant::now())));
+        let _ = LATEST.try_with(|l| {
+            l.1.set(Some(Instant::now()));
+            if writes {
+                l.3.set(true);
+            }
+        });
         Ok(())
     }
 
@@ -240,6 +266,9 @@ pub struct Requests {
     pub last_start: Option<Instant>,
     /// The last request the pace refused: no slot before the latest start, so it was not sent.
     pub refused: Option<NoSlot>,
+    /// Whether a request that may change something downstream started ([`Pace::acquire`], not
+    /// [`Pace::acquire_read`]).
+    pub wrote: bool,
 }
 
 impl Requests {
@@ -247,6 +276,13 @@ impl Requests {
     /// refused and none started. (A call whose requests are not paced reports neither.)
     pub fn none_sent(&self) -> bool {
         self.refused.is_some() && self.last_start.is_none()
+    }
+
+    /// True when the pace refused a request of the call and every request that started only
+    /// read: the call changed nothing downstream, whatever it read before its write was
+    /// refused (so waiting for the pace is not an attempt).
+    pub fn only_read(&self) -> bool {
+        self.refused.is_some() && !self.wrote
     }
 }
 
@@ -259,6 +295,7 @@ pub async fn within<F: Future>(latest: Instant, call: F) -> (F::Output, Requests
         latest,
         std::cell::Cell::new(None),
         std::cell::Cell::new(None),
+        std::cell::Cell::new(false),
     );
     LATEST
         .scope(cells, async move {
@@ -266,6 +303,7 @@ pub async fn within<F: Future>(latest: Instant, call: F) -> (F::Output, Requests
             let requests = LATEST.with(|l| Requests {
                 last_start: l.1.get(),
                 refused: l.2.get(),
+                wrote: l.3.get(),
             });
             (output, requests)
         })

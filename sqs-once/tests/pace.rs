@@ -293,6 +293,38 @@ async fn a_call_the_pace_refused_is_not_an_attempt_and_its_message_is_requeued_o
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_read_before_a_write_the_pace_refused_is_not_an_attempt() {
+    // A work that reads, then writes (a refund looks its earlier reservation up first): the
+    // read takes the slot the runner booked, the write's slot is 30 s away, past the lease
+    // (10 s). Nothing changed downstream: on its last receive the message is requeued, never
+    // dead-lettered `retries_exhausted` for waiting (issue 65: resumed and retried refunds at
+    // a low pace were).
+    let (w, _pace) = paced_world(1.0 / 30.0, 1);
+    w.downstream
+        .reads_first
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    *w.queues.max_receives.lock().unwrap() = Some(3);
+    let now = w.clock.now_ms();
+    let m = msg_at("m1", &body("p1", 100), None, now - 60_000, 3);
+    let (r, s) = w.processor.handle_batch(vec![m], now + 60_000).await;
+    assert_eq!(*w.downstream.reads.lock().unwrap().get("p1").unwrap(), 1);
+    assert_eq!(w.downstream.calls("p1"), 0, "the write was never sent");
+    assert!(
+        w.queues.dead().is_empty(),
+        "never dead-lettered for waiting: {:?}",
+        w.queues.dead()
+    );
+    assert_eq!(failures(&r), Vec::<String>::new(), "the copy replaces it");
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1);
+    assert_eq!(s.retried, 1);
+    let rec = w.store.get("p1").await.unwrap().unwrap();
+    assert!(
+        !rec.unknown_outcome,
+        "only a read was sent: nothing unknown"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_followers_of_a_fifo_head_that_waits_for_the_pace_wait_with_it_on_their_own_budget() {
     // The next slot is 10 s away, past every latest start (deadline 5 s): each group's head
     // waits for the pace. Its followers are on their last receive and were copied as often as

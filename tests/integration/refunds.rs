@@ -280,11 +280,19 @@ async fn a_refund_of_an_unknown_payment_is_dead_lettered_at_once() {
         &t.config.idempotency_table,
     )
     .with_payments_table(Some(t.stack.payments_table().unwrap().to_owned()));
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let at = ledger.accepted_at(&accepted).await.unwrap();
     assert!(
-        ledger.accepted(&accepted).await.unwrap(),
-        "the API's row is found"
+        at.is_some_and(|s| (now_s - 600..=now_s + 600).contains(&s)),
+        "the API's row is found with its creation time: {at:?}"
     );
-    assert!(!ledger.accepted(&t.pid("never-sent")).await.unwrap());
+    assert_eq!(
+        ledger.accepted_at(&t.pid("never-sent")).await.unwrap(),
+        None
+    );
 }
 
 /// `payctl reconcile` settles a refund whose answer was lost: its record is `FAILED` and

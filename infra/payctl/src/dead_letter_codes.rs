@@ -26,7 +26,7 @@ pub const KNOWN_CODES: [&str; 16] = [
 pub const NEVER_REDRIVEN: [(&str, &str); 12] = [
     ("invalid_event", "the body is not a provider event and can never be applied"),
     ("invalid_refund", "the body can never be processed; the producer sends a corrected refund"),
-    ("payment_unknown", "the refund's record holds that its payment was known nowhere when it came; once the payment is charged, send the refund under a new refund_id"),
+    ("payment_unknown", "the refund's record holds that its payment was known nowhere when it came (never accepted, or its record expired past the refund window); once a payment is charged, send the refund under a new refund_id"),
     ("payment_not_refundable", "the refund's record holds that its payment was not charged; a redrive is dead-lettered again"),
     ("refund_exceeds_charge", "the refund's record holds that nothing was left to refund; send a new refund_id for a smaller amount"),
     ("refund_limit_reached", "the refund's record holds that its payment took no more refunds (200 made, or 4 held while it settles); send a new refund_id once the payment has settled, or refund the rest by hand"),

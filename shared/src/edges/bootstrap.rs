@@ -147,6 +147,7 @@ pub async fn build_refund_processor_on(
     sdk: &aws_config::SdkConfig,
     clock: Arc<dyn sqs_once::clock::Clock>,
 ) -> Result<Arc<crate::refunds::work::RefundProcessor>, InitError> {
+    config.check_read_and_write_fit_a_lease()?;
     let pace = pace_of(config);
     let provider = paced_provider(config, sdk, &pace).await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
@@ -161,6 +162,7 @@ pub async fn build_refund_processor_on(
         config.provider_key_retention,
     )
     .with_refund_window(config.refund_window)
+    .with_payment_record_ttl(config.settings.record_ttl)
     .with_clock(Arc::clone(&clock));
     let store = crate::refunds::refund_store(dynamodb, &config.idempotency_table)
         .with_clock(Arc::clone(&clock));

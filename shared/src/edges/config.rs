@@ -63,7 +63,8 @@ pub struct Config {
     pub source_queue_url: Option<String>,
     /// `PAYMENTS_TABLE` (optional, the refund processor's): the payments API's table, where
     /// a payment accepted but not yet processed has its row. A refund of a payment that has
-    /// neither a record nor a row there is dead-lettered `payment_unknown` at once.
+    /// neither a record nor a row there, or a row older than a record can still be claimed
+    /// (its record expired), is dead-lettered `payment_unknown` at once.
     pub payments_table: Option<String>,
     /// `PROVIDER_EVENTS_QUEUE_URL` (optional, the event function's): where its scheduled
     /// catch-up queues the events it lists.
@@ -115,6 +116,32 @@ fn err(var: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl Config {
+    /// Refuses a pace whose slots come further apart than the lease less a call: a work that
+    /// reads before it writes (a refund looking its earlier reservation up) could then never
+    /// send both in one attempt, and its message would only ever wait. The refund function's
+    /// init checks it (`ProviderRequestsPerSecond` at least 0.15 times `MaximumConcurrency`
+    /// with the template's lease and timeout).
+    pub fn check_read_and_write_fit_a_lease(&self) -> Result<(), ConfigError> {
+        let Some(rate) = self.provider_pace else {
+            return Ok(());
+        };
+        let room = self
+            .settings
+            .lease
+            .saturating_sub(self.provider_timeout + self.settings.processing_allowance);
+        if rate * room.as_secs_f64() >= 1.0 {
+            return Ok(());
+        }
+        Err(err(
+            "PROVIDER_REQUESTS_PER_SECOND",
+            format!(
+                "this instance's share, {rate:.4} requests a second (the stack's rate times PROVIDER_SHARE_PERCENT, divided by EVENT_SOURCE_MAX_CONCURRENCY), sends one every {:.0} s: a refund's lookup and its write must both start within LEASE_SECONDS less PAYMENT_API_TIMEOUT_SECONDS and PROVIDER_PROCESSING_ALLOWANCE_SECONDS ({} s). Raise ProviderRequestsPerSecond, or lower MaximumConcurrency",
+                1.0 / rate,
+                room.as_secs()
+            ),
+        ))
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -606,6 +633,32 @@ mod tests {
                 .provider_pace,
             Some(12.5)
         );
+        // The refund function's pace must let a lookup and a write start within one lease
+        // less a call (50 - 10 - 5 = 35 s by default): 1.5 a second at the refunds' 20 % over
+        // 10 instances is one request in 33 s, 1.4 one in 36 s.
+        let refunds = |rate: &'static str| {
+            with(&[
+                ("PROVIDER_REQUESTS_PER_SECOND", rate),
+                ("PROVIDER_SHARE_PERCENT", "20"),
+                ("EVENT_SOURCE_MAX_CONCURRENCY", "10"),
+                ("LEASE_SECONDS", "50"),
+            ])
+            .unwrap()
+            .check_read_and_write_fit_a_lease()
+        };
+        assert!(refunds("1.5").is_ok());
+        assert!(refunds("20").is_ok());
+        let refused = refunds("1.4").unwrap_err();
+        assert_eq!(refused.var, "PROVIDER_REQUESTS_PER_SECOND");
+        assert!(
+            refused.reason.contains("one every 36 s"),
+            "{}",
+            refused.reason
+        );
+        assert!(Config::from_lookup(env(BASE))
+            .unwrap()
+            .check_read_and_write_fit_a_lease()
+            .is_ok());
         for (var, bad) in [
             ("PROVIDER_REQUESTS_PER_SECOND", "0"),
             ("PROVIDER_REQUESTS_PER_SECOND", "fast"),

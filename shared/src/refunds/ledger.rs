@@ -214,9 +214,11 @@ pub trait RefundLedger: Send + Sync {
     /// The payment's record with its refunds (a consistent read), `None` without a record.
     async fn payment(&self, payment_id: &str) -> Result<Option<RefundablePayment>, StoreError>;
 
-    /// Whether the payments API accepted the payment (its row exists): it has no record yet
-    /// because it is still on its way to the processor. `false` where no API runs.
-    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError>;
+    /// When the payments API accepted the payment (its row's `created`, epoch s), if its row
+    /// exists: without a record, it is still on its way to the processor, or (accepted longer
+    /// ago than a message may wait for its first claim) its record has expired. `None` where
+    /// no API runs.
+    async fn accepted_at(&self, payment_id: &str) -> Result<Option<i64>, StoreError>;
 
     /// Reserves `amount` for `refund_id` on the payment as it was `seen`, only while the
     /// refund's own record is `IN_PROGRESS` under `owner`'s lease (its fencing token):
@@ -465,9 +467,9 @@ impl RefundLedger for DynamoRefundLedger {
         }))
     }
 
-    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError> {
+    async fn accepted_at(&self, payment_id: &str) -> Result<Option<i64>, StoreError> {
         let Some(table) = &self.payments_table else {
-            return Ok(false);
+            return Ok(None);
         };
         let found = self
             .client
@@ -480,7 +482,7 @@ impl RefundLedger for DynamoRefundLedger {
                     crate::payments::outbox::PAYMENT_PREFIX
                 )),
             )
-            .projection_expression("pk")
+            .projection_expression("pk, created")
             .consistent_read(true)
             .send()
             .await
@@ -490,7 +492,11 @@ impl RefundLedger for DynamoRefundLedger {
                     aws_sdk_dynamodb::error::DisplayErrorContext(&e)
                 ))
             })?;
-        Ok(found.item().is_some())
+        // A row without a readable `created` is taken as accepted now: waited for, never
+        // refused on a guess.
+        Ok(found
+            .item()
+            .map(|item| get_n(item, "created").unwrap_or(i64::MAX)))
     }
 
     async fn reserve(
@@ -677,8 +683,8 @@ enum Fenced {
 pub struct InMemoryRefundLedger {
     /// Payments by id.
     payments: Mutex<HashMap<String, RefundablePayment>>,
-    /// Payments the API accepted that have no record yet.
-    accepted: Mutex<std::collections::HashSet<String>>,
+    /// Payments the API accepted that have no record, and when (epoch s).
+    accepted: Mutex<HashMap<String, i64>>,
 }
 
 impl InMemoryRefundLedger {
@@ -689,10 +695,17 @@ impl InMemoryRefundLedger {
         }
     }
 
-    /// Marks a payment as accepted by the API (a row, no record yet).
-    pub fn accept(&self, payment_id: &str) {
+    /// Takes a payment's record away (its TTL ran out).
+    pub fn expire(&self, payment_id: &str) {
+        if let Ok(mut m) = self.payments.lock() {
+            m.remove(payment_id);
+        }
+    }
+
+    /// Marks a payment as accepted by the API at `created_s` (epoch s): a row, no record.
+    pub fn accept(&self, payment_id: &str, created_s: i64) {
         if let Ok(mut a) = self.accepted.lock() {
-            a.insert(payment_id.to_owned());
+            a.insert(payment_id.to_owned(), created_s);
         }
     }
 
@@ -714,10 +727,10 @@ impl RefundLedger for InMemoryRefundLedger {
         self.with(|m| m.get(payment_id).cloned())
     }
 
-    async fn accepted(&self, payment_id: &str) -> Result<bool, StoreError> {
+    async fn accepted_at(&self, payment_id: &str) -> Result<Option<i64>, StoreError> {
         self.accepted
             .lock()
-            .map(|a| a.contains(payment_id))
+            .map(|a| a.get(payment_id).copied())
             .map_err(|_| StoreError::Unavailable("ledger mutex poisoned".into()))
     }
 

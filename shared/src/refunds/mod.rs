@@ -23,6 +23,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "inherited_unknown_skips_refund_lookup",
         "an attempt that inherits an unknown outcome skips the lookup of a reservation older than its claim, leaving it to the runner, whose key horizon starts at the record's first attempt (issue 65: a refund made twice after its record expired)",
     ),
+    (
+        "expired_payment_record_waited_for",
+        "a refund of a payment the API accepted whose record has expired waits for a record that never comes, until its retries are spent, and is dead-lettered retries_exhausted again after each redrive",
+    ),
 ];
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at

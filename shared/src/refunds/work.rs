@@ -70,6 +70,10 @@ pub struct RefundWork {
     /// How long a refund's record, and the payment's record it reserved on, are kept after
     /// each change (`REFUND_WINDOW_DAYS`).
     refund_window: Duration,
+    /// How long a payment's record lives at least from its first claim (the payments'
+    /// `IDEMPOTENCY_TTL_DAYS`): past it (and a day for its message's send) a payment the API
+    /// accepted that has no record never will.
+    payment_record_ttl: Duration,
     /// Time, injected (the timeline test moves it months ahead).
     clock: Arc<dyn Clock>,
 }
@@ -136,8 +140,15 @@ impl RefundWork {
             ledger,
             key_retention,
             refund_window: crate::payments::charge::DEFAULT_REFUND_WINDOW,
+            payment_record_ttl: Duration::from_secs(sqs_once::settings::DEFAULT_TTL_SECONDS),
             clock: sqs_once::clock::system(),
         }
+    }
+
+    /// The payments' record retention (`IDEMPOTENCY_TTL_DAYS`), when not the default.
+    pub fn with_payment_record_ttl(mut self, ttl: Duration) -> Self {
+        self.payment_record_ttl = ttl;
+        self
     }
 
     /// Keeps refund records, and the payments' records they change, this long after each
@@ -166,9 +177,25 @@ impl RefundWork {
         // The refund's span links to the payment's trace.
         sqs_once::trace::link_current(p.as_ref().and_then(|p| p.traceparent.as_deref()));
         let Some(p) = p else {
-            // Accepted by the API and on its way: wait (boundedly: the retry horizon).
-            if self.ledger.accepted(pid).await.map_err(store_error)? {
-                return Err(not_yet(pid, "is accepted but has no record yet"));
+            if let Some(created_s) = self.ledger.accepted_at(pid).await.map_err(store_error)? {
+                // Accepted by the API and on its way: wait (boundedly: the retry horizon).
+                // Its message is sent within a day of the row and claimed within the record
+                // retention of its send, or refused `request_expired`: a payment accepted
+                // longer ago that has no record will never have one again. Its record, kept
+                // the refund window after its last change, expired: waiting would only
+                // dead-letter the refund for waiting, and a redrive would wait again.
+                let last_claim_s = created_s.saturating_add(
+                    (self.payment_record_ttl + Duration::from_secs(86_400)).as_secs() as i64,
+                );
+                if self.clock.now_ms() / 1000 <= last_claim_s
+                    || sqs_once::mutation::on("expired_payment_record_waited_for")
+                {
+                    return Err(not_yet(pid, "is accepted but has no record yet"));
+                }
+                return Ok(Payment::Refused(rejected(
+                    PAYMENT_UNKNOWN,
+                    format!("payment {pid}, accepted by the payments API at {created_s} (epoch s), has no record any more, and none can come: its record expired (a charged payment's is kept the refund window after its last change, so that window has passed; one that never completed, the record retention). Nothing was refunded by this message (a refund made before under this refund_id stands); a refund still owed is made by hand in Stripe's Dashboard"),
+                )));
             }
             // Known nowhere: no charge can be refunded, and waiting would only delay the
             // answer (a payment sent after its refund is refunded under a new refund_id).
@@ -432,6 +459,17 @@ impl Work for RefundWork {
     ) -> Result<Outcome, CallError> {
         let (intent, currency, reserved, read_ttl) = match self.decide(r, &attempt.owner).await? {
             Ok(reserved) => reserved,
+            // An earlier attempt's outcome is unknown, and no record of the payment names its
+            // charge: whether that attempt refunded cannot be looked up. It stays unknown (an
+            // operator reconciles it by the refund's id in Stripe), never stored as refused.
+            Err(done)
+                if attempt.inherited_unknown && done.text("code") == Some(PAYMENT_UNKNOWN) =>
+            {
+                return Err(CallError::transient(format!(
+                    "an earlier attempt's outcome is unknown and cannot be looked up: {}",
+                    done.text("reason").unwrap_or(PAYMENT_UNKNOWN)
+                )))
+            }
             Err(done) => return Ok(done),
         };
         let amount = reserved.amount;
@@ -505,14 +543,26 @@ impl Work for RefundWork {
         r: &RefundRequest,
         attempt: &AttemptContext,
     ) -> Result<Option<Outcome>, CallError> {
-        let Payment::Charged {
-            payment,
-            intent,
-            currency,
-            ..
-        } = self.charged(r).await?
-        else {
-            return Ok(None);
+        let (payment, intent, currency) = match self.charged(r).await? {
+            Payment::Charged {
+                payment,
+                intent,
+                currency,
+                ..
+            } => (payment, intent, currency),
+            // No record of the payment (expired, or never) names its charge: its refunds
+            // cannot be listed, and finding nothing would prove nothing. An unknown outcome
+            // stays unknown (an operator reconciles it by the refund's id in Stripe).
+            Payment::Refused(outcome) => {
+                return Err(CallError::transient(format!(
+                    "the refunds of payment {} cannot be looked up: {}",
+                    r.payment_id,
+                    outcome
+                        .text("reason")
+                        .unwrap_or("its record names no charge")
+                )))
+            }
+            Payment::Settling { .. } | Payment::Failed { .. } => return Ok(None),
         };
         let found = self.provider.find_refunds(&intent).await?;
         let Some(f) = found

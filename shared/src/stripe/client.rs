@@ -177,14 +177,18 @@ impl StripeClient {
     }
 
     /// Waits for the request's slot; outside a runner's call, for at most the call timeout.
-    async fn slot(&self) -> Result<(), ProviderError> {
-        match &self.pace {
-            Some(pace) => pace
-                .acquire(self.timeout)
-                .await
-                .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string())),
-            None => Ok(()),
-        }
+    /// A `GET` only reads: when the pace refuses a later request of the same call, the call
+    /// changed nothing and its attempt is not spent ([`sqs_once::pace::Requests::only_read`]).
+    async fn slot(&self, method: &reqwest::Method) -> Result<(), ProviderError> {
+        let Some(pace) = &self.pace else {
+            return Ok(());
+        };
+        let slot = if *method == reqwest::Method::GET {
+            pace.acquire_read(self.timeout).await
+        } else {
+            pace.acquire(self.timeout).await
+        };
+        slot.map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string()))
     }
 
     /// Counts the provider's refusals (`429`), errors (a `5xx`, no answer) and authentication
@@ -263,7 +267,7 @@ impl StripeClient {
         );
         async {
             let waiting = std::time::Instant::now();
-            let slot = self.slot().await;
+            let slot = self.slot(&method).await;
             if self.pace.is_some() {
                 span.record("pace.wait_ms", waiting.elapsed().as_millis() as i64);
             }

@@ -100,6 +100,10 @@ pub struct Toy {
     pub pace: Mutex<Option<Arc<sqs_once::pace::Pace>>>,
     /// When each call was sent, in order.
     pub sent_at: Mutex<Vec<tokio::time::Instant>>,
+    /// Each call reads first (a paced request that changes nothing), then writes.
+    pub reads_first: std::sync::atomic::AtomicBool,
+    /// The reads sent, by job id.
+    pub reads: Mutex<HashMap<String, u64>>,
 }
 
 impl Toy {
@@ -159,11 +163,23 @@ impl Work for Toy {
     }
     async fn execute(&self, job: &Job, _: &AttemptContext) -> Result<Outcome, CallError> {
         let pace = self.pace.lock().unwrap().clone();
+        let not_sent = |e: sqs_once::pace::NoSlot| CallError {
+            retry_now: false,
+            ..CallError::transient(e.to_string())
+        };
+        if self.reads_first.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(pace) = &pace {
+                pace.acquire_read(Duration::ZERO).await.map_err(not_sent)?;
+            }
+            *self
+                .reads
+                .lock()
+                .unwrap()
+                .entry(job.id.clone())
+                .or_default() += 1;
+        }
         if let Some(pace) = pace {
-            pace.acquire(Duration::ZERO).await.map_err(|e| CallError {
-                retry_now: false,
-                ..CallError::transient(e.to_string())
-            })?;
+            pace.acquire(Duration::ZERO).await.map_err(not_sent)?;
         }
         self.sent_at
             .lock()

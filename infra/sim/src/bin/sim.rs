@@ -1,5 +1,8 @@
 //! `make sim`: many seeds of the whole system on a simulated clock, each checked; a failing seed
 //! prints the invariant, when, the trace's last lines and the command that replays it.
+//!
+//! Why ~500 lines: one argument, with its doc, for each dimension of a run a user may set by
+//! hand (about 60 % of the file), and the replay command that names each one set.
 
 use std::time::Instant;
 
@@ -114,12 +117,15 @@ struct Args {
     claims: Option<String>,
     /// Each seed draws its own configuration from its seed where none is set here
     /// (`simulator::world::sweep`): the refund window, late refunds, the crash rate, the
-    /// provider's faults.
+    /// provider's faults, the stack's rate, nightly refunds.
     #[arg(long, env = "SWEEP")]
     sweep: bool,
     /// The share of refunds the merchant sends once more when their record expires.
     #[arg(long, env = "LATE_REFUND_SHARE")]
     late_refund_share: Option<f64>,
+    /// Whether the merchant sends its refunds in a nightly batch (true) or as they come.
+    #[arg(long, env = "NIGHTLY_REFUNDS")]
+    nightly_refunds: Option<bool>,
     /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
     #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
     parameters: Vec<(String, String)>,
@@ -161,6 +167,10 @@ fn replay(args: &Args, seed: u64) -> String {
     put(
         "LATE_REFUND_SHARE",
         args.late_refund_share.map(|r| r.to_string()),
+    );
+    put(
+        "NIGHTLY_REFUNDS",
+        args.nightly_refunds.map(|b| b.to_string()),
     );
     put("DISPUTE_SHARE", Some(args.dispute_share.to_string()));
     put(
@@ -330,6 +340,9 @@ fn options(args: &Args, seed: u64) -> Result<Options> {
         );
         opts.late_refund_share = r;
     }
+    if let Some(b) = args.nightly_refunds {
+        opts.nightly_refunds = b;
+    }
     Ok(opts)
 }
 
@@ -355,6 +368,7 @@ fn main() -> Result<()> {
                 late_refunds: args.late_refund_share.is_some(),
                 crash_rate: args.crash_rate.is_some(),
                 provider_faults: args.provider_fault_rate.is_some(),
+                nightly_refunds: args.nightly_refunds.is_some(),
             };
             drawn.insert(seed, simulator::world::sweep::draw(&mut opts, &explicit));
         }

@@ -25,13 +25,28 @@ pub struct Client {
 }
 
 impl Client {
-    pub(super) async fn slot(&self) -> Result<(), ProviderError> {
-        match &self.pace {
-            Some(p) => p
-                .acquire(self.provider.timeout)
-                .await
-                .map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string())),
-            None => Ok(()),
+    /// Waits for a request's slot; `writes` when the request may change something at the
+    /// provider (a read's refusal leaves its call's attempt unspent, see `sqs_once::pace`).
+    pub(super) async fn slot(&self, writes: bool) -> Result<(), ProviderError> {
+        let Some(p) = &self.pace else { return Ok(()) };
+        let slot = if writes {
+            p.acquire(self.provider.timeout).await
+        } else {
+            p.acquire_read(self.provider.timeout).await
+        };
+        slot.map_err(|e| ProviderError::new(FailureKind::NotSent, e.to_string()))
+    }
+
+    /// Keeps which PaymentIntents a refund's request failed about (the checks' oracle of a
+    /// refund given up only for waiting).
+    fn refund_answer<T>(&self, payment_intent: &str, answer: &Result<T, ProviderError>) {
+        if answer.is_err() {
+            self.provider
+                .books
+                .lock()
+                .expect("books")
+                .refund_trouble
+                .insert(payment_intent.to_owned());
         }
     }
 
@@ -74,7 +89,7 @@ impl PaymentProvider for Client {
         &self,
         request: &PaymentRequest,
     ) -> Result<ProviderResponse, ProviderError> {
-        self.slot().await?;
+        self.slot(true).await?;
         let (provider, request) = (self.provider.clone(), request.clone());
         let answer = landed(async move { provider.create_payment(&request).await }).await;
         self.told(&answer);
@@ -85,7 +100,7 @@ impl PaymentProvider for Client {
         &self,
         query: &PaymentQuery,
     ) -> Result<Vec<FoundPayment>, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.find_payments(query).await;
         self.told(&answer);
         answer
@@ -99,24 +114,27 @@ impl RefundProvider for Client {
     }
 
     async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
-        self.slot().await?;
-        let (provider, call) = (self.provider.clone(), call.clone());
-        let answer = landed(async move { provider.create_refund(&call).await }).await;
+        self.slot(true).await?;
+        let (provider, c) = (self.provider.clone(), call.clone());
+        let answer = landed(async move { provider.create_refund(&c).await }).await;
         self.told(&answer);
+        self.refund_answer(&call.payment_intent, &answer);
         answer
     }
 
     async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.find_refunds(payment_intent).await;
         self.told(&answer);
+        self.refund_answer(payment_intent, &answer);
         answer
     }
 
     async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.payment_status(payment_intent).await;
         self.told(&answer);
+        self.refund_answer(payment_intent, &answer);
         answer
     }
 }
@@ -131,7 +149,7 @@ impl payment_core::events::inbox::ProviderObjects for Client {
         &self,
         id: &str,
     ) -> Result<payment_core::provider::event::PaymentChange, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.payment_intent(id).await;
         self.told(&answer);
         answer
@@ -141,7 +159,7 @@ impl payment_core::events::inbox::ProviderObjects for Client {
         &self,
         id: &str,
     ) -> Result<payment_core::provider::event::RefundChange, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.refund(id).await;
         self.told(&answer);
         answer
@@ -151,14 +169,14 @@ impl payment_core::events::inbox::ProviderObjects for Client {
         &self,
         id: &str,
     ) -> Result<payment_core::provider::event::DisputeChange, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.dispute(id).await;
         self.told(&answer);
         answer
     }
 
     async fn charge_intent(&self, charge: &str) -> Result<Option<String>, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.charge_intent(charge).await;
         self.told(&answer);
         answer

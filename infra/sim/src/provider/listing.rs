@@ -164,7 +164,7 @@ impl EventLister for Client {
         until_s: i64,
         starting_after: Option<&str>,
     ) -> Result<EventPage, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self
             .provider
             .list_back(listed, since_s, until_s, starting_after)
@@ -174,7 +174,7 @@ impl EventLister for Client {
     }
 
     async fn page_after(&self, listed: Listed, cursor: &str) -> Result<EventPage, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.list_after(listed, cursor).await;
         self.told(&answer);
         answer
@@ -182,7 +182,7 @@ impl EventLister for Client {
 
     /// `GET /v1/webhook_endpoints`: this stack's endpoint, enabled, sent every type.
     async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
-        self.slot().await?;
+        self.slot(false).await?;
         let answer = self.provider.reachable().await.map(|()| None);
         self.told(&answer);
         answer

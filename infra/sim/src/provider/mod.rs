@@ -108,8 +108,7 @@ pub struct Books {
     refunds_by_intent: BTreeMap<String, Vec<String>>,
     refunds_by_call: BTreeMap<String, Vec<String>>,
     /// What changes by itself later: (when, what, id), what being a debit, a refund or a
-    /// dispute (`settle`). Each entry is checked against the object when its
-    /// time comes, so that one made stale by another change does nothing.
+    /// dispute (`settle`), checked against the object when its time comes (a stale one does nothing).
     due: BTreeSet<(i64, u8, String)>,
     /// Every moment a refund went beyond its charge, or a refund id was refunded twice.
     pub refund_breaches: Vec<String>,
@@ -121,6 +120,8 @@ pub struct Books {
     pub disputes: BTreeMap<String, disputes::Dispute>,
     /// Which charges are disputed, and when (none without one).
     pub dispute_plan: Option<disputes::DisputePlan>,
+    /// PaymentIntents a refund's request failed about (429, 5xx, no answer): the checks' oracle.
+    pub refund_trouble: BTreeSet<String>,
 }
 
 /// Forgets the keys kept 24 hours or more before `now_ms` (Stripe's window), oldest first.

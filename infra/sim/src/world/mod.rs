@@ -83,6 +83,14 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a refund sent again after its record expired is called blind by an attempt that inherits an unknown outcome: made twice, or its amount given back (payment_core::refunds::MUTATIONS; issue 65, found by SWEEP=true seed 3)",
     ),
     (
+        "a_read_before_a_refused_write_spends_the_attempt",
+        "a refund's read that precedes its write makes waiting for the pace an attempt: resumed and retried refunds dead-lettered retries_exhausted at a low pace (sqs_once::mutation; issue 65)",
+    ),
+    (
+        "expired_payment_record_waited_for",
+        "a refund of a payment whose record expired waits for it until its retries are spent: dead-lettered retries_exhausted after each redrive (payment_core::refunds::MUTATIONS; issue 65)",
+    ),
+    (
         "catch_up_off",
         "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
     ),

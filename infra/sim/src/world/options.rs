@@ -37,6 +37,9 @@ pub struct Options {
     /// Share of refunds the merchant sends once more, late: when the refund's record expires,
     /// as a merchant's own retry after it lost track would (0: none, and no draw for it).
     pub late_refund_share: f64,
+    /// The merchant sends its refunds in a nightly batch (every refund of a day at 02:00 the
+    /// next night), not each as it comes: a burst on the refunds queue.
+    pub nightly_refunds: bool,
     /// Chance that an invocation's process is killed at a random moment of it.
     pub crash_rate: f64,
     /// AWS's faults (both services).
@@ -94,6 +97,7 @@ impl Options {
             reused_key_share: 0.005,
             refund_share: 0.1,
             late_refund_share: 0.0,
+            nightly_refunds: false,
             crash_rate: 0.02,
             aws: Faults {
                 latency_ms: 8.0,

@@ -43,6 +43,7 @@ pub(super) fn instance(w: &World) -> Arc<RefundProcessor> {
         cfg.provider_key_retention,
     )
     .with_refund_window(cfg.refund_window)
+    .with_payment_record_ttl(cfg.settings.record_ttl)
     .with_clock(Arc::clone(&w.clock));
     let store = payment_core::refund_store(dynamodb, &cfg.idempotency_table)
         .with_clock(Arc::clone(&w.clock));
@@ -63,12 +64,19 @@ pub(super) fn instance(w: &World) -> Arc<RefundProcessor> {
     Arc::new(runner)
 }
 
-/// Maybe refunds a card payment just sent: some hours to ten days later.
+/// Maybe refunds a card payment just sent: some hours to ten days later (in the nightly batch
+/// after that, when the merchant sends its refunds so).
 pub(super) fn maybe_refund(w: &Arc<World>, n: usize, payment_id: &str, amount: i64) {
     if w.draw() >= w.opts.refund_share {
         return;
     }
-    let after = Duration::from_secs_f64(7_200.0 + w.draw() * 10.0 * 86_400.0);
+    let mut after = Duration::from_secs_f64(7_200.0 + w.draw() * 10.0 * 86_400.0);
+    if w.opts.nightly_refunds {
+        // The nightly batch after the moment it would have been sent: 02:00 the next night.
+        let at = w.clock.now_ms() + after.as_millis() as i64 - super::EPOCH_MS;
+        let night = (at.div_euclid(86_400_000) + 1) * 86_400_000 + 2 * 3_600_000;
+        after = Duration::from_millis((night - (w.clock.now_ms() - super::EPOCH_MS)) as u64);
+    }
     // The last two days are quiet: every refund sent has ended by the run's end.
     let quiet_from = super::EPOCH_MS + ((w.opts.days - 2.0) * 86_400_000.0) as i64;
     if w.clock.now_ms() + after.as_millis() as i64 + 5 * 86_400_000 > quiet_from {
@@ -202,7 +210,9 @@ pub(super) fn send_again(w: &Arc<World>, refund_id: &str) {
 /// No refund is dead-lettered only for waiting: a refund's new dead letter that gave up
 /// (`retries_exhausted`, or SQS's redrive) while its payment was still settling at the
 /// provider (a debit `processing`, a customer yet to authenticate) pages an operator for a
-/// normal business event, and its letter may outlive neither the debit nor the DLQ's retention.
+/// normal business event, and its letter may outlive neither the debit nor the DLQ's retention;
+/// one that gave up although the provider failed no request about its payment spent its
+/// budget waiting (for the pace, for a record), not on failures.
 pub(super) fn check_dead_letters(w: &World) {
     let letters: Vec<(String, Option<String>, String)> = {
         let aws = w.wire.aws.lock().expect("aws");
@@ -229,17 +239,29 @@ pub(super) fn check_dead_letters(w: &World) {
         else {
             continue;
         };
-        let settling: Vec<String> = w
-            .provider
-            .books
-            .lock()
-            .expect("books")
-            .intents_of(&pid)
-            .iter()
-            .filter(|i| payment_core::provider::event::payment_settling(&i.status))
-            .map(|i| format!("{} {}", i.id, i.status))
-            .collect();
-        if !settling.is_empty() {
+        let (settling, troubled): (Vec<String>, bool) = {
+            let books = w.provider.books.lock().expect("books");
+            let intents = books.intents_of(&pid);
+            (
+                intents
+                    .iter()
+                    .filter(|i| payment_core::provider::event::payment_settling(&i.status))
+                    .map(|i| format!("{} {}", i.id, i.status))
+                    .collect(),
+                intents.iter().any(|i| books.refund_trouble.contains(&i.id)),
+            )
+        };
+        if settling.is_empty() && !troubled {
+            // Its budget is spent by failures: a request about its payment the provider
+            // failed, or (all but never, at the sweep's rates) crashes and the tables' faults.
+            w.violated(
+                "no message dead-lettered only for waiting",
+                format!(
+                    "a refund of {pid} dead-lettered ({}) although the provider failed no request about its payment: {body}",
+                    code.as_deref().unwrap_or("max receives"),
+                ),
+            );
+        } else if !settling.is_empty() {
             w.violated(
                 "no message dead-lettered only for waiting",
                 format!(
