@@ -177,7 +177,10 @@ impl HeldRefunds {
         let Some((status, held)) = self.held(payment_id).await? else {
             return Ok(Resumed::default());
         };
-        if held.is_empty() || crate::provider::event::payment_settling(&status) {
+        if held.is_empty()
+            || crate::provider::event::payment_settling(&status)
+            || sqs_once::mutation::on("held_refunds_never_resumed")
+        {
             return Ok(Resumed::default());
         }
         let now_ms = self.clock.now_ms();

@@ -27,6 +27,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "expired_payment_record_waited_for",
         "a refund of a payment the API accepted whose record has expired waits for a record that never comes, until its retries are spent, and is dead-lettered retries_exhausted again after each redrive",
     ),
+    (
+        "held_refunds_never_resumed",
+        "a held refund is never resumed once its payment settles: its record stays completed held, its amount reserved, the customer never refunded",
+    ),
 ];
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at

@@ -91,6 +91,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a refund of a payment whose record expired waits for it until its retries are spent: dead-lettered retries_exhausted after each redrive (payment_core::refunds::MUTATIONS; issue 65)",
     ),
     (
+        "held_refunds_never_resumed",
+        "a held refund is never resumed when its payment settles: the check that held is an end only while the payment settles (payment_core::refunds::MUTATIONS; issue 65)",
+    ),
+    (
         "catch_up_off",
         "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
     ),

@@ -314,8 +314,23 @@ pub(super) fn check_end(w: &World) {
     for (refund_id, r) in &sent {
         payments.insert(r.payment_id.clone());
         let record = get(format!("refund#{refund_id}"));
-        let completed =
+        let mut completed =
             record.as_ref().and_then(|i| i.get("status")) == Some(&Value::S("COMPLETED".into()));
+        // `held` is an end only while its payment still settles at the provider (a customer
+        // who never authenticates): one settled since must have been resumed, made or canceled.
+        let held = record.as_ref().and_then(|i| match i.get("outcome") {
+            Some(Value::M(m)) => m.get("status").cloned(),
+            _ => None,
+        }) == Some(Value::S(payment_core::refunds::work::HELD.into()));
+        if completed && held {
+            let settling = books
+                .intents_of(&r.payment_id)
+                .iter()
+                .any(|i| payment_core::provider::event::payment_settling(&i.status));
+            if !settling {
+                completed = false;
+            }
+        }
         // Dead-lettered: in the DLQ, or its mark kept (the letter may have passed its retention
         // after the operator read it).
         let marked = get(format!("refund_dead_letter#{refund_id}")).is_some();
@@ -324,8 +339,14 @@ pub(super) fn check_end(w: &World) {
             w.violated(
                 "every refund ends",
                 format!(
-                    "{refund_id} of {} ({:?}) is neither completed nor dead-lettered",
-                    r.payment_id, r.amount
+                    "{refund_id} of {} ({:?}) is neither completed nor dead-lettered{}",
+                    r.payment_id,
+                    r.amount,
+                    if held {
+                        " (held, and its payment settled)"
+                    } else {
+                        ""
+                    }
                 ),
             );
         }
