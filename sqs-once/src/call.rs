@@ -219,9 +219,9 @@ impl<W: Work> BatchRunner<W> {
             .await;
             // Only reads reached the downstream before the pace refused a request (a work
             // that reads and then writes, or one whose every request reads): nothing changed.
-            let reads_refused = requests.refused.is_some() && self.work.reads_only(request)
-                || requests.only_read()
-                    && !crate::mutation::on("a_read_before_a_refused_write_spends_the_attempt");
+            let reads_refused = (requests.refused.is_some() && self.work.reads_only(request))
+                || (requests.only_read()
+                    && !crate::mutation::on("a_read_before_a_refused_write_spends_the_attempt"));
             if answer.is_err() && (requests.none_sent() || reads_refused) {
                 // Nothing reached the downstream (or only reads did): the pace had no slot
                 // before the latest start.
