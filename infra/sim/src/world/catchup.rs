@@ -90,7 +90,7 @@ pub(super) async fn schedule(w: Arc<World>, every: Duration, end_ms: i64) {
     }
     loop {
         tokio::time::sleep(every).await;
-        if w.clock.now_ms() >= end_ms {
+        if !w.running(end_ms) {
             return;
         }
         tokio::spawn(invocation(Arc::clone(&w), every));

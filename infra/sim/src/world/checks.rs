@@ -15,12 +15,53 @@ use payment_core::provider::event::{ProviderEvent, Subject};
 /// (three hours) and an event's retries.
 const QUIET_MS: i64 = 6 * 3_600_000;
 
+/// More copies of one message than this waiting in a source queue at once: something sends
+/// it again faster than its copies end (a retry, a requeue or a resume each adds one; a
+/// duplicate delivery, a webhook's retry, a merchant's second send a few).
+const MAX_COPIES: usize = 20;
+
+/// Hourly: no source queue holds more than [`MAX_COPIES`] copies of one message. A message
+/// that multiplies is found here, before its copies have grown past what a run can simulate;
+/// the world then stops (what it would do next only grows).
+fn check_copies(w: &World) {
+    let sources = [&w.queue, &w.refunds.queue, &w.events.queue];
+    let found: Vec<(String, String, usize)> = {
+        let aws = w.wire.aws.lock().expect("aws");
+        aws.sqs
+            .queues
+            .iter()
+            .filter(|(name, _)| sources.iter().any(|s| *s == *name))
+            .filter_map(|(name, q)| {
+                let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
+                for m in q.messages() {
+                    // A body no one can read (the producer's broken ones) is no one message.
+                    if serde_json::from_str::<serde_json::Value>(&m.body).is_ok() {
+                        *copies.entry(m.body.as_str()).or_default() += 1;
+                    }
+                }
+                copies
+                    .into_iter()
+                    .max_by_key(|(_, n)| *n)
+                    .filter(|(_, n)| *n > MAX_COPIES)
+                    .map(|(body, n)| (name.clone(), body.to_owned(), n))
+            })
+            .collect()
+    };
+    for (queue, body, n) in found {
+        w.violated(
+            "no message multiplies",
+            format!("{n} copies of one message wait in {queue}: {body}"),
+        );
+        w.halt();
+    }
+}
+
 /// The provider's and AWS's own time, every ten minutes: debits settle, retention drops,
 /// and (hourly, as lazily as DynamoDB's own sweep) time to live deletes.
 pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
     let seed = w.opts.seed;
     let mut tick: u64 = 0;
-    while w.clock.now_ms() < end_ms {
+    while w.running(end_ms) {
         tokio::time::sleep(Duration::from_secs(600)).await;
         tick += 1;
         let now = w.clock.now_ms();
@@ -45,6 +86,9 @@ pub(super) async fn housekeep(w: Arc<World>, end_ms: i64) {
             };
             (expired, aws.sqs.expire(now))
         };
+        if tick.is_multiple_of(6) {
+            check_copies(&w);
+        }
         w.stats.lock().expect("stats").expired_records += expired.len();
         for (_, item) in expired {
             check_expiry(&w, &item);

@@ -71,7 +71,7 @@ pub(super) async fn event_source<W: Work + 'static>(w: Arc<World>, s: Source<W>,
     let fifo = s.queue.ends_with(".fifo");
     let (queue, batch) = (s.queue.clone(), s.batch);
     loop {
-        if w.clock.now_ms() >= end_ms {
+        if !w.running(end_ms) {
             break;
         }
         let permit = Arc::clone(&running).acquire_owned().await.expect("open");

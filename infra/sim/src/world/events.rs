@@ -75,7 +75,7 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
         crate::wire::sqs_client(&w.sdk),
         url_of(&w.events.queue),
     ));
-    while w.clock.now_ms() < end_ms {
+    while w.running(end_ms) {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let events = w.provider.books.lock().expect("books").take_events();
         for e in events {

@@ -27,7 +27,7 @@ pub(super) async fn answer_alarms(w: Arc<World>, seen: Seen, end_ms: i64) {
         (w.refunds.dlq.clone(), w.refunds.queue.clone()),
         (w.events.dlq.clone(), w.events.queue.clone()),
     ];
-    while w.clock.now_ms() < end_ms {
+    while w.running(end_ms) {
         tokio::time::sleep(Duration::from_secs(600)).await;
         let waiting: usize = {
             let aws = w.wire.aws.lock().expect("aws");
@@ -108,7 +108,7 @@ pub(super) async fn answer_relay_alarms(
             return;
         }
     };
-    while w.clock.now_ms() < end_ms {
+    while w.running(end_ms) {
         tokio::time::sleep(Duration::from_secs(600)).await;
         if !std::mem::take(&mut w.stats.lock().expect("stats").relay_alarm) {
             continue;

@@ -13,11 +13,9 @@
 //! - the rate at which invocations are killed (1 to 6 in 100), and the provider's faults (a 500
 //!   before or after its write, an answer lost: each 0.5 to 4 in 100);
 //! - the stack's share of the account's rate (`ProviderRequestsPerSecond`): the template's 20
-//!   in two seeds of three, else 3 to 5, where one instance of the refund function (its 20 %,
-//!   divided among `MaximumConcurrency` 10) sends a request every 10 to 17 s. Lower, down to
-//!   the 1.5 a refund's read and write need, a backlog of resumed held refunds grows without
-//!   bound (docs/design.md, "What the sweep found and is not fixed yet"): drawn there once
-//!   that is fixed;
+//!   in two seeds of three, else 1.5 to 5 (1.5: the least the refund function's init
+//!   accepts), where one instance of the refund function (its 20 %, divided among
+//!   `MaximumConcurrency` 10) sends a request every 10 to 33 s;
 //! - (drawn, not applied yet) refunds in a nightly batch: a burst on the refunds queue, its
 //!   messages sharing each instance's pace (`NIGHTLY_REFUNDS=true` sets it by hand).
 
@@ -78,7 +76,7 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     // Drawn after the others, so that adding them left the earlier draws as they were.
     let (low_pace, pace, nightly) = (rng.f64() < 1.0 / 3.0, rng.f64(), rng.f64() < 0.5);
     if !opts.parameters.contains_key("ProviderRequestsPerSecond") && low_pace {
-        let rate = 3.0 + 2.0 * pace;
+        let rate = 1.5 + 3.5 * pace;
         opts.parameters
             .insert("ProviderRequestsPerSecond".into(), format!("{rate:.2}"));
         drawn.push(format!("{rate:.2} provider requests a second"));

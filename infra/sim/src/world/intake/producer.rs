@@ -28,6 +28,9 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
     for (n, at) in times.into_iter().enumerate() {
         let wait = (EPOCH_MS + at - w.clock.now_ms()).max(0);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        if !w.running(i64::MAX) {
+            return;
+        }
         w.first_arrival_ms
             .lock()
             .expect("first")
@@ -142,6 +145,9 @@ pub(in crate::world) async fn produce(w: Arc<World>) {
     for (at, key, body) in later {
         let wait = (at - w.clock.now_ms()).max(0);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        if !w.running(i64::MAX) {
+            return;
+        }
         submit(&w, &sqs, &url, key.as_deref(), &body).await;
     }
 }

@@ -175,7 +175,7 @@ pub(in crate::world) async fn stream_source(w: Arc<World>, m: Arc<Mapping>, end_
     // While a batch is retried: its last record (a retry is of what is left of it, not of
     // records that came after it).
     let mut retrying: Option<u64> = None;
-    while w.clock.now_ms() < end_ms {
+    while w.running(end_ms) {
         let dynamo_down = {
             let aws = w.wire.aws.lock().expect("aws");
             let f = &aws.dynamo_faults;
