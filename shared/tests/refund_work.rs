@@ -117,6 +117,17 @@ impl RefundLedger for Yielding {
         tokio::task::yield_now().await;
         self.0.release(pid, rid, amount, owner, keep).await
     }
+    async fn keep_reserved(
+        &self,
+        pid: &str,
+        rid: &str,
+        amount: i64,
+        owner: &str,
+        keep: i64,
+    ) -> Result<bool, sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.keep_reserved(pid, rid, amount, owner, keep).await
+    }
 }
 
 struct World {
@@ -950,7 +961,10 @@ async fn a_refund_sent_again_after_its_record_expired_is_looked_up_even_by_an_at
 /// payment's record has expired (the API's row still there, older than a record can be
 /// claimed): whether the earlier attempt refunded cannot be looked up, so the refund is
 /// neither refused `payment_unknown` (which would record "nothing refunded" over a refund that
-/// may be made) nor sent: it stays unknown for an operator (issue 65's review).
+/// may be made) nor sent: it stays unknown for an operator (issue 65's review). The attempt
+/// that went on with the reservation made a year before kept the payment's record the refund
+/// window from its claim, as a reservation of its own would: the record can expire only once
+/// that window has passed.
 #[tokio::test]
 async fn an_unknown_refund_of_a_payment_whose_record_expired_stays_unknown() {
     let (clock, w) = reserved_a_year_ago().await;
@@ -962,19 +976,80 @@ async fn an_unknown_refund_of_a_payment_whose_record_expired_stays_unknown() {
         .await;
     assert_eq!(response.batch_item_failures.len(), 1);
     assert!(w.store.get("r1").await.unwrap().unwrap().unknown_outcome);
-    // The payment's record expires; its row is older than a record can still be claimed.
+    let kept = w.ledger.payment("p1").await.unwrap().unwrap().expires_at_s;
+    assert!(
+        kept >= clock.now_ms() / 1000 + 365 * 86_400 - 60,
+        "the payment's record is kept the refund window from the attempt: {kept}"
+    );
+    // The window passes and the payment's record expires; its row is older than a record can
+    // still be claimed.
+    clock.advance(Duration::from_secs(366 * 86_400));
     w.ledger.expire("p1");
-    w.ledger.accept("p1", clock.now_ms() / 1000 - 23 * 86_400);
+    w.ledger.accept("p1", clock.now_ms() / 1000 - 400 * 86_400);
     *w.provider.find_times_out.lock().unwrap() = false;
-    clock.advance(Duration::from_secs(60));
+    // The message comes back (redriven): sent now, as a redrive's copy is.
+    let mut sent_now = msg("m1", &body);
+    sent_now
+        .attributes
+        .insert("SentTimestamp".into(), clock.now_ms().to_string());
     let (response, s) = w
         .processor
-        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .handle_batch(vec![sent_now], clock.now_ms() + 60_000)
         .await;
     assert_eq!(response.batch_item_failures.len(), 1, "handed back: {s:?}");
     assert_eq!(s.dead_lettered.get("payment_unknown"), None, "{s:?}");
     let record = w.store.get("r1").await.unwrap().unwrap();
     assert_ne!(record.status, RecordStatus::Completed, "{record:?}");
     assert!(record.unknown_outcome, "still unknown: {record:?}");
+    assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
+}
+
+/// A refund whose first attempt was cut off before anything was kept (its lease taken over: an
+/// unknown outcome inherited), of a payment that has no record and no API row. No attempt of
+/// the refund's record can have reserved, so none called: a reservation keeps the payment's
+/// record the refund window, and this record's first claim is younger. The refusal is stored
+/// at once; before, the refund waited for a lookup that can never be made, was dead-lettered
+/// `retries_exhausted`, and again after each redrive (issue 65: found by the default sweep's
+/// seeds 14, 16 and 20 once the pace booked a refund's two requests together).
+#[tokio::test]
+async fn an_unknown_refund_of_a_payment_with_no_record_that_it_cannot_have_reserved_on_is_refused()
+{
+    let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
+    let w = world_on(clock.clone());
+    let body = refund("r2", "p2", Some(40));
+    let work = RefundWork::new(
+        Arc::new(Provider::default()),
+        Arc::new(InMemoryRefundLedger::default()),
+        Duration::from_secs(86_400),
+    );
+    let request = sqs_once::Work::parse(&work, &body).unwrap();
+    let now = clock.now_ms();
+    let claimed = w
+        .store
+        .claim(&sqs_once::record::ClaimRequest {
+            key: "r2".into(),
+            payload_hash: sqs_once::Work::fingerprint(&work, &request),
+            owner: "crashed".into(),
+            now_ms: now,
+            lease_expires_at_ms: now + 10_000,
+            expires_at_s: now / 1000 + 86_400,
+            traceparent: None,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        claimed,
+        sqs_once::record::ClaimResult::Claimed { .. }
+    ));
+    clock.advance(Duration::from_secs(60));
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.dead_lettered.get("payment_unknown"), Some(&1), "{s:?}");
+    let record = w.store.get("r2").await.unwrap().unwrap();
+    assert_eq!(record.status, RecordStatus::Completed, "{record:?}");
+    assert!(!record.unknown_outcome, "{record:?}");
     assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
 }

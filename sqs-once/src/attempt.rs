@@ -158,9 +158,10 @@ impl<W: Work> BatchRunner<W> {
             }
         }
 
-        // A paced downstream: the first request's slot is booked before anything is claimed,
-        // no later than a call can still be sent in this invocation; a message whose slot would
-        // come later is handed back unattempted (no claim, no receive budget spent).
+        // A paced downstream: the slots of the attempt's requests are booked before anything
+        // is claimed, no later than a call can still be sent in this invocation; a message
+        // whose slots would come later is handed back unattempted (no claim, no receive budget
+        // spent).
         let Some(pace) = self
             .pace
             .as_ref()
@@ -185,16 +186,21 @@ impl<W: Work> BatchRunner<W> {
             );
         }
         let latest = tokio::time::Instant::now() + Duration::from_millis((latest_ms - now) as u64);
-        let slot = match pace.book(latest) {
-            Ok(slot) => slot,
+        let requests = if crate::mutation::on("an_attempt_books_only_its_first_slot") {
+            1
+        } else {
+            self.work.requests_per_attempt(&request)
+        };
+        let slots = match pace.book_many(requests, latest) {
+            Ok(slots) => slots,
             Err(e) => {
                 return Step::Again(e.to_string(), Redelivery::Paced(now + e.next_in_ms as i64))
             }
         };
-        tokio::time::sleep_until(slot).await;
+        tokio::time::sleep_until(slots[0]).await;
         let now = self.clock.now_ms();
         pace.with_booked(
-            slot,
+            slots,
             self.claim_and_run(msg, &body, &request, &key, now, deadline_ms, latencies),
         )
         .await
@@ -412,6 +418,7 @@ impl<W: Work> BatchRunner<W> {
                 inherited_unknown: unknown,
                 lease_end_ms: AtomicI64::new(lease_end_ms),
                 deadline_ms,
+                looked_up_nothing: Default::default(),
             },
             landing_ms: landing,
         };

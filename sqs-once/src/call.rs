@@ -174,6 +174,12 @@ impl<W: Work> BatchRunner<W> {
                     Lookup::Nothing => {
                         info!("lookup proved no effect for the unknown outcome; calling");
                         must_look = false;
+                        if !sent_any {
+                            attempt
+                                .context
+                                .looked_up_nothing
+                                .store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
                     }
                     Lookup::TooSoon(at) => return Err(transient(
                         "the downstream's lookup may not show a recent call yet; looking again later"

@@ -20,6 +20,10 @@ pub const ALL: &[(&str, &str)] = &[
         "a_read_before_a_refused_write_spends_the_attempt",
         "a call that read and then had its write refused by the pace counts as an attempt (a work that reads before it writes spends its receive budget waiting for the pace)",
     ),
+    (
+        "an_attempt_books_only_its_first_slot",
+        "the runner books one slot before the claim whatever the work's requests per attempt: a refund's write, booked after the lookup, comes behind every other message's first slot and, at a low rate, past the lease",
+    ),
 ];
 
 #[cfg(feature = "sim-mutations")]

@@ -1,15 +1,22 @@
 //! Pacing calls to a downstream that limits its callers' rate (a payment provider allows an
 //! account so many requests a second, shared with everything else that uses it).
 //!
+//! Why ~560 lines: the pace's booking, give-back and task-local hand-over to the client's
+//! requests are one state machine, and half the file is its paused-clock tests.
+//!
 //! A [`Pace`] hands out *slots*: times at which one request may start, at most `rate` a second
 //! (the generic cell rate algorithm: each slot is booked `1/rate` after the previous one, none
-//! before now). The runner books a message's first request before it claims the message, no
-//! later than the latest start its invocation allows: a message whose slot would come too late
-//! is handed back as never attempted (no claim written, no receive budget spent), and a slot
-//! booked for a message that then made no call is given back. The downstream's client calls
-//! [`Pace::acquire`] before each request: the first one takes the slot booked for it, later ones
-//! (a retry, a lookup) book their own, no later than the latest start the call loop allows, and
-//! are refused as never sent past it.
+//! before now). The runner books the slots of a message's requests before it claims the
+//! message ([`crate::Work::requests_per_attempt`]: one, or a lookup's and then a write's), no
+//! later than the latest start its invocation allows: a message whose slots would come too
+//! late is handed back as never attempted (no claim written, no receive budget spent), and a
+//! slot booked for a message that then did not use it is given back, to be booked again. The
+//! downstream's client calls [`Pace::acquire`] before each request: the first ones take the
+//! slots booked for them, later ones (a retry) book their own, no later than the latest start
+//! the call loop allows, and are refused as never sent past it. (Were a later request to book
+//! its own, it would come after every slot the batch's other messages booked meanwhile: at a
+//! low rate, past its attempt's lease, so that a message whose write follows a read could
+//! never make both.)
 //!
 //! An instance works in batches: between its batches it waits for the slowest call of the last
 //! one, the queue's answer and the next receive, and its slots meanwhile go unused. A slot no
@@ -68,8 +75,11 @@ struct State {
     next: Instant,
     /// The last multiplicative cut, so that one burst of refusals cuts once.
     last_cut: Option<Instant>,
-    /// The last slot booked (only it can be given back without sharing a slot).
+    /// The last slot booked (given back, the schedule steps back to it).
     last_booked: Option<Instant>,
+    /// Slots booked before the last one and given back unused: booked again first, earliest
+    /// first, while they are no more than [`CATCH_UP`] in the past.
+    returned: std::collections::BTreeSet<Instant>,
     /// No slot before this (a refusal's pause).
     paused_until: Instant,
     /// Whether a slot was ever handed out: a new pace has no gap to make up.
@@ -92,9 +102,8 @@ type Latest = (
 );
 
 tokio::task_local! {
-    /// The slot the runner booked for the running message's first request, and whether a
-    /// request took it.
-    static BOOKED: std::cell::Cell<Option<Instant>>;
+    /// The slots the runner booked for the running message's requests, not taken yet.
+    static BOOKED: std::cell::RefCell<std::collections::VecDeque<Instant>>;
     /// The latest start the call loop allows for the requests of the call being made now, when
     /// the last of them started (after its slot's wait), the last refusal (no slot in time),
     /// and whether a request that may change something downstream (not a read) started.
@@ -116,6 +125,7 @@ impl Pace {
                 next: Instant::now(),
                 last_cut: None,
                 last_booked: None,
+                returned: Default::default(),
                 paused_until: Instant::now(),
                 worked: false,
             }),
@@ -143,6 +153,15 @@ impl Pace {
         let Ok(mut s) = self.state.lock() else {
             return Ok(now);
         };
+        // A slot given back comes first (one further back than CATCH_UP is gone), never
+        // before a refusal's pause.
+        let (paused_until, stale) = (s.paused_until, now.checked_sub(CATCH_UP));
+        s.returned
+            .retain(|t| *t >= paused_until && stale.is_none_or(|stale| *t >= stale));
+        if let Some(slot) = s.returned.first().copied().filter(|t| *t <= latest) {
+            s.returned.remove(&slot);
+            return Ok(slot);
+        }
         // A slot of a working instance's gap between batches is still its own; an idle
         // instance's next slot is now.
         let slot = if s.next >= now || (s.worked && now - s.next <= CATCH_UP) {
@@ -162,15 +181,35 @@ impl Pace {
         Ok(slot)
     }
 
-    /// Gives back a slot booked and not used: when it is the last one booked, the next booking
-    /// may take it (not before a refusal's pause); a slot booked before others stays spent (the
-    /// pace then runs a little under its rate, never over it).
+    /// Books `n` slots (at least one), the last no later than `latest`: the requests of one
+    /// attempt, booked together so that its later ones do not come after every slot booked
+    /// meanwhile. Refused whole: the slots it booked are given back.
+    pub fn book_many(&self, n: usize, latest: Instant) -> Result<Vec<Instant>, NoSlot> {
+        let mut slots = Vec::with_capacity(n.max(1));
+        for _ in 0..n.max(1) {
+            match self.book(latest) {
+                Ok(slot) => slots.push(slot),
+                Err(refused) => {
+                    for slot in slots.into_iter().rev() {
+                        self.give_back(slot);
+                    }
+                    return Err(refused);
+                }
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Gives back a slot booked and not used: the next booking may take it (not before a
+    /// refusal's pause, nor once it is more than [`CATCH_UP`] in the past).
     pub fn give_back(&self, slot: Instant) {
         if let Ok(mut s) = self.state.lock() {
             if s.last_booked == Some(slot) {
                 // In the past, it is handed out again while within CATCH_UP of now.
                 s.next = slot.max(s.paused_until).min(s.next);
                 s.last_booked = None;
+            } else if slot >= s.paused_until {
+                s.returned.insert(slot);
             }
         }
     }
@@ -191,7 +230,10 @@ impl Pace {
     }
 
     async fn acquire_for(&self, wait: Duration, writes: bool) -> Result<(), NoSlot> {
-        let booked = BOOKED.try_with(|b| b.take()).ok().flatten();
+        let booked = BOOKED
+            .try_with(|b| b.borrow_mut().pop_front())
+            .ok()
+            .flatten();
         let slot = match booked {
             Some(slot) => slot,
             None => {
@@ -242,18 +284,21 @@ impl Pace {
         }
     }
 
-    /// Runs `work` (one message's processing) with `slot` booked for its first request; gives
-    /// the slot back when no request took it.
-    pub async fn with_booked<F: Future>(&self, slot: Instant, work: F) -> F::Output {
-        let cell = std::cell::Cell::new(Some(slot));
-        let (output, cell) = BOOKED
+    /// Runs `work` (one message's processing) with `slots` booked for its requests, in
+    /// order; gives back those no request took.
+    pub async fn with_booked<F: Future>(&self, slots: Vec<Instant>, work: F) -> F::Output {
+        let cell = std::cell::RefCell::new(slots.into_iter().collect());
+        let (output, unused) = BOOKED
             .scope(cell, async move {
                 let output = work.await;
-                (output, BOOKED.with(|b| b.take()))
+                (
+                    output,
+                    BOOKED.with(|b| std::mem::take(&mut *b.borrow_mut())),
+                )
             })
             .await;
-        if let Some(unused) = cell {
-            self.give_back(unused);
+        for slot in unused.into_iter().rev() {
+            self.give_back(slot);
         }
         output
     }
@@ -421,7 +466,7 @@ mod tests {
         let t0 = Instant::now();
         let booked = pace.book(t0 + ms(10_000)).unwrap();
         let at = pace
-            .with_booked(booked, async {
+            .with_booked(vec![booked], async {
                 pace.acquire(ms(0)).await.unwrap();
                 let first = Instant::now() - t0;
                 // The second books the next slot (500 ms on), within the call's latest start,
@@ -443,14 +488,22 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn only_the_last_slot_comes_back_and_never_into_a_refusal_s_pause() {
+    async fn a_slot_given_back_is_booked_again_first_and_never_into_a_refusal_s_pause() {
         let pace = Pace::new(10.0);
         let t0 = Instant::now();
         let far = t0 + ms(10_000);
         let (a, b) = (pace.book(far).unwrap(), pace.book(far).unwrap());
-        // A slot booked before another stays spent: giving it back must not hand b's out again.
+        // A slot booked before another comes back as itself: b's is not handed out again.
         pace.give_back(a);
+        assert_eq!(pace.book(far).unwrap(), a);
         assert_eq!(pace.book(far).unwrap() - t0, ms(200));
+        // One given back and then left more than CATCH_UP in the past is gone.
+        let spare = pace.book(far).unwrap();
+        let _after = pace.book(far).unwrap();
+        pace.give_back(spare);
+        tokio::time::advance(CATCH_UP + ms(400)).await;
+        assert!(pace.book(far).unwrap() > spare);
+        let t0 = Instant::now();
         // The last one booked comes back.
         let c = pace.book(far).unwrap();
         pace.give_back(c);
@@ -464,11 +517,38 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_attempt_s_slots_are_booked_together_or_not_at_all_and_its_spares_come_back() {
+        let pace = Pace::new(1.0);
+        let t0 = Instant::now();
+        // One message's lookup and write: two slots a second apart, both before the latest.
+        let first = pace.book_many(2, t0 + ms(1_500)).unwrap();
+        assert_eq!(first, [t0, t0 + ms(1_000)]);
+        // The next message's two would end past its latest start: refused whole, and the one
+        // it could have had is free again.
+        assert_eq!(
+            pace.book_many(2, t0 + ms(2_500)).unwrap_err().next_in_ms,
+            3_000
+        );
+        assert_eq!(pace.book(t0 + ms(2_500)).unwrap(), t0 + ms(2_000));
+        // A message that made one request of its two gives the other back: booked next.
+        let second = pace.book_many(2, t0 + ms(10_000)).unwrap();
+        assert_eq!(second, [t0 + ms(3_000), t0 + ms(4_000)]);
+        let third = pace.book(t0 + ms(10_000)).unwrap();
+        pace.with_booked(second, async {
+            pace.acquire(ms(0)).await.unwrap();
+        })
+        .await;
+        assert_eq!(third, t0 + ms(5_000));
+        assert_eq!(pace.book(t0 + ms(10_000)).unwrap(), t0 + ms(4_000));
+        assert_eq!(pace.book(t0 + ms(10_000)).unwrap(), t0 + ms(6_000));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_slot_booked_for_a_message_that_made_no_call_is_given_back() {
         let pace = Pace::new(1.0);
         let t0 = Instant::now();
         let booked = pace.book(t0 + ms(10_000)).unwrap();
-        pace.with_booked(booked, async {}).await;
+        pace.with_booked(vec![booked], async {}).await;
         assert_eq!(
             pace.book(t0 + ms(10_000)).unwrap(),
             t0,

@@ -116,6 +116,8 @@ pub struct AttemptContext {
     pub(crate) lease_end_ms: AtomicI64,
     /// The invocation's deadline, epoch ms.
     pub deadline_ms: i64,
+    /// This attempt's [`Work::lookup`] found nothing ([`AttemptContext::looked_up_nothing`]).
+    pub(crate) looked_up_nothing: std::sync::atomic::AtomicBool,
 }
 
 impl AttemptContext {
@@ -135,7 +137,15 @@ impl AttemptContext {
             inherited_unknown,
             lease_end_ms: AtomicI64::new(lease_end_ms),
             deadline_ms,
+            looked_up_nothing: Default::default(),
         }
+    }
+
+    /// True once the runner's [`Work::lookup`] in this attempt, made before any call of it,
+    /// found nothing for the request: a work that would look the same up before its own call
+    /// need not ask again (its own calls are the attempt's, under its key).
+    pub fn looked_up_nothing(&self) -> bool {
+        self.looked_up_nothing.load(Ordering::SeqCst)
     }
 
     /// Where the lease ends now, epoch ms. A call must end before it: the runner sends a call
@@ -231,6 +241,16 @@ pub trait Work: Send + Sync + 'static {
     fn paces_first_call(&self, request: &Self::Request) -> bool {
         let _ = request;
         true
+    }
+
+    /// How many downstream requests one attempt at `request` makes in turn when nothing
+    /// fails (a lookup before its write: two). The runner books that many slots of the pace
+    /// before it claims ([`crate::pace`]), so that the later ones are not queued behind every
+    /// other message's first: at a low rate they would come past the lease, and the attempt
+    /// could only ever wait. Slots not used are given back. One by default.
+    fn requests_per_attempt(&self, request: &Self::Request) -> usize {
+        let _ = request;
+        1
     }
 
     /// Whether executing `request` only reads from the downstream (its effects are writes of

@@ -1,7 +1,10 @@
-//! A paced downstream (`sqs_once::pace`): the runner books each message's first request
-//! before claiming it, at the pace's rate, and hands back unclaimed what cannot start before
-//! its invocation's deadline; a slot a message did not use is given back. On tokio's paused
-//! clock: nothing here waits.
+//! A paced downstream (`sqs_once::pace`): the runner books the slots of each message's
+//! requests before claiming it, at the pace's rate, and hands back unclaimed what cannot start
+//! before its invocation's deadline; a slot a message did not use is given back. On tokio's
+//! paused clock: nothing here waits.
+//!
+//! Why ~540 lines: each test drives one batch through the same paced world (the toy work and
+//! its pace), and the FIFO ones need their groups spelled out.
 
 mod toy;
 
@@ -322,6 +325,51 @@ async fn a_read_before_a_write_the_pace_refused_is_not_an_attempt() {
         !rec.unknown_outcome,
         "only a read was sent: nothing unknown"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_of_works_that_read_then_write_makes_both_for_each_message_it_claims() {
+    // A slot every 5 s, a lease of 10 s, a call window of 2 s: a write must start within 8 s of
+    // its claim. The runner books each message's read and write together (0 and 5 s, 10 and
+    // 15 s); a third pair would end past the latest start (22.4 s), so the other eight are
+    // handed back unclaimed. Booked one by one, five messages took the first five slots and
+    // each write came at 25 s or later, past its lease: every claimed message read and never
+    // wrote, at every delivery (issue 65: refunds at a low pace only ever waited).
+    let (w, _pace) = paced_world(0.2, 10);
+    for flag in [&w.downstream.reads_first, &w.downstream.declares_its_read] {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let t0 = tokio::time::Instant::now();
+    let deadline = w.clock.now_ms() + 25_000;
+    let batch: Vec<SqsMessage> = (0..10)
+        .map(|i| msg(&format!("m{i}"), &body(&format!("p{i}"), 100), None))
+        .collect();
+    let (r, _) = w.processor.handle_batch(batch, deadline).await;
+    let writes: Vec<Duration> = w
+        .downstream
+        .sent_at
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| *t - t0)
+        .collect();
+    assert_eq!(
+        writes,
+        [Duration::from_secs(5), Duration::from_secs(15)],
+        "each claimed message's write at its second slot"
+    );
+    let reads = w.downstream.reads.lock().unwrap().clone();
+    assert_eq!(reads.values().sum::<u64>(), 2, "{reads:?}");
+    assert_eq!(failures(&r).len(), 8);
+    for i in 0..10 {
+        let rec = w.store.get(&format!("p{i}")).await.unwrap();
+        if w.downstream.calls(&format!("p{i}")) == 1 {
+            assert_eq!(rec.unwrap().status, RecordStatus::Completed);
+        } else {
+            assert!(rec.is_none(), "p{i}: waited for the pace, so never claimed");
+        }
+    }
+    assert!(w.queues.dead.lock().unwrap().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

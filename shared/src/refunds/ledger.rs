@@ -252,6 +252,20 @@ pub trait RefundLedger: Send + Sync {
         owner: &str,
         keep_until_s: i64,
     ) -> Result<(), StoreError>;
+
+    /// Keeps the payment's record at least until `keep_until_s` while `amount` is reserved for
+    /// `refund_id`, only while `owner` holds the refund's lease ([`StoreError::LeaseLost`]
+    /// otherwise): an attempt that goes on with a reservation made before its claim keeps the
+    /// record as one that reserved would. `Ok(false)`: the reservation is not that amount any
+    /// more (read the payment again); nothing written.
+    async fn keep_reserved(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        owner: &str,
+        keep_until_s: i64,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The ledger on the idempotency table, through the official SDK client.
@@ -664,6 +678,47 @@ impl RefundLedger for DynamoRefundLedger {
             "releasing the refund's reservation kept conflicting with other writes".into(),
         ))
     }
+
+    async fn keep_reserved(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        owner: &str,
+        keep_until_s: i64,
+    ) -> Result<bool, StoreError> {
+        let (k, v) = self.key(payment_id);
+        for wait_ms in [0, 20, 50, 100, 200] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            let update = Update::builder()
+                .table_name(self.records.table())
+                .key(k.clone(), v.clone())
+                .update_expression("SET expires_at = :keep")
+                .condition_expression(
+                    "refunds.#rid = :amount AND (attribute_not_exists(expires_at) OR expires_at <= :keep)",
+                )
+                .expression_attribute_names("#rid", refund_id)
+                .expression_attribute_values(":amount", n(amount))
+                .expression_attribute_values(":keep", n(keep_until_s))
+                .build()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            match self.fenced(refund_id, owner, update).await? {
+                Fenced::Applied => return Ok(true),
+                Fenced::LeaseLost => return Err(StoreError::LeaseLost),
+                Fenced::Conflict => continue,
+                // Kept longer already (by a write since the read), or no longer reserved so.
+                Fenced::Refused => {
+                    return Ok(self.payment(payment_id).await?.is_some_and(|p| {
+                        p.refunds.get(refund_id) == Some(&amount) && p.expires_at_s >= keep_until_s
+                    }))
+                }
+            }
+        }
+        Err(StoreError::Unavailable(
+            "keeping the payment's record for its reservation kept conflicting with other writes"
+                .into(),
+        ))
+    }
 }
 
 /// What a fenced ledger write did.
@@ -807,6 +862,23 @@ impl RefundLedger for InMemoryRefundLedger {
                     p.expires_at_s = p.expires_at_s.max(keep_until_s);
                 }
             }
+        })
+    }
+
+    async fn keep_reserved(
+        &self,
+        payment_id: &str,
+        refund_id: &str,
+        amount: i64,
+        _owner: &str,
+        keep_until_s: i64,
+    ) -> Result<bool, StoreError> {
+        self.with(|m| match m.get_mut(payment_id) {
+            Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
+                p.expires_at_s = p.expires_at_s.max(keep_until_s);
+                true
+            }
+            _ => false,
         })
     }
 }

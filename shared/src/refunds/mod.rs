@@ -31,6 +31,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "held_refunds_never_resumed",
         "a held refund is never resumed once its payment settles: its record stays completed held, its amount reserved, the customer never refunded",
     ),
+    (
+        "unknown_refund_of_a_gone_payment_waits",
+        "an attempt that inherits an unknown outcome, of a refund whose payment has no record, waits for a lookup that can never be made, although no attempt of its record can have reserved (a reservation keeps the payment's record the refund window): dead-lettered retries_exhausted after each redrive",
+    ),
 ];
 
 /// Where refund records live in the idempotency table: `refund#<id>`, dead-letter marks at

@@ -170,6 +170,19 @@ impl RefundWork {
         read_s.max(self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64)
     }
 
+    /// Whether, the payment having no record now, no attempt of this refund's record can have
+    /// reserved, and so none can have called the provider (an attempt calls only after its
+    /// reservation): a reservation keeps the payment's record at least the refund window
+    /// after it was made ([`RefundWork::keep_until`]), and DynamoDB deletes nothing before
+    /// its `expires_at`. True while this record's first claim is younger than the window (less
+    /// an hour, for the clocks'
+    /// difference): an unknown outcome it inherited is then no refund made by it.
+    fn none_reserved_since_first_claim(&self, attempt: &AttemptContext) -> bool {
+        let window_ms = self.refund_window.as_millis().min(i64::MAX as u128) as i64;
+        self.clock.now_ms() + 3_600_000 < attempt.first_attempt_at_ms.saturating_add(window_ms)
+            && !sqs_once::mutation::on("unknown_refund_of_a_gone_payment_waits")
+    }
+
     /// Where the refund's payment stands.
     async fn charged(&self, r: &RefundRequest) -> Result<Payment, CallError> {
         let pid = &r.payment_id;
@@ -271,11 +284,27 @@ impl RefundWork {
         r: &RefundRequest,
         p: &RefundablePayment,
         charged: i64,
-        owner: &str,
+        attempt: &AttemptContext,
         hold: Option<&str>,
     ) -> Result<Option<Result<Reserved, Outcome>>, CallError> {
+        let owner = attempt.owner.as_str();
         let keep = self.keep_until(p.expires_at_s);
         if let Some(a) = p.refunds.get(&r.refund_id) {
+            // This attempt may call with it: the payment's record is kept the refund window
+            // from this record's first claim at least, as a reservation of this record's own
+            // would keep it, so that a later attempt that finds no record knows that no
+            // attempt of this one called ([`RefundWork::none_reserved_since_first_claim`]).
+            let from_first_claim =
+                attempt.first_attempt_at_ms / 1000 + self.refund_window.as_secs() as i64;
+            if p.expires_at_s < from_first_claim
+                && !self
+                    .ledger
+                    .keep_reserved(&r.payment_id, &r.refund_id, *a, owner, keep)
+                    .await
+                    .map_err(store_error)?
+            {
+                return Ok(None);
+            }
             return Ok(Some(Ok(Reserved {
                 amount: *a,
                 earlier: true,
@@ -339,8 +368,9 @@ impl RefundWork {
     async fn decide(
         &self,
         r: &RefundRequest,
-        owner: &str,
+        attempt: &AttemptContext,
     ) -> Result<Result<(String, String, Reserved, i64), Outcome>, CallError> {
+        let owner = attempt.owner.as_str();
         let pid = &r.payment_id;
         for _ in 0..RESERVE_TRIES {
             let (p, hold, charged, currency, intent) = match self.charged(r).await? {
@@ -369,7 +399,10 @@ impl RefundWork {
                 }
             }
             let body = hold.as_ref().map(|_| r.to_message_body());
-            let reserved = match self.reserve(r, &p, charged, owner, body.as_deref()).await? {
+            let reserved = match self
+                .reserve(r, &p, charged, attempt, body.as_deref())
+                .await?
+            {
                 None => continue,
                 Some(Err(refused)) => return Ok(Err(refused)),
                 Some(Ok(reserved)) => reserved,
@@ -457,13 +490,17 @@ impl Work for RefundWork {
         r: &RefundRequest,
         attempt: &AttemptContext,
     ) -> Result<Outcome, CallError> {
-        let (intent, currency, reserved, read_ttl) = match self.decide(r, &attempt.owner).await? {
+        let (intent, currency, reserved, read_ttl) = match self.decide(r, attempt).await? {
             Ok(reserved) => reserved,
             // An earlier attempt's outcome is unknown, and no record of the payment names its
             // charge: whether that attempt refunded cannot be looked up. It stays unknown (an
-            // operator reconciles it by the refund's id in Stripe), never stored as refused.
+            // operator reconciles it by the refund's id in Stripe), never stored as refused,
+            // unless no attempt of this record can have reserved (the payment's record would
+            // still be there): then nothing was refunded by it, and the refusal is stored.
             Err(done)
-                if attempt.inherited_unknown && done.text("code") == Some(PAYMENT_UNKNOWN) =>
+                if attempt.inherited_unknown
+                    && done.text("code") == Some(PAYMENT_UNKNOWN)
+                    && !self.none_reserved_since_first_claim(attempt) =>
             {
                 return Err(CallError::transient(format!(
                     "an earlier attempt's outcome is unknown and cannot be looked up: {}",
@@ -474,6 +511,7 @@ impl Work for RefundWork {
         };
         let amount = reserved.amount;
         if reserved.earlier
+            && !attempt.looked_up_nothing()
             && !(attempt.inherited_unknown
                 && sqs_once::mutation::on("inherited_unknown_skips_refund_lookup"))
         {
@@ -484,7 +522,9 @@ impl Work for RefundWork {
             // twice. The charge's refunds say which (one list call). An unknown outcome
             // inherited changes nothing here: the runner's own lookup counts the key's
             // horizon from this record's first attempt, which may be a new record's, a day
-            // ahead, while the reservation is a year old (issue 65).
+            // ahead, while the reservation is a year old (issue 65). Unless that lookup was
+            // made in this attempt, before any call of it, and found nothing: the same list,
+            // read again, would say the same.
             if let Some(found) = self.lookup(r, attempt).await? {
                 return Ok(found);
             }
@@ -550,6 +590,14 @@ impl Work for RefundWork {
                 currency,
                 ..
             } => (payment, intent, currency),
+            // No record of the payment, and no attempt of this refund's record can have
+            // reserved, so none called: nothing of it to find.
+            Payment::Refused(outcome)
+                if outcome.text("code") == Some(PAYMENT_UNKNOWN)
+                    && self.none_reserved_since_first_claim(attempt) =>
+            {
+                return Ok(None)
+            }
             // No record of the payment (expired, or never) names its charge: its refunds
             // cannot be listed, and finding nothing would prove nothing. An unknown outcome
             // stays unknown (an operator reconciles it by the refund's id in Stripe).
@@ -594,6 +642,11 @@ impl Work for RefundWork {
                 .with_number("amount", f.amount)
                 .with_text("currency", currency),
         ))
+    }
+
+    /// A lookup of the charge's refunds, then the refund's creation.
+    fn requests_per_attempt(&self, _request: &RefundRequest) -> usize {
+        2
     }
 
     /// The refunds of a PaymentIntent are a list: consistent.

@@ -104,6 +104,8 @@ pub struct Toy {
     pub reads_first: std::sync::atomic::AtomicBool,
     /// The reads sent, by job id.
     pub reads: Mutex<HashMap<String, u64>>,
+    /// With `reads_first`: the work says so ([`Work::requests_per_attempt`] two).
+    pub declares_its_read: std::sync::atomic::AtomicBool,
 }
 
 impl Toy {
@@ -147,6 +149,14 @@ impl Work for Toy {
     }
     fn call_timeout(&self) -> Duration {
         self.timeout
+    }
+    fn requests_per_attempt(&self, _: &Job) -> usize {
+        let on = |f: &std::sync::atomic::AtomicBool| f.load(std::sync::atomic::Ordering::SeqCst);
+        if on(&self.reads_first) && on(&self.declares_its_read) {
+            2
+        } else {
+            1
+        }
     }
     fn key_retention(&self) -> Option<Duration> {
         *self.key_retention.lock().unwrap()

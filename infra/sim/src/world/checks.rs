@@ -30,7 +30,7 @@ fn check_copies(w: &World) {
         aws.sqs
             .queues
             .iter()
-            .filter(|(name, _)| sources.iter().any(|s| *s == *name))
+            .filter(|(name, _)| sources.contains(name))
             .filter_map(|(name, q)| {
                 let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
                 for m in q.messages() {
