@@ -194,7 +194,19 @@ impl<W: Work> BatchRunner<W> {
         let slots = match pace.book_many(requests, latest) {
             Ok(slots) => slots,
             Err(e) => {
-                return Step::Again(e.to_string(), Redelivery::Paced(now + e.next_in_ms as i64))
+                // A copy of a message whose record is completed makes no request (its claim
+                // finds the outcome): it ends now, instead of waiting for the pace with the
+                // messages that need it (a duplicate, a requeued copy, a redrive).
+                let done = matches!(
+                    self.store.get(&key).await,
+                    Ok(Some(r)) if r.status == crate::record::RecordStatus::Completed
+                );
+                if done && !crate::mutation::on("a_done_copy_waits_for_the_pace") {
+                    return self
+                        .claim_and_run(msg, &body, &request, &key, now, deadline_ms, latencies)
+                        .await;
+                }
+                return Step::Again(e.to_string(), Redelivery::Paced(now + e.next_in_ms as i64));
             }
         };
         tokio::time::sleep_until(slots[0]).await;

@@ -21,6 +21,14 @@ pub const ALL: &[(&str, &str)] = &[
         "a call that read and then had its write refused by the pace counts as an attempt (a work that reads before it writes spends its receive budget waiting for the pace)",
     ),
     (
+        "a_done_copy_waits_for_the_pace",
+        "a copy of a message whose record is completed waits for a slot of the pace before its claim finds the outcome: in a burst at a low rate, duplicates and requeued copies cycle through the queue with the messages that need the provider",
+    ),
+    (
+        "requeued_only_on_the_last_receive",
+        "a message never attempted (waiting for the pace, not started before the deadline) is copied afresh only on its last receive: a duplicate SQS delivers of it, or a crash there, finds it with no receive left, and SQS moves it to the DLQ without a reason",
+    ),
+    (
         "an_attempt_books_only_its_first_slot",
         "the runner books one slot before the claim whatever the work's requests per attempt: a refund's write, booked after the lookup, comes behind every other message's first slot and, at a low rate, past the lease",
     ),

@@ -119,6 +119,17 @@ impl Budget {
             .is_some_and(|max| self.receive_count >= max)
     }
 
+    /// True when at most one receive is left after this one (none, with a `maxReceiveCount`
+    /// of 2 or less: there this is [`Budget::exhausted`]): a message never attempted is copied
+    /// afresh now, keeping its last receive for what it cannot plan for (a crash of the
+    /// invocation that holds it, a duplicate SQS delivers later).
+    pub fn one_left(&self) -> bool {
+        self.max_receive_count.is_some_and(|max| {
+            let spare = u32::from(max > 2);
+            self.receive_count + spare >= max
+        })
+    }
+
     /// True when no delivery could come back at `now_ms` or later and still finish before the
     /// queue's retention deletes the message ([`Budget::last_delivery_by_ms`]): the processor
     /// dead-letters it with a reason now, since SQS would drop it without one.

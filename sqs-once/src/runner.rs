@@ -358,6 +358,18 @@ impl<W: Work> BatchRunner<W> {
         when: Redelivery,
     ) -> Disposition {
         let budget = self.budget_of(msg).await;
+        // Never attempted, with one receive or none left: it goes back as a fresh copy now,
+        // so that a crash in the next invocation, or a duplicate SQS delivers later, does not
+        // find it on its last receive (SQS would move it without a reason).
+        let paced = matches!(when, Redelivery::Paced(_));
+        if (when == Redelivery::NotAttempted || paced)
+            && budget.one_left()
+            && !crate::mutation::on("requeued_only_on_the_last_receive")
+        {
+            if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
+                return d;
+            }
+        }
         let why = if budget.exhausted() {
             Some(format!(
                 "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
@@ -377,7 +389,6 @@ impl<W: Work> BatchRunner<W> {
         if let Some(why) = why {
             // Never attempted: on its last receive, or at its queue's retention margin, it goes
             // back as a fresh copy (a new receive count and retention), not to the DLQ.
-            let paced = matches!(when, Redelivery::Paced(_));
             if when == Redelivery::NotAttempted || paced {
                 if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
                     return d;

@@ -373,6 +373,103 @@ async fn a_batch_of_works_that_read_then_write_makes_both_for_each_message_it_cl
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_message_waiting_for_the_pace_is_copied_afresh_with_one_receive_left() {
+    // The next slot is 30 s away, past every latest start (deadline 5 s): each message waits.
+    // With five receives, the fourth delivery copies it afresh: a duplicate SQS delivers
+    // later, or a crash in the invocation holding it, would otherwise find it on its last
+    // receive, and SQS would move it to the DLQ without a reason (issue 65: refunds sent in a
+    // nightly batch at a low pace were). With two, the first is handed back as it is.
+    let processor = |w: &World| {
+        Arc::new(
+            Processor::new(
+                w.downstream.clone(),
+                w.store.clone(),
+                w.queues.clone(),
+                w.processor.settings().clone(),
+            )
+            .with_clock(w.clock.clone())
+            .with_pace(next_slot_in(30)),
+        )
+    };
+    let (w, _) = paced_world(1.0, 1);
+    *w.queues.max_receives.lock().unwrap() = Some(5);
+    let now = w.clock.now_ms();
+    let (r, _) = processor(&w)
+        .handle_batch(
+            vec![msg_at("m3", &body("p3", 100), None, now, 3)],
+            now + 5_000,
+        )
+        .await;
+    assert_eq!(failures(&r), ["m3"], "three receives left: handed back");
+    assert!(w.queues.requeued.lock().unwrap().is_empty());
+    let (r, _) = processor(&w)
+        .handle_batch(
+            vec![msg_at("m4", &body("p4", 100), None, now, 4)],
+            now + 5_000,
+        )
+        .await;
+    assert_eq!(failures(&r), Vec::<String>::new(), "the copy replaces it");
+    assert_eq!(w.queues.requeued.lock().unwrap().len(), 1);
+    assert!(w.store.get("p4").await.unwrap().is_none(), "never claimed");
+
+    let (w, _) = paced_world(1.0, 1);
+    *w.queues.max_receives.lock().unwrap() = Some(2);
+    let (r, _) = processor(&w)
+        .handle_batch(
+            vec![msg_at("m1", &body("p1", 100), None, now, 1)],
+            now + 5_000,
+        )
+        .await;
+    assert_eq!(
+        failures(&r),
+        ["m1"],
+        "with two receives the first is handed back"
+    );
+    assert!(w.queues.requeued.lock().unwrap().is_empty());
+    assert!(w.queues.dead().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_message_already_done_ends_without_waiting_for_the_pace() {
+    // p1 was charged; the pace's next slot is 30 s away, past the latest start. Its duplicate
+    // makes no request: acknowledged now, not handed back to wait with the messages that
+    // need the downstream; a message not done yet still waits.
+    let (w, _) = paced_world(1.0, 1);
+    let (r, _) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &body("p1", 100), None)],
+            w.clock.now_ms() + 60_000,
+        )
+        .await;
+    assert!(failures(&r).is_empty());
+    assert_eq!(w.downstream.calls("p1"), 1);
+    let processor = Arc::new(
+        Processor::new(
+            w.downstream.clone(),
+            w.store.clone(),
+            w.queues.clone(),
+            w.processor.settings().clone(),
+        )
+        .with_clock(w.clock.clone())
+        .with_pace(next_slot_in(30)),
+    );
+    let now = w.clock.now_ms();
+    let (r, s) = processor
+        .handle_batch(
+            vec![
+                msg("m1-again", &body("p1", 100), None),
+                msg("m2", &body("p2", 100), None),
+            ],
+            now + 5_000,
+        )
+        .await;
+    assert_eq!(failures(&r), ["m2"], "{s:?}");
+    assert_eq!(s.duplicates, 1, "{s:?}");
+    assert_eq!(w.downstream.calls("p1"), 1, "no second call");
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_followers_of_a_fifo_head_that_waits_for_the_pace_wait_with_it_on_their_own_budget() {
     // The next slot is 10 s away, past every latest start (deadline 5 s): each group's head
     // waits for the pace. Its followers are on their last receive and were copied as often as

@@ -95,6 +95,22 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a held refund is never resumed when its payment settles: the check that held is an end only while the payment settles (payment_core::refunds::MUTATIONS; issue 65)",
     ),
     (
+        "a_done_copy_waits_for_the_pace",
+        "a copy of a message already completed waits for the pace before its claim finds it done: duplicates cycle through a burst (sqs_once::mutation; issue 65)",
+    ),
+    (
+        "requeued_only_on_the_last_receive",
+        "a message never attempted is copied afresh only on its last receive: a duplicate delivered later, or a crash there, finds it with no receive left and SQS moves it without a reason (sqs_once::mutation; issue 65)",
+    ),
+    (
+        "an_attempt_books_only_its_first_slot",
+        "a refund's write books its slot after every first slot the batch's other messages booked: at a low rate past its lease, every attempt reads and never writes, and its copies multiply (sqs_once::mutation; issue 65)",
+    ),
+    (
+        "unknown_refund_of_a_gone_payment_waits",
+        "an unknown refund of a payment with no record waits for a lookup that can never be made, although no attempt of its record can have reserved: dead-lettered retries_exhausted after each redrive (payment_core::refunds::MUTATIONS; issue 65)",
+    ),
+    (
         "catch_up_off",
         "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
     ),

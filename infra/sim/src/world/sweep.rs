@@ -16,8 +16,8 @@
 //!   in two seeds of three, else 1.5 to 5 (1.5: the least the refund function's init
 //!   accepts), where one instance of the refund function (its 20 %, divided among
 //!   `MaximumConcurrency` 10) sends a request every 10 to 33 s;
-//! - (drawn, not applied yet) refunds in a nightly batch: a burst on the refunds queue, its
-//!   messages sharing each instance's pace (`NIGHTLY_REFUNDS=true` sets it by hand).
+//! - refunds in a nightly batch (half the seeds): a burst on the refunds queue, its messages
+//!   sharing each instance's pace (`NIGHTLY_REFUNDS=true` or `false` sets it by hand).
 
 use super::Options;
 
@@ -81,10 +81,10 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
             .insert("ProviderRequestsPerSecond".into(), format!("{rate:.2}"));
         drawn.push(format!("{rate:.2} provider requests a second"));
     }
-    // Not applied yet: with a low pace, a nightly burst multiplies the refunds' messages
-    // (docs/design.md, "What the sweep found and is not fixed yet"); drawn all the same, so
-    // that turning it on leaves the other draws as they are.
-    let _ = (nightly, explicit.nightly_refunds);
+    if !explicit.nightly_refunds && nightly {
+        opts.nightly_refunds = true;
+        drawn.push("refunds in a nightly batch".into());
+    }
     drawn.join(", ")
 }
 
