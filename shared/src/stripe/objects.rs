@@ -254,7 +254,7 @@ impl EventLister for EventListing {
 /// not. Another stack's endpoint at the same path being fit says nothing of this one (events
 /// it takes are delivered, so never listed undelivered). Without `ours`, every endpoint at the
 /// receiver's path ([`EVENTS_PATH`]) must be fit, and one at least there.
-fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Option<String> {
+pub fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Option<String> {
     let path = |url: &str| {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
         let path = rest.find('/').map_or("", |i| &rest[i..]);

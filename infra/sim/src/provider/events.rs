@@ -19,6 +19,8 @@ pub struct Event {
     pub id: String,
     /// Its body (Stripe's event JSON), shared with the list's copy.
     pub body: std::sync::Arc<str>,
+    /// Sent to the webhook: the endpoint was registered when it was made.
+    pub sent: bool,
 }
 
 /// A PaymentIntent's JSON as the API writes it (the fields the inbox reads).
@@ -51,8 +53,9 @@ impl Books {
         let body: std::sync::Arc<str> = event_json(&id, kind, now_ms / 1000, object)
             .to_string()
             .into();
-        self.logged(&id, kind, now_ms / 1000, std::sync::Arc::clone(&body));
-        self.events.push(Event { id, body });
+        let sent = self.endpoint.at(now_ms).is_some();
+        self.logged(&id, kind, now_ms / 1000, std::sync::Arc::clone(&body), sent);
+        self.events.push(Event { id, body, sent });
     }
 
     /// The event a PaymentIntent's new status makes.

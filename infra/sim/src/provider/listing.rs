@@ -16,6 +16,46 @@ use super::{Books, Provider};
 /// How long the provider lists an event: 30 days.
 pub const RETENTION_S: i64 = 30 * 86_400;
 
+/// The stack's webhook endpoint at the provider: registered before the run, and deleted and
+/// registered again (a new `we_...`, its `created` then) over each of `gaps` (epoch ms, from
+/// and until). Stripe sends an event to the endpoints there when it is made: one made while
+/// the endpoint is away is never sent, so never fails, so `delivery_success=false` never
+/// lists it.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoint {
+    /// When it was away, epoch ms, in order.
+    pub gaps: Vec<(i64, i64)>,
+}
+
+impl Endpoint {
+    /// The endpoint registered at `now_ms` (Stripe's object), or `None` while it is away.
+    pub fn at(&self, now_ms: i64) -> Option<payment_core::stripe::endpoints::WebhookEndpoint> {
+        if self.gaps.iter().any(|(a, b)| (*a..*b).contains(&now_ms)) {
+            return None;
+        }
+        let again = self.gaps.iter().filter(|(_, b)| *b <= now_ms).count();
+        let created_ms = self
+            .gaps
+            .iter()
+            .filter(|(_, b)| *b <= now_ms)
+            .map(|(_, b)| *b)
+            .max()
+            .unwrap_or(crate::world::EPOCH_MS - 30 * 86_400_000);
+        Some(payment_core::stripe::endpoints::WebhookEndpoint {
+            id: format!("we_sim{again:04}"),
+            url: format!(
+                "https://sim.execute-api.us-east-1.amazonaws.com/prod{}",
+                payment_core::stripe::receiver::EVENTS_PATH
+            ),
+            status: "enabled".into(),
+            enabled_events: vec!["*".into()],
+            api_version: None,
+            metadata: Default::default(),
+            created: created_ms / 1000,
+        })
+    }
+}
+
 /// One event as the list holds it.
 #[derive(Debug, Clone)]
 pub struct Logged {
@@ -27,7 +67,8 @@ pub struct Logged {
     pub kind: String,
     /// Its JSON (one copy, shared with the delivery's).
     pub body: std::sync::Arc<str>,
-    /// No delivery of it was answered `2xx` yet (`delivery_success=false` lists it).
+    /// No delivery of it was answered `2xx` yet (`delivery_success=false` lists it); never
+    /// set for an event made while the webhook endpoint was away (never sent).
     pub pending: bool,
 }
 
@@ -39,6 +80,7 @@ impl Books {
         kind: &str,
         created_s: i64,
         body: std::sync::Arc<str>,
+        sent: bool,
     ) {
         while self
             .log
@@ -52,7 +94,7 @@ impl Books {
             created_s,
             kind: kind.to_owned(),
             body,
-            pending: true,
+            pending: sent,
         });
     }
 
@@ -180,10 +222,23 @@ impl EventLister for Client {
         answer
     }
 
-    /// `GET /v1/webhook_endpoints`: this stack's endpoint, enabled, sent every type.
+    /// `GET /v1/webhook_endpoints`: the endpoint as registered now, judged by the code's own
+    /// rule ([`payment_core::stripe::objects::webhook_unfit`]).
     async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
         self.slot(false).await?;
-        let answer = self.provider.reachable().await.map(|()| None);
+        let answer = self.provider.reachable().await.map(|()| {
+            let now_ms = self.provider.clock.now_ms();
+            let endpoints: Vec<_> = self
+                .provider
+                .books
+                .lock()
+                .expect("books")
+                .endpoint
+                .at(now_ms)
+                .into_iter()
+                .collect();
+            payment_core::stripe::objects::webhook_unfit(&endpoints, None)
+        });
         self.told(&answer);
         answer
     }

@@ -122,6 +122,8 @@ pub struct Books {
     pub dispute_plan: Option<disputes::DisputePlan>,
     /// PaymentIntents a refund's request failed about (429, 5xx, no answer): the checks' oracle.
     pub refund_trouble: BTreeSet<String>,
+    /// The stack's webhook endpoint: when it was away (deleted, and registered again).
+    pub endpoint: listing::Endpoint,
 }
 
 /// Forgets the keys kept 24 hours or more before `now_ms` (Stripe's window), oldest first.

@@ -95,7 +95,7 @@ pub(super) async fn deliver(w: Arc<World>, end_ms: i64) {
                     forge(&w2, &*queue2, &e2).await;
                 });
             }
-            for delay in at.into_iter().filter(|_| w.webhook) {
+            for delay in at.into_iter().filter(|_| w.webhook && e.sent) {
                 let (w2, queue2, e2) = (Arc::clone(&w), Arc::clone(&queue), e.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;

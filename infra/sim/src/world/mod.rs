@@ -418,6 +418,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         (behaviour.outage_from_ms, behaviour.outage_until_ms) = (w.start, w.end);
     }
     *provider.behaviour.lock().expect("behaviour") = behaviour;
+    provider.books.lock().expect("books").endpoint.gaps = opts.endpoint_gaps.clone();
     provider.books.lock().expect("books").dispute_plan = Some(DisputePlan {
         seed: opts.seed,
         share: opts.disputes.0,

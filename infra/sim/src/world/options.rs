@@ -40,6 +40,9 @@ pub struct Options {
     /// The merchant sends its refunds in a nightly batch (every refund of a day at 02:00 the
     /// next night), not each as it comes: a burst on the refunds queue.
     pub nightly_refunds: bool,
+    /// When the stack's webhook endpoint is away (deleted, and registered again under a new
+    /// id when each ends): epoch ms, from and until.
+    pub endpoint_gaps: Vec<(i64, i64)>,
     /// Chance that an invocation's process is killed at a random moment of it.
     pub crash_rate: f64,
     /// AWS's faults (both services).
@@ -98,6 +101,7 @@ impl Options {
             refund_share: 0.1,
             late_refund_share: 0.0,
             nightly_refunds: false,
+            endpoint_gaps: Vec::new(),
             crash_rate: 0.02,
             aws: Faults {
                 latency_ms: 8.0,

@@ -17,7 +17,10 @@
 //!   accepts), where one instance of the refund function (its 20 %, divided among
 //!   `MaximumConcurrency` 10) sends a request every 10 to 33 s;
 //! - refunds in a nightly batch (half the seeds): a burst on the refunds queue, its messages
-//!   sharing each instance's pace (`NIGHTLY_REFUNDS=true` or `false` sets it by hand).
+//!   sharing each instance's pace (`NIGHTLY_REFUNDS=true` or `false` sets it by hand);
+//! - the webhook endpoint deleted and registered again (a third of the seeds): once, between
+//!   two of the catch-up's hourly runs, for 10 to 30 minutes; the events made meanwhile are
+//!   never sent.
 
 use super::Options;
 
@@ -84,6 +87,26 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     if !explicit.nightly_refunds && nightly {
         opts.nightly_refunds = true;
         drawn.push("refunds in a nightly batch".into());
+    }
+    // The webhook endpoint deleted and registered again between two of the catch-up's hourly
+    // runs (from 10 to 20 minutes past an hour, for 10 to 30 minutes), as an operator who
+    // re-creates it to change its types or its URL would.
+    let (gap, day, hour, from_min, minutes) = (
+        rng.f64() < 1.0 / 3.0,
+        rng.u32(1..=24),
+        rng.u32(0..24),
+        rng.u32(10..=20),
+        rng.u32(10..=30),
+    );
+    if gap && opts.endpoint_gaps.is_empty() {
+        let from = super::EPOCH_MS
+            + i64::from(day) * 86_400_000
+            + i64::from(hour) * 3_600_000
+            + i64::from(from_min) * 60_000;
+        opts.endpoint_gaps = vec![(from, from + i64::from(minutes) * 60_000)];
+        drawn.push(format!(
+            "the webhook endpoint away on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"
+        ));
     }
     drawn.join(", ")
 }
