@@ -226,6 +226,14 @@ async fn walk(
     }
 }
 
+/// Mutations of the catch-up that the whole-system simulator puts back
+/// (`sqs_once::mutation::put_back_from`) to show that it finds them; in a build without
+/// `sqs-once`'s `sim-mutations` feature they are never on.
+pub const MUTATIONS: &[(&str, &str)] = &[(
+    "endpoint_registered_since_fit",
+    "the webhook check takes an endpoint registered after the list was last checked through for fit: deleted and registered again between two runs, the events made meanwhile were sent nowhere and are never listed (issue 65, bug 4)",
+)];
+
 /// One scheduled run at `now_s` within `budget`: from where the last run got, else from
 /// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
 /// event, the [`OVERLAP_S`] before its last event is listed again first, newest first, at most
@@ -257,7 +265,7 @@ pub async fn scheduled(
     // after, the webhook is sent).
     let unfit = match lists {
         Listed::All => None,
-        Listed::Undelivered => match paced(&budget, lister.webhook_unfit()).await {
+        Listed::Undelivered => match paced(&budget, lister.webhook_unfit(read.checked_through_s)).await {
             Ok(Some(unfit)) => unfit,
             // No request slot within the run: the next run starts here again.
             Ok(None) => return Ok(report),

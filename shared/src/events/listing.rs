@@ -77,9 +77,11 @@ pub trait EventLister: Send + Sync {
     /// Whether listing only the undelivered events ([`Listed::Undelivered`]) holds every event
     /// of [`EVENT_TYPES`] the webhook did not apply: `None` when this stack's endpoint is
     /// enabled and sent every one of them; else why not (not registered, disabled, or not sent
-    /// some of the types). An event the provider never tried to send
-    /// never failed a delivery either: only a listing of every event holds it.
-    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError>;
+    /// some of the types; or registered after `since_s`, where the list was last checked
+    /// through: deleted and registered again between two runs, it was sent nothing made
+    /// meanwhile). An event the provider never tried to send never failed a delivery either:
+    /// only a listing of every event holds it.
+    async fn webhook_unfit(&self, since_s: Option<i64>) -> Result<Option<String>, ProviderError>;
 
     /// Every event created in `[since_s, until_s]`, newest first, in memory: for short windows
     /// (tests, the demo's checks). Refused past 500 pages.

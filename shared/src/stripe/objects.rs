@@ -205,8 +205,12 @@ impl EventLister for StripeClient {
         self.events_after(cursor, listed).await
     }
 
-    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
-        Ok(webhook_unfit(&self.webhook_endpoints().await?, None))
+    async fn webhook_unfit(&self, since_s: Option<i64>) -> Result<Option<String>, ProviderError> {
+        Ok(webhook_unfit(
+            &self.webhook_endpoints().await?,
+            None,
+            since_s,
+        ))
     }
 }
 
@@ -243,18 +247,25 @@ impl EventLister for EventListing {
         self.client.page_after(listed, cursor).await
     }
 
-    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+    async fn webhook_unfit(&self, since_s: Option<i64>) -> Result<Option<String>, ProviderError> {
         let endpoints = self.client.webhook_endpoints().await?;
-        Ok(webhook_unfit(&endpoints, self.endpoint.as_deref()))
+        Ok(webhook_unfit(&endpoints, self.endpoint.as_deref(), since_s))
     }
 }
 
 /// Whether this stack's endpoint (`ours`, its URL as registered) is enabled and sent every
-/// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]): `None` when so; else why
-/// not. Another stack's endpoint at the same path being fit says nothing of this one (events
-/// it takes are delivered, so never listed undelivered). Without `ours`, every endpoint at the
-/// receiver's path ([`EVENTS_PATH`]) must be fit, and one at least there.
-pub fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> Option<String> {
+/// event type the inbox applies (`*`, or each of [`EVENT_TYPES`]), and was registered by
+/// `since_s` (where the catch-up last checked the list through): `None` when so; else why
+/// not. One registered later was deleted and registered again, or added, since that check:
+/// what was made before it was sent to no endpoint of this stack's, so never failed. Another
+/// stack's endpoint at the same path being fit says nothing of this one (events it takes are
+/// delivered, so never listed undelivered). Without `ours`, every endpoint at the receiver's
+/// path ([`EVENTS_PATH`]) must be fit, and one at least there.
+pub fn webhook_unfit(
+    endpoints: &[WebhookEndpoint],
+    ours_url: Option<&str>,
+    since_s: Option<i64>,
+) -> Option<String> {
     let path = |url: &str| {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
         let path = rest.find('/').map_or("", |i| &rest[i..]);
@@ -288,8 +299,21 @@ pub fn webhook_unfit(endpoints: &[WebhookEndpoint], ours_url: Option<&str>) -> O
                 return Some(format!("{} ({}) is {}", e.id, e.url, e.status));
             }
             let missing = e.missing_types();
-            (!missing.is_empty())
-                .then(|| format!("{} ({}) is not sent {}", e.id, e.url, missing.join(", ")))
+            if !missing.is_empty() {
+                return Some(format!("{} ({}) is not sent {}", e.id, e.url, missing.join(", ")));
+            }
+            since_s
+                // Five minutes' margin for the clocks (Stripe's `created`, this run's time).
+                .filter(|since| {
+                    e.created > *since - 300
+                        && !sqs_once::mutation::on("endpoint_registered_since_fit")
+                })
+                .map(|since| {
+                    format!(
+                        "{} ({}) was registered at {} (epoch s), after the catch-up last checked the list through {since}: what was made before it was sent to no endpoint of this stack's",
+                        e.id, e.url, e.created
+                    )
+                })
         })
         .collect();
     (!why.is_empty()).then(|| why.join("; "))
@@ -331,11 +355,11 @@ mod tests {
     ) {
         let url = "https://abc.execute-api.eu-west-1.amazonaws.com/v1/provider-events";
         assert_eq!(
-            webhook_unfit(&[endpoint("we_1", url, "enabled", &["*"])], None),
+            webhook_unfit(&[endpoint("we_1", url, "enabled", &["*"])], None, None),
             None
         );
         assert_eq!(
-            webhook_unfit(&[endpoint("we_1", url, "enabled", EVENT_TYPES)], None),
+            webhook_unfit(&[endpoint("we_1", url, "enabled", EVENT_TYPES)], None, None),
             None
         );
         let no_disputes: Vec<&str> = EVENT_TYPES
@@ -374,7 +398,7 @@ mod tests {
             ),
         ];
         for (endpoints, said) in cases {
-            let why = webhook_unfit(&endpoints, None).expect("unfit");
+            let why = webhook_unfit(&endpoints, None, None).expect("unfit");
             assert!(why.contains(said), "{why}");
         }
         // Told its own URL: another stack's endpoint, fit, does not stand for this one's.
@@ -384,10 +408,12 @@ mod tests {
             "enabled",
             &["*"],
         );
-        let why = webhook_unfit(std::slice::from_ref(&theirs), Some(url)).expect("ours is missing");
+        let why =
+            webhook_unfit(std::slice::from_ref(&theirs), Some(url), None).expect("ours is missing");
         assert!(why.contains("ProviderEventsUrl"), "{why}");
         let ours_disabled = endpoint("we_1", &format!("{url}/"), "disabled", &["*"]);
-        let why = webhook_unfit(&[theirs, ours_disabled], Some(url)).expect("ours is disabled");
+        let why =
+            webhook_unfit(&[theirs, ours_disabled], Some(url), None).expect("ours is disabled");
         assert!(why.contains("we_1"), "{why}");
         let ours = endpoint("we_1", url, "enabled", &["*"]);
         let other_disabled = endpoint(
@@ -396,7 +422,36 @@ mod tests {
             "disabled",
             &["*"],
         );
-        assert_eq!(webhook_unfit(&[ours, other_disabled], Some(url)), None);
+        assert_eq!(
+            webhook_unfit(&[ours, other_disabled], Some(url), None),
+            None
+        );
+    }
+
+    #[test]
+    fn an_endpoint_registered_after_the_list_was_last_checked_is_unfit_for_that_run() {
+        // Deleted and registered again between two runs (to change its URL or its types):
+        // enabled and sent every type now, but nothing made in between was sent to it.
+        let url = "https://abc.execute-api.us-east-1.amazonaws.com/prod/v1/provider-events";
+        let mut ours = endpoint("we_2", url, "enabled", &["*"]);
+        ours.created = 1_700_003_600;
+        let why = webhook_unfit(std::slice::from_ref(&ours), Some(url), Some(1_700_000_000))
+            .expect("registered after the last check");
+        assert!(why.contains("we_2") && why.contains("1700000000"), "{why}");
+        assert_eq!(
+            webhook_unfit(std::slice::from_ref(&ours), Some(url), Some(1_700_003_900)),
+            None,
+            "registered by the last check, five minutes' margin for the clocks"
+        );
+        assert!(
+            webhook_unfit(std::slice::from_ref(&ours), Some(url), Some(1_700_003_800)).is_some(),
+            "within the clocks' margin"
+        );
+        assert_eq!(
+            webhook_unfit(&[ours], Some(url), None),
+            None,
+            "no check yet"
+        );
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl EventLister for Provider {
         })
     }
 
-    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+    async fn webhook_unfit(&self, _since_s: Option<i64>) -> Result<Option<String>, ProviderError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(self.unfit.lock().unwrap().clone())
     }

@@ -224,7 +224,7 @@ impl EventLister for Client {
 
     /// `GET /v1/webhook_endpoints`: the endpoint as registered now, judged by the code's own
     /// rule ([`payment_core::stripe::objects::webhook_unfit`]).
-    async fn webhook_unfit(&self) -> Result<Option<String>, ProviderError> {
+    async fn webhook_unfit(&self, since_s: Option<i64>) -> Result<Option<String>, ProviderError> {
         self.slot(false).await?;
         let answer = self.provider.reachable().await.map(|()| {
             let now_ms = self.provider.clock.now_ms();
@@ -237,7 +237,7 @@ impl EventLister for Client {
                 .at(now_ms)
                 .into_iter()
                 .collect();
-            payment_core::stripe::objects::webhook_unfit(&endpoints, None)
+            payment_core::stripe::objects::webhook_unfit(&endpoints, None, since_s)
         });
         self.told(&answer);
         answer

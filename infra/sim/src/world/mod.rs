@@ -111,6 +111,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "an unknown refund of a payment with no record waits for a lookup that can never be made, although no attempt of its record can have reserved: dead-lettered retries_exhausted after each redrive (payment_core::refunds::MUTATIONS; issue 65)",
     ),
     (
+        "endpoint_registered_since_fit",
+        "the catch-up takes an endpoint registered after the list was last checked through for fit: the events made while it was away are never applied (payment_core::events::catch_up::MUTATIONS; issue 65, bug 4)",
+    ),
+    (
         "catch_up_off",
         "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
     ),
@@ -303,6 +307,7 @@ pub fn run(opts: Options) -> Result<Report> {
             sqs_once::mutation::ALL,
             payment_core::refunds::MUTATIONS,
             payment_core::events::inbox::MUTATIONS,
+            payment_core::events::catch_up::MUTATIONS,
             payment_core::domain::text::MUTATIONS,
         ] {
             if list.iter().any(|(n, _)| *n == m) {
