@@ -16,13 +16,15 @@ use super::{Books, Provider};
 /// How long the provider lists an event: 30 days.
 pub const RETENTION_S: i64 = 30 * 86_400;
 
-/// The stack's webhook endpoint at the provider: registered before the run, and deleted and
-/// registered again (a new `we_...`, its `created` then) over each of `gaps` (epoch ms, from
-/// and until). Stripe sends an event to the endpoints there when it is made: one made while
+/// The stack's webhook endpoint at the provider: registered at `registered_ms`, and deleted
+/// and registered again (a new `we_...`, its `created` then) over each of `gaps` (epoch ms,
+/// from and until). Stripe sends an event to the endpoints there when it is made: one made while
 /// the endpoint is away is never sent, so never fails, so `delivery_success=false` never
 /// lists it.
 #[derive(Debug, Clone, Default)]
 pub struct Endpoint {
+    /// When it was first registered, epoch ms.
+    pub registered_ms: i64,
     /// When it was away, epoch ms, in order.
     pub gaps: Vec<(i64, i64)>,
 }
@@ -40,7 +42,7 @@ impl Endpoint {
             .filter(|(_, b)| *b <= now_ms)
             .map(|(_, b)| *b)
             .max()
-            .unwrap_or(crate::world::EPOCH_MS - 30 * 86_400_000);
+            .unwrap_or(self.registered_ms);
         Some(payment_core::stripe::endpoints::WebhookEndpoint {
             id: format!("we_sim{again:04}"),
             url: format!(

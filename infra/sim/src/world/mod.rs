@@ -423,7 +423,10 @@ async fn run_on(opts: Options) -> Result<Report> {
         (behaviour.outage_from_ms, behaviour.outage_until_ms) = (w.start, w.end);
     }
     *provider.behaviour.lock().expect("behaviour") = behaviour;
-    provider.books.lock().expect("books").endpoint.gaps = opts.endpoint_gaps.clone();
+    provider.books.lock().expect("books").endpoint = crate::provider::listing::Endpoint {
+        registered_ms: EPOCH_MS - 30 * 86_400_000,
+        gaps: opts.endpoint_gaps.clone(),
+    };
     provider.books.lock().expect("books").dispute_plan = Some(DisputePlan {
         seed: opts.seed,
         share: opts.disputes.0,
