@@ -37,6 +37,8 @@ struct Provider {
     now: Mutex<Option<String>>,
     /// The lookup's answers are lost (the client times out) while set.
     find_times_out: Mutex<bool>,
+    /// A refund's answer is lost after the provider made it, while set.
+    create_answer_lost: Mutex<bool>,
 }
 
 #[async_trait]
@@ -47,6 +49,12 @@ impl RefundProvider for Provider {
     async fn create_refund(&self, call: &RefundCall) -> Result<RefundResponse, ProviderError> {
         self.calls.lock().unwrap().push(call.clone());
         tokio::time::sleep(Duration::from_millis(5)).await;
+        if *self.create_answer_lost.lock().unwrap() {
+            return Err(ProviderError::new(
+                payment_core::provider::FailureKind::Timeout,
+                "the refund's answer was lost",
+            ));
+        }
         Ok(match self.refuse.lock().unwrap().clone() {
             Some(code) if code == "idempotency_error" => RefundResponse::KeyReused {
                 message: "Keys for idempotent requests can only be used for the same endpoint they were first used for".into(),
@@ -127,6 +135,10 @@ impl RefundLedger for Yielding {
     ) -> Result<bool, sqs_once::record::StoreError> {
         tokio::task::yield_now().await;
         self.0.keep_reserved(pid, rid, amount, owner, keep).await
+    }
+    async fn reserved_by(&self, rid: &str) -> Result<bool, sqs_once::record::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.reserved_by(rid).await
     }
 }
 
@@ -1052,4 +1064,45 @@ async fn an_unknown_refund_of_a_payment_with_no_record_that_it_cannot_have_reser
     assert_eq!(record.status, RecordStatus::Completed, "{record:?}");
     assert!(!record.unknown_outcome, "{record:?}");
     assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
+}
+
+/// A refund whose answer was lost after the provider made it (an unknown outcome), whose
+/// payment's record is then gone (deleted by hand, or a refund window lowered and raised
+/// again): its attempt held a reservation, so it may have refunded. It stays unknown for an
+/// operator, never stored as refused, whatever the refund window says now (issue 65's
+/// review: a check on the window in force would have stored "nothing refunded" over a refund
+/// made, after the window was raised).
+#[tokio::test]
+async fn an_unknown_refund_that_reserved_stays_unknown_when_its_payment_record_is_gone() {
+    let clock = Arc::new(sqs_once::clock::ShiftedClock::new());
+    let w = world_on(clock.clone());
+    charged(&w, "p3", RecordStatus::Completed, "succeeded", 100);
+    *w.provider.create_answer_lost.lock().unwrap() = true;
+    let body = refund("r3", "p3", Some(40));
+    let (response, _) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1);
+    assert!(w.store.get("r3").await.unwrap().unwrap().unknown_outcome);
+    // Sent under its key (the call loop retried the lost answer under the same key).
+    let sent = w.provider.calls.lock().unwrap().len();
+    assert!(sent >= 1, "the refund was asked for");
+    w.ledger.expire("p3");
+    *w.provider.create_answer_lost.lock().unwrap() = false;
+    clock.advance(Duration::from_secs(120));
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![msg("m1", &body)], clock.now_ms() + 60_000)
+        .await;
+    assert_eq!(response.batch_item_failures.len(), 1, "handed back: {s:?}");
+    assert_eq!(s.dead_lettered.get("payment_unknown"), None, "{s:?}");
+    let record = w.store.get("r3").await.unwrap().unwrap();
+    assert_ne!(record.status, RecordStatus::Completed, "{record:?}");
+    assert!(record.unknown_outcome, "still unknown: {record:?}");
+    assert_eq!(
+        w.provider.calls.lock().unwrap().len(),
+        sent,
+        "not asked again"
+    );
 }

@@ -234,12 +234,17 @@ impl Pace {
             .try_with(|b| b.borrow_mut().pop_front())
             .ok()
             .flatten();
+        let call_latest = LATEST.try_with(|l| l.0).ok();
+        let latest = call_latest.unwrap_or_else(|| Instant::now() + wait);
+        // A slot booked before the claim holds only while it is no later than the call loop's
+        // latest start for this request and not within a refusal's pause that came since;
+        // else it goes back and the request books anew (or is refused).
         let slot = match booked {
-            Some(slot) => slot,
-            None => {
-                let latest = LATEST
-                    .try_with(|l| l.0)
-                    .unwrap_or_else(|_| Instant::now() + wait);
+            Some(slot) if call_latest.is_none_or(|l| slot <= l) && !self.paused_at(slot) => slot,
+            stale => {
+                if let Some(slot) = stale {
+                    self.give_back(slot);
+                }
                 self.book(latest).inspect_err(|refused| {
                     let _ = LATEST.try_with(|l| l.2.set(Some(*refused)));
                 })?
@@ -253,6 +258,11 @@ impl Pace {
             }
         });
         Ok(())
+    }
+
+    /// Whether `slot` falls within a refusal's pause.
+    fn paused_at(&self, slot: Instant) -> bool {
+        self.state.lock().is_ok_and(|s| slot < s.paused_until)
     }
 
     /// The downstream refused a request for the account's or an endpoint's rate: halves the
@@ -541,6 +551,33 @@ mod tests {
         assert_eq!(third, t0 + ms(5_000));
         assert_eq!(pace.book(t0 + ms(10_000)).unwrap(), t0 + ms(4_000));
         assert_eq!(pace.book(t0 + ms(10_000)).unwrap(), t0 + ms(6_000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_booked_slot_past_the_call_s_latest_start_or_in_a_pause_is_not_taken() {
+        let pace = Pace::new(1.0);
+        let t0 = Instant::now();
+        let booked = pace.book_many(2, t0 + ms(10_000)).unwrap();
+        assert_eq!(booked, [t0, t0 + ms(1_000)]);
+        pace.with_booked(booked, async {
+            pace.acquire(ms(0)).await.unwrap();
+            // The lease now lets the next request start within 500 ms: its booked slot (1 s)
+            // is past that, so it is not sent (and the slot goes back).
+            let (sent, requests) = within(Instant::now() + ms(500), pace.acquire(ms(0))).await;
+            assert!(sent.is_err() && requests.none_sent(), "{requests:?}");
+        })
+        .await;
+        assert_eq!(pace.book(t0 + ms(10_000)).unwrap(), t0 + ms(1_000));
+        // A refusal's pause after the booking moves a booked request past it.
+        let t1 = Instant::now();
+        let booked = pace.book_many(2, t1 + ms(10_000)).unwrap();
+        pace.with_booked(booked, async {
+            pace.acquire(ms(0)).await.unwrap();
+            pace.slowed(Some(ms(5_000)));
+            pace.acquire(ms(60_000)).await.unwrap();
+            assert!(Instant::now() >= t1 + ms(5_000), "not within the pause");
+        })
+        .await;
     }
 
     #[tokio::test(start_paused = true)]

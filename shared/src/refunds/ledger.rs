@@ -37,7 +37,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use aws_sdk_dynamodb::Client;
 use sqs_once::dynamo::{get_n, n, s, DynamoStore};
 use sqs_once::record::{RecordStatus, StoreError};
@@ -256,7 +256,8 @@ pub trait RefundLedger: Send + Sync {
     /// Keeps the payment's record at least until `keep_until_s` while `amount` is reserved for
     /// `refund_id`, only while `owner` holds the refund's lease ([`StoreError::LeaseLost`]
     /// otherwise): an attempt that goes on with a reservation made before its claim keeps the
-    /// record as one that reserved would. `Ok(false)`: the reservation is not that amount any
+    /// record as one that reserved would, and marks the refund's record as one that did
+    /// ([`RefundLedger::reserved_by`]). `Ok(false)`: the reservation is not that amount any
     /// more (read the payment again); nothing written.
     async fn keep_reserved(
         &self,
@@ -266,7 +267,17 @@ pub trait RefundLedger: Send + Sync {
         owner: &str,
         keep_until_s: i64,
     ) -> Result<bool, StoreError>;
+
+    /// Whether an attempt of the refund's record (as it is now) ever held a reservation on its
+    /// payment: every fenced ledger write ([`RefundLedger::reserve`], `release`,
+    /// `keep_reserved`) marks the refund's record in its own transaction, and an attempt calls
+    /// the provider only after one. `false`: no attempt of this record can have called.
+    async fn reserved_by(&self, refund_id: &str) -> Result<bool, StoreError>;
 }
+
+/// The refund record's attribute that says an attempt of it held a reservation on its payment
+/// ([`RefundLedger::reserved_by`]).
+pub const RESERVED_BY: &str = "reserved_on_payment";
 
 /// The ledger on the idempotency table, through the official SDK client.
 #[derive(Debug, Clone)]
@@ -307,22 +318,26 @@ impl DynamoRefundLedger {
         owner: &str,
         update: Update,
     ) -> Result<Fenced, StoreError> {
-        let check = ConditionCheck::builder()
+        // The refund's record, fenced by the lease, is marked as one whose attempt held a
+        // reservation ([`RefundLedger::reserved_by`]), in the same transaction.
+        let check = Update::builder()
             .table_name(self.records.table())
             .key(
                 self.refund_records.layout().attribute.clone(),
                 self.refund_records.record_key(refund_id),
             )
+            .update_expression(format!("SET {RESERVED_BY} = :t"))
             .condition_expression("lease_owner = :me AND #s = :in_progress")
             .expression_attribute_names("#s", "status")
             .expression_attribute_values(":me", s(owner))
             .expression_attribute_values(":in_progress", s(RecordStatus::InProgress.as_str()))
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let result = self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().condition_check(check).build())
+            .transact_items(TransactWriteItem::builder().update(check).build())
             .transact_items(TransactWriteItem::builder().update(update).build())
             .send()
             .await;
@@ -688,6 +703,7 @@ impl RefundLedger for DynamoRefundLedger {
         keep_until_s: i64,
     ) -> Result<bool, StoreError> {
         let (k, v) = self.key(payment_id);
+        let mut keep = keep_until_s;
         for wait_ms in [0, 20, 50, 100, 200] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
             let update = Update::builder()
@@ -699,25 +715,49 @@ impl RefundLedger for DynamoRefundLedger {
                 )
                 .expression_attribute_names("#rid", refund_id)
                 .expression_attribute_values(":amount", n(amount))
-                .expression_attribute_values(":keep", n(keep_until_s))
+                .expression_attribute_values(":keep", n(keep))
                 .build()
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             match self.fenced(refund_id, owner, update).await? {
                 Fenced::Applied => return Ok(true),
                 Fenced::LeaseLost => return Err(StoreError::LeaseLost),
                 Fenced::Conflict => continue,
-                // Kept longer already (by a write since the read), or no longer reserved so.
-                Fenced::Refused => {
-                    return Ok(self.payment(payment_id).await?.is_some_and(|p| {
-                        p.refunds.get(refund_id) == Some(&amount) && p.expires_at_s >= keep_until_s
-                    }))
-                }
+                // No longer reserved so (read again), or kept longer since the read: keep that
+                // (the write marks the refund's record too, so it is made all the same).
+                Fenced::Refused => match self.payment(payment_id).await? {
+                    Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
+                        keep = keep.max(p.expires_at_s);
+                    }
+                    _ => return Ok(false),
+                },
             }
         }
         Err(StoreError::Unavailable(
             "keeping the payment's record for its reservation kept conflicting with other writes"
                 .into(),
         ))
+    }
+
+    async fn reserved_by(&self, refund_id: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(self.refund_records.table())
+            .key(
+                self.refund_records.layout().attribute.clone(),
+                self.refund_records.record_key(refund_id),
+            )
+            .projection_expression(RESERVED_BY)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out
+            .item()
+            .and_then(|i| i.get(RESERVED_BY))
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false))
     }
 }
 
@@ -740,6 +780,8 @@ pub struct InMemoryRefundLedger {
     payments: Mutex<HashMap<String, RefundablePayment>>,
     /// Payments the API accepted that have no record, and when (epoch s).
     accepted: Mutex<HashMap<String, i64>>,
+    /// Refunds whose record an attempt held a reservation for ([`RefundLedger::reserved_by`]).
+    reserved_by: Mutex<std::collections::HashSet<String>>,
 }
 
 impl InMemoryRefundLedger {
@@ -761,6 +803,13 @@ impl InMemoryRefundLedger {
     pub fn accept(&self, payment_id: &str, created_s: i64) {
         if let Ok(mut a) = self.accepted.lock() {
             a.insert(payment_id.to_owned(), created_s);
+        }
+    }
+
+    /// Marks the refund's record as one whose attempt held a reservation.
+    fn mark(&self, refund_id: &str) {
+        if let Ok(mut r) = self.reserved_by.lock() {
+            r.insert(refund_id.to_owned());
         }
     }
 
@@ -844,6 +893,11 @@ impl RefundLedger for InMemoryRefundLedger {
             p.expires_at_s = p.expires_at_s.max(keep_until_s);
             Reservation::Reserved
         })
+        .inspect(|r| {
+            if *r == Reservation::Reserved {
+                self.mark(refund_id);
+            }
+        })
     }
 
     async fn release(
@@ -873,12 +927,23 @@ impl RefundLedger for InMemoryRefundLedger {
         _owner: &str,
         keep_until_s: i64,
     ) -> Result<bool, StoreError> {
-        self.with(|m| match m.get_mut(payment_id) {
+        let kept = self.with(|m| match m.get_mut(payment_id) {
             Some(p) if p.refunds.get(refund_id) == Some(&amount) => {
                 p.expires_at_s = p.expires_at_s.max(keep_until_s);
                 true
             }
             _ => false,
-        })
+        })?;
+        if kept {
+            self.mark(refund_id);
+        }
+        Ok(kept)
+    }
+
+    async fn reserved_by(&self, refund_id: &str) -> Result<bool, StoreError> {
+        self.reserved_by
+            .lock()
+            .map(|r| r.contains(refund_id))
+            .map_err(|_| StoreError::Unavailable("ledger mutex poisoned".into()))
     }
 }

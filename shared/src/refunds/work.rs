@@ -170,17 +170,19 @@ impl RefundWork {
         read_s.max(self.clock.now_ms() / 1000 + self.refund_window.as_secs() as i64)
     }
 
-    /// Whether, the payment having no record now, no attempt of this refund's record can have
-    /// reserved, and so none can have called the provider (an attempt calls only after its
-    /// reservation): a reservation keeps the payment's record at least the refund window
-    /// after it was made ([`RefundWork::keep_until`]), and DynamoDB deletes nothing before
-    /// its `expires_at`. True while this record's first claim is younger than the window (less
-    /// an hour, for the clocks'
-    /// difference): an unknown outcome it inherited is then no refund made by it.
-    fn none_reserved_since_first_claim(&self, attempt: &AttemptContext) -> bool {
-        let window_ms = self.refund_window.as_millis().min(i64::MAX as u128) as i64;
-        self.clock.now_ms() + 3_600_000 < attempt.first_attempt_at_ms.saturating_add(window_ms)
-            && !sqs_once::mutation::on("unknown_refund_of_a_gone_payment_waits")
+    /// Whether no attempt of this refund's record ever held a reservation on its payment, and
+    /// so none can have called the provider (an attempt calls only after one, and each marks
+    /// the record in the reservation's own transaction: [`RefundLedger::reserved_by`]): an
+    /// unknown outcome it inherited is then no refund made by it.
+    async fn none_reserved(&self, r: &RefundRequest) -> Result<bool, CallError> {
+        if sqs_once::mutation::on("unknown_refund_of_a_gone_payment_waits") {
+            return Ok(false);
+        }
+        Ok(!self
+            .ledger
+            .reserved_by(&r.refund_id)
+            .await
+            .map_err(store_error)?)
     }
 
     /// Where the refund's payment stands.
@@ -290,13 +292,20 @@ impl RefundWork {
         let owner = attempt.owner.as_str();
         let keep = self.keep_until(p.expires_at_s);
         if let Some(a) = p.refunds.get(&r.refund_id) {
-            // This attempt may call with it: the payment's record is kept the refund window
-            // from this record's first claim at least, as a reservation of this record's own
-            // would keep it, so that a later attempt that finds no record knows that no
-            // attempt of this one called ([`RefundWork::none_reserved_since_first_claim`]).
+            // This attempt may call with it: as a reservation of its own would, it keeps the
+            // payment's record the refund window from this record's first claim at least, and
+            // marks this record as one whose attempt held a reservation
+            // ([`RefundWork::none_reserved`]); one write, made only when either is missing
+            // (a reservation made by an earlier record of this refund id, since expired).
             let from_first_claim =
                 attempt.first_attempt_at_ms / 1000 + self.refund_window.as_secs() as i64;
-            if p.expires_at_s < from_first_claim
+            let kept = p.expires_at_s >= from_first_claim
+                && self
+                    .ledger
+                    .reserved_by(&r.refund_id)
+                    .await
+                    .map_err(store_error)?;
+            if !kept
                 && !self
                     .ledger
                     .keep_reserved(&r.payment_id, &r.refund_id, *a, owner, keep)
@@ -495,17 +504,18 @@ impl Work for RefundWork {
             // An earlier attempt's outcome is unknown, and no record of the payment names its
             // charge: whether that attempt refunded cannot be looked up. It stays unknown (an
             // operator reconciles it by the refund's id in Stripe), never stored as refused,
-            // unless no attempt of this record can have reserved (the payment's record would
-            // still be there): then nothing was refunded by it, and the refusal is stored.
+            // unless no attempt of this record ever held a reservation: then none called, and
+            // the refusal is stored.
             Err(done)
-                if attempt.inherited_unknown
-                    && done.text("code") == Some(PAYMENT_UNKNOWN)
-                    && !self.none_reserved_since_first_claim(attempt) =>
+                if attempt.inherited_unknown && done.text("code") == Some(PAYMENT_UNKNOWN) =>
             {
+                if self.none_reserved(r).await? {
+                    return Ok(done);
+                }
                 return Err(CallError::transient(format!(
                     "an earlier attempt's outcome is unknown and cannot be looked up: {}",
                     done.text("reason").unwrap_or(PAYMENT_UNKNOWN)
-                )))
+                )));
             }
             Err(done) => return Ok(done),
         };
@@ -590,11 +600,11 @@ impl Work for RefundWork {
                 currency,
                 ..
             } => (payment, intent, currency),
-            // No record of the payment, and no attempt of this refund's record can have
-            // reserved, so none called: nothing of it to find.
+            // No record of the payment, and no attempt of this refund's record ever held a
+            // reservation, so none called: nothing of it to find.
             Payment::Refused(outcome)
                 if outcome.text("code") == Some(PAYMENT_UNKNOWN)
-                    && self.none_reserved_since_first_claim(attempt) =>
+                    && self.none_reserved(r).await? =>
             {
                 return Ok(None)
             }
