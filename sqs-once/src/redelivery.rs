@@ -119,13 +119,14 @@ impl Budget {
             .is_some_and(|max| self.receive_count >= max)
     }
 
-    /// True when at most one receive is left after this one (none, with a `maxReceiveCount`
-    /// of 2 or less: there this is [`Budget::exhausted`]): a message never attempted is copied
-    /// afresh now, keeping its last receive for what it cannot plan for (a crash of the
-    /// invocation that holds it, a duplicate SQS delivers later).
-    pub fn one_left(&self) -> bool {
+    /// True once half the receives are spent (with a `maxReceiveCount` of 3, one is left;
+    /// of 2 or less, on the last: there this is [`Budget::exhausted`]): a message never
+    /// attempted is copied afresh now, keeping the rest for what it cannot plan for (a crash
+    /// of the invocation that holds it, a duplicate SQS delivers later with this receive
+    /// count, and a crash or a duplicate of that one).
+    pub fn half_spent(&self) -> bool {
         self.max_receive_count.is_some_and(|max| {
-            let spare = u32::from(max > 2);
+            let spare = if max > 3 { max / 2 } else { u32::from(max > 2) };
             self.receive_count + spare >= max
         })
     }

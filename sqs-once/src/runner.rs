@@ -358,12 +358,12 @@ impl<W: Work> BatchRunner<W> {
         when: Redelivery,
     ) -> Disposition {
         let budget = self.budget_of(msg).await;
-        // Never attempted, with one receive or none left: it goes back as a fresh copy now,
-        // so that a crash in the next invocation, or a duplicate SQS delivers later, does not
-        // find it on its last receive (SQS would move it without a reason).
+        // Never attempted, with half its receives spent: it goes back as a fresh copy now, so
+        // that a crash in the next invocation, or a duplicate SQS delivers later, does not find
+        // it on its last receive (SQS would move it without a reason).
         let paced = matches!(when, Redelivery::Paced(_));
         if (when == Redelivery::NotAttempted || paced)
-            && budget.one_left()
+            && budget.half_spent()
             && !crate::mutation::on("requeued_only_on_the_last_receive")
         {
             if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {

@@ -373,12 +373,13 @@ async fn a_batch_of_works_that_read_then_write_makes_both_for_each_message_it_cl
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_message_waiting_for_the_pace_is_copied_afresh_with_one_receive_left() {
+async fn a_message_waiting_for_the_pace_is_copied_afresh_once_half_its_receives_are_spent() {
     // The next slot is 30 s away, past every latest start (deadline 5 s): each message waits.
-    // With five receives, the fourth delivery copies it afresh: a duplicate SQS delivers
-    // later, or a crash in the invocation holding it, would otherwise find it on its last
-    // receive, and SQS would move it to the DLQ without a reason (issue 65: refunds sent in a
-    // nightly batch at a low pace were). With two, the first is handed back as it is.
+    // With six receives, the third delivery copies it afresh: a duplicate SQS delivers later
+    // with its receive count, or a crash in the invocation holding it, would otherwise find it
+    // on its last receive, and SQS would move it to the DLQ without a reason (issue 65:
+    // refunds sent in a nightly batch at a low pace were). With two, the first is handed back
+    // as it is.
     let processor = |w: &World| {
         Arc::new(
             Processor::new(
@@ -392,19 +393,19 @@ async fn a_message_waiting_for_the_pace_is_copied_afresh_with_one_receive_left()
         )
     };
     let (w, _) = paced_world(1.0, 1);
-    *w.queues.max_receives.lock().unwrap() = Some(5);
+    *w.queues.max_receives.lock().unwrap() = Some(6);
     let now = w.clock.now_ms();
     let (r, _) = processor(&w)
         .handle_batch(
-            vec![msg_at("m3", &body("p3", 100), None, now, 3)],
+            vec![msg_at("m3", &body("p3", 100), None, now, 2)],
             now + 5_000,
         )
         .await;
-    assert_eq!(failures(&r), ["m3"], "three receives left: handed back");
+    assert_eq!(failures(&r), ["m3"], "four receives left: handed back");
     assert!(w.queues.requeued.lock().unwrap().is_empty());
     let (r, _) = processor(&w)
         .handle_batch(
-            vec![msg_at("m4", &body("p4", 100), None, now, 4)],
+            vec![msg_at("m4", &body("p4", 100), None, now, 3)],
             now + 5_000,
         )
         .await;
