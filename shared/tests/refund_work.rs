@@ -1,7 +1,7 @@
 //! Refunds as a `sqs_once::Work`: never beyond the charge, whatever runs at once; only charged
 //! payments; a refused refund gives its amount back; one provider refund per refund id.
 //!
-//! Why ~520 lines: every scenario runs in the one `World` (the in-memory ledger behind a yield,
+//! Why ~1,100 lines: every scenario runs in the one `World` (the in-memory ledger behind a yield,
 //! the provider, the processor), and reads as one story of what a refund meets.
 
 use std::collections::BTreeMap;

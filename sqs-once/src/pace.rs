@@ -1,7 +1,7 @@
 //! Pacing calls to a downstream that limits its callers' rate (a payment provider allows an
 //! account so many requests a second, shared with everything else that uses it).
 //!
-//! Why ~560 lines: the pace's booking, give-back and task-local hand-over to the client's
+//! Why ~600 lines: the pace's booking, give-back and task-local hand-over to the client's
 //! requests are one state machine, and half the file is its paused-clock tests.
 //!
 //! A [`Pace`] hands out *slots*: times at which one request may start, at most `rate` a second

@@ -3,7 +3,7 @@
 //! before its invocation's deadline; a slot a message did not use is given back. On tokio's
 //! paused clock: nothing here waits.
 //!
-//! Why ~540 lines: each test drives one batch through the same paced world (the toy work and
+//! Why ~640 lines: each test drives one batch through the same paced world (the toy work and
 //! its pace), and the FIFO ones need their groups spelled out.
 
 mod toy;

@@ -1,7 +1,7 @@
 //! What has been refunded of a payment, kept on the payment's own idempotency record, so that
 //! refunds never add up to more than the charge however many run at once.
 //!
-//! Why ~740 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
+//! Why ~950 lines: the DynamoDB ledger and the in-memory one the unit tests use hold the same
 //! conditions, side by side, so that a change to one is seen in the other.
 //!
 //! A refund first *reserves* its amount with one conditional write on the payment's record:
