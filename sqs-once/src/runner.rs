@@ -358,18 +358,6 @@ impl<W: Work> BatchRunner<W> {
         when: Redelivery,
     ) -> Disposition {
         let budget = self.budget_of(msg).await;
-        // Never attempted, with half its receives spent: it goes back as a fresh copy now, so
-        // that a crash in the next invocation, or a duplicate SQS delivers later, does not find
-        // it on its last receive (SQS would move it without a reason).
-        let paced = matches!(when, Redelivery::Paced(_));
-        if (when == Redelivery::NotAttempted || paced)
-            && budget.half_spent()
-            && !crate::mutation::on("requeued_only_on_the_last_receive")
-        {
-            if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
-                return d;
-            }
-        }
         let why = if budget.exhausted() {
             Some(format!(
                 "gave up on delivery {} of at most {} (the queue's maxReceiveCount): {reason}",
@@ -386,14 +374,19 @@ impl<W: Work> BatchRunner<W> {
         } else {
             None
         };
-        if let Some(why) = why {
-            // Never attempted: on its last receive, or at its queue's retention margin, it goes
-            // back as a fresh copy (a new receive count and retention), not to the DLQ.
-            if when == Redelivery::NotAttempted || paced {
-                if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
-                    return d;
-                }
+        // Never attempted: with half its receives spent (so that a crash in the next
+        // invocation, or a duplicate SQS delivers later, does not find it on its last receive,
+        // which SQS would move without a reason), or at its queue's retention margin, it goes
+        // back as a fresh copy (a new receive count and retention), not to the DLQ.
+        let paced = matches!(when, Redelivery::Paced(_));
+        let spent =
+            budget.half_spent() && !crate::mutation::on("requeued_only_on_the_last_receive");
+        if (when == Redelivery::NotAttempted || paced) && (spent || why.is_some()) {
+            if let Some(d) = self.requeue(msg, &budget, &reason, paced).await {
+                return d;
             }
+        }
+        if let Some(why) = why {
             let body = msg.body.clone().unwrap_or_default();
             let request = self.work.parse(&body).ok();
             return self

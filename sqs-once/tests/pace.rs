@@ -19,7 +19,13 @@ fn paced_world(per_second: f64, max_concurrency: usize) -> (World, Arc<Pace>) {
     let w = world(settings, Duration::from_secs(2));
     let pace = Arc::new(Pace::new(per_second));
     *w.downstream.pace.lock().unwrap() = Some(pace.clone());
-    let processor = Arc::new(
+    let processor = processor_paced(&w, pace.clone());
+    (World { processor, ..w }, pace)
+}
+
+/// The world's processor, on its store and queues, paced by `pace`.
+fn processor_paced(w: &World, pace: Arc<Pace>) -> Arc<Processor> {
+    Arc::new(
         Processor::new(
             w.downstream.clone(),
             w.store.clone(),
@@ -27,9 +33,8 @@ fn paced_world(per_second: f64, max_concurrency: usize) -> (World, Arc<Pace>) {
             w.processor.settings().clone(),
         )
         .with_clock(w.clock.clone())
-        .with_pace(pace.clone()),
-    );
-    (World { processor, ..w }, pace)
+        .with_pace(pace),
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -380,18 +385,7 @@ async fn a_message_waiting_for_the_pace_is_copied_afresh_once_half_its_receives_
     // on its last receive, and SQS would move it to the DLQ without a reason (issue 65:
     // refunds sent in a nightly batch at a low pace were). With two, the first is handed back
     // as it is.
-    let processor = |w: &World| {
-        Arc::new(
-            Processor::new(
-                w.downstream.clone(),
-                w.store.clone(),
-                w.queues.clone(),
-                w.processor.settings().clone(),
-            )
-            .with_clock(w.clock.clone())
-            .with_pace(next_slot_in(30)),
-        )
-    };
+    let processor = |w: &World| processor_paced(w, next_slot_in(30));
     let (w, _) = paced_world(1.0, 1);
     *w.queues.max_receives.lock().unwrap() = Some(6);
     let now = w.clock.now_ms();
@@ -445,16 +439,7 @@ async fn a_copy_of_a_message_already_done_ends_without_waiting_for_the_pace() {
         .await;
     assert!(failures(&r).is_empty());
     assert_eq!(w.downstream.calls("p1"), 1);
-    let processor = Arc::new(
-        Processor::new(
-            w.downstream.clone(),
-            w.store.clone(),
-            w.queues.clone(),
-            w.processor.settings().clone(),
-        )
-        .with_clock(w.clock.clone())
-        .with_pace(next_slot_in(30)),
-    );
+    let processor = processor_paced(&w, next_slot_in(30));
     let now = w.clock.now_ms();
     let (r, s) = processor
         .handle_batch(
@@ -478,16 +463,7 @@ async fn the_followers_of_a_fifo_head_that_waits_for_the_pace_wait_with_it_on_th
     // ahead of a head that went to its group's end) without ever being attempted.
     let (w, _) = paced_world(0.1, 10);
     let pace = next_slot_in(10);
-    let processor = Arc::new(
-        Processor::new(
-            w.downstream.clone(),
-            w.store.clone(),
-            w.queues.clone(),
-            w.processor.settings().clone(),
-        )
-        .with_clock(w.clock.clone())
-        .with_pace(pace),
-    );
+    let processor = processor_paced(&w, pace);
     *w.queues.max_receives.lock().unwrap() = Some(3);
     let now = w.clock.now_ms();
     let follower = |id: &str, pid: &str, g: &str, n: u32| {
@@ -551,16 +527,7 @@ async fn a_message_that_only_waited_is_requeued_at_the_retention_margin_not_dead
     // from now, and the pace's next slot is 10 s away.
     let (w, _) = paced_world(0.1, 10);
     let pace = next_slot_in(10);
-    let processor = Arc::new(
-        Processor::new(
-            w.downstream.clone(),
-            w.store.clone(),
-            w.queues.clone(),
-            w.processor.settings().clone(),
-        )
-        .with_clock(w.clock.clone())
-        .with_pace(pace),
-    );
+    let processor = processor_paced(&w, pace);
     *w.queues.max_receives.lock().unwrap() = Some(10);
     *w.queues.retention.lock().unwrap() = Some(Duration::from_secs(3600));
     let now = w.clock.now_ms();
