@@ -46,6 +46,10 @@ API (Stripe's wire format):
                                       (from requires_payment_method / requires_confirmation /
                                       requires_action, else 400 payment_intent_unexpected_state):
                                       succeeded, booked under its metadata[payment_id]
+  POST /v1/payment_intents/PI/cancel cancellation_reason?: canceled for good (from
+                                      requires_payment_method / requires_capture /
+                                      requires_confirmation / requires_action, else 400
+                                      payment_intent_unexpected_state); payment_intent.canceled
   GET  /v1/payment_intents            customer, created[gte|gt|lte|lt], limit, starting_after:
                                       the customer's intents, newest first (Stripe's list)
   GET  /v1/payment_intents/search     query=metadata['payment_id']:'P' (Stripe's search shape)
@@ -486,6 +490,38 @@ def confirm_intent(intent_id, form):
         return 402, error_body("card_error", "Your card was declined.", code=code, decline_code=decline,
                                intent={"id": intent_id, "object": "payment_intent", "status": "requires_payment_method"})
     succeed(intent, key)
+    return 200, json.dumps(intent)
+
+
+# Stripe's cancellation_reason values (stripe/params/_payment_intent_cancel_params.py).
+CANCELLATION_REASONS = ("abandoned", "duplicate", "fraudulent", "requested_by_customer")
+# What Stripe cancels ("You can cancel a PaymentIntent object when it's in one of these statuses:
+# requires_payment_method, requires_capture, requires_confirmation, requires_action or, in rare
+# cases, processing": the rare cases are not modelled, a processing debit is refused).
+CANCELABLE = ("requires_payment_method", "requires_capture", "requires_confirmation", "requires_action")
+
+
+def cancel_intent(intent_id, form):
+    """`POST /v1/payment_intents/PI/cancel` (under LOCK): the merchant (an operator) ends a
+    PaymentIntent that will never be paid; no charge is made by it after, and its
+    `payment_intent.canceled` event is sent."""
+    intent = find_intent(intent_id)
+    if intent is None:
+        return 400, error_body("invalid_request_error", f"No such payment_intent: '{intent_id}'", code="resource_missing"), False
+    reason = form.get("cancellation_reason")
+    if reason is not None and reason not in CANCELLATION_REASONS:
+        return 400, error_body("invalid_request_error",
+                               f"Invalid cancellation_reason: must be one of {', '.join(CANCELLATION_REASONS)}"), False
+    if intent["status"] not in CANCELABLE:
+        return 400, error_body("invalid_request_error",
+                               f"You cannot cancel this PaymentIntent because it has a status of {intent['status']}. "
+                               f"Only a PaymentIntent with one of the following statuses may be canceled: "
+                               f"{', '.join(CANCELABLE)}.",
+                               code="payment_intent_unexpected_state")
+    intent["status"] = "canceled"
+    intent["canceled_at"] = int(time.time())
+    intent["cancellation_reason"] = reason
+    emit("payment_intent.canceled", intent)
     return 200, json.dumps(intent)
 
 
@@ -980,6 +1016,10 @@ class Handler(BaseHTTPRequestHandler):
         if m:
             return self.idempotent_post(raw, version, None, None,
                                         lambda form, _payment, _version: confirm_intent(m.group(1), form))
+        m = re.fullmatch(r"/v1/payment_intents/([^/]+)/cancel", path)
+        if m:
+            return self.idempotent_post(raw, version, None, None,
+                                        lambda form, _payment, _version: cancel_intent(m.group(1), form))
         if path == "/v1/customers":
             return self.idempotent_post(raw, version, None, None, create_customer)
         m = re.fullmatch(r"/v1/webhook_endpoints(?:/(we_[A-Za-z0-9_]+))?", path)

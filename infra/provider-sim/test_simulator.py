@@ -269,6 +269,30 @@ class Simulator(unittest.TestCase):
         kinds = [e["type"] for e in self.events_of(intent["id"])]
         self.assertEqual(kinds[::-1], ["payment_intent.created", "payment_intent.processing", "payment_intent.payment_failed"])
 
+    def test_a_failed_debit_is_not_final_until_its_intent_is_canceled(self):
+        # Stripe: a debit that fails leaves its PaymentIntent requires_payment_method, which its
+        # customer may confirm again; only a cancel ends it (payment_intent.canceled), and a
+        # canceled intent is neither confirmed nor canceled again.
+        _, intent = self.pay("ach-again", payment_method="pm_usBankAccount_accountClosed")
+        self.wait_for(lambda: [e for e in self.events_of(intent["id"]) if e["type"] == "payment_intent.payment_failed"])
+        status, refused = self.call("POST", f"/v1/payment_intents/{intent['id']}/cancel",
+                                    {"cancellation_reason": "because"}, "cancel-bad-reason")
+        self.assertEqual((status, refused["error"]["type"]), (400, "invalid_request_error"))
+        status, canceled = self.call("POST", f"/v1/payment_intents/{intent['id']}/cancel",
+                                     {"cancellation_reason": "abandoned"}, "cancel-ach-again")
+        self.assertEqual((status, canceled["status"], canceled["cancellation_reason"]), (200, "canceled", "abandoned"))
+        kinds = [e["type"] for e in self.events_of(intent["id"])]
+        self.assertEqual(kinds[0], "payment_intent.canceled")
+        status, refused = self.call("POST", f"/v1/payment_intents/{intent['id']}/confirm",
+                                    {"payment_method": "pm_card_visa"}, "confirm-canceled")
+        self.assertEqual((status, refused["error"]["code"]), (400, "payment_intent_unexpected_state"))
+        status, refused = self.call("POST", f"/v1/payment_intents/{intent['id']}/cancel", {}, "cancel-again")
+        self.assertEqual((status, refused["error"]["code"]), (400, "payment_intent_unexpected_state"))
+        # A succeeded one is not canceled: it is refunded.
+        _, paid = self.pay("card-paid", payment_method="pm_card_visa")
+        status, refused = self.call("POST", f"/v1/payment_intents/{paid['id']}/cancel", {}, "cancel-paid")
+        self.assertEqual((status, refused["error"]["code"]), (400, "payment_intent_unexpected_state"))
+
     def test_a_refund_of_a_refund_fail_card_fails_after_pending_and_its_amount_is_refundable_again(self):
         _, intent = self.pay("rf", payment_method="pm_card_refundFail", amount="1000")
         status, refund = self.call("POST", "/v1/refunds", {"payment_intent": intent["id"], "metadata[refund_id]": "rf-1"}, "refund:rf-1")

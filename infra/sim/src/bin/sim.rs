@@ -126,6 +126,9 @@ struct Args {
     /// Whether the merchant sends its refunds in a nightly batch (true) or as they come.
     #[arg(long, env = "NIGHTLY_REFUNDS")]
     nightly_refunds: Option<bool>,
+    /// The share of failed debits whose customer pays again days later.
+    #[arg(long, env = "REPAY_SHARE")]
+    repay_share: Option<f64>,
     /// A template parameter, NAME=VALUE (repeated; PARAMETERS="A=1 B=2").
     #[arg(long = "parameter", env = "PARAMETERS", value_delimiter = ' ', value_parser = parameter)]
     parameters: Vec<(String, String)>,
@@ -172,6 +175,7 @@ fn replay(args: &Args, seed: u64) -> String {
         "NIGHTLY_REFUNDS",
         args.nightly_refunds.map(|b| b.to_string()),
     );
+    put("REPAY_SHARE", args.repay_share.map(|r| r.to_string()));
     put("DISPUTE_SHARE", Some(args.dispute_share.to_string()));
     put(
         "DISPUTE_DAYS",
@@ -343,6 +347,13 @@ fn options(args: &Args, seed: u64) -> Result<Options> {
     if let Some(b) = args.nightly_refunds {
         opts.nightly_refunds = b;
     }
+    if let Some(r) = args.repay_share {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&r),
+            "REPAY_SHARE is a share of the failed debits, from 0 to 1"
+        );
+        opts.repay_share = r;
+    }
     Ok(opts)
 }
 
@@ -369,6 +380,7 @@ fn main() -> Result<()> {
                 crash_rate: args.crash_rate.is_some(),
                 provider_faults: args.provider_fault_rate.is_some(),
                 nightly_refunds: args.nightly_refunds.is_some(),
+                repay_share: args.repay_share.is_some(),
             };
             drawn.insert(seed, simulator::world::sweep::draw(&mut opts, &explicit));
         }

@@ -32,7 +32,7 @@ pub mod events;
 pub mod listing;
 pub use behaviour::{Behaviour, Outage};
 pub mod refunds;
-mod settle;
+pub mod settle;
 
 /// The payment methods the simulated customers pay with, as the test mode names them.
 pub mod methods {
@@ -128,6 +128,11 @@ pub struct Books {
     pub refund_trouble: BTreeSet<String>,
     /// The stack's webhook endpoint: when it was away (deleted, and registered again).
     pub endpoint: listing::Endpoint,
+    /// Which failed debits their customers pay again, and when.
+    pub repay_plan: Option<settle::RepayPlan>,
+    /// The PaymentIntents confirmed again by their customer with another payment method
+    /// (which settles: the debit that failed is not tried again).
+    pub repaid: BTreeSet<String>,
 }
 
 /// Forgets the keys kept 24 hours or more before `now_ms` (Stripe's window), oldest first.

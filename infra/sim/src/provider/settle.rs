@@ -12,6 +12,25 @@ pub(super) const DUE_INTENT: u8 = 0;
 pub(super) const DUE_REFUND: u8 = 1;
 /// A dispute's next step.
 pub(super) const DUE_DISPUTE: u8 = 2;
+/// A failed debit's customer comes back and pays.
+pub(super) const DUE_REPAY: u8 = 3;
+
+/// Which failed debits their customers pay again. A debit that fails leaves its PaymentIntent
+/// `requires_payment_method`, which is not final at Stripe: the customer may confirm it again
+/// with another payment method (Stripe's "Payment status updates": a failed payment "returns
+/// to `requires_payment_method`" and can be retried), so that a payment recorded declined is
+/// charged days later. Drawn from the seed and the PaymentIntent's id, as disputes are.
+#[derive(Debug, Clone)]
+pub struct RepayPlan {
+    /// The run's seed.
+    pub seed: u64,
+    /// The chance a failed debit's customer pays again.
+    pub share: f64,
+    /// The days after the failure they do, (from, to).
+    pub days: (f64, f64),
+    /// The days their new debit takes to settle (the provider's own).
+    pub settle_days: f64,
+}
 
 impl Books {
     /// Takes out of [`Books::due`] what has come by `now_ms`.
@@ -41,6 +60,7 @@ impl Books {
             Self::of(&come, DUE_REFUND),
             Self::of(&come, DUE_DISPUTE),
         );
+        self.repay(now_ms, Self::of(&come, DUE_REPAY));
         let due: Vec<String> = intents
             .into_iter()
             .filter(|id| {
@@ -53,9 +73,10 @@ impl Books {
             let Some(i) = self.intents.get_mut(&id) else {
                 continue;
             };
-            if fails(i) {
+            if !self.repaid.contains(&id) && fails(i) {
                 i.status = "requires_payment_method".into();
                 i.failure_code = Some("debit_not_authorized".into());
+                self.plan_repay(&id, now_ms);
             } else {
                 i.status = "succeeded".into();
                 self.plan_dispute(&id, now_ms);
@@ -70,6 +91,51 @@ impl Books {
 }
 
 impl Books {
+    /// Draws whether the customer of a debit that failed just now pays again, and when.
+    fn plan_repay(&mut self, intent_id: &str, now_ms: i64) {
+        let Some(plan) = self.repay_plan.clone() else {
+            return;
+        };
+        let draw = |what: &str| {
+            crate::fnv(format!("{}/{intent_id}/{what}", plan.seed).as_bytes()) as f64
+                / u64::MAX as f64
+        };
+        if draw("repaid") >= plan.share {
+            return;
+        }
+        let (from, to) = plan.days;
+        let at = now_ms + ((from + (to - from) * draw("repays")) * 86_400_000.0) as i64;
+        self.due.insert((at, DUE_REPAY, intent_id.to_owned()));
+    }
+
+    /// The customers whose time has come confirm their PaymentIntent again with a payment
+    /// method that works: a debit again (`processing`, settling as the first would have).
+    fn repay(&mut self, now_ms: i64, ids: BTreeSet<String>) {
+        let Some(settle_ms) = self
+            .repay_plan
+            .as_ref()
+            .map(|p| (p.settle_days * 86_400_000.0) as i64)
+        else {
+            return;
+        };
+        for id in ids {
+            let Some(i) = self
+                .intents
+                .get_mut(&id)
+                .filter(|i| i.status == "requires_payment_method")
+            else {
+                continue;
+            };
+            i.status = "processing".into();
+            i.failure_code = None;
+            let at = now_ms + settle_ms;
+            i.settles_ms = Some(at);
+            self.repaid.insert(id.clone());
+            self.due.insert((at, DUE_INTENT, id.clone()));
+            self.emit_intent(&id, now_ms);
+        }
+    }
+
     /// What the provider will still change by itself for a payment (`metadata[payment_id]`):
     /// a debit to settle, a refund's later status, a dispute's next step (one planned and not
     /// open yet among them). `None` when nothing is to come, so its record may go.
@@ -77,6 +143,16 @@ impl Books {
         for i in self.intents_of(payment_id) {
             if i.status == "processing" {
                 return Some(format!("{} is processing", i.id));
+            }
+            if let Some((at, ..)) = self
+                .due
+                .iter()
+                .find(|(_, what, id)| *what == DUE_REPAY && *id == i.id)
+            {
+                return Some(format!(
+                    "{} failed and its customer pays it again at {at}",
+                    i.id
+                ));
             }
             if let Some(r) = self.refunds_of(&i.id).find(|r| r.changes.is_some()) {
                 return Some(format!(

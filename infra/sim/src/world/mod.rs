@@ -432,6 +432,13 @@ async fn run_on(opts: Options) -> Result<Report> {
         share: opts.disputes.0,
         open_days: opts.disputes.1,
     });
+    provider.books.lock().expect("books").repay_plan =
+        Some(crate::provider::settle::RepayPlan {
+            seed: opts.seed,
+            share: opts.repay_share,
+            days: (opts.provider.timeline, 8.0 * opts.provider.timeline),
+            settle_days: opts.provider.settle_days,
+        });
     let world = Arc::new(World {
         opts: opts.clone(),
         clock: Arc::clone(&clock),

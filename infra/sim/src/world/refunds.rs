@@ -274,9 +274,20 @@ pub(super) fn check_dead_letters(w: &World) {
     }
 }
 
+/// A PaymentIntent's statuses (Stripe's, read here without the system's own parsers) from
+/// which it may still be charged: settling, waiting for its customer, or failed and open to be
+/// confirmed again (`requires_payment_method` is not final until it is `canceled`).
+fn may_still_charge(status: &str) -> bool {
+    matches!(
+        status,
+        "processing" | "requires_action" | "requires_confirmation" | "requires_payment_method"
+    )
+}
+
 /// The refunds' invariants, once the system is quiet: the provider never refunded more than a
 /// charge nor one refund id twice (as found at each write); every refund ended (its record
-/// completed, or dead-lettered with a reason); each payment's ledger (`refunded_amount`) equals
+/// completed, or dead-lettered with a reason; `held` only while its payment may still be
+/// charged); none canceled of a payment the provider charged; each payment's ledger (`refunded_amount`) equals
 /// what the provider refunded of it.
 pub(super) fn check_end(w: &World) {
     let breaches = std::mem::take(&mut w.provider.books.lock().expect("books").refund_breaches);
@@ -318,17 +329,25 @@ pub(super) fn check_end(w: &World) {
             record.as_ref().and_then(|i| i.get("status")) == Some(&Value::S("COMPLETED".into()));
         // `held` is an end only while its payment still settles at the provider (a customer
         // who never authenticates): one settled since must have been resumed, made or canceled.
-        let held = record.as_ref().and_then(|i| match i.get("outcome") {
+        let outcome = record.as_ref().and_then(|i| match i.get("outcome") {
             Some(Value::M(m)) => m.get("status").cloned(),
             _ => None,
-        }) == Some(Value::S(payment_core::refunds::work::HELD.into()));
-        if completed && held {
-            let settling = books
-                .intents_of(&r.payment_id)
-                .iter()
-                .any(|i| payment_core::provider::event::payment_settling(&i.status));
-            if !settling {
-                completed = false;
+        });
+        let held = outcome == Some(Value::S(payment_core::refunds::work::HELD.into()));
+        let intents = books.intents_of(&r.payment_id);
+        if completed && held && !intents.iter().any(|i| may_still_charge(&i.status)) {
+            completed = false;
+        }
+        // Given up because its payment failed: only a payment the provider never charged.
+        if outcome == Some(Value::S(payment_core::refunds::work::CANCELED.into())) {
+            if let Some(i) = intents.iter().find(|i| i.status == "succeeded") {
+                w.violated(
+                    "no refund canceled of a payment charged",
+                    format!(
+                        "{refund_id} of {} ({:?}) was canceled as its payment failed, and {} is succeeded at the provider",
+                        r.payment_id, r.amount, i.id
+                    ),
+                );
             }
         }
         // Dead-lettered: in the DLQ, or its mark kept (the letter may have passed its retention

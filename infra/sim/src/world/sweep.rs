@@ -20,7 +20,9 @@
 //!   sharing each instance's pace (`NIGHTLY_REFUNDS=true` or `false` sets it by hand);
 //! - the webhook endpoint deleted and registered again (a third of the seeds): once, between
 //!   two of the catch-up's hourly runs, for 10 to 30 minutes; the events made meanwhile are
-//!   never sent.
+//!   never sent;
+//! - the customers of failed debits who pay them again, 1 to 8 days on (10 to 60 % of them): a
+//!   payment recorded declined is charged after all (`REPAY_SHARE` sets it by hand).
 
 use super::Options;
 
@@ -108,6 +110,15 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
             "the webhook endpoint away on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"
         ));
     }
+    // The customers of failed debits who pay them again (a tenth to six tenths of them).
+    let repay = rng.f64();
+    if !explicit.repay_share {
+        opts.repay_share = 0.1 + 0.5 * repay;
+        drawn.push(format!(
+            "{:.0} % of failed debits paid again",
+            100.0 * opts.repay_share
+        ));
+    }
     drawn.join(", ")
 }
 
@@ -122,4 +133,6 @@ pub struct Explicit {
     pub provider_faults: bool,
     /// `NIGHTLY_REFUNDS` given.
     pub nightly_refunds: bool,
+    /// `REPAY_SHARE` given.
+    pub repay_share: bool,
 }
