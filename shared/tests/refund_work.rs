@@ -1,7 +1,7 @@
 //! Refunds as a `sqs_once::Work`: never beyond the charge, whatever runs at once; only charged
 //! payments; a refused refund gives its amount back; one provider refund per refund id.
 //!
-//! Why ~1,100 lines: every scenario runs in the one `World` (the in-memory ledger behind a yield,
+//! Why ~1,200 lines: every scenario runs in the one `World` (the in-memory ledger behind a yield,
 //! the provider, the processor), and reads as one story of what a refund meets.
 
 use std::collections::BTreeMap;
@@ -533,8 +533,9 @@ async fn a_refund_of_a_payment_still_settling_is_held_and_made_once_it_succeeds(
     assert_eq!(s.duplicates, 1, "{s:?}");
     assert_eq!(w.provider.calls.lock().unwrap().len(), 1);
 
-    // The customer never authenticates and the payment fails: canceled, its amount given back.
-    let again = settle_and_resume(&w, "auth", "declined").await;
+    // The customer never authenticates and the PaymentIntent is canceled: the refund is
+    // canceled, its amount given back.
+    let again = settle_and_resume(&w, "auth", "canceled").await;
     let (response, s) = w.processor.handle_batch(again, now_ms() + 60_000).await;
     assert!(response.batch_item_failures.is_empty(), "{s:?}");
     assert_eq!(s.done("canceled"), 1, "{s:?}");
@@ -552,8 +553,80 @@ async fn a_refund_of_a_payment_still_settling_is_held_and_made_once_it_succeeds(
         ("canceled", Some("payment_failed"))
     );
     assert!(
-        o.text("reason").unwrap().contains("ended declined"),
+        o.text("reason").unwrap().contains("ended canceled"),
         "{o:?}"
+    );
+}
+
+/// A debit that fails is not the end of its payment: the PaymentIntent is back at
+/// `requires_payment_method`, and its customer may pay it days later with another method. A
+/// refund held before the decline stays held, its amount reserved (issue 65, bug 3: it was
+/// canceled, and never made when the customer paid after all); made once the payment
+/// succeeds. Canceled only when the PaymentIntent is.
+#[tokio::test]
+async fn a_held_refund_outlives_a_decline_and_is_made_when_the_customer_pays_after_all() {
+    let w = world();
+    charged(&w, "debit", RecordStatus::Completed, "processing", 500);
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m1", &refund("r1", "debit", Some(300)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(s.done("held"), 1, "{s:?}");
+    // The debit fails; whatever resumes held refunds sent it again (a resume before this
+    // rule, or one that raced the decline): it is held once more, nothing given back.
+    let again = settle_and_resume(&w, "debit", "declined").await;
+    *w.provider.now.lock().unwrap() = Some("declined".into());
+    let (response, s) = w
+        .processor
+        .handle_batch(again.clone(), now_ms() + 60_000)
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("held"), 1, "{s:?}");
+    let debit = w.ledger.payment("debit").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            debit.refunded,
+            debit.refunds.get("r1"),
+            debit.held.contains_key("r1")
+        ),
+        (300, Some(&300), true),
+        "still reserved and held"
+    );
+    let o = w.store.get("r1").await.unwrap().unwrap().outcome.unwrap();
+    assert!(
+        o.text("reason")
+            .unwrap()
+            .contains("declined at the provider and may still be paid"),
+        "{o:?}"
+    );
+    // A refund that comes after the decline was never promised: refused on what the
+    // provider holds.
+    let (_, s) = w
+        .processor
+        .handle_batch(
+            vec![msg("m2", &refund("r2", "debit", Some(100)))],
+            now_ms() + 60_000,
+        )
+        .await;
+    assert_eq!(
+        s.dead_lettered.get("payment_not_refundable"),
+        Some(&1),
+        "{s:?}"
+    );
+    // The customer pays the same PaymentIntent: the held refund is made, once.
+    let again = settle_and_resume(&w, "debit", "succeeded").await;
+    let (_, s) = w.processor.handle_batch(again, now_ms() + 60_000).await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    let calls = w.provider.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| (c.refund_id.as_str(), c.amount))
+            .collect::<Vec<_>>(),
+        [("r1", 300)]
     );
 }
 

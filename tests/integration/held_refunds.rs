@@ -1,6 +1,7 @@
 //! Refunds asked while their payment still settles at the provider, on the real SDK and the
 //! local stack: held (reserved, acknowledged, nothing sent), then made once the payment
-//! succeeds or canceled with their amount given back once it fails, whatever crashes between
+//! succeeds (a failed debit's customer paying after all among them) or canceled with their
+//! amount given back once it is canceled, whatever crashes between
 //! the payment's settlement and the refund's send; the catch-up's sweep resumes what the inbox
 //! did not, even in a run whose listing fails; a refund another attempt is deciding is left to
 //! it and the event comes back for it; a refund whose cancel died is held again; a stale
@@ -235,19 +236,49 @@ async fn held_refunds_are_made_once_after_a_crash_between_the_settlement_and_the
     nothing_dead_lettered(&t, &e).await;
 }
 
-/// A debit that fails after the refund was held: the refund is canceled with its reason, its
-/// amount given back; nothing reaches the provider or a dead-letter queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_refund_of_a_debit_that_fails_is_canceled_and_its_amount_given_back() {
-    let t = TestStack::new("held-fail").await;
-    let e = events(&t).await;
-    let rid = t.pid("r1");
+/// What a customer or an operator does to a payment's PaymentIntent at the provider, as Stripe
+/// takes it (`POST /v1/payment_intents/{id}/{action}`): `confirm` (the customer pays again) or
+/// `cancel` (it will never be paid); then its events, up to one of type `kind`, are delivered
+/// and applied, and the refunds queue drained (its summary returned).
+async fn at_provider(
+    t: &TestStack,
+    e: &Events,
+    pid: &str,
+    (action, form): (&str, &[(&str, &str)]),
+    kind: &str,
+) -> sqs_once::BatchSummary {
+    let intent = t.record(pid).await.unwrap().outcome.unwrap();
+    let intent = intent.text("provider_payment_id").unwrap().to_owned();
+    let answer = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/payment_intents/{intent}/{action}",
+            t.config.payment_api_url
+        ))
+        .bearer_auth(required_env("PAYMENT_API_KEY"))
+        .header("Stripe-Version", &t.config.stripe_api_version)
+        .header("Idempotency-Key", format!("{action}-{pid}"))
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{:?}", answer.text().await);
+    let listed = e
+        .listed(&[pid.to_owned()], |l| kinds(l).contains(&kind))
+        .await;
+    e.deliver_all(&listed, 1).await;
+    e.drain(t).await;
+    drain_refunds(t).await
+}
+
+/// A debit that fails after the refund was held, applied: its PaymentIntent is back at
+/// `requires_payment_method`, not ended.
+async fn held_debit_that_failed(t: &TestStack, e: &Events, rid: &str) -> String {
     let pid = held_debit(
-        &t,
+        t,
         "debit",
         "pm_usBankAccount_accountClosed",
         1500,
-        &[(rid.clone(), 600)],
+        &[(rid.to_owned(), 600)],
     )
     .await;
     let listed = e
@@ -256,23 +287,87 @@ async fn a_held_refund_of_a_debit_that_fails_is_canceled_and_its_amount_given_ba
         })
         .await;
     e.deliver_all(&listed, 2).await;
-    let s = e.drain(&t).await.summary;
+    let s = e.drain(t).await.summary;
     assert_eq!(s.done("applied"), 1, "{s:?}");
-    let s = drain_refunds(&t).await;
+    let s = drain_refunds(t).await;
+    assert_eq!(
+        (s.done("canceled"), s.done("held")),
+        (0, 0),
+        "nothing resumed: {s:?}"
+    );
+    let p = ledger(t, &pid).await;
+    assert_eq!(p.outcome.as_ref().unwrap().status, "declined");
+    assert_eq!(
+        (p.refunded, p.refunds.get(rid), p.held.contains_key(rid)),
+        (600, Some(&600), true),
+        "still held, its amount reserved"
+    );
+    let swept = sweep(t, Duration::from_secs(86_400)).await;
+    assert_eq!((swept.resumed, swept.held), (0, 1), "{swept:?}");
+    pid
+}
+
+/// A debit that fails after the refund was held is not the payment's end: its customer pays the
+/// same PaymentIntent later (issue 65, bug 3: the refund was canceled on the decline and never
+/// made). The refund stays held through the decline and is made once the payment succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_refund_outlives_its_debit_failing_and_is_made_when_the_customer_pays_after_all() {
+    let t = TestStack::new("held-fail").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit_that_failed(&t, &e, &rid).await;
+    let s = at_provider(
+        &t,
+        &e,
+        &pid,
+        ("confirm", &[("payment_method", "pm_card_visa")]),
+        "payment_intent.succeeded",
+    )
+    .await;
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert_eq!(made(&t, &rid).await, [600]);
+    let p = ledger(&t, &pid).await;
+    assert_eq!(
+        (p.outcome.as_ref().unwrap().status.as_str(), p.refunded),
+        ("succeeded", 600)
+    );
+    nothing_dead_lettered(&t, &e).await;
+}
+
+/// A held refund whose failed debit is then canceled at the provider (an operator's answer to
+/// `HeldRefundsOverdue`): canceled with its reason, its amount given back, its entry removed;
+/// nothing reaches the provider or a dead-letter queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_refund_is_canceled_and_its_amount_given_back_once_its_payment_is_canceled() {
+    let t = TestStack::new("held-cancel").await;
+    let e = events(&t).await;
+    let rid = t.pid("r1");
+    let pid = held_debit_that_failed(&t, &e, &rid).await;
+    let s = at_provider(
+        &t,
+        &e,
+        &pid,
+        ("cancel", &[("cancellation_reason", "abandoned")]),
+        "payment_intent.canceled",
+    )
+    .await;
     assert_eq!(s.done("canceled"), 1, "{s:?}");
     let p = ledger(&t, &pid).await;
-    assert_eq!(p.outcome.as_ref().unwrap().status, "declined");
+    assert_eq!(p.outcome.as_ref().unwrap().status, "canceled");
     assert_eq!((p.refunded, p.refunds.len()), (0, 0));
     sweep(&t, Duration::from_secs(86_400)).await;
     assert!(
         ledger(&t, &pid).await.held.is_empty(),
         "done: its entry removed"
     );
-    let store = payment_core::refunds::refund_store(
-        aws_sdk_dynamodb::Client::new(&payment_core::edges::bootstrap::sdk_config().await),
-        &t.config.idempotency_table,
-    );
-    let o = store.get(&rid).await.unwrap().unwrap().outcome.unwrap();
+    let o = refund_store(&t)
+        .await
+        .get(&rid)
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .unwrap();
     assert_eq!(
         (o.status.as_str(), o.text("code")),
         ("canceled", Some("payment_failed"))

@@ -203,7 +203,7 @@ impl EventWork {
     /// come back and resume them.
     async fn resume_held(&self, pid: &str, held: bool, status: &str) -> Result<(), CallError> {
         match &self.held {
-            Some(h) if held && !crate::provider::event::payment_settling(status) => {
+            Some(h) if held && !crate::provider::event::payment_may_still_charge(status) => {
                 let resumed = h.resume(pid).await.map_err(store_error)?;
                 if resumed.busy > 0 {
                     // An attempt holds one of them now: one that read the payment settling

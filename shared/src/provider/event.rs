@@ -303,6 +303,15 @@ pub fn payment_settling(s: &str) -> bool {
     )
 }
 
+/// A payment's statuses from which the provider may still charge it: settling, or declined (a
+/// PaymentIntent back at `requires_payment_method` after a failed confirmation is confirmed
+/// again whenever its customer comes back; only `canceled` ends it). A refund held while its
+/// payment is in one of these stays held ([`crate::refunds::held`]).
+pub fn payment_may_still_charge(s: &str) -> bool {
+    payment_settling(s)
+        || (s == "declined" && !sqs_once::mutation::on("held_refund_canceled_on_decline"))
+}
+
 /// A payment's statuses that never change again.
 fn payment_final(s: &str) -> bool {
     matches!(

@@ -5,7 +5,16 @@
 //! own record completed `held` and its message acknowledged. Nothing is waiting in a queue: the
 //! payment's record is where the refund waits, for as long as the record lives.
 //!
-//! Once the payment is anything but settling, [`HeldRefunds::resume`] reads each held refund's
+//! "Settled" here means the provider can no longer charge the payment otherwise than it has:
+//! succeeded, or ended without a charge for good (`canceled`, refused). A decline is not such an
+//! end: the PaymentIntent is back at `requires_payment_method`, and its customer may confirm it
+//! again with another payment method days later and be charged. A payment recorded `declined`
+//! keeps its held refunds held ([`crate::provider::event::payment_may_still_charge`]), to be made
+//! if it succeeds, canceled if it is canceled; past `HeldRefundHorizonDays` the sweep counts it
+//! overdue, for an operator to cancel the PaymentIntent or wait (issue 65: a held refund
+//! canceled on the decline was never made when the customer paid after all).
+//!
+//! Once the payment is settled so, [`HeldRefunds::resume`] reads each held refund's
 //! record: one still completed `held` is reopened (`COMPLETED`/`held` → `FAILED`,
 //! [`sqs_once::DynamoStore::reopen`]) and its message sent to the refunds queue again; one
 //! completed otherwise (made, canceled, refused) is done, and its entry removed; one an attempt
@@ -164,7 +173,8 @@ impl HeldRefunds {
         Ok(Some((status, held_of(item))))
     }
 
-    /// Resumes the payment's held refunds if it has settled (any status but a settling one).
+    /// Resumes the payment's held refunds if it has settled (succeeded, or ended for good: not
+    /// settling, not declined).
     /// Each one's record:
     /// - completed `held`: reopened, and its message sent;
     /// - completed otherwise (made, canceled, refused): done; its entry is removed;
@@ -172,13 +182,14 @@ impl HeldRefunds {
     ///   message comes back then): left to that attempt ([`Resumed::busy`] counts the first);
     /// - anything else (failed and due, claimed by an attempt that died, gone): sent again.
     ///
-    /// Nothing is done while the payment settles or holds none.
+    /// Nothing is done while the payment may still be charged (settling, or declined) or holds
+    /// none.
     pub async fn resume(&self, payment_id: &str) -> Result<Resumed, StoreError> {
         let Some((status, held)) = self.held(payment_id).await? else {
             return Ok(Resumed::default());
         };
         if held.is_empty()
-            || crate::provider::event::payment_settling(&status)
+            || crate::provider::event::payment_may_still_charge(&status)
             || sqs_once::mutation::on("held_refunds_never_resumed")
         {
             return Ok(Resumed::default());
@@ -380,7 +391,7 @@ impl HeldRefunds {
         let Some((status, held)) = self.held(payment_id).await? else {
             return Ok(None);
         };
-        if !crate::provider::event::payment_settling(&status) {
+        if !crate::provider::event::payment_may_still_charge(&status) {
             let sent = self.resume(payment_id).await?.sent;
             return Ok(Some((held.len(), None, sent)));
         }

@@ -543,10 +543,12 @@ impl RefundLedger for DynamoRefundLedger {
         // What is refunded and what disputes hold never pass the charge; the disputed amount
         // is pinned to the one read, so a dispute applied meanwhile makes this read again.
         // The record's lifetime is only ever raised: a write that raced ours and kept it longer
-        // makes this one read again. A hold needs the payment still settling: the write that
-        // settles it names the state it moves from, so one of the two reads again.
+        // makes this one read again. A hold needs a payment that may still be charged
+        // (settling, or declined and open to its customer's confirming it again,
+        // `provider::event::payment_may_still_charge`): the write that settles it names the
+        // state it moves from, so one of the two reads again.
         let state = if hold.is_some() {
-            "outcome.#st IN (:processing, :requires_action, :requires_confirmation)"
+            "outcome.#st IN (:processing, :requires_action, :requires_confirmation, :declined)"
         } else {
             "outcome.#st = :succeeded"
         };
@@ -571,7 +573,8 @@ impl RefundLedger for DynamoRefundLedger {
             Some(_) => req
                 .expression_attribute_values(":processing", s("processing"))
                 .expression_attribute_values(":requires_action", s("requires_action"))
-                .expression_attribute_values(":requires_confirmation", s("requires_confirmation")),
+                .expression_attribute_values(":requires_confirmation", s("requires_confirmation"))
+                .expression_attribute_values(":declined", s("declined")),
         };
         // The held entry, in the same write: the map's first entry creates it.
         let (held_set, held_condition) = match hold {
@@ -858,7 +861,7 @@ impl RefundLedger for InMemoryRefundLedger {
                 .as_ref()
                 .filter(|o| match hold {
                     None => o.status == "succeeded",
-                    Some(_) => crate::provider::event::payment_settling(&o.status),
+                    Some(_) => crate::provider::event::payment_may_still_charge(&o.status),
                 })
                 .map(|o| o.amount);
             let total = seen.refunded + amount;

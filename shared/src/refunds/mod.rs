@@ -32,6 +32,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a held refund is never resumed once its payment settles: its record stays completed held, its amount reserved, the customer never refunded",
     ),
     (
+        "held_refund_canceled_on_decline",
+        "a payment declined counts as settled for its held refunds: they are resumed and canceled, their amounts given back, and never made when the customer pays the same PaymentIntent after all (issue 65, bug 3)",
+    ),
+    (
         "unknown_refund_of_a_gone_payment_waits",
         "an attempt that inherits an unknown outcome, of a refund whose payment has no record, waits for a lookup that can never be made, although no attempt of its record can have reserved (a reservation keeps the payment's record the refund window): dead-lettered retries_exhausted after each redrive",
     ),

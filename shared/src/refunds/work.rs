@@ -23,7 +23,7 @@
 //! settles) `refund_limit_reached`, each dead-lettered and never redriven (their records are
 //! complete).
 //!
-//! Why ~530 lines: the refund's decision on its payment (charged, settling, failed), its
+//! Why ~760 lines: the refund's decision on its payment (charged, settling, failed), its
 //! reservation or hold, and its call are one path, read with the `Work` that runs it.
 //!
 //! A refund's record is kept for the refund window from its completion
@@ -228,12 +228,19 @@ impl RefundWork {
                 format!("payment {pid} has no outcome: nothing to refund"),
             )));
         };
-        if crate::provider::event::payment_settling(&o.status) {
-            if sqs_once::mutation::on("early_refund_not_held") {
-                return Err(not_yet(pid, &format!("is {} at the provider", o.status)));
-            }
-            // Not charged yet, not refused either: the provider settles it later (a bank
-            // debit in days, a customer's authentication whenever they come back).
+        let settling = crate::provider::event::payment_settling(&o.status);
+        if settling && sqs_once::mutation::on("early_refund_not_held") {
+            return Err(not_yet(pid, &format!("is {} at the provider", o.status)));
+        }
+        // Not charged yet, not refused either: the provider settles it later (a bank debit in
+        // days, a customer's authentication whenever they come back). A refund held before its
+        // payment was declined stays held: the customer may still pay the PaymentIntent, and
+        // the refund was promised for that (a refund that comes after the decline is refused
+        // below, on what the provider holds then).
+        if settling
+            || (crate::provider::event::payment_may_still_charge(&o.status)
+                && p.held.contains_key(&r.refund_id))
+        {
             return Ok(Payment::Settling {
                 waits_for: o.status.clone(),
                 currency: o.currency.clone(),
@@ -425,10 +432,10 @@ impl RefundWork {
                     .with_text("currency", currency)
                     .with_text(
                         "reason",
-                        format!(
-                            "payment {pid} is {} at the provider: the refund is made when it succeeds, canceled if it fails",
-                            waits_for.unwrap_or_default()
-                        ),
+                        match waits_for.as_deref().unwrap_or_default() {
+                            "declined" => format!("payment {pid} was declined at the provider and may still be paid: the refund is made if its customer pays it, canceled if it is canceled"),
+                            w => format!("payment {pid} is {w} at the provider: the refund is made when it succeeds, canceled if it fails for good"),
+                        },
                     )),
             });
         }

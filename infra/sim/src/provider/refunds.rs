@@ -88,6 +88,13 @@ impl Books {
             .sum()
     }
 
+    /// Whether the provider holds a refund made under the merchant's refund id (any status).
+    pub fn has_refund_for(&self, refund_id: &str) -> bool {
+        self.refunds_by_call
+            .get(refund_id)
+            .is_some_and(|ids| !ids.is_empty())
+    }
+
     /// The refunds of a PaymentIntent, in id order.
     pub(super) fn refunds_of<'a>(
         &'a self,

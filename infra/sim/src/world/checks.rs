@@ -202,7 +202,7 @@ fn check_expiry(w: &Arc<World>, item: &crate::dynamo::value::Item) {
     let ledger = match item.get("refunded_amount") {
         Some(Value::N(n)) => n.parse::<i64>().unwrap_or(-1),
         _ => 0,
-    };
+    } - super::refunds::held_apart(&books, pid, item);
     let refunded: i64 = books
         .intents_of(pid)
         .iter()

@@ -111,6 +111,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "an unknown refund of a payment with no record waits for a lookup that can never be made, although no attempt of its record can have reserved: dead-lettered retries_exhausted after each redrive (payment_core::refunds::MUTATIONS; issue 65)",
     ),
     (
+        "held_refund_canceled_on_decline",
+        "a decline counts as settled for the refunds a payment holds: they are canceled, and never made when its customer pays the same PaymentIntent days later (payment_core::refunds::MUTATIONS; issue 65, bug 3)",
+    ),
+    (
         "endpoint_registered_since_fit",
         "the catch-up takes an endpoint registered after the list was last checked through for fit: the events made while it was away are never applied (payment_core::events::catch_up::MUTATIONS; issue 65, bug 4)",
     ),
@@ -432,13 +436,12 @@ async fn run_on(opts: Options) -> Result<Report> {
         share: opts.disputes.0,
         open_days: opts.disputes.1,
     });
-    provider.books.lock().expect("books").repay_plan =
-        Some(crate::provider::settle::RepayPlan {
-            seed: opts.seed,
-            share: opts.repay_share,
-            days: (opts.provider.timeline, 8.0 * opts.provider.timeline),
-            settle_days: opts.provider.settle_days,
-        });
+    provider.books.lock().expect("books").repay_plan = Some(crate::provider::settle::RepayPlan {
+        seed: opts.seed,
+        share: opts.repay_share,
+        days: (opts.provider.timeline, 8.0 * opts.provider.timeline),
+        settle_days: opts.provider.settle_days,
+    });
     let world = Arc::new(World {
         opts: opts.clone(),
         clock: Arc::clone(&clock),

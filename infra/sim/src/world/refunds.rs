@@ -284,10 +284,40 @@ fn may_still_charge(status: &str) -> bool {
     )
 }
 
+/// What a payment's record (`item`) reserves for refunds it holds while the provider may still
+/// charge the payment (none made at the provider yet): not refunded, so not in the provider's
+/// books. Read from the record's `held_refunds` and `refunds` maps; nothing held apart once the
+/// payment cannot be charged any more (a held refund must have been resumed then).
+pub(super) fn held_apart(
+    books: &crate::provider::Books,
+    payment_id: &str,
+    item: &crate::dynamo::value::Item,
+) -> i64 {
+    if !books
+        .intents_of(payment_id)
+        .iter()
+        .any(|i| may_still_charge(&i.status))
+    {
+        return 0;
+    }
+    let (Some(Value::M(held)), Some(Value::M(reserved))) =
+        (item.get("held_refunds"), item.get("refunds"))
+    else {
+        return 0;
+    };
+    held.keys()
+        .filter(|rid| !books.has_refund_for(rid))
+        .filter_map(|rid| match reserved.get(rid) {
+            Some(Value::N(n)) => n.parse::<i64>().ok(),
+            _ => None,
+        })
+        .sum()
+}
+
 /// The refunds' invariants, once the system is quiet: the provider never refunded more than a
 /// charge nor one refund id twice (as found at each write); every refund ended (its record
 /// completed, or dead-lettered with a reason; `held` only while its payment may still be
-/// charged); none canceled of a payment the provider charged; each payment's ledger (`refunded_amount`) equals
+/// charged); none canceled of a payment the provider charged; each payment's ledger (`refunded_amount`, less what it holds for refunds while the payment may still be charged, [`held_apart`]) equals
 /// what the provider refunded of it.
 pub(super) fn check_end(w: &World) {
     let breaches = std::mem::take(&mut w.provider.books.lock().expect("books").refund_breaches);
@@ -378,6 +408,7 @@ pub(super) fn check_end(w: &World) {
             Some(Value::N(n)) => n.parse::<i64>().unwrap_or(-1),
             _ => 0,
         };
+        let ledger = ledger - held_apart(&books, &pid, &record);
         let intents = books.intents_of(&pid);
         let refunded: i64 = intents.iter().map(|i| books.refunded(&i.id)).sum();
         let charged: i64 = intents
