@@ -39,6 +39,8 @@ struct Provider {
     find_times_out: Mutex<bool>,
     /// A refund's answer is lost after the provider made it, while set.
     create_answer_lost: Mutex<bool>,
+    /// The PaymentIntents the provider's search finds for any payment id.
+    intents: Mutex<Vec<String>>,
 }
 
 #[async_trait]
@@ -71,6 +73,9 @@ impl RefundProvider for Provider {
     }
     async fn payment_status(&self, _: &str) -> Result<Option<String>, ProviderError> {
         Ok(self.now.lock().unwrap().clone())
+    }
+    async fn payment_intents_of(&self, _: &str) -> Result<Vec<String>, ProviderError> {
+        Ok(self.intents.lock().unwrap().clone())
     }
     async fn find_refunds(&self, _: &str) -> Result<Vec<FoundRefund>, ProviderError> {
         if *self.find_times_out.lock().unwrap() {
@@ -1086,6 +1091,77 @@ async fn an_unknown_refund_of_a_payment_whose_record_expired_stays_unknown() {
     let record = w.store.get("r1").await.unwrap().unwrap();
     assert_ne!(record.status, RecordStatus::Completed, "{record:?}");
     assert!(record.unknown_outcome, "still unknown: {record:?}");
+    assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
+    // Once the provider's search names the payment's PaymentIntent, its refunds say what the
+    // earlier attempt did: it refunded, and the record completes so, nothing sent again.
+    *w.provider.intents.lock().unwrap() = vec!["pi_p1".into()];
+    w.provider.found.lock().unwrap().push(FoundRefund {
+        provider_refund_id: "re_1".into(),
+        status: "succeeded".into(),
+        amount: 40,
+        refund_id: Some("r1".into()),
+    });
+    clock.advance(Duration::from_secs(3_600));
+    let mut again = msg("m1", &body);
+    again
+        .attributes
+        .insert("SentTimestamp".into(), clock.now_ms().to_string());
+    let (response, s) = w
+        .processor
+        .handle_batch(vec![again], clock.now_ms() + 60_000)
+        .await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    let o = w.store.get("r1").await.unwrap().unwrap().outcome.unwrap();
+    assert_eq!(o.text("provider_refund_id"), Some("re_1"));
+    assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
+}
+
+/// A merchant's resend of refunds whose records, and their payment's, have expired (the refund
+/// window passed): no record names the charge, so the provider's search names the payment's
+/// PaymentIntents and their refunds are listed. One made before under its refund id is answered
+/// as made: no call, no dead letter for a person to refund by hand a second time (the simulator's
+/// "no refund made and dead-lettered", 171 letters in 15 seeds before this). One the provider
+/// holds as failed, or none at all, is refused `payment_unknown`: nothing was refunded under it.
+/// Whatever the search names nothing for stays as before (refused, or unknown when its own
+/// attempt reserved: `an_unknown_refund_of_a_payment_whose_record_expired_stays_unknown`).
+#[tokio::test]
+async fn a_refund_resent_after_its_payment_s_record_expired_is_found_made_at_the_provider() {
+    let w = world();
+    *w.provider.intents.lock().unwrap() = vec!["pi_gone".into()];
+    w.provider.found.lock().unwrap().extend([
+        FoundRefund {
+            provider_refund_id: "re_made".into(),
+            status: "succeeded".into(),
+            amount: 40,
+            refund_id: Some("r-made".into()),
+        },
+        FoundRefund {
+            provider_refund_id: "re_failed".into(),
+            status: "failed".into(),
+            amount: 25,
+            refund_id: Some("r-failed".into()),
+        },
+    ]);
+    let batch = vec![
+        msg("m1", &refund("r-made", "gone", Some(40))),
+        msg("m2", &refund("r-failed", "gone", Some(25))),
+        msg("m3", &refund("r-never", "gone", Some(10))),
+    ];
+    let (response, s) = w.processor.handle_batch(batch, now_ms() + 60_000).await;
+    assert!(response.batch_item_failures.is_empty(), "{s:?}");
+    assert_eq!(s.done("refunded"), 1, "{s:?}");
+    assert_eq!(s.dead_lettered.get("payment_unknown"), Some(&2), "{s:?}");
+    let made = w.store.get("r-made").await.unwrap().unwrap();
+    let o = made.outcome.unwrap();
+    assert_eq!(
+        (
+            o.status.as_str(),
+            o.text("provider_refund_id"),
+            o.number("amount")
+        ),
+        ("succeeded", Some("re_made"), Some(40))
+    );
     assert!(w.provider.calls.lock().unwrap().is_empty(), "nothing sent");
 }
 

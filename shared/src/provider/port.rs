@@ -330,6 +330,11 @@ pub trait RefundProvider: Send + Sync {
     /// Every refund of a PaymentIntent, to settle an outcome that no answer told.
     async fn find_refunds(&self, payment_intent: &str) -> Result<Vec<FoundRefund>, ProviderError>;
 
+    /// The PaymentIntents of payment `payment_id` (`metadata[payment_id]`, by the provider's
+    /// search), to find a refund made under a record that has expired since: no record names
+    /// them any more.
+    async fn payment_intents_of(&self, payment_id: &str) -> Result<Vec<String>, ProviderError>;
+
     /// The PaymentIntent's status now, in the record's words (`declined` for
     /// `requires_payment_method`): a payment recorded `declined` may have been confirmed again
     /// since, and its event not applied yet; `None` when the answer names none.

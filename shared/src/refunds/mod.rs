@@ -36,6 +36,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a payment declined counts as settled for its held refunds: they are resumed and canceled, their amounts given back, and never made when the customer pays the same PaymentIntent after all (issue 65, bug 3)",
     ),
     (
+        "refund_with_no_payment_record_not_searched",
+        "a refund whose payment has no record is not looked up at the provider: a merchant's resend of a refund made before the records expired is dead-lettered payment_unknown, asking a person to refund by hand what was refunded (issue 65)",
+    ),
+    (
         "unknown_refund_of_a_gone_payment_waits",
         "an attempt that inherits an unknown outcome, of a refund whose payment has no record, waits for a lookup that can never be made, although no attempt of its record can have reserved (a reservation keeps the payment's record the refund window): dead-lettered retries_exhausted after each redrive",
     ),

@@ -103,6 +103,17 @@ fn store_error(e: sqs_once::record::StoreError) -> CallError {
     ))
 }
 
+/// What the provider holds of a refund whose payment has no record.
+enum Earlier {
+    /// Made under this refund id (succeeded or pending): the outcome to store.
+    Made(Outcome),
+    /// The payment's PaymentIntents were found and none holds a refund of it that moved money
+    /// (a list is consistent): nothing was refunded under this refund id.
+    NotMade,
+    /// The search named no PaymentIntent of the payment: nothing can be told.
+    Unknown,
+}
+
 /// Where a refund's payment stands.
 enum Payment {
     /// Charged: refunded from this PaymentIntent.
@@ -183,6 +194,43 @@ impl RefundWork {
             .reserved_by(&r.refund_id)
             .await
             .map_err(store_error)?)
+    }
+
+    /// What the provider holds of this refund when no record of its payment names its charge:
+    /// the payment's PaymentIntents, by the provider's search (a PaymentIntent whose record has
+    /// expired is months old, long past the search's lag), and each one's refunds, listed.
+    async fn made_before(&self, r: &RefundRequest) -> Result<Earlier, CallError> {
+        if sqs_once::mutation::on("refund_with_no_payment_record_not_searched") {
+            return Ok(Earlier::Unknown);
+        }
+        let intents = self.provider.payment_intents_of(&r.payment_id).await?;
+        if intents.is_empty() {
+            return Ok(Earlier::Unknown);
+        }
+        for intent in intents {
+            let made = self
+                .provider
+                .find_refunds(&intent)
+                .await?
+                .into_iter()
+                .find(|f| {
+                    f.refund_id.as_deref() == Some(r.refund_id.as_str())
+                        && !matches!(f.status.as_str(), "failed" | "canceled")
+                });
+            if let Some(f) = made {
+                return Ok(Earlier::Made(
+                    Outcome::new(f.status)
+                        .with_text("provider_refund_id", f.provider_refund_id)
+                        .with_text("payment_id", &r.payment_id)
+                        .with_number("amount", f.amount)
+                        .with_text(
+                            "reason",
+                            format!("made before under refund_id {}, at {intent}; the payment's record had expired (the refund window) when this message came", r.refund_id),
+                        ),
+                ));
+            }
+        }
+        Ok(Earlier::NotMade)
     }
 
     /// Where the refund's payment stands.
@@ -513,16 +561,24 @@ impl Work for RefundWork {
             // operator reconciles it by the refund's id in Stripe), never stored as refused,
             // unless no attempt of this record ever held a reservation: then none called, and
             // the refusal is stored.
-            Err(done)
-                if attempt.inherited_unknown && done.text("code") == Some(PAYMENT_UNKNOWN) =>
-            {
-                if self.none_reserved(r).await? {
-                    return Ok(done);
+            // No record of the payment (expired with the refund window, or never): a refund
+            // made under this refund id before its records expired (a merchant's resend) is
+            // found at the provider through the payment's PaymentIntents and answered as made,
+            // never dead-lettered for a person to make by hand again.
+            Err(done) if done.text("code") == Some(PAYMENT_UNKNOWN) => {
+                match self.made_before(r).await? {
+                    Earlier::Made(made) => return Ok(made),
+                    Earlier::NotMade => return Ok(done),
+                    Earlier::Unknown
+                        if attempt.inherited_unknown && !self.none_reserved(r).await? =>
+                    {
+                        return Err(CallError::transient(format!(
+                            "an earlier attempt's outcome is unknown and cannot be looked up: {}",
+                            done.text("reason").unwrap_or(PAYMENT_UNKNOWN)
+                        )));
+                    }
+                    Earlier::Unknown => return Ok(done),
                 }
-                return Err(CallError::transient(format!(
-                    "an earlier attempt's outcome is unknown and cannot be looked up: {}",
-                    done.text("reason").unwrap_or(PAYMENT_UNKNOWN)
-                )));
             }
             Err(done) => return Ok(done),
         };
@@ -615,17 +671,22 @@ impl Work for RefundWork {
             {
                 return Ok(None)
             }
-            // No record of the payment (expired, or never) names its charge: its refunds
-            // cannot be listed, and finding nothing would prove nothing. An unknown outcome
-            // stays unknown (an operator reconciles it by the refund's id in Stripe).
+            // No record of the payment (expired, or never) names its charge: the provider's
+            // search names its PaymentIntents, whose refunds are listed. Where it names none,
+            // finding nothing would prove nothing: an unknown outcome stays unknown (an
+            // operator reconciles it by the refund's id in Stripe).
             Payment::Refused(outcome) => {
-                return Err(CallError::transient(format!(
-                    "the refunds of payment {} cannot be looked up: {}",
-                    r.payment_id,
-                    outcome
-                        .text("reason")
-                        .unwrap_or("its record names no charge")
-                )))
+                return match self.made_before(r).await? {
+                    Earlier::Made(made) => Ok(Some(made)),
+                    Earlier::NotMade => Ok(None),
+                    Earlier::Unknown => Err(CallError::transient(format!(
+                        "the refunds of payment {} cannot be looked up: {}",
+                        r.payment_id,
+                        outcome
+                            .text("reason")
+                            .unwrap_or("its record names no charge")
+                    ))),
+                }
             }
             Payment::Settling { .. } | Payment::Failed { .. } => return Ok(None),
         };

@@ -122,6 +122,26 @@ impl RefundProvider for StripeClient {
         interpret_list(status, &headers, &body)
     }
 
+    async fn payment_intents_of(&self, payment_id: &str) -> Result<Vec<String>, ProviderError> {
+        // An id the processors refuse was never charged: nothing to search for.
+        let Ok(id) = crate::domain::PaymentId::parse(payment_id) else {
+            return Ok(Vec::new());
+        };
+        let query = crate::provider::PaymentQuery {
+            payment_id: id,
+            customer: None,
+            created_from_s: None,
+        };
+        Ok(
+            crate::provider::PaymentProvider::find_payments(self, &query)
+                .await?
+                .into_iter()
+                .filter(|f| f.payment_id.as_deref() == Some(payment_id))
+                .map(|f| f.provider_payment_id)
+                .collect(),
+        )
+    }
+
     async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError> {
         let now =
             crate::events::inbox::ProviderObjects::payment_intent(self, payment_intent).await?;

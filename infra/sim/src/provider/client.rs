@@ -130,6 +130,25 @@ impl RefundProvider for Client {
         answer
     }
 
+    async fn payment_intents_of(&self, payment_id: &str) -> Result<Vec<String>, ProviderError> {
+        let Ok(id) = payment_core::domain::PaymentId::parse(payment_id) else {
+            return Ok(Vec::new());
+        };
+        let query = PaymentQuery {
+            payment_id: id,
+            customer: None,
+            created_from_s: None,
+        };
+        self.slot(false).await?;
+        let answer = self.provider.find_payments(&query).await;
+        self.told(&answer);
+        Ok(answer?
+            .into_iter()
+            .filter(|f| f.payment_id.as_deref() == Some(payment_id))
+            .map(|f| f.provider_payment_id)
+            .collect())
+    }
+
     async fn payment_status(&self, payment_intent: &str) -> Result<Option<String>, ProviderError> {
         self.slot(false).await?;
         let answer = self.provider.payment_status(payment_intent).await;

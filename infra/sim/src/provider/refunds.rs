@@ -95,6 +95,18 @@ impl Books {
             .is_some_and(|ids| !ids.is_empty())
     }
 
+    /// A refund made under the merchant's refund id that moved or will move money (`succeeded`
+    /// or `pending`), said as "re_… is succeeded".
+    pub fn refund_made_for(&self, refund_id: &str) -> Option<String> {
+        self.refunds_by_call
+            .get(refund_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.refunds.get(id))
+            .find(|r| matches!(r.status.as_str(), "succeeded" | "pending"))
+            .map(|r| format!("{} is {}", r.id, r.status))
+    }
+
     /// The refunds of a PaymentIntent, in id order.
     pub(super) fn refunds_of<'a>(
         &'a self,

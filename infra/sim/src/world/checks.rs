@@ -272,6 +272,8 @@ pub(super) fn check_end(w: &World) {
     };
     let mut dead: BTreeMap<String, usize> = BTreeMap::new();
     let mut dead_ids: BTreeSet<String> = BTreeSet::new();
+    // Each letter of a payment: (payment id, code, amount asked).
+    let mut letters: Vec<(String, String, Option<i64>)> = Vec::new();
     if let Some(q) = aws.sqs.queues.get(&w.dlq) {
         for m in q.messages() {
             let code = m
@@ -281,6 +283,7 @@ pub(super) fn check_end(w: &World) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.body) {
                 if let Some(id) = v["payment_id"].as_str() {
                     dead_ids.insert(id.to_owned());
+                    letters.push((id.to_owned(), code.clone(), v["amount"].as_i64()));
                 }
             }
             *dead.entry(code).or_default() += 1;
@@ -394,6 +397,28 @@ pub(super) fn check_end(w: &World) {
                     format!("{pid} is charged at the provider and its record names no intent"),
                 );
             }
+        }
+    }
+    // A dead letter says a payment needs a person; one the provider charged needs none, and a
+    // person who acts on it (charges it by hand, tells the customer it failed) is misled. Only a
+    // body that reused a charged payment's id with another amount is dead-lettered beside its
+    // charge (`idempotency_key_reused`: that body is never charged).
+    for (pid, code, amount) in &letters {
+        let charged = books
+            .intents_of(pid)
+            .into_iter()
+            .find(|i| matches!(i.status.as_str(), "succeeded" | "processing"));
+        if let Some(i) = charged {
+            if code == "idempotency_key_reused" && *amount != Some(i.amount) {
+                continue;
+            }
+            w.violated(
+                "no charged payment dead-lettered",
+                format!(
+                    "{pid} dead-lettered {code} although the provider's {} is {} ({} {})",
+                    i.id, i.status, i.amount, i.currency
+                ),
+            );
         }
     }
     // A payment answered 202 whose message the queue cannot carry is set aside by the relay

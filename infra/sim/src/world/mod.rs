@@ -115,6 +115,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "a decline counts as settled for the refunds a payment holds: they are canceled, and never made when its customer pays the same PaymentIntent days later (payment_core::refunds::MUTATIONS; issue 65, bug 3)",
     ),
     (
+        "refund_with_no_payment_record_not_searched",
+        "a refund whose payment has no record is refused payment_unknown without asking the provider: a resend of a refund made before the records expired is dead-lettered for a person to refund by hand again (payment_core::refunds::MUTATIONS; issue 65)",
+    ),
+    (
         "endpoint_registered_since_fit",
         "the catch-up takes an endpoint registered after the list was last checked through for fit: the events made while it was away are never applied (payment_core::events::catch_up::MUTATIONS; issue 65, bug 4)",
     ),

@@ -212,7 +212,8 @@ pub(super) fn send_again(w: &Arc<World>, refund_id: &str) {
 /// provider (a debit `processing`, a customer yet to authenticate) pages an operator for a
 /// normal business event, and its letter may outlive neither the debit nor the DLQ's retention;
 /// one that gave up although the provider failed no request about its payment spent its
-/// budget waiting (for the pace, for a record), not on failures.
+/// budget waiting (for the pace, for a record), not on failures. And no refund the provider made
+/// is dead-lettered (whatever the code): the letter would have a person refund it by hand.
 pub(super) fn check_dead_letters(w: &World) {
     let letters: Vec<(String, Option<String>, String)> = {
         let aws = w.wire.aws.lock().expect("aws");
@@ -230,6 +231,28 @@ pub(super) fn check_dead_letters(w: &World) {
     };
     for (id, code, body) in letters {
         w.refund_letters.lock().expect("letters").insert(id);
+        // A refund the provider made (or is making) needs no person: a letter for it misleads
+        // one into refunding by hand, twice.
+        let rid = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["refund_id"].as_str().map(str::to_owned));
+        if let Some(rid) = rid {
+            let made = w
+                .provider
+                .books
+                .lock()
+                .expect("books")
+                .refund_made_for(&rid);
+            if let Some(made) = made {
+                w.violated(
+                    "no refund made and dead-lettered",
+                    format!(
+                        "{rid} dead-lettered {} although the provider's {made}",
+                        code.as_deref().unwrap_or("max receives")
+                    ),
+                );
+            }
+        }
         if !matches!(code.as_deref(), None | Some("retries_exhausted")) {
             continue;
         }
