@@ -38,9 +38,12 @@ pub struct Faults {
     pub throttle_rate: f64,
     /// Chance the answer to an applied request is lost (the caller sees a timeout).
     pub lost_answer_rate: f64,
-    /// Chance a request is held in the network 5 to 60 s before it lands (a host's pause, a
-    /// connection's retransmissions): it lands then, whether or not its sender still waits.
+    /// Chance a request is held in the network 5 s to [`Faults::stall_max_ms`] before it lands
+    /// (a host's pause, a connection's retransmissions): it lands then, whether or not its
+    /// sender still waits.
     pub stall_rate: f64,
+    /// The longest a stalled request is held, ms (60 s unless a run says otherwise).
+    pub stall_max_ms: u64,
     /// The service is down from this epoch ms ...
     pub outage_from_ms: i64,
     /// ... until this one (every request fails with a `503`, applying nothing).
@@ -230,7 +233,8 @@ impl Wire {
             };
             let mut before = aws.latency(&faults);
             if faults.stall_rate > 0.0 && aws.rng.f64() < faults.stall_rate {
-                before += Duration::from_millis(aws.rng.u64(5_000..=60_000));
+                before +=
+                    Duration::from_millis(aws.rng.u64(5_000..=faults.stall_max_ms.max(5_000)));
             }
             let after = aws.latency(&faults);
             let now = self.clock.now_ms();

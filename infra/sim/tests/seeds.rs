@@ -121,10 +121,11 @@ fn a_charged_record_kept_21_days_is_caught() {
 
 #[test]
 fn users_own_queues_keep_every_invariant() {
-    // A short visibility timeout with a small maxReceiveCount (six days: it is the claims and
-    // leases under test), and FIFO queues (ten: seed 32's held refunds are made on day 5).
+    // The shortest visibility Lambda maps (the longest function's timeout, 60 s) with a small
+    // maxReceiveCount (six days: it is the claims and leases under test), and FIFO queues (ten:
+    // seed 32's held refunds are made on day 5).
     for (seed, visibility, receives, fifo, days) in [
-        (31, Some(10), Some(2), false, 6.0),
+        (31, Some(60), Some(2), false, 6.0),
         (32, None, None, true, 10.0),
     ] {
         let mut opts = Options::new(seed, 300, days);
@@ -243,16 +244,18 @@ fn a_held_refund_canceled_on_a_decline_is_caught_when_the_customer_pays_after_al
 
 #[test]
 fn a_completion_without_the_leases_fence_is_caught() {
-    // A queue with a short visibility (10 s) and requests held in the network for seconds: an
+    // A user's queue with the shortest visibility Lambda maps to these functions (60 s, their
+    // longest timeout) and requests held in the network up to two minutes: an
     // attempt's completion stalls past its lease, the message comes back, a second attempt
     // takes the record over and completes it; the first completion then lands. With the fence
     // it is refused, and the seed that finds the mutation keeps every invariant; without it,
     // the late completion writes its older outcome over the newer one.
     let stalling = |seed| {
         let mut opts = Options::new(seed, 300, 1.0);
-        opts.visibility_timeout = Some(10);
+        opts.visibility_timeout = Some(60);
         opts.max_receive_count = Some(5);
         opts.aws.stall_rate = 0.005;
+        opts.aws.stall_max_ms = 120_000;
         opts
     };
     // Seeds 1 to 4 did not find it when this was written, seed 5 did: the test starts there and

@@ -218,6 +218,14 @@ impl Sqs {
         let id = self.id("msg");
         let sequence = self.next_id;
         let q = self.queue_mut(url)?;
+        // "When you set FifoQueue, you can't set DelaySeconds per message" (SendMessage): only
+        // the queue's own delay applies.
+        if q.fifo() && delay_s.is_some() {
+            return Err(SqsError::new(
+                "InvalidParameterValue",
+                format!("Value {} for parameter DelaySeconds is invalid. Reason: The request include parameter that is not valid for this queue type.", delay_s.unwrap_or_default()),
+            ));
+        }
         if q.fifo() {
             let group = group.as_ref().ok_or_else(|| {
                 SqsError::new(
@@ -264,6 +272,7 @@ impl Sqs {
                 visible_ms: now_ms + delay * 1000,
                 receives: 0,
                 first_receive_ms: None,
+                received_ms: 0,
                 handle: None,
             },
             now_ms,
@@ -391,6 +400,7 @@ impl Sqs {
                 .update(slot, now_ms, |m| {
                     m.receives += 1;
                     m.first_receive_ms.get_or_insert(now_ms);
+                    m.received_ms = now_ms;
                     m.visible_ms = now_ms + visibility * 1000;
                     m.handle = Some(handles[n].clone());
                     m.clone()
@@ -467,6 +477,13 @@ impl Sqs {
                 "MessageNotInflight",
                 "The message referred to isn't in flight.",
             ));
+        }
+        // A message's visibility reaches at most 12 hours past its receive, however often it is
+        // extended ("If you try to extend the visibility timeout beyond 12 hours, your request
+        // is rejected": ChangeMessageVisibility).
+        let received = q.store.messages[&slot].received_ms;
+        if now_ms + seconds * 1000 > received + 43_200_000 {
+            return Err(SqsError::new("InvalidParameterValue", format!("Value {seconds} for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout for the message is beyond the limit [43200 seconds].")));
         }
         q.store
             .update(slot, now_ms, |m| m.visible_ms = now_ms + seconds * 1000);

@@ -27,6 +27,8 @@ pub struct Message {
     pub receives: u32,
     /// First receive, ms.
     pub first_receive_ms: Option<i64>,
+    /// The latest receive, ms: its visibility can be extended to 12 hours from here, no more.
+    pub received_ms: i64,
     /// The latest receive's handle.
     pub handle: Option<String>,
 }

@@ -219,11 +219,23 @@ async fn invoke<W: Work + 'static>(
             return;
         }
     };
-    let failed: BTreeSet<String> = response
+    let mut failed: BTreeSet<String> = response
         .batch_item_failures
         .iter()
         .map(|f| f.item_identifier.clone())
         .collect();
+    // Lambda takes a batch's answer as a whole failure when an identifier is empty or names no
+    // message of the batch: nothing is deleted, every message comes back.
+    if failed
+        .iter()
+        .any(|f| f.is_empty() || !ids.iter().any(|(id, _)| id == f))
+    {
+        w.note(format!(
+            "{}: an unknown itemIdentifier among {failed:?}: the whole batch failed",
+            s.queue
+        ));
+        failed = ids.iter().map(|(id, _)| id.clone()).collect();
+    }
     {
         let mut aws = w.wire.aws.lock().expect("aws");
         // SQS down: the mapping cannot delete what succeeded; it comes back when its

@@ -60,6 +60,17 @@ impl Function {
         );
         let dlq = name(&config.dead_letter_queue_url);
         let source = stack.event_sources.get(logical);
+        // Lambda refuses a mapping whose queue's visibility is shorter than the function's
+        // timeout (CreateEventSourceMapping's InvalidParameterValueException): a message
+        // outlives the invocation that received it, which the runner counts on.
+        if let Some(s) = source {
+            let visibility = config.settings.visibility_timeout.as_secs();
+            anyhow::ensure!(
+                visibility >= s.function_timeout_seconds.max(0) as u64,
+                "InvalidParameterValueException: Queue visibility timeout: {visibility} seconds is less than Function timeout: {} seconds ({logical}'s event source mapping)",
+                s.function_timeout_seconds
+            );
+        }
         Ok(Function {
             queue,
             dlq,
