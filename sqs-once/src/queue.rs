@@ -170,6 +170,9 @@ pub mod attrs {
     /// On a dead letter whose body was cut to fit the queue ([`super::DeadLetter::fitted`]):
     /// the whole body's size in bytes. Such a letter is read, never redriven.
     pub const BODY_TRIMMED: &str = "body_trimmed";
+    /// On a letter in a FIFO dead-letter queue: the `MessageGroupId` it had in its source queue
+    /// (in the dead-letter queue each letter is a group of its own), for a redrive to restore.
+    pub const SOURCE_GROUP: &str = "source_group";
 }
 
 /// SQS through the official SDK.
@@ -319,13 +322,17 @@ impl QueueOps for SqsQueues {
             req = req.message_attributes(name, string_attr(value)?);
         }
         if self.dlq_url.ends_with(".fifo") {
+            // Letters are read and handled one by one, not in order: each is a group of its
+            // own, so that a reader sees every one. (A FIFO receive returns nothing more of a
+            // group while some of it is in flight: a producer's thousand bad payments of one
+            // customer, one group, would show ten to `payctl dlq list`, and the rest would reach
+            // the queue's retention unread.) Its source group goes with it, for a redrive.
             req = req
-                .message_group_id(
-                    l.message_group_id
-                        .clone()
-                        .unwrap_or_else(|| "dead-letters".to_owned()),
-                )
+                .message_group_id(fifo_id(&l.source_message_id))
                 .message_deduplication_id(&l.source_message_id);
+            if let Some(g) = &l.message_group_id {
+                req = req.message_attributes(attrs::SOURCE_GROUP, string_attr(g)?);
+            }
         }
         // An SQS body must be non-empty; an empty body is still dead-lettered, visibly.
         if l.body.is_empty() {

@@ -155,6 +155,53 @@ async fn fifo_group_is_blocked_after_a_failure() {
     t.sim.clear_faults_for(&a1).await.unwrap();
 }
 
+/// FIFO: a producer's bad payments of one customer (one group) are all dead-lettered, and every
+/// letter shows to `payctl dlq list`, with the group it had kept for a redrive. In the dead-letter
+/// queue each letter is a group of its own: a FIFO receive returns nothing more of a group while
+/// some of it is in flight, so twelve letters of one group showed ten, and the rest reached the
+/// queue's retention unread (the simulator's sweep, FIFO drawn: seed 1, 2026-12-07).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_dead_letter_queue_shows_every_letter_of_one_group() {
+    let t = TestStack::fifo("fifo-dlq").await;
+    for n in 0..12 {
+        t.send_in_group(
+            &payment(&t.pid(&format!("bad{n}")), -5, "pm_card_visa"),
+            "A",
+        )
+        .await;
+    }
+    let mut dead = 0;
+    for _ in 0..6 {
+        let records = t.receive_records(10).await;
+        if records.is_empty() {
+            break;
+        }
+        let response = t.invoke(records.clone()).await;
+        dead += records.len() - response.batch_item_failures.len();
+    }
+    assert_eq!(dead, 12, "every bad payment dead-lettered");
+    let letters = payctl::dlq::list(&t.sqs, &t.config.dead_letter_queue_url, 100)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 12, "{letters:?}");
+    assert!(letters
+        .iter()
+        .all(|l| l.error_code.as_deref() == Some("invalid_payment")));
+    let m = t
+        .sqs
+        .receive_message()
+        .queue_url(&t.config.dead_letter_queue_url)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap();
+    let group = m.messages()[0]
+        .message_attributes()
+        .and_then(|a| a.get(sqs_once::queue::attrs::SOURCE_GROUP))
+        .and_then(|v| v.string_value());
+    assert_eq!(group, Some("A"));
+}
+
 /// The provider committed, the answer was lost, and the provider then forgot the key: the
 /// redelivery looks the payment up instead of charging it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

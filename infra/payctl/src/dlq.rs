@@ -485,7 +485,10 @@ pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result
                 );
             }
             if fifo {
-                let group = sys_attr(&m, MessageSystemAttributeName::MessageGroupId)
+                // The group it had in its source queue: kept by the processor's letter (each of
+                // which is a group of its own here), or the one SQS moved it with.
+                let group = attr(&m, attrs::SOURCE_GROUP)
+                    .or_else(|| sys_attr(&m, MessageSystemAttributeName::MessageGroupId))
                     .or(i.payment_id.as_deref().map(sqs_once::queue::fifo_id))
                     .unwrap_or_else(|| "redrive".to_owned());
                 send = send
