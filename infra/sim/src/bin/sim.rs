@@ -381,6 +381,13 @@ fn main() -> Result<()> {
                 provider_faults: args.provider_fault_rate.is_some(),
                 nightly_refunds: args.nightly_refunds.is_some(),
                 repay_share: args.repay_share.is_some(),
+                queues: args.fifo
+                    || args.visibility_timeout.is_some()
+                    || args.max_receive_count.is_some(),
+                outages: args.provider_outage_day.is_some()
+                    || args.dynamodb_outage_day.is_some()
+                    || args.sqs_outage_day.is_some()
+                    || args.webhook_outage_day.is_some(),
             };
             drawn.insert(seed, simulator::world::sweep::draw(&mut opts, &explicit));
         }

@@ -68,6 +68,9 @@ pub struct Sqs {
     rng: fastrand::Rng,
     /// Chance that a standard queue delivers a message twice.
     pub duplicate_rate: f64,
+    /// The messages delivered twice (by id): the twin keeps the receives counted so far, so one
+    /// born on a last receive is moved by the redrive policy at its own next receive.
+    pub twinned: std::collections::BTreeSet<String>,
     next_id: u64,
 }
 
@@ -104,6 +107,7 @@ impl Sqs {
             queues: BTreeMap::new(),
             rng: fastrand::Rng::with_seed(seed),
             duplicate_rate: 0.0,
+            twinned: std::collections::BTreeSet::new(),
             next_id: 1,
         }
     }
@@ -407,6 +411,7 @@ impl Sqs {
                 })
                 .expect("picked");
             if !fifo && dup_rate > 0.0 && self.rng.f64() < dup_rate {
+                self.twinned.insert(m.id.clone());
                 let mut twin = m.clone();
                 twin.visible_ms = now_ms;
                 twin.handle = None;

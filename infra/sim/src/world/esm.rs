@@ -210,6 +210,10 @@ async fn invoke<W: Work + 'static>(
             // gone; its messages come back when their visibility ends.
             abort.abort();
             w.stats.lock().expect("stats").killed += 1;
+            w.crashed_on
+                .lock()
+                .expect("crashed")
+                .extend(ids.iter().map(|(id, _)| id.clone()));
             w.note(format!(
                 "{}: invocation of {} killed after {limit:?}",
                 s.queue,

@@ -180,6 +180,8 @@ struct World {
     refunds_sent: Mutex<BTreeMap<String, refunds::RefundSent>>,
     /// The refunds' dead letters already judged, by message id.
     refund_letters: Mutex<std::collections::BTreeSet<String>>,
+    /// The messages a killed invocation held (by id): a receive of theirs spent by a crash.
+    crashed_on: Mutex<std::collections::BTreeSet<String>>,
     /// Refunds whose record expired completed (an end, though the record is gone).
     refunds_ended: Mutex<std::collections::BTreeSet<String>>,
     /// Refunds the merchant sends once more when their record expires: body by refund id.
@@ -459,6 +461,7 @@ async fn run_on(opts: Options) -> Result<Report> {
         events: events.clone(),
         refunds_sent: Mutex::new(BTreeMap::new()),
         refund_letters: Mutex::new(std::collections::BTreeSet::new()),
+        crashed_on: Mutex::new(std::collections::BTreeSet::new()),
         refunds_ended: Mutex::new(std::collections::BTreeSet::new()),
         refunds_late: Mutex::new(BTreeMap::new()),
         sent: Mutex::new(BTreeMap::new()),

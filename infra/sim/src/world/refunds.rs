@@ -215,7 +215,9 @@ pub(super) fn send_again(w: &Arc<World>, refund_id: &str) {
 /// budget waiting (for the pace, for a record), not on failures. And no refund the provider made
 /// is dead-lettered (whatever the code): the letter would have a person refund it by hand.
 pub(super) fn check_dead_letters(w: &World) {
-    let letters: Vec<(String, Option<String>, String)> = {
+    // Each new letter: its id, the id of the message it was (itself when SQS moved it), its
+    // code and body.
+    let letters: Vec<(String, String, Option<String>, String)> = {
         let aws = w.wire.aws.lock().expect("aws");
         let Some(q) = aws.sqs.queues.get(&w.refunds.dlq) else {
             return;
@@ -225,12 +227,33 @@ pub(super) fn check_dead_letters(w: &World) {
             .filter(|m| !judged.contains(&m.id))
             .map(|m| {
                 let code = m.string_attribute("error_code").map(str::to_owned);
-                (m.id.clone(), code, m.body.clone())
+                let source = m.string_attribute("source_message_id").unwrap_or(&m.id);
+                (m.id.clone(), source.to_owned(), code, m.body.clone())
             })
             .collect()
     };
-    for (id, code, body) in letters {
+    for (id, source, code, body) in letters {
         w.refund_letters.lock().expect("letters").insert(id);
+        // A receive spent by a killed invocation: with a small maxReceiveCount a crash on a
+        // message's last receive leaves it to SQS, which moves it without a reason; the
+        // processor could not have done otherwise (and its redrive finds its record).
+        // So is a twin SQS delivered of a message on its last receive: the redrive policy moves
+        // it at its own next receive, and the processor never sees it.
+        // (A letter the processor wrote is judged whatever befell the message before: on its
+        // last receive it must have found a made refund by its record or its lookup.)
+        let spent = code.is_none()
+            && (w
+                .wire
+                .aws
+                .lock()
+                .expect("aws")
+                .sqs
+                .twinned
+                .contains(&source)
+                || w.crashed_on.lock().expect("crashed").contains(&source));
+        if spent {
+            continue;
+        }
         // A refund the provider made (or is making) needs no person: a letter for it misleads
         // one into refunding by hand, twice.
         let rid = serde_json::from_str::<serde_json::Value>(&body)
@@ -268,15 +291,30 @@ pub(super) fn check_dead_letters(w: &World) {
             (
                 intents
                     .iter()
-                    .filter(|i| payment_core::provider::event::payment_settling(&i.status))
+                    .filter(|i| {
+                        matches!(
+                            i.status.as_str(),
+                            "processing" | "requires_action" | "requires_confirmation"
+                        )
+                    })
                     .map(|i| format!("{} {}", i.id, i.status))
                     .collect(),
                 intents.iter().any(|i| books.refund_trouble.contains(&i.id)),
             )
         };
-        if settling.is_empty() && !troubled {
+        // DynamoDB or SQS down for hours spends a refund's budget on failures too (within the
+        // retry horizon after the outage's end, with a day to spare).
+        let now = w.clock.now_ms();
+        let aws_down = [w.opts.dynamo_outage, w.opts.sqs_outage]
+            .into_iter()
+            .flatten()
+            .map(super::outage_window)
+            .any(|r| r.start <= now && now < r.end + 2 * 86_400_000);
+        let crashed = w.crashed_on.lock().expect("crashed").contains(&source);
+        if settling.is_empty() && !troubled && !aws_down && !crashed {
             // Its budget is spent by failures: a request about its payment the provider
-            // failed, or (all but never, at the sweep's rates) crashes and the tables' faults.
+            // failed, an outage of AWS, or (all but never, at the sweep's rates) crashes and
+            // the tables' faults.
             w.violated(
                 "no message dead-lettered only for waiting",
                 format!(

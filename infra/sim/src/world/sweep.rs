@@ -22,7 +22,12 @@
 //!   two of the catch-up's hourly runs, for 10 to 30 minutes; the events made meanwhile are
 //!   never sent;
 //! - the customers of failed debits who pay them again, 1 to 8 days on (10 to 60 % of them): a
-//!   payment recorded declined is charged after all (`REPAY_SHARE` sets it by hand).
+//!   payment recorded declined is charged after all (`REPAY_SHARE` sets it by hand);
+//! - users' own queues (a quarter of the seeds: visibility 60 to 180 s, the least Lambda maps to
+//!   the template's functions, with `maxReceiveCount` 2 to 5), FIFO queues (a sixth);
+//! - Stripe's events through EventBridge (a fifth), or both ways (a fifth);
+//! - an outage (a quarter): the provider 6 to 30 hours, DynamoDB 1 to 6, SQS 1 to 4, or the
+//!   webhook's route 24 to 96 (past Stripe's three days of retries), from day 1 to 20.
 
 use super::Options;
 
@@ -119,6 +124,66 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
             100.0 * opts.repay_share
         ));
     }
+    // Users' own queues: in a quarter of the seeds the shortest visibility Lambda maps to these
+    // functions and more (60 to 180 s) with a small maxReceiveCount (2 to 5); in a sixth FIFO
+    // queues (a customer's payments one group).
+    let (own, visibility, receives, fifo) = (
+        rng.f64() < 0.25,
+        rng.i32(60..=180),
+        rng.i32(2..=5),
+        rng.f64() < 1.0 / 6.0,
+    );
+    if !explicit.queues {
+        if own {
+            opts.visibility_timeout = Some(visibility);
+            opts.max_receive_count = Some(receives);
+            drawn.push(format!(
+                "users' own queues: visibility {visibility} s, maxReceiveCount {receives}"
+            ));
+        }
+        if fifo {
+            opts.fifo = true;
+            drawn.push("FIFO queues".into());
+        }
+    }
+    // Stripe's events through EventBridge in a fifth of the seeds, both ways in another fifth
+    // (not with FIFO queues: a rule into a FIFO queue needs a message group the template does not
+    // give, and EventBridge refuses the target, as the simulator's model does).
+    let delivery = rng.f64();
+    if !opts.parameters.contains_key("ProviderEventsDelivery") && delivery < 0.4 && !opts.fifo {
+        let shape = if delivery < 0.2 {
+            "eventbridge"
+        } else {
+            "both"
+        };
+        opts.parameters
+            .insert("ProviderEventsDelivery".into(), shape.into());
+        drawn.push(format!("events delivered by {shape}"));
+    }
+    // An outage in a quarter of the seeds, of one service: the provider (6 to 30 hours),
+    // DynamoDB (1 to 6), SQS (1 to 4) or the webhook's route (24 to 96: past Stripe's retries).
+    let (outage, which, day, length) = (
+        rng.f64() < 0.25,
+        rng.u32(0..4),
+        1.0 + 19.0 * rng.f64(),
+        rng.f64(),
+    );
+    if !explicit.outages && outage {
+        let (name, hours) = match which {
+            0 => ("the provider", 6.0 + 24.0 * length),
+            1 => ("DynamoDB", 1.0 + 5.0 * length),
+            2 => ("SQS", 1.0 + 3.0 * length),
+            _ => ("the webhook's route", 24.0 + 72.0 * length),
+        };
+        let window = Some((day, hours));
+        match which {
+            0 => opts.provider_outage = window,
+            1 => opts.dynamo_outage = window,
+            2 => opts.sqs_outage = window,
+            _ => opts.webhook_outage = window,
+        }
+        drawn.push(format!("{name} down on day {day:.1} for {hours:.0} hours"));
+    }
     drawn.join(", ")
 }
 
@@ -135,4 +200,8 @@ pub struct Explicit {
     pub nightly_refunds: bool,
     /// `REPAY_SHARE` given.
     pub repay_share: bool,
+    /// `FIFO`, `VISIBILITY_TIMEOUT` or `MAX_RECEIVE_COUNT` given.
+    pub queues: bool,
+    /// An outage's day given (`PROVIDER_OUTAGE_DAY`, `DYNAMODB_OUTAGE_DAY`, ...).
+    pub outages: bool,
 }
