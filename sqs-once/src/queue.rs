@@ -58,6 +58,26 @@ impl DeadLetter {
                 .sum::<usize>()
     }
 
+    /// The letter as a dead-letter queue of `max` bytes takes it: its reason at most 1,000
+    /// characters; in a FIFO queue (where each letter is a group of its own) its source group
+    /// as the attribute [`attrs::SOURCE_GROUP`]; all of it within `max` ([`DeadLetter::fitted`],
+    /// which counts every attribute: one added after the fitting could take a letter over SQS's
+    /// limit, to be refused on every receive).
+    pub fn for_queue(&self, fifo: bool, max: usize) -> Self {
+        let mut extra_attributes = self.extra_attributes.clone();
+        if let (true, Some(g)) = (fifo, &self.message_group_id) {
+            extra_attributes.push((attrs::SOURCE_GROUP.to_owned(), g.clone()));
+        }
+        // A letter always fits its queue: past its size, SQS would refuse it, and the message
+        // would cycle until SQS moved it unexplained.
+        DeadLetter {
+            error_message: self.error_message.chars().take(1_000).collect(),
+            extra_attributes,
+            ..self.clone()
+        }
+        .fitted(max)
+    }
+
     /// The letter within `max` bytes: as it is when it fits; else its reason and ids kept and
     /// its body cut (at a character's boundary) to what fits, with the attribute
     /// [`attrs::BODY_TRIMMED`] giving the whole body's size in bytes. The original body came
@@ -299,21 +319,16 @@ impl SqsQueues {
 #[async_trait]
 impl QueueOps for SqsQueues {
     async fn dead_letter(&self, l: &DeadLetter) -> Result<(), QueueError> {
-        let message: String = l.error_message.chars().take(1_000).collect();
-        // A letter always fits its queue: past its size, SQS would refuse it, and the message
-        // would cycle until SQS moved it unexplained.
-        let l = &DeadLetter {
-            error_message: message.clone(),
-            ..l.clone()
-        }
-        .fitted(self.dlq_max_bytes().await);
+        let fifo = self.dlq_url.ends_with(".fifo");
+        let l = &l.for_queue(fifo, self.dlq_max_bytes().await);
+        let message = &l.error_message;
         let mut req = self
             .client
             .send_message()
             .queue_url(&self.dlq_url)
             .message_body(&l.body)
             .message_attributes(attrs::ERROR_CODE, string_attr(&l.error_code)?)
-            .message_attributes(attrs::ERROR_MESSAGE, string_attr(&message)?)
+            .message_attributes(attrs::ERROR_MESSAGE, string_attr(message)?)
             .message_attributes(attrs::SOURCE_MESSAGE_ID, string_attr(&l.source_message_id)?);
         if let Some(t) = l.first_sent_at_ms {
             req = req.message_attributes(attrs::FIRST_SENT_AT, string_attr(&t.to_string())?);
@@ -321,18 +336,16 @@ impl QueueOps for SqsQueues {
         for (name, value) in &l.extra_attributes {
             req = req.message_attributes(name, string_attr(value)?);
         }
-        if self.dlq_url.ends_with(".fifo") {
+        if fifo {
             // Letters are read and handled one by one, not in order: each is a group of its
             // own, so that a reader sees every one. (A FIFO receive returns nothing more of a
             // group while some of it is in flight: a producer's thousand bad payments of one
             // customer, one group, would show ten to `payctl dlq list`, and the rest would reach
-            // the queue's retention unread.) Its source group goes with it, for a redrive.
+            // the queue's retention unread.) Its source group went with it (`source_group`,
+            // above), for a redrive.
             req = req
                 .message_group_id(fifo_id(&l.source_message_id))
                 .message_deduplication_id(&l.source_message_id);
-            if let Some(g) = &l.message_group_id {
-                req = req.message_attributes(attrs::SOURCE_GROUP, string_attr(g)?);
-            }
         }
         // An SQS body must be non-empty; an empty body is still dead-lettered, visibly.
         if l.body.is_empty() {
@@ -493,6 +506,27 @@ mod tests {
             message_group_id: None,
             extra_attributes: vec![("card_data_masked".into(), "true".into())],
         }
+    }
+
+    #[test]
+    fn a_fifo_letter_keeps_its_source_group_within_its_queue_s_limit() {
+        // A body at the queue's limit, of a group of SQS's longest (128 characters): the
+        // group's attribute is counted in the fitting, not added after it.
+        let body = format!("{{\"d\":\"{}\"}}", "x".repeat(SQS_MAX_MESSAGE_BYTES - 8));
+        let mut l = letter(body);
+        l.message_group_id = Some("g".repeat(128));
+        let fitted = l.for_queue(true, SQS_MAX_MESSAGE_BYTES);
+        assert!(fitted.size() <= SQS_MAX_MESSAGE_BYTES, "{}", fitted.size());
+        assert!(fitted
+            .extra_attributes
+            .iter()
+            .any(|(n, v)| n == attrs::SOURCE_GROUP && v.len() == 128));
+        // A standard queue's letter carries no such attribute (its group, if any, is SQS's).
+        assert!(!l
+            .for_queue(false, SQS_MAX_MESSAGE_BYTES)
+            .extra_attributes
+            .iter()
+            .any(|(n, _)| n == attrs::SOURCE_GROUP));
     }
 
     #[test]

@@ -376,8 +376,14 @@ pub struct RedriveReport {
 pub async fn redrive(sqs: &aws_sdk_sqs::Client, opts: &RedriveOptions) -> Result<RedriveReport> {
     check_filter(opts.error_code.as_deref(), opts.force)?;
     home_queue(sqs, &opts.dlq_url, Some(&opts.queue_url)).await?;
-    // The move task moves everything: only when nothing is to stay behind.
-    if opts.error_code.is_none() && opts.max.is_none() && opts.force {
+    // The move task moves everything: only when nothing is to stay behind. Never from a FIFO
+    // dead-letter queue: a move keeps each message's group, and there each letter is a group of
+    // its own; one by one, each goes back in the group it came from (`source_group`).
+    if opts.error_code.is_none()
+        && opts.max.is_none()
+        && opts.force
+        && !opts.dlq_url.ends_with(".fifo")
+    {
         let (source, destination) = (
             lambda_local::esm::queue_arn(sqs, &opts.dlq_url).await?,
             lambda_local::esm::queue_arn(sqs, &opts.queue_url).await?,

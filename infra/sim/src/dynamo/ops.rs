@@ -324,6 +324,10 @@ fn batch_get(db: &Dynamo, body: &Json) -> Result<Json, ApiError> {
 fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
     let table = db.table(text(body, "TableName")?)?;
     let index = body.get("IndexName").and_then(Json::as_str);
+    // An index holds what its projection declares, no more: the table's and its own keys, and
+    // for `INCLUDE` the attributes it names (`ALL`: every one). A query of it sees only those,
+    // in its filter as in its answer.
+    let mut projected: Option<std::collections::BTreeSet<String>> = None;
     let schema = match index {
         Some(i) => {
             if body.get("ConsistentRead") == Some(&Json::Bool(true)) {
@@ -331,16 +335,23 @@ fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
                     "Consistent reads are not supported on global secondary indexes",
                 ));
             }
-            &table
-                .indexes
-                .iter()
-                .find(|x| x.name == i)
-                .ok_or_else(|| {
-                    ApiError::validation(format!(
-                        "The table does not have the specified index: {i}"
-                    ))
-                })?
-                .keys
+            let x = table.indexes.iter().find(|x| x.name == i).ok_or_else(|| {
+                ApiError::validation(format!("The table does not have the specified index: {i}"))
+            })?;
+            if x.projection["ProjectionType"].as_str() != Some("ALL") {
+                let mut kept: std::collections::BTreeSet<String> = table
+                    .keys
+                    .names()
+                    .into_iter()
+                    .chain(x.keys.names())
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(Json::Array(more)) = x.projection.get("NonKeyAttributes") {
+                    kept.extend(more.iter().filter_map(Json::as_str).map(str::to_owned));
+                }
+                projected = Some(kept);
+            }
+            &x.keys
         }
         None => &table.keys,
     };
@@ -407,16 +418,34 @@ fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
     let mut out = Vec::new();
     let mut scanned = 0;
     let mut last = None;
+    // A page ends at `Limit` items read, or once 1 MB of them was read (before the filter):
+    // DynamoDB's own page size, which a caller's pagination must follow.
+    let mut read_bytes = 0;
+    let mut full = false;
     for (k, item) in &rows {
-        if limit.is_some_and(|l| scanned >= l) {
+        if limit.is_some_and(|l| scanned >= l) || read_bytes >= 1_048_576 {
+            full = true;
             break;
         }
+        let in_index;
+        let item: &Item = match &projected {
+            Some(kept) => {
+                in_index = item
+                    .iter()
+                    .filter(|(n, _)| kept.contains(n.as_str()))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect::<Item>();
+                &in_index
+            }
+            None => item,
+        };
         scanned += 1;
-        last = Some((*k, *item));
+        read_bytes += super::value::item_size(item);
+        last = Some((*k, item.clone()));
         if filter.as_ref().is_none_or(|f| expr::holds(f, item)) {
             out.push(item_to_json(&match &projection {
                 Some(p) => expr::project(item, p),
-                None => (*item).clone(),
+                None => item.clone(),
             }));
         }
     }
@@ -424,8 +453,8 @@ fn query(db: &Dynamo, body: &Json, scan: bool) -> Result<Json, ApiError> {
     if body.get("Select").and_then(Json::as_str) != Some("COUNT") {
         answer["Items"] = Json::Array(out);
     }
-    if let (Some(l), Some((_, item))) = (limit, last) {
-        if scanned == l && rows.len() > l {
+    if let (true, Some((_, item))) = (full, last.as_ref()) {
+        {
             let mut key = table.key_of(item);
             for n in schema.names() {
                 if let Some(v) = item.get(n) {
@@ -493,5 +522,92 @@ pub(super) fn handle(
             "UnknownOperationException",
             format!("the simulator does not model DynamoDB's {other}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Dynamo;
+    use serde_json::json;
+
+    /// A table `t` (key `pk`) with an index `open` on `gpk`, projecting `status` only.
+    fn table() -> Dynamo {
+        let mut db = Dynamo::new();
+        db.handle(
+            "CreateTable",
+            &json!({
+                "TableName": "t",
+                "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}],
+                "AttributeDefinitions": [
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "gpk", "AttributeType": "S"}
+                ],
+                "GlobalSecondaryIndexes": [{
+                    "IndexName": "open",
+                    "KeySchema": [{"AttributeName": "gpk", "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["status"]}
+                }]
+            }),
+            0,
+        )
+        .unwrap();
+        db
+    }
+
+    fn put(db: &mut Dynamo, pk: &str, extra: serde_json::Value) {
+        let mut item = json!({"pk": {"S": pk}, "gpk": {"S": "g"}, "status": {"S": "FAILED"}});
+        for (k, v) in extra.as_object().unwrap() {
+            item[k] = v.clone();
+        }
+        db.handle("PutItem", &json!({"TableName": "t", "Item": item}), 0)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_index_query_sees_only_what_the_index_projects() {
+        let mut db = table();
+        put(&mut db, "a", json!({"held": {"S": "secret"}}));
+        let mut q = |filter: Option<&str>| {
+            let mut body = json!({
+                "TableName": "t", "IndexName": "open",
+                "KeyConditionExpression": "gpk = :g",
+                "ExpressionAttributeValues": {":g": {"S": "g"}}
+            });
+            if let Some(f) = filter {
+                body["FilterExpression"] = json!(f);
+            }
+            db.handle("Query", &body, 0).unwrap()
+        };
+        let all = q(None);
+        let item = all["Items"][0].as_object().unwrap();
+        let mut names: Vec<&str> = item.keys().map(String::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["gpk", "pk", "status"], "{item:?}");
+        // A filter on an attribute the index does not hold finds nothing of it.
+        assert_eq!(q(Some("attribute_exists(held)"))["Count"], 0);
+    }
+
+    #[test]
+    fn a_page_ends_after_a_megabyte_read() {
+        let mut db = table();
+        let big = "x".repeat(100_000);
+        for n in 0..25 {
+            put(&mut db, &format!("p{n:02}"), json!({"blob": {"S": big}}));
+        }
+        let mut start = None;
+        let mut pages = Vec::new();
+        loop {
+            let mut body = json!({"TableName": "t"});
+            if let Some(s) = start.take() {
+                body["ExclusiveStartKey"] = s;
+            }
+            let page = db.handle("Scan", &body, 0).unwrap();
+            pages.push(page["Count"].as_u64().unwrap());
+            match page.get("LastEvaluatedKey") {
+                Some(k) => start = Some(k.clone()),
+                None => break,
+            }
+        }
+        assert_eq!(pages, [11, 11, 3], "100 KB items, pages of a megabyte");
     }
 }
