@@ -44,6 +44,10 @@ pub struct Faults {
     pub stall_rate: f64,
     /// The longest a stalled request is held, ms (60 s unless a run says otherwise).
     pub stall_max_ms: u64,
+    /// Chance a `TransactWriteItems` is cancelled for a conflict with another transaction
+    /// on one of its items (`TransactionConflict`: nothing written): requests here apply whole
+    /// at one instant, so no two ever overlap by themselves.
+    pub conflict_rate: f64,
     /// The service is down from this epoch ms ...
     pub outage_from_ms: i64,
     /// ... until this one (every request fails with a `503`, applying nothing).
@@ -231,6 +235,10 @@ impl Wire {
             } else {
                 aws.sqs_faults.clone()
             };
+            let conflict = dynamo
+                && operation == "TransactWriteItems"
+                && faults.conflict_rate > 0.0
+                && aws.rng.f64() < faults.conflict_rate;
             let mut before = aws.latency(&faults);
             if faults.stall_rate > 0.0 && aws.rng.f64() < faults.stall_rate {
                 before +=
@@ -247,6 +255,8 @@ impl Wire {
                 Some(400)
             } else if roll < faults.error_rate + faults.throttle_rate + faults.lost_answer_rate {
                 Some(0)
+            } else if conflict {
+                Some(409)
             } else {
                 None
             };
@@ -254,6 +264,45 @@ impl Wire {
         };
         tokio::time::sleep(before).await;
         let now_ms = self.clock.now_ms();
+        if fault == Some(409) {
+            // One item of the transaction was being written by another: DynamoDB cancels the
+            // whole, each item's reason in order ("None" but the one).
+            let items = body["TransactItems"].as_array().map_or(1, Vec::len);
+            let which = self
+                .aws
+                .lock()
+                .expect("the account")
+                .rng
+                .usize(0..items.max(1));
+            let reasons: Vec<serde_json::Value> = (0..items)
+                .map(|n| {
+                    if n == which {
+                        serde_json::json!({"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"})
+                    } else {
+                        serde_json::json!({"Code": "None"})
+                    }
+                })
+                .collect();
+            let codes: Vec<&str> = reasons
+                .iter()
+                .map(|r| r["Code"].as_str().unwrap_or("None"))
+                .collect();
+            let answer = serde_json::json!({
+                "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+                "message": format!("Transaction cancelled, please refer cancellation reasons for specific reasons [{}]", codes.join(", ")),
+                "CancellationReasons": reasons,
+            });
+            let line = format!("{now_ms} {target} conflict -> 400 {answer}\n");
+            {
+                let mut aws = self.aws.lock().expect("the account");
+                aws.fold(line.as_bytes());
+                if aws.keep_log {
+                    aws.log.push(line);
+                }
+            }
+            tokio::time::sleep(after).await;
+            return Ok(respond(400, answer, None));
+        }
         if let Some(code @ (400 | 500 | 503)) = fault {
             {
                 let mut aws = self.aws.lock().expect("the account");

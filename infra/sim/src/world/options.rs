@@ -114,6 +114,7 @@ impl Options {
                 lost_answer_rate: 0.002,
                 stall_rate: 0.0005,
                 stall_max_ms: 60_000,
+                conflict_rate: 0.03,
                 outage_from_ms: 0,
                 outage_until_ms: 0,
             },
