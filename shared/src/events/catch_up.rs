@@ -229,10 +229,25 @@ async fn walk(
 /// Mutations of the catch-up that the whole-system simulator puts back
 /// (`sqs_once::mutation::put_back_from`) to show that it finds them; in a build without
 /// `sqs-once`'s `sim-mutations` feature they are never on.
-pub const MUTATIONS: &[(&str, &str)] = &[(
-    "endpoint_registered_since_fit",
-    "the webhook check takes an endpoint registered after the list was last checked through for fit: deleted and registered again between two runs, the events made meanwhile were sent nowhere and are never listed (issue 65, bug 4)",
-)];
+pub const MUTATIONS: &[(&str, &str)] = &[
+    (
+        "endpoint_registered_since_fit",
+        "the webhook check takes an endpoint registered after the list was last checked through for fit: deleted and registered again between two runs, the events made meanwhile were sent nowhere and are never listed (issue 65, bug 4)",
+    ),
+    (
+        "catch_up_without_overlap",
+        "a run that had caught up starts from its last event, not the overlap before it: an event created before it and listed only after the run is never listed again",
+    ),
+];
+
+/// How far before its last event a run that had caught up starts again ([`OVERLAP_S`]).
+fn overlap_s() -> i64 {
+    if sqs_once::mutation::on("catch_up_without_overlap") {
+        0
+    } else {
+        OVERLAP_S
+    }
+}
 
 /// One scheduled run at `now_s` within `budget`: from where the last run got, else from
 /// [`FIRST_WINDOW_S`] back (or the time set by hand); when the last run had reached the newest
@@ -324,7 +339,7 @@ pub async fn scheduled(
         .clone()
         .filter(|p| !restart && p.created > oldest_listable);
     let since = match (&last, read.from_s, covered) {
-        (Some(p), _, _) if read.caught_up => p.created - OVERLAP_S,
+        (Some(p), _, _) if read.caught_up => p.created - overlap_s(),
         (Some(p), _, _) => p.created,
         (None, Some(from), _) => from.max(oldest_listable),
         (None, None, Some(t)) => (t - OVERLAP_S).max(oldest_listable),
@@ -485,7 +500,7 @@ async fn overlap(
             &budget,
             lister.page_back(
                 listed,
-                last.created - OVERLAP_S,
+                last.created - overlap_s(),
                 last.created,
                 after.as_deref(),
             ),

@@ -58,6 +58,20 @@ impl Endpoint {
     }
 }
 
+/// How long after its `created` the list shows event `id` (drawn from its id): within 5 s for
+/// most, 5 s to a minute for one in ten, one to ten minutes for one in a hundred. An event a
+/// run's cursor has passed before it showed is found only by the next run's overlap
+/// (`payment_core::events::checkpoint::OVERLAP_S`, 15 minutes).
+pub fn list_lag_s(id: &str) -> i64 {
+    let draw = crate::fnv(format!("list-lag/{id}").as_bytes());
+    let (tier, within) = (draw % 100, (draw / 100) as i64);
+    match tier {
+        0 => 60 + within % 541,
+        1..=10 => 5 + within % 56,
+        _ => within % 6,
+    }
+}
+
 /// One event as the list holds it.
 #[derive(Debug, Clone)]
 pub struct Logged {
@@ -65,6 +79,9 @@ pub struct Logged {
     pub id: String,
     /// `created`, epoch s.
     pub created_s: i64,
+    /// When the list shows it, epoch s: some seconds after `created` (Stripe's list is
+    /// eventually consistent), now and then minutes ([`list_lag_s`]).
+    pub listable_s: i64,
     /// Its type.
     pub kind: String,
     /// Its JSON (one copy, shared with the delivery's).
@@ -94,6 +111,7 @@ impl Books {
         self.log.push_back(Logged {
             id: id.to_owned(),
             created_s,
+            listable_s: created_s + list_lag_s(id),
             kind: kind.to_owned(),
             body,
             pending: sent,
@@ -112,8 +130,9 @@ impl Books {
         self.log.iter().filter(|e| e.pending).count()
     }
 
-    fn listed(e: &Logged, listed: Listed, oldest_s: i64) -> bool {
+    fn listed(e: &Logged, listed: Listed, oldest_s: i64, now_s: i64) -> bool {
         e.created_s >= oldest_s
+            && e.listable_s <= now_s
             && EVENT_TYPES.contains(&e.kind.as_str())
             && (listed == Listed::All || e.pending)
     }
@@ -157,7 +176,8 @@ impl Provider {
         starting_after: Option<&str>,
     ) -> Result<EventPage, ProviderError> {
         self.reachable().await?;
-        let oldest = self.clock.now_ms() / 1000 - RETENTION_S;
+        let now_s = self.clock.now_ms() / 1000;
+        let oldest = now_s - RETENTION_S;
         let books = self.books.lock().expect("books");
         let end = match starting_after {
             Some(c) => books.place(c, oldest)?,
@@ -167,7 +187,7 @@ impl Provider {
             .log
             .range(..end)
             .rev()
-            .filter(|e| Books::listed(e, listed, oldest))
+            .filter(|e| Books::listed(e, listed, oldest, now_s))
             .filter(|e| (since_s..=until_s).contains(&e.created_s))
             .take(PAGE_SIZE + 1)
             .collect();
@@ -183,13 +203,14 @@ impl Provider {
         cursor: &str,
     ) -> Result<EventPage, ProviderError> {
         self.reachable().await?;
-        let oldest = self.clock.now_ms() / 1000 - RETENTION_S;
+        let now_s = self.clock.now_ms() / 1000;
+        let oldest = now_s - RETENTION_S;
         let books = self.books.lock().expect("books");
         let from = books.place(cursor, oldest)? + 1;
         let mut found: Vec<&Logged> = books
             .log
             .range(from..)
-            .filter(|e| Books::listed(e, listed, oldest))
+            .filter(|e| Books::listed(e, listed, oldest, now_s))
             .take(PAGE_SIZE + 1)
             .collect();
         let more = found.len() > PAGE_SIZE;

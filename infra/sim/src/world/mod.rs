@@ -123,6 +123,10 @@ pub const MUTATIONS: &[(&str, &str)] = &[
         "the catch-up takes an endpoint registered after the list was last checked through for fit: the events made while it was away are never applied (payment_core::events::catch_up::MUTATIONS; issue 65, bug 4)",
     ),
     (
+        "catch_up_without_overlap",
+        "the catch-up starts from its last event, not the overlap before it: an event the list showed late, its delivery failed, is never applied (payment_core::events::catch_up::MUTATIONS; issue 65)",
+    ),
+    (
         "catch_up_off",
         "no scheduled catch-up: what the webhook never delivered is never applied (main before the catch-up)",
     ),
