@@ -11,6 +11,10 @@ pub struct Behaviour {
     pub error_after_rate: f64,
     /// Chance the answer is lost after the write (the client times out).
     pub lost_answer_rate: f64,
+    /// Chance a write is refused `429` `lock_timeout` before it is executed: another request
+    /// held its object (Stripe's `resource-specific` limit). Only that object waits; the
+    /// account's rate is not the cause.
+    pub lock_timeout_rate: f64,
     /// Requests per second the account allows (live mode: 100), shared with the merchant.
     pub account_rate: f64,
     /// Days a bank debit takes to settle.
@@ -58,6 +62,7 @@ impl Default for Behaviour {
             error_before_rate: 0.0,
             error_after_rate: 0.0,
             lost_answer_rate: 0.0,
+            lock_timeout_rate: 0.005,
             account_rate: 100.0,
             settle_days: 4.0,
             outage_from_ms: 0,

@@ -7,7 +7,8 @@
 //! `processing` and settles days later or fails); keys remembered 24 hours, a key reused with
 //! other parameters refused, a key whose first request is still running answered `409`, a
 //! stored `500` replayed; log-normal latency; `500`s before and after the write commits; an
-//! answer lost after the commit (the client's timeout); `429` by the account's rate; the
+//! answer lost after the commit (the client's timeout); `429` by the account's rate, and a
+//! write's `429` `lock_timeout` about its object alone; the
 //! listing a lookup reads; disputes ([`disputes`]). The books ([`Books`]) are the ground truth every invariant is
 //! checked against.
 //!
@@ -292,6 +293,13 @@ impl Provider {
         } else if !self.admit(b.account_rate) {
             let mut e = Self::error(FailureKind::RateLimited, "429: too many requests");
             e.rate_limit = Some(RateLimit::Account);
+            Err(e)
+        } else if self.draw() < b.lock_timeout_rate {
+            let mut e = Self::error(
+                FailureKind::RateLimited,
+                "429 lock_timeout: another request holds this object",
+            );
+            e.rate_limit = Some(RateLimit::Object);
             Err(e)
         } else if self.draw() < b.error_before_rate {
             Err(Self::error(

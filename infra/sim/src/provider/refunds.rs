@@ -171,6 +171,13 @@ impl Provider {
             let mut e = ProviderError::new(FailureKind::RateLimited, "429: too many requests");
             e.rate_limit = Some(payment_core::provider::RateLimit::Account);
             Err(e)
+        } else if self.draw() < b.lock_timeout_rate {
+            let mut e = ProviderError::new(
+                FailureKind::RateLimited,
+                "429 lock_timeout: another request holds this object",
+            );
+            e.rate_limit = Some(payment_core::provider::RateLimit::Object);
+            Err(e)
         } else if self.draw() < b.error_before_rate {
             Err(ProviderError::new(
                 FailureKind::ServerError,
