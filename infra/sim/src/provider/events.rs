@@ -53,7 +53,10 @@ impl Books {
         let body: std::sync::Arc<str> = event_json(&id, kind, now_ms / 1000, object)
             .to_string()
             .into();
-        let sent = self.endpoint.at(now_ms).is_some();
+        let sent = self
+            .endpoint
+            .at(now_ms)
+            .is_some_and(|e| e.status == "enabled");
         self.logged(&id, kind, now_ms / 1000, std::sync::Arc::clone(&body), sent);
         self.events.push(Event { id, body, sent });
     }

@@ -27,6 +27,11 @@ pub struct Endpoint {
     pub registered_ms: i64,
     /// When it was away, epoch ms, in order.
     pub gaps: Vec<(i64, i64)>,
+    /// When it was disabled (by an operator, or by Stripe after days of failures) and then
+    /// enabled again, epoch ms: the same endpoint, its `created` unchanged; Stripe sends an
+    /// event made meanwhile to no endpoint of the stack's, so `delivery_success=false` never
+    /// lists it.
+    pub disabled: Vec<(i64, i64)>,
 }
 
 impl Endpoint {
@@ -43,13 +48,17 @@ impl Endpoint {
             .map(|(_, b)| *b)
             .max()
             .unwrap_or(self.registered_ms);
+        let disabled = self
+            .disabled
+            .iter()
+            .any(|(a, b)| (*a..*b).contains(&now_ms));
         Some(payment_core::stripe::endpoints::WebhookEndpoint {
             id: format!("we_sim{again:04}"),
             url: format!(
                 "https://sim.execute-api.us-east-1.amazonaws.com/prod{}",
                 payment_core::stripe::receiver::EVENTS_PATH
             ),
-            status: "enabled".into(),
+            status: if disabled { "disabled" } else { "enabled" }.into(),
             enabled_events: vec!["*".into()],
             api_version: None,
             metadata: Default::default(),

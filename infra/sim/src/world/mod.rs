@@ -440,6 +440,7 @@ async fn run_on(opts: Options) -> Result<Report> {
     provider.books.lock().expect("books").endpoint = crate::provider::listing::Endpoint {
         registered_ms: EPOCH_MS - 30 * 86_400_000,
         gaps: opts.endpoint_gaps.clone(),
+        disabled: opts.endpoint_disabled.clone(),
     };
     provider.books.lock().expect("books").dispute_plan = Some(DisputePlan {
         seed: opts.seed,

@@ -43,6 +43,8 @@ pub struct Options {
     /// When the stack's webhook endpoint is away (deleted, and registered again under a new
     /// id when each ends): epoch ms, from and until.
     pub endpoint_gaps: Vec<(i64, i64)>,
+    /// When the stack's webhook endpoint is disabled and enabled again: epoch ms, from and until.
+    pub endpoint_disabled: Vec<(i64, i64)>,
     /// Share of failed debits whose customer pays again, 1 to 8 days after the failure: the
     /// PaymentIntent, recorded declined, is confirmed with another payment method and charged.
     pub repay_share: f64,
@@ -105,6 +107,7 @@ impl Options {
             late_refund_share: 0.0,
             nightly_refunds: false,
             endpoint_gaps: Vec::new(),
+            endpoint_disabled: Vec::new(),
             repay_share: 0.3,
             crash_rate: 0.02,
             aws: Faults {

@@ -184,6 +184,26 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
         }
         drawn.push(format!("{name} down on day {day:.1} for {hours:.0} hours"));
     }
+    // The webhook endpoint disabled and enabled again between two of the catch-up's hourly runs
+    // (a third of the seeds; 10 to 30 minutes), as an operator pausing it, or Stripe disabling
+    // it, would: the same endpoint, its `created` unchanged.
+    let (off, day, hour, from_min, minutes) = (
+        rng.f64() < 1.0 / 3.0,
+        rng.u32(1..=24),
+        rng.u32(0..24),
+        rng.u32(10..=20),
+        rng.u32(10..=30),
+    );
+    if off && opts.endpoint_disabled.is_empty() {
+        let from = super::EPOCH_MS
+            + i64::from(day) * 86_400_000
+            + i64::from(hour) * 3_600_000
+            + i64::from(from_min) * 60_000;
+        opts.endpoint_disabled = vec![(from, from + i64::from(minutes) * 60_000)];
+        drawn.push(format!(
+            "the webhook endpoint disabled on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"
+        ));
+    }
     drawn.join(", ")
 }
 
