@@ -17,7 +17,16 @@ impl Sqs {
         });
         if q_fifo {
             attrs["MessageGroupId"] = json!(m.group);
-            attrs["MessageDeduplicationId"] = json!(m.dedup);
+            // Content-based: SQS reports the body's SHA-256 (it never answers a null, which
+            // the SDK refuses to parse: payctl's reading of a FIFO dead-letter queue failed on
+            // the letters SQS had moved there).
+            attrs["MessageDeduplicationId"] = json!(m.dedup.clone().unwrap_or_else(|| {
+                use sha2::{Digest, Sha256};
+                Sha256::digest(m.body.as_bytes())
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            }));
             attrs["SequenceNumber"] = json!(format!("{:020}", m.sequence));
         }
         let mut out = json!({"MessageId": m.id, "ReceiptHandle": m.handle, "Body": m.body, "Attributes": attrs});
