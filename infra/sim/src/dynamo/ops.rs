@@ -1,5 +1,9 @@
 //! The operations: control plane (tables, time to live) and data plane (items, transactions,
 //! batches, queries), each reading DynamoDB's JSON request and writing its JSON answer.
+//!
+//! Why ~620 lines: one dispatch over DynamoDB's operations, each a short function of the same
+//! request reading and answer writing; its tests (an index's projection, a page's megabyte)
+//! read the operations' answers as the SDK would.
 
 use serde_json::{json, Value as Json};
 

@@ -1,5 +1,9 @@
 //! The invariants, and the services' own time that can break them: debits settling, time to
 //! live deleting, retention dropping.
+//!
+//! Why ~550 lines: each invariant is checked where the time that can break it passes (an
+//! expiry, a drop at retention, the end), and its own oracle (the records' words for the
+//! provider's statuses, the dead letters a crash or a duplicate left to SQS) sits beside it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
