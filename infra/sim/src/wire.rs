@@ -4,6 +4,9 @@
 //! no socket. Everything the SDK does around a request (serialising, signing, retrying with
 //! backoff, parsing errors into their shapes) runs as in production.
 //!
+//! Why ~530 lines: the transport, the account it reaches and the faults of the network between
+//! them (latency, stalls, lost answers, outages, transaction conflicts) are one request's path.
+//!
 //! Around each request the transport draws a latency (before the model applies it and after),
 //! and its faults: a `500` or a throttle refused before anything is applied, an answer lost
 //! after the model applied the request (the caller times out on a write that committed), or a

@@ -9,6 +9,9 @@
 //! stay visible as a twin with the same `MessageId`); a FIFO queue's group order, its group
 //! blocking while a message is in flight, and its five-minute deduplication. Receipt handles
 //! are per receive: only the latest deletes.
+//!
+//! Why ~500 lines: sending, receiving (with the redrive and the duplicates), visibility and
+//! deletion are one queue's rules, read together.
 
 use std::collections::{BTreeMap, HashMap};
 
