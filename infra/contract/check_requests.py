@@ -78,6 +78,10 @@ ENDPOINTS = [
     # timeline plays it: the customer authenticates weeks later).
     ("POST", re.compile(r"^/v1/payment_intents/pi_[A-Za-z0-9]+/confirm$"), P.PaymentIntentConfirmParams,
      "payment_intent.confirm"),
+    # The operator's answer to HeldRefundsOverdue (docs/operate.md): a PaymentIntent that will
+    # never be paid is canceled, which cancels its held refunds (held_refunds plays it).
+    ("POST", re.compile(r"^/v1/payment_intents/pi_[A-Za-z0-9]+/cancel$"), P.PaymentIntentCancelParams,
+     "payment_intent.cancel"),
 ]
 OPTIONS = set(RequestOptions.__annotations__)
 
