@@ -98,10 +98,7 @@ impl Books {
         let Some(plan) = self.dispute_plan.clone() else {
             return;
         };
-        let draw = |what: &str| {
-            crate::fnv(format!("{}/{intent_id}/{what}", plan.seed).as_bytes()) as f64
-                / u64::MAX as f64
-        };
+        let draw = |what: &str| super::draw(plan.seed, intent_id, what);
         if draw("disputed") >= plan.share {
             return;
         }

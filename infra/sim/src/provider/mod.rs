@@ -156,6 +156,13 @@ fn forget_keys<V>(
     }
 }
 
+/// A draw in [0, 1) for one question (`what`) about one object, fixed by the run's seed and the
+/// object's id, not by the order events happen in: a plan of what the provider will do to it
+/// (a dispute, a customer paying again).
+pub(super) fn draw(seed: u64, id: &str, what: &str) -> f64 {
+    crate::fnv(format!("{seed}/{id}/{what}").as_bytes()) as f64 / u64::MAX as f64
+}
+
 /// True for an intent that moved money or will (`processing` settles by itself).
 pub fn live(status: &str) -> bool {
     matches!(status, "succeeded" | "processing" | "requires_capture")

@@ -98,22 +98,11 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     // The webhook endpoint deleted and registered again between two of the catch-up's hourly
     // runs (from 10 to 20 minutes past an hour, for 10 to 30 minutes), as an operator who
     // re-creates it to change its types or its URL would.
-    let (gap, day, hour, from_min, minutes) = (
-        rng.f64() < 1.0 / 3.0,
-        rng.u32(1..=24),
-        rng.u32(0..24),
-        rng.u32(10..=20),
-        rng.u32(10..=30),
-    );
-    if gap && opts.endpoint_gaps.is_empty() {
-        let from = super::EPOCH_MS
-            + i64::from(day) * 86_400_000
-            + i64::from(hour) * 3_600_000
-            + i64::from(from_min) * 60_000;
-        opts.endpoint_gaps = vec![(from, from + i64::from(minutes) * 60_000)];
-        drawn.push(format!(
-            "the webhook endpoint away on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"
-        ));
+    if let (Some((window, when)), true) =
+        (between_two_runs(&mut rng), opts.endpoint_gaps.is_empty())
+    {
+        opts.endpoint_gaps = vec![window];
+        drawn.push(format!("the webhook endpoint away {when}"));
     }
     // The customers of failed debits who pay them again (a tenth to six tenths of them).
     let repay = rng.f64();
@@ -187,24 +176,37 @@ pub fn draw(opts: &mut Options, explicit: &Explicit) -> String {
     // The webhook endpoint disabled and enabled again between two of the catch-up's hourly runs
     // (a third of the seeds; 10 to 30 minutes), as an operator pausing it, or Stripe disabling
     // it, would: the same endpoint, its `created` unchanged.
-    let (off, day, hour, from_min, minutes) = (
+    if let (Some((window, when)), true) = (
+        between_two_runs(&mut rng),
+        opts.endpoint_disabled.is_empty(),
+    ) {
+        opts.endpoint_disabled = vec![window];
+        drawn.push(format!("the webhook endpoint disabled {when}"));
+    }
+    drawn.join(", ")
+}
+
+/// In a third of the seeds, a window between two of the catch-up's hourly runs: on a day from 1
+/// to 24, from 10 to 20 minutes past an hour, for 10 to 30 minutes (epoch ms, from and until),
+/// and the words that say when. Every draw is made either way.
+fn between_two_runs(rng: &mut fastrand::Rng) -> Option<((i64, i64), String)> {
+    let (drawn, day, hour, from_min, minutes) = (
         rng.f64() < 1.0 / 3.0,
         rng.u32(1..=24),
         rng.u32(0..24),
         rng.u32(10..=20),
         rng.u32(10..=30),
     );
-    if off && opts.endpoint_disabled.is_empty() {
-        let from = super::EPOCH_MS
-            + i64::from(day) * 86_400_000
-            + i64::from(hour) * 3_600_000
-            + i64::from(from_min) * 60_000;
-        opts.endpoint_disabled = vec![(from, from + i64::from(minutes) * 60_000)];
-        drawn.push(format!(
-            "the webhook endpoint disabled on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"
-        ));
-    }
-    drawn.join(", ")
+    let from = super::EPOCH_MS
+        + i64::from(day) * 86_400_000
+        + i64::from(hour) * 3_600_000
+        + i64::from(from_min) * 60_000;
+    drawn.then(|| {
+        (
+            (from, from + i64::from(minutes) * 60_000),
+            format!("on day {day} from {hour:02}:{from_min:02} for {minutes} minutes"),
+        )
+    })
 }
 
 /// The dimensions set by hand, which the sweep leaves as they are.
